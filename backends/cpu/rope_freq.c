@@ -1,0 +1,1 @@
+/* rope_freq: to be written */

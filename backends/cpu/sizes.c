@@ -1,0 +1,1 @@
+/* sizes: to be written */

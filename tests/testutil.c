@@ -1,0 +1,84 @@
+/* Shared helpers of the Check suites. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mt_build_config.h"
+
+void mt_test_rng_seed(mt_test_rng *r, uint64_t seed) { r->s = seed * 0x9E3779B97F4A7C15ull + 1; }
+
+static uint64_t next_u64(mt_test_rng *r)
+{
+    uint64_t x = r->s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    r->s = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+
+double mt_test_uniform(mt_test_rng *r) { return (double)(next_u64(r) >> 11) * (1.0 / 9007199254740992.0); }
+
+double mt_test_normal(mt_test_rng *r)
+{
+    double u1 = mt_test_uniform(r), u2 = mt_test_uniform(r);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+void mt_test_fill_f64(mt_test_rng *r, double *x, int64_t n, double scale)
+{
+    for (int64_t i = 0; i < n; i++) x[i] = scale * mt_test_normal(r);
+}
+
+void mt_test_fill_f32(mt_test_rng *r, float *x, int64_t n, float scale)
+{
+    for (int64_t i = 0; i < n; i++) x[i] = (float)(scale * mt_test_normal(r));
+}
+
+double mt_test_rel_err_f64(const double *a, const double *b, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = a[i] - b[i];
+        num += d * d;
+        den += b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+double mt_test_rel_err_f32(const float *a, const float *b, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+const char *mt_test_write_temp(const char *name, const char *text)
+{
+    static char path[4096];
+    char dir[] = "/tmp/mt-test.XXXXXX";
+    if (!mkdtemp(dir)) { perror("mkdtemp"); abort(); }
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f) { perror(path); abort(); }
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+const char *mt_test_source_path(const char *relative)
+{
+    static char path[4096];
+    const char *root = getenv("MT_SOURCE_ROOT");
+    snprintf(path, sizeof path, "%s/%s", root ? root : MT_SOURCE_ROOT, relative);
+    return path;
+}

@@ -1,0 +1,27 @@
+/* Shared helpers of the Check suites: random fills, relative errors, temp files. */
+#ifndef MT_TESTS_TESTUTIL_H
+#define MT_TESTS_TESTUTIL_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+/* Deterministic xorshift generator for test inputs. */
+typedef struct { uint64_t s; } mt_test_rng;
+void mt_test_rng_seed(mt_test_rng *r, uint64_t seed);
+double mt_test_uniform(mt_test_rng *r);              /* [0, 1) */
+double mt_test_normal(mt_test_rng *r);               /* N(0, 1) */
+void mt_test_fill_f64(mt_test_rng *r, double *x, int64_t n, double scale);
+void mt_test_fill_f32(mt_test_rng *r, float *x, int64_t n, float scale);
+
+/* ||a - b|| / ||b|| (b all zero: ||a||). */
+double mt_test_rel_err_f64(const double *a, const double *b, int64_t n);
+double mt_test_rel_err_f32(const float *a, const float *b, int64_t n);
+
+/* Writes text to a new file in a fresh temporary directory; returns its path (static buffer
+ * owned by the caller until the next call: copy it). */
+const char *mt_test_write_temp(const char *name, const char *text);
+
+/* Absolute path of a file in the source tree (from MT_SOURCE_ROOT). */
+const char *mt_test_source_path(const char *relative);
+
+#endif
