@@ -77,11 +77,11 @@ int64_t mt_head_scratch_numel(const mt_model_config *cfg, int64_t chunk);
                                          const real *q, const real *k, const real *v,            \
                                          const real *out, const real *lse, const real *dout,     \
                                          real *dq, real *dk, real *dv);                          \
-    /* out (n, I) = silu(gate) * up */                                                            \
-    void mt_cpu_swiglu_forward_##sfx(int64_t n, int64_t I, const real *gate, const real *up,     \
+    /* out (n, inter) = silu(gate) * up */                                                            \
+    void mt_cpu_swiglu_forward_##sfx(int64_t n, int64_t inter, const real *gate, const real *up,     \
                                      real *out);                                                 \
-    /* dgate (n, I) =, dup (n, I) = */                                                            \
-    void mt_cpu_swiglu_backward_##sfx(int64_t n, int64_t I, const real *gate, const real *up,    \
+    /* dgate (n, inter) =, dup (n, inter) = */                                                            \
+    void mt_cpu_swiglu_backward_##sfx(int64_t n, int64_t inter, const real *gate, const real *up,    \
                                       const real *dout, real *dgate, real *dup);                 \
     /* y (n) += x (n) */                                                                          \
     void mt_cpu_add_##sfx(int64_t n, const real *x, real *y);                                    \
