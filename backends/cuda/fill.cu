@@ -1,0 +1,28 @@
+// fill: the smallest CUDA kernel, and the pinned-memory probe used by `megatrain info`.
+#include <cuda_runtime.h>
+
+#include "kernels.h"
+
+__global__ static void fill_kernel(float *x, int64_t n, float value)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = value;
+}
+
+extern "C" void mt_cuda_fill_f32(float *x, int64_t n, float value, mt_cuda_stream stream)
+{
+    if (n <= 0) return;
+    int64_t blocks = (n + 255) / 256;
+    if (blocks > 65535) blocks = 65535;
+    fill_kernel<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(x, n, value);
+}
+
+extern "C" int mt_cuda_host_pointer_pinned(const void *p)
+{
+    cudaPointerAttributes attr;
+    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    return attr.type == cudaMemoryTypeHost ? 1 : 0;
+}

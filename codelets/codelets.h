@@ -1,0 +1,62 @@
+/* The StarPU codelets of a training step: what each task reads and writes (buffer order and
+ * access modes) and the arguments it takes. Every codelet has a CPU implementation, so a run
+ * without a GPU executes the same graph. Kernel contracts are in backends/cpu/ops.h. */
+#ifndef MT_CODELETS_CODELETS_H
+#define MT_CODELETS_CODELETS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "mt_starpu.h"
+
+#include "cpu/ops.h"
+#include "state.h"
+
+/* Arguments shared by the compute codelets (passed by value). The state pointer is used only
+ * for the config, the layouts and the dtype, never for tile memory. */
+typedef struct mt_compute_args {
+    const mt_host_state *st;
+    int64_t B, T;            /* sequences and tokens per sequence of this micro-batch */
+    bool save;               /* layer forward: also write the saved activations */
+    bool accumulate;         /* backward: add into the gradient (RW) instead of overwriting (W) */
+    double loss_scale;       /* head: d(step loss)/d(per-token loss), 1 / counted tokens of the step */
+    int64_t head_chunk;      /* head: rows per chunk */
+} mt_compute_args;
+
+/* Scratch elements (fp32) a codelet needs: the op's own scratch plus, for bf16 weights, an
+ * fp32 copy of the tile. */
+int64_t mt_codelet_layer_scratch_numel(const mt_host_state *st, int64_t B, int64_t T);
+int64_t mt_codelet_head_scratch_numel(const mt_host_state *st, int64_t chunk);
+
+/* fp32 view of a tile's streamed weights inside a CPU task: the buffer itself for fp32, or
+ * its conversion into tmp (numel floats) for bf16. */
+const float *mt_codelet_weights_f32(const mt_host_state *st, void *buffer, float *tmp);
+
+/* embedding_forward: [0] embed weights R, [1] tokens (int32, ntok) R, [2] h0 (ntok, d) W */
+extern struct starpu_codelet mt_cl_embedding_forward;
+/* embedding_backward: [0] tokens R, [1] dh0 (ntok, d) R, [2] embed grad W|RW (accumulate) */
+extern struct starpu_codelet mt_cl_embedding_backward;
+/* layer_forward: [0] layer weights R, [1] x R, [2] y W, [3] scratch SCRATCH,
+ *                [4] saved W (only when args.save) */
+extern struct starpu_codelet mt_cl_layer_forward;
+/* layer_backward: [0] weights R, [1] saved R, [2] dy R, [3] dx W, [4] layer grad W|RW,
+ *                 [5] scratch SCRATCH */
+extern struct starpu_codelet mt_cl_layer_backward;
+/* head (loss anchor, forward + backward): [0] head weights R, [1] h_L R, [2] targets R,
+ *   [3] dh_L W, [4] head grad W|RW, [5] loss (2 doubles: sum, count) W, [6] scratch SCRATCH,
+ *   and when tied: [7] embed weights R, [8] embed grad (same W|RW as [4]) */
+extern struct starpu_codelet mt_cl_head;
+/* head_eval (loss only): [0] head weights R, [1] h_L R, [2] targets R, [3] loss W,
+ *   [4] scratch SCRATCH, [5] embed weights R when tied */
+extern struct starpu_codelet mt_cl_head_eval;
+/* grad_sumsq: [0] grad (fp32) R, [1] partial (1 double) W */
+extern struct starpu_codelet mt_cl_grad_sumsq;
+/* clip: [0..n-1] partials R, [n] clip (2 doubles: global norm, scale) W; arg: double max_norm */
+extern struct starpu_codelet mt_cl_clip;
+/* adamw: [0] master RW, [1] m RW, [2] v RW, [3] grad R, [4] streamed weights W,
+ *   [5] clip R (optional); args: mt_adamw_params, mt_dtype */
+extern struct starpu_codelet mt_cl_adamw;
+/* fill: [0] fp32 vector W; arg: float value */
+extern struct starpu_codelet mt_cl_fill;
+
+#endif

@@ -1,0 +1,62 @@
+/* The loss anchor as StarPU tasks: final norm + LM head + cross-entropy, chunked over tokens,
+ * with its backward (training) or alone (validation). */
+#include "codelets.h"
+
+#include <string.h>
+
+static void head_cpu(void *buffers[], void *cl_arg)
+{
+    mt_compute_args a;
+    starpu_codelet_unpack_args(cl_arg, &a);
+    const mt_host_state *st = a.st;
+    const bool tied = st->cfg.tied;
+    float *scratch = (float *)STARPU_VECTOR_GET_PTR(buffers[6]);
+    float *tmp = scratch + mt_head_scratch_numel(&st->cfg, a.head_chunk);
+    const float *head = mt_codelet_weights_f32(st, buffers[0], tmp);
+    const float *embed = tied ? mt_codelet_weights_f32(st, buffers[7], tmp + st->layout_head.numel) : NULL;
+    float *dhead = (float *)STARPU_VECTOR_GET_PTR(buffers[4]);
+    float *dembed = tied ? (float *)STARPU_VECTOR_GET_PTR(buffers[8]) : NULL;
+    if (!a.accumulate) {
+        memset(dhead, 0, STARPU_VECTOR_GET_NX(buffers[4]) * sizeof(float));
+        if (tied) memset(dembed, 0, STARPU_VECTOR_GET_NX(buffers[8]) * sizeof(float));
+    }
+    int64_t counted = 0;
+    double *loss = (double *)STARPU_VECTOR_GET_PTR(buffers[5]);
+    loss[0] = mt_cpu_head_f32(&st->cfg, &st->layout_head, head, embed, a.B * a.T,
+                              (const float *)STARPU_VECTOR_GET_PTR(buffers[1]),
+                              (const int32_t *)STARPU_VECTOR_GET_PTR(buffers[2]), a.loss_scale,
+                              a.head_chunk, (float *)STARPU_VECTOR_GET_PTR(buffers[3]), dhead,
+                              dembed, scratch, &counted);
+    loss[1] = (double)counted;
+}
+
+static void head_eval_cpu(void *buffers[], void *cl_arg)
+{
+    mt_compute_args a;
+    starpu_codelet_unpack_args(cl_arg, &a);
+    const mt_host_state *st = a.st;
+    const bool tied = st->cfg.tied;
+    float *scratch = (float *)STARPU_VECTOR_GET_PTR(buffers[4]);
+    float *tmp = scratch + mt_head_scratch_numel(&st->cfg, a.head_chunk);
+    const float *head = mt_codelet_weights_f32(st, buffers[0], tmp);
+    const float *embed = tied ? mt_codelet_weights_f32(st, buffers[5], tmp + st->layout_head.numel) : NULL;
+    int64_t counted = 0;
+    double *loss = (double *)STARPU_VECTOR_GET_PTR(buffers[3]);
+    loss[0] = mt_cpu_head_f32(&st->cfg, &st->layout_head, head, embed, a.B * a.T,
+                              (const float *)STARPU_VECTOR_GET_PTR(buffers[1]),
+                              (const int32_t *)STARPU_VECTOR_GET_PTR(buffers[2]), 0.0, a.head_chunk,
+                              NULL, NULL, NULL, scratch, &counted);
+    loss[1] = (double)counted;
+}
+
+struct starpu_codelet mt_cl_head = {
+    .name = "head",
+    .cpu_funcs = { head_cpu },
+    .nbuffers = STARPU_VARIABLE_NBUFFERS,
+};
+
+struct starpu_codelet mt_cl_head_eval = {
+    .name = "head_eval",
+    .cpu_funcs = { head_eval_cpu },
+    .nbuffers = STARPU_VARIABLE_NBUFFERS,
+};

@@ -1,0 +1,236 @@
+/* Host state tiles: allocation (pinned, 4 KiB-aligned, one block per kind per tile), StarPU
+ * registration (whole-tile handles for compute, planned chunk partitions for AdamW),
+ * initialisation. */
+#include "state.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/ops.h"
+
+#define TILE_ALIGN_BYTES 4096
+
+size_t mt_dtype_size(mt_dtype t) { return t == MT_DTYPE_BF16 ? 2 : 4; }
+const char *mt_dtype_name(mt_dtype t) { return t == MT_DTYPE_BF16 ? "bf16" : "fp32"; }
+
+int mt_dtype_parse(const char *s, mt_dtype *out)
+{
+    if (!strcmp(s, "fp32") || !strcmp(s, "f32") || !strcmp(s, "float32")) *out = MT_DTYPE_F32;
+    else if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) *out = MT_DTYPE_BF16;
+    else return -1;
+    return 0;
+}
+
+static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+/* Allocates bytes (4 KiB-rounded) pinned when a GPU can use it; zeroed. */
+static void *alloc_state(size_t bytes, bool *pinned)
+{
+    void *p = NULL;
+    bytes = round_up(bytes, TILE_ALIGN_BYTES);
+    int flags = starpu_cuda_worker_get_count() > 0 ? STARPU_MALLOC_PINNED : 0;
+    if (starpu_malloc_flags(&p, bytes, flags) != 0 || !p) return NULL;
+    if (!flags) *pinned = false;
+    memset(p, 0, bytes);
+    return p;
+}
+
+static void free_state(void *p, size_t bytes)
+{
+    if (!p) return;
+    int flags = starpu_cuda_worker_get_count() > 0 ? STARPU_MALLOC_PINNED : 0;
+    starpu_free_flags(p, round_up(bytes, TILE_ALIGN_BYTES), flags);
+}
+
+/* Splits a tile into AdamW chunks: boundaries at every tensor start, pieces of at most
+ * chunk_numel elements aligned to MT_TILE_ALIGN; a tensor's trailing padding joins its last
+ * piece so the chunks tile the whole vector (a partition must). */
+static int build_chunks(const mt_tile_layout *lay, int64_t chunk_numel, mt_chunk **out)
+{
+    int cap = 16, n = 0;
+    mt_chunk *c = malloc(sizeof *c * cap);
+    int64_t step = chunk_numel / MT_TILE_ALIGN * MT_TILE_ALIGN;
+    if (step < MT_TILE_ALIGN) step = MT_TILE_ALIGN;
+    for (int t = 0; t < lay->ntensors; t++) {
+        const mt_tensor_desc *d = &lay->tensors[t];
+        if (d->numel == 0) continue;
+        int64_t end = lay->numel;
+        for (int u = t + 1; u < lay->ntensors; u++)
+            if (lay->tensors[u].numel > 0) { end = lay->tensors[u].offset; break; }
+        for (int64_t o = d->offset; o < end; o += step) {
+            if (n == cap) c = realloc(c, sizeof *c * (cap *= 2));
+            int64_t len = end - o < step ? end - o : step;
+            /* Avoid a sliver of pure padding as its own chunk. */
+            if (end - (o + len) > 0 && end - (o + len) < MT_TILE_ALIGN) len = end - o;
+            c[n++] = (mt_chunk){ .offset = o, .numel = len, .decay = d->decay };
+            if (o + len >= end) break;
+        }
+    }
+    *out = c;
+    return n;
+}
+
+static int register_tile(mt_host_state *st, mt_tile *t, size_t weight_allocsize)
+{
+    size_t esz = mt_dtype_size(st->compute_dtype);
+    starpu_vector_data_register_allocsize(&t->h_weights, STARPU_MAIN_RAM, (uintptr_t)t->weights,
+                                          (uint32_t)t->numel, esz, weight_allocsize);
+    starpu_vector_data_register_allocsize(&t->h_grad, STARPU_MAIN_RAM, (uintptr_t)t->grad,
+                                          (uint32_t)t->numel, sizeof(float),
+                                          weight_allocsize / esz * sizeof(float));
+    /* Gradients go home as soon as the task that wrote them ends. */
+    starpu_data_set_wt_mask(t->h_grad, 1u << STARPU_MAIN_RAM);
+
+    t->nchunks = build_chunks(t->layout, st->chunk_numel, &t->chunks);
+    long *lens = malloc(sizeof *lens * t->nchunks);
+    for (int c = 0; c < t->nchunks; c++) lens[c] = (long)t->chunks[c].numel;
+    struct starpu_data_filter f = {
+        .filter_func = starpu_vector_filter_list_long,
+        .nchildren = (unsigned)t->nchunks,
+        .filter_arg_ptr = lens,
+    };
+    t->h_weights_chunk = calloc(t->nchunks, sizeof(starpu_data_handle_t));
+    t->h_grad_chunk = calloc(t->nchunks, sizeof(starpu_data_handle_t));
+    t->h_master_chunk = calloc(t->nchunks, sizeof(starpu_data_handle_t));
+    t->h_m_chunk = calloc(t->nchunks, sizeof(starpu_data_handle_t));
+    t->h_v_chunk = calloc(t->nchunks, sizeof(starpu_data_handle_t));
+    starpu_data_partition_plan(t->h_weights, &f, t->h_weights_chunk);
+    starpu_data_partition_plan(t->h_grad, &f, t->h_grad_chunk);
+    free(lens);
+    for (int c = 0; c < t->nchunks; c++) {
+        int64_t o = t->chunks[c].offset, n = t->chunks[c].numel;
+        starpu_vector_data_register(&t->h_master_chunk[c], STARPU_MAIN_RAM, (uintptr_t)(t->master + o), (uint32_t)n, sizeof(float));
+        starpu_vector_data_register(&t->h_m_chunk[c], STARPU_MAIN_RAM, (uintptr_t)(t->adam_m + o), (uint32_t)n, sizeof(float));
+        starpu_vector_data_register(&t->h_v_chunk[c], STARPU_MAIN_RAM, (uintptr_t)(t->adam_v + o), (uint32_t)n, sizeof(float));
+    }
+    return 0;
+}
+
+mt_host_state *mt_state_create(const mt_model_config *cfg, mt_dtype compute_dtype,
+                               int64_t chunk_numel, char *err, size_t errlen)
+{
+    mt_host_state *st = calloc(1, sizeof *st);
+    st->cfg = *cfg;
+    st->compute_dtype = compute_dtype;
+    st->chunk_numel = chunk_numel > 0 ? chunk_numel : (int64_t)1 << 20;
+    st->pinned = true;
+    mt_layout_build(cfg, MT_TILE_EMBED, &st->layout_embed);
+    mt_layout_build(cfg, MT_TILE_LAYER, &st->layout_layer);
+    mt_layout_build(cfg, MT_TILE_HEAD, &st->layout_head);
+    st->ntiles = (int)cfg->layers + 2;
+    st->tiles = calloc(st->ntiles, sizeof *st->tiles);
+    starpu_malloc_set_align(TILE_ALIGN_BYTES);
+
+    size_t esz = mt_dtype_size(compute_dtype);
+    for (int i = 0; i < st->ntiles; i++) {
+        mt_tile *t = &st->tiles[i];
+        t->index = i;
+        t->layout = i == 0 ? &st->layout_embed : i == st->ntiles - 1 ? &st->layout_head : &st->layout_layer;
+        t->numel = t->layout->numel;
+        t->weight_bytes = round_up((size_t)t->numel * esz, TILE_ALIGN_BYTES);
+        size_t fbytes = (size_t)t->numel * sizeof(float);
+        t->weights = alloc_state(t->weight_bytes, &st->pinned);
+        t->master = alloc_state(fbytes, &st->pinned);
+        t->grad = alloc_state(fbytes, &st->pinned);
+        t->adam_m = alloc_state(fbytes, &st->pinned);
+        t->adam_v = alloc_state(fbytes, &st->pinned);
+        if (!t->weights || !t->master || !t->grad || !t->adam_m || !t->adam_v) {
+            snprintf(err, errlen, "out of host memory allocating tile %d (%zu bytes per kind)", i, fbytes);
+            st->ntiles = i + 1;
+            mt_state_destroy(st);
+            return NULL;
+        }
+    }
+    /* Every decoder layer's streamed copy shares one allocation size, so a GPU buffer freed by
+     * one layer is reused as is by the next (StarPU recycles same-size buffers). */
+    for (int i = 0; i < st->ntiles; i++) {
+        mt_tile *t = &st->tiles[i];
+        size_t allocsize = (i == 0 || i == st->ntiles - 1) ? t->weight_bytes
+                                                             : round_up((size_t)st->layout_layer.numel * esz, TILE_ALIGN_BYTES);
+        register_tile(st, t, allocsize);
+    }
+    return st;
+}
+
+void mt_state_destroy(mt_host_state *st)
+{
+    if (!st) return;
+    for (int i = 0; i < st->ntiles; i++) {
+        mt_tile *t = &st->tiles[i];
+        if (t->h_weights) {
+            for (int c = 0; c < t->nchunks; c++) {
+                starpu_data_unregister(t->h_master_chunk[c]);
+                starpu_data_unregister(t->h_m_chunk[c]);
+                starpu_data_unregister(t->h_v_chunk[c]);
+            }
+            starpu_data_partition_clean(t->h_weights, t->nchunks, t->h_weights_chunk);
+            starpu_data_partition_clean(t->h_grad, t->nchunks, t->h_grad_chunk);
+            starpu_data_unregister(t->h_weights);
+            starpu_data_unregister(t->h_grad);
+        }
+        size_t fbytes = (size_t)t->numel * sizeof(float);
+        free_state(t->weights, t->weight_bytes);
+        free_state(t->master, fbytes);
+        free_state(t->grad, fbytes);
+        free_state(t->adam_m, fbytes);
+        free_state(t->adam_v, fbytes);
+        free(t->chunks);
+        free(t->h_weights_chunk);
+        free(t->h_grad_chunk);
+        free(t->h_master_chunk);
+        free(t->h_m_chunk);
+        free(t->h_v_chunk);
+    }
+    free(st->tiles);
+    free(st);
+}
+
+/* splitmix64: a seedable generator whose stream does not depend on the platform. */
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double gaussian(uint64_t *s)
+{
+    double u1 = ((splitmix(s) >> 11) + 1) * (1.0 / 9007199254740993.0);
+    double u2 = (splitmix(s) >> 11) * (1.0 / 9007199254740992.0);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+void mt_state_init_random(mt_host_state *st, uint64_t seed, double std)
+{
+    for (int i = 0; i < st->ntiles; i++) {
+        mt_tile *t = &st->tiles[i];
+        const mt_tile_layout *lay = t->layout;
+        uint64_t s = seed ^ (0xA5A5A5A5ull * (uint64_t)(i + 1));
+        memset(t->master, 0, (size_t)t->numel * sizeof(float));
+        for (int k = 0; k < lay->ntensors; k++) {
+            const mt_tensor_desc *d = &lay->tensors[k];
+            float *p = t->master + d->offset;
+            if (d->numel == 0) continue;
+            if (d->ndim == 2)
+                for (int64_t e = 0; e < d->numel; e++) p[e] = (float)(std * gaussian(&s));
+            else if (strstr(d->name, "norm"))
+                for (int64_t e = 0; e < d->numel; e++) p[e] = 1.0f;
+            /* biases stay 0 */
+        }
+    }
+    mt_state_sync_weights(st);
+}
+
+void mt_state_sync_weights(mt_host_state *st)
+{
+    for (int i = 0; i < st->ntiles; i++) {
+        mt_tile *t = &st->tiles[i];
+        if (st->compute_dtype == MT_DTYPE_BF16)
+            mt_cpu_f32_to_bf16(t->numel, t->master, (mt_bf16 *)t->weights);
+        else
+            memcpy(t->weights, t->master, (size_t)t->numel * sizeof(float));
+    }
+}

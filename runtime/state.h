@@ -1,0 +1,74 @@
+/* The host state of a model: per tile (embedding, each decoder layer, head) one contiguous,
+ * 4 KiB-aligned, pinned allocation per kind of state (streamed weights, fp32 master, gradient,
+ * AdamW m and v), and the StarPU handles over them. Host memory is the home of all of it. */
+#ifndef MT_RUNTIME_STATE_H
+#define MT_RUNTIME_STATE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "mt_starpu.h"
+
+#include "config.h"
+#include "layout.h"
+
+typedef enum mt_dtype { MT_DTYPE_F32, MT_DTYPE_BF16 } mt_dtype;
+
+size_t mt_dtype_size(mt_dtype t);
+const char *mt_dtype_name(mt_dtype t);
+/* "fp32"/"f32"/"float32" or "bf16"/"bfloat16"; returns -1 if unknown. */
+int mt_dtype_parse(const char *s, mt_dtype *out);
+
+/* One AdamW unit of work: a contiguous range inside one tensor of a tile (plus the padding
+ * that follows the tensor, which stays zero). */
+typedef struct mt_chunk {
+    int64_t offset, numel;   /* elements, inside the tile */
+    bool decay;              /* weight decay applies */
+} mt_chunk;
+
+typedef struct mt_tile {
+    const mt_tile_layout *layout;
+    int index;               /* 0 = embedding, 1..L = layers, L+1 = head */
+    int64_t numel;           /* elements, padding included */
+    size_t weight_bytes;     /* bytes of the streamed copy, 4 KiB-rounded */
+    void *weights;           /* streamed compute copy, state->compute_dtype, (numel) */
+    float *master;           /* fp32 master weights (numel) */
+    float *grad;             /* fp32 gradient (numel) */
+    float *adam_m, *adam_v;  /* AdamW moments (numel) */
+    starpu_data_handle_t h_weights, h_grad;   /* the whole tile: what compute tasks use */
+    int nchunks;
+    mt_chunk *chunks;
+    starpu_data_handle_t *h_weights_chunk, *h_grad_chunk;  /* planned partitions of the above */
+    starpu_data_handle_t *h_master_chunk, *h_m_chunk, *h_v_chunk;
+} mt_tile;
+
+typedef struct mt_host_state {
+    mt_model_config cfg;
+    mt_dtype compute_dtype;
+    mt_tile_layout layout_embed, layout_layer, layout_head;
+    int ntiles;              /* L + 2 */
+    mt_tile *tiles;
+    int64_t chunk_numel;     /* largest AdamW chunk */
+    bool pinned;             /* every tile allocation is pinned (false without a GPU) */
+} mt_host_state;
+
+/* Allocates and registers the host state (StarPU must be running). Weights are initialised by
+ * mt_state_init_random or loaded afterwards; gradients and moments start at zero.
+ * Returns NULL with err set when memory cannot be had. */
+mt_host_state *mt_state_create(const mt_model_config *cfg, mt_dtype compute_dtype,
+                               int64_t chunk_numel, char *err, size_t errlen);
+void mt_state_destroy(mt_host_state *st);
+
+/* HF-style initialisation: matrices N(0, std), norms 1, biases 0; std 0.02 by default.
+ * Deterministic for a seed. Writes master and the streamed copy. */
+void mt_state_init_random(mt_host_state *st, uint64_t seed, double std);
+
+/* Copies master into the streamed copy (converting to the compute dtype). Host-side, no tasks
+ * in flight. */
+void mt_state_sync_weights(mt_host_state *st);
+
+static inline mt_tile *mt_state_embed(mt_host_state *st) { return &st->tiles[0]; }
+static inline mt_tile *mt_state_layer(mt_host_state *st, int i) { return &st->tiles[1 + i]; }
+static inline mt_tile *mt_state_head(mt_host_state *st) { return &st->tiles[st->ntiles - 1]; }
+
+#endif

@@ -1,0 +1,447 @@
+/* The training step graph. Handles:
+ *   ckpt[b]     input of block b (layers bK .. bK+K-1), kept from forward to backward
+ *   act[2]      forward ping-pong between checkpoints; grad[2] backward ping-pong
+ *   saved[j]    what layer j of the block being recomputed keeps for its backward
+ *   slot data   tokens, targets and loss of each micro-batch, two slots so step s+1 can be
+ *               filled while step s still runs
+ * Activations have no home (-1): StarPU allocates them where the task runs. */
+#include "step.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codelets.h"
+
+#define NSLOTS 2
+
+typedef struct slot {
+    int32_t *tokens, *targets;               /* (accum, B*T) host arrays */
+    starpu_data_handle_t *h_tokens, *h_targets, *h_loss;
+    double *loss;                            /* (accum, 2): sum, count */
+    double clip_result[2];
+    starpu_data_handle_t h_clip_copy;
+} slot;
+
+struct mt_graph {
+    mt_host_state *st;
+    mt_step_config sc;
+    int64_t ntok;                             /* B * T */
+    int nblocks;
+    starpu_data_handle_t *ckpt, act[2], grad[2], *saved;
+    starpu_data_handle_t scratch_layer, scratch_head;
+    starpu_data_handle_t *partial;            /* (ntiles) one double each */
+    double *partial_mem;
+    starpu_data_handle_t clip;                /* 2 doubles: norm, scale */
+    double clip_mem[2];
+    slot slots[NSLOTS];
+    int next_slot;
+    int64_t last_compute_step;
+    /* evaluation I/O (one micro-batch) */
+    int32_t *eval_tokens, *eval_targets;
+    starpu_data_handle_t h_eval_tokens, h_eval_targets, h_eval_loss;
+    double eval_loss[2];
+    mt_observer_fn observer;
+    void *observer_user;
+};
+
+mt_step_config mt_step_defaults(void)
+{
+    mt_step_config c = {
+        .B = 8, .T = 128, .accum = 1, .K = 4, .clip = 1.0, .head_chunk = 1024,
+        .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0,
+    };
+    return c;
+}
+
+static starpu_data_handle_t new_floats(int64_t n)
+{
+    starpu_data_handle_t h;
+    starpu_vector_data_register(&h, -1, 0, (uint32_t)n, sizeof(float));
+    return h;
+}
+
+static starpu_data_handle_t host_vector(void *p, int64_t n, size_t esz)
+{
+    starpu_data_handle_t h;
+    starpu_vector_data_register(&h, STARPU_MAIN_RAM, (uintptr_t)p, (uint32_t)n, esz);
+    return h;
+}
+
+mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err, size_t errlen)
+{
+    const int64_t L = st->cfg.layers;
+    if (sc->B < 1 || sc->T < 1 || sc->accum < 1 || sc->K < 1 || sc->K > L || sc->head_chunk < 1 || sc->clip < 0) {
+        snprintf(err, errlen, "invalid step configuration: B=%lld T=%lld accum=%d K=%d (1..%lld) head_chunk=%lld clip=%g",
+                 (long long)sc->B, (long long)sc->T, sc->accum, sc->K, (long long)L, (long long)sc->head_chunk, sc->clip);
+        return NULL;
+    }
+    if (sc->T > st->cfg.max_positions) {
+        snprintf(err, errlen, "sequence length %lld exceeds the model's max_position_embeddings %lld",
+                 (long long)sc->T, (long long)st->cfg.max_positions);
+        return NULL;
+    }
+    mt_graph *g = calloc(1, sizeof *g);
+    g->st = st;
+    g->sc = *sc;
+    g->ntok = sc->B * sc->T;
+    g->nblocks = (int)((L + sc->K - 1) / sc->K);
+    const int64_t d = st->cfg.hidden;
+
+    g->ckpt = calloc(g->nblocks, sizeof *g->ckpt);
+    for (int b = 0; b < g->nblocks; b++) g->ckpt[b] = new_floats(g->ntok * d);
+    for (int i = 0; i < 2; i++) {
+        g->act[i] = new_floats(g->ntok * d);
+        g->grad[i] = new_floats(g->ntok * d);
+    }
+    g->saved = calloc(sc->K, sizeof *g->saved);
+    for (int j = 0; j < sc->K; j++) g->saved[j] = new_floats(mt_layer_saved_numel(&st->cfg, sc->B, sc->T));
+    g->scratch_layer = new_floats(mt_codelet_layer_scratch_numel(st, sc->B, sc->T));
+    int64_t chunk = sc->head_chunk < g->ntok ? sc->head_chunk : g->ntok;
+    g->sc.head_chunk = chunk;
+    g->scratch_head = new_floats(mt_codelet_head_scratch_numel(st, chunk));
+
+    g->partial_mem = calloc(st->ntiles, sizeof(double));
+    g->partial = calloc(st->ntiles, sizeof *g->partial);
+    for (int i = 0; i < st->ntiles; i++) g->partial[i] = host_vector(&g->partial_mem[i], 1, sizeof(double));
+    g->clip = host_vector(g->clip_mem, 2, sizeof(double));
+
+    for (int s = 0; s < NSLOTS; s++) {
+        slot *sl = &g->slots[s];
+        sl->tokens = calloc((size_t)sc->accum * g->ntok, sizeof(int32_t));
+        sl->targets = calloc((size_t)sc->accum * g->ntok, sizeof(int32_t));
+        sl->loss = calloc((size_t)sc->accum * 2, sizeof(double));
+        sl->h_tokens = calloc(sc->accum, sizeof(starpu_data_handle_t));
+        sl->h_targets = calloc(sc->accum, sizeof(starpu_data_handle_t));
+        sl->h_loss = calloc(sc->accum, sizeof(starpu_data_handle_t));
+        for (int u = 0; u < sc->accum; u++) {
+            sl->h_tokens[u] = host_vector(sl->tokens + u * g->ntok, g->ntok, sizeof(int32_t));
+            sl->h_targets[u] = host_vector(sl->targets + u * g->ntok, g->ntok, sizeof(int32_t));
+            sl->h_loss[u] = host_vector(sl->loss + 2 * u, 2, sizeof(double));
+        }
+        sl->h_clip_copy = host_vector(sl->clip_result, 2, sizeof(double));
+    }
+    g->eval_tokens = calloc(g->ntok, sizeof(int32_t));
+    g->eval_targets = calloc(g->ntok, sizeof(int32_t));
+    g->h_eval_tokens = host_vector(g->eval_tokens, g->ntok, sizeof(int32_t));
+    g->h_eval_targets = host_vector(g->eval_targets, g->ntok, sizeof(int32_t));
+    g->h_eval_loss = host_vector(g->eval_loss, 2, sizeof(double));
+    return g;
+}
+
+void mt_graph_destroy(mt_graph *g)
+{
+    if (!g) return;
+    starpu_task_wait_for_all();
+    for (int b = 0; b < g->nblocks; b++) starpu_data_unregister(g->ckpt[b]);
+    for (int i = 0; i < 2; i++) {
+        starpu_data_unregister(g->act[i]);
+        starpu_data_unregister(g->grad[i]);
+    }
+    for (int j = 0; j < g->sc.K; j++) starpu_data_unregister(g->saved[j]);
+    starpu_data_unregister(g->scratch_layer);
+    starpu_data_unregister(g->scratch_head);
+    for (int i = 0; i < g->st->ntiles; i++) starpu_data_unregister(g->partial[i]);
+    starpu_data_unregister(g->clip);
+    for (int s = 0; s < NSLOTS; s++) {
+        slot *sl = &g->slots[s];
+        for (int u = 0; u < g->sc.accum; u++) {
+            starpu_data_unregister(sl->h_tokens[u]);
+            starpu_data_unregister(sl->h_targets[u]);
+            starpu_data_unregister(sl->h_loss[u]);
+        }
+        starpu_data_unregister(sl->h_clip_copy);
+        free(sl->tokens); free(sl->targets); free(sl->loss);
+        free(sl->h_tokens); free(sl->h_targets); free(sl->h_loss);
+    }
+    starpu_data_unregister(g->h_eval_tokens);
+    starpu_data_unregister(g->h_eval_targets);
+    starpu_data_unregister(g->h_eval_loss);
+    free(g->eval_tokens); free(g->eval_targets);
+    free(g->ckpt); free(g->saved); free(g->partial); free(g->partial_mem);
+    free(g);
+}
+
+void mt_graph_set_observer(mt_graph *g, mt_observer_fn fn, void *user)
+{
+    g->observer = fn;
+    g->observer_user = user;
+}
+
+/* What a task's end callback reports to the observer. Freed by the callback. */
+typedef struct event_note {
+    mt_graph *g;
+    mt_event_kind kind;
+    int64_t step;
+    int tile;
+} event_note;
+
+static void notify_observer(void *arg)
+{
+    event_note *n = arg;
+    n->g->observer(n->g->observer_user, n->kind, n->step, n->tile);
+    free(n);
+}
+
+/* Callback arguments for starpu_task_insert: the observer's, or none. */
+#define OBSERVE(g, kind_, step_, tile_)                                                          \
+    STARPU_CALLBACK_WITH_ARG_NFREE, (g)->observer ? notify_observer : NULL,                      \
+        (g)->observer ? note_new((g), (kind_), (step_), (tile_)) : NULL
+
+static event_note *note_new(mt_graph *g, mt_event_kind kind, int64_t step, int tile)
+{
+    event_note *n = malloc(sizeof *n);
+    *n = (event_note){ g, kind, step, tile };
+    return n;
+}
+
+static void check_insert(int ret, const char *what)
+{
+    if (ret != 0) {
+        fprintf(stderr, "megatrain: submitting %s failed (%d)\n", what, ret);
+        abort();
+    }
+}
+
+/* Input handle of layer i in the forward pass (0-based layers). */
+static starpu_data_handle_t forward_input(mt_graph *g, int i)
+{
+    return i % g->sc.K == 0 ? g->ckpt[i / g->sc.K] : g->act[i % 2];
+}
+
+/* Output handle of layer i: the next block's checkpoint, or the ping-pong buffer. */
+static starpu_data_handle_t forward_output(mt_graph *g, int i)
+{
+    int L = (int)g->st->cfg.layers;
+    if ((i + 1) % g->sc.K == 0 && i + 1 < L) return g->ckpt[(i + 1) / g->sc.K];
+    return g->act[(i + 1) % 2];
+}
+
+static void insert_layer_forward(mt_graph *g, int i, starpu_data_handle_t x, starpu_data_handle_t y,
+                                 starpu_data_handle_t saved, int64_t step, bool observe)
+{
+    mt_tile *t = mt_state_layer(g->st, i);
+    mt_compute_args a = { .st = g->st, .B = g->sc.B, .T = g->sc.T, .save = saved != NULL };
+    struct starpu_data_descr d[5] = {
+        { t->h_weights, STARPU_R }, { x, STARPU_R }, { y, STARPU_W }, { g->scratch_layer, STARPU_SCRATCH },
+        { saved, STARPU_W },
+    };
+    int ret;
+    if (observe && g->observer)
+        ret = starpu_task_insert(&mt_cl_layer_forward, STARPU_DATA_MODE_ARRAY, d, saved ? 5 : 4,
+                                 STARPU_VALUE, &a, sizeof a, STARPU_NAME, "layer_forward",
+                                 OBSERVE(g, MT_EV_FORWARD, step, t->index), 0);
+    else
+        ret = starpu_task_insert(&mt_cl_layer_forward, STARPU_DATA_MODE_ARRAY, d, saved ? 5 : 4,
+                                 STARPU_VALUE, &a, sizeof a, STARPU_NAME, "layer_forward", 0);
+    check_insert(ret, "layer_forward");
+}
+
+static void insert_embedding_forward(mt_graph *g, starpu_data_handle_t tokens, starpu_data_handle_t h0)
+{
+    mt_compute_args a = { .st = g->st, .B = g->sc.B, .T = g->sc.T };
+    check_insert(starpu_task_insert(&mt_cl_embedding_forward, STARPU_R, mt_state_embed(g->st)->h_weights,
+                                    STARPU_R, tokens, STARPU_W, h0, STARPU_VALUE, &a, sizeof a, 0),
+                 "embedding_forward");
+}
+
+/* The forward pass of one micro-batch up to x_L; returns the handle holding x_L. */
+static starpu_data_handle_t submit_forward(mt_graph *g, starpu_data_handle_t tokens, int64_t step, bool observe)
+{
+    int L = (int)g->st->cfg.layers;
+    insert_embedding_forward(g, tokens, g->ckpt[0]);
+    for (int i = 0; i < L; i++)
+        insert_layer_forward(g, i, forward_input(g, i), forward_output(g, i), NULL, step, observe);
+    return g->act[L % 2];
+}
+
+static void submit_micro_batch(mt_graph *g, slot *sl, int u, int64_t step, double loss_scale)
+{
+    mt_host_state *st = g->st;
+    const int L = (int)st->cfg.layers, K = g->sc.K;
+    const bool first = u == 0;
+    const enum starpu_data_access_mode gmode = first ? STARPU_W : STARPU_RW;
+    mt_tile *embed = mt_state_embed(st), *head = mt_state_head(st);
+
+    starpu_data_handle_t xL = submit_forward(g, sl->h_tokens[u], step, true);
+
+    /* Loss anchor: dh_L goes to grad[L % 2], the input of layer L-1's backward. */
+    mt_compute_args a = { .st = st, .B = g->sc.B, .T = g->sc.T, .accumulate = !first,
+                          .loss_scale = loss_scale, .head_chunk = g->sc.head_chunk };
+    struct starpu_data_descr hd[9] = {
+        { head->h_weights, STARPU_R }, { xL, STARPU_R }, { sl->h_targets[u], STARPU_R },
+        { g->grad[L % 2], STARPU_W }, { head->h_grad, gmode }, { sl->h_loss[u], STARPU_W },
+        { g->scratch_head, STARPU_SCRATCH }, { embed->h_weights, STARPU_R }, { embed->h_grad, gmode },
+    };
+    check_insert(starpu_task_insert(&mt_cl_head, STARPU_DATA_MODE_ARRAY, hd, st->cfg.tied ? 9 : 7,
+                                    STARPU_VALUE, &a, sizeof a, STARPU_NAME, "head", 0), "head");
+
+    /* Block-wise backward: recompute each block from its checkpoint, then walk it back. */
+    for (int b = g->nblocks - 1; b >= 0; b--) {
+        int lo = b * K, hi = lo + K < L ? lo + K : L;
+        for (int i = lo; i < hi; i++) {
+            starpu_data_handle_t x = i == lo ? g->ckpt[b] : g->act[i % 2];
+            insert_layer_forward(g, i, x, g->act[(i + 1) % 2], g->saved[i - lo], step, false);
+        }
+        for (int i = hi - 1; i >= lo; i--) {
+            mt_tile *t = mt_state_layer(st, i);
+            mt_compute_args ba = { .st = st, .B = g->sc.B, .T = g->sc.T, .accumulate = !first };
+            struct starpu_data_descr bd[6] = {
+                { t->h_weights, STARPU_R }, { g->saved[i - lo], STARPU_R }, { g->grad[(i + 1) % 2], STARPU_R },
+                { g->grad[i % 2], STARPU_W }, { t->h_grad, gmode }, { g->scratch_layer, STARPU_SCRATCH },
+            };
+            int ret;
+            if (g->observer)
+                ret = starpu_task_insert(&mt_cl_layer_backward, STARPU_DATA_MODE_ARRAY, bd, 6, STARPU_VALUE, &ba,
+                                         sizeof ba, STARPU_NAME, "layer_backward",
+                                         OBSERVE(g, MT_EV_BACKWARD, step, t->index), 0);
+            else
+                ret = starpu_task_insert(&mt_cl_layer_backward, STARPU_DATA_MODE_ARRAY, bd, 6, STARPU_VALUE, &ba,
+                                         sizeof ba, STARPU_NAME, "layer_backward", 0);
+            check_insert(ret, "layer_backward");
+        }
+    }
+    /* With a tied head the head task already wrote the embedding gradient this step. */
+    mt_compute_args ea = { .st = st, .B = g->sc.B, .T = g->sc.T, .accumulate = !first || st->cfg.tied };
+    check_insert(starpu_task_insert(&mt_cl_embedding_backward, STARPU_R, sl->h_tokens[u], STARPU_R, g->grad[0],
+                                    ea.accumulate ? STARPU_RW : STARPU_W, embed->h_grad,
+                                    STARPU_VALUE, &ea, sizeof ea, 0),
+                 "embedding_backward");
+}
+
+/* Copies host data into a registered host handle once its earlier readers are done. */
+static void fill_handle(starpu_data_handle_t h, void *dst, const void *src, size_t bytes)
+{
+    starpu_data_acquire(h, STARPU_W);
+    memcpy(dst, src, bytes);
+    starpu_data_release(h);
+}
+
+int mt_graph_submit_compute(mt_graph *g, int64_t step, const int32_t *tokens, const int32_t *targets)
+{
+    int s = g->next_slot;
+    g->next_slot = (g->next_slot + 1) % NSLOTS;
+    slot *sl = &g->slots[s];
+    const int accum = g->sc.accum;
+    int64_t counted = 0;
+    for (int64_t e = 0; e < accum * g->ntok; e++) counted += targets[e] >= 0;
+    for (int u = 0; u < accum; u++) {
+        fill_handle(sl->h_tokens[u], sl->tokens + u * g->ntok, tokens + u * g->ntok, g->ntok * sizeof(int32_t));
+        fill_handle(sl->h_targets[u], sl->targets + u * g->ntok, targets + u * g->ntok, g->ntok * sizeof(int32_t));
+    }
+    /* The step's loss is the mean over every counted target of every micro-batch. */
+    double loss_scale = counted > 0 ? 1.0 / (double)counted : 0.0;
+    for (int u = 0; u < accum; u++) submit_micro_batch(g, sl, u, step, loss_scale);
+
+    if (g->sc.clip > 0) {
+        mt_host_state *st = g->st;
+        for (int i = 0; i < st->ntiles; i++)
+            check_insert(starpu_task_insert(&mt_cl_grad_sumsq, STARPU_R, st->tiles[i].h_grad,
+                                            STARPU_W, g->partial[i], 0), "grad_sumsq");
+        struct starpu_data_descr *cd = calloc(st->ntiles + 1, sizeof *cd);
+        for (int i = 0; i < st->ntiles; i++) cd[i] = (struct starpu_data_descr){ g->partial[i], STARPU_R };
+        cd[st->ntiles] = (struct starpu_data_descr){ g->clip, STARPU_W };
+        double max_norm = g->sc.clip;
+        check_insert(starpu_task_insert(&mt_cl_clip, STARPU_DATA_MODE_ARRAY, cd, st->ntiles + 1,
+                                        STARPU_VALUE, &max_norm, sizeof max_norm,
+                                        STARPU_PRIORITY, STARPU_MAX_PRIO, 0), "clip");
+        free(cd);
+    }
+    g->last_compute_step = step;
+    return s;
+}
+
+void mt_graph_submit_update(mt_graph *g, int64_t step, double lr)
+{
+    mt_host_state *st = g->st;
+    int clipped = g->sc.clip > 0;
+    int slot_id = (g->next_slot + NSLOTS - 1) % NSLOTS;
+    if (clipped) {
+        /* Keep this step's norm for mt_graph_wait_loss before the next step overwrites it. */
+        check_insert(starpu_data_cpy(g->slots[slot_id].h_clip_copy, g->clip, 1, NULL, NULL), "clip copy");
+    }
+    for (int i = 0; i < st->ntiles; i++) {
+        mt_tile *t = &st->tiles[i];
+        /* The next forward needs tile 0 first: earlier tiles get higher priority. */
+        int prio = STARPU_MAX_PRIO - i;
+        if (prio < STARPU_MIN_PRIO) prio = STARPU_MIN_PRIO;
+        for (int c = 0; c < t->nchunks; c++) {
+            mt_adamw_params p = {
+                .lr = lr, .beta1 = g->sc.beta1, .beta2 = g->sc.beta2, .eps = g->sc.eps,
+                .weight_decay = t->chunks[c].decay ? g->sc.weight_decay : 0.0,
+                .step = step, .grad_scale = 1.0,
+            };
+            mt_dtype dtype = st->compute_dtype;
+            struct starpu_data_descr ad[6] = {
+                { t->h_master_chunk[c], STARPU_RW }, { t->h_m_chunk[c], STARPU_RW }, { t->h_v_chunk[c], STARPU_RW },
+                { t->h_grad_chunk[c], STARPU_R }, { t->h_weights_chunk[c], STARPU_W }, { g->clip, STARPU_R },
+            };
+            int ret;
+            if (g->observer)
+                ret = starpu_task_insert(&mt_cl_adamw, STARPU_DATA_MODE_ARRAY, ad, clipped ? 6 : 5,
+                                         STARPU_VALUE, &p, sizeof p, STARPU_VALUE, &dtype, sizeof dtype,
+                                         STARPU_VALUE, &clipped, sizeof clipped, STARPU_PRIORITY, prio,
+                                         STARPU_NAME, "adamw", OBSERVE(g, MT_EV_ADAMW, step, i), 0);
+            else
+                ret = starpu_task_insert(&mt_cl_adamw, STARPU_DATA_MODE_ARRAY, ad, clipped ? 6 : 5,
+                                         STARPU_VALUE, &p, sizeof p, STARPU_VALUE, &dtype, sizeof dtype,
+                                         STARPU_VALUE, &clipped, sizeof clipped, STARPU_PRIORITY, prio,
+                                         STARPU_NAME, "adamw", 0);
+            check_insert(ret, "adamw");
+        }
+    }
+}
+
+int mt_graph_submit_step(mt_graph *g, int64_t step, const int32_t *tokens, const int32_t *targets, double lr)
+{
+    int s = mt_graph_submit_compute(g, step, tokens, targets);
+    mt_graph_submit_update(g, step, lr);
+    return s;
+}
+
+double mt_graph_wait_loss(mt_graph *g, int slot_id, double *grad_norm)
+{
+    slot *sl = &g->slots[slot_id];
+    double sum = 0, count = 0;
+    for (int u = 0; u < g->sc.accum; u++) {
+        starpu_data_acquire(sl->h_loss[u], STARPU_R);
+        sum += sl->loss[2 * u];
+        count += sl->loss[2 * u + 1];
+        starpu_data_release(sl->h_loss[u]);
+    }
+    if (grad_norm) {
+        if (g->sc.clip > 0) {
+            starpu_data_acquire(sl->h_clip_copy, STARPU_R);
+            *grad_norm = sl->clip_result[0];
+            starpu_data_release(sl->h_clip_copy);
+        } else {
+            *grad_norm = NAN;
+        }
+    }
+    return count > 0 ? sum / count : NAN;
+}
+
+double mt_graph_eval(mt_graph *g, int64_t n_seq, const int32_t *tokens, const int32_t *targets, int64_t *counted)
+{
+    mt_host_state *st = g->st;
+    double sum = 0, count = 0;
+    for (int64_t s0 = 0; s0 + g->sc.B <= n_seq; s0 += g->sc.B) {
+        fill_handle(g->h_eval_tokens, g->eval_tokens, tokens + s0 * g->sc.T, g->ntok * sizeof(int32_t));
+        fill_handle(g->h_eval_targets, g->eval_targets, targets + s0 * g->sc.T, g->ntok * sizeof(int32_t));
+        starpu_data_handle_t xL = submit_forward(g, g->h_eval_tokens, 0, false);
+        mt_compute_args a = { .st = st, .B = g->sc.B, .T = g->sc.T, .head_chunk = g->sc.head_chunk };
+        struct starpu_data_descr hd[6] = {
+            { mt_state_head(st)->h_weights, STARPU_R }, { xL, STARPU_R }, { g->h_eval_targets, STARPU_R },
+            { g->h_eval_loss, STARPU_W }, { g->scratch_head, STARPU_SCRATCH }, { mt_state_embed(st)->h_weights, STARPU_R },
+        };
+        check_insert(starpu_task_insert(&mt_cl_head_eval, STARPU_DATA_MODE_ARRAY, hd, st->cfg.tied ? 6 : 5,
+                                        STARPU_VALUE, &a, sizeof a, 0), "head_eval");
+        starpu_data_acquire(g->h_eval_loss, STARPU_R);
+        sum += g->eval_loss[0];
+        count += g->eval_loss[1];
+        starpu_data_release(g->h_eval_loss);
+    }
+    if (counted) *counted = (int64_t)count;
+    return count > 0 ? sum / count : NAN;
+}

@@ -1,0 +1,60 @@
+/* The MegaTrain training step as a StarPU task graph over the host state's handles:
+ * streaming forward with a checkpoint every K layers, the loss anchor, block-wise backward
+ * (recompute a block from its checkpoint, then backward layer by layer, gradients home), exact
+ * global-norm clipping, and AdamW per chunk on CPU workers. Dependencies are data only: no
+ * barrier inside a step or between steps. */
+#ifndef MT_RUNTIME_STEP_H
+#define MT_RUNTIME_STEP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "state.h"
+
+typedef struct mt_step_config {
+    int64_t B, T;          /* micro-batch: B sequences of T tokens */
+    int accum;             /* micro-batches per step (gradient accumulation), >= 1 */
+    int K;                 /* checkpoint interval in layers, 1..L (need not divide L) */
+    double clip;           /* max global gradient norm; 0 = no clipping */
+    int64_t head_chunk;    /* rows per LM-head chunk */
+    double beta1, beta2, eps, weight_decay;
+} mt_step_config;
+
+/* Defaults: accum 1, K 4, clip 1.0, head_chunk 1024, betas (0.9, 0.999), eps 1e-8, wd 0. */
+mt_step_config mt_step_defaults(void);
+
+/* What an observer hears: a compute task of a training step ended. */
+typedef enum mt_event_kind { MT_EV_FORWARD, MT_EV_BACKWARD, MT_EV_ADAMW } mt_event_kind;
+typedef void (*mt_observer_fn)(void *user, mt_event_kind kind, int64_t step, int tile);
+
+typedef struct mt_graph mt_graph;
+
+/* Builds the graph's activation, scratch and I/O handles. Returns NULL with err set. */
+mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err, size_t errlen);
+/* Waits for every task, then frees. */
+void mt_graph_destroy(mt_graph *g);
+
+/* Called from StarPU callbacks at the end of each forward/backward/AdamW task (for tests and
+ * tracing); keep it short and thread-safe. */
+void mt_graph_set_observer(mt_graph *g, mt_observer_fn fn, void *user);
+
+/* Submits the compute part of step `step` (1-based): for each micro-batch forward, head and
+ * backward, then the norm tasks. tokens and targets are (accum, B, T); targets < 0 do not
+ * count. Copies them, so the caller may reuse its arrays at once. Returns a slot id for
+ * mt_graph_wait_loss. */
+int mt_graph_submit_compute(mt_graph *g, int64_t step, const int32_t *tokens, const int32_t *targets);
+/* Submits the AdamW tasks of step `step` with learning rate lr. Separate from the compute
+ * part only so tests can put a gate between them; mt_graph_submit_step does both. */
+void mt_graph_submit_update(mt_graph *g, int64_t step, double lr);
+int mt_graph_submit_step(mt_graph *g, int64_t step, const int32_t *tokens, const int32_t *targets, double lr);
+
+/* Blocks until the step submitted in `slot` has its loss: mean over counted targets. Also the
+ * global gradient norm before clipping (NAN when clipping is off). */
+double mt_graph_wait_loss(mt_graph *g, int slot, double *grad_norm);
+
+/* Forward-only loss over n_seq sequences (n_seq a multiple of B) with the current weights,
+ * ordered after every submitted update. Returns the mean loss; *counted gets the token count. */
+double mt_graph_eval(mt_graph *g, int64_t n_seq, const int32_t *tokens, const int32_t *targets,
+                     int64_t *counted);
+
+#endif
