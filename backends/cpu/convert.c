@@ -1,1 +1,35 @@
-/* convert: to be written */
+/* fp32 <-> bf16 conversion: what the optimizer writes for the GPU to stream (fp32 master ->
+ * bf16 compute copy) and how bf16 data is read back. Round to nearest even, NaN kept quiet. */
+#include <string.h>
+
+#include "ops.h"
+
+mt_bf16 mt_bf16_from_float(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) /* NaN: truncating could leave a zero mantissa (inf) */
+        return (mt_bf16)((u >> 16) | 0x0040u);
+    /* add just under half an ulp, plus one when the kept part is odd: ties go to even. A carry
+     * into the exponent is the correct rounding, up to inf for values beyond bf16's max. */
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (mt_bf16)(u >> 16);
+}
+
+float mt_float_from_bf16(mt_bf16 x)
+{
+    uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+void mt_cpu_f32_to_bf16(int64_t n, const float *in, mt_bf16 *out)
+{
+    for (int64_t i = 0; i < n; i++) out[i] = mt_bf16_from_float(in[i]);
+}
+
+void mt_cpu_bf16_to_f32(int64_t n, const mt_bf16 *in, float *out)
+{
+    for (int64_t i = 0; i < n; i++) out[i] = mt_float_from_bf16(in[i]);
+}

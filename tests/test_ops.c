@@ -1,0 +1,759 @@
+/* Check suite of the CPU primitive kernels (backends/cpu/ops.h): every backward against central
+ * finite differences of the double (_f64) forward, forwards against naive references, the = / +=
+ * output contracts, float/double agreement, AdamW against a scalar torch-order reference, bf16. */
+#include <check.h>
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.h"
+#include "testutil.h"
+
+/* Sizes deliberately not multiples of 8, so vector tails and odd strides are exercised. */
+enum { B = 2, T = 7, H = 6, KV = 2, D = 10, DM = 13, I = 19, V = 11, NTOK = B * T };
+
+#define FD_STEP 1e-6     /* central differences in double: truncation ~h^2, rounding ~1e-16/h */
+#define FD_TOL 1e-6      /* ||analytic - fd|| / ||fd|| per tensor */
+#define MIXED_TOL 1e-5   /* f32 forward vs f64 forward on the same inputs */
+
+/* ---------- helpers ---------- */
+
+static double *dalloc(int64_t n)
+{
+    double *p = calloc((size_t)(n > 0 ? n : 1), sizeof(double));
+    ck_assert_ptr_nonnull(p);
+    return p;
+}
+
+static float *falloc(int64_t n)
+{
+    float *p = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
+    ck_assert_ptr_nonnull(p);
+    return p;
+}
+
+static double *drandom(mt_test_rng *rng, int64_t n, double scale)
+{
+    double *p = dalloc(n);
+    mt_test_fill_f64(rng, p, n, scale);
+    return p;
+}
+
+static double *dcopy(const double *x, int64_t n)
+{
+    double *p = dalloc(n);
+    memcpy(p, x, (size_t)n * sizeof(double));
+    return p;
+}
+
+static float *to_f32(const double *x, int64_t n)
+{
+    float *p = falloc(n);
+    for (int64_t i = 0; i < n; i++) p[i] = (float)x[i];
+    return p;
+}
+
+/* double copy of the float values (so a double reference sees exactly the f32 inputs) */
+static double *to_f64(const float *x, int64_t n)
+{
+    double *p = dalloc(n);
+    for (int64_t i = 0; i < n; i++) p[i] = (double)x[i];
+    return p;
+}
+
+static void fill_nan(double *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) x[i] = NAN;
+}
+
+static double weighted_sum(const double *w, const double *y, int64_t n)
+{
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += w[i] * y[i];
+    return s;
+}
+
+/* a - b elementwise into a new array: what a += output added */
+static double *diff(const double *a, const double *b, int64_t n)
+{
+    double *p = dalloc(n);
+    for (int64_t i = 0; i < n; i++) p[i] = a[i] - b[i];
+    return p;
+}
+
+/* ||f32 result - f64 result|| / ||f64 result|| */
+static double mixed_err(const float *a, const double *b, int64_t n)
+{
+    double *a64 = to_f64(a, n);
+    double e = mt_test_rel_err_f64(a64, b, n);
+    free(a64);
+    return e;
+}
+
+static void report(const char *what, double err, double tol)
+{
+    printf("[ops] %-40s rel err %.3e (tol %.0e)\n", what, err, tol);
+    fflush(stdout);
+    ck_assert_msg(err <= tol, "%s: relative error %.3e exceeds %.1e", what, err, tol);
+}
+
+/* The scalar objective L(x) whose gradient is checked, evaluated with the _f64 forward. */
+typedef double (*objective_fn)(void *ctx);
+
+/* Central finite-difference gradient of f with respect to x (n), perturbing x in place, compared
+ * with `analytic`; reports and asserts the relative error. */
+static void check_grad(const char *what, objective_fn f, void *ctx, double *x, int64_t n,
+                       const double *analytic)
+{
+    double *fd = dalloc(n);
+    for (int64_t i = 0; i < n; i++) {
+        double saved = x[i];
+        x[i] = saved + FD_STEP;
+        double fp = f(ctx);
+        x[i] = saved - FD_STEP;
+        double fm = f(ctx);
+        x[i] = saved;
+        fd[i] = (fp - fm) / (2 * FD_STEP);
+    }
+    double norm = 0;
+    for (int64_t i = 0; i < n; i++) norm += fd[i] * fd[i];
+    ck_assert_msg(norm > 0, "%s: finite-difference gradient is zero, the check would be vacuous", what);
+    report(what, mt_test_rel_err_f64(analytic, fd, n), FD_TOL);
+    free(fd);
+}
+
+/* ---------- embedding ---------- */
+
+typedef struct { double *table, *w, *out; int32_t *tokens; } embed_ctx;
+
+static double embed_objective(void *p)
+{
+    embed_ctx *c = p;
+    mt_cpu_embedding_forward_f64(NTOK, DM, c->table, c->tokens, c->out);
+    return weighted_sum(c->w, c->out, NTOK * DM);
+}
+
+START_TEST(test_embedding)
+{
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 11);
+    int32_t tokens[NTOK];
+    for (int i = 0; i < NTOK; i++) tokens[i] = (int32_t)(mt_test_uniform(&rng) * V);
+    tokens[5] = tokens[0]; /* a repeated token: its gradient rows must add up */
+    tokens[9] = V - 1;
+    embed_ctx c = {drandom(&rng, V * DM, 1.0), drandom(&rng, NTOK * DM, 1.0), dalloc(NTOK * DM),
+                   tokens};
+
+    mt_cpu_embedding_forward_f64(NTOK, DM, c.table, tokens, c.out);
+    for (int r = 0; r < NTOK; r++)
+        ck_assert_int_eq(memcmp(c.out + r * DM, c.table + tokens[r] * DM, DM * sizeof(double)), 0);
+
+    double *prefill = drandom(&rng, V * DM, 1.0), *dtable = dcopy(prefill, V * DM);
+    mt_cpu_embedding_backward_f64(NTOK, DM, tokens, c.w, dtable);
+    double *added = diff(dtable, prefill, V * DM);
+    check_grad("embedding d table (+=)", embed_objective, &c, c.table, V * DM, added);
+
+    float *table32 = to_f32(c.table, V * DM), *out32 = falloc(NTOK * DM);
+    mt_cpu_embedding_forward_f32(NTOK, DM, table32, tokens, out32);
+    mt_cpu_embedding_forward_f64(NTOK, DM, c.table, tokens, c.out);
+    report("embedding f32 vs f64 forward", mixed_err(out32, c.out, NTOK * DM), MIXED_TOL);
+    free(table32), free(out32), free(prefill), free(dtable), free(added);
+    free(c.table), free(c.w), free(c.out);
+}
+END_TEST
+
+/* ---------- rmsnorm ---------- */
+
+#define RMS_EPS 1e-5
+
+typedef struct { double *x, *g, *wts, *y; } rms_ctx;
+
+static double rms_objective(void *p)
+{
+    rms_ctx *c = p;
+    mt_cpu_rmsnorm_forward_f64(NTOK, DM, c->x, c->g, RMS_EPS, c->y, NULL);
+    return weighted_sum(c->wts, c->y, NTOK * DM);
+}
+
+START_TEST(test_rmsnorm)
+{
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 12);
+    rms_ctx c = {drandom(&rng, NTOK * DM, 1.0), drandom(&rng, DM, 1.0),
+                 drandom(&rng, NTOK * DM, 1.0), dalloc(NTOK * DM)};
+    double *y = dalloc(NTOK * DM), *inv = dalloc(NTOK), *ref = dalloc(NTOK * DM);
+    double inv_ref[NTOK];
+    for (int r = 0; r < NTOK; r++) {
+        long double ss = 0;
+        for (int j = 0; j < DM; j++) ss += (long double)c.x[r * DM + j] * c.x[r * DM + j];
+        inv_ref[r] = (double)(1.0L / sqrtl(ss / DM + RMS_EPS));
+        for (int j = 0; j < DM; j++) ref[r * DM + j] = c.x[r * DM + j] * inv_ref[r] * c.g[j];
+    }
+    mt_cpu_rmsnorm_forward_f64(NTOK, DM, c.x, c.g, RMS_EPS, y, inv);
+    report("rmsnorm forward vs naive", mt_test_rel_err_f64(y, ref, NTOK * DM), 1e-14);
+    report("rmsnorm inv_rms vs naive", mt_test_rel_err_f64(inv, inv_ref, NTOK), 1e-14);
+    mt_cpu_rmsnorm_forward_f64(NTOK, DM, c.x, c.g, RMS_EPS, c.y, NULL); /* inv_rms optional */
+    ck_assert_int_eq(memcmp(c.y, y, NTOK * DM * sizeof(double)), 0);
+
+    double *dx0 = drandom(&rng, NTOK * DM, 1.0), *dw0 = drandom(&rng, DM, 1.0);
+    double *dx = dcopy(dx0, NTOK * DM), *dw = dcopy(dw0, DM);
+    mt_cpu_rmsnorm_backward_f64(NTOK, DM, c.x, c.g, inv, c.wts, dx, dw);
+    double *ax = diff(dx, dx0, NTOK * DM), *aw = diff(dw, dw0, DM);
+    check_grad("rmsnorm dx (+=)", rms_objective, &c, c.x, NTOK * DM, ax);
+    check_grad("rmsnorm dw (+=)", rms_objective, &c, c.g, DM, aw);
+
+    float *x32 = to_f32(c.x, NTOK * DM), *g32 = to_f32(c.g, DM), *y32 = falloc(NTOK * DM);
+    float *inv32 = falloc(NTOK);
+    mt_cpu_rmsnorm_forward_f32(NTOK, DM, x32, g32, RMS_EPS, y32, inv32);
+    report("rmsnorm f32 vs f64 forward", mixed_err(y32, y, NTOK * DM), MIXED_TOL);
+    report("rmsnorm f32 vs f64 inv_rms", mixed_err(inv32, inv, NTOK), MIXED_TOL);
+    free(x32), free(g32), free(y32), free(inv32);
+    free(dx0), free(dw0), free(dx), free(dw), free(ax), free(aw), free(y), free(inv), free(ref);
+    free(c.x), free(c.g), free(c.wts), free(c.y);
+}
+END_TEST
+
+/* ---------- linear ---------- */
+
+typedef struct { double *x, *W, *b, *wts, *y; } linear_ctx;
+
+static double linear_objective(void *p)
+{
+    linear_ctx *c = p;
+    mt_cpu_linear_forward_f64(NTOK, DM, I, c->x, c->W, c->b, c->y);
+    return weighted_sum(c->wts, c->y, NTOK * I);
+}
+
+START_TEST(test_linear)
+{
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 13);
+    linear_ctx c = {drandom(&rng, NTOK * DM, 1.0), drandom(&rng, I * DM, 0.5),
+                    drandom(&rng, I, 1.0), drandom(&rng, NTOK * I, 1.0), dalloc(NTOK * I)};
+    double *y = dalloc(NTOK * I), *ref = dalloc(NTOK * I), *ref_nob = dalloc(NTOK * I);
+    for (int r = 0; r < NTOK; r++)
+        for (int o = 0; o < I; o++) {
+            double s = 0;
+            for (int i = 0; i < DM; i++) s += c.x[r * DM + i] * c.W[o * DM + i];
+            ref_nob[r * I + o] = s;
+            ref[r * I + o] = s + c.b[o];
+        }
+    fill_nan(y, NTOK * I); /* y is an = output: stale contents, NaN included, must not leak */
+    mt_cpu_linear_forward_f64(NTOK, DM, I, c.x, c.W, c.b, y);
+    report("linear forward vs naive", mt_test_rel_err_f64(y, ref, NTOK * I), 1e-14);
+    fill_nan(y, NTOK * I);
+    mt_cpu_linear_forward_f64(NTOK, DM, I, c.x, c.W, NULL, y);
+    report("linear forward (no bias) vs naive", mt_test_rel_err_f64(y, ref_nob, NTOK * I), 1e-14);
+
+    /* accumulate_dx = false: dx overwritten (NaN prefill); dW, db accumulate */
+    double *dW0 = drandom(&rng, I * DM, 1.0), *db0 = drandom(&rng, I, 1.0);
+    double *dx = dalloc(NTOK * DM), *dW = dcopy(dW0, I * DM), *db = dcopy(db0, I);
+    fill_nan(dx, NTOK * DM);
+    mt_cpu_linear_backward_f64(NTOK, DM, I, c.x, c.W, c.wts, dx, false, dW, db);
+    double *aW = diff(dW, dW0, I * DM), *ab = diff(db, db0, I);
+    check_grad("linear dx (=)", linear_objective, &c, c.x, NTOK * DM, dx);
+    check_grad("linear dW (+=)", linear_objective, &c, c.W, I * DM, aW);
+    check_grad("linear db (+=)", linear_objective, &c, c.b, I, ab);
+
+    /* accumulate_dx = true adds the same gradient onto the prefill; db NULL leaves it out */
+    double *dx0 = drandom(&rng, NTOK * DM, 1.0), *dxa = dcopy(dx0, NTOK * DM);
+    double *dW2 = dcopy(dW0, I * DM);
+    mt_cpu_linear_backward_f64(NTOK, DM, I, c.x, c.W, c.wts, dxa, true, dW2, NULL);
+    double *ax = diff(dxa, dx0, NTOK * DM);
+    report("linear dx (+=) vs dx (=)", mt_test_rel_err_f64(ax, dx, NTOK * DM), 1e-14);
+    report("linear dW with db NULL", mt_test_rel_err_f64(dW2, dW, I * DM), 1e-14);
+
+    float *x32 = to_f32(c.x, NTOK * DM), *W32 = to_f32(c.W, I * DM), *b32 = to_f32(c.b, I);
+    float *y32 = falloc(NTOK * I);
+    mt_cpu_linear_forward_f32(NTOK, DM, I, x32, W32, b32, y32);
+    mt_cpu_linear_forward_f64(NTOK, DM, I, c.x, c.W, c.b, y);
+    report("linear f32 vs f64 forward", mixed_err(y32, y, NTOK * I), MIXED_TOL);
+    free(x32), free(W32), free(b32), free(y32);
+    free(dW0), free(db0), free(dx), free(dW), free(db), free(aW), free(ab);
+    free(dx0), free(dxa), free(dW2), free(ax), free(y), free(ref), free(ref_nob);
+    free(c.x), free(c.W), free(c.b), free(c.wts), free(c.y);
+}
+END_TEST
+
+/* ---------- rope ---------- */
+
+typedef struct { double *x, *wts, *y; const double *inv_freq; int64_t nh; } rope_ctx;
+
+static double rope_objective(void *p)
+{
+    rope_ctx *c = p;
+    int64_t n = NTOK * c->nh * D;
+    memcpy(c->y, c->x, (size_t)n * sizeof(double));
+    mt_cpu_rope_forward_f64(B, T, c->nh, D, c->inv_freq, c->y);
+    return weighted_sum(c->wts, c->y, n);
+}
+
+static void check_rope(const mt_model_config *cfg, const char *label)
+{
+    char what[96];
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 14);
+    double inv_freq[D / 2];
+    mt_rope_inv_freq(cfg, inv_freq);
+    const int64_t nh = H, n = NTOK * nh * D;
+    rope_ctx c = {drandom(&rng, n, 1.0), drandom(&rng, n, 1.0), dalloc(n), inv_freq, nh};
+
+    /* direct formula, element by element, rows r = b*T + t */
+    double *ref = dalloc(n), *y = dcopy(c.x, n);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < nh; h++)
+                for (int j = 0; j < D; j++) {
+                    const double *xr = c.x + ((b * T + t) * nh + h) * D;
+                    int pair = j % (D / 2);
+                    double ang = t * inv_freq[pair];
+                    ref[((b * T + t) * nh + h) * D + j] =
+                        j < D / 2 ? xr[j] * cos(ang) - xr[j + D / 2] * sin(ang)
+                                  : xr[j] * cos(ang) + xr[j - D / 2] * sin(ang);
+                }
+    mt_cpu_rope_forward_f64(B, T, nh, D, inv_freq, y);
+    snprintf(what, sizeof what, "rope%s forward vs formula", label);
+    report(what, mt_test_rel_err_f64(y, ref, n), 1e-14);
+    /* position 0 is the identity in every sequence */
+    for (int b = 0; b < B; b++)
+        ck_assert_int_eq(memcmp(y + b * T * nh * D, c.x + b * T * nh * D, nh * D * sizeof(double)), 0);
+
+    double *back = dcopy(y, n);
+    mt_cpu_rope_backward_f64(B, T, nh, D, inv_freq, back);
+    snprintf(what, sizeof what, "rope%s backward(forward(x)) vs x", label);
+    report(what, mt_test_rel_err_f64(back, c.x, n), 1e-14);
+
+    double *g = dcopy(c.wts, n);
+    mt_cpu_rope_backward_f64(B, T, nh, D, inv_freq, g);
+    snprintf(what, sizeof what, "rope%s dx", label);
+    check_grad(what, rope_objective, &c, c.x, n, g);
+
+    float *x32 = to_f32(c.x, n);
+    mt_cpu_rope_forward_f32(B, T, nh, D, inv_freq, x32);
+    snprintf(what, sizeof what, "rope%s f32 vs f64 forward", label);
+    report(what, mixed_err(x32, y, n), MIXED_TOL);
+    free(x32), free(g), free(back), free(ref), free(y), free(c.x), free(c.wts), free(c.y);
+}
+
+START_TEST(test_rope)
+{
+    mt_model_config cfg = {.head_dim = D, .rope_theta = 10000.0};
+    check_rope(&cfg, "");
+    /* Llama-3 scaled frequencies: the rotation code must not care where they came from */
+    mt_model_config l3 = {.head_dim = D, .rope_theta = 500000.0, .rope_scaling_factor = 8.0,
+                          .rope_low_freq_factor = 1.0, .rope_high_freq_factor = 4.0,
+                          .rope_original_max_positions = 8192};
+    check_rope(&l3, " (llama3 freqs)");
+}
+END_TEST
+
+START_TEST(test_rope_inv_freq)
+{
+    /* Llama-3.1-8B: theta 5e5, D 128, factor 8, low 1, high 4, original context 8192: pairs
+     * 0..28 have wavelength < 2048 (kept), 29..34 lie in the smoothed band, 35..63 > 8192. */
+    mt_model_config plain = {.head_dim = 128, .rope_theta = 500000.0};
+    mt_model_config l3 = plain;
+    l3.rope_scaling_factor = 8.0, l3.rope_low_freq_factor = 1.0, l3.rope_high_freq_factor = 4.0;
+    l3.rope_original_max_positions = 8192;
+    double base[64], scaled[64];
+    mt_rope_inv_freq(&plain, base);
+    mt_rope_inv_freq(&l3, scaled);
+    double worst = 0;
+    for (int j = 0; j < 64; j++) {
+        double expect = exp(-(2.0 * j / 128.0) * log(500000.0));
+        worst = fmax(worst, fabs(base[j] - expect) / expect);
+    }
+    report("rope inv_freq theta^(-2j/D)", worst, 1e-14);
+    ck_assert_double_eq(base[0], 1.0);
+    int kept = 0, band = 0, stretched = 0;
+    for (int j = 0; j < 64; j++) {
+        double wavelen = 2 * M_PI / base[j];
+        if (wavelen < 2048) {
+            ck_assert_double_eq(scaled[j], base[j]);
+            kept++;
+        } else if (wavelen > 8192) {
+            ck_assert_double_eq_tol(scaled[j], base[j] / 8, 1e-15 * base[j]);
+            stretched++;
+        } else {
+            double smooth = (8192 / wavelen - 1.0) / (4.0 - 1.0);
+            ck_assert(smooth >= 0 && smooth <= 1);
+            double expect = (1 - smooth) * base[j] / 8 + smooth * base[j];
+            ck_assert_double_eq_tol(scaled[j], expect, 1e-14 * base[j]);
+            ck_assert(scaled[j] < base[j] && scaled[j] > base[j] / 8);
+            band++;
+        }
+        if (j > 0) ck_assert(scaled[j] < scaled[j - 1]); /* still monotone after scaling */
+    }
+    ck_assert_int_eq(kept, 29);
+    ck_assert_int_eq(band, 6);
+    ck_assert_int_eq(stretched, 29);
+}
+END_TEST
+
+/* ---------- attention ---------- */
+
+typedef struct {
+    int64_t h, kv;
+    double *q, *k, *v, *wts, *out, *lse;
+} attn_ctx;
+
+static double attn_objective(void *p)
+{
+    attn_ctx *c = p;
+    mt_cpu_attention_forward_f64(B, T, c->h, c->kv, D, c->q, c->k, c->v, c->out, c->lse);
+    return weighted_sum(c->wts, c->out, NTOK * c->h * D);
+}
+
+/* Naive reference: the full row of scores, max-subtracted softmax, in long double. */
+static void attention_naive(int64_t nh, int64_t nkv, const double *q, const double *k,
+                            const double *v, double *out, double *lse)
+{
+    const int64_t group = nh / nkv;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < nh; h++)
+            for (int64_t t = 0; t < T; t++) {
+                long double sc[T], mx = -INFINITY, z = 0;
+                const double *qr = q + ((b * T + t) * nh + h) * D;
+                for (int64_t s = 0; s <= t; s++) {
+                    const double *ks = k + ((b * T + s) * nkv + h / group) * D;
+                    long double dot = 0;
+                    for (int d = 0; d < D; d++) dot += (long double)qr[d] * ks[d];
+                    sc[s] = dot / sqrtl(D);
+                    if (sc[s] > mx) mx = sc[s];
+                }
+                for (int64_t s = 0; s <= t; s++) z += expl(sc[s] - mx);
+                for (int d = 0; d < D; d++) {
+                    long double acc = 0;
+                    for (int64_t s = 0; s <= t; s++)
+                        acc += expl(sc[s] - mx) / z * v[((b * T + s) * nkv + h / group) * D + d];
+                    out[((b * T + t) * nh + h) * D + d] = (double)acc;
+                }
+                lse[(b * nh + h) * T + t] = (double)(mx + logl(z));
+            }
+}
+
+static void check_attention(int64_t nh, int64_t nkv, double qscale)
+{
+    char what[96];
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 15 + (uint64_t)nkv);
+    const int64_t nq = NTOK * nh * D, nk = NTOK * nkv * D, nl = B * nh * T;
+    attn_ctx c = {nh, nkv, drandom(&rng, nq, qscale), drandom(&rng, nk, 1.0),
+                  drandom(&rng, nk, 1.0), drandom(&rng, nq, 1.0), dalloc(nq), dalloc(nl)};
+    double *out = dalloc(nq), *lse = dalloc(nl), *ref = dalloc(nq), *lse_ref = dalloc(nl);
+    fill_nan(out, nq);
+    fill_nan(lse, nl);
+    mt_cpu_attention_forward_f64(B, T, nh, nkv, D, c.q, c.k, c.v, out, lse);
+    attention_naive(nh, nkv, c.q, c.k, c.v, ref, lse_ref);
+    snprintf(what, sizeof what, "attention H%d KV%d q*%g forward vs naive", (int)nh, (int)nkv, qscale);
+    report(what, mt_test_rel_err_f64(out, ref, nq), 1e-13);
+    snprintf(what, sizeof what, "attention H%d KV%d q*%g lse vs naive", (int)nh, (int)nkv, qscale);
+    report(what, mt_test_rel_err_f64(lse, lse_ref, nl), 1e-13);
+
+    float *q32 = to_f32(c.q, nq), *k32 = to_f32(c.k, nk), *v32 = to_f32(c.v, nk);
+    float *o32 = falloc(nq), *l32 = falloc(nl);
+    mt_cpu_attention_forward_f32(B, T, nh, nkv, D, q32, k32, v32, o32, l32);
+    snprintf(what, sizeof what, "attention H%d KV%d q*%g f32 vs f64 out", (int)nh, (int)nkv, qscale);
+    report(what, mixed_err(o32, out, nq), MIXED_TOL);
+    snprintf(what, sizeof what, "attention H%d KV%d q*%g f32 vs f64 lse", (int)nh, (int)nkv, qscale);
+    report(what, mixed_err(l32, lse, nl), MIXED_TOL);
+    free(q32), free(k32), free(v32), free(o32), free(l32);
+
+    if (qscale <= 1.0) { /* gradients where finite differences are well conditioned */
+        double *dq = dalloc(nq), *dk = dalloc(nk), *dv = dalloc(nk);
+        fill_nan(dq, nq), fill_nan(dk, nk), fill_nan(dv, nk); /* all three are = outputs */
+        mt_cpu_attention_backward_f64(B, T, nh, nkv, D, c.q, c.k, c.v, out, lse, c.wts, dq, dk, dv);
+        snprintf(what, sizeof what, "attention H%d KV%d dq (=)", (int)nh, (int)nkv);
+        check_grad(what, attn_objective, &c, c.q, nq, dq);
+        snprintf(what, sizeof what, "attention H%d KV%d dk (=)", (int)nh, (int)nkv);
+        check_grad(what, attn_objective, &c, c.k, nk, dk);
+        snprintf(what, sizeof what, "attention H%d KV%d dv (=)", (int)nh, (int)nkv);
+        check_grad(what, attn_objective, &c, c.v, nk, dv);
+        free(dq), free(dk), free(dv);
+    }
+    free(out), free(lse), free(ref), free(lse_ref);
+    free(c.q), free(c.k), free(c.v), free(c.wts), free(c.out), free(c.lse);
+}
+
+START_TEST(test_attention_gqa) { check_attention(H, KV, 1.0); }
+END_TEST
+
+START_TEST(test_attention_mha_mqa)
+{
+    check_attention(H, H, 1.0); /* one kv head per query head */
+    check_attention(H, 1, 1.0); /* all query heads share one kv head */
+}
+END_TEST
+
+/* Scores of magnitude ~100: the running max must keep exp from overflowing. */
+START_TEST(test_attention_large_scores) { check_attention(H, KV, 30.0); }
+END_TEST
+
+/* ---------- swiglu ---------- */
+
+typedef struct { double *gate, *up, *wts, *out; } swiglu_ctx;
+
+static double swiglu_objective(void *p)
+{
+    swiglu_ctx *c = p;
+    mt_cpu_swiglu_forward_f64(NTOK, I, c->gate, c->up, c->out);
+    return weighted_sum(c->wts, c->out, NTOK * I);
+}
+
+START_TEST(test_swiglu)
+{
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 16);
+    const int64_t n = NTOK * I;
+    swiglu_ctx c = {drandom(&rng, n, 2.0), drandom(&rng, n, 1.0), drandom(&rng, n, 1.0), dalloc(n)};
+    double *out = dalloc(n), *ref = dalloc(n);
+    for (int64_t i = 0; i < n; i++) ref[i] = c.gate[i] / (1 + exp(-c.gate[i])) * c.up[i];
+    mt_cpu_swiglu_forward_f64(NTOK, I, c.gate, c.up, out);
+    report("swiglu forward vs formula", mt_test_rel_err_f64(out, ref, n), 1e-14);
+
+    double *dg = dalloc(n), *du = dalloc(n);
+    fill_nan(dg, n), fill_nan(du, n);
+    mt_cpu_swiglu_backward_f64(NTOK, I, c.gate, c.up, c.wts, dg, du);
+    check_grad("swiglu dgate (=)", swiglu_objective, &c, c.gate, n, dg);
+    check_grad("swiglu dup (=)", swiglu_objective, &c, c.up, n, du);
+
+    float *g32 = to_f32(c.gate, n), *u32 = to_f32(c.up, n), *o32 = falloc(n);
+    mt_cpu_swiglu_forward_f32(NTOK, I, g32, u32, o32);
+    report("swiglu f32 vs f64 forward", mixed_err(o32, out, n), MIXED_TOL);
+
+    /* saturated gates: silu(-100) ~ 0, silu(100) = 100, gradients finite (no inf * 0) */
+    float gx[4] = {-100.f, 100.f, -1000.f, 1000.f}, ux[4] = {2.f, 2.f, 2.f, 2.f}, ox[4];
+    float dox[4] = {1.f, 1.f, 1.f, 1.f}, dgx[4], dux[4];
+    mt_cpu_swiglu_forward_f32(1, 4, gx, ux, ox);
+    mt_cpu_swiglu_backward_f32(1, 4, gx, ux, dox, dgx, dux);
+    ck_assert_float_eq_tol(ox[0], 0.f, 1e-30f);
+    ck_assert_float_eq_tol(ox[1], 200.f, 1e-4f);
+    ck_assert_float_eq_tol(ox[3], 2000.f, 1e-3f);
+    for (int i = 0; i < 4; i++) ck_assert(isfinite(ox[i]) && isfinite(dgx[i]) && isfinite(dux[i]));
+    ck_assert_float_eq_tol(dgx[1], 2.f, 1e-5f); /* d silu/dg -> 1 for large g, times up = 2 */
+    ck_assert_float_eq_tol(dgx[2], 0.f, 1e-30f);
+    free(g32), free(u32), free(o32), free(dg), free(du), free(out), free(ref);
+    free(c.gate), free(c.up), free(c.wts), free(c.out);
+}
+END_TEST
+
+/* ---------- elementwise ---------- */
+
+START_TEST(test_elementwise)
+{
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 17);
+    const int64_t n = 1003;
+    double *x = drandom(&rng, n, 1.0), *y0 = drandom(&rng, n, 1.0), *y = dcopy(y0, n);
+    mt_cpu_add_f64(n, x, y);
+    for (int64_t i = 0; i < n; i++) ck_assert_double_eq(y[i], y0[i] + x[i]);
+    float *x32 = to_f32(x, n), *y32 = to_f32(y0, n);
+    mt_cpu_add_f32(n, x32, y32);
+    for (int64_t i = 0; i < n; i++) ck_assert_float_eq(y32[i], (float)y0[i] + x32[i]);
+
+    /* 1e6 values of 1.1 in float: a float accumulator drifts by ~1e-3 relative (its ulp at 1e6
+     * is 0.06), a double one stays within n * 2^-53 of the exact sum */
+    const int64_t big = 1000003;
+    float *ones = falloc(big);
+    for (int64_t i = 0; i < big; i++) ones[i] = 1.1f;
+    double exact = (double)big * ((double)1.1f * (double)1.1f);
+    double got = mt_cpu_sumsq_f32(big, ones);
+    report("sumsq f32 (double accumulation)", fabs(got - exact) / exact, 1e-9);
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += x[i] * x[i];
+    report("sumsq f64", fabs(mt_cpu_sumsq_f64(n, x) - s) / s, 1e-14);
+    free(ones), free(x), free(y0), free(y), free(x32), free(y32);
+}
+END_TEST
+
+/* ---------- AdamW ---------- */
+
+enum { ADAM_N = 1003, ADAM_STEPS = 5 };
+
+static const mt_adamw_params adam_base = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
+                                          .weight_decay = 0.1, .grad_scale = 0.37};
+
+/* The torch.optim.AdamW update written out as a scalar double loop, the reference. */
+static void adamw_reference(int64_t n, double *p, const double *grad, double *m, double *v,
+                            int64_t step, const mt_adamw_params *a)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double g = grad[i] * a->grad_scale;
+        p[i] *= 1 - a->lr * a->weight_decay;
+        m[i] = a->beta1 * m[i] + (1 - a->beta1) * g;
+        v[i] = a->beta2 * v[i] + (1 - a->beta2) * g * g;
+        double bc1 = 1 - pow(a->beta1, (double)step), bc2 = 1 - pow(a->beta2, (double)step);
+        p[i] -= a->lr / bc1 * m[i] / (sqrt(v[i]) / sqrt(bc2) + a->eps);
+    }
+}
+
+static void check_adamw(bool single)
+{
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 18);
+    double *p = drandom(&rng, ADAM_N, 1.0), *m = dalloc(ADAM_N), *v = dalloc(ADAM_N);
+    double *grads = drandom(&rng, ADAM_N * ADAM_STEPS, 1.0);
+    for (int s = 0; s < ADAM_STEPS; s++) grads[s * ADAM_N] = 0; /* element 0 only decays */
+    float *p32 = NULL, *m32 = NULL, *v32 = NULL, *g32 = NULL;
+    double *pk = NULL, *mk = NULL, *vk = NULL;
+    if (single) {
+        p32 = to_f32(p, ADAM_N), m32 = falloc(ADAM_N), v32 = falloc(ADAM_N);
+        g32 = to_f32(grads, ADAM_N * ADAM_STEPS);
+        /* the reference starts from exactly the float values the kernel sees */
+        free(p), p = to_f64(p32, ADAM_N);
+        free(grads), grads = to_f64(g32, ADAM_N * ADAM_STEPS);
+    } else {
+        pk = dcopy(p, ADAM_N), mk = dalloc(ADAM_N), vk = dalloc(ADAM_N);
+    }
+    double *p0 = dcopy(p, ADAM_N);
+    for (int64_t s = 1; s <= ADAM_STEPS; s++) {
+        mt_adamw_params a = adam_base;
+        a.step = s;
+        a.lr = adam_base.lr * (1.0 - 0.1 * (double)s); /* a schedule: lr changes per step */
+        const double *gs = grads + (s - 1) * ADAM_N;
+        adamw_reference(ADAM_N, p, gs, m, v, s, &a);
+        if (single)
+            mt_cpu_adamw_f32(ADAM_N, p32, g32 + (s - 1) * ADAM_N, m32, v32, &a);
+        else
+            mt_cpu_adamw_f64(ADAM_N, pk, gs, mk, vk, &a);
+    }
+    /* the test is meaningful only if the parameters actually moved */
+    ck_assert(mt_test_rel_err_f64(p, p0, ADAM_N) > 1e-3);
+    const double tol = single ? 1e-6 : 1e-12;
+    if (single) {
+        report("adamw f32 master vs reference", mixed_err(p32, p, ADAM_N), tol);
+        report("adamw f32 m vs reference", mixed_err(m32, m, ADAM_N), tol);
+        report("adamw f32 v vs reference", mixed_err(v32, v, ADAM_N), tol);
+        /* zero gradient: only the decay, (1 - lr_s wd) over the five steps */
+        double decay = 1;
+        for (int s = 1; s <= ADAM_STEPS; s++) decay *= 1 - adam_base.lr * (1 - 0.1 * s) * 0.1;
+        ck_assert_double_eq_tol(p32[0], p[0], 1e-6 * fabs(p[0]));
+        ck_assert_double_eq_tol(p[0], p0[0] * decay, 1e-14);
+    } else {
+        report("adamw f64 master vs reference", mt_test_rel_err_f64(pk, p, ADAM_N), tol);
+        report("adamw f64 m vs reference", mt_test_rel_err_f64(mk, m, ADAM_N), tol);
+        report("adamw f64 v vs reference", mt_test_rel_err_f64(vk, v, ADAM_N), tol);
+    }
+    free(p), free(m), free(v), free(grads), free(p0);
+    free(p32), free(m32), free(v32), free(g32), free(pk), free(mk), free(vk);
+}
+
+START_TEST(test_adamw_f32) { check_adamw(true); }
+END_TEST
+
+START_TEST(test_adamw_f64) { check_adamw(false); }
+END_TEST
+
+/* ---------- bf16 ---------- */
+
+static float f_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static uint32_t bits_f(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static bool bf16_is_nan(mt_bf16 b) { return (b & 0x7F80) == 0x7F80 && (b & 0x007F) != 0; }
+
+START_TEST(test_bf16)
+{
+    static const struct { uint32_t in; mt_bf16 out; } cases[] = {
+        {0x3F800000u, 0x3F80}, /* 1.0 exact */
+        {0x3F808000u, 0x3F80}, /* tie between 0x3F80 and 0x3F81: to even (down) */
+        {0x3F818000u, 0x3F82}, /* tie between 0x3F81 and 0x3F82: to even (up) */
+        {0xBF818000u, 0xBF82}, /* negative tie: magnitude to even */
+        {0x3F807FFFu, 0x3F80}, /* just below half: down */
+        {0x3F808001u, 0x3F81}, /* just above half: up */
+        {0x3FFF8000u, 0x4000}, /* tie whose rounding carries into the exponent */
+        {0x7F800000u, 0x7F80}, /* +inf */
+        {0xFF800000u, 0xFF80}, /* -inf */
+        {0x7F7FFFFFu, 0x7F80}, /* FLT_MAX rounds past bf16's max: inf */
+        {0x7F7F0000u, 0x7F7F}, /* bf16's max stays */
+        {0x00000000u, 0x0000}, /* +0 */
+        {0x80000000u, 0x8000}, /* -0 */
+        {0x00018000u, 0x0002}, /* subnormal tie: to even (up) */
+        {0x00008000u, 0x0000}, /* smallest subnormal tie: to even (zero) */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mt_bf16 got = mt_bf16_from_float(f_bits(cases[i].in));
+        ck_assert_msg(got == cases[i].out, "bf16(0x%08x) = 0x%04x, expected 0x%04x", cases[i].in,
+                      got, cases[i].out);
+    }
+    /* NaNs stay NaN, quiet, sign kept, even those whose payload lives only in the low 16 bits
+     * (plain rounding would turn 0x7F800001 into inf) */
+    static const uint32_t nans[] = {0x7FC00000u, 0x7F800001u, 0xFF800001u, 0x7FFFFFFFu, 0x7FBFFFFFu};
+    for (size_t i = 0; i < sizeof nans / sizeof nans[0]; i++) {
+        mt_bf16 got = mt_bf16_from_float(f_bits(nans[i]));
+        ck_assert_msg(bf16_is_nan(got) && (got & 0x0040), "NaN 0x%08x -> 0x%04x", nans[i], got);
+        ck_assert_int_eq(got & 0x8000, (nans[i] >> 16) & 0x8000);
+        ck_assert(isnan(mt_float_from_bf16(got)));
+    }
+    /* every bf16 pattern: widening is exact (bits << 16) and narrowing back is the identity */
+    int checked = 0;
+    for (uint32_t b = 0; b < 0x10000u; b++) {
+        float f = mt_float_from_bf16((mt_bf16)b);
+        ck_assert_uint_eq(bits_f(f), b << 16);
+        mt_bf16 back = mt_bf16_from_float(f);
+        if (bf16_is_nan((mt_bf16)b)) {
+            ck_assert(bf16_is_nan(back));
+        } else {
+            ck_assert_msg(back == b, "round trip 0x%04x -> 0x%04x", b, back);
+            checked++;
+        }
+    }
+    ck_assert_int_eq(checked, 65536 - 2 * 127);
+    /* the array versions agree with the scalar ones; rounding error within half a bf16 ulp */
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 19);
+    enum { NB = 1003 };
+    float in[NB], back[NB];
+    mt_bf16 out[NB];
+    mt_test_fill_f32(&rng, in, NB, 3.0f);
+    mt_cpu_f32_to_bf16(NB, in, out);
+    mt_cpu_bf16_to_f32(NB, out, back);
+    for (int i = 0; i < NB; i++) {
+        ck_assert_uint_eq(out[i], mt_bf16_from_float(in[i]));
+        ck_assert(fabsf(back[i] - in[i]) <= ldexpf(fabsf(in[i]), -8) + FLT_MIN);
+    }
+}
+END_TEST
+
+static Suite *ops_suite(void)
+{
+    Suite *s = suite_create("ops");
+    TCase *tc = tcase_create("cpu");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_embedding);
+    tcase_add_test(tc, test_rmsnorm);
+    tcase_add_test(tc, test_linear);
+    tcase_add_test(tc, test_rope);
+    tcase_add_test(tc, test_rope_inv_freq);
+    tcase_add_test(tc, test_attention_gqa);
+    tcase_add_test(tc, test_attention_mha_mqa);
+    tcase_add_test(tc, test_attention_large_scores);
+    tcase_add_test(tc, test_swiglu);
+    tcase_add_test(tc, test_elementwise);
+    tcase_add_test(tc, test_adamw_f32);
+    tcase_add_test(tc, test_adamw_f64);
+    tcase_add_test(tc, test_bf16);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(ops_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
