@@ -1,1 +1,516 @@
-/* to be written */
+/* Reads, checks and writes HF config.json files of the Llama/Qwen2/Qwen3/Mistral families, and
+ * knows the published shapes the benchmarks use. Every user error names the file and the key,
+ * because a config is usually hand-edited or downloaded and the user must find what to fix. */
+#include "config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "layout.h"
+
+/* Any single size above this is a typo or an attack, not a model; it also keeps every product the
+ * layout and the memory plan form (sizes times 18-20 bytes) far from int64 overflow. */
+#define MAX_SIZE ((int64_t)1 << 31)
+/* The largest parameter count accepted: the plan multiplies it by at most 20 bytes per
+ * parameter plus alignment, which must still fit in int64. */
+#define MAX_PARAMS ((int64_t)1 << 56)
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+/* The JSON type of v in words, for "expected an integer, got a string". */
+static const char *type_name(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "an unknown value";
+}
+
+/* Looks key up; JSON null counts as absent, as transformers treats it ("head_dim": null). */
+static json_t *lookup(json_t *obj, const char *key)
+{
+    json_t *v = json_object_get(obj, key);
+    return (v && json_is_null(v)) ? NULL : v;
+}
+
+/* Reports a problem with `key`, or with field `key` of the object `parent` when parent is set,
+ * always as "NAME: key 'K': ..." so the user finds the line to fix. */
+static int key_fail(char *err, size_t errlen, const char *name, const char *parent, const char *key,
+                    const char *fmt, ...)
+{
+    if (!err || !errlen) return -1;
+    int n = parent ? snprintf(err, errlen, "%s: key '%s': field '%s': ", name, parent, key)
+                   : snprintf(err, errlen, "%s: key '%s': ", name, key);
+    if (n < 0 || (size_t)n >= errlen) return -1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* An integer key of obj (a field of `parent` when set): `dflt` when absent unless required.
+ * Sign and range are checked by validate. */
+static int get_int(json_t *obj, const char *name, const char *parent, const char *key, bool required,
+                   int64_t dflt, int64_t *out, char *err, size_t errlen)
+{
+    json_t *v = lookup(obj, key);
+    if (!v) {
+        if (required) return key_fail(err, errlen, name, parent, key, "missing (required)");
+        *out = dflt;
+        return 0;
+    }
+    if (!json_is_integer(v))
+        return key_fail(err, errlen, name, parent, key, "expected an integer, got %s", type_name(v));
+    *out = (int64_t)json_integer_value(v);
+    return 0;
+}
+
+/* A number key (integer or real JSON value). */
+static int get_real(json_t *obj, const char *name, const char *parent, const char *key, bool required,
+                    double dflt, double *out, char *err, size_t errlen)
+{
+    json_t *v = lookup(obj, key);
+    if (!v) {
+        if (required) return key_fail(err, errlen, name, parent, key, "missing (required)");
+        *out = dflt;
+        return 0;
+    }
+    if (!json_is_number(v))
+        return key_fail(err, errlen, name, parent, key, "expected a number, got %s", type_name(v));
+    *out = json_number_value(v);
+    return 0;
+}
+
+static int get_bool(json_t *obj, const char *name, const char *key, bool dflt, bool *out, char *err,
+                    size_t errlen)
+{
+    json_t *v = lookup(obj, key);
+    if (!v) {
+        *out = dflt;
+        return 0;
+    }
+    if (!json_is_boolean(v))
+        return key_fail(err, errlen, name, NULL, key, "expected true or false, got %s", type_name(v));
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* Llama-3 rope scaling; null, absent or rope_type "default" mean no scaling. Every other type
+ * (linear, dynamic, yarn, longrope) changes the frequencies in ways the kernels do not implement,
+ * so it is refused rather than silently ignored. */
+static int parse_rope_scaling(json_t *root, const char *name, mt_model_config *cfg, char *err, size_t errlen)
+{
+    json_t *rs = lookup(root, "rope_scaling");
+    if (!rs) return 0;
+    if (!json_is_object(rs))
+        return fail(err, errlen, "%s: key 'rope_scaling': expected an object or null, got %s", name,
+                    type_name(rs));
+    json_t *type = lookup(rs, "rope_type");
+    if (!type) type = lookup(rs, "type"); /* the older transformers spelling */
+    if (!type || !json_is_string(type))
+        return fail(err, errlen, "%s: key 'rope_scaling': needs a string 'rope_type'", name);
+    const char *t = json_string_value(type);
+    if (strcmp(t, "default") == 0) return 0;
+    if (strcmp(t, "llama3") != 0)
+        return fail(err, errlen, "%s: key 'rope_scaling': rope_type '%s' is not supported (only 'llama3')",
+                    name, t);
+    const char *rs_key = "rope_scaling";
+    if (get_real(rs, name, rs_key, "factor", true, 0, &cfg->rope_scaling_factor, err, errlen) ||
+        get_real(rs, name, rs_key, "low_freq_factor", true, 0, &cfg->rope_low_freq_factor, err, errlen) ||
+        get_real(rs, name, rs_key, "high_freq_factor", true, 0, &cfg->rope_high_freq_factor, err, errlen) ||
+        get_int(rs, name, rs_key, "original_max_position_embeddings", true, 0, &cfg->rope_original_max_positions,
+                err, errlen))
+        return -1;
+    if (!(cfg->rope_scaling_factor > 0))
+        return fail(err, errlen, "%s: key 'rope_scaling': factor must be positive, got %g", name,
+                    cfg->rope_scaling_factor);
+    return 0;
+}
+
+int mt_config_parse(const char *json_text, const char *name, mt_model_config *cfg, char *err, size_t errlen)
+{
+    if (!name) name = "config";
+    json_error_t jerr;
+    json_t *root = json_loads(json_text, 0, &jerr);
+    if (!root)
+        return fail(err, errlen, "%s:%d:%d: malformed JSON: %s", name, jerr.line, jerr.column, jerr.text);
+    int rc = -1;
+    mt_model_config c;
+    memset(&c, 0, sizeof c);
+    if (!json_is_object(root)) {
+        fail(err, errlen, "%s: the top level must be a JSON object, got %s", name, type_name(root));
+        goto out;
+    }
+
+    json_t *mt = lookup(root, "model_type");
+    if (!mt) {
+        fail(err, errlen, "%s: key 'model_type': missing (required; one of llama, qwen2, qwen3, mistral)", name);
+        goto out;
+    }
+    if (!json_is_string(mt)) {
+        fail(err, errlen, "%s: key 'model_type': expected a string, got %s", name, type_name(mt));
+        goto out;
+    }
+    const char *type = json_string_value(mt);
+    if (strcmp(type, "llama") == 0) c.family = MT_FAMILY_LLAMA;
+    else if (strcmp(type, "qwen2") == 0) c.family = MT_FAMILY_QWEN2;
+    else if (strcmp(type, "qwen3") == 0) c.family = MT_FAMILY_QWEN3;
+    else if (strcmp(type, "mistral") == 0) c.family = MT_FAMILY_MISTRAL;
+    else {
+        fail(err, errlen, "%s: key 'model_type': '%s' is not supported (one of llama, qwen2, qwen3, mistral)",
+             name, type);
+        goto out;
+    }
+    snprintf(c.model_type, sizeof c.model_type, "%s", type);
+
+    if (get_int(root, name, NULL, "hidden_size", true, 0, &c.hidden, err, errlen) ||
+        get_int(root, name, NULL, "intermediate_size", true, 0, &c.intermediate, err, errlen) ||
+        get_int(root, name, NULL, "num_hidden_layers", true, 0, &c.layers, err, errlen) ||
+        get_int(root, name, NULL, "num_attention_heads", true, 0, &c.heads, err, errlen) ||
+        get_int(root, name, NULL, "vocab_size", true, 0, &c.vocab, err, errlen) ||
+        get_int(root, name, NULL, "num_key_value_heads", false, c.heads, &c.kv_heads, err, errlen))
+        goto out;
+
+    /* head_dim: transformers reads the key when present; Qwen3Config defaults it to 128, the
+     * others derive it from hidden_size, which then must divide evenly. */
+    if (lookup(root, "head_dim")) {
+        if (get_int(root, name, NULL, "head_dim", true, 0, &c.head_dim, err, errlen)) goto out;
+    } else if (c.family == MT_FAMILY_QWEN3) {
+        c.head_dim = 128;
+    } else {
+        if (c.heads > 0 && c.hidden > 0 && c.hidden % c.heads != 0) {
+            fail(err, errlen, "%s: key 'num_attention_heads': %lld does not divide hidden_size %lld "
+                 "(and no head_dim is given)", name, (long long)c.heads, (long long)c.hidden);
+            goto out;
+        }
+        c.head_dim = c.heads > 0 ? c.hidden / c.heads : 0;
+    }
+
+    /* transformers' per-family default context length (LlamaConfig 2048, Qwen2/Qwen3 32768,
+     * Mistral 131072), so that a key left out means what it means there. */
+    int64_t default_positions = c.family == MT_FAMILY_LLAMA ? 2048
+                              : c.family == MT_FAMILY_MISTRAL ? 131072 : 32768;
+    if (get_int(root, name, NULL, "max_position_embeddings", false, default_positions, &c.max_positions, err, errlen) ||
+        get_real(root, name, NULL, "rope_theta", false, 10000.0, &c.rope_theta, err, errlen) ||
+        get_real(root, name, NULL, "rms_norm_eps", false, 1e-6, &c.rms_eps, err, errlen) ||
+        get_bool(root, name, "tie_word_embeddings", false, &c.tied, err, errlen))
+        goto out;
+
+    /* Qwen2 always has q/k/v biases (Qwen2Attention hard-codes bias=True); the others read
+     * attention_bias, default false. Only Qwen3 normalises q and k per head. */
+    if (c.family == MT_FAMILY_QWEN2) {
+        c.qkv_bias = true;
+        bool sliding = false;
+        if (get_bool(root, name, "use_sliding_window", false, &sliding, err, errlen)) goto out;
+        if (sliding) {
+            fail(err, errlen, "%s: key 'use_sliding_window': sliding-window attention is not implemented "
+                 "(set it to false)", name);
+            goto out;
+        }
+    } else {
+        if (get_bool(root, name, "attention_bias", false, &c.qkv_bias, err, errlen)) goto out;
+    }
+    c.qk_norm = c.family == MT_FAMILY_QWEN3;
+
+    json_t *act = lookup(root, "hidden_act");
+    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
+        fail(err, errlen, "%s: key 'hidden_act': only \"silu\" (SwiGLU) is implemented, got %s%s%s", name,
+             json_is_string(act) ? "\"" : "", json_is_string(act) ? json_string_value(act) : type_name(act),
+             json_is_string(act) ? "\"" : "");
+        goto out;
+    }
+
+    if (parse_rope_scaling(root, name, &c, err, errlen)) goto out;
+    if (mt_config_validate(&c, name, err, errlen)) goto out;
+    *cfg = c;
+    rc = 0;
+out:
+    json_decref(root);
+    return rc;
+}
+
+int mt_config_load(const char *path, mt_model_config *cfg, char *err, size_t errlen)
+{
+    /* Read the file ourselves so a missing file reports errno, not a parse error. */
+    FILE *f = fopen(path, "rb");
+    if (!f) return fail(err, errlen, "%s: cannot open the config: %s", path, strerror(errno));
+    size_t cap = 1 << 16, len = 0;
+    char *text = malloc(cap);
+    if (!text) {
+        fclose(f);
+        return fail(err, errlen, "%s: out of memory reading the config", path);
+    }
+    for (;;) {
+        if (len + 1 >= cap) {
+            if (cap >= ((size_t)64 << 20)) {
+                free(text);
+                fclose(f);
+                return fail(err, errlen, "%s: larger than 64 MiB: not a config.json", path);
+            }
+            char *t = realloc(text, cap * 2);
+            if (!t) {
+                free(text);
+                fclose(f);
+                return fail(err, errlen, "%s: out of memory reading the config", path);
+            }
+            text = t;
+            cap *= 2;
+        }
+        size_t n = fread(text + len, 1, cap - 1 - len, f);
+        len += n;
+        if (n == 0) break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    text[len] = '\0';
+    if (bad) {
+        free(text);
+        return fail(err, errlen, "%s: read error", path);
+    }
+    int rc = mt_config_parse(text, path, cfg, err, errlen);
+    free(text);
+    return rc;
+}
+
+/* A size key must be a positive integer of sane magnitude. */
+static int check_size(const char *name, const char *key, int64_t v, char *err, size_t errlen)
+{
+    if (v <= 0) return fail(err, errlen, "%s: key '%s': must be a positive integer, got %lld", name, key, (long long)v);
+    if (v > MAX_SIZE)
+        return fail(err, errlen, "%s: key '%s': %lld is absurdly large (limit %lld)", name, key, (long long)v,
+                    (long long)MAX_SIZE);
+    return 0;
+}
+
+static int64_t round_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+
+int mt_config_validate(const mt_model_config *cfg, const char *name, char *err, size_t errlen)
+{
+    if (!name) name = "config";
+    if (check_size(name, "hidden_size", cfg->hidden, err, errlen) ||
+        check_size(name, "intermediate_size", cfg->intermediate, err, errlen) ||
+        check_size(name, "num_hidden_layers", cfg->layers, err, errlen) ||
+        check_size(name, "num_attention_heads", cfg->heads, err, errlen) ||
+        check_size(name, "num_key_value_heads", cfg->kv_heads, err, errlen) ||
+        check_size(name, "head_dim", cfg->head_dim, err, errlen) ||
+        check_size(name, "vocab_size", cfg->vocab, err, errlen) ||
+        check_size(name, "max_position_embeddings", cfg->max_positions, err, errlen))
+        return -1;
+    if (cfg->heads % cfg->kv_heads != 0)
+        return fail(err, errlen, "%s: key 'num_key_value_heads': %lld does not divide num_attention_heads %lld",
+                    name, (long long)cfg->kv_heads, (long long)cfg->heads);
+    /* RoPE rotates pairs (half-split), so the head dimension must be even. */
+    if (cfg->head_dim % 2 != 0)
+        return fail(err, errlen, "%s: key 'head_dim': %lld must be even for rotary embeddings", name,
+                    (long long)cfg->head_dim);
+    if (!(cfg->rope_theta > 0) || !isfinite(cfg->rope_theta))
+        return fail(err, errlen, "%s: key 'rope_theta': must be a positive number, got %g", name, cfg->rope_theta);
+    if (!(cfg->rms_eps > 0) || !isfinite(cfg->rms_eps))
+        return fail(err, errlen, "%s: key 'rms_norm_eps': must be a positive number, got %g", name, cfg->rms_eps);
+
+    if (cfg->rope_scaling_factor != 0) {
+        if (!(cfg->rope_scaling_factor > 0) || !isfinite(cfg->rope_scaling_factor))
+            return fail(err, errlen, "%s: key 'rope_scaling': factor must be positive, got %g", name,
+                        cfg->rope_scaling_factor);
+        if (!(cfg->rope_low_freq_factor > 0) || !(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor) ||
+            !isfinite(cfg->rope_high_freq_factor))
+            return fail(err, errlen, "%s: key 'rope_scaling': needs 0 < low_freq_factor < high_freq_factor, "
+                        "got %g and %g", name, cfg->rope_low_freq_factor, cfg->rope_high_freq_factor);
+        if (cfg->rope_original_max_positions <= 0 || cfg->rope_original_max_positions > MAX_SIZE)
+            return fail(err, errlen, "%s: key 'rope_scaling': original_max_position_embeddings must be a "
+                        "positive integer, got %lld", name, (long long)cfg->rope_original_max_positions);
+    }
+
+    /* What transformers builds for each family: refuse combinations it cannot express, so that a
+     * saved config loads back into the same model there. */
+    switch (cfg->family) {
+    case MT_FAMILY_QWEN2:
+        if (!cfg->qkv_bias || cfg->qk_norm)
+            return fail(err, errlen, "%s: key 'model_type': qwen2 always has q/k/v biases and no q/k norm", name);
+        break;
+    case MT_FAMILY_QWEN3:
+        if (!cfg->qk_norm)
+            return fail(err, errlen, "%s: key 'model_type': qwen3 always has q/k norms", name);
+        break;
+    case MT_FAMILY_MISTRAL:
+        if (cfg->qkv_bias)
+            return fail(err, errlen, "%s: key 'attention_bias': mistral has no q/k/v biases in transformers", name);
+        /* fall through */
+    case MT_FAMILY_LLAMA:
+        if (cfg->qk_norm)
+            return fail(err, errlen, "%s: key 'model_type': %s has no q/k norm", name, cfg->model_type);
+        break;
+    default:
+        return fail(err, errlen, "%s: key 'model_type': unknown family %d", name, (int)cfg->family);
+    }
+
+    /* Each factor is at most 2^31, so each product of two fits in int64; the sums are checked,
+     * and the total is bounded by MAX_PARAMS so the plan's byte counts cannot overflow. */
+    int64_t d = cfg->hidden, D = cfg->head_dim, I = cfg->intermediate;
+    int64_t q = cfg->heads * D, kv = cfg->kv_heads * D;
+    if (q > MAX_SIZE || kv > MAX_SIZE)
+        return fail(err, errlen, "%s: key 'num_attention_heads': num_attention_heads * head_dim = %lld is absurdly large",
+                    name, (long long)q);
+    const int64_t parts[] = {d, q * d, q, kv * d, kv, kv * d, kv, d * q, D, D, d, I * d, I * d, d * I};
+    int64_t layer = 0;
+    bool overflow = false;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        overflow |= __builtin_add_overflow(layer, round_up(parts[i], MT_TILE_ALIGN), &layer);
+    if (overflow || layer > MAX_PARAMS)
+        return fail(err, errlen, "%s: key 'hidden_size': a layer with hidden_size %lld and intermediate_size %lld "
+                    "is absurdly large", name, (long long)d, (long long)I);
+    if (layer > MAX_PARAMS / cfg->layers)
+        return fail(err, errlen, "%s: key 'num_hidden_layers': %lld layers of %lld parameters each is absurdly large",
+                    name, (long long)cfg->layers, (long long)layer);
+    if (cfg->layers * layer + 2 * round_up(cfg->vocab * d, MT_TILE_ALIGN) > MAX_PARAMS)
+        return fail(err, errlen, "%s: key 'vocab_size': %lld * hidden_size %lld makes the model absurdly large",
+                    name, (long long)cfg->vocab, (long long)d);
+    return 0;
+}
+
+/* The per-layer parameter count without padding, as HF's num_parameters() counts it. */
+static int64_t layer_params(const mt_model_config *cfg)
+{
+    int64_t d = cfg->hidden, D = cfg->head_dim, I = cfg->intermediate;
+    int64_t q = cfg->heads * D, kv = cfg->kv_heads * D;
+    int64_t n = 2 * d;                       /* input and post-attention norms */
+    n += q * d + 2 * kv * d + d * q;         /* q, k, v, o projections */
+    if (cfg->qkv_bias) n += q + 2 * kv;
+    if (cfg->qk_norm) n += 2 * D;
+    n += 3 * I * d;                          /* gate, up, down */
+    return n;
+}
+
+int64_t mt_config_param_count(const mt_model_config *cfg)
+{
+    int64_t table = cfg->vocab * cfg->hidden;
+    return table + cfg->layers * layer_params(cfg) + cfg->hidden + (cfg->tied ? 0 : table);
+}
+
+int64_t mt_config_flops_params(const mt_model_config *cfg)
+{
+    /* The embedding lookup does no FLOPs; the LM head's matmul does, tied or not. */
+    return cfg->layers * layer_params(cfg) + cfg->hidden + cfg->vocab * cfg->hidden;
+}
+
+static const char *architecture(mt_family f)
+{
+    switch (f) {
+    case MT_FAMILY_LLAMA: return "LlamaForCausalLM";
+    case MT_FAMILY_QWEN2: return "Qwen2ForCausalLM";
+    case MT_FAMILY_QWEN3: return "Qwen3ForCausalLM";
+    case MT_FAMILY_MISTRAL: return "MistralForCausalLM";
+    }
+    return "LlamaForCausalLM";
+}
+
+int mt_config_save(const mt_model_config *cfg, const char *path, char *err, size_t errlen)
+{
+    if (mt_config_validate(cfg, path, err, errlen)) return -1;
+    json_t *o = json_object();
+    json_t *arch = json_array();
+    json_array_append_new(arch, json_string(architecture(cfg->family)));
+    json_object_set_new(o, "architectures", arch);
+    json_object_set_new(o, "model_type", json_string(cfg->model_type));
+    json_object_set_new(o, "hidden_size", json_integer(cfg->hidden));
+    json_object_set_new(o, "intermediate_size", json_integer(cfg->intermediate));
+    json_object_set_new(o, "num_hidden_layers", json_integer(cfg->layers));
+    json_object_set_new(o, "num_attention_heads", json_integer(cfg->heads));
+    json_object_set_new(o, "num_key_value_heads", json_integer(cfg->kv_heads));
+    json_object_set_new(o, "head_dim", json_integer(cfg->head_dim));
+    json_object_set_new(o, "vocab_size", json_integer(cfg->vocab));
+    json_object_set_new(o, "max_position_embeddings", json_integer(cfg->max_positions));
+    json_object_set_new(o, "rope_theta", json_real(cfg->rope_theta));
+    json_object_set_new(o, "rms_norm_eps", json_real(cfg->rms_eps));
+    json_object_set_new(o, "tie_word_embeddings", json_boolean(cfg->tied));
+    json_object_set_new(o, "hidden_act", json_string("silu"));
+    json_object_set_new(o, "torch_dtype", json_string("float32"));
+    json_object_set_new(o, "attention_dropout", json_real(0.0));
+    if (cfg->family == MT_FAMILY_QWEN2) {
+        json_object_set_new(o, "use_sliding_window", json_false());
+    } else {
+        json_object_set_new(o, "attention_bias", json_boolean(cfg->qkv_bias));
+    }
+    /* MistralConfig defaults sliding_window to 4096: write null so transformers attends fully,
+     * as the kernels do. */
+    if (cfg->family == MT_FAMILY_MISTRAL) json_object_set_new(o, "sliding_window", json_null());
+    if (cfg->rope_scaling_factor > 0) {
+        json_t *rs = json_object();
+        json_object_set_new(rs, "rope_type", json_string("llama3"));
+        json_object_set_new(rs, "factor", json_real(cfg->rope_scaling_factor));
+        json_object_set_new(rs, "low_freq_factor", json_real(cfg->rope_low_freq_factor));
+        json_object_set_new(rs, "high_freq_factor", json_real(cfg->rope_high_freq_factor));
+        json_object_set_new(rs, "original_max_position_embeddings", json_integer(cfg->rope_original_max_positions));
+        json_object_set_new(o, "rope_scaling", rs);
+    } else {
+        json_object_set_new(o, "rope_scaling", json_null());
+    }
+    /* Default real precision (17 digits) so every double reads back bit for bit. */
+    int rc = json_dump_file(o, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    if (rc != 0) return fail(err, errlen, "%s: cannot write the config: %s", path, strerror(errno));
+    return 0;
+}
+
+/* A published Qwen2.5 shape: the values of its HF config.json (design.md, section 4). */
+static void qwen25(mt_model_config *c, int64_t d, int64_t I, int64_t L, int64_t H, int64_t KV, int64_t V,
+                   bool tied)
+{
+    memset(c, 0, sizeof *c);
+    c->family = MT_FAMILY_QWEN2;
+    snprintf(c->model_type, sizeof c->model_type, "qwen2");
+    c->hidden = d;
+    c->intermediate = I;
+    c->layers = L;
+    c->heads = H;
+    c->kv_heads = KV;
+    c->head_dim = d / H;
+    c->vocab = V;
+    c->max_positions = 32768;
+    c->rope_theta = 1e6;
+    c->rms_eps = 1e-6;
+    c->tied = tied;
+    c->qkv_bias = true;
+}
+
+int mt_config_from_shape(const char *shape_name, mt_model_config *cfg)
+{
+    if (!shape_name) return -1;
+    if (strcmp(shape_name, "qwen2.5-0.5b") == 0) qwen25(cfg, 896, 4864, 24, 14, 2, 151936, true);
+    else if (strcmp(shape_name, "qwen2.5-1.5b") == 0) qwen25(cfg, 1536, 8960, 28, 12, 2, 151936, true);
+    else if (strcmp(shape_name, "qwen2.5-3b") == 0) qwen25(cfg, 2048, 11008, 36, 16, 2, 151936, true);
+    else if (strcmp(shape_name, "qwen2.5-7b") == 0) qwen25(cfg, 3584, 18944, 28, 28, 4, 152064, false);
+    else if (strcmp(shape_name, "qwen2.5-14b") == 0) qwen25(cfg, 5120, 13824, 48, 40, 8, 152064, false);
+    else if (strcmp(shape_name, "tiny") == 0) {
+        /* models/configs/tiny-byte.json: a byte-level model for tests and smoke runs. */
+        qwen25(cfg, 192, 512, 6, 6, 2, 256, true);
+        cfg->head_dim = 32;
+        cfg->max_positions = 256;
+        cfg->rope_theta = 10000.0;
+    } else
+        return -1;
+    return 0;
+}

@@ -1,0 +1,261 @@
+/* The memory plan: byte counts per kind of buffer, host and GPU, from the config and the run's
+ * shape, before anything is allocated. The host side mirrors how state.c allocates tiles (one
+ * 4 KiB-aligned tile per kind per layer); the GPU side mirrors what the scheduling policy lets
+ * be resident at once (double-buffered weights and gradients, one block of activations). */
+#include "plan.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backends/cpu/ops.h"
+#include "layout.h"
+
+static int plan_fail(mt_plan *plan, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(plan->error, sizeof plan->error, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static uint64_t round_up_u64(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+
+/* a * b, or sets *overflow; the inputs come from user-chosen B and T, which are not bounded by
+ * the config's validation. */
+static uint64_t mul(uint64_t a, uint64_t b, bool *overflow)
+{
+    uint64_t r;
+    if (__builtin_mul_overflow(a, b, &r)) *overflow = true;
+    return r;
+}
+
+static uint64_t add(uint64_t a, uint64_t b, bool *overflow)
+{
+    uint64_t r;
+    if (__builtin_add_overflow(a, b, &r)) *overflow = true;
+    return r;
+}
+
+/* Bytes of one kind of host state over all tiles: each tile its own 4 KiB-aligned allocation. */
+static uint64_t host_state_bytes(const mt_plan *plan, uint64_t elem)
+{
+    uint64_t embed = round_up_u64((uint64_t)plan->tile_numel[MT_TILE_EMBED] * elem, MT_PLAN_TILE_BYTES_ALIGN);
+    uint64_t layer = round_up_u64((uint64_t)plan->tile_numel[MT_TILE_LAYER] * elem, MT_PLAN_TILE_BYTES_ALIGN);
+    uint64_t head = round_up_u64((uint64_t)plan->tile_numel[MT_TILE_HEAD] * elem, MT_PLAN_TILE_BYTES_ALIGN);
+    return embed + (uint64_t)(plan->num_tiles - 2) * layer + head;
+}
+
+int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt_plan *plan)
+{
+    memset(plan, 0, sizeof *plan);
+    plan->params = *params;
+    mt_plan_params *p = &plan->params;
+    char cfg_err[256];
+    if (mt_config_validate(cfg, "config", cfg_err, sizeof cfg_err))
+        return plan_fail(plan, "invalid model config: %s", cfg_err);
+    if (p->micro_batch <= 0) return plan_fail(plan, "micro batch size must be positive, got %" PRId64, p->micro_batch);
+    if (p->seq_len <= 0) return plan_fail(plan, "sequence length must be positive, got %" PRId64, p->seq_len);
+    if (p->grad_accum <= 0)
+        return plan_fail(plan, "gradient accumulation count must be positive, got %" PRId64, p->grad_accum);
+    if (p->checkpoint_interval <= 0)
+        return plan_fail(plan, "checkpoint interval K must be positive, got %" PRId64, p->checkpoint_interval);
+    if (p->compute != MT_COMPUTE_BF16 && p->compute != MT_COMPUTE_F32)
+        return plan_fail(plan, "unknown compute dtype %d", (int)p->compute);
+    if (p->act_elem_bytes == 0) p->act_elem_bytes = (p->use_gpu && p->compute == MT_COMPUTE_BF16) ? 2 : 4;
+    if (p->act_elem_bytes != 2 && p->act_elem_bytes != 4)
+        return plan_fail(plan, "activation element size must be 2 or 4 bytes, got %d", p->act_elem_bytes);
+    if (p->checkpoint_interval > cfg->layers) p->checkpoint_interval = cfg->layers;
+
+    bool of = false;
+    const uint64_t L = (uint64_t)cfg->layers, K = (uint64_t)p->checkpoint_interval, d = (uint64_t)cfg->hidden;
+    const uint64_t ntok = mul((uint64_t)p->micro_batch, (uint64_t)p->seq_len, &of);
+    uint64_t step_tokens = mul(ntok, (uint64_t)p->grad_accum, &of);
+    if (of || ntok > (uint64_t)1 << 40 || step_tokens > INT64_MAX)
+        return plan_fail(plan, "%" PRId64 " x %" PRId64 " tokens per micro-batch is absurdly large",
+                         p->micro_batch, p->seq_len);
+    if (p->head_chunk < 0) return plan_fail(plan, "head chunk must be positive, got %" PRId64, p->head_chunk);
+    if (p->head_chunk == 0)
+        p->head_chunk = ntok < MT_PLAN_DEFAULT_HEAD_CHUNK ? (int64_t)ntok : MT_PLAN_DEFAULT_HEAD_CHUNK;
+    if ((uint64_t)p->head_chunk > ntok) p->head_chunk = (int64_t)ntok;
+
+    plan->tokens_per_step = (int64_t)step_tokens;
+    plan->param_count = mt_config_param_count(cfg);
+    plan->flops_params = mt_config_flops_params(cfg);
+    mt_tile_layout lay;
+    for (int k = MT_TILE_EMBED; k <= MT_TILE_HEAD; k++) {
+        mt_layout_build(cfg, (mt_tile_kind)k, &lay);
+        plan->tile_numel[k] = lay.numel;
+        if (lay.numel > plan->max_tile_numel) plan->max_tile_numel = lay.numel;
+    }
+    plan->num_tiles = cfg->layers + 2;
+    plan->num_checkpoints = (int64_t)((L + K - 1) / K + 1);
+    plan->weight_elem_bytes = p->compute == MT_COMPUTE_BF16 ? 2 : 4;
+
+    /* Host state: always on the host, pinned when a GPU will copy from it (without a GPU,
+     * starpu_malloc returns ordinary memory anyway). The config's validation bounds the
+     * parameter count far enough that these products cannot overflow. */
+    plan->host[MT_PLAN_WEIGHTS] = host_state_bytes(plan, (uint64_t)plan->weight_elem_bytes);
+    plan->host[MT_PLAN_MASTER] = host_state_bytes(plan, 4);
+    plan->host[MT_PLAN_GRADS] = host_state_bytes(plan, 4);
+    plan->host[MT_PLAN_ADAM_M] = host_state_bytes(plan, 4);
+    plan->host[MT_PLAN_ADAM_V] = host_state_bytes(plan, 4);
+    for (int k = MT_PLAN_WEIGHTS; k <= MT_PLAN_ADAM_V; k++) plan->host_pinned[k] = p->use_gpu;
+
+    /* Working set: where the layers compute. A CPU-only run reads and writes the host tiles in
+     * place, so it needs no weight or gradient buffers. */
+    uint64_t act = (uint64_t)p->act_elem_bytes;
+    uint64_t work[MT_PLAN_KIND_COUNT] = {0};
+    if (p->use_gpu) {
+        /* Double buffering: the layer computing and the next one streaming in. Every weight
+         * handle is registered with one allocsize (the largest tile's) so StarPU recycles the
+         * evicted buffer for the next tile; embedding and head stream through the same pair. */
+        work[MT_PLAN_WEIGHTS] = mul(2 * (uint64_t)plan->max_tile_numel, (uint64_t)plan->weight_elem_bytes, &of);
+        /* The gradient being written and the one draining to the host, fp32. */
+        work[MT_PLAN_GRADS] = mul(2 * (uint64_t)plan->max_tile_numel, 4, &of);
+    }
+    work[MT_PLAN_CHECKPOINTS] = mul(mul((uint64_t)plan->num_checkpoints, mul(ntok, d, &of), &of), act, &of);
+    int64_t saved = mt_layer_saved_numel(cfg, p->micro_batch, p->seq_len);
+    work[MT_PLAN_BLOCK_SAVED] = mul(mul(K, (uint64_t)saved, &of), act, &of);
+    work[MT_PLAN_ACT_GRADS] = mul(mul(2, mul(ntok, d, &of), &of), act, &of);
+    int64_t layer_scratch = mt_layer_scratch_numel(cfg, p->micro_batch, p->seq_len);
+    int64_t head_scratch = mt_head_scratch_numel(cfg, p->head_chunk);
+    work[MT_PLAN_WORKSPACE] = mul(add((uint64_t)layer_scratch, (uint64_t)head_scratch, &of), act, &of);
+    work[MT_PLAN_INPUTS] = mul(2 * 4, ntok, &of);
+    if (of) return plan_fail(plan, "B=%" PRId64 " x T=%" PRId64 " makes the activation byte counts overflow",
+                             p->micro_batch, p->seq_len);
+
+    for (int k = MT_PLAN_CHECKPOINTS; k < MT_PLAN_KIND_COUNT; k++) {
+        if (p->use_gpu) plan->gpu[k] = work[k];
+        else plan->host[k] = work[k];
+    }
+    plan->gpu[MT_PLAN_WEIGHTS] = work[MT_PLAN_WEIGHTS];
+    plan->gpu[MT_PLAN_GRADS] = work[MT_PLAN_GRADS];
+    /* Tokens and targets start on the host in every run; with a GPU they are pinned staging
+     * buffers copied over each micro-batch. */
+    plan->host[MT_PLAN_INPUTS] = work[MT_PLAN_INPUTS];
+    plan->host_pinned[MT_PLAN_INPUTS] = p->use_gpu;
+
+    for (int k = 0; k < MT_PLAN_KIND_COUNT; k++) {
+        plan->host_total = add(plan->host_total, plan->host[k], &of);
+        if (plan->host_pinned[k]) plan->host_pinned_total = add(plan->host_pinned_total, plan->host[k], &of);
+        plan->gpu_total = add(plan->gpu_total, plan->gpu[k], &of);
+    }
+    if (of) return plan_fail(plan, "the totals overflow 64-bit byte counts");
+    return 0;
+}
+
+const char *mt_format_bytes(uint64_t bytes, char *buf, size_t len)
+{
+    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024.0 && u < 6) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0) snprintf(buf, len, "%" PRIu64 " B", bytes);
+    else snprintf(buf, len, "%.2f %s", v, units[u]);
+    return buf;
+}
+
+static const char *kind_name(int k, const mt_plan *plan)
+{
+    switch (k) {
+    case MT_PLAN_WEIGHTS: return plan->weight_elem_bytes == 2 ? "weights (bf16, streamed)" : "weights (fp32, streamed)";
+    case MT_PLAN_MASTER: return "master weights (fp32)";
+    case MT_PLAN_GRADS: return "gradients (fp32)";
+    case MT_PLAN_ADAM_M: return "Adam m (fp32)";
+    case MT_PLAN_ADAM_V: return "Adam v (fp32)";
+    case MT_PLAN_CHECKPOINTS: return "checkpoints";
+    case MT_PLAN_BLOCK_SAVED: return "block activations";
+    case MT_PLAN_ACT_GRADS: return "activation gradients";
+    case MT_PLAN_WORKSPACE: return "workspace (layer+head)";
+    case MT_PLAN_INPUTS: return "tokens and targets";
+    }
+    return "?";
+}
+
+void mt_plan_print(const mt_plan *plan, FILE *out)
+{
+    const mt_plan_params *p = &plan->params;
+    char a[32], b[32];
+    fprintf(out, "memory plan: %" PRId64 " parameters (%" PRId64 " for FLOPs), %" PRId64 " tiles\n",
+            plan->param_count, plan->flops_params, plan->num_tiles);
+    fprintf(out, "  B=%" PRId64 " x T=%" PRId64 " x accumulation %" PRId64 " = %" PRId64
+            " tokens/step, K=%" PRId64 " (%" PRId64 " checkpoints), compute %s, activations %d B, %s\n",
+            p->micro_batch, p->seq_len, p->grad_accum, plan->tokens_per_step, p->checkpoint_interval,
+            plan->num_checkpoints, p->compute == MT_COMPUTE_BF16 ? "bf16" : "fp32", p->act_elem_bytes,
+            p->use_gpu ? "GPU" : "CPU only");
+    fprintf(out, "  %-26s %17s %11s %-6s %17s %11s\n", "kind", "host bytes", "host", "pinned", "GPU bytes", "GPU");
+    for (int k = 0; k < MT_PLAN_KIND_COUNT; k++) {
+        if (!plan->host[k] && !plan->gpu[k]) continue;
+        fprintf(out, "  %-26s %17" PRIu64 " %11s %-6s %17" PRIu64 " %11s\n", kind_name(k, plan), plan->host[k],
+                mt_format_bytes(plan->host[k], a, sizeof a), plan->host[k] ? (plan->host_pinned[k] ? "yes" : "no") : "",
+                plan->gpu[k], mt_format_bytes(plan->gpu[k], b, sizeof b));
+    }
+    fprintf(out, "  %-26s %17" PRIu64 " %11s %-6s %17" PRIu64 " %11s\n", "total", plan->host_total,
+            mt_format_bytes(plan->host_total, a, sizeof a), "", plan->gpu_total,
+            mt_format_bytes(plan->gpu_total, b, sizeof b));
+    uint64_t state = 0;
+    for (int k = MT_PLAN_WEIGHTS; k <= MT_PLAN_ADAM_V; k++) state += plan->host[k];
+    fprintf(out, "  host: %s pinned; training state %.2f bytes per parameter\n",
+            mt_format_bytes(plan->host_pinned_total, a, sizeof a),
+            plan->param_count ? (double)state / (double)plan->param_count : 0.0);
+}
+
+int mt_plan_check_host(const mt_plan *plan, uint64_t available_bytes, char *err, size_t errlen)
+{
+    uint64_t usable = available_bytes / 100 * MT_PLAN_HOST_USABLE_PERCENT;
+    if (plan->host_total <= usable) return 0;
+    char need[32], have[32], use[32];
+    uint64_t state = 0;
+    for (int k = MT_PLAN_WEIGHTS; k <= MT_PLAN_ADAM_V; k++) state += plan->host[k];
+    double per_param = plan->param_count ? (double)state / (double)plan->param_count : 0;
+    /* The largest model that would fit at the same bytes per parameter, to make the advice concrete. */
+    double max_params = per_param > 0 ? (double)usable / per_param : 0;
+    snprintf(err, errlen,
+             "not enough host memory: the plan needs %" PRIu64 " bytes (%s) for %" PRId64
+             " parameters at %.1f bytes/parameter, but %" PRIu64 " bytes (%s) are available and at most %d%% "
+             "(%s) may be used; choose a smaller model shape (at most ~%.2f billion parameters fit here) "
+             "or run on a machine with more RAM",
+             plan->host_total, mt_format_bytes(plan->host_total, need, sizeof need), plan->param_count, per_param,
+             available_bytes, mt_format_bytes(available_bytes, have, sizeof have), MT_PLAN_HOST_USABLE_PERCENT,
+             mt_format_bytes(usable, use, sizeof use), max_params / 1e9);
+    return -1;
+}
+
+int mt_plan_check_gpu(const mt_plan *plan, uint64_t available_bytes, char *err, size_t errlen)
+{
+    if (plan->gpu_total <= available_bytes) return 0;
+    char need[32], have[32];
+    snprintf(err, errlen,
+             "not enough GPU memory: the plan needs %" PRIu64 " bytes (%s), the GPU grants %" PRIu64
+             " bytes (%s); lower the micro batch size or sequence length, or the checkpoint interval K",
+             plan->gpu_total, mt_format_bytes(plan->gpu_total, need, sizeof need), available_bytes,
+             mt_format_bytes(available_bytes, have, sizeof have));
+    return -1;
+}
+
+uint64_t mt_host_memory_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        unsigned long long kib;
+        while (fgets(line, sizeof line, f)) {
+            if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
+                fclose(f);
+                return (uint64_t)kib * 1024;
+            }
+        }
+        fclose(f);
+    }
+    /* Older kernels lack MemAvailable: free pages understate it (page cache is reclaimable),
+     * which errs on the side of refusing. */
+    long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) return (uint64_t)pages * (uint64_t)page;
+    return 0;
+}

@@ -1,0 +1,95 @@
+/* The memory plan: every byte a training run will hold, on the host and on the GPU, computed from
+ * the config and the run's shape before anything is allocated, so that a run that cannot fit is
+ * refused up front with a message instead of dying in the middle of a step. */
+#ifndef MT_RUNTIME_PLAN_H
+#define MT_RUNTIME_PLAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "config.h"
+
+/* Host tiles are allocated one per kind per tile (embedding, each layer, head), each rounded up
+ * to this many bytes (page size: what pinning and StarPU registration work in). */
+#define MT_PLAN_TILE_BYTES_ALIGN 4096
+/* Rows of the LM head processed at a time when the caller leaves head_chunk at 0. */
+#define MT_PLAN_DEFAULT_HEAD_CHUNK 1024
+/* Share of the available host memory a plan may use; the rest stays free for the OS, the page
+ * cache, StarPU's own buffers and the data loader. */
+#define MT_PLAN_HOST_USABLE_PERCENT 90
+
+typedef enum mt_compute_dtype {
+    MT_COMPUTE_BF16, /* weights stream as bf16 (2 B/param): the GPU path */
+    MT_COMPUTE_F32,  /* weights stream as fp32 (4 B/param): the exact CPU path */
+} mt_compute_dtype;
+
+typedef struct mt_plan_params {
+    int64_t micro_batch;         /* B: sequences per micro-batch */
+    int64_t seq_len;             /* T: tokens per sequence */
+    int64_t grad_accum;          /* micro-batches per optimizer step (>= 1; no memory cost) */
+    int64_t checkpoint_interval; /* K: layers per recompute block (clamped to L) */
+    mt_compute_dtype compute;
+    int act_elem_bytes;          /* bytes per activation element; 0: 2 for bf16 on a GPU, else 4 */
+    bool use_gpu;                /* false: activations live on the host, nothing is pinned */
+    int64_t head_chunk;          /* LM-head rows at a time; 0: min(B*T, MT_PLAN_DEFAULT_HEAD_CHUNK) */
+} mt_plan_params;
+
+/* What the memory holds. Host state kinds exist on the host only; the working kinds live where
+ * the compute runs (GPU, or host for a CPU-only run). */
+typedef enum mt_plan_kind {
+    MT_PLAN_WEIGHTS,        /* host: streamed copy of all tiles; GPU: 2 weight buffers */
+    MT_PLAN_MASTER,         /* host: fp32 master weights */
+    MT_PLAN_GRADS,          /* host: fp32 gradients; GPU: 2 fp32 gradient buffers */
+    MT_PLAN_ADAM_M,         /* host: fp32 Adam first moment */
+    MT_PLAN_ADAM_V,         /* host: fp32 Adam second moment */
+    MT_PLAN_CHECKPOINTS,    /* ceil(L/K) + 1 hidden states (B*T*d) kept across the forward */
+    MT_PLAN_BLOCK_SAVED,    /* one block's saved activations: K * mt_layer_saved_numel */
+    MT_PLAN_ACT_GRADS,      /* gradient of the hidden state, in and out: 2 * B*T*d */
+    MT_PLAN_WORKSPACE,      /* layer scratch + head scratch (chunked LM head) */
+    MT_PLAN_INPUTS,         /* token ids and targets: 2 * B*T int32 */
+    MT_PLAN_KIND_COUNT
+} mt_plan_kind;
+
+typedef struct mt_plan {
+    mt_plan_params params;     /* as given, with the defaults filled in and K clamped */
+    int64_t tokens_per_step;   /* B * T * grad_accum */
+    int64_t param_count;       /* mt_config_param_count */
+    int64_t flops_params;      /* mt_config_flops_params */
+    int64_t tile_numel[3];     /* elements of the embedding, one layer and the head tile (padded) */
+    int64_t num_tiles;         /* L + 2 */
+    int64_t max_tile_numel;    /* the largest tile: every GPU weight buffer is this size */
+    int64_t num_checkpoints;   /* ceil(L / K) + 1 */
+    int weight_elem_bytes;     /* 2 (bf16) or 4 */
+    uint64_t host[MT_PLAN_KIND_COUNT];
+    uint64_t gpu[MT_PLAN_KIND_COUNT];
+    bool host_pinned[MT_PLAN_KIND_COUNT];
+    uint64_t host_total, host_pinned_total, gpu_total;
+    char error[256];           /* why mt_plan_compute failed */
+} mt_plan;
+
+/* Fills plan from a validated config and the run's shape. Returns 0, or -1 with plan->error set
+ * (non-positive B, T, K or accumulation, or sizes whose byte counts would overflow). */
+int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt_plan *plan);
+
+/* A readable table: kind, host bytes and units, pinned or not, GPU bytes and units, totals. */
+void mt_plan_print(const mt_plan *plan, FILE *out);
+
+/* Checks the host side against `available_bytes`. The rule: the plan fits when it needs at most
+ * MT_PLAN_HOST_USABLE_PERCENT of what is available. Returns 0, or -1 with a message saying what
+ * the plan needs, what there is, and what to change. */
+int mt_plan_check_host(const mt_plan *plan, uint64_t available_bytes, char *err, size_t errlen);
+
+/* Checks the GPU side against a device's free memory (no headroom rule: the caller passes what
+ * it grants the run, e.g. the STARPU_LIMIT_CUDA_MEM it will set). Returns 0 or -1 with a message. */
+int mt_plan_check_gpu(const mt_plan *plan, uint64_t available_bytes, char *err, size_t errlen);
+
+/* Host memory available to a new run now: MemAvailable from /proc/meminfo, else the free
+ * physical pages from sysconf; 0 when neither can be read. */
+uint64_t mt_host_memory_available(void);
+
+/* Writes `bytes` in binary units ("1.50 GiB") into buf; returns buf. */
+const char *mt_format_bytes(uint64_t bytes, char *buf, size_t len);
+
+#endif

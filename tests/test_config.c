@@ -1,0 +1,495 @@
+/* Config and layout: loading each family with HF's defaults, llama3 rope scaling, save/load round
+ * trips, every class of bad input (message must name the file and the key), parameter counts
+ * against HF's published numbers, and tile layouts (aligned, disjoint, HF names). */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "layout.h"
+#include "testutil.h"
+
+static void assert_same_config(const mt_model_config *a, const mt_model_config *b)
+{
+    ck_assert_int_eq(a->family, b->family);
+    ck_assert_str_eq(a->model_type, b->model_type);
+    ck_assert_int_eq(a->hidden, b->hidden);
+    ck_assert_int_eq(a->intermediate, b->intermediate);
+    ck_assert_int_eq(a->layers, b->layers);
+    ck_assert_int_eq(a->heads, b->heads);
+    ck_assert_int_eq(a->kv_heads, b->kv_heads);
+    ck_assert_int_eq(a->head_dim, b->head_dim);
+    ck_assert_int_eq(a->vocab, b->vocab);
+    ck_assert_int_eq(a->max_positions, b->max_positions);
+    ck_assert(a->rope_theta == b->rope_theta);
+    ck_assert(a->rms_eps == b->rms_eps);
+    ck_assert_int_eq(a->tied, b->tied);
+    ck_assert_int_eq(a->qkv_bias, b->qkv_bias);
+    ck_assert_int_eq(a->qk_norm, b->qk_norm);
+    ck_assert(a->rope_scaling_factor == b->rope_scaling_factor);
+    ck_assert(a->rope_low_freq_factor == b->rope_low_freq_factor);
+    ck_assert(a->rope_high_freq_factor == b->rope_high_freq_factor);
+    ck_assert_int_eq(a->rope_original_max_positions, b->rope_original_max_positions);
+}
+
+/* Writes text to a temp file and loads it; the path is copied to path_out. */
+static int load_text(const char *text, mt_model_config *cfg, char *path_out, char *err, size_t errlen)
+{
+    const char *p = mt_test_write_temp("config.json", text);
+    snprintf(path_out, 4096, "%s", p);
+    return mt_config_load(path_out, cfg, err, errlen);
+}
+
+START_TEST(test_tiny_byte)
+{
+    mt_model_config cfg, shape;
+    char err[512] = "";
+    int rc = mt_config_load(mt_test_source_path("models/configs/tiny-byte.json"), &cfg, err, sizeof err);
+    ck_assert_msg(rc == 0, "%s", err);
+    ck_assert_int_eq(cfg.family, MT_FAMILY_QWEN2);
+    ck_assert_str_eq(cfg.model_type, "qwen2");
+    ck_assert_int_eq(cfg.hidden, 192);
+    ck_assert_int_eq(cfg.intermediate, 512);
+    ck_assert_int_eq(cfg.layers, 6);
+    ck_assert_int_eq(cfg.heads, 6);
+    ck_assert_int_eq(cfg.kv_heads, 2);
+    ck_assert_int_eq(cfg.head_dim, 32);
+    ck_assert_int_eq(cfg.vocab, 256);
+    ck_assert_int_eq(cfg.max_positions, 256);
+    ck_assert(cfg.rope_theta == 10000.0);
+    ck_assert(cfg.rms_eps == 1e-6);
+    ck_assert(cfg.tied);
+    ck_assert(cfg.qkv_bias);
+    ck_assert(!cfg.qk_norm);
+    ck_assert(cfg.rope_scaling_factor == 0);
+    ck_assert_int_eq(mt_config_from_shape("tiny", &shape), 0);
+    assert_same_config(&cfg, &shape);
+}
+END_TEST
+
+START_TEST(test_family_defaults)
+{
+    mt_model_config c;
+    char err[512] = "", path[4096];
+    /* Llama with only the required keys: every default. */
+    int rc = load_text("{\"model_type\": \"llama\", \"hidden_size\": 256, \"intermediate_size\": 688,"
+                       " \"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"vocab_size\": 1000}",
+                       &c, path, err, sizeof err);
+    ck_assert_msg(rc == 0, "%s", err);
+    ck_assert_int_eq(c.family, MT_FAMILY_LLAMA);
+    ck_assert_int_eq(c.kv_heads, 8);
+    ck_assert_int_eq(c.head_dim, 32);
+    ck_assert_int_eq(c.max_positions, 2048);
+    ck_assert(c.rope_theta == 10000.0);
+    ck_assert(c.rms_eps == 1e-6);
+    ck_assert(!c.tied && !c.qkv_bias && !c.qk_norm);
+    ck_assert(c.rope_scaling_factor == 0);
+
+    /* Llama with attention_bias, explicit head_dim not dividing, nulls treated as absent. */
+    rc = load_text("{\"model_type\": \"llama\", \"hidden_size\": 100, \"intermediate_size\": 300,"
+                   " \"num_hidden_layers\": 1, \"num_attention_heads\": 3, \"num_key_value_heads\": 1,"
+                   " \"head_dim\": 34, \"vocab_size\": 77, \"attention_bias\": true, \"rope_scaling\": null,"
+                   " \"rms_norm_eps\": 1e-5, \"rope_theta\": 500000, \"tie_word_embeddings\": true}",
+                   &c, path, err, sizeof err);
+    ck_assert_msg(rc == 0, "%s", err);
+    ck_assert_int_eq(c.head_dim, 34);
+    ck_assert(c.qkv_bias && c.tied);
+    ck_assert(c.rms_eps == 1e-5);
+    ck_assert(c.rope_theta == 500000.0);
+
+    /* Qwen2: biases always, even without any key saying so. */
+    rc = load_text("{\"model_type\": \"qwen2\", \"hidden_size\": 64, \"intermediate_size\": 128,"
+                   " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+                   " \"vocab_size\": 50, \"use_sliding_window\": false}",
+                   &c, path, err, sizeof err);
+    ck_assert_msg(rc == 0, "%s", err);
+    ck_assert_int_eq(c.family, MT_FAMILY_QWEN2);
+    ck_assert(c.qkv_bias && !c.qk_norm && !c.tied);
+    ck_assert_int_eq(c.head_dim, 16);
+    ck_assert_int_eq(c.max_positions, 32768);
+
+    /* Qwen3: q/k norms, no bias by default, head_dim independent of hidden/heads. */
+    rc = load_text("{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"intermediate_size\": 128,"
+                   " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+                   " \"head_dim\": 32, \"vocab_size\": 50, \"rope_theta\": 1000000.0, \"tie_word_embeddings\": true}",
+                   &c, path, err, sizeof err);
+    ck_assert_msg(rc == 0, "%s", err);
+    ck_assert_int_eq(c.family, MT_FAMILY_QWEN3);
+    ck_assert(c.qk_norm && !c.qkv_bias && c.tied);
+    ck_assert_int_eq(c.head_dim, 32);
+    ck_assert(c.rope_theta == 1e6);
+
+    /* Mistral with the sliding_window key it carries (null: full attention). */
+    rc = load_text("{\"model_type\": \"mistral\", \"hidden_size\": 128, \"intermediate_size\": 256,"
+                   " \"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"num_key_value_heads\": 2,"
+                   " \"vocab_size\": 300, \"sliding_window\": null, \"rms_norm_eps\": 1e-5}",
+                   &c, path, err, sizeof err);
+    ck_assert_msg(rc == 0, "%s", err);
+    ck_assert_int_eq(c.family, MT_FAMILY_MISTRAL);
+    ck_assert(!c.qk_norm && !c.qkv_bias);
+    ck_assert_int_eq(c.head_dim, 16);
+    ck_assert_int_eq(c.max_positions, 131072);
+}
+END_TEST
+
+/* Llama-3.1-8B's rope_scaling block, as in its config.json. */
+static const char *llama31 =
+    "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 4096,"
+    " \"intermediate_size\": 14336, \"num_hidden_layers\": 32, \"num_attention_heads\": 32,"
+    " \"num_key_value_heads\": 8, \"vocab_size\": 128256, \"max_position_embeddings\": 131072,"
+    " \"rope_theta\": 500000.0, \"rms_norm_eps\": 1e-05, \"tie_word_embeddings\": false,"
+    " \"attention_bias\": false, \"hidden_act\": \"silu\", \"torch_dtype\": \"bfloat16\","
+    " \"rope_scaling\": {\"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,"
+    " \"original_max_position_embeddings\": 8192, \"rope_type\": \"llama3\"}}";
+
+START_TEST(test_llama3_rope_scaling)
+{
+    mt_model_config c;
+    char err[512] = "", path[4096];
+    int rc = load_text(llama31, &c, path, err, sizeof err);
+    ck_assert_msg(rc == 0, "%s", err);
+    ck_assert(c.rope_scaling_factor == 8.0);
+    ck_assert(c.rope_low_freq_factor == 1.0);
+    ck_assert(c.rope_high_freq_factor == 4.0);
+    ck_assert_int_eq(c.rope_original_max_positions, 8192);
+    ck_assert(c.rope_theta == 500000.0);
+    ck_assert(c.rms_eps == 1e-5);
+    ck_assert_int_eq(c.head_dim, 128);
+    /* HF's count for Llama-3.1-8B. */
+    ck_assert_int_eq(mt_config_param_count(&c), 8030261248LL);
+}
+END_TEST
+
+static void round_trip(const mt_model_config *c)
+{
+    char err[512] = "";
+    const char *p = mt_test_write_temp("saved.json", "");
+    char path[4096];
+    snprintf(path, sizeof path, "%s", p);
+    ck_assert_msg(mt_config_save(c, path, err, sizeof err) == 0, "%s", err);
+    mt_model_config back;
+    ck_assert_msg(mt_config_load(path, &back, err, sizeof err) == 0, "%s", err);
+    assert_same_config(c, &back);
+    /* The file carries what transformers needs to build the right class. */
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    char text[8192];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    ck_assert_ptr_nonnull(strstr(text, "\"architectures\""));
+    ck_assert_ptr_nonnull(strstr(text, "\"torch_dtype\": \"float32\""));
+    ck_assert_ptr_nonnull(strstr(text, "\"hidden_act\": \"silu\""));
+    const char *arch = c->family == MT_FAMILY_QWEN2 ? "Qwen2ForCausalLM"
+                     : c->family == MT_FAMILY_QWEN3 ? "Qwen3ForCausalLM"
+                     : c->family == MT_FAMILY_MISTRAL ? "MistralForCausalLM" : "LlamaForCausalLM";
+    ck_assert_ptr_nonnull(strstr(text, arch));
+    if (c->family == MT_FAMILY_QWEN2) ck_assert_ptr_nonnull(strstr(text, "\"use_sliding_window\": false"));
+    else ck_assert_ptr_nonnull(strstr(text, "\"attention_bias\""));
+}
+
+START_TEST(test_save_load_round_trip)
+{
+    const char *shapes[] = {"tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b"};
+    mt_model_config c;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        ck_assert_int_eq(mt_config_from_shape(shapes[i], &c), 0);
+        round_trip(&c);
+    }
+    char err[512] = "", path[4096];
+    ck_assert_msg(load_text(llama31, &c, path, err, sizeof err) == 0, "%s", err);
+    round_trip(&c);
+    ck_assert_msg(load_text("{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+                            " \"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"num_key_value_heads\": 1,"
+                            " \"head_dim\": 24, \"vocab_size\": 99, \"attention_bias\": true,"
+                            " \"rms_norm_eps\": 3.3e-7, \"rope_theta\": 12345.678}",
+                            &c, path, err, sizeof err) == 0, "%s", err);
+    round_trip(&c);
+    ck_assert_msg(load_text("{\"model_type\": \"mistral\", \"hidden_size\": 128, \"intermediate_size\": 256,"
+                            " \"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"num_key_value_heads\": 2,"
+                            " \"vocab_size\": 300, \"tie_word_embeddings\": true}",
+                            &c, path, err, sizeof err) == 0, "%s", err);
+    round_trip(&c);
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-72b", &c), -1);
+}
+END_TEST
+
+/* A valid base with one key replaced: lets each bad case change exactly one thing. */
+#define BASE_BEFORE "{\"model_type\": \"qwen2\", \"intermediate_size\": 128, \"num_hidden_layers\": 2, " \
+                    "\"vocab_size\": 50, "
+
+static const struct bad_case {
+    const char *json;
+    const char *key;     /* must appear in the message ("key 'X'"), NULL for malformed JSON */
+    const char *also;    /* another substring the message must hold */
+} bad_cases[] = {
+    {"{\"model_type\": \"qwen2\", \"hidden_size\": 64,\n  \"intermediate_size\": 128 \"x\": 1}", NULL, ":2:"},
+    {"{\"model_type\": \"qwen2\", \"hidden_size\": 64,", NULL, "malformed JSON"},
+    {"[1, 2]", NULL, "object"},
+    {BASE_BEFORE "\"num_attention_heads\": 4}", "hidden_size", "missing"},
+    {BASE_BEFORE "\"hidden_size\": 64}", "num_attention_heads", "missing"},
+    {"{\"model_type\": \"qwen2\", \"hidden_size\": 64, \"num_hidden_layers\": 2, \"vocab_size\": 50, "
+     "\"num_attention_heads\": 4}", "intermediate_size", "missing"},
+    {"{\"model_type\": \"qwen2\", \"hidden_size\": 64, \"intermediate_size\": 128, \"vocab_size\": 50, "
+     "\"num_attention_heads\": 4}", "num_hidden_layers", "missing"},
+    {"{\"model_type\": \"qwen2\", \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
+     "\"num_attention_heads\": 4}", "vocab_size", "missing"},
+    {"{\"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, \"vocab_size\": 50, "
+     "\"num_attention_heads\": 4}", "model_type", "missing"},
+    {BASE_BEFORE "\"hidden_size\": \"64\", \"num_attention_heads\": 4}", "hidden_size", "string"},
+    {BASE_BEFORE "\"hidden_size\": 64.5, \"num_attention_heads\": 4}", "hidden_size", "integer"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, \"rope_theta\": \"big\"}", "rope_theta", "number"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, \"tie_word_embeddings\": 1}",
+     "tie_word_embeddings", "true or false"},
+    {BASE_BEFORE "\"hidden_size\": 100, \"num_attention_heads\": 8}", "num_attention_heads", "does not divide"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, \"num_key_value_heads\": 3}",
+     "num_key_value_heads", "does not divide"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, \"num_key_value_heads\": 8}",
+     "num_key_value_heads", "does not divide"},
+    {BASE_BEFORE "\"hidden_size\": -64, \"num_attention_heads\": 4}", "hidden_size", "positive"},
+    {BASE_BEFORE "\"hidden_size\": 0, \"num_attention_heads\": 4}", "hidden_size", "positive"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 0}", "num_attention_heads", "positive"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, \"num_key_value_heads\": -2}",
+     "num_key_value_heads", "positive"},
+    {"{\"model_type\": \"qwen2\", \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": -1, "
+     "\"vocab_size\": 50, \"num_attention_heads\": 4}", "num_hidden_layers", "positive"},
+    {"{\"model_type\": \"qwen2\", \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
+     "\"vocab_size\": 0, \"num_attention_heads\": 4}", "vocab_size", "positive"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, \"head_dim\": 0}", "head_dim", "positive"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, \"rms_norm_eps\": -1e-6}", "rms_norm_eps", "positive"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, \"rope_theta\": 0}", "rope_theta", "positive"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, \"max_position_embeddings\": 0}",
+     "max_position_embeddings", "positive"},
+    {"{\"model_type\": \"gpt2\", \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
+     "\"vocab_size\": 50, \"num_attention_heads\": 4}", "model_type", "gpt2"},
+    {"{\"model_type\": 2, \"hidden_size\": 64}", "model_type", "string"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, \"hidden_act\": \"gelu\"}", "hidden_act", "gelu"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, \"use_sliding_window\": true}",
+     "use_sliding_window", "sliding"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, "
+     "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}}", "rope_scaling", "yarn"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, "
+     "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}}", "rope_scaling", "linear"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, "
+     "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}}", "rope_scaling", "low_freq_factor"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, "
+     "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 4.0, "
+     "\"high_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192}}", "rope_scaling", "low_freq_factor"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, \"rope_scaling\": 3}", "rope_scaling", "object"},
+    /* Absurd sizes: each alone is accepted by no sane reading; products must not overflow. */
+    {BASE_BEFORE "\"hidden_size\": 9223372036854775807, \"num_attention_heads\": 1}", "hidden_size", "absurd"},
+    {"{\"model_type\": \"llama\", \"hidden_size\": 2147483648, \"intermediate_size\": 2147483648, "
+     "\"num_hidden_layers\": 2147483648, \"vocab_size\": 2147483648, \"num_attention_heads\": 1}",
+     "hidden_size", "absurd"},
+    {"{\"model_type\": \"llama\", \"hidden_size\": 65536, \"intermediate_size\": 65536, "
+     "\"num_hidden_layers\": 2147483647, \"vocab_size\": 50, \"num_attention_heads\": 1}",
+     "num_hidden_layers", "absurd"},
+    {"{\"model_type\": \"mistral\", \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
+     "\"vocab_size\": 50, \"num_attention_heads\": 4, \"attention_bias\": true}", "attention_bias", "mistral"},
+};
+
+START_TEST(test_bad_inputs)
+{
+    const struct bad_case *bc = &bad_cases[_i];
+    mt_model_config c;
+    memset(&c, 0x5a, sizeof c);
+    mt_model_config before = c;
+    char err[512] = "", path[4096];
+    int rc = load_text(bc->json, &c, path, err, sizeof err);
+    ck_assert_msg(rc == -1, "case %d accepted: %s", _i, bc->json);
+    ck_assert_msg(strstr(err, path) != NULL, "case %d: message lacks the path: %s", _i, err);
+    if (bc->key) {
+        char want[128];
+        snprintf(want, sizeof want, "key '%s'", bc->key);
+        ck_assert_msg(strstr(err, want) != NULL, "case %d: message lacks %s: %s", _i, want, err);
+    }
+    ck_assert_msg(strstr(err, bc->also) != NULL, "case %d: message lacks '%s': %s", _i, bc->also, err);
+    /* A failed load leaves the caller's struct alone. */
+    ck_assert(memcmp(&c, &before, sizeof c) == 0);
+}
+END_TEST
+
+START_TEST(test_nonexistent_file)
+{
+    mt_model_config c;
+    char err[512] = "";
+    const char *path = "/nonexistent/dir/config.json";
+    ck_assert_int_eq(mt_config_load(path, &c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, path) != NULL, "%s", err);
+    ck_assert_msg(strstr(err, "No such file") != NULL, "%s", err);
+    /* The parse entry point names its source too. */
+    ck_assert_int_eq(mt_config_parse("{", "inline.json", &c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "inline.json:1:") != NULL, "%s", err);
+}
+END_TEST
+
+START_TEST(test_param_counts)
+{
+    mt_model_config c;
+    /* HF model.num_parameters() of the published checkpoints. */
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-0.5b", &c), 0);
+    ck_assert_int_eq(mt_config_param_count(&c), 494032768LL);
+    /* Tied: N counts the head, which is the table counted once in the total. */
+    ck_assert_int_eq(mt_config_flops_params(&c), 494032768LL);
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-7b", &c), 0);
+    ck_assert_int_eq(mt_config_param_count(&c), 7615616512LL);
+    /* Untied: all but the embedding table, 152064 * 3584 = 544997376. */
+    ck_assert_int_eq(mt_config_flops_params(&c), 7615616512LL - 544997376LL);
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-1.5b", &c), 0);
+    ck_assert_int_eq(mt_config_param_count(&c), 1543714304LL);
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-3b", &c), 0);
+    ck_assert_int_eq(mt_config_param_count(&c), 3085938688LL);
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-14b", &c), 0);
+    ck_assert_int_eq(mt_config_param_count(&c), 14770033664LL);
+}
+END_TEST
+
+/* Checks one layout: slots aligned, in order, disjoint, inside the tile; returns the unpadded sum. */
+static int64_t check_layout(const mt_tile_layout *t)
+{
+    int64_t end = 0, sum = 0;
+    for (int s = 0; s < t->ntensors; s++) {
+        const mt_tensor_desc *d = &t->tensors[s];
+        ck_assert_ptr_nonnull(d->name);
+        ck_assert_int_eq(d->offset % MT_TILE_ALIGN, 0);
+        ck_assert_int_ge(d->offset, end);
+        ck_assert(d->ndim == 1 || d->ndim == 2);
+        int64_t full = d->ndim == 2 ? d->shape[0] * d->shape[1] : d->shape[0];
+        ck_assert(d->numel == 0 || d->numel == full);
+        ck_assert_int_eq(d->decay, d->ndim == 2);
+        end = d->offset + d->numel;
+        sum += d->numel;
+    }
+    ck_assert_int_le(end, t->numel);
+    ck_assert_int_eq(t->numel % MT_TILE_ALIGN, 0);
+    ck_assert_int_lt(t->numel - end, MT_TILE_ALIGN);
+    return sum;
+}
+
+START_TEST(test_layout)
+{
+    const char *shapes[] = {"tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b"};
+    mt_model_config c;
+    mt_tile_layout e, l, h;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        ck_assert_int_eq(mt_config_from_shape(shapes[i], &c), 0);
+        mt_layout_build(&c, MT_TILE_EMBED, &e);
+        mt_layout_build(&c, MT_TILE_LAYER, &l);
+        mt_layout_build(&c, MT_TILE_HEAD, &h);
+        int64_t total = check_layout(&e) + c.layers * check_layout(&l) + check_layout(&h);
+        ck_assert_int_eq(total, mt_config_param_count(&c));
+    }
+
+    /* Odd sizes so padding shows: d = 100, H*D = 3*34 = 102, KV*D = 34, I = 300, V = 77. */
+    char err[512] = "", path[4096];
+    ck_assert_msg(load_text("{\"model_type\": \"qwen3\", \"hidden_size\": 100, \"intermediate_size\": 300,"
+                            " \"num_hidden_layers\": 3, \"num_attention_heads\": 3, \"num_key_value_heads\": 1,"
+                            " \"head_dim\": 34, \"vocab_size\": 77, \"attention_bias\": true}",
+                            &c, path, err, sizeof err) == 0, "%s", err);
+    mt_layout_build(&c, MT_TILE_LAYER, &l);
+    check_layout(&l);
+    ck_assert_int_eq(l.kind, MT_TILE_LAYER);
+    ck_assert_int_eq(l.ntensors, MT_L_COUNT);
+    /* Offsets written out: each tensor starts at the previous end rounded up to 64. */
+    static const int64_t want_offset[MT_L_COUNT] = {
+        0,      /* input_layernorm 100 -> 128 */
+        128,    /* q 102*100 = 10200 -> 10240 + 128 = 10368 */
+        10368,  /* q bias 102 -> 128 */
+        10496,  /* k 34*100 = 3400 -> 3456 */
+        13952,  /* k bias 34 -> 64 */
+        14016,  /* v 3400 -> 3456 */
+        17472,  /* v bias 64 */
+        17536,  /* o 100*102 = 10200 -> 10240 */
+        27776,  /* q_norm 34 -> 64 */
+        27840,  /* k_norm 64 */
+        27904,  /* post_attention_layernorm 128 */
+        28032,  /* gate 300*100 = 30000 -> 30016 */
+        58048,  /* up 30016 */
+        88064,  /* down 30016 -> ends at 118080 */
+    };
+    for (int s = 0; s < MT_L_COUNT; s++) ck_assert_int_eq(l.tensors[s].offset, want_offset[s]);
+    ck_assert_int_eq(l.numel, 118080);
+    ck_assert_int_eq(l.tensors[MT_L_Q_W].shape[0], 102);
+    ck_assert_int_eq(l.tensors[MT_L_Q_W].shape[1], 100);
+    ck_assert_int_eq(l.tensors[MT_L_O_W].shape[0], 100);
+    ck_assert_int_eq(l.tensors[MT_L_O_W].shape[1], 102);
+    ck_assert_int_eq(l.tensors[MT_L_DOWN_W].shape[1], 300);
+    ck_assert(!l.tensors[MT_L_Q_NORM].decay && !l.tensors[MT_L_Q_B].decay && l.tensors[MT_L_GATE_W].decay);
+
+    /* Absent tensors: llama without bias has numel 0 biases and norms, ndim kept. */
+    ck_assert_msg(load_text("{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 128,"
+                            " \"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"vocab_size\": 10}",
+                            &c, path, err, sizeof err) == 0, "%s", err);
+    mt_layout_build(&c, MT_TILE_LAYER, &l);
+    check_layout(&l);
+    ck_assert_int_eq(l.tensors[MT_L_Q_B].numel, 0);
+    ck_assert_int_eq(l.tensors[MT_L_Q_B].ndim, 1);
+    ck_assert_int_eq(l.tensors[MT_L_K_NORM].numel, 0);
+    ck_assert_int_eq(l.tensors[MT_L_K_W].offset, l.tensors[MT_L_Q_W].offset + 64 * 64);
+    mt_layout_build(&c, MT_TILE_HEAD, &h);
+    ck_assert_int_eq(h.tensors[MT_H_LM_HEAD].numel, 640);
+    ck_assert_int_eq(h.tensors[MT_H_LM_HEAD].offset, 64);
+    ck_assert_int_eq(h.numel, 704);
+    ck_assert(h.tensors[MT_H_LM_HEAD].decay && !h.tensors[MT_H_NORM].decay);
+    c.tied = true;
+    mt_layout_build(&c, MT_TILE_HEAD, &h);
+    ck_assert_int_eq(h.tensors[MT_H_LM_HEAD].numel, 0);
+    ck_assert_int_eq(h.numel, 64);
+}
+END_TEST
+
+START_TEST(test_full_names)
+{
+    mt_model_config c;
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-7b", &c), 0);
+    mt_tile_layout e, l, h;
+    mt_layout_build(&c, MT_TILE_EMBED, &e);
+    mt_layout_build(&c, MT_TILE_LAYER, &l);
+    mt_layout_build(&c, MT_TILE_HEAD, &h);
+    char name[256];
+    mt_layout_full_name(&e, 0, MT_E_EMBED, name, sizeof name);
+    ck_assert_str_eq(name, "model.embed_tokens.weight");
+    mt_layout_full_name(&h, 0, MT_H_NORM, name, sizeof name);
+    ck_assert_str_eq(name, "model.norm.weight");
+    mt_layout_full_name(&h, 0, MT_H_LM_HEAD, name, sizeof name);
+    ck_assert_str_eq(name, "lm_head.weight");
+    static const char *want[MT_L_COUNT] = {
+        "model.layers.3.input_layernorm.weight", "model.layers.3.self_attn.q_proj.weight",
+        "model.layers.3.self_attn.q_proj.bias", "model.layers.3.self_attn.k_proj.weight",
+        "model.layers.3.self_attn.k_proj.bias", "model.layers.3.self_attn.v_proj.weight",
+        "model.layers.3.self_attn.v_proj.bias", "model.layers.3.self_attn.o_proj.weight",
+        "model.layers.3.self_attn.q_norm.weight", "model.layers.3.self_attn.k_norm.weight",
+        "model.layers.3.post_attention_layernorm.weight", "model.layers.3.mlp.gate_proj.weight",
+        "model.layers.3.mlp.up_proj.weight", "model.layers.3.mlp.down_proj.weight",
+    };
+    for (int s = 0; s < MT_L_COUNT; s++) {
+        mt_layout_full_name(&l, 3, s, name, sizeof name);
+        ck_assert_str_eq(name, want[s]);
+    }
+    mt_layout_full_name(&l, 27, MT_L_UP_W, name, sizeof name);
+    ck_assert_str_eq(name, "model.layers.27.mlp.up_proj.weight");
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("config");
+    TCase *tc = tcase_create("config");
+    tcase_add_test(tc, test_tiny_byte);
+    tcase_add_test(tc, test_family_defaults);
+    tcase_add_test(tc, test_llama3_rope_scaling);
+    tcase_add_test(tc, test_save_load_round_trip);
+    tcase_add_loop_test(tc, test_bad_inputs, 0, (int)(sizeof bad_cases / sizeof bad_cases[0]));
+    tcase_add_test(tc, test_nonexistent_file);
+    tcase_add_test(tc, test_param_counts);
+    tcase_add_test(tc, test_layout);
+    tcase_add_test(tc, test_full_names);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,264 @@
+/* The memory plan: byte counts of two shapes checked against arithmetic written out by hand, the
+ * host check refusing what does not fit (7B and 14B against a 125 GiB box) with a message that
+ * names the bytes, and parameter validation. */
+#include <check.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/cpu/ops.h"
+#include "config.h"
+#include "plan.h"
+#include "testutil.h"
+
+#define GiB ((uint64_t)1 << 30)
+
+/* tiny (models/configs/tiny-byte.json), CPU only, fp32, B=2, T=16, K=2, accumulation 3. */
+START_TEST(test_tiny_cpu)
+{
+    mt_model_config c;
+    ck_assert_int_eq(mt_config_from_shape("tiny", &c), 0);
+    mt_plan_params p = {.micro_batch = 2, .seq_len = 16, .grad_accum = 3, .checkpoint_interval = 2,
+                        .compute = MT_COMPUTE_F32, .use_gpu = false};
+    mt_plan plan;
+    ck_assert_msg(mt_plan_compute(&c, &p, &plan) == 0, "%s", plan.error);
+
+    /* Tiles (d=192, I=512, H=6, KV=2, D=32, V=256, q/k/v bias, tied), every tensor a multiple of 64:
+     * layer = 2*192 norms + 2*192*192 q,o + 2*64*192 k,v + (192+64+64) biases + 3*512*192 MLP
+     *       = 384 + 73728 + 24576 + 320 + 294912 = 393920
+     * embed = 256*192 = 49152; head = final norm only (tied) = 192. */
+    ck_assert_int_eq(plan.tile_numel[MT_TILE_EMBED], 49152);
+    ck_assert_int_eq(plan.tile_numel[MT_TILE_LAYER], 393920);
+    ck_assert_int_eq(plan.tile_numel[MT_TILE_HEAD], 192);
+    ck_assert_int_eq(plan.num_tiles, 8);
+    ck_assert_int_eq(plan.tokens_per_step, 96);
+    ck_assert_int_eq(plan.param_count, 49152 + 6 * 393920 + 192);
+    ck_assert_int_eq(plan.params.act_elem_bytes, 4);
+    ck_assert_int_eq(plan.params.head_chunk, 32);
+
+    /* fp32 per kind: embed 196608 B (48 pages), layer 1575680 B -> 385 pages = 1576960,
+     * head 768 B -> 4096. 196608 + 6*1576960 + 4096 = 9662464. Streamed copy is fp32 too. */
+    const uint64_t kind = 9662464;
+    ck_assert_uint_eq(plan.host[MT_PLAN_WEIGHTS], kind);
+    ck_assert_uint_eq(plan.host[MT_PLAN_MASTER], kind);
+    ck_assert_uint_eq(plan.host[MT_PLAN_GRADS], kind);
+    ck_assert_uint_eq(plan.host[MT_PLAN_ADAM_M], kind);
+    ck_assert_uint_eq(plan.host[MT_PLAN_ADAM_V], kind);
+    /* Activations on the host: ntok = 32. Checkpoints ceil(6/2)+1 = 4 of 32*192 fp32. */
+    ck_assert_int_eq(plan.num_checkpoints, 4);
+    ck_assert_uint_eq(plan.host[MT_PLAN_CHECKPOINTS], 4 * 32 * 192 * 4);
+    /* The layer's own buffer sizes come from the CPU backend's contract. */
+    const uint64_t saved = (uint64_t)mt_layer_saved_numel(&c, 2, 16);
+    const uint64_t scratch = (uint64_t)mt_layer_scratch_numel(&c, 2, 16);
+    ck_assert_uint_gt(saved, 0);
+    ck_assert_uint_eq(plan.host[MT_PLAN_BLOCK_SAVED], 2 * saved * 4);
+    ck_assert_uint_eq(plan.host[MT_PLAN_ACT_GRADS], 2 * 32 * 192 * 4);
+    /* Head scratch per chunk of 32 rows: hn, dhn (2*192), inv_rms (1), logits (256). */
+    ck_assert_int_eq(mt_head_scratch_numel(&c, 32), 32 * (2 * 192 + 1 + 256));
+    ck_assert_uint_eq(plan.host[MT_PLAN_WORKSPACE], (scratch + 32 * 641) * 4);
+    ck_assert_uint_eq(plan.host[MT_PLAN_INPUTS], 2 * 4 * 32);
+    ck_assert_uint_eq(plan.host_total, 5 * kind + 98304 + 8 * saved + 49152 + (scratch + 20512) * 4 + 256);
+    /* No GPU: nothing on it, nothing pinned. */
+    ck_assert_uint_eq(plan.gpu_total, 0);
+    ck_assert_uint_eq(plan.host_pinned_total, 0);
+    char err[1024];
+    ck_assert_msg(mt_plan_check_host(&plan, 1 * GiB, err, sizeof err) == 0, "%s", err);
+}
+END_TEST
+
+/* Qwen2.5-0.5B on a GPU, bf16, B=4, T=1024, K=4, accumulation 8. */
+START_TEST(test_qwen05_gpu)
+{
+    mt_model_config c;
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-0.5b", &c), 0);
+    mt_plan_params p = {.micro_batch = 4, .seq_len = 1024, .grad_accum = 8, .checkpoint_interval = 4,
+                        .compute = MT_COMPUTE_BF16, .use_gpu = true};
+    mt_plan plan;
+    ck_assert_msg(mt_plan_compute(&c, &p, &plan) == 0, "%s", plan.error);
+    ck_assert_int_eq(plan.param_count, 494032768);
+    ck_assert_int_eq(plan.tokens_per_step, 32768);
+    ck_assert_int_eq(plan.params.act_elem_bytes, 2);
+    ck_assert_int_eq(plan.params.head_chunk, 1024);
+    /* Tiles (d=896, I=4864, q 896, kv 128; every tensor a multiple of 64, so no padding):
+     * layer = 2*896 + 2*896*896 + 2*128*896 + (896+128+128) + 3*4864*896 = 14912384,
+     * embed = 151936*896 = 136134656, head = 896 (tied). */
+    ck_assert_int_eq(plan.tile_numel[MT_TILE_LAYER], 14912384);
+    ck_assert_int_eq(plan.tile_numel[MT_TILE_EMBED], 136134656);
+    ck_assert_int_eq(plan.tile_numel[MT_TILE_HEAD], 896);
+    ck_assert_int_eq(plan.max_tile_numel, 136134656);
+
+    /* bf16 streamed copy: embed 272269312 (66472 pages exactly), layer 29824768 -> 7282 pages
+     * = 29827072, head 1792 -> 4096: 272269312 + 24*29827072 + 4096 = 988123136. */
+    ck_assert_uint_eq(plan.host[MT_PLAN_WEIGHTS], 988123136ULL);
+    /* fp32 kinds: embed 544538624 (exact), layer 59649536 -> 14563 pages = 59650048,
+     * head 3584 -> 4096: 544538624 + 24*59650048 + 4096 = 1976143872. */
+    ck_assert_uint_eq(plan.host[MT_PLAN_MASTER], 1976143872ULL);
+    ck_assert_uint_eq(plan.host[MT_PLAN_GRADS], 1976143872ULL);
+    ck_assert_uint_eq(plan.host[MT_PLAN_ADAM_M], 1976143872ULL);
+    ck_assert_uint_eq(plan.host[MT_PLAN_ADAM_V], 1976143872ULL);
+    /* Host: state + pinned tokens/targets (2 * 4096 int32), no activations. */
+    ck_assert_uint_eq(plan.host[MT_PLAN_INPUTS], 32768);
+    ck_assert_uint_eq(plan.host[MT_PLAN_CHECKPOINTS], 0);
+    ck_assert_uint_eq(plan.host[MT_PLAN_BLOCK_SAVED], 0);
+    ck_assert_uint_eq(plan.host_total, 988123136ULL + 4 * 1976143872ULL + 32768);
+    ck_assert_uint_eq(plan.host_total, 8892731392ULL);
+    ck_assert_uint_eq(plan.host_pinned_total, plan.host_total);
+    /* About 18 bytes per parameter, as design.md says. */
+    ck_assert(plan.host_total > 18ULL * 494032768 && plan.host_total < 18ULL * 494032768 + 2000000);
+
+    /* GPU: two weight buffers of the largest tile (the embedding) in bf16, two fp32 gradient
+     * buffers, 7 checkpoints (ceil(24/4) + 1) of 4096*896 bf16, one block of 4 layers' saved
+     * activations, two activation-gradient buffers, layer + head workspace, tokens/targets. */
+    ck_assert_uint_eq(plan.gpu[MT_PLAN_WEIGHTS], 2ULL * 136134656 * 2);
+    ck_assert_uint_eq(plan.gpu[MT_PLAN_GRADS], 2ULL * 136134656 * 4);
+    ck_assert_int_eq(plan.num_checkpoints, 7);
+    ck_assert_uint_eq(plan.gpu[MT_PLAN_CHECKPOINTS], 7ULL * 4096 * 896 * 2);
+    const uint64_t saved = (uint64_t)mt_layer_saved_numel(&c, 4, 1024);
+    const uint64_t scratch = (uint64_t)mt_layer_scratch_numel(&c, 4, 1024);
+    ck_assert_uint_eq(plan.gpu[MT_PLAN_BLOCK_SAVED], 4 * saved * 2);
+    ck_assert_uint_eq(plan.gpu[MT_PLAN_ACT_GRADS], 2ULL * 4096 * 896 * 2);
+    /* Head scratch per 1024-row chunk: 1024 * (2*896 + 1 + 151936) = 157,418,496 elements. */
+    ck_assert_int_eq(mt_head_scratch_numel(&c, 1024), 157418496);
+    ck_assert_uint_eq(plan.gpu[MT_PLAN_WORKSPACE], (scratch + 157418496ULL) * 2);
+    ck_assert_uint_eq(plan.gpu[MT_PLAN_INPUTS], 32768);
+    ck_assert_uint_eq(plan.gpu_total, 544538624ULL + 1089077248ULL + 51380224ULL + 8 * saved + 14680064ULL +
+                                          (scratch + 157418496ULL) * 2 + 32768);
+
+    char err[1024];
+    ck_assert_msg(mt_plan_check_host(&plan, 125 * GiB, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(mt_plan_check_gpu(&plan, 139 * GiB, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(mt_plan_check_gpu(&plan, 1 * GiB, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "GPU") != NULL, "%s", err);
+
+    /* The table names every kind that holds bytes, and the totals. */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    mt_plan_print(&plan, f);
+    fclose(f);
+    ck_assert_ptr_nonnull(strstr(text, "master weights"));
+    ck_assert_ptr_nonnull(strstr(text, "checkpoints"));
+    ck_assert_ptr_nonnull(strstr(text, "total"));
+    ck_assert_ptr_nonnull(strstr(text, "8892731392"));
+    ck_assert_ptr_nonnull(strstr(text, "8.28 GiB"));
+    free(text);
+}
+END_TEST
+
+/* Refusals on the GPU box's 125 GiB: Qwen2.5-7B (~137 GB at 18 B/param) and 14B; 3B fits. */
+START_TEST(test_host_refusal)
+{
+    mt_model_config c;
+    mt_plan_params p = {.micro_batch = 8, .seq_len = 1024, .grad_accum = 1, .checkpoint_interval = 4,
+                        .compute = MT_COMPUTE_BF16, .use_gpu = true};
+    mt_plan plan;
+    char err[1024], num[32];
+
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-7b", &c), 0);
+    ck_assert_msg(mt_plan_compute(&c, &p, &plan) == 0, "%s", plan.error);
+    /* 7615616512 * 18 = 137,081,097,216 bytes, plus page padding and the token buffers. */
+    ck_assert_uint_ge(plan.host_total, 137081097216ULL);
+    ck_assert_uint_lt(plan.host_total, 137081097216ULL + 4 * 1024 * 1024);
+    ck_assert_int_eq(mt_plan_check_host(&plan, 125 * GiB, err, sizeof err), -1);
+    snprintf(num, sizeof num, "%" PRIu64, plan.host_total);
+    ck_assert_msg(strstr(err, num) != NULL, "message lacks the bytes needed (%s): %s", num, err);
+    ck_assert_msg(strstr(err, "125.00 GiB") != NULL, "message lacks what there is: %s", err);
+    ck_assert_msg(strstr(err, "smaller") != NULL && strstr(err, "RAM") != NULL, "no advice: %s", err);
+    /* It would fit on a 160 GiB box (137.1e9 <= 0.9 * 171.8e9). */
+    ck_assert_msg(mt_plan_check_host(&plan, 160 * GiB, err, sizeof err) == 0, "%s", err);
+
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-14b", &c), 0);
+    ck_assert_msg(mt_plan_compute(&c, &p, &plan) == 0, "%s", plan.error);
+    ck_assert_uint_ge(plan.host_total, 18ULL * 14770033664ULL);
+    ck_assert_int_eq(mt_plan_check_host(&plan, 125 * GiB, err, sizeof err), -1);
+    snprintf(num, sizeof num, "%" PRIu64, plan.host_total);
+    ck_assert_msg(strstr(err, num) != NULL, "message lacks the bytes needed (%s): %s", num, err);
+
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-3b", &c), 0);
+    ck_assert_msg(mt_plan_compute(&c, &p, &plan) == 0, "%s", plan.error);
+    ck_assert_msg(mt_plan_check_host(&plan, 125 * GiB, err, sizeof err) == 0, "%s", err);
+
+    /* The 90% rule at its edge: exactly 90% of 1000 bytes' worth is accepted, one more byte not. */
+    mt_plan edge;
+    memset(&edge, 0, sizeof edge);
+    edge.param_count = 1;
+    edge.host_total = 900;
+    ck_assert_int_eq(mt_plan_check_host(&edge, 1000, err, sizeof err), 0);
+    edge.host_total = 901;
+    ck_assert_int_eq(mt_plan_check_host(&edge, 1000, err, sizeof err), -1);
+}
+END_TEST
+
+START_TEST(test_bad_params)
+{
+    mt_model_config c;
+    ck_assert_int_eq(mt_config_from_shape("tiny", &c), 0);
+    const mt_plan_params good = {.micro_batch = 1, .seq_len = 8, .grad_accum = 1, .checkpoint_interval = 1,
+                                 .compute = MT_COMPUTE_F32};
+    mt_plan plan;
+    mt_plan_params p = good;
+    p.micro_batch = 0;
+    ck_assert_int_eq(mt_plan_compute(&c, &p, &plan), -1);
+    ck_assert_msg(strstr(plan.error, "micro batch") != NULL, "%s", plan.error);
+    p = good;
+    p.seq_len = -3;
+    ck_assert_int_eq(mt_plan_compute(&c, &p, &plan), -1);
+    ck_assert_msg(strstr(plan.error, "sequence length") != NULL, "%s", plan.error);
+    p = good;
+    p.checkpoint_interval = 0;
+    ck_assert_int_eq(mt_plan_compute(&c, &p, &plan), -1);
+    ck_assert_msg(strstr(plan.error, "checkpoint interval") != NULL, "%s", plan.error);
+    p = good;
+    p.grad_accum = 0;
+    ck_assert_int_eq(mt_plan_compute(&c, &p, &plan), -1);
+    p = good;
+    p.act_elem_bytes = 3;
+    ck_assert_int_eq(mt_plan_compute(&c, &p, &plan), -1);
+    p = good;
+    p.micro_batch = INT64_MAX / 2;
+    p.seq_len = 1000;
+    ck_assert_int_eq(mt_plan_compute(&c, &p, &plan), -1);
+    ck_assert_msg(strstr(plan.error, "absurdly large") != NULL, "%s", plan.error);
+    /* An invalid config is refused, not planned. */
+    mt_model_config bad = c;
+    bad.kv_heads = 4;
+    ck_assert_int_eq(mt_plan_compute(&bad, &good, &plan), -1);
+    ck_assert_msg(strstr(plan.error, "num_key_value_heads") != NULL, "%s", plan.error);
+
+    /* K beyond L means one block of all layers: clamped, with L+... checkpoints = 2. */
+    p = good;
+    p.checkpoint_interval = 100;
+    ck_assert_msg(mt_plan_compute(&c, &p, &plan) == 0, "%s", plan.error);
+    ck_assert_int_eq(plan.params.checkpoint_interval, 6);
+    ck_assert_int_eq(plan.num_checkpoints, 2);
+}
+END_TEST
+
+START_TEST(test_available)
+{
+    uint64_t avail = mt_host_memory_available();
+    ck_assert_uint_gt(avail, 16 * 1024 * 1024);
+    char buf[32];
+    ck_assert_str_eq(mt_format_bytes(512, buf, sizeof buf), "512 B");
+    ck_assert_str_eq(mt_format_bytes(1536, buf, sizeof buf), "1.50 KiB");
+    ck_assert_str_eq(mt_format_bytes(125 * GiB, buf, sizeof buf), "125.00 GiB");
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("plan");
+    TCase *tc = tcase_create("plan");
+    tcase_add_test(tc, test_tiny_cpu);
+    tcase_add_test(tc, test_qwen05_gpu);
+    tcase_add_test(tc, test_host_refusal);
+    tcase_add_test(tc, test_bad_params);
+    tcase_add_test(tc, test_available);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? 0 : 1;
+}
