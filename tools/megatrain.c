@@ -1,3 +1,337 @@
-/* The megatrain command: plan, train, bench. */
+/* The megatrain command: `info` (what StarPU sees), `plan` (the memory plan of a run), `train`
+ * (the training job). Every subcommand takes --help; bad flags and values are named. */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
-int main(void) { puts("megatrain: to be written"); return 0; }
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "mt_build_config.h"
+#include "mt_starpu.h"
+#include "plan.h"
+#include "runtime.h"
+#include "state.h"
+#include "train.h"
+#include "codelets.h"
+#if MT_HAVE_CUDA
+#include "cuda/kernels.h"
+#endif
+
+static const char *cmd = "megatrain";
+
+static int usage_error(const char *fmt, const char *a, const char *b)
+{
+    fprintf(stderr, "%s: ", cmd);
+    fprintf(stderr, fmt, a, b);
+    fprintf(stderr, " (try '%s --help')\n", cmd);
+    return 2;
+}
+
+/* Parses a whole-string integer in [lo, hi]; on failure prints a message naming the flag. */
+static int parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end) { usage_error("%s: '%s' is not an integer", flag, s); return -1; }
+    if (v < lo || v > hi) {
+        fprintf(stderr, "%s: %s: %lld is out of range [%lld, %lld]\n", cmd, flag, v, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_double(const char *flag, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) { usage_error("%s: '%s' is not a number", flag, s); return -1; }
+    if (v < lo || v > hi) {
+        fprintf(stderr, "%s: %s: %g is out of range [%g, %g]\n", cmd, flag, v, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* ---- info ------------------------------------------------------------------------------- */
+
+static void info_help(void)
+{
+    printf("usage: megatrain info [--sched NAME] [--ncpu N] [--ncuda N]\n\n"
+           "Starts StarPU, lists its workers, runs a fill task on every worker, and checks that\n"
+           "a host state tile is pinned where a GPU is present.\n");
+}
+
+static int cmd_info(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        { "sched", required_argument, 0, 's' }, { "ncpu", required_argument, 0, 'c' },
+        { "ncuda", required_argument, 0, 'g' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+    };
+    mt_runtime_options ro = mt_runtime_defaults();
+    long long v;
+    int c;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 's': ro.sched = optarg; break;
+        case 'c': if (parse_int("--ncpu", optarg, 0, 1024, &v)) return 2; ro.ncpu = (int)v; break;
+        case 'g': if (parse_int("--ncuda", optarg, 0, 64, &v)) return 2; ro.ncuda = (int)v; break;
+        case 'h': info_help(); return 0;
+        default: return 2;
+        }
+    }
+    if (optind < argc) return usage_error("info: unexpected argument '%s'%s", argv[optind], "");
+    char err[512];
+    if (mt_runtime_init(&ro, err, sizeof err)) { fprintf(stderr, "%s: %s\n", cmd, err); return 1; }
+    printf("megatrain %s, StarPU %d.%d.%d, built %s CUDA\n", MT_VERSION, STARPU_MAJOR_VERSION, STARPU_MINOR_VERSION,
+           STARPU_RELEASE_VERSION, MT_HAVE_CUDA ? "with" : "without");
+    printf("workers: %d CPU, %d CUDA; policy %s\n", mt_runtime_ncpu(), mt_runtime_ncuda(), ro.sched ? ro.sched : mt_default_sched());
+    for (unsigned w = 0; w < starpu_worker_get_count(); w++) {
+        char name[128];
+        starpu_worker_get_name((int)w, name, sizeof name);
+        printf("  worker %u: %s (memory node %u)\n", w, name, starpu_worker_get_memory_node(w));
+    }
+    int failures = 0;
+    /* One fill task pinned to each worker proves every kind of worker executes codelets. */
+    float *buf;
+    starpu_malloc((void **)&buf, 1000 * sizeof(float));
+    starpu_data_handle_t h;
+    starpu_vector_data_register(&h, STARPU_MAIN_RAM, (uintptr_t)buf, 1000, sizeof(float));
+    for (unsigned w = 0; w < starpu_worker_get_count(); w++) {
+        float value = 1.0f + (float)w;
+        int ret = starpu_task_insert(&mt_cl_fill, STARPU_W, h, STARPU_VALUE, &value, sizeof value,
+                                     STARPU_EXECUTE_ON_WORKER, (int)w, 0);
+        starpu_data_acquire(h, STARPU_R);
+        int ok = ret == 0 && buf[0] == value && buf[999] == value;
+        starpu_data_release(h);
+        char name[128];
+        starpu_worker_get_name((int)w, name, sizeof name);
+        printf("fill task on %-24s %s\n", name, ok ? "ok" : "FAILED");
+        failures += !ok;
+    }
+    starpu_data_unregister(h);
+    starpu_free_noflag(buf, 1000 * sizeof(float));
+    /* A host tile as the trainer allocates it. */
+    mt_model_config cfg;
+    mt_config_from_shape("tiny", &cfg);
+    mt_host_state *st = mt_state_create(&cfg, MT_DTYPE_BF16, 0, err, sizeof err);
+    if (!st) { fprintf(stderr, "%s: %s\n", cmd, err); failures++; }
+    else {
+        printf("host tile: %zu bytes, 4 KiB-aligned: %s, allocated pinned: %s\n", mt_state_layer(st, 0)->weight_bytes,
+               ((uintptr_t)mt_state_layer(st, 0)->weights % 4096) == 0 ? "yes" : "NO", st->pinned ? "yes" : "no");
+#if MT_HAVE_CUDA
+        if (mt_runtime_ncuda() > 0) {
+            int p = mt_cuda_host_pointer_pinned(mt_state_layer(st, 0)->master);
+            printf("cudaPointerGetAttributes(master tile): %s\n", p == 1 ? "page-locked host memory" : p == 0 ? "PAGEABLE" : "error");
+            failures += p != 1;
+        }
+#endif
+        mt_state_destroy(st);
+    }
+    mt_runtime_shutdown();
+    printf("%s\n", failures ? "info: FAILED" : "info: ok");
+    return failures ? 1 : 0;
+}
+
+/* ---- plan ------------------------------------------------------------------------------- */
+
+static void plan_help(void)
+{
+    printf("usage: megatrain plan (--shape NAME | --config FILE) [options]\n\n"
+           "Prints every byte a run will hold on the host and the GPU, before allocating any,\n"
+           "and says whether it fits in this machine's memory.\n\n"
+           "  --shape NAME         qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b, qwen2.5-14b, tiny\n"
+           "  --config FILE        a HF config.json\n"
+           "  --micro-batch B      sequences per micro-batch (default 16)\n"
+           "  --seq-len T          tokens per sequence (default 2048)\n"
+           "  --accum N            micro-batches per step (default 1)\n"
+           "  --checkpoint-every K layers per recompute block (default 4)\n"
+           "  --dtype bf16|fp32    streamed weight precision (default bf16)\n"
+           "  --cpu                plan a CPU-only run (activations on the host)\n"
+           "  --host-memory BYTES  check against this much instead of MemAvailable\n");
+}
+
+static int cmd_plan(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        { "shape", required_argument, 0, 's' }, { "config", required_argument, 0, 'f' },
+        { "micro-batch", required_argument, 0, 'b' }, { "seq-len", required_argument, 0, 't' },
+        { "accum", required_argument, 0, 'a' }, { "checkpoint-every", required_argument, 0, 'k' },
+        { "dtype", required_argument, 0, 'd' }, { "cpu", no_argument, 0, 'c' },
+        { "host-memory", required_argument, 0, 'm' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+    };
+    const char *shape = NULL, *config = NULL;
+    mt_plan_params pp = { .micro_batch = 16, .seq_len = 2048, .grad_accum = 1, .checkpoint_interval = 4,
+                          .compute = MT_COMPUTE_BF16, .use_gpu = true };
+    long long v, host_mem = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 's': shape = optarg; break;
+        case 'f': config = optarg; break;
+        case 'b': if (parse_int("--micro-batch", optarg, 1, 1 << 20, &v)) return 2; pp.micro_batch = v; break;
+        case 't': if (parse_int("--seq-len", optarg, 1, 1 << 24, &v)) return 2; pp.seq_len = v; break;
+        case 'a': if (parse_int("--accum", optarg, 1, 1 << 20, &v)) return 2; pp.grad_accum = v; break;
+        case 'k': if (parse_int("--checkpoint-every", optarg, 1, 1 << 20, &v)) return 2; pp.checkpoint_interval = v; break;
+        case 'd':
+            if (!strcmp(optarg, "bf16")) pp.compute = MT_COMPUTE_BF16;
+            else if (!strcmp(optarg, "fp32")) pp.compute = MT_COMPUTE_F32;
+            else return usage_error("--dtype: '%s' is not bf16 or fp32%s", optarg, "");
+            break;
+        case 'c': pp.use_gpu = false; break;
+        case 'm': if (parse_int("--host-memory", optarg, 1, LLONG_MAX, &host_mem)) return 2; break;
+        case 'h': plan_help(); return 0;
+        default: return 2;
+        }
+    }
+    if (optind < argc) return usage_error("plan: unexpected argument '%s'%s", argv[optind], "");
+    if (!shape == !config) return usage_error("plan: give exactly one of --shape and --config%s%s", "", "");
+    mt_model_config cfg;
+    char err[1024];
+    if (shape && mt_config_from_shape(shape, &cfg))
+        return usage_error("plan: unknown shape '%s'%s", shape, " (qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b, qwen2.5-14b, tiny)");
+    if (config && mt_config_load(config, &cfg, err, sizeof err)) { fprintf(stderr, "%s: %s\n", cmd, err); return 1; }
+    mt_plan plan;
+    if (mt_plan_compute(&cfg, &pp, &plan)) { fprintf(stderr, "%s: %s\n", cmd, plan.error); return 1; }
+    printf("model: %s, %lld layers, hidden %lld\n", shape ? shape : config, (long long)cfg.layers, (long long)cfg.hidden);
+    mt_plan_print(&plan, stdout);
+    uint64_t avail = host_mem ? (uint64_t)host_mem : mt_host_memory_available();
+    if (mt_plan_check_host(&plan, avail, err, sizeof err)) {
+        fprintf(stderr, "%s: %s\n", cmd, err);
+        return 1;
+    }
+    printf("fits: host plan within %d%% of %s available\n", MT_PLAN_HOST_USABLE_PERCENT, mt_format_bytes(avail, err, sizeof err));
+    return 0;
+}
+
+/* ---- train ------------------------------------------------------------------------------ */
+
+static void train_help(const mt_train_options *d)
+{
+    printf("usage: megatrain train [options]\n\n"
+           "Trains a model on a text corpus with the streaming step (a StarPU task graph), shows\n"
+           "progress and validation loss, and ends with a sample of generated text. With no\n"
+           "options: the built-in byte-level model on the fortunes corpus.\n\n");
+    printf("  --config FILE        HF config.json (default %s)\n", d->config_path);
+    printf("  --data PATH          text file or directory (default %s)\n", d->data_path);
+    printf("  --steps N            optimizer steps (default %lld)\n", (long long)d->steps);
+    printf("  --micro-batch B      sequences per micro-batch (default %lld)\n", (long long)d->step.B);
+    printf("  --seq-len T          tokens per sequence (default %lld)\n", (long long)d->step.T);
+    printf("  --accum N            micro-batches per step, gradients accumulated (default %d)\n", d->step.accum);
+    printf("  --checkpoint-every K layers per recompute block (default %d)\n", d->step.K);
+    printf("  --lr X               peak learning rate (default %g)\n", d->lr);
+    printf("  --schedule S         cosine (linear warm-up then cosine) or constant (default cosine)\n");
+    printf("  --warmup N           warm-up steps (default %lld)\n", (long long)d->warmup);
+    printf("  --weight-decay X     AdamW decoupled weight decay on matrices (default %g)\n", d->step.weight_decay);
+    printf("  --clip X             max global gradient norm, 0 = off (default %g)\n", d->step.clip);
+    printf("  --dtype fp32|bf16    precision of the streamed weights (default %s)\n", mt_dtype_name(d->dtype));
+    printf("  --seed N             initialisation and sampling seed (default %llu)\n", (unsigned long long)d->seed);
+    printf("  --eval-every N       validation every N steps, 0 = at the end only (default %lld)\n", (long long)d->eval_every);
+    printf("  --log-every N        progress line every N steps (default %lld)\n", (long long)d->log_every);
+    printf("  --sample-bytes N     bytes of text generated at the end (default %lld)\n", (long long)d->sample_bytes);
+    printf("  --time-limit SEC     stop after the step that passes SEC seconds (default none)\n");
+    printf("  --sched NAME         StarPU policy: eager, dmda, ... (default %s)\n", mt_default_sched());
+    printf("  --ncpu N, --ncuda N  StarPU workers (default: all)\n");
+}
+
+static int cmd_train(int argc, char **argv)
+{
+    enum { O_CONFIG = 256, O_DATA, O_STEPS, O_B, O_T, O_ACCUM, O_K, O_LR, O_SCHED_LR, O_WARMUP, O_WD, O_CLIP,
+           O_DTYPE, O_SEED, O_EVAL, O_LOG, O_SAMPLE, O_TIME, O_SCHED, O_NCPU, O_NCUDA, O_HELP };
+    static const struct option opts[] = {
+        { "config", required_argument, 0, O_CONFIG }, { "data", required_argument, 0, O_DATA },
+        { "steps", required_argument, 0, O_STEPS }, { "micro-batch", required_argument, 0, O_B },
+        { "seq-len", required_argument, 0, O_T }, { "accum", required_argument, 0, O_ACCUM },
+        { "checkpoint-every", required_argument, 0, O_K }, { "lr", required_argument, 0, O_LR },
+        { "schedule", required_argument, 0, O_SCHED_LR }, { "warmup", required_argument, 0, O_WARMUP },
+        { "weight-decay", required_argument, 0, O_WD }, { "clip", required_argument, 0, O_CLIP },
+        { "dtype", required_argument, 0, O_DTYPE }, { "seed", required_argument, 0, O_SEED },
+        { "eval-every", required_argument, 0, O_EVAL }, { "log-every", required_argument, 0, O_LOG },
+        { "sample-bytes", required_argument, 0, O_SAMPLE }, { "time-limit", required_argument, 0, O_TIME },
+        { "sched", required_argument, 0, O_SCHED }, { "ncpu", required_argument, 0, O_NCPU },
+        { "ncuda", required_argument, 0, O_NCUDA }, { "help", no_argument, 0, O_HELP }, { 0, 0, 0, 0 },
+    };
+    mt_train_options o = mt_train_defaults();
+    long long v;
+    double x;
+    int c;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case O_CONFIG: o.config_path = optarg; break;
+        case O_DATA: o.data_path = optarg; break;
+        case O_STEPS: if (parse_int("--steps", optarg, 1, 1LL << 40, &v)) return 2; o.steps = v; break;
+        case O_B: if (parse_int("--micro-batch", optarg, 1, 1 << 20, &v)) return 2; o.step.B = v; break;
+        case O_T: if (parse_int("--seq-len", optarg, 1, 1 << 24, &v)) return 2; o.step.T = v; break;
+        case O_ACCUM: if (parse_int("--accum", optarg, 1, 1 << 20, &v)) return 2; o.step.accum = (int)v; break;
+        case O_K: if (parse_int("--checkpoint-every", optarg, 1, 1 << 20, &v)) return 2; o.step.K = (int)v; break;
+        case O_LR: if (parse_double("--lr", optarg, 0, 10, &o.lr)) return 2; break;
+        case O_SCHED_LR:
+            if (!strcmp(optarg, "cosine")) o.schedule = MT_LR_COSINE;
+            else if (!strcmp(optarg, "constant")) o.schedule = MT_LR_CONSTANT;
+            else return usage_error("--schedule: '%s' is not cosine or constant%s", optarg, "");
+            break;
+        case O_WARMUP: if (parse_int("--warmup", optarg, 0, 1LL << 40, &v)) return 2; o.warmup = v; break;
+        case O_WD: if (parse_double("--weight-decay", optarg, 0, 10, &o.step.weight_decay)) return 2; break;
+        case O_CLIP: if (parse_double("--clip", optarg, 0, 1e30, &o.step.clip)) return 2; break;
+        case O_DTYPE: if (mt_dtype_parse(optarg, &o.dtype)) return usage_error("--dtype: '%s' is not fp32 or bf16%s", optarg, ""); break;
+        case O_SEED: if (parse_int("--seed", optarg, 0, LLONG_MAX, &v)) return 2; o.seed = (uint64_t)v; break;
+        case O_EVAL: if (parse_int("--eval-every", optarg, 0, 1LL << 40, &v)) return 2; o.eval_every = v; break;
+        case O_LOG: if (parse_int("--log-every", optarg, 1, 1LL << 40, &v)) return 2; o.log_every = v; break;
+        case O_SAMPLE: if (parse_int("--sample-bytes", optarg, 0, 1 << 20, &v)) return 2; o.sample_bytes = v; break;
+        case O_TIME: if (parse_double("--time-limit", optarg, 0, 1e9, &x)) return 2; o.time_limit = x; break;
+        case O_SCHED: o.runtime.sched = optarg; break;
+        case O_NCPU: if (parse_int("--ncpu", optarg, 1, 1024, &v)) return 2; o.runtime.ncpu = (int)v; break;
+        case O_NCUDA: if (parse_int("--ncuda", optarg, 0, 64, &v)) return 2; o.runtime.ncuda = (int)v; break;
+        case O_HELP: train_help(&o); return 0;
+        default: return 2;
+        }
+    }
+    if (optind < argc) return usage_error("train: unexpected argument '%s'%s", argv[optind], "");
+    if (o.warmup >= o.steps) o.warmup = o.steps / 10;
+    mt_train_result res;
+    char err[1024];
+    if (mt_train_run(&o, &res, stdout, err, sizeof err)) {
+        fprintf(stderr, "%s: %s\n", cmd, err);
+        free(res.losses);
+        return 1;
+    }
+    free(res.losses);
+    return 0;
+}
+
+/* ---- main ------------------------------------------------------------------------------- */
+
+static void main_help(void)
+{
+    printf("usage: megatrain COMMAND [options]\n\n"
+           "Trains LLMs that do not fit in GPU memory: host RAM holds every weight, gradient and\n"
+           "AdamW state; layers stream through the GPU as a StarPU task graph.\n\n"
+           "commands:\n"
+           "  train   train a model (default: the built-in byte-level model on fortunes)\n"
+           "  plan    print the memory plan of a run and check that it fits\n"
+           "  info    show StarPU's workers and check that every kind runs a task\n\n"
+           "'megatrain COMMAND --help' describes each command.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) { main_help(); return 2; }
+    const char *sub = argv[1];
+    if (!strcmp(sub, "--help") || !strcmp(sub, "-h") || !strcmp(sub, "help")) { main_help(); return 0; }
+    if (!strcmp(sub, "--version")) { printf("megatrain %s\n", MT_VERSION); return 0; }
+    static char name[64];
+    snprintf(name, sizeof name, "megatrain %s", sub);
+    cmd = name;
+    argv[1] = name;
+    if (!strcmp(sub, "info")) return cmd_info(argc - 1, argv + 1);
+    if (!strcmp(sub, "plan")) return cmd_plan(argc - 1, argv + 1);
+    if (!strcmp(sub, "train")) return cmd_train(argc - 1, argv + 1);
+    cmd = "megatrain";
+    return usage_error("unknown command '%s'%s", sub, " (train, plan, info)");
+}

@@ -1,0 +1,196 @@
+/* The training loop. Step s+1 is submitted before step s's loss is read, so the task graph
+ * always holds one step ahead and the CPU optimizer of step s overlaps the forward of s+1. */
+#include "train.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "config.h"
+#include "data.h"
+#include "mt_build_config.h"
+
+mt_train_options mt_train_defaults(void)
+{
+    mt_train_options o = {
+        .config_path = MT_SOURCE_ROOT "/models/configs/tiny-byte.json",
+        .data_path = "/usr/share/games/fortunes",
+        .steps = 600,
+        .step = mt_step_defaults(),
+        .lr = 2e-3, .min_lr_ratio = 0.1, .warmup = 30, .schedule = MT_LR_COSINE,
+        .seed = 1234, .init_std = 0.02,
+        .eval_every = 100, .eval_sequences = 64, .log_every = 10,
+        .dtype = MT_DTYPE_F32,
+        .sample_bytes = 300, .sample_prompt = "Q: What is the meaning of life?\nA:",
+        .time_limit = 0,
+        .runtime = mt_runtime_defaults(),
+    };
+    o.step.B = 16;
+    o.step.T = 128;
+    o.step.K = 2;
+    o.step.weight_decay = 0.1;
+    o.step.beta2 = 0.99;
+    return o;
+}
+
+double mt_lr_at(const mt_train_options *o, int64_t s)
+{
+    if (o->warmup > 0 && s <= o->warmup) return o->lr * (double)s / (double)o->warmup;
+    if (o->schedule == MT_LR_CONSTANT) return o->lr;
+    double span = (double)(o->steps - o->warmup);
+    double prog = span > 0 ? (double)(s - o->warmup) / span : 1.0;
+    if (prog > 1) prog = 1;
+    double min_lr = o->lr * o->min_lr_ratio;
+    return min_lr + 0.5 * (o->lr - min_lr) * (1 + cos(M_PI * prog));
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void format_duration(double s, char *buf, size_t len)
+{
+    if (s < 0 || !isfinite(s)) s = 0;
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, len, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60) snprintf(buf, len, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(buf, len, "%lds", t);
+}
+
+static double validate(mt_graph *g, const mt_corpus *c, const mt_train_options *o, int32_t *tok, int32_t *tgt)
+{
+    int64_t n = mt_corpus_validation(c, o->eval_sequences, o->step.T, tok, tgt);
+    n -= n % o->step.B;
+    if (n == 0) return NAN;
+    return mt_graph_eval(g, n, tok, tgt, NULL);
+}
+
+int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, char *err, size_t errlen)
+{
+    memset(res, 0, sizeof *res);
+    mt_model_config cfg;
+    if (mt_config_load(o->config_path, &cfg, err, errlen)) return -1;
+    if (cfg.vocab < 256) {
+        snprintf(err, errlen, "%s: key 'vocab_size': the byte-level trainer needs at least 256, got %lld",
+                 o->config_path, (long long)cfg.vocab);
+        return -1;
+    }
+    if (o->steps < 1) {
+        snprintf(err, errlen, "steps must be at least 1");
+        return -1;
+    }
+    mt_corpus corpus;
+    if (mt_corpus_load(o->data_path, 10, (o->step.T + 1) * 4, &corpus, err, errlen)) return -1;
+
+    if (mt_runtime_init(&o->runtime, err, errlen)) {
+        mt_corpus_free(&corpus);
+        return -1;
+    }
+    int rc = -1;
+    mt_host_state *st = mt_state_create(&cfg, o->dtype, 0, err, errlen);
+    mt_graph *g = NULL;
+    int32_t *tok = NULL, *tgt = NULL, *vtok = NULL, *vtgt = NULL;
+    if (!st) goto out;
+    mt_state_init_random(st, o->seed, o->init_std);
+    g = mt_graph_create(st, &o->step, err, errlen);
+    if (!g) goto out;
+
+    const int64_t per_step = o->step.accum * o->step.B * o->step.T;
+    tok = malloc(sizeof *tok * per_step);
+    tgt = malloc(sizeof *tgt * per_step);
+    vtok = malloc(sizeof *vtok * o->eval_sequences * o->step.T);
+    vtgt = malloc(sizeof *vtgt * o->eval_sequences * o->step.T);
+    res->losses = calloc(o->steps, sizeof(double));
+
+    if (log) {
+        fprintf(log, "megatrain: %s (%s, %lld layers, d=%lld, %.2fM parameters), %s dtype\n", o->config_path,
+                cfg.model_type, (long long)cfg.layers, (long long)cfg.hidden, mt_config_param_count(&cfg) / 1e6,
+                mt_dtype_name(o->dtype));
+        fprintf(log, "megatrain: corpus %s: %d files, %.2f MB train, %.2f MB validation\n", o->data_path,
+                corpus.nfiles, corpus.ntrain / 1e6, corpus.nval / 1e6);
+        fprintf(log, "megatrain: %lld steps of %d x %lld x %lld tokens, K=%d, clip %g, lr %g (%s), %d CPU + %d CUDA workers, policy %s\n",
+                (long long)o->steps, o->step.accum, (long long)o->step.B, (long long)o->step.T, o->step.K, o->step.clip,
+                o->lr, o->schedule == MT_LR_COSINE ? "warm-up + cosine" : "constant", mt_runtime_ncpu(),
+                mt_runtime_ncuda(), o->runtime.sched ? o->runtime.sched : mt_default_sched());
+    }
+    res->first_val = validate(g, &corpus, o, vtok, vtgt);
+    if (log) fprintf(log, "step %5d | val %.4f\n", 0, res->first_val);
+
+    mt_rng rng;
+    mt_rng_seed(&rng, o->seed);
+    double t0 = now();
+    int prev_slot = -1;
+    int64_t prev_step = 0;
+    for (int64_t s = 1; s <= o->steps + 1; s++) {
+        int slot = -1;
+        if (s <= o->steps) {
+            mt_corpus_sample(&corpus, &rng, o->step.accum * o->step.B, o->step.T, tok, tgt);
+            slot = mt_graph_submit_step(g, s, tok, tgt, mt_lr_at(o, s));
+        }
+        if (prev_slot >= 0) {
+            /* Read step s-1 while step s is already queued behind it. */
+            double gnorm;
+            double loss = mt_graph_wait_loss(g, prev_slot, &gnorm);
+            res->losses[prev_step - 1] = loss;
+            res->steps_done = prev_step;
+            if (prev_step == 1) res->first_loss = loss;
+            res->last_loss = loss;
+            double el = now() - t0;
+            bool eval_now = o->eval_every > 0 && prev_step % o->eval_every == 0 && prev_step < o->steps;
+            if (!isfinite(loss)) {
+                snprintf(err, errlen, "training diverged at step %lld (loss %g); try a lower --lr", (long long)prev_step, loss);
+                goto out;
+            }
+            if (log && (prev_step % o->log_every == 0 || prev_step == 1 || eval_now)) {
+                char eta[32];
+                format_duration(el / prev_step * (o->steps - prev_step), eta, sizeof eta);
+                fprintf(log, "step %5lld/%lld | loss %.4f | grad-norm %7.3f | lr %.2e | %6.0f tok/s | ETA %s",
+                        (long long)prev_step, (long long)o->steps, loss, gnorm, mt_lr_at(o, prev_step),
+                        prev_step * per_step / el, eta);
+                if (!eval_now) fputc('\n', log);
+                fflush(log);
+            }
+            if (eval_now) {
+                double v = validate(g, &corpus, o, vtok, vtgt);
+                if (log) fprintf(log, " | val %.4f\n", v);
+            }
+            if (o->time_limit > 0 && el > o->time_limit && s <= o->steps) {
+                if (log) fprintf(log, "megatrain: time limit %.0f s reached after step %lld\n", o->time_limit, (long long)prev_step);
+                /* Drain the step already submitted so its loss is counted too. */
+                res->losses[s - 1] = mt_graph_wait_loss(g, slot, NULL);
+                res->steps_done = s;
+                res->last_loss = res->losses[s - 1];
+                break;
+            }
+        }
+        prev_slot = slot;
+        prev_step = s;
+    }
+    starpu_task_wait_for_all();
+    res->seconds = now() - t0;
+    res->tokens_per_second = res->steps_done * per_step / res->seconds;
+    res->last_val = validate(g, &corpus, o, vtok, vtgt);
+    if (log) fprintf(log, "done: %lld steps in %.1f s (%.0f tok/s) | train loss %.4f -> %.4f | val %.4f -> %.4f nats/byte\n",
+                     (long long)res->steps_done, res->seconds, res->tokens_per_second, res->first_loss,
+                     res->last_loss, res->first_val, res->last_val);
+    if (log && o->sample_bytes > 0) {
+        starpu_task_wait_for_all();
+        size_t plen = strlen(o->sample_prompt);
+        char *text = malloc(plen + o->sample_bytes + 1);
+        mt_generate(st, o->sample_prompt, o->sample_bytes, o->step.T, 0.8, o->seed, text);
+        fprintf(log, "--- sample (temperature 0.8) ---\n%s\n--- end of sample ---\n", text);
+        free(text);
+    }
+    rc = 0;
+out:
+    free(tok); free(tgt); free(vtok); free(vtgt);
+    mt_graph_destroy(g);
+    mt_state_destroy(st);
+    mt_runtime_shutdown();
+    mt_corpus_free(&corpus);
+    return rc;
+}

@@ -1,0 +1,59 @@
+/* The training job: load a config and a corpus, build the host state and the step graph,
+ * train with progress lines and periodic validation, then sample some text. */
+#ifndef MT_RUNTIME_TRAIN_H
+#define MT_RUNTIME_TRAIN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "runtime.h"
+#include "state.h"
+#include "step.h"
+
+typedef enum mt_lr_schedule { MT_LR_COSINE, MT_LR_CONSTANT } mt_lr_schedule;
+
+typedef struct mt_train_options {
+    const char *config_path;   /* HF-style config.json */
+    const char *data_path;     /* text file or directory */
+    int64_t steps;
+    mt_step_config step;       /* B, T, accum, K, clip, AdamW betas/eps/wd */
+    double lr, min_lr_ratio;   /* peak learning rate; cosine decays to lr * min_lr_ratio */
+    int64_t warmup;            /* linear warm-up steps */
+    mt_lr_schedule schedule;
+    uint64_t seed;
+    double init_std;
+    int64_t eval_every;        /* validate every N steps (and at the end); 0 = only at the end */
+    int64_t eval_sequences;    /* validation windows of T tokens */
+    int64_t log_every;
+    mt_dtype dtype;
+    int64_t sample_bytes;      /* generated after training; 0 = none */
+    const char *sample_prompt;
+    double time_limit;         /* seconds; stop early (after a step) when exceeded; 0 = none */
+    mt_runtime_options runtime;
+} mt_train_options;
+
+typedef struct mt_train_result {
+    int64_t steps_done;
+    double first_loss, last_loss;     /* training loss of the first and last step */
+    double first_val, last_val;       /* validation loss before training and at the end */
+    double seconds, tokens_per_second;
+    double *losses;                   /* (steps_done) per-step training loss; caller frees */
+} mt_train_result;
+
+/* Defaults: the built-in tiny byte-level model on the fortunes corpus. */
+mt_train_options mt_train_defaults(void);
+
+/* Learning rate at 1-based step s. */
+double mt_lr_at(const mt_train_options *o, int64_t s);
+
+/* Runs the job. Progress goes to `log` (NULL: silent). Starts and stops StarPU itself.
+ * Returns 0, or -1 with a message in err. */
+int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, char *err, size_t errlen);
+
+/* Greedy/temperature sampling from the host master weights (no task in flight): appends n bytes
+ * to prompt into out (prompt length + n + 1 bytes). Uses at most `context` bytes of history. */
+void mt_generate(const mt_host_state *st, const char *prompt, int64_t n, int64_t context,
+                 double temperature, uint64_t seed, char *out);
+
+#endif
