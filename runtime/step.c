@@ -184,7 +184,8 @@ static void notify_observer(void *arg)
     free(n);
 }
 
-/* Callback arguments for starpu_task_insert: the observer's, or none. */
+/* Callback arguments for starpu_task_insert: the observer's, or none. NFREE: StarPU does not
+ * free the note, notify_observer does. */
 #define OBSERVE(g, kind_, step_, tile_)                                                          \
     STARPU_CALLBACK_WITH_ARG_NFREE, (g)->observer ? notify_observer : NULL,                      \
         (g)->observer ? note_new((g), (kind_), (step_), (tile_)) : NULL
@@ -231,7 +232,9 @@ static void insert_layer_forward(mt_graph *g, int i, starpu_data_handle_t x, sta
     if (observe && g->observer)
         ret = starpu_task_insert(&mt_cl_layer_forward, STARPU_DATA_MODE_ARRAY, d, saved ? 5 : 4,
                                  STARPU_VALUE, &a, sizeof a, STARPU_NAME, "layer_forward",
-                                 OBSERVE(g, MT_EV_FORWARD, step, t->index), 0);
+                                 OBSERVE(g, MT_EV_FORWARD, step, t->index),
+                                 STARPU_PROLOGUE_CALLBACK_POP, notify_observer,
+                                 STARPU_PROLOGUE_CALLBACK_POP_ARG_NFREE, note_new(g, MT_EV_FORWARD_START, step, t->index), 0);
     else
         ret = starpu_task_insert(&mt_cl_layer_forward, STARPU_DATA_MODE_ARRAY, d, saved ? 5 : 4,
                                  STARPU_VALUE, &a, sizeof a, STARPU_NAME, "layer_forward", 0);
@@ -334,22 +337,25 @@ int mt_graph_submit_compute(mt_graph *g, int64_t step, const int32_t *tokens, co
     double loss_scale = counted > 0 ? 1.0 / (double)counted : 0.0;
     for (int u = 0; u < accum; u++) submit_micro_batch(g, sl, u, step, loss_scale);
 
-    if (g->sc.clip > 0) {
-        mt_host_state *st = g->st;
-        for (int i = 0; i < st->ntiles; i++)
-            check_insert(starpu_task_insert(&mt_cl_grad_sumsq, STARPU_R, st->tiles[i].h_grad,
-                                            STARPU_W, g->partial[i], 0), "grad_sumsq");
-        struct starpu_data_descr *cd = calloc(st->ntiles + 1, sizeof *cd);
-        for (int i = 0; i < st->ntiles; i++) cd[i] = (struct starpu_data_descr){ g->partial[i], STARPU_R };
-        cd[st->ntiles] = (struct starpu_data_descr){ g->clip, STARPU_W };
-        double max_norm = g->sc.clip;
-        check_insert(starpu_task_insert(&mt_cl_clip, STARPU_DATA_MODE_ARRAY, cd, st->ntiles + 1,
-                                        STARPU_VALUE, &max_norm, sizeof max_norm,
-                                        STARPU_PRIORITY, STARPU_MAX_PRIO, 0), "clip");
-        free(cd);
-    }
     g->last_compute_step = step;
     return s;
+}
+
+void mt_graph_submit_norm(mt_graph *g)
+{
+    if (g->sc.clip <= 0) return;
+    mt_host_state *st = g->st;
+    for (int i = 0; i < st->ntiles; i++)
+        check_insert(starpu_task_insert(&mt_cl_grad_sumsq, STARPU_R, st->tiles[i].h_grad,
+                                        STARPU_W, g->partial[i], 0), "grad_sumsq");
+    struct starpu_data_descr *cd = calloc(st->ntiles + 1, sizeof *cd);
+    for (int i = 0; i < st->ntiles; i++) cd[i] = (struct starpu_data_descr){ g->partial[i], STARPU_R };
+    cd[st->ntiles] = (struct starpu_data_descr){ g->clip, STARPU_W };
+    double max_norm = g->sc.clip;
+    check_insert(starpu_task_insert(&mt_cl_clip, STARPU_DATA_MODE_ARRAY, cd, st->ntiles + 1,
+                                    STARPU_VALUE, &max_norm, sizeof max_norm,
+                                    STARPU_PRIORITY, STARPU_MAX_PRIO, 0), "clip");
+    free(cd);
 }
 
 void mt_graph_submit_update(mt_graph *g, int64_t step, double lr)
@@ -396,9 +402,12 @@ void mt_graph_submit_update(mt_graph *g, int64_t step, double lr)
 int mt_graph_submit_step(mt_graph *g, int64_t step, const int32_t *tokens, const int32_t *targets, double lr)
 {
     int s = mt_graph_submit_compute(g, step, tokens, targets);
+    mt_graph_submit_norm(g);
     mt_graph_submit_update(g, step, lr);
     return s;
 }
+
+starpu_data_handle_t mt_graph_clip_handle(mt_graph *g) { return g->clip; }
 
 double mt_graph_wait_loss(mt_graph *g, int slot_id, double *grad_norm)
 {

@@ -24,7 +24,12 @@ typedef struct mt_step_config {
 mt_step_config mt_step_defaults(void);
 
 /* What an observer hears: a compute task of a training step ended. */
-typedef enum mt_event_kind { MT_EV_FORWARD, MT_EV_BACKWARD, MT_EV_ADAMW } mt_event_kind;
+typedef enum mt_event_kind {
+    MT_EV_FORWARD_START,   /* a worker took a forward task of the streaming pass */
+    MT_EV_FORWARD,         /* it ended */
+    MT_EV_BACKWARD,
+    MT_EV_ADAMW,
+} mt_event_kind;
 typedef void (*mt_observer_fn)(void *user, mt_event_kind kind, int64_t step, int tile);
 
 typedef struct mt_graph mt_graph;
@@ -38,15 +43,20 @@ void mt_graph_destroy(mt_graph *g);
  * tracing); keep it short and thread-safe. */
 void mt_graph_set_observer(mt_graph *g, mt_observer_fn fn, void *user);
 
-/* Submits the compute part of step `step` (1-based): for each micro-batch forward, head and
- * backward, then the norm tasks. tokens and targets are (accum, B, T); targets < 0 do not
- * count. Copies them, so the caller may reuse its arrays at once. Returns a slot id for
- * mt_graph_wait_loss. */
+/* A step is submitted in three parts, kept apart only so tests can put gates between them;
+ * mt_graph_submit_step does all three.
+ * compute: for each micro-batch the forward, the head and the block-wise backward. tokens and
+ *   targets are (accum, B, T); targets < 0 do not count. They are copied, so the caller may
+ *   reuse its arrays at once. Returns a slot id for mt_graph_wait_loss.
+ * norm: the per-tile sums of squares and the global-norm task (nothing when clipping is off).
+ * update: the AdamW tasks, learning rate lr. */
 int mt_graph_submit_compute(mt_graph *g, int64_t step, const int32_t *tokens, const int32_t *targets);
-/* Submits the AdamW tasks of step `step` with learning rate lr. Separate from the compute
- * part only so tests can put a gate between them; mt_graph_submit_step does both. */
+void mt_graph_submit_norm(mt_graph *g);
 void mt_graph_submit_update(mt_graph *g, int64_t step, double lr);
 int mt_graph_submit_step(mt_graph *g, int64_t step, const int32_t *tokens, const int32_t *targets, double lr);
+
+/* The handle the global-norm task writes (2 doubles: norm, scale): for tests that gate it. */
+starpu_data_handle_t mt_graph_clip_handle(mt_graph *g);
 
 /* Blocks until the step submitted in `slot` has its loss: mean over counted targets. Also the
  * global gradient norm before clipping (NAN when clipping is off). */

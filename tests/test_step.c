@@ -1,0 +1,382 @@
+/* The step graph on CPU workers: recompute with any K gives bitwise identical results, eager and
+ * dmda agree bitwise, and the dependencies are exactly the data ones (gates hold single tasks
+ * and the test watches what still runs). */
+#include <check.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "runtime.h"
+#include "state.h"
+#include "step.h"
+#include "testutil.h"
+
+/* Five layers so that K = 2 and 3 do not divide L; odd sizes; GQA; q/k/v bias. */
+static const char *tiny_json_fmt =
+    "{\"model_type\": \"qwen2\", \"hidden_size\": 40, \"intermediate_size\": 56,"
+    " \"num_hidden_layers\": 5, \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+    " \"head_dim\": 10, \"vocab_size\": 256, \"max_position_embeddings\": 64,"
+    " \"rope_theta\": 10000.0, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": %s}";
+
+static mt_model_config tiny_config(bool tied)
+{
+    char json[1024], err[256];
+    snprintf(json, sizeof json, tiny_json_fmt, tied ? "true" : "false");
+    mt_model_config cfg;
+    ck_assert_msg(mt_config_parse(json, "tiny", &cfg, err, sizeof err) == 0, "%s", err);
+    return cfg;
+}
+
+static void start(const char *sched)
+{
+    mt_runtime_options ro = mt_runtime_defaults();
+    ro.sched = sched;
+    ro.ncpu = 2;
+    ro.ncuda = 0;
+    char err[256];
+    ck_assert_msg(mt_runtime_init(&ro, err, sizeof err) == 0, "%s", err);
+}
+
+static void random_batch(uint64_t seed, int64_t n, int32_t *tokens, int32_t *targets)
+{
+    mt_test_rng r;
+    mt_test_rng_seed(&r, seed);
+    for (int64_t i = 0; i < n; i++) {
+        tokens[i] = (int32_t)(mt_test_uniform(&r) * 256);
+        /* a few ignored targets, as a loss mask would give */
+        targets[i] = mt_test_uniform(&r) < 0.1 ? -1 : (int32_t)(mt_test_uniform(&r) * 256);
+    }
+}
+
+/* Everything a run leaves behind that must not depend on K or the policy. */
+typedef struct outcome {
+    int ntiles;
+    int64_t *numel;
+    float **master, **grad;
+    double loss[3];
+} outcome;
+
+static outcome run_steps(const char *sched, bool tied, int K, int accum, int nsteps, double clip)
+{
+    start(sched);
+    mt_model_config cfg = tiny_config(tied);
+    char err[256];
+    mt_host_state *st = mt_state_create(&cfg, MT_DTYPE_F32, 700, err, sizeof err);
+    ck_assert_msg(st != NULL, "%s", err);
+    mt_state_init_random(st, 7, 0.05);
+    mt_step_config sc = mt_step_defaults();
+    sc.B = 2; sc.T = 9; sc.K = K; sc.accum = accum; sc.clip = clip; sc.head_chunk = 7;
+    sc.weight_decay = 0.1;
+    mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
+    ck_assert_msg(g != NULL, "%s", err);
+    int64_t n = accum * sc.B * sc.T;
+    int32_t *tok = malloc(sizeof *tok * n), *tgt = malloc(sizeof *tgt * n);
+    outcome o = { .ntiles = st->ntiles };
+    int slots[3];
+    for (int s = 1; s <= nsteps; s++) {
+        random_batch(100 + s, n, tok, tgt);
+        slots[s - 1] = mt_graph_submit_step(g, s, tok, tgt, 1e-2);
+    }
+    for (int s = 1; s <= nsteps; s++) o.loss[s - 1] = mt_graph_wait_loss(g, slots[s - 1], NULL);
+    starpu_task_wait_for_all();
+    o.numel = calloc(st->ntiles, sizeof *o.numel);
+    o.master = calloc(st->ntiles, sizeof *o.master);
+    o.grad = calloc(st->ntiles, sizeof *o.grad);
+    for (int i = 0; i < st->ntiles; i++) {
+        mt_tile *t = &st->tiles[i];
+        o.numel[i] = t->numel;
+        /* acquire: the partitioned chunks are gathered back into the whole tile */
+        starpu_data_acquire(t->h_grad, STARPU_R);
+        o.grad[i] = malloc(sizeof(float) * t->numel);
+        memcpy(o.grad[i], t->grad, sizeof(float) * t->numel);
+        starpu_data_release(t->h_grad);
+        o.master[i] = malloc(sizeof(float) * t->numel);
+        memcpy(o.master[i], t->master, sizeof(float) * t->numel);
+    }
+    free(tok); free(tgt);
+    mt_graph_destroy(g);
+    mt_state_destroy(st);
+    mt_runtime_shutdown();
+    return o;
+}
+
+static void outcome_free(outcome *o)
+{
+    for (int i = 0; i < o->ntiles; i++) { free(o->master[i]); free(o->grad[i]); }
+    free(o->master); free(o->grad); free(o->numel);
+}
+
+static void assert_bitwise(const outcome *a, const outcome *b, int nsteps, const char *what)
+{
+    ck_assert_int_eq(a->ntiles, b->ntiles);
+    for (int s = 0; s < nsteps; s++)
+        ck_assert_msg(memcmp(&a->loss[s], &b->loss[s], sizeof(double)) == 0, "%s: loss of step %d differs: %.17g vs %.17g",
+                      what, s + 1, a->loss[s], b->loss[s]);
+    for (int i = 0; i < a->ntiles; i++) {
+        ck_assert_msg(memcmp(a->grad[i], b->grad[i], sizeof(float) * a->numel[i]) == 0, "%s: gradient of tile %d differs", what, i);
+        ck_assert_msg(memcmp(a->master[i], b->master[i], sizeof(float) * a->numel[i]) == 0, "%s: weights of tile %d differ", what, i);
+    }
+}
+
+START_TEST(test_recompute_any_k_bitwise)
+{
+    for (int tied = 0; tied <= 1; tied++) {
+        outcome ref = run_steps("eager", tied, 1, 1, 2, 1.0);
+        ck_assert(ref.loss[0] > 4.0 && ref.loss[0] < 7.0); /* about ln 256 at initialisation */
+        const int ks[] = { 2, 3, 5 };
+        for (int k = 0; k < 3; k++) {
+            outcome o = run_steps("eager", tied, ks[k], 1, 2, 1.0);
+            char what[64];
+            snprintf(what, sizeof what, "K=%d tied=%d", ks[k], tied);
+            assert_bitwise(&ref, &o, 2, what);
+            outcome_free(&o);
+        }
+        /* The update really changed the weights: a run of 1 step differs from 2 steps. */
+        outcome one = run_steps("eager", tied, 1, 1, 1, 1.0);
+        bool differs = false;
+        for (int i = 0; i < one.ntiles && !differs; i++)
+            differs = memcmp(one.master[i], ref.master[i], sizeof(float) * one.numel[i]) != 0;
+        ck_assert_msg(differs, "second step left the weights unchanged");
+        outcome_free(&one);
+        outcome_free(&ref);
+    }
+}
+END_TEST
+
+START_TEST(test_recompute_with_accumulation_bitwise)
+{
+    outcome ref = run_steps("eager", false, 1, 3, 2, 1.0);
+    outcome o = run_steps("eager", false, 3, 3, 2, 1.0);
+    assert_bitwise(&ref, &o, 2, "accum=3 K=3 vs K=1");
+    outcome_free(&o);
+    outcome_free(&ref);
+}
+END_TEST
+
+START_TEST(test_eager_dmda_bitwise)
+{
+    outcome a = run_steps("eager", true, 2, 2, 3, 1.0);
+    outcome b = run_steps("dmda", true, 2, 2, 3, 1.0);
+    assert_bitwise(&a, &b, 3, "eager vs dmda");
+    outcome_free(&b);
+    outcome_free(&a);
+    outcome c = run_steps("eager", false, 2, 1, 3, 0.0);
+    outcome d = run_steps("dmda", false, 2, 1, 3, 0.0);
+    assert_bitwise(&c, &d, 3, "eager vs dmda, no clipping");
+    outcome_free(&d);
+    outcome_free(&c);
+}
+END_TEST
+
+/* ---- gates ---------------------------------------------------------------------------------- */
+
+enum { MAX_STEPS = 3, MAX_TILES = 16 };
+typedef struct watch {
+    pthread_mutex_t lock;
+    bool seen[4][MAX_STEPS + 1][MAX_TILES];
+} watch;
+
+static void observe(void *user, mt_event_kind kind, int64_t step, int tile)
+{
+    watch *w = user;
+    pthread_mutex_lock(&w->lock);
+    if (step >= 0 && step <= MAX_STEPS && tile < MAX_TILES) w->seen[kind][step][tile] = true;
+    pthread_mutex_unlock(&w->lock);
+}
+
+static bool seen(watch *w, mt_event_kind kind, int64_t step, int tile)
+{
+    pthread_mutex_lock(&w->lock);
+    bool s = w->seen[kind][step][tile];
+    pthread_mutex_unlock(&w->lock);
+    return s;
+}
+
+static bool seen_any(watch *w, mt_event_kind kind, int64_t step)
+{
+    bool any = false;
+    for (int t = 0; t < MAX_TILES; t++) any |= seen(w, kind, step, t);
+    return any;
+}
+
+/* Waits up to 60 s for an event; false on time-out. */
+static bool wait_for(watch *w, mt_event_kind kind, int64_t step, int tile)
+{
+    for (int i = 0; i < 6000; i++) {
+        if (seen(w, kind, step, tile)) return true;
+        usleep(10000);
+    }
+    return false;
+}
+
+static void noop_cpu(void *buffers[], void *arg) { (void)buffers; (void)arg; }
+static struct starpu_codelet gate_cl = { .cpu_funcs = { noop_cpu }, .nbuffers = 1, .modes = { STARPU_RW }, .name = "gate" };
+
+/* A task that holds `h` (RW) until the test notifies `release`. */
+static void submit_gate(starpu_data_handle_t h, starpu_tag_t gate, starpu_tag_t release)
+{
+    struct starpu_task *t = starpu_task_create();
+    t->cl = &gate_cl;
+    t->handles[0] = h;
+    t->use_tag = 1;
+    t->tag_id = gate;
+    starpu_tag_declare_deps(gate, 1, release);
+    ck_assert_int_eq(starpu_task_submit(t), 0);
+}
+
+typedef struct gated_run {
+    mt_host_state *st;
+    mt_graph *g;
+    watch w;
+    int32_t *tok, *tgt;
+} gated_run;
+
+static void gated_setup(gated_run *r, double clip)
+{
+    start("eager");
+    mt_model_config cfg = tiny_config(false);
+    char err[256];
+    r->st = mt_state_create(&cfg, MT_DTYPE_F32, 0, err, sizeof err);
+    ck_assert_msg(r->st != NULL, "%s", err);
+    mt_state_init_random(r->st, 3, 0.05);
+    mt_step_config sc = mt_step_defaults();
+    sc.B = 2; sc.T = 9; sc.K = 2; sc.clip = clip;
+    r->g = mt_graph_create(r->st, &sc, err, sizeof err);
+    ck_assert_msg(r->g != NULL, "%s", err);
+    memset(&r->w, 0, sizeof r->w);
+    pthread_mutex_init(&r->w.lock, NULL);
+    mt_graph_set_observer(r->g, observe, &r->w);
+    r->tok = malloc(sizeof(int32_t) * 18);
+    r->tgt = malloc(sizeof(int32_t) * 18);
+    random_batch(5, 18, r->tok, r->tgt);
+}
+
+static void gated_teardown(gated_run *r)
+{
+    starpu_task_wait_for_all();
+    mt_graph_destroy(r->g);
+    mt_state_destroy(r->st);
+    mt_runtime_shutdown();
+    free(r->tok); free(r->tgt);
+}
+
+/* AdamW of layer j held: the next step's forward runs every layer before j, and not j. */
+static void check_forward_waits_for_its_adamw(double clip)
+{
+    gated_run r;
+    gated_setup(&r, clip);
+    const int j = 3, tile_j = 1 + j;
+    mt_graph_submit_compute(r.g, 1, r.tok, r.tgt);
+    mt_graph_submit_norm(r.g);
+    /* Before the update is submitted, so AdamW of layer j's first chunk queues behind it. */
+    submit_gate(r.st->tiles[tile_j].h_master_chunk[0], 1001, 1002);
+    mt_graph_submit_update(r.g, 1, 1e-3);
+    mt_graph_submit_step(r.g, 2, r.tok, r.tgt, 1e-3);
+    for (int i = 0; i < j; i++)
+        ck_assert_msg(wait_for(&r.w, MT_EV_FORWARD, 2, 1 + i), "clip %g: forward of layer %d in step 2 did not complete while layer %d's AdamW was held", clip, i, j);
+    usleep(300000);
+    ck_assert_msg(!seen(&r.w, MT_EV_FORWARD_START, 2, tile_j), "clip %g: forward of layer %d in step 2 started before its AdamW", clip, j);
+    ck_assert(!seen(&r.w, MT_EV_FORWARD_START, 2, tile_j + 1));
+    starpu_tag_notify_from_apps(1002);
+    ck_assert(wait_for(&r.w, MT_EV_FORWARD, 2, tile_j));
+    ck_assert(wait_for(&r.w, MT_EV_BACKWARD, 2, 1));
+    gated_teardown(&r);
+}
+
+START_TEST(test_gate_adamw_no_clip) { check_forward_waits_for_its_adamw(0.0); }
+END_TEST
+
+START_TEST(test_gate_adamw_clip) { check_forward_waits_for_its_adamw(1.0); }
+END_TEST
+
+/* The norm task held: no AdamW of the step and no forward of the next one may run. */
+START_TEST(test_gate_norm_task)
+{
+    gated_run r;
+    gated_setup(&r, 1.0);
+    mt_graph_submit_compute(r.g, 1, r.tok, r.tgt);
+    submit_gate(mt_graph_clip_handle(r.g), 2001, 2002);
+    mt_graph_submit_norm(r.g);
+    mt_graph_submit_update(r.g, 1, 1e-3);
+    mt_graph_submit_step(r.g, 2, r.tok, r.tgt, 1e-3);
+    ck_assert(wait_for(&r.w, MT_EV_BACKWARD, 1, 1));
+    usleep(300000);
+    ck_assert_msg(!seen_any(&r.w, MT_EV_ADAMW, 1), "an AdamW task ran before the global norm was known");
+    ck_assert_msg(!seen_any(&r.w, MT_EV_FORWARD_START, 2), "a forward of step 2 ran before step 1's update");
+    starpu_tag_notify_from_apps(2002);
+    ck_assert(wait_for(&r.w, MT_EV_FORWARD, 2, 5));
+    gated_teardown(&r);
+}
+END_TEST
+
+/* Backward of layer 0 held. Without clipping the last layer's AdamW runs meanwhile (it needs
+ * only its own gradient); with clipping no AdamW may. */
+static void check_adamw_overlaps_backward(double clip)
+{
+    gated_run r;
+    gated_setup(&r, clip);
+    const int last = (int)r.st->cfg.layers; /* tile of the last layer */
+    /* Submitted first, so layer 0's backward (which writes this gradient) queues behind it. */
+    submit_gate(r.st->tiles[1].h_grad, 3001, 3002);
+    mt_graph_submit_step(r.g, 1, r.tok, r.tgt, 1e-3);
+    ck_assert(wait_for(&r.w, MT_EV_BACKWARD, 1, 2));
+    if (clip == 0) {
+        ck_assert_msg(wait_for(&r.w, MT_EV_ADAMW, 1, last), "without clipping, the last layer's AdamW did not run during the backward");
+        ck_assert(!seen(&r.w, MT_EV_BACKWARD, 1, 1));
+    } else {
+        usleep(300000);
+        ck_assert_msg(!seen_any(&r.w, MT_EV_ADAMW, 1), "with clipping, an AdamW task ran before the backward ended");
+    }
+    starpu_tag_notify_from_apps(3002);
+    ck_assert(wait_for(&r.w, MT_EV_ADAMW, 1, 1));
+    gated_teardown(&r);
+}
+
+START_TEST(test_adamw_overlaps_backward_without_clip) { check_adamw_overlaps_backward(0.0); }
+END_TEST
+
+START_TEST(test_no_adamw_during_backward_with_clip) { check_adamw_overlaps_backward(1.0); }
+END_TEST
+
+START_TEST(test_bad_step_config)
+{
+    start("eager");
+    mt_model_config cfg = tiny_config(true);
+    char err[256];
+    mt_host_state *st = mt_state_create(&cfg, MT_DTYPE_F32, 0, err, sizeof err);
+    mt_step_config sc = mt_step_defaults();
+    sc.B = 1; sc.T = 8; sc.K = 6; /* more than the 5 layers */
+    ck_assert(mt_graph_create(st, &sc, err, sizeof err) == NULL);
+    ck_assert_msg(strstr(err, "K=6") != NULL, "%s", err);
+    sc.K = 2; sc.T = 65; /* beyond max_position_embeddings 64 */
+    ck_assert(mt_graph_create(st, &sc, err, sizeof err) == NULL);
+    ck_assert_msg(strstr(err, "max_position_embeddings") != NULL, "%s", err);
+    mt_state_destroy(st);
+    mt_runtime_shutdown();
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("step");
+    TCase *tc = tcase_create("graph");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_recompute_any_k_bitwise);
+    tcase_add_test(tc, test_recompute_with_accumulation_bitwise);
+    tcase_add_test(tc, test_eager_dmda_bitwise);
+    tcase_add_test(tc, test_gate_adamw_no_clip);
+    tcase_add_test(tc, test_gate_adamw_clip);
+    tcase_add_test(tc, test_gate_norm_task);
+    tcase_add_test(tc, test_adamw_overlaps_backward_without_clip);
+    tcase_add_test(tc, test_no_adamw_during_backward_with_clip);
+    tcase_add_test(tc, test_bad_step_config);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
