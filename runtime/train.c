@@ -6,21 +6,49 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "data.h"
 #include "mt_build_config.h"
 
+/* The built-in model's config: in the source tree this binary was built from, else beside the
+ * executable's build tree (a copied checkout), else where `meson install` puts it. */
+static const char *builtin_config_path(void)
+{
+    static char path[4096];
+    const char *rel = "models/configs/tiny-byte.json";
+    snprintf(path, sizeof path, "%s/%s", MT_SOURCE_ROOT, rel);
+    if (access(path, R_OK) == 0) return path;
+    char exe[2048];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        /* build/tools/megatrain -> the checkout is two levels up */
+        for (int up = 0; up < 3; up++) {
+            char *slash = strrchr(exe, '/');
+            if (!slash) break;
+            *slash = 0;
+            if (up == 2) {
+                snprintf(path, sizeof path, "%s/%s", exe, rel);
+                if (access(path, R_OK) == 0) return path;
+            }
+        }
+    }
+    snprintf(path, sizeof path, "%s/megatrain/configs/tiny-byte.json", MT_DATADIR);
+    return path;
+}
+
 mt_train_options mt_train_defaults(void)
 {
     mt_train_options o = {
-        .config_path = MT_SOURCE_ROOT "/models/configs/tiny-byte.json",
+        .config_path = builtin_config_path(),
         .data_path = "/usr/share/games/fortunes",
-        .steps = 600,
+        .steps = 250,
         .step = mt_step_defaults(),
         .lr = 2e-3, .min_lr_ratio = 0.1, .warmup = 30, .schedule = MT_LR_COSINE,
         .seed = 1234, .init_std = 0.02,
-        .eval_every = 100, .eval_sequences = 64, .log_every = 10,
+        .eval_every = 50, .eval_sequences = 64, .log_every = 10,
         .dtype = MT_DTYPE_F32,
         .sample_bytes = 300, .sample_prompt = "Q: What is the meaning of life?\nA:",
         .time_limit = 0,

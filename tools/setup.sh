@@ -40,7 +40,7 @@ fi
 # --- Debian packages ----------------------------------------------------------------------
 PACKAGES=(build-essential meson ninja-build pkg-config hwloc libhwloc-dev libopenblas-dev
           check libjansson-dev libpcre2-dev libopenmpi-dev openmpi-bin libfxt-dev libnuma-dev
-          dpkg-dev ca-certificates python3)
+          dpkg-dev ca-certificates python3 fortunes)
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
