@@ -62,9 +62,9 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
         return plan_fail(plan, "gradient accumulation count must be positive, got %" PRId64, p->grad_accum);
     if (p->checkpoint_interval <= 0)
         return plan_fail(plan, "checkpoint interval K must be positive, got %" PRId64, p->checkpoint_interval);
-    if (p->compute != MT_COMPUTE_BF16 && p->compute != MT_COMPUTE_F32)
+    if (p->compute != MT_DTYPE_BF16 && p->compute != MT_DTYPE_F32)
         return plan_fail(plan, "unknown compute dtype %d", (int)p->compute);
-    if (p->act_elem_bytes == 0) p->act_elem_bytes = (p->use_gpu && p->compute == MT_COMPUTE_BF16) ? 2 : 4;
+    if (p->act_elem_bytes == 0) p->act_elem_bytes = (p->use_gpu && p->compute == MT_DTYPE_BF16) ? 2 : 4;
     if (p->act_elem_bytes != 2 && p->act_elem_bytes != 4)
         return plan_fail(plan, "activation element size must be 2 or 4 bytes, got %d", p->act_elem_bytes);
     if (p->checkpoint_interval > cfg->layers) p->checkpoint_interval = cfg->layers;
@@ -92,7 +92,7 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
     }
     plan->num_tiles = cfg->layers + 2;
     plan->num_checkpoints = (int64_t)((L + K - 1) / K + 1);
-    plan->weight_elem_bytes = p->compute == MT_COMPUTE_BF16 ? 2 : 4;
+    plan->weight_elem_bytes = p->compute == MT_DTYPE_BF16 ? 2 : 4;
 
     /* Host state: always on the host, pinned when a GPU will copy from it (without a GPU,
      * starpu_malloc returns ordinary memory anyway). The config's validation bounds the
@@ -187,7 +187,7 @@ void mt_plan_print(const mt_plan *plan, FILE *out)
     fprintf(out, "  B=%" PRId64 " x T=%" PRId64 " x accumulation %" PRId64 " = %" PRId64
             " tokens/step, K=%" PRId64 " (%" PRId64 " checkpoints), compute %s, activations %d B, %s\n",
             p->micro_batch, p->seq_len, p->grad_accum, plan->tokens_per_step, p->checkpoint_interval,
-            plan->num_checkpoints, p->compute == MT_COMPUTE_BF16 ? "bf16" : "fp32", p->act_elem_bytes,
+            plan->num_checkpoints, p->compute == MT_DTYPE_BF16 ? "bf16" : "fp32", p->act_elem_bytes,
             p->use_gpu ? "GPU" : "CPU only");
     fprintf(out, "  %-26s %17s %11s %-6s %17s %11s\n", "kind", "host bytes", "host", "pinned", "GPU bytes", "GPU");
     for (int k = 0; k < MT_PLAN_KIND_COUNT; k++) {
@@ -258,4 +258,48 @@ uint64_t mt_host_memory_available(void)
     long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     if (pages > 0 && page > 0) return (uint64_t)pages * (uint64_t)page;
     return 0;
+}
+
+uint64_t mt_plan_activation_bytes(const mt_plan *plan)
+{
+    const uint64_t *where = plan->params.use_gpu ? plan->gpu : plan->host;
+    return where[MT_PLAN_CHECKPOINTS] + where[MT_PLAN_BLOCK_SAVED] + where[MT_PLAN_ACT_GRADS] +
+           where[MT_PLAN_WORKSPACE] + where[MT_PLAN_INPUTS];
+}
+
+int mt_plan_micro_batch(const mt_model_config *cfg, const mt_plan_params *base, int64_t tokens_per_step,
+                        uint64_t budget, int64_t *micro_batch, int64_t *grad_accum, char *err, size_t errlen)
+{
+    const int64_t T = base->seq_len;
+    if (T <= 0 || tokens_per_step <= 0 || tokens_per_step % T) {
+        snprintf(err, errlen, "tokens per step (%" PRId64 ") must be a positive multiple of the sequence length (%" PRId64 ")",
+                 tokens_per_step, T);
+        return -1;
+    }
+    const int64_t sequences = tokens_per_step / T;
+    uint64_t smallest = 0;
+    /* The largest micro-batch that divides the step and fits: fewest passes over the weights. */
+    for (int64_t B = sequences; B >= 1; B--) {
+        if (sequences % B) continue;
+        mt_plan_params p = *base;
+        p.micro_batch = B;
+        p.grad_accum = sequences / B;
+        mt_plan plan;
+        if (mt_plan_compute(cfg, &p, &plan)) {
+            snprintf(err, errlen, "%s", plan.error);
+            return -1;
+        }
+        uint64_t need = mt_plan_activation_bytes(&plan);
+        smallest = need;
+        if (need <= budget) {
+            *micro_batch = B;
+            *grad_accum = sequences / B;
+            return 0;
+        }
+    }
+    char a[32], b[32];
+    snprintf(err, errlen, "one sequence of %" PRId64 " tokens needs %s of activations, more than the budget of %s: "
+             "raise the activation budget, shorten the sequences or raise K", T,
+             mt_format_bytes(smallest, a, sizeof a), mt_format_bytes(budget, b, sizeof b));
+    return -1;
 }

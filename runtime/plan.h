@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "config.h"
+#include "dtype.h"
 
 /* Host tiles are allocated one per kind per tile (embedding, each layer, head), each rounded up
  * to this many bytes (page size: what pinning and StarPU registration work in). */
@@ -20,17 +21,12 @@
  * cache, StarPU's own buffers and the data loader. */
 #define MT_PLAN_HOST_USABLE_PERCENT 90
 
-typedef enum mt_compute_dtype {
-    MT_COMPUTE_BF16, /* weights stream as bf16 (2 B/param): the GPU path */
-    MT_COMPUTE_F32,  /* weights stream as fp32 (4 B/param): the exact CPU path */
-} mt_compute_dtype;
-
 typedef struct mt_plan_params {
     int64_t micro_batch;         /* B: sequences per micro-batch */
     int64_t seq_len;             /* T: tokens per sequence */
     int64_t grad_accum;          /* micro-batches per optimizer step (>= 1; no memory cost) */
     int64_t checkpoint_interval; /* K: layers per recompute block (clamped to L) */
-    mt_compute_dtype compute;
+    mt_dtype compute;
     int act_elem_bytes;          /* bytes per activation element; 0: 2 for bf16 on a GPU, else 4 */
     bool use_gpu;                /* false: activations live on the host, nothing is pinned */
     int64_t head_chunk;          /* LM-head rows at a time; 0: min(B*T, MT_PLAN_DEFAULT_HEAD_CHUNK) */
@@ -88,6 +84,15 @@ int mt_plan_check_gpu(const mt_plan *plan, uint64_t available_bytes, char *err, 
 /* Host memory available to a new run now: MemAvailable from /proc/meminfo, else the free
  * physical pages from sysconf; 0 when neither can be read. */
 uint64_t mt_host_memory_available(void);
+
+/* Bytes of activations, workspaces and inputs (where the compute runs) of a plan. */
+uint64_t mt_plan_activation_bytes(const mt_plan *plan);
+
+/* Gradient accumulation: splits tokens_per_step (a multiple of base->seq_len) into the largest
+ * micro-batch whose activations fit in `budget` bytes and the number of micro-batches. Returns 0,
+ * or -1 with err set (not a multiple, or one sequence alone does not fit). */
+int mt_plan_micro_batch(const mt_model_config *cfg, const mt_plan_params *base, int64_t tokens_per_step,
+                        uint64_t budget, int64_t *micro_batch, int64_t *grad_accum, char *err, size_t errlen);
 
 /* Writes `bytes` in binary units ("1.50 GiB") into buf; returns buf. */
 const char *mt_format_bytes(uint64_t bytes, char *buf, size_t len);

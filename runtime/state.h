@@ -10,14 +10,9 @@
 #include "mt_starpu.h"
 
 #include "config.h"
+#include "dtype.h"
 #include "layout.h"
 
-typedef enum mt_dtype { MT_DTYPE_F32, MT_DTYPE_BF16 } mt_dtype;
-
-size_t mt_dtype_size(mt_dtype t);
-const char *mt_dtype_name(mt_dtype t);
-/* "fp32"/"f32"/"float32" or "bf16"/"bfloat16"; returns -1 if unknown. */
-int mt_dtype_parse(const char *s, mt_dtype *out);
 
 /* One AdamW unit of work: a contiguous range inside one tensor of a tile (plus the padding
  * that follows the tensor, which stays zero). */

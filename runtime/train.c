@@ -11,6 +11,7 @@
 #include "config.h"
 #include "data.h"
 #include "mt_build_config.h"
+#include "plan.h"
 
 /* The built-in model's config: in the source tree this binary was built from, else beside the
  * executable's build tree (a copied checkout), else where `meson install` puts it. */
@@ -52,6 +53,7 @@ mt_train_options mt_train_defaults(void)
         .dtype = MT_DTYPE_F32,
         .sample_bytes = 300, .sample_prompt = "Q: What is the meaning of life?\nA:",
         .time_limit = 0,
+        .tokens_per_step = 0, .activation_budget = (uint64_t)2 << 30,
         .runtime = mt_runtime_defaults(),
     };
     o.step.B = 16;
@@ -111,6 +113,26 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         snprintf(err, errlen, "steps must be at least 1");
         return -1;
     }
+    /* Decide the micro-batch and check host memory before allocating anything. */
+    mt_train_options run = *o;
+    mt_plan_params pp = { .micro_batch = o->step.B, .seq_len = o->step.T, .grad_accum = o->step.accum,
+                          .checkpoint_interval = o->step.K, .compute = o->dtype, .use_gpu = false,
+                          .head_chunk = o->step.head_chunk };
+    if (o->tokens_per_step > 0) {
+        int64_t B, accum;
+        if (mt_plan_micro_batch(&cfg, &pp, o->tokens_per_step, o->activation_budget, &B, &accum, err, errlen)) return -1;
+        run.step.B = pp.micro_batch = B;
+        run.step.accum = (int)accum;
+        pp.grad_accum = accum;
+    }
+    o = &run;
+    mt_plan plan;
+    if (mt_plan_compute(&cfg, &pp, &plan)) {
+        snprintf(err, errlen, "%s", plan.error);
+        return -1;
+    }
+    if (mt_plan_check_host(&plan, mt_host_memory_available(), err, errlen)) return -1;
+
     mt_corpus corpus;
     if (mt_corpus_load(o->data_path, 10, (o->step.T + 1) * 4, &corpus, err, errlen)) return -1;
 

@@ -18,6 +18,8 @@ typedef struct mt_train_options {
     const char *data_path;     /* text file or directory */
     int64_t steps;
     mt_step_config step;       /* B, T, accum, K, clip, AdamW betas/eps/wd */
+    int64_t tokens_per_step;   /* > 0: choose B and accum for this many tokens under the budget */
+    uint64_t activation_budget;/* bytes of activations one micro-batch may take */
     double lr, min_lr_ratio;   /* peak learning rate; cosine decays to lr * min_lr_ratio */
     int64_t warmup;            /* linear warm-up steps */
     mt_lr_schedule schedule;

@@ -20,7 +20,7 @@ START_TEST(test_tiny_cpu)
     mt_model_config c;
     ck_assert_int_eq(mt_config_from_shape("tiny", &c), 0);
     mt_plan_params p = {.micro_batch = 2, .seq_len = 16, .grad_accum = 3, .checkpoint_interval = 2,
-                        .compute = MT_COMPUTE_F32, .use_gpu = false};
+                        .compute = MT_DTYPE_F32, .use_gpu = false};
     mt_plan plan;
     ck_assert_msg(mt_plan_compute(&c, &p, &plan) == 0, "%s", plan.error);
 
@@ -73,7 +73,7 @@ START_TEST(test_qwen05_gpu)
     mt_model_config c;
     ck_assert_int_eq(mt_config_from_shape("qwen2.5-0.5b", &c), 0);
     mt_plan_params p = {.micro_batch = 4, .seq_len = 1024, .grad_accum = 8, .checkpoint_interval = 4,
-                        .compute = MT_COMPUTE_BF16, .use_gpu = true};
+                        .compute = MT_DTYPE_BF16, .use_gpu = true};
     mt_plan plan;
     ck_assert_msg(mt_plan_compute(&c, &p, &plan) == 0, "%s", plan.error);
     ck_assert_int_eq(plan.param_count, 494032768);
@@ -151,7 +151,7 @@ START_TEST(test_host_refusal)
 {
     mt_model_config c;
     mt_plan_params p = {.micro_batch = 8, .seq_len = 1024, .grad_accum = 1, .checkpoint_interval = 4,
-                        .compute = MT_COMPUTE_BF16, .use_gpu = true};
+                        .compute = MT_DTYPE_BF16, .use_gpu = true};
     mt_plan plan;
     char err[1024], num[32];
 
@@ -195,7 +195,7 @@ START_TEST(test_bad_params)
     mt_model_config c;
     ck_assert_int_eq(mt_config_from_shape("tiny", &c), 0);
     const mt_plan_params good = {.micro_batch = 1, .seq_len = 8, .grad_accum = 1, .checkpoint_interval = 1,
-                                 .compute = MT_COMPUTE_F32};
+                                 .compute = MT_DTYPE_F32};
     mt_plan plan;
     mt_plan_params p = good;
     p.micro_batch = 0;
@@ -246,6 +246,47 @@ START_TEST(test_available)
 }
 END_TEST
 
+START_TEST(test_micro_batch_choice)
+{
+    mt_model_config cfg;
+    ck_assert_int_eq(mt_config_from_shape("tiny", &cfg), 0);
+    mt_plan_params p = { .micro_batch = 1, .seq_len = 64, .grad_accum = 1, .checkpoint_interval = 2,
+                         .compute = MT_DTYPE_F32, .use_gpu = false };
+    char err[256];
+    int64_t B = 0, accum = 0;
+    /* A budget that fits exactly the activations of 4 sequences: 16 sequences become 4 x 4. */
+    mt_plan_params q = p;
+    q.micro_batch = 4;
+    mt_plan plan4, plan8;
+    ck_assert_int_eq(mt_plan_compute(&cfg, &q, &plan4), 0);
+    q.micro_batch = 8;
+    ck_assert_int_eq(mt_plan_compute(&cfg, &q, &plan8), 0);
+    uint64_t need4 = mt_plan_activation_bytes(&plan4), need8 = mt_plan_activation_bytes(&plan8);
+    ck_assert(need4 < need8);
+    ck_assert_int_eq(mt_plan_micro_batch(&cfg, &p, 16 * 64, need4, &B, &accum, err, sizeof err), 0);
+    ck_assert_int_eq(B, 4);
+    ck_assert_int_eq(accum, 4);
+    ck_assert_int_eq(mt_plan_micro_batch(&cfg, &p, 16 * 64, need8 - 1, &B, &accum, err, sizeof err), 0);
+    ck_assert_int_eq(B, 4);
+    /* Plenty of room: one micro-batch. */
+    ck_assert_int_eq(mt_plan_micro_batch(&cfg, &p, 16 * 64, UINT64_MAX, &B, &accum, err, sizeof err), 0);
+    ck_assert_int_eq(B, 16);
+    ck_assert_int_eq(accum, 1);
+    /* 12 sequences and room for 5: the largest divisor that fits is 4. */
+    q.micro_batch = 5;
+    mt_plan plan5;
+    ck_assert_int_eq(mt_plan_compute(&cfg, &q, &plan5), 0);
+    ck_assert_int_eq(mt_plan_micro_batch(&cfg, &p, 12 * 64, mt_plan_activation_bytes(&plan5), &B, &accum, err, sizeof err), 0);
+    ck_assert_int_eq(B, 4);
+    ck_assert_int_eq(accum, 3);
+    /* Not a multiple of T, and a budget too small for one sequence. */
+    ck_assert_int_eq(mt_plan_micro_batch(&cfg, &p, 100, UINT64_MAX, &B, &accum, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "multiple") != NULL, "%s", err);
+    ck_assert_int_eq(mt_plan_micro_batch(&cfg, &p, 16 * 64, 1000, &B, &accum, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "budget") != NULL, "%s", err);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("plan");
@@ -255,6 +296,7 @@ int main(void)
     tcase_add_test(tc, test_host_refusal);
     tcase_add_test(tc, test_bad_params);
     tcase_add_test(tc, test_available);
+    tcase_add_test(tc, test_micro_batch_choice);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

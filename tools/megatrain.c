@@ -168,7 +168,7 @@ static int cmd_plan(int argc, char **argv)
     };
     const char *shape = NULL, *config = NULL;
     mt_plan_params pp = { .micro_batch = 16, .seq_len = 2048, .grad_accum = 1, .checkpoint_interval = 4,
-                          .compute = MT_COMPUTE_BF16, .use_gpu = true };
+                          .compute = MT_DTYPE_BF16, .use_gpu = true };
     long long v, host_mem = 0;
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -179,11 +179,7 @@ static int cmd_plan(int argc, char **argv)
         case 't': if (parse_int("--seq-len", optarg, 1, 1 << 24, &v)) return 2; pp.seq_len = v; break;
         case 'a': if (parse_int("--accum", optarg, 1, 1 << 20, &v)) return 2; pp.grad_accum = v; break;
         case 'k': if (parse_int("--checkpoint-every", optarg, 1, 1 << 20, &v)) return 2; pp.checkpoint_interval = v; break;
-        case 'd':
-            if (!strcmp(optarg, "bf16")) pp.compute = MT_COMPUTE_BF16;
-            else if (!strcmp(optarg, "fp32")) pp.compute = MT_COMPUTE_F32;
-            else return usage_error("--dtype: '%s' is not bf16 or fp32%s", optarg, "");
-            break;
+        case 'd': if (mt_dtype_parse(optarg, &pp.compute)) return usage_error("--dtype: '%s' is not bf16 or fp32%s", optarg, ""); break;
         case 'c': pp.use_gpu = false; break;
         case 'm': if (parse_int("--host-memory", optarg, 1, LLONG_MAX, &host_mem)) return 2; break;
         case 'h': plan_help(); return 0;
@@ -224,6 +220,10 @@ static void train_help(const mt_train_options *d)
     printf("  --micro-batch B      sequences per micro-batch (default %lld)\n", (long long)d->step.B);
     printf("  --seq-len T          tokens per sequence (default %lld)\n", (long long)d->step.T);
     printf("  --accum N            micro-batches per step, gradients accumulated (default %d)\n", d->step.accum);
+    printf("  --tokens-per-step N  tokens per optimizer step; micro-batch and accumulation are then\n"
+           "                       chosen to fit --activation-budget (default: B x T x accum)\n");
+    printf("  --activation-budget BYTES  activation memory of one micro-batch (default %llu)\n",
+           (unsigned long long)d->activation_budget);
     printf("  --checkpoint-every K layers per recompute block (default %d)\n", d->step.K);
     printf("  --lr X               peak learning rate (default %g)\n", d->lr);
     printf("  --schedule S         cosine (linear warm-up then cosine) or constant (default cosine)\n");
@@ -243,7 +243,7 @@ static void train_help(const mt_train_options *d)
 static int cmd_train(int argc, char **argv)
 {
     enum { O_CONFIG = 256, O_DATA, O_STEPS, O_B, O_T, O_ACCUM, O_K, O_LR, O_SCHED_LR, O_WARMUP, O_WD, O_CLIP,
-           O_DTYPE, O_SEED, O_EVAL, O_LOG, O_SAMPLE, O_TIME, O_SCHED, O_NCPU, O_NCUDA, O_HELP };
+           O_DTYPE, O_SEED, O_EVAL, O_LOG, O_SAMPLE, O_TIME, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_TPS, O_BUDGET };
     static const struct option opts[] = {
         { "config", required_argument, 0, O_CONFIG }, { "data", required_argument, 0, O_DATA },
         { "steps", required_argument, 0, O_STEPS }, { "micro-batch", required_argument, 0, O_B },
@@ -255,7 +255,9 @@ static int cmd_train(int argc, char **argv)
         { "eval-every", required_argument, 0, O_EVAL }, { "log-every", required_argument, 0, O_LOG },
         { "sample-bytes", required_argument, 0, O_SAMPLE }, { "time-limit", required_argument, 0, O_TIME },
         { "sched", required_argument, 0, O_SCHED }, { "ncpu", required_argument, 0, O_NCPU },
-        { "ncuda", required_argument, 0, O_NCUDA }, { "help", no_argument, 0, O_HELP }, { 0, 0, 0, 0 },
+        { "ncuda", required_argument, 0, O_NCUDA }, { "help", no_argument, 0, O_HELP },
+        { "tokens-per-step", required_argument, 0, O_TPS }, { "activation-budget", required_argument, 0, O_BUDGET },
+        { 0, 0, 0, 0 },
     };
     mt_train_options o = mt_train_defaults();
     long long v;
@@ -288,6 +290,8 @@ static int cmd_train(int argc, char **argv)
         case O_SCHED: o.runtime.sched = optarg; break;
         case O_NCPU: if (parse_int("--ncpu", optarg, 1, 1024, &v)) return 2; o.runtime.ncpu = (int)v; break;
         case O_NCUDA: if (parse_int("--ncuda", optarg, 0, 64, &v)) return 2; o.runtime.ncuda = (int)v; break;
+        case O_TPS: if (parse_int("--tokens-per-step", optarg, 1, 1LL << 40, &v)) return 2; o.tokens_per_step = v; break;
+        case O_BUDGET: if (parse_int("--activation-budget", optarg, 1, LLONG_MAX, &v)) return 2; o.activation_budget = (uint64_t)v; break;
         case O_HELP: train_help(&o); return 0;
         default: return 2;
         }
