@@ -1,22 +1,86 @@
-/* The CUDA backend's launchers, callable from C. Each enqueues on the given stream (StarPU's
- * local stream inside a codelet) and never synchronises the device. */
+/* The CUDA backend, callable from C. Every launcher enqueues on the given stream (StarPU's local
+ * stream inside a codelet) and never synchronises the device. Formats on the GPU:
+ *   weights        bf16, the host tile's layout (models/layout.h offsets)
+ *   weight grads   fp32, same layout; `accumulate` false writes (=), true adds (+=)
+ *   hidden states  fp32 (B*T, d): layer inputs/outputs, checkpoints and their gradients
+ *   saved          an opaque per-layer buffer of mt_cuda_layer_saved_bytes (bf16 and fp32 parts)
+ * ntok = B * T rows, row r = b * T + t. Contracts mirror backends/cpu/ops.h. */
 #ifndef MT_BACKENDS_CUDA_KERNELS_H
 #define MT_BACKENDS_CUDA_KERNELS_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+
+#include "config.h"
+#include "layout.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 typedef struct CUstream_st *mt_cuda_stream;
+typedef uint16_t mt_cuda_bf16; /* bfloat16 bits, as on the host */
 
+/* Per-thread GPU context (cuBLASLt handle and workspace), created on first use on the calling
+ * thread's current device. StarPU runs each CUDA worker on its own thread. */
+typedef struct mt_cuda_ctx mt_cuda_ctx;
+mt_cuda_ctx *mt_cuda_ctx_get(void);
+
+/* ---- small kernels ---- */
 /* x (n) = value */
 void mt_cuda_fill_f32(float *x, int64_t n, float value, mt_cuda_stream stream);
-
-/* Reports whether host pointer p is page-locked memory CUDA knows about (1), pageable (0), or
- * an error (-1). */
+/* 1 if p is page-locked host memory CUDA knows, 0 if pageable, -1 on error. */
 int mt_cuda_host_pointer_pinned(const void *p);
+void mt_cuda_f32_to_bf16(const float *in, mt_cuda_bf16 *out, int64_t n, mt_cuda_stream stream);
+void mt_cuda_bf16_to_f32(const mt_cuda_bf16 *in, float *out, int64_t n, mt_cuda_stream stream);
+/* out[0] = sum of x^2 (double, device memory) */
+void mt_cuda_sumsq_f32(const float *x, int64_t n, double *out, mt_cuda_stream stream);
+
+/* ---- attention (backends/cuda/attention.cu) ---- */
+/* Causal grouped-query attention, scale 1/sqrt(D), never a T x T matrix in memory.
+ * q (B,T,H,D), k v (B,T,KV,D) bf16; out (B,T,H,D) bf16 =; lse (B,H,T) fp32 = (natural log). */
+void mt_cuda_attention_forward(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                               const mt_cuda_bf16 *q, const mt_cuda_bf16 *k, const mt_cuda_bf16 *v,
+                               mt_cuda_bf16 *out, float *lse, mt_cuda_stream stream);
+/* dq (B,T,H,D) fp32 =, dk dv (B,T,KV,D) fp32 =. workspace: mt_cuda_attention_workspace_bytes. */
+size_t mt_cuda_attention_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
+void mt_cuda_attention_backward(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                                const mt_cuda_bf16 *q, const mt_cuda_bf16 *k, const mt_cuda_bf16 *v,
+                                const mt_cuda_bf16 *out, const float *lse, const mt_cuda_bf16 *dout,
+                                float *dq, float *dk, float *dv, void *workspace, mt_cuda_stream stream);
+
+/* ---- model pieces (backends/cuda/layer.cu, head.cu, embedding.cu) ---- */
+/* h0 (ntok, d) fp32 = rows of the bf16 table */
+void mt_cuda_embedding_forward(int64_t ntok, int64_t d, const mt_cuda_bf16 *table, const int32_t *tokens,
+                               float *h0, mt_cuda_stream stream);
+/* dtable (V, d) fp32 += scatter of dh0 (deterministic: no float atomics) */
+void mt_cuda_embedding_backward(int64_t ntok, int64_t d, int64_t V, const int32_t *tokens, const float *dh0,
+                                float *dtable, void *workspace, mt_cuda_stream stream);
+size_t mt_cuda_embedding_workspace_bytes(int64_t ntok, int64_t V);
+
+size_t mt_cuda_layer_saved_bytes(const mt_model_config *cfg, int64_t B, int64_t T);
+size_t mt_cuda_layer_scratch_bytes(const mt_model_config *cfg, int64_t B, int64_t T);
+/* One decoder layer (as mt_cpu_layer_forward): x, y (ntok, d) fp32; saved may be NULL. */
+void mt_cuda_layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
+                           const mt_cuda_bf16 *tile, int64_t B, int64_t T, const float *x, float *y,
+                           void *saved, void *scratch, mt_cuda_stream stream);
+/* dx (ntok, d) fp32 =; dtile fp32 = or += (accumulate) */
+void mt_cuda_layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
+                            const mt_cuda_bf16 *tile, int64_t B, int64_t T, const void *saved,
+                            const float *dy, float *dx, float *dtile, bool accumulate, void *scratch,
+                            mt_cuda_stream stream);
+
+size_t mt_cuda_head_scratch_bytes(const mt_model_config *cfg, int64_t chunk);
+/* Final norm + LM head + cross-entropy, `chunk` rows at a time (as mt_cpu_head). loss (device,
+ * 2 doubles) = { sum of -log p over counted rows, counted }. With dh != NULL also the backward
+ * of loss_scale * sum: dh =, dhead (norm, untied LM head) and dembed (tied) = or += per
+ * accumulate. embed_tile is the LM head when cfg->tied. */
+void mt_cuda_head(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *head_layout,
+                  const mt_cuda_bf16 *head_tile, const mt_cuda_bf16 *embed_tile, int64_t ntok,
+                  const float *h, const int32_t *targets, double loss_scale, int64_t chunk,
+                  float *dh, float *dhead, float *dembed, bool accumulate, double *loss,
+                  void *scratch, mt_cuda_stream stream);
 
 #ifdef __cplusplus
 }
