@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The megatrain command line: help for every command, bad commands, flags and values named on
+# stderr with a non-zero exit, the memory plan's verdict, and a short real training run.
+# Usage: test_cli.sh PATH/TO/megatrain. Prints one line per check, then "N passed, M failed".
+set -u
+
+megatrain=${1:?usage: test_cli.sh PATH/TO/megatrain}
+if [ ! -x "$megatrain" ]; then
+    echo "test_cli.sh: $megatrain is not an executable" >&2
+    exit 2
+fi
+
+work=$(mktemp -d /tmp/mt-cli.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+export STARPU_SILENT=1
+export STARPU_HOME=${STARPU_HOME:-$work/starpu-home}
+mkdir -p "$STARPU_HOME"
+
+passed=0
+failed=0
+out=$work/stdout
+err=$work/stderr
+rc=0
+
+# Runs megatrain with the given arguments; stdout, stderr and the exit status land in $out,
+# $err and $rc.
+run() {
+    "$megatrain" "$@" >"$out" 2>"$err"
+    rc=$?
+}
+
+pass() { passed=$((passed + 1)); echo "ok   $1"; }
+
+fail() {
+    failed=$((failed + 1))
+    echo "FAIL $1: $2"
+    echo "     exit status $rc; stdout:"; sed -n '1,15s/^/       /p' "$out"
+    echo "     stderr:"; sed -n '1,15s/^/       /p' "$err"
+}
+
+# check_ok NAME PATTERN ARGS...: exits 0 and stdout matches PATTERN (a grep -E regex).
+check_ok() {
+    local name=$1 pattern=$2
+    shift 2
+    run "$@"
+    if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+    elif ! grep -qE -- "$pattern" "$out"; then fail "$name" "stdout does not match '$pattern'"
+    else pass "$name"; fi
+}
+
+# check_error NAME PATTERN ARGS...: exits non-zero (not by a signal) and stderr matches PATTERN.
+check_error() {
+    local name=$1 pattern=$2
+    shift 2
+    run "$@"
+    if [ "$rc" -eq 0 ]; then fail "$name" "expected a non-zero exit status"
+    elif [ "$rc" -ge 128 ]; then fail "$name" "killed by signal $((rc - 128))"
+    elif ! grep -qE -- "$pattern" "$err"; then fail "$name" "stderr does not match '$pattern'"
+    else pass "$name"; fi
+}
+
+# --- help ------------------------------------------------------------------------------------
+check_ok "megatrain --help" '^usage: megatrain COMMAND' --help
+check_ok "megatrain train --help" '^usage: megatrain train' train --help
+check_ok "megatrain plan --help" '^usage: megatrain plan' plan --help
+check_ok "megatrain info --help" '^usage: megatrain info' info --help
+check_ok "train --help lists --steps" '--steps N' train --help
+
+# --- bad commands, flags and values ----------------------------------------------------------
+check_error "unknown command" "unknown command 'frobnicate'" frobnicate
+run
+if [ "$rc" -eq 0 ]; then fail "no command" "expected a non-zero exit status"
+elif ! cat "$out" "$err" | grep -q '^usage: megatrain'; then fail "no command" "no usage printed"
+else pass "no command"; fi
+check_error "train --bogus" "--bogus" train --bogus
+check_error "plan --bogus" "--bogus" plan --bogus
+check_error "train --steps abc" "--steps.*'abc'" train --steps abc
+check_error "train --steps 0" "--steps.*0" train --steps 0
+check_error "train --lr -1" "--lr.*-1" train --lr -1
+check_error "train --lr nan" "--lr.*nan" train --lr nan
+check_error "train --dtype fp8" "--dtype.*'fp8'" train --dtype fp8
+check_error "train --schedule linear" "--schedule.*'linear'" train --schedule linear
+check_error "train unexpected argument" "unexpected argument 'extra'" train extra
+check_error "plan --shape nope" "'nope'" plan --shape nope
+check_error "plan without a model" "--shape" plan
+check_error "info --ncpu x" "--ncpu.*'x'" info --ncpu x
+check_error "info --sched bogus" "bogus" info --sched bogus --ncpu 1 --ncuda 0
+
+# --- memory plan -----------------------------------------------------------------------------
+check_error "plan 7B in 125 GiB" "needs [0-9]+ bytes" plan --shape qwen2.5-7b --host-memory 134217728000
+check_ok "plan 0.5B in 100 GB" '^fits:' plan --shape qwen2.5-0.5b --host-memory 100000000000
+
+# --- the training job ------------------------------------------------------------------------
+check_error "train --data /nonexistent" "/nonexistent" train --data /nonexistent --steps 1 --ncpu 1
+check_error "train --config missing" "/nonexistent/config.json" train --config /nonexistent/config.json --steps 1
+check_ok "info" '^info: ok$' info --ncuda 0 --ncpu 1
+
+name="train 3 steps"
+run train --steps 3 --micro-batch 2 --seq-len 32 --sample-bytes 20 --eval-every 0 --ncpu 2
+if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif ! grep -qE '^done: 3 steps in .* train loss [0-9.]+ -> [0-9.]+ \| val [0-9.]+ -> [0-9.]+' "$out"; then
+    fail "$name" "no 'done: 3 steps ... train loss A -> B | val C -> D' line"
+elif ! grep -q -- '^--- sample' "$out" || ! grep -q -- '^--- end of sample ---$' "$out"; then
+    fail "$name" "no sample block"
+elif ! grep -qF 'A:' "$out"; then fail "$name" "the sample does not start with the prompt"
+else pass "$name"; fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
