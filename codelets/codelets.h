@@ -21,12 +21,18 @@ typedef struct mt_compute_args {
     bool accumulate;         /* backward: add into the gradient (RW) instead of overwriting (W) */
     double loss_scale;       /* head: d(step loss)/d(per-token loss), 1 / counted tokens of the step */
     int64_t head_chunk;      /* head: rows per chunk */
+    bool sumsq;              /* backward/head: a last buffer (1 double, W) receives the sum of
+                              * squares of the gradient tile just written (for clipping) */
 } mt_compute_args;
 
-/* Scratch elements (fp32) a codelet needs: the op's own scratch plus, for bf16 weights, an
- * fp32 copy of the tile. */
-int64_t mt_codelet_layer_scratch_numel(const mt_host_state *st, int64_t B, int64_t T);
-int64_t mt_codelet_head_scratch_numel(const mt_host_state *st, int64_t chunk);
+/* Bytes of the buffers a codelet needs, enough for whichever kind of worker runs it: the CPU
+ * op's own scratch plus, for bf16 weights, an fp32 copy of the tile; or the CUDA op's. */
+size_t mt_codelet_layer_scratch_bytes(const mt_host_state *st, int64_t B, int64_t T);
+size_t mt_codelet_head_scratch_bytes(const mt_host_state *st, int64_t chunk);
+size_t mt_codelet_layer_saved_bytes(const mt_host_state *st, int64_t B, int64_t T);
+
+/* Writes the sum of squares of a gradient tile into the task's sumsq buffer (CPU). */
+void mt_codelet_sumsq_cpu(void *grad_buffer, void *sumsq_buffer);
 
 /* fp32 view of a tile's streamed weights inside a CPU task: the buffer itself for fp32, or
  * its conversion into tmp (numel floats) for bf16. */
@@ -34,23 +40,23 @@ const float *mt_codelet_weights_f32(const mt_host_state *st, void *buffer, float
 
 /* embedding_forward: [0] embed weights R, [1] tokens (int32, ntok) R, [2] h0 (ntok, d) W */
 extern struct starpu_codelet mt_cl_embedding_forward;
-/* embedding_backward: [0] tokens R, [1] dh0 (ntok, d) R, [2] embed grad W|RW (accumulate) */
+/* embedding_backward: [0] tokens R, [1] dh0 (ntok, d) R, [2] embed grad W|RW (accumulate),
+ *   [3] scratch SCRATCH, then the sumsq buffer when args.sumsq */
 extern struct starpu_codelet mt_cl_embedding_backward;
 /* layer_forward: [0] layer weights R, [1] x R, [2] y W, [3] scratch SCRATCH,
  *                [4] saved W (only when args.save) */
 extern struct starpu_codelet mt_cl_layer_forward;
 /* layer_backward: [0] weights R, [1] saved R, [2] dy R, [3] dx W, [4] layer grad W|RW,
- *                 [5] scratch SCRATCH */
+ *                 [5] scratch SCRATCH, then the sumsq buffer when args.sumsq */
 extern struct starpu_codelet mt_cl_layer_backward;
 /* head (loss anchor, forward + backward): [0] head weights R, [1] h_L R, [2] targets R,
  *   [3] dh_L W, [4] head grad W|RW, [5] loss (2 doubles: sum, count) W, [6] scratch SCRATCH,
- *   and when tied: [7] embed weights R, [8] embed grad (same W|RW as [4]) */
+ *   and when tied: [7] embed weights R, [8] embed grad (same W|RW as [4]); then the sumsq
+ *   buffer of the head tile when args.sumsq */
 extern struct starpu_codelet mt_cl_head;
 /* head_eval (loss only): [0] head weights R, [1] h_L R, [2] targets R, [3] loss W,
  *   [4] scratch SCRATCH, [5] embed weights R when tied */
 extern struct starpu_codelet mt_cl_head_eval;
-/* grad_sumsq: [0] grad (fp32) R, [1] partial (1 double) W */
-extern struct starpu_codelet mt_cl_grad_sumsq;
 /* clip: [0..n-1] partials R, [n] clip (2 doubles: global norm, scale) W; arg: double max_norm */
 extern struct starpu_codelet mt_cl_clip;
 /* adamw: [0] master RW, [1] m RW, [2] v RW, [3] grad R, [4] streamed weights W,

@@ -4,6 +4,11 @@
 
 #include <string.h>
 
+#include "mt_build_config.h"
+#if MT_HAVE_CUDA
+#include "cuda/kernels.h"
+#endif
+
 static void head_cpu(void *buffers[], void *cl_arg)
 {
     mt_compute_args a;
@@ -28,6 +33,7 @@ static void head_cpu(void *buffers[], void *cl_arg)
                               a.head_chunk, (float *)STARPU_VECTOR_GET_PTR(buffers[3]), dhead,
                               dembed, scratch, &counted);
     loss[1] = (double)counted;
+    if (a.sumsq) mt_codelet_sumsq_cpu(buffers[4], buffers[tied ? 9 : 7]);
 }
 
 static void head_eval_cpu(void *buffers[], void *cl_arg)
@@ -49,14 +55,56 @@ static void head_eval_cpu(void *buffers[], void *cl_arg)
     loss[1] = (double)counted;
 }
 
+#if MT_HAVE_CUDA
+static void head_cuda(void *buffers[], void *cl_arg)
+{
+    mt_compute_args a;
+    starpu_codelet_unpack_args(cl_arg, &a);
+    const mt_host_state *st = a.st;
+    const bool tied = st->cfg.tied;
+    cudaStream_t stream = starpu_cuda_get_local_stream();
+    float *dhead = (float *)STARPU_VECTOR_GET_PTR(buffers[4]);
+    mt_cuda_head(mt_cuda_ctx_get(), &st->cfg, &st->layout_head, (const mt_cuda_bf16 *)STARPU_VECTOR_GET_PTR(buffers[0]),
+                 tied ? (const mt_cuda_bf16 *)STARPU_VECTOR_GET_PTR(buffers[7]) : NULL, a.B * a.T,
+                 (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), (const int32_t *)STARPU_VECTOR_GET_PTR(buffers[2]),
+                 a.loss_scale, a.head_chunk, (float *)STARPU_VECTOR_GET_PTR(buffers[3]), dhead,
+                 tied ? (float *)STARPU_VECTOR_GET_PTR(buffers[8]) : NULL, a.accumulate,
+                 (double *)STARPU_VECTOR_GET_PTR(buffers[5]), (void *)STARPU_VECTOR_GET_PTR(buffers[6]), stream);
+    if (a.sumsq)
+        mt_cuda_sumsq_f32(dhead, (int64_t)STARPU_VECTOR_GET_NX(buffers[4]),
+                          (double *)STARPU_VECTOR_GET_PTR(buffers[tied ? 9 : 7]), stream);
+}
+
+static void head_eval_cuda(void *buffers[], void *cl_arg)
+{
+    mt_compute_args a;
+    starpu_codelet_unpack_args(cl_arg, &a);
+    const mt_host_state *st = a.st;
+    const bool tied = st->cfg.tied;
+    mt_cuda_head(mt_cuda_ctx_get(), &st->cfg, &st->layout_head, (const mt_cuda_bf16 *)STARPU_VECTOR_GET_PTR(buffers[0]),
+                 tied ? (const mt_cuda_bf16 *)STARPU_VECTOR_GET_PTR(buffers[5]) : NULL, a.B * a.T,
+                 (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), (const int32_t *)STARPU_VECTOR_GET_PTR(buffers[2]),
+                 0.0, a.head_chunk, NULL, NULL, NULL, false, (double *)STARPU_VECTOR_GET_PTR(buffers[3]),
+                 (void *)STARPU_VECTOR_GET_PTR(buffers[4]), starpu_cuda_get_local_stream());
+}
+#endif
+
 struct starpu_codelet mt_cl_head = {
     .name = "head",
     .cpu_funcs = { head_cpu },
+#if MT_HAVE_CUDA
+    .cuda_funcs = { head_cuda },
+    .cuda_flags = { STARPU_CUDA_ASYNC },
+#endif
     .nbuffers = STARPU_VARIABLE_NBUFFERS,
 };
 
 struct starpu_codelet mt_cl_head_eval = {
     .name = "head_eval",
     .cpu_funcs = { head_eval_cpu },
+#if MT_HAVE_CUDA
+    .cuda_funcs = { head_eval_cuda },
+    .cuda_flags = { STARPU_CUDA_ASYNC },
+#endif
     .nbuffers = STARPU_VARIABLE_NBUFFERS,
 };

@@ -4,6 +4,11 @@
 
 #include <string.h>
 
+#include "mt_build_config.h"
+#if MT_HAVE_CUDA
+#include "cuda/kernels.h"
+#endif
+
 static void layer_forward_cpu(void *buffers[], void *cl_arg)
 {
     mt_compute_args a;
@@ -32,18 +37,57 @@ static void layer_backward_cpu(void *buffers[], void *cl_arg)
                               (const float *)STARPU_VECTOR_GET_PTR(buffers[1]),
                               (const float *)STARPU_VECTOR_GET_PTR(buffers[2]),
                               (float *)STARPU_VECTOR_GET_PTR(buffers[3]), dtile, scratch);
+    if (a.sumsq) mt_codelet_sumsq_cpu(buffers[4], buffers[6]);
 }
+
+#if MT_HAVE_CUDA
+static void layer_forward_cuda(void *buffers[], void *cl_arg)
+{
+    mt_compute_args a;
+    starpu_codelet_unpack_args(cl_arg, &a);
+    const mt_host_state *st = a.st;
+    mt_cuda_layer_forward(mt_cuda_ctx_get(), &st->cfg, &st->layout_layer,
+                          (const mt_cuda_bf16 *)STARPU_VECTOR_GET_PTR(buffers[0]), a.B, a.T,
+                          (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), (float *)STARPU_VECTOR_GET_PTR(buffers[2]),
+                          a.save ? (void *)STARPU_VECTOR_GET_PTR(buffers[4]) : NULL,
+                          (void *)STARPU_VECTOR_GET_PTR(buffers[3]), starpu_cuda_get_local_stream());
+}
+
+static void layer_backward_cuda(void *buffers[], void *cl_arg)
+{
+    mt_compute_args a;
+    starpu_codelet_unpack_args(cl_arg, &a);
+    const mt_host_state *st = a.st;
+    cudaStream_t stream = starpu_cuda_get_local_stream();
+    float *dtile = (float *)STARPU_VECTOR_GET_PTR(buffers[4]);
+    mt_cuda_layer_backward(mt_cuda_ctx_get(), &st->cfg, &st->layout_layer,
+                           (const mt_cuda_bf16 *)STARPU_VECTOR_GET_PTR(buffers[0]), a.B, a.T,
+                           (const void *)STARPU_VECTOR_GET_PTR(buffers[1]), (const float *)STARPU_VECTOR_GET_PTR(buffers[2]),
+                           (float *)STARPU_VECTOR_GET_PTR(buffers[3]), dtile, a.accumulate,
+                           (void *)STARPU_VECTOR_GET_PTR(buffers[5]), stream);
+    if (a.sumsq)
+        mt_cuda_sumsq_f32(dtile, (int64_t)STARPU_VECTOR_GET_NX(buffers[4]), (double *)STARPU_VECTOR_GET_PTR(buffers[6]), stream);
+}
+#endif
 
 /* Buffer count and the gradient's mode depend on the task (save or not, W or RW): both are
  * given at insertion. */
 struct starpu_codelet mt_cl_layer_forward = {
     .name = "layer_forward",
     .cpu_funcs = { layer_forward_cpu },
+#if MT_HAVE_CUDA
+    .cuda_funcs = { layer_forward_cuda },
+    .cuda_flags = { STARPU_CUDA_ASYNC },
+#endif
     .nbuffers = STARPU_VARIABLE_NBUFFERS,
 };
 
 struct starpu_codelet mt_cl_layer_backward = {
     .name = "layer_backward",
     .cpu_funcs = { layer_backward_cpu },
+#if MT_HAVE_CUDA
+    .cuda_funcs = { layer_backward_cuda },
+    .cuda_flags = { STARPU_CUDA_ASYNC },
+#endif
     .nbuffers = STARPU_VARIABLE_NBUFFERS,
 };

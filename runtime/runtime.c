@@ -10,12 +10,13 @@
 #include "mt_starpu.h"
 
 #include "mt_build_config.h"
+#include "policy.h"
 
 static const char *const known_policies[] = {
-    "eager", "dmda", "dm", "dmdas", "prio", "random", "ws", "lws", "heft", "peager", NULL,
+    "megatrain", "eager", "dmda", "dm", "dmdas", "prio", "random", "ws", "lws", "heft", "peager", NULL,
 };
 
-const char *mt_default_sched(void) { return "eager"; }
+const char *mt_default_sched(void) { return "megatrain"; }
 
 mt_runtime_options mt_runtime_defaults(void)
 {
@@ -35,12 +36,13 @@ int mt_runtime_init(const mt_runtime_options *opts, char *err, size_t errlen)
     mt_runtime_options o = opts ? *opts : mt_runtime_defaults();
     const char *sched = o.sched ? o.sched : mt_default_sched();
     if (!policy_known(sched)) {
-        snprintf(err, errlen, "unknown scheduling policy '%s' (known: eager, dmda, dm, dmdas, prio, random, ws, lws, heft, peager)", sched);
+        snprintf(err, errlen, "unknown scheduling policy '%s' (known: megatrain, eager, dmda, dm, dmdas, prio, random, ws, lws, heft, peager)", sched);
         return -1;
     }
     struct starpu_conf conf;
     starpu_conf_init(&conf);
-    conf.sched_policy_name = sched;
+    if (strcmp(sched, "megatrain") == 0) conf.sched_policy = &mt_sched_policy;
+    else conf.sched_policy_name = sched;
     /* Our options win over STARPU_SCHED & co., so a run does what its command line says. */
     conf.precedence_over_environment_variables = 1;
     if (o.ncpu >= 0) conf.ncpus = o.ncpu;

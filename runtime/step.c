@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "codelets.h"
+#include "policy.h"
 
 #define NSLOTS 2
 
@@ -44,6 +45,8 @@ struct mt_graph {
     double eval_loss[2];
     mt_observer_fn observer;
     void *observer_user;
+    uint32_t where;                           /* STARPU_CUDA when a GPU runs compute, else STARPU_CPU */
+    uint32_t *updates_submitted;              /* (ntiles) AdamW rounds submitted per tile */
 };
 
 mt_step_config mt_step_defaults(void)
@@ -60,6 +63,12 @@ static starpu_data_handle_t new_floats(int64_t n)
     starpu_data_handle_t h;
     starpu_vector_data_register(&h, -1, 0, (uint32_t)n, sizeof(float));
     return h;
+}
+
+/* A buffer of at least `bytes`, counted in floats (a vector's length is 32-bit). */
+static starpu_data_handle_t new_bytes(size_t bytes)
+{
+    return new_floats((int64_t)((bytes + sizeof(float) - 1) / sizeof(float)));
 }
 
 static starpu_data_handle_t host_vector(void *p, int64_t n, size_t esz)
@@ -82,8 +91,14 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
                  (long long)sc->T, (long long)st->cfg.max_positions);
         return NULL;
     }
+    if (starpu_cuda_worker_get_count() > 0 && st->compute_dtype != MT_DTYPE_BF16) {
+        snprintf(err, errlen, "the CUDA path streams bf16 weights: use dtype bf16, or run without CUDA workers");
+        return NULL;
+    }
     mt_graph *g = calloc(1, sizeof *g);
     g->st = st;
+    g->where = starpu_cuda_worker_get_count() > 0 ? STARPU_CUDA : STARPU_CPU;
+    g->updates_submitted = calloc(st->ntiles, sizeof *g->updates_submitted);
     g->sc = *sc;
     g->ntok = sc->B * sc->T;
     g->nblocks = (int)((L + sc->K - 1) / sc->K);
@@ -96,11 +111,11 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
         g->grad[i] = new_floats(g->ntok * d);
     }
     g->saved = calloc(sc->K, sizeof *g->saved);
-    for (int j = 0; j < sc->K; j++) g->saved[j] = new_floats(mt_layer_saved_numel(&st->cfg, sc->B, sc->T));
-    g->scratch_layer = new_floats(mt_codelet_layer_scratch_numel(st, sc->B, sc->T));
+    for (int j = 0; j < sc->K; j++) g->saved[j] = new_bytes(mt_codelet_layer_saved_bytes(st, sc->B, sc->T));
+    g->scratch_layer = new_bytes(mt_codelet_layer_scratch_bytes(st, sc->B, sc->T));
     int64_t chunk = sc->head_chunk < g->ntok ? sc->head_chunk : g->ntok;
     g->sc.head_chunk = chunk;
-    g->scratch_head = new_floats(mt_codelet_head_scratch_numel(st, chunk));
+    g->scratch_head = new_bytes(mt_codelet_head_scratch_bytes(st, chunk));
 
     g->partial_mem = calloc(st->ntiles, sizeof(double));
     g->partial = calloc(st->ntiles, sizeof *g->partial);
@@ -127,6 +142,7 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
     g->h_eval_tokens = host_vector(g->eval_tokens, g->ntok, sizeof(int32_t));
     g->h_eval_targets = host_vector(g->eval_targets, g->ntok, sizeof(int32_t));
     g->h_eval_loss = host_vector(g->eval_loss, 2, sizeof(double));
+    mt_policy_attach(st);
     return g;
 }
 
@@ -134,6 +150,7 @@ void mt_graph_destroy(mt_graph *g)
 {
     if (!g) return;
     starpu_task_wait_for_all();
+    mt_policy_detach();
     for (int b = 0; b < g->nblocks; b++) starpu_data_unregister(g->ckpt[b]);
     for (int i = 0; i < 2; i++) {
         starpu_data_unregister(g->act[i]);
@@ -160,6 +177,7 @@ void mt_graph_destroy(mt_graph *g)
     starpu_data_unregister(g->h_eval_loss);
     free(g->eval_tokens); free(g->eval_targets);
     free(g->ckpt); free(g->saved); free(g->partial); free(g->partial_mem);
+    free(g->updates_submitted);
     free(g);
 }
 
@@ -184,12 +202,8 @@ static void notify_observer(void *arg)
     free(n);
 }
 
-/* Callback arguments for starpu_task_insert: the observer's, or none. NFREE: StarPU does not
- * free the note, notify_observer does. */
-#define OBSERVE(g, kind_, step_, tile_)                                                          \
-    STARPU_CALLBACK_WITH_ARG_NFREE, (g)->observer ? notify_observer : NULL,                      \
-        (g)->observer ? note_new((g), (kind_), (step_), (tile_)) : NULL
-
+/* The note a task's callback hands to the observer; notify_observer frees it (so the callback
+ * arguments are given to StarPU as NFREE). */
 static event_note *note_new(mt_graph *g, mt_event_kind kind, int64_t step, int tile)
 {
     event_note *n = malloc(sizeof *n);
@@ -219,8 +233,25 @@ static starpu_data_handle_t forward_output(mt_graph *g, int i)
     return g->act[(i + 1) % 2];
 }
 
+/* Prefetch hint for a task: the weights of the next tile the GPU will need, current once the
+ * updates submitted so far (plus `ahead`, for the next step's first layer) have landed. */
+static void *hint_for(mt_graph *g, int tile, uint32_t ahead)
+{
+    if (tile < 0) return NULL;
+    return mt_policy_hint(tile, g->updates_submitted[tile] + ahead);
+}
+
+/* Observer callbacks of a task (none without an observer). */
+#define OBSERVE_END(g, kind_, step_, tile_)                                                       \
+    STARPU_CALLBACK_WITH_ARG_NFREE, (g)->observer ? notify_observer : NULL,                       \
+        (g)->observer ? note_new((g), (kind_), (step_), (tile_)) : NULL
+#define OBSERVE_START(g, kind_, step_, tile_)                                                     \
+    STARPU_PROLOGUE_CALLBACK_POP, (g)->observer ? notify_observer : NULL,                         \
+        STARPU_PROLOGUE_CALLBACK_POP_ARG_NFREE, (g)->observer ? note_new((g), (kind_), (step_), (tile_)) : NULL
+
+/* observe: report start/end of this forward (the streaming pass of a training step). */
 static void insert_layer_forward(mt_graph *g, int i, starpu_data_handle_t x, starpu_data_handle_t y,
-                                 starpu_data_handle_t saved, int64_t step, bool observe)
+                                 starpu_data_handle_t saved, int64_t step, bool observe, void *hint)
 {
     mt_tile *t = mt_state_layer(g->st, i);
     mt_compute_args a = { .st = g->st, .B = g->sc.B, .T = g->sc.T, .save = saved != NULL };
@@ -228,88 +259,106 @@ static void insert_layer_forward(mt_graph *g, int i, starpu_data_handle_t x, sta
         { t->h_weights, STARPU_R }, { x, STARPU_R }, { y, STARPU_W }, { g->scratch_layer, STARPU_SCRATCH },
         { saved, STARPU_W },
     };
-    int ret;
-    if (observe && g->observer)
-        ret = starpu_task_insert(&mt_cl_layer_forward, STARPU_DATA_MODE_ARRAY, d, saved ? 5 : 4,
-                                 STARPU_VALUE, &a, sizeof a, STARPU_NAME, "layer_forward",
-                                 OBSERVE(g, MT_EV_FORWARD, step, t->index),
-                                 STARPU_PROLOGUE_CALLBACK_POP, notify_observer,
-                                 STARPU_PROLOGUE_CALLBACK_POP_ARG_NFREE, note_new(g, MT_EV_FORWARD_START, step, t->index), 0);
-    else
-        ret = starpu_task_insert(&mt_cl_layer_forward, STARPU_DATA_MODE_ARRAY, d, saved ? 5 : 4,
-                                 STARPU_VALUE, &a, sizeof a, STARPU_NAME, "layer_forward", 0);
-    check_insert(ret, "layer_forward");
-}
-
-static void insert_embedding_forward(mt_graph *g, starpu_data_handle_t tokens, starpu_data_handle_t h0)
-{
-    mt_compute_args a = { .st = g->st, .B = g->sc.B, .T = g->sc.T };
-    check_insert(starpu_task_insert(&mt_cl_embedding_forward, STARPU_R, mt_state_embed(g->st)->h_weights,
-                                    STARPU_R, tokens, STARPU_W, h0, STARPU_VALUE, &a, sizeof a, 0),
-                 "embedding_forward");
+    mt_graph *og = observe ? g : NULL;
+    mt_graph none = { 0 };
+    if (!og) og = &none;
+    check_insert(starpu_task_insert(&mt_cl_layer_forward, STARPU_DATA_MODE_ARRAY, d, saved ? 5 : 4,
+                                    STARPU_VALUE, &a, sizeof a, STARPU_NAME, "layer_forward",
+                                    STARPU_EXECUTE_WHERE, g->where, STARPU_TASK_SCHED_DATA, hint,
+                                    OBSERVE_END(og, MT_EV_FORWARD, step, t->index),
+                                    OBSERVE_START(og, MT_EV_FORWARD_START, step, t->index), 0),
+                 "layer_forward");
 }
 
 /* The forward pass of one micro-batch up to x_L; returns the handle holding x_L. */
 static starpu_data_handle_t submit_forward(mt_graph *g, starpu_data_handle_t tokens, int64_t step, bool observe)
 {
-    int L = (int)g->st->cfg.layers;
-    insert_embedding_forward(g, tokens, g->ckpt[0]);
-    for (int i = 0; i < L; i++)
-        insert_layer_forward(g, i, forward_input(g, i), forward_output(g, i), NULL, step, observe);
+    const int L = (int)g->st->cfg.layers;
+    mt_compute_args a = { .st = g->st, .B = g->sc.B, .T = g->sc.T };
+    check_insert(starpu_task_insert(&mt_cl_embedding_forward, STARPU_R, mt_state_embed(g->st)->h_weights,
+                                    STARPU_R, tokens, STARPU_W, g->ckpt[0], STARPU_VALUE, &a, sizeof a,
+                                    STARPU_EXECUTE_WHERE, g->where, STARPU_TASK_SCHED_DATA, hint_for(g, 1, 0), 0),
+                 "embedding_forward");
+    for (int i = 0; i < L; i++) {
+        int next = i + 1 < L ? i + 2 : g->st->ntiles - 1; /* the next layer, or the head */
+        insert_layer_forward(g, i, forward_input(g, i), forward_output(g, i), NULL, step, observe, hint_for(g, next, 0));
+    }
     return g->act[L % 2];
+}
+
+/* Tile whose weights the backward pass needs after layer i's backward (block-wise order): the
+ * previous layer, or the first layer of the previous block's recompute, or the embedding. */
+static int tile_after_backward(mt_graph *g, int i)
+{
+    const int K = g->sc.K;
+    if (i % K != 0) return i;                        /* layer i-1 is tile i */
+    if (i == 0) return 0;                            /* embedding backward */
+    return (i / K - 1) * K + 1;                      /* first layer of block i/K - 1 */
 }
 
 static void submit_micro_batch(mt_graph *g, slot *sl, int u, int64_t step, double loss_scale)
 {
     mt_host_state *st = g->st;
     const int L = (int)st->cfg.layers, K = g->sc.K;
-    const bool first = u == 0;
+    const bool first = u == 0, last = u == g->sc.accum - 1;
+    const bool sumsq = last && g->sc.clip > 0; /* the last writer of each gradient leaves its norm */
     const enum starpu_data_access_mode gmode = first ? STARPU_W : STARPU_RW;
     mt_tile *embed = mt_state_embed(st), *head = mt_state_head(st);
+    const int head_tile = st->ntiles - 1;
 
     starpu_data_handle_t xL = submit_forward(g, sl->h_tokens[u], step, true);
 
     /* Loss anchor: dh_L goes to grad[L % 2], the input of layer L-1's backward. */
     mt_compute_args a = { .st = st, .B = g->sc.B, .T = g->sc.T, .accumulate = !first,
-                          .loss_scale = loss_scale, .head_chunk = g->sc.head_chunk };
-    struct starpu_data_descr hd[9] = {
+                          .loss_scale = loss_scale, .head_chunk = g->sc.head_chunk, .sumsq = sumsq };
+    struct starpu_data_descr hd[10] = {
         { head->h_weights, STARPU_R }, { xL, STARPU_R }, { sl->h_targets[u], STARPU_R },
         { g->grad[L % 2], STARPU_W }, { head->h_grad, gmode }, { sl->h_loss[u], STARPU_W },
         { g->scratch_head, STARPU_SCRATCH }, { embed->h_weights, STARPU_R }, { embed->h_grad, gmode },
     };
-    check_insert(starpu_task_insert(&mt_cl_head, STARPU_DATA_MODE_ARRAY, hd, st->cfg.tied ? 9 : 7,
-                                    STARPU_VALUE, &a, sizeof a, STARPU_NAME, "head", 0), "head");
+    int nhd = st->cfg.tied ? 9 : 7;
+    if (sumsq) hd[nhd++] = (struct starpu_data_descr){ g->partial[head_tile], STARPU_W };
+    const int last_block = g->nblocks - 1;
+    check_insert(starpu_task_insert(&mt_cl_head, STARPU_DATA_MODE_ARRAY, hd, nhd,
+                                    STARPU_VALUE, &a, sizeof a, STARPU_NAME, "head", STARPU_EXECUTE_WHERE, g->where,
+                                    STARPU_TASK_SCHED_DATA, hint_for(g, last_block * K + 1, 0), 0), "head");
 
     /* Block-wise backward: recompute each block from its checkpoint, then walk it back. */
-    for (int b = g->nblocks - 1; b >= 0; b--) {
+    for (int b = last_block; b >= 0; b--) {
         int lo = b * K, hi = lo + K < L ? lo + K : L;
         for (int i = lo; i < hi; i++) {
             starpu_data_handle_t x = i == lo ? g->ckpt[b] : g->act[i % 2];
-            insert_layer_forward(g, i, x, g->act[(i + 1) % 2], g->saved[i - lo], step, false);
+            /* after the last recompute comes its own backward, then layer hi-2's */
+            int next = i + 1 < hi ? i + 2 : (hi - 2 >= lo ? hi - 1 : tile_after_backward(g, lo));
+            insert_layer_forward(g, i, x, g->act[(i + 1) % 2], g->saved[i - lo], step, false, hint_for(g, next, 0));
         }
         for (int i = hi - 1; i >= lo; i--) {
             mt_tile *t = mt_state_layer(st, i);
-            mt_compute_args ba = { .st = st, .B = g->sc.B, .T = g->sc.T, .accumulate = !first };
-            struct starpu_data_descr bd[6] = {
+            mt_compute_args ba = { .st = st, .B = g->sc.B, .T = g->sc.T, .accumulate = !first, .sumsq = sumsq };
+            struct starpu_data_descr bd[7] = {
                 { t->h_weights, STARPU_R }, { g->saved[i - lo], STARPU_R }, { g->grad[(i + 1) % 2], STARPU_R },
                 { g->grad[i % 2], STARPU_W }, { t->h_grad, gmode }, { g->scratch_layer, STARPU_SCRATCH },
+                { g->partial[t->index], STARPU_W },
             };
-            int ret;
-            if (g->observer)
-                ret = starpu_task_insert(&mt_cl_layer_backward, STARPU_DATA_MODE_ARRAY, bd, 6, STARPU_VALUE, &ba,
-                                         sizeof ba, STARPU_NAME, "layer_backward",
-                                         OBSERVE(g, MT_EV_BACKWARD, step, t->index), 0);
-            else
-                ret = starpu_task_insert(&mt_cl_layer_backward, STARPU_DATA_MODE_ARRAY, bd, 6, STARPU_VALUE, &ba,
-                                         sizeof ba, STARPU_NAME, "layer_backward", 0);
-            check_insert(ret, "layer_backward");
+            check_insert(starpu_task_insert(&mt_cl_layer_backward, STARPU_DATA_MODE_ARRAY, bd, sumsq ? 7 : 6,
+                                            STARPU_VALUE, &ba, sizeof ba, STARPU_NAME, "layer_backward",
+                                            STARPU_EXECUTE_WHERE, g->where,
+                                            STARPU_TASK_SCHED_DATA, hint_for(g, tile_after_backward(g, i), 0),
+                                            OBSERVE_END(g, MT_EV_BACKWARD, step, t->index), 0),
+                         "layer_backward");
         }
     }
-    /* With a tied head the head task already wrote the embedding gradient this step. */
-    mt_compute_args ea = { .st = st, .B = g->sc.B, .T = g->sc.T, .accumulate = !first || st->cfg.tied };
-    check_insert(starpu_task_insert(&mt_cl_embedding_backward, STARPU_R, sl->h_tokens[u], STARPU_R, g->grad[0],
-                                    ea.accumulate ? STARPU_RW : STARPU_W, embed->h_grad,
-                                    STARPU_VALUE, &ea, sizeof ea, 0),
+    /* With a tied head the head task already wrote the embedding gradient this step. Next comes
+     * the next micro-batch's first layer, or the next step's (after its update). */
+    mt_compute_args ea = { .st = st, .B = g->sc.B, .T = g->sc.T, .accumulate = !first || st->cfg.tied, .sumsq = sumsq };
+    struct starpu_data_descr ed[5] = {
+        { sl->h_tokens[u], STARPU_R }, { g->grad[0], STARPU_R }, { embed->h_grad, ea.accumulate ? STARPU_RW : STARPU_W },
+        { g->scratch_layer, STARPU_SCRATCH }, { g->partial[0], STARPU_W },
+    };
+    check_insert(starpu_task_insert(&mt_cl_embedding_backward, STARPU_DATA_MODE_ARRAY, ed, sumsq ? 5 : 4,
+                                    STARPU_VALUE, &ea, sizeof ea, STARPU_NAME, "embedding_backward",
+                                    STARPU_EXECUTE_WHERE, g->where,
+                                    STARPU_TASK_SCHED_DATA, hint_for(g, 1, last ? 1 : 0), 0),
                  "embedding_backward");
 }
 
@@ -345,18 +394,19 @@ void mt_graph_submit_norm(mt_graph *g)
 {
     if (g->sc.clip <= 0) return;
     mt_host_state *st = g->st;
-    for (int i = 0; i < st->ntiles; i++)
-        check_insert(starpu_task_insert(&mt_cl_grad_sumsq, STARPU_R, st->tiles[i].h_grad,
-                                        STARPU_W, g->partial[i], 0), "grad_sumsq");
+    /* The partial sums were left by each tile's last backward task of the step. */
     struct starpu_data_descr *cd = calloc(st->ntiles + 1, sizeof *cd);
     for (int i = 0; i < st->ntiles; i++) cd[i] = (struct starpu_data_descr){ g->partial[i], STARPU_R };
     cd[st->ntiles] = (struct starpu_data_descr){ g->clip, STARPU_W };
     double max_norm = g->sc.clip;
     check_insert(starpu_task_insert(&mt_cl_clip, STARPU_DATA_MODE_ARRAY, cd, st->ntiles + 1,
-                                    STARPU_VALUE, &max_norm, sizeof max_norm,
-                                    STARPU_PRIORITY, STARPU_MAX_PRIO, 0), "clip");
+                                    STARPU_VALUE, &max_norm, sizeof max_norm, STARPU_NAME, "clip",
+                                    STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_PRIORITY, STARPU_MAX_PRIO, 0), "clip");
     free(cd);
 }
+
+/* Unpartition callback: the tile's streamed weights are whole and current in host memory. */
+static void tile_updated(void *arg) { mt_policy_tile_updated((int)(intptr_t)arg); }
 
 void mt_graph_submit_update(mt_graph *g, int64_t step, double lr)
 {
@@ -372,6 +422,8 @@ void mt_graph_submit_update(mt_graph *g, int64_t step, double lr)
         /* The next forward needs tile 0 first: earlier tiles get higher priority. */
         int prio = STARPU_MAX_PRIO - i;
         if (prio < STARPU_MIN_PRIO) prio = STARPU_MIN_PRIO;
+        starpu_data_partition_submit(t->h_weights, t->nchunks, t->h_weights_chunk);
+        starpu_data_partition_submit(t->h_grad, t->nchunks, t->h_grad_chunk);
         for (int c = 0; c < t->nchunks; c++) {
             mt_adamw_params p = {
                 .lr = lr, .beta1 = g->sc.beta1, .beta2 = g->sc.beta2, .eps = g->sc.eps,
@@ -383,19 +435,19 @@ void mt_graph_submit_update(mt_graph *g, int64_t step, double lr)
                 { t->h_master_chunk[c], STARPU_RW }, { t->h_m_chunk[c], STARPU_RW }, { t->h_v_chunk[c], STARPU_RW },
                 { t->h_grad_chunk[c], STARPU_R }, { t->h_weights_chunk[c], STARPU_W }, { g->clip, STARPU_R },
             };
-            int ret;
-            if (g->observer)
-                ret = starpu_task_insert(&mt_cl_adamw, STARPU_DATA_MODE_ARRAY, ad, clipped ? 6 : 5,
-                                         STARPU_VALUE, &p, sizeof p, STARPU_VALUE, &dtype, sizeof dtype,
-                                         STARPU_VALUE, &clipped, sizeof clipped, STARPU_PRIORITY, prio,
-                                         STARPU_NAME, "adamw", OBSERVE(g, MT_EV_ADAMW, step, i), 0);
-            else
-                ret = starpu_task_insert(&mt_cl_adamw, STARPU_DATA_MODE_ARRAY, ad, clipped ? 6 : 5,
-                                         STARPU_VALUE, &p, sizeof p, STARPU_VALUE, &dtype, sizeof dtype,
-                                         STARPU_VALUE, &clipped, sizeof clipped, STARPU_PRIORITY, prio,
-                                         STARPU_NAME, "adamw", 0);
-            check_insert(ret, "adamw");
+            check_insert(starpu_task_insert(&mt_cl_adamw, STARPU_DATA_MODE_ARRAY, ad, clipped ? 6 : 5,
+                                            STARPU_VALUE, &p, sizeof p, STARPU_VALUE, &dtype, sizeof dtype,
+                                            STARPU_VALUE, &clipped, sizeof clipped, STARPU_PRIORITY, prio,
+                                            STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_NAME, "adamw",
+                                            OBSERVE_END(g, MT_EV_ADAMW, step, i), 0),
+                         "adamw");
         }
+        /* Gather back in host memory, where the next forward's transfer starts; then tell the
+         * policy, which may be waiting to prefetch this tile. */
+        starpu_data_unpartition_submit_sequential_consistency_cb(t->h_weights, t->nchunks, t->h_weights_chunk,
+                                                                 STARPU_MAIN_RAM, 1, tile_updated, (void *)(intptr_t)i);
+        starpu_data_unpartition_submit(t->h_grad, t->nchunks, t->h_grad_chunk, STARPU_MAIN_RAM);
+        g->updates_submitted[i]++;
     }
 }
 

@@ -156,11 +156,14 @@ START_TEST(test_recompute_with_accumulation_bitwise)
 }
 END_TEST
 
-START_TEST(test_eager_dmda_bitwise)
+START_TEST(test_policies_bitwise)
 {
     outcome a = run_steps("eager", true, 2, 2, 3, 1.0);
     outcome b = run_steps("dmda", true, 2, 2, 3, 1.0);
     assert_bitwise(&a, &b, 3, "eager vs dmda");
+    outcome m = run_steps("megatrain", true, 2, 2, 3, 1.0);
+    assert_bitwise(&a, &m, 3, "eager vs megatrain");
+    outcome_free(&m);
     outcome_free(&b);
     outcome_free(&a);
     outcome c = run_steps("eager", false, 2, 1, 3, 0.0);
@@ -234,9 +237,11 @@ typedef struct gated_run {
     int32_t *tok, *tgt;
 } gated_run;
 
+static const char *gate_policy = "eager";
+
 static void gated_setup(gated_run *r, double clip)
 {
-    start("eager");
+    start(gate_policy);
     mt_model_config cfg = tiny_config(false);
     char err[256];
     r->st = mt_state_create(&cfg, MT_DTYPE_F32, 0, err, sizeof err);
@@ -341,6 +346,17 @@ END_TEST
 START_TEST(test_no_adamw_during_backward_with_clip) { check_adamw_overlaps_backward(1.0); }
 END_TEST
 
+/* The same dependencies hold under the megatrain policy (CPU workers only here). */
+START_TEST(test_gates_megatrain_policy)
+{
+    gate_policy = "megatrain";
+    check_forward_waits_for_its_adamw(1.0);
+    check_adamw_overlaps_backward(0.0);
+    check_adamw_overlaps_backward(1.0);
+    gate_policy = "eager";
+}
+END_TEST
+
 START_TEST(test_bad_step_config)
 {
     start("eager");
@@ -366,12 +382,13 @@ int main(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_recompute_any_k_bitwise);
     tcase_add_test(tc, test_recompute_with_accumulation_bitwise);
-    tcase_add_test(tc, test_eager_dmda_bitwise);
+    tcase_add_test(tc, test_policies_bitwise);
     tcase_add_test(tc, test_gate_adamw_no_clip);
     tcase_add_test(tc, test_gate_adamw_clip);
     tcase_add_test(tc, test_gate_norm_task);
     tcase_add_test(tc, test_adamw_overlaps_backward_without_clip);
     tcase_add_test(tc, test_no_adamw_during_backward_with_clip);
+    tcase_add_test(tc, test_gates_megatrain_policy);
     tcase_add_test(tc, test_bad_step_config);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -345,7 +345,7 @@ START_TEST(test_runtime_workers)
 {
     ck_assert_int_eq(mt_runtime_ncpu(), 2);
     ck_assert_int_eq(mt_runtime_ncuda(), 0);
-    ck_assert_str_eq(mt_default_sched(), "eager");
+    ck_assert_str_eq(mt_default_sched(), "megatrain");
     mt_runtime_options d = mt_runtime_defaults();
     ck_assert_ptr_null(d.sched);
     ck_assert_int_eq(d.ncpu, -1);
