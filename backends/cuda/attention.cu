@@ -1,0 +1,647 @@
+// attention: causal grouped-query attention on tensor cores, FlashAttention-2 style. The T x T
+// score matrix only ever exists as 64 x 64 tiles in registers; forward keeps a running max and
+// sum per query row (online softmax) and saves the log-sum-exp for backward, which recomputes
+// the probabilities. Backward is deterministic (no float atomics): one kernel owns a key block
+// and writes dK, dV once; a second owns a query block and writes dQ once.
+//
+// Tiles: 64 query rows x 64 keys per step, 4 warps per CTA, each warp owning 16 rows of the
+// tile it produces. Matrix products use mma.sync m16n8k16 (bf16 in, fp32 accumulate) fed by
+// ldmatrix from shared memory; global -> shared copies are cp.async, double buffered, so the
+// next tile streams in while the current one is multiplied.
+//
+// Not done yet (the next steps for speed): 128-row query blocks with 32 rows per warp so each
+// ldmatrix of K/V feeds twice the MMAs (16 rows per warp is bound by shared-memory reads);
+// Hopper wgmma/TMA instead of mma.sync; a dQ pass that does not recompute S and dP (the
+// backward does 7 tile products where FA2 with atomics does 5); staging outputs through shared
+// memory for 16-byte stores.
+#include <math.h>
+#include <stdint.h>
+
+#include "common.cuh"
+
+namespace {
+
+constexpr int BLOCK = 64;         // rows of every tile: query block = key block, so only the
+                                  // diagonal block needs the causal mask
+constexpr int WARPS = 4;          // each warp owns 16 rows of a 64-row tile
+constexpr int THREADS = WARPS * 32;
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+
+// A 64 x D bf16 tile in shared memory, rows padded by 8 elements (16 bytes): the row stride is
+// then an odd multiple of 16 bytes, so the 8 row addresses of one ldmatrix 8x8 matrix fall in 8
+// different 16-byte bank groups (no bank conflicts) and rows stay 16-byte aligned for cp.async.
+template <int D>
+struct Tile {
+    static constexpr int LD = D + 8;           // row stride in elements
+    static constexpr int ELEMS = BLOCK * LD;   // elements per tile
+};
+
+// ---------------------------------------------------------------- PTX wrappers
+
+// 16-byte asynchronous copy global -> shared; valid false writes 16 zero bytes (the source is
+// not read), which is how tile rows past T become zeros.
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    int src_bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// Four 8x8 bf16 matrices; lane l gives the address of row l%8 of matrix l/8; register i holds
+// matrix i, this lane's row lane/4, columns 2*(lane%4) and +1 (.trans: the transposed matrix).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const bf16 *p)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const bf16 *p)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+}
+
+// c (16x8 fp32) += a (16x16 bf16, row) * b (16x8 bf16, col). Fragment layout, g = lane/4,
+// q = lane%4: a = {(g, 2q..2q+1), (g+8, 2q..), (g, 2q+8..), (g+8, 2q+8..)}; b = {(k 2q..2q+1,
+// n g), (k 2q+8.., n g)}; c = {(g, 2q), (g, 2q+1), (g+8, 2q), (g+8, 2q+1)}.
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats -> one register of two bf16 (lo in the low half, as the fragments expect).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// ---------------------------------------------------------------- fragment loaders
+// All take a row-major tile with row stride LD (elements).
+
+// A operand (16x16) = tile[row0 .. row0+15][k0 .. k0+15].
+template <int LD>
+__device__ __forceinline__ void load_a(uint32_t a[4], const bf16 *tile, int row0, int k0)
+{
+    int lane = threadIdx.x & 31;
+    ldmatrix_x4(a, tile + (row0 + (lane & 15)) * LD + k0 + (lane >> 4) * 8);
+}
+
+// B operands of two 8-wide n tiles where B[k][n] = tile[n][k] (a product with a transposed
+// operand, e.g. K in Q K^T): b[0..1] for n0 .. n0+7, b[2..3] for n0+8 .. n0+15; k0 .. k0+15.
+template <int LD>
+__device__ __forceinline__ void load_b_rows(uint32_t b[4], const bf16 *tile, int n0, int k0)
+{
+    int lane = threadIdx.x & 31, m = lane >> 3, r = lane & 7;
+    ldmatrix_x4(b, tile + (n0 + (m >> 1) * 8 + r) * LD + k0 + (m & 1) * 8);
+}
+
+// B operands where B[k][n] = tile[k][n] (a plain product, e.g. V in P V): transposing ldmatrix.
+template <int LD>
+__device__ __forceinline__ void load_b_cols(uint32_t b[4], const bf16 *tile, int k0, int n0)
+{
+    int lane = threadIdx.x & 31, m = lane >> 3, r = lane & 7;
+    ldmatrix_x4_trans(b, tile + (k0 + (m & 1) * 8 + r) * LD + n0 + (m >> 1) * 8);
+}
+
+// The A operand for k step kk (columns 16kk .. 16kk+15) taken from a 16x64 fp32 accumulator
+// s[8][4]: the accumulator layout of n tiles 2kk and 2kk+1 is exactly the A fragment layout.
+__device__ __forceinline__ void acc_to_a(uint32_t a[4], const float s[8][4], int kk)
+{
+    a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+    a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+    a[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// ---------------------------------------------------------------- tile loads
+
+// Asynchronously copies rows t0 .. t0+63 of a (T, ., D) tensor into a tile; g points at row 0
+// of this (batch, head), rows are row_stride elements apart; rows >= T become zeros.
+template <int D>
+__device__ __forceinline__ void load_tile(bf16 *tile, const bf16 *g, int64_t row_stride, int t0, int T)
+{
+    constexpr int CHUNKS = D / 8; // 16-byte chunks per row
+    for (int c = threadIdx.x; c < BLOCK * CHUNKS; c += THREADS) {
+        int r = c / CHUNKS, ch = c % CHUNKS, t = t0 + r;
+        bool valid = t < T;
+        const bf16 *src = valid ? g + (int64_t)t * row_stride + ch * 8 : g;
+        cp_async16(tile + r * Tile<D>::LD + ch * 8, src, valid);
+    }
+}
+
+// s[8][4] (16 rows x 64 columns, this warp's rows) = A rows row0.. of `a_tile` times the rows
+// of `b_tile` transposed, over D: S = A B^T, e.g. Q K^T.
+template <int D>
+__device__ __forceinline__ void gemm_abt(float s[8][4], const bf16 *a_tile, int row0, const bf16 *b_tile)
+{
+    constexpr int LD = Tile<D>::LD;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[i][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t a[4];
+        load_a<LD>(a, a_tile, row0, kk * 16);
+#pragma unroll
+        for (int nn = 0; nn < 4; nn++) {
+            uint32_t b[4];
+            load_b_rows<LD>(b, b_tile, nn * 16, kk * 16);
+            mma_bf16(s[2 * nn], a, b[0], b[1]);
+            mma_bf16(s[2 * nn + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// acc[D/8][4] (16 x D) += p (16 x 64, fp32 accumulator rounded to bf16) times tile (64 x D).
+template <int D>
+__device__ __forceinline__ void gemm_acc_pv(float acc[D / 8][4], const float p[8][4], const bf16 *tile)
+{
+    constexpr int LD = Tile<D>::LD;
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        uint32_t a[4];
+        acc_to_a(a, p, kk);
+#pragma unroll
+        for (int dn = 0; dn < D / 16; dn++) {
+            uint32_t b[4];
+            load_b_cols<LD>(b, tile, kk * 16, dn * 16);
+            mma_bf16(acc[2 * dn], a, b[0], b[1]);
+            mma_bf16(acc[2 * dn + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- forward
+
+// One CTA per (query block, head, batch). Key blocks are visited from the diagonal down so the
+// one masked block comes first: every row then has a finite running max from the start.
+template <int D>
+__global__ void __launch_bounds__(THREADS) attention_forward_kernel(int T, int H, int KV, const bf16 *__restrict__ q,
+                                                                    const bf16 *__restrict__ k,
+                                                                    const bf16 *__restrict__ v, bf16 *__restrict__ out,
+                                                                    float *__restrict__ lse, float scale_log2)
+{
+    constexpr int TE = Tile<D>::ELEMS;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16 *q_tile = reinterpret_cast<bf16 *>(smem_raw);  // (64, D)
+    bf16 *k_tiles = q_tile + TE;                          // 2 x (64, D), double buffered
+    bf16 *v_tiles = k_tiles + 2 * TE;                     // 2 x (64, D)
+
+    const int qblock = gridDim.x - 1 - blockIdx.x; // longest rows (most key blocks) first
+    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, quad = lane & 3;
+    const int m0 = qblock * BLOCK;
+    const bf16 *qg = q + ((int64_t)b * T * H + h) * D; // row t at qg + t * H * D
+    const bf16 *kg = k + ((int64_t)b * T * KV + kvh) * D;
+    const bf16 *vg = v + ((int64_t)b * T * KV + kvh) * D;
+
+    load_tile<D>(q_tile, qg, (int64_t)H * D, m0, T);
+    load_tile<D>(k_tiles, kg, (int64_t)KV * D, qblock * BLOCK, T);
+    load_tile<D>(v_tiles, vg, (int64_t)KV * D, qblock * BLOCK, T);
+    cp_async_commit();
+
+    uint32_t qf[D / 16][4]; // this warp's 16 query rows as A fragments, loaded once
+    float o[D / 8][4];      // unnormalised output rows g and g+8
+#pragma unroll
+    for (int i = 0; i < D / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[i][e] = 0.f;
+    float row_max[2] = {-INFINITY, -INFINITY}; // in units of log2, of the scaled scores
+    float row_sum[2] = {0.f, 0.f};             // this thread's partial sums (its 16 of 64 columns)
+
+    for (int it = 0; it <= qblock; it++) {
+        const int j = qblock - it, buf = it & 1;
+        if (j > 0) { // prefetch the next key block into the other buffer
+            load_tile<D>(k_tiles + (buf ^ 1) * TE, kg, (int64_t)KV * D, (j - 1) * BLOCK, T);
+            load_tile<D>(v_tiles + (buf ^ 1) * TE, vg, (int64_t)KV * D, (j - 1) * BLOCK, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const bf16 *kt = k_tiles + buf * TE, *vt = v_tiles + buf * TE;
+        if (it == 0) {
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) load_a<Tile<D>::LD>(qf[kk], q_tile, warp * 16, kk * 16);
+        }
+
+        // S = Q K^T for this warp's 16 rows x 64 keys
+        float s[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[i][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+            for (int nn = 0; nn < 4; nn++) {
+                uint32_t bfr[4];
+                load_b_rows<Tile<D>::LD>(bfr, kt, nn * 16, kk * 16);
+                mma_bf16(s[2 * nn], qf[kk], bfr[0], bfr[1]);
+                mma_bf16(s[2 * nn + 1], qf[kk], bfr[2], bfr[3]);
+            }
+
+        // scale into log2 units; causal mask on the diagonal block (m0 == key block start)
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[nt][e] *= scale_log2;
+                if (it == 0) {
+                    int qrow = warp * 16 + g + 8 * (e >> 1), kcol = 8 * nt + 2 * quad + (e & 1);
+                    if (kcol > qrow) s[nt][e] = -INFINITY;
+                }
+            }
+
+        // online softmax: rescale what was accumulated by exp2(old max - new max)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            float mx = row_max[half];
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * half], s[nt][2 * half + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1)); // the 4 lanes of a quad share a row
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float base = mx == -INFINITY ? 0.f : mx; // a fully masked row stays all zero
+            const float alpha = exp2f(row_max[half] - base);
+            row_max[half] = mx;
+            row_sum[half] *= alpha;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; dt++) {
+                o[dt][2 * half] *= alpha;
+                o[dt][2 * half + 1] *= alpha;
+            }
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                float p0 = exp2f(s[nt][2 * half] - base), p1 = exp2f(s[nt][2 * half + 1] - base);
+                s[nt][2 * half] = p0;
+                s[nt][2 * half + 1] = p1;
+                row_sum[half] += p0 + p1;
+            }
+        }
+
+        gemm_acc_pv<D>(o, s, vt); // O += P V
+        __syncthreads();          // all warps done with buf before it is refilled
+    }
+
+    // finish: full row sums across the quad, normalise, write bf16 rows and the lse
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        float l = row_sum[half];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int t = m0 + warp * 16 + g + 8 * half;
+        if (t >= T) continue;
+        const float inv = 1.f / l;
+        bf16 *orow = out + (((int64_t)b * T + t) * H + h) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++)
+            *reinterpret_cast<uint32_t *>(orow + dt * 8 + 2 * quad) =
+                pack_bf16(o[dt][2 * half] * inv, o[dt][2 * half + 1] * inv);
+        if (quad == 0) lse[((int64_t)b * H + h) * T + t] = (row_max[half] + log2f(l)) * LN2;
+    }
+}
+
+// ---------------------------------------------------------------- backward
+
+// delta (B,H,T) = rowsum(dout * out), one warp per (b, t, h) row, fixed reduction order.
+__global__ void attention_delta_kernel(int64_t rows, int T, int H, int D, const bf16 *__restrict__ out,
+                                       const bf16 *__restrict__ dout, float *__restrict__ delta)
+{
+    const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const bf16 *o = out + row * D, *d = dout + row * D;
+    float sum = 0.f;
+    for (int i = lane; i < D; i += 32) sum += __bfloat162float(o[i]) * __bfloat162float(d[i]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) {
+        const int h = (int)(row % H);
+        const int64_t bt = row / H, b = bt / T, t = bt % T;
+        delta[(b * H + h) * T + t] = sum;
+    }
+}
+
+// dK, dV for one key block of one kv head: one CTA per (key block, kv head, batch), looping over
+// the group's query heads and, for each, the query blocks from the diagonal to the end. Each warp
+// owns 16 keys, so every product below stays inside the warp:
+//   S^T = K Q^T, P^T = exp2(S^T scale log2e - lse log2e), dV += P^T dO,
+//   dP^T = V dO^T, dS^T = P^T (dP^T - Delta), dK += dS^T Q (times scale at the end).
+template <int D>
+__global__ void __launch_bounds__(THREADS) attention_backward_dkdv_kernel(
+    int T, int H, int KV, const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
+    const bf16 *__restrict__ dout, const float *__restrict__ lse, const float *__restrict__ delta, float *__restrict__ dk,
+    float *__restrict__ dv, float scale_log2, float scale)
+{
+    constexpr int TE = Tile<D>::ELEMS;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16 *k_tile = reinterpret_cast<bf16 *>(smem_raw); // (64, D)
+    bf16 *v_tile = k_tile + TE;                         // (64, D)
+    bf16 *q_tiles = v_tile + TE;                        // 2 x (64, D)
+    bf16 *do_tiles = q_tiles + 2 * TE;                  // 2 x (64, D)
+    float *lse_s = reinterpret_cast<float *>(do_tiles + 2 * TE); // 2 x 64, log2 units, +inf past T
+    float *delta_s = lse_s + 2 * BLOCK;                          // 2 x 64, 0 past T
+
+    const int kblock = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int group = H / KV, nblocks = (T + BLOCK - 1) / BLOCK, nq = nblocks - kblock;
+    const int total = group * nq; // (query head, query block) steps, in a fixed order
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, quad = lane & 3;
+    const int n0 = kblock * BLOCK;
+
+    load_tile<D>(k_tile, k + ((int64_t)b * T * KV + kvh) * D, (int64_t)KV * D, n0, T);
+    load_tile<D>(v_tile, v + ((int64_t)b * T * KV + kvh) * D, (int64_t)KV * D, n0, T);
+
+    // Starts loading step `step` into stage `stage` (the caller commits).
+    auto issue = [&](int step, int stage) {
+        const int hq = kvh * group + step / nq, t0 = (kblock + step % nq) * BLOCK;
+        load_tile<D>(q_tiles + stage * TE, q + ((int64_t)b * T * H + hq) * D, (int64_t)H * D, t0, T);
+        load_tile<D>(do_tiles + stage * TE, dout + ((int64_t)b * T * H + hq) * D, (int64_t)H * D, t0, T);
+        if (threadIdx.x < BLOCK) {
+            const int t = t0 + threadIdx.x;
+            const int64_t row = ((int64_t)b * H + hq) * T + t;
+            lse_s[stage * BLOCK + threadIdx.x] = t < T ? lse[row] * LOG2E : INFINITY; // P = 0 past T
+            delta_s[stage * BLOCK + threadIdx.x] = t < T ? delta[row] : 0.f;
+        }
+    };
+    issue(0, 0);
+    cp_async_commit();
+
+    float dk_acc[D / 8][4], dv_acc[D / 8][4]; // this warp's 16 keys x D
+#pragma unroll
+    for (int i = 0; i < D / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk_acc[i][e] = dv_acc[i][e] = 0.f;
+
+    for (int step = 0; step < total; step++) {
+        const int buf = step & 1;
+        if (step + 1 < total) {
+            issue(step + 1, buf ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const bf16 *qt = q_tiles + buf * TE, *dot = do_tiles + buf * TE;
+        const float *lse_b = lse_s + buf * BLOCK, *delta_b = delta_s + buf * BLOCK;
+        const bool diagonal = step % nq == 0;
+
+        // P^T (16 keys x 64 queries), from S^T = K Q^T
+        float p[8][4];
+        gemm_abt<D>(p, k_tile, warp * 16, qt);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int krow = warp * 16 + g + 8 * (e >> 1), qcol = 8 * nt + 2 * quad + (e & 1);
+                const float pe = exp2f(p[nt][e] * scale_log2 - lse_b[qcol]);
+                p[nt][e] = diagonal && krow > qcol ? 0.f : pe; // select: a masked exp2 may be inf
+            }
+
+        gemm_acc_pv<D>(dv_acc, p, dot); // dV += P^T dO
+
+        // dS^T = P^T (dP^T - Delta), dP^T = V dO^T
+        float ds[8][4];
+        gemm_abt<D>(ds, v_tile, warp * 16, dot);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int qcol = 8 * nt + 2 * quad + (e & 1);
+                ds[nt][e] = p[nt][e] * (ds[nt][e] - delta_b[qcol]);
+            }
+
+        gemm_acc_pv<D>(dk_acc, ds, qt); // dK += dS^T Q
+        __syncthreads();                // all warps done with buf before it is refilled
+    }
+
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int t = n0 + warp * 16 + g + 8 * half;
+        if (t >= T) continue;
+        const int64_t off = (((int64_t)b * T + t) * KV + kvh) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++) {
+            const int d = dt * 8 + 2 * quad;
+            *reinterpret_cast<float2 *>(dk + off + d) =
+                make_float2(dk_acc[dt][2 * half] * scale, dk_acc[dt][2 * half + 1] * scale);
+            *reinterpret_cast<float2 *>(dv + off + d) = make_float2(dv_acc[dt][2 * half], dv_acc[dt][2 * half + 1]);
+        }
+    }
+}
+
+// dQ for one query block of one head: one CTA per (query block, head, batch), looping over key
+// blocks from the diagonal down and recomputing P (the price of writing dQ once, without atomics):
+//   S = Q K^T, P = exp2(S scale log2e - lse log2e), dP = dO V^T, dS = P (dP - Delta), dQ += dS K.
+template <int D>
+__global__ void __launch_bounds__(THREADS) attention_backward_dq_kernel(
+    int T, int H, int KV, const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
+    const bf16 *__restrict__ dout, const float *__restrict__ lse, const float *__restrict__ delta, float *__restrict__ dq,
+    float scale_log2, float scale)
+{
+    constexpr int TE = Tile<D>::ELEMS;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16 *q_tile = reinterpret_cast<bf16 *>(smem_raw); // (64, D)
+    bf16 *do_tile = q_tile + TE;                        // (64, D)
+    bf16 *k_tiles = do_tile + TE;                       // 2 x (64, D)
+    bf16 *v_tiles = k_tiles + 2 * TE;                   // 2 x (64, D)
+
+    const int qblock = gridDim.x - 1 - blockIdx.x;
+    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, quad = lane & 3;
+    const int m0 = qblock * BLOCK;
+    const bf16 *kg = k + ((int64_t)b * T * KV + kvh) * D;
+    const bf16 *vg = v + ((int64_t)b * T * KV + kvh) * D;
+
+    load_tile<D>(q_tile, q + ((int64_t)b * T * H + h) * D, (int64_t)H * D, m0, T);
+    load_tile<D>(do_tile, dout + ((int64_t)b * T * H + h) * D, (int64_t)H * D, m0, T);
+    load_tile<D>(k_tiles, kg, (int64_t)KV * D, m0, T);
+    load_tile<D>(v_tiles, vg, (int64_t)KV * D, m0, T);
+    cp_async_commit();
+
+    float row_lse[2], row_delta[2]; // rows g and g+8 of this warp
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int t = m0 + warp * 16 + g + 8 * half;
+        const int64_t row = ((int64_t)b * H + h) * T + t;
+        row_lse[half] = t < T ? lse[row] * LOG2E : INFINITY;
+        row_delta[half] = t < T ? delta[row] : 0.f;
+    }
+    float dq_acc[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dq_acc[i][e] = 0.f;
+
+    for (int it = 0; it <= qblock; it++) {
+        const int j = qblock - it, buf = it & 1;
+        if (j > 0) {
+            load_tile<D>(k_tiles + (buf ^ 1) * TE, kg, (int64_t)KV * D, (j - 1) * BLOCK, T);
+            load_tile<D>(v_tiles + (buf ^ 1) * TE, vg, (int64_t)KV * D, (j - 1) * BLOCK, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const bf16 *kt = k_tiles + buf * TE, *vt = v_tiles + buf * TE;
+
+        float p[8][4]; // P (16 queries x 64 keys)
+        gemm_abt<D>(p, q_tile, warp * 16, kt);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int qrow = warp * 16 + g + 8 * (e >> 1), kcol = 8 * nt + 2 * quad + (e & 1);
+                const float pe = exp2f(p[nt][e] * scale_log2 - row_lse[e >> 1]);
+                p[nt][e] = it == 0 && kcol > qrow ? 0.f : pe;
+            }
+
+        float ds[8][4]; // dP = dO V^T, then dS = P (dP - Delta)
+        gemm_abt<D>(ds, do_tile, warp * 16, vt);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) ds[nt][e] = p[nt][e] * (ds[nt][e] - row_delta[e >> 1]);
+
+        gemm_acc_pv<D>(dq_acc, ds, kt); // dQ += dS K
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int t = m0 + warp * 16 + g + 8 * half;
+        if (t >= T) continue;
+        float *row = dq + (((int64_t)b * T + t) * H + h) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++)
+            *reinterpret_cast<float2 *>(row + dt * 8 + 2 * quad) =
+                make_float2(dq_acc[dt][2 * half] * scale, dq_acc[dt][2 * half + 1] * scale);
+    }
+}
+
+// ---------------------------------------------------------------- launchers
+
+constexpr size_t tile_bytes(int64_t D) { return (size_t)BLOCK * (size_t)(D + 8) * sizeof(bf16); }
+
+void check_shapes(const char *what, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, const void *const *ptrs,
+                  int nptrs)
+{
+    if (B < 0 || T < 0 || H <= 0 || KV <= 0 || H % KV != 0 || (D != 32 && D != 64 && D != 96 && D != 128) ||
+        T > INT32_MAX || H > 65535 || KV > 65535 || B > 65535) {
+        fprintf(stderr,
+                "%s: unsupported shape B=%lld T=%lld H=%lld KV=%lld D=%lld (need H %% KV == 0, head dim "
+                "32, 64, 96 or 128, B, H <= 65535)\n",
+                what, (long long)B, (long long)T, (long long)H, (long long)KV, (long long)D);
+        abort();
+    }
+    for (int i = 0; i < nptrs; i++)
+        if ((uintptr_t)ptrs[i] % 16 != 0) {
+            fprintf(stderr, "%s: tensor %d is not 16-byte aligned (cp.async loads need it)\n", what, i);
+            abort();
+        }
+}
+
+template <int D>
+void forward(int64_t B, int64_t T, int64_t H, int64_t KV, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *out,
+             float *lse, cudaStream_t stream)
+{
+    const size_t smem = 5 * tile_bytes(D);
+    CUDA_CHECK(cudaFuncSetAttribute(attention_forward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem));
+    dim3 grid((unsigned)((T + BLOCK - 1) / BLOCK), (unsigned)H, (unsigned)B);
+    const float scale_log2 = (float)(1.0 / sqrt((double)D)) * LOG2E;
+    attention_forward_kernel<D><<<grid, THREADS, smem, stream>>>((int)T, (int)H, (int)KV, q, k, v, out, lse, scale_log2);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <int D>
+void backward(int64_t B, int64_t T, int64_t H, int64_t KV, const bf16 *q, const bf16 *k, const bf16 *v,
+              const bf16 *out, const float *lse, const bf16 *dout, float *dq, float *dk, float *dv, float *delta,
+              cudaStream_t stream)
+{
+    const float scale = (float)(1.0 / sqrt((double)D)), scale_log2 = scale * LOG2E;
+    const int64_t rows = B * T * H;
+    const int warps_per_block = 8;
+    attention_delta_kernel<<<(unsigned)((rows + warps_per_block - 1) / warps_per_block), warps_per_block * 32, 0,
+                             stream>>>(rows, (int)T, (int)H, D, out, dout, delta);
+    CUDA_CHECK_LAUNCH();
+
+    const unsigned nblocks = (unsigned)((T + BLOCK - 1) / BLOCK);
+    const size_t smem_kv = 6 * tile_bytes(D) + 4 * BLOCK * sizeof(float);
+    CUDA_CHECK(cudaFuncSetAttribute(attention_backward_dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem_kv));
+    attention_backward_dkdv_kernel<D><<<dim3(nblocks, (unsigned)KV, (unsigned)B), THREADS, smem_kv, stream>>>(
+        (int)T, (int)H, (int)KV, q, k, v, dout, lse, delta, dk, dv, scale_log2, scale);
+    CUDA_CHECK_LAUNCH();
+
+    const size_t smem_q = 6 * tile_bytes(D);
+    CUDA_CHECK(cudaFuncSetAttribute(attention_backward_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem_q));
+    attention_backward_dq_kernel<D><<<dim3(nblocks, (unsigned)H, (unsigned)B), THREADS, smem_q, stream>>>(
+        (int)T, (int)H, (int)KV, q, k, v, dout, lse, delta, dq, scale_log2, scale);
+    CUDA_CHECK_LAUNCH();
+}
+
+} // namespace
+
+extern "C" void mt_cuda_attention_forward(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                                          const mt_cuda_bf16 *q, const mt_cuda_bf16 *k, const mt_cuda_bf16 *v,
+                                          mt_cuda_bf16 *out, float *lse, mt_cuda_stream stream)
+{
+    const void *ptrs[] = {q, k, v, out};
+    check_shapes("mt_cuda_attention_forward", B, T, H, KV, D, ptrs, 4);
+    if (B == 0 || T == 0) return;
+    const bf16 *bq = (const bf16 *)q, *bk = (const bf16 *)k, *bv = (const bf16 *)v;
+    bf16 *bo = (bf16 *)out;
+    cudaStream_t s = (cudaStream_t)stream;
+    switch (D) {
+    case 32: forward<32>(B, T, H, KV, bq, bk, bv, bo, lse, s); break;
+    case 64: forward<64>(B, T, H, KV, bq, bk, bv, bo, lse, s); break;
+    case 96: forward<96>(B, T, H, KV, bq, bk, bv, bo, lse, s); break;
+    default: forward<128>(B, T, H, KV, bq, bk, bv, bo, lse, s); break;
+    }
+}
+
+extern "C" size_t mt_cuda_attention_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D)
+{
+    (void)KV, (void)D;
+    return (size_t)(B * H * T) * sizeof(float); // Delta (B, H, T)
+}
+
+extern "C" void mt_cuda_attention_backward(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                                           const mt_cuda_bf16 *q, const mt_cuda_bf16 *k, const mt_cuda_bf16 *v,
+                                           const mt_cuda_bf16 *out, const float *lse, const mt_cuda_bf16 *dout,
+                                           float *dq, float *dk, float *dv, void *workspace, mt_cuda_stream stream)
+{
+    const void *ptrs[] = {q, k, v, out, dout, dq, dk, dv};
+    check_shapes("mt_cuda_attention_backward", B, T, H, KV, D, ptrs, 8);
+    if (B == 0 || T == 0) return;
+    const bf16 *bq = (const bf16 *)q, *bk = (const bf16 *)k, *bv = (const bf16 *)v;
+    const bf16 *bo = (const bf16 *)out, *bdo = (const bf16 *)dout;
+    float *delta = (float *)workspace;
+    cudaStream_t s = (cudaStream_t)stream;
+    switch (D) {
+    case 32: backward<32>(B, T, H, KV, bq, bk, bv, bo, lse, bdo, dq, dk, dv, delta, s); break;
+    case 64: backward<64>(B, T, H, KV, bq, bk, bv, bo, lse, bdo, dq, dk, dv, delta, s); break;
+    case 96: backward<96>(B, T, H, KV, bq, bk, bv, bo, lse, bdo, dq, dk, dv, delta, s); break;
+    default: backward<128>(B, T, H, KV, bq, bk, bv, bo, lse, bdo, dq, dk, dv, delta, s); break;
+    }
+}

@@ -1,0 +1,240 @@
+/* Check suite of the CUDA attention kernels (backends/cuda/attention.cu): forward and backward
+ * against the fp32 CPU reference on fresh bf16-rounded random inputs, over tile tails, head dims
+ * 32-128 and MHA / GQA / MQA; the = contract (outputs pre-filled with NaN); bitwise-reproducible
+ * backward; and, with MT_CUDA_BENCH=1, the timing of a Qwen2.5-3B-shaped attention.
+ * Without a CUDA device it prints "no GPU: skipped" and exits 77. */
+#include <check.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/kernels.h"
+#include "ops.h"
+#include "testutil.h"
+
+#define TOL 1e-2 /* ||gpu - cpu|| / ||cpu|| per tensor: bf16 operands, P and dS rounded to bf16 */
+
+#define CK_CUDA(call)                                                                           \
+    do {                                                                                        \
+        cudaError_t err_ = (call);                                                              \
+        ck_assert_msg(err_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(err_));          \
+    } while (0)
+
+typedef struct { int B, T, H, KV, D; } shape;
+
+/* Tails (T not a multiple of the 64-row tile), exact multiples, T = 1, every head dim, and
+ * (H, KV) = MHA (4,4), MQA (4,1), GQA (6,2). */
+static const shape cases[] = {
+    {1, 1, 4, 4, 64},   {2, 7, 4, 1, 32},   {1, 77, 6, 2, 128}, {2, 200, 4, 4, 96},
+    {1, 513, 4, 1, 64}, {2, 513, 6, 2, 128}, {1, 200, 6, 2, 32}, {2, 77, 4, 1, 96},
+    {1, 64, 4, 4, 128}, {1, 128, 6, 2, 64}, {2, 513, 4, 4, 32}, {1, 513, 6, 2, 96},
+    {1, 1, 6, 2, 128},
+};
+#define NCASES ((int)(sizeof cases / sizeof cases[0]))
+
+static float *falloc(int64_t n)
+{
+    float *p = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
+    ck_assert_ptr_nonnull(p);
+    return p;
+}
+
+/* Random N(0,1) values rounded to bf16: bits for the GPU, the same values as floats for the CPU. */
+static void random_bf16(mt_test_rng *rng, int64_t n, mt_bf16 *bits, float *values)
+{
+    mt_test_fill_f32(rng, values, n, 1.0f);
+    mt_cpu_f32_to_bf16(n, values, bits);
+    mt_cpu_bf16_to_f32(n, bits, values);
+}
+
+static void *dalloc_copy(const void *host, size_t bytes)
+{
+    void *p = NULL;
+    CK_CUDA(cudaMalloc(&p, bytes > 0 ? bytes : 1));
+    if (host) CK_CUDA(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice));
+    else CK_CUDA(cudaMemset(p, 0xff, bytes > 0 ? bytes : 1)); /* all-NaN: every element must be written */
+    return p;
+}
+
+static void check_err(const char *what, const shape *s, double err)
+{
+    ck_assert_msg(err <= TOL, "%s: rel err %.3e > %.1e (B=%d T=%d H=%d KV=%d D=%d)", what, err, TOL, s->B, s->T,
+                  s->H, s->KV, s->D);
+}
+
+START_TEST(test_attention_vs_cpu)
+{
+    const shape *s = &cases[_i];
+    const int64_t B = s->B, T = s->T, H = s->H, KV = s->KV, D = s->D;
+    const int64_t nq = B * T * H * D, nkv = B * T * KV * D, nl = B * H * T;
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 1000 + (uint64_t)_i);
+
+    mt_bf16 *qb = malloc(nq * 2), *kb = malloc(nkv * 2), *vb = malloc(nkv * 2), *dob = malloc(nq * 2);
+    mt_bf16 *outb = malloc(nq * 2);
+    float *q = falloc(nq), *k = falloc(nkv), *v = falloc(nkv), *dout = falloc(nq);
+    random_bf16(&rng, nq, qb, q);
+    random_bf16(&rng, nkv, kb, k);
+    random_bf16(&rng, nkv, vb, v);
+    random_bf16(&rng, nq, dob, dout);
+
+    /* CPU reference in fp32 on the same (bf16-rounded) values, its own out and lse */
+    float *out_ref = falloc(nq), *lse_ref = falloc(nl);
+    float *dq_ref = falloc(nq), *dk_ref = falloc(nkv), *dv_ref = falloc(nkv);
+    mt_cpu_attention_forward_f32(B, T, H, KV, D, q, k, v, out_ref, lse_ref);
+    mt_cpu_attention_backward_f32(B, T, H, KV, D, q, k, v, out_ref, lse_ref, dout, dq_ref, dk_ref, dv_ref);
+
+    /* GPU */
+    void *d_q = dalloc_copy(qb, nq * 2), *d_k = dalloc_copy(kb, nkv * 2), *d_v = dalloc_copy(vb, nkv * 2);
+    void *d_do = dalloc_copy(dob, nq * 2), *d_out = dalloc_copy(NULL, nq * 2);
+    float *d_lse = dalloc_copy(NULL, nl * 4);
+    float *d_dq = dalloc_copy(NULL, nq * 4), *d_dk = dalloc_copy(NULL, nkv * 4), *d_dv = dalloc_copy(NULL, nkv * 4);
+    float *d_dq2 = dalloc_copy(NULL, nq * 4), *d_dk2 = dalloc_copy(NULL, nkv * 4), *d_dv2 = dalloc_copy(NULL, nkv * 4);
+    void *d_ws = dalloc_copy(NULL, mt_cuda_attention_workspace_bytes(B, T, H, KV, D));
+    cudaStream_t stream;
+    CK_CUDA(cudaStreamCreate(&stream));
+
+    mt_cuda_attention_forward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, (mt_cuda_stream)stream);
+    mt_cuda_attention_backward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, d_do, d_dq, d_dk, d_dv, d_ws,
+                               (mt_cuda_stream)stream);
+    /* the same backward again (workspace reused): must match bitwise */
+    mt_cuda_attention_backward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, d_do, d_dq2, d_dk2, d_dv2, d_ws,
+                               (mt_cuda_stream)stream);
+    CK_CUDA(cudaStreamSynchronize(stream));
+    CK_CUDA(cudaGetLastError());
+
+    float *out = falloc(nq), *lse = falloc(nl), *dq = falloc(nq), *dk = falloc(nkv), *dv = falloc(nkv);
+    float *dq2 = falloc(nq), *dk2 = falloc(nkv), *dv2 = falloc(nkv);
+    CK_CUDA(cudaMemcpy(outb, d_out, nq * 2, cudaMemcpyDeviceToHost));
+    mt_cpu_bf16_to_f32(nq, outb, out);
+    CK_CUDA(cudaMemcpy(lse, d_lse, nl * 4, cudaMemcpyDeviceToHost));
+    CK_CUDA(cudaMemcpy(dq, d_dq, nq * 4, cudaMemcpyDeviceToHost));
+    CK_CUDA(cudaMemcpy(dk, d_dk, nkv * 4, cudaMemcpyDeviceToHost));
+    CK_CUDA(cudaMemcpy(dv, d_dv, nkv * 4, cudaMemcpyDeviceToHost));
+    CK_CUDA(cudaMemcpy(dq2, d_dq2, nq * 4, cudaMemcpyDeviceToHost));
+    CK_CUDA(cudaMemcpy(dk2, d_dk2, nkv * 4, cudaMemcpyDeviceToHost));
+    CK_CUDA(cudaMemcpy(dv2, d_dv2, nkv * 4, cudaMemcpyDeviceToHost));
+
+    const double e_out = mt_test_rel_err_f32(out, out_ref, nq), e_lse = mt_test_rel_err_f32(lse, lse_ref, nl);
+    const double e_dq = mt_test_rel_err_f32(dq, dq_ref, nq), e_dk = mt_test_rel_err_f32(dk, dk_ref, nkv);
+    const double e_dv = mt_test_rel_err_f32(dv, dv_ref, nkv);
+    const int same = memcmp(dq, dq2, nq * 4) == 0 && memcmp(dk, dk2, nkv * 4) == 0 && memcmp(dv, dv2, nkv * 4) == 0;
+    printf("attention B=%d T=%3d H=%d KV=%d D=%3d: rel err out %.2e lse %.2e dq %.2e dk %.2e dv %.2e; "
+           "backward twice %s\n",
+           s->B, s->T, s->H, s->KV, s->D, e_out, e_lse, e_dq, e_dk, e_dv, same ? "bitwise equal" : "DIFFERS");
+    fflush(stdout);
+    check_err("out", s, e_out);
+    check_err("lse", s, e_lse);
+    check_err("dq", s, e_dq);
+    check_err("dk", s, e_dk);
+    check_err("dv", s, e_dv);
+    ck_assert_msg(same, "backward is not bitwise reproducible (B=%d T=%d H=%d KV=%d D=%d)", s->B, s->T, s->H,
+                  s->KV, s->D);
+
+    CK_CUDA(cudaStreamDestroy(stream));
+    void *dev[] = {d_q, d_k, d_v, d_do, d_out, d_lse, d_dq, d_dk, d_dv, d_dq2, d_dk2, d_dv2, d_ws};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) CK_CUDA(cudaFree(dev[i]));
+    void *host[] = {qb, kb, vb, dob, outb, q, k, v, dout, out_ref, lse_ref, dq_ref, dk_ref, dv_ref,
+                    out, lse, dq, dk, dv, dq2, dk2, dv2};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+}
+END_TEST
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Timing, only with MT_CUDA_BENCH=1: Qwen2.5-3B attention shape. Median of 10 after 3 warm-up
+ * runs; TFLOP/s with forward = 4 B H T^2 D / 2 (causal half), backward = 2.5 x forward. */
+START_TEST(test_attention_bench)
+{
+    const char *env = getenv("MT_CUDA_BENCH");
+    if (!env || strcmp(env, "1") != 0) {
+        printf("attention bench: skipped (set MT_CUDA_BENCH=1)\n");
+        return;
+    }
+    const int64_t B = 8, T = 2048, H = 16, KV = 2, D = 128;
+    const int64_t nq = B * T * H * D, nkv = B * T * KV * D, nl = B * H * T;
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 7);
+    mt_bf16 *qb = malloc(nq * 2), *kb = malloc(nkv * 2), *vb = malloc(nkv * 2), *dob = malloc(nq * 2);
+    float *tmp = falloc(nq);
+    random_bf16(&rng, nq, qb, tmp);
+    random_bf16(&rng, nkv, kb, tmp);
+    random_bf16(&rng, nkv, vb, tmp);
+    random_bf16(&rng, nq, dob, tmp);
+    void *d_q = dalloc_copy(qb, nq * 2), *d_k = dalloc_copy(kb, nkv * 2), *d_v = dalloc_copy(vb, nkv * 2);
+    void *d_do = dalloc_copy(dob, nq * 2), *d_out = dalloc_copy(NULL, nq * 2);
+    float *d_lse = dalloc_copy(NULL, nl * 4);
+    float *d_dq = dalloc_copy(NULL, nq * 4), *d_dk = dalloc_copy(NULL, nkv * 4), *d_dv = dalloc_copy(NULL, nkv * 4);
+    void *d_ws = dalloc_copy(NULL, mt_cuda_attention_workspace_bytes(B, T, H, KV, D));
+    cudaStream_t stream;
+    CK_CUDA(cudaStreamCreate(&stream));
+    cudaEvent_t start, stop;
+    CK_CUDA(cudaEventCreate(&start));
+    CK_CUDA(cudaEventCreate(&stop));
+
+    const double fwd_flops = 4.0 * B * H * (double)T * T * D / 2;
+    for (int pass = 0; pass < 2; pass++) {
+        float ms[10];
+        for (int r = 0; r < 13; r++) {
+            CK_CUDA(cudaEventRecord(start, stream));
+            if (pass == 0)
+                mt_cuda_attention_forward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, (mt_cuda_stream)stream);
+            else
+                mt_cuda_attention_backward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, d_do, d_dq, d_dk, d_dv, d_ws,
+                                           (mt_cuda_stream)stream);
+            CK_CUDA(cudaEventRecord(stop, stream));
+            CK_CUDA(cudaEventSynchronize(stop));
+            if (r >= 3) CK_CUDA(cudaEventElapsedTime(&ms[r - 3], start, stop));
+        }
+        qsort(ms, 10, sizeof ms[0], cmp_float);
+        const double med = 0.5 * (ms[4] + ms[5]), flops = pass == 0 ? fwd_flops : 2.5 * fwd_flops;
+        printf("attention bench %s B=%lld T=%lld H=%lld KV=%lld D=%lld: median %.3f ms (min %.3f, max %.3f), "
+               "%.1f TFLOP/s (forward = 4 B H T^2 D / 2, backward = 2.5 x forward)\n",
+               pass == 0 ? "forward " : "backward", (long long)B, (long long)T, (long long)H, (long long)KV,
+               (long long)D, med, ms[0], ms[9], flops / (med * 1e-3) / 1e12);
+        fflush(stdout);
+    }
+    CK_CUDA(cudaGetLastError());
+    CK_CUDA(cudaEventDestroy(start));
+    CK_CUDA(cudaEventDestroy(stop));
+    CK_CUDA(cudaStreamDestroy(stream));
+    void *dev[] = {d_q, d_k, d_v, d_do, d_out, d_lse, d_dq, d_dk, d_dv, d_ws};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) CK_CUDA(cudaFree(dev[i]));
+    free(qb), free(kb), free(vb), free(dob), free(tmp);
+}
+END_TEST
+
+static Suite *cuda_attention_suite(void)
+{
+    Suite *s = suite_create("cuda_attention");
+    TCase *tc = tcase_create("gpu");
+    tcase_set_timeout(tc, 1200);
+    tcase_add_loop_test(tc, test_attention_vs_cpu, 0, NCASES);
+    tcase_add_test(tc, test_attention_bench);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    int ndev = 0;
+    cudaError_t err = cudaGetDeviceCount(&ndev);
+    if (err != cudaSuccess || ndev == 0) {
+        printf("no GPU: skipped (%s)\n", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+        return 77;
+    }
+    SRunner *sr = srunner_create(cuda_attention_suite());
+    /* CUDA is already initialised in this process (the device count): a forked child could not
+     * use it, so the tests run in-process. */
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
