@@ -4,6 +4,8 @@
 #include "state.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +24,6 @@ static void *alloc_state(size_t bytes, bool *pinned)
     int flags = starpu_cuda_worker_get_count() > 0 ? STARPU_MALLOC_PINNED : 0;
     if (starpu_malloc_flags(&p, bytes, flags) != 0 || !p) return NULL;
     if (!flags) *pinned = false;
-    memset(p, 0, bytes);
     return p;
 }
 
@@ -31,6 +32,52 @@ static void free_state(void *p, size_t bytes)
     if (!p) return;
     int flags = starpu_cuda_worker_get_count() > 0 ? STARPU_MALLOC_PINNED : 0;
     starpu_free_flags(p, round_up(bytes, TILE_ALIGN_BYTES), flags);
+}
+
+/* Runs fn(st, tile index, arg) for every tile on one thread per core: filling tens of GB of
+ * state one core at a time takes minutes. Tiles are independent, so results do not depend on
+ * the thread count. */
+typedef void (*tile_fn)(mt_host_state *st, int tile, void *arg);
+typedef struct tile_job { mt_host_state *st; tile_fn fn; void *arg; int next; pthread_mutex_t lock; } tile_job;
+
+static void *tile_worker(void *p)
+{
+    tile_job *j = p;
+    for (;;) {
+        pthread_mutex_lock(&j->lock);
+        int i = j->next++;
+        pthread_mutex_unlock(&j->lock);
+        if (i >= j->st->ntiles) return NULL;
+        j->fn(j->st, i, j->arg);
+    }
+}
+
+static void for_each_tile(mt_host_state *st, tile_fn fn, void *arg)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1) n = 1;
+    if (n > 64) n = 64;
+    if (n > st->ntiles) n = st->ntiles;
+    tile_job j = { .st = st, .fn = fn, .arg = arg };
+    pthread_mutex_init(&j.lock, NULL);
+    pthread_t th[64];
+    for (long t = 1; t < n; t++) pthread_create(&th[t], NULL, tile_worker, &j);
+    tile_worker(&j);
+    for (long t = 1; t < n; t++) pthread_join(th[t], NULL);
+    pthread_mutex_destroy(&j.lock);
+}
+
+/* Zeroes every kind of state of one tile (pinned allocations are not zeroed by the allocator). */
+static void zero_tile(mt_host_state *st, int i, void *arg)
+{
+    (void)arg;
+    mt_tile *t = &st->tiles[i];
+    size_t fbytes = (size_t)t->numel * sizeof(float);
+    memset(t->weights, 0, t->weight_bytes);
+    memset(t->master, 0, fbytes);
+    memset(t->grad, 0, fbytes);
+    memset(t->adam_m, 0, fbytes);
+    memset(t->adam_v, 0, fbytes);
 }
 
 /* Splits a tile into AdamW chunks: boundaries at every tensor start, pieces of at most
@@ -132,6 +179,7 @@ mt_host_state *mt_state_create(const mt_model_config *cfg, mt_dtype compute_dtyp
             return NULL;
         }
     }
+    for_each_tile(st, zero_tile, NULL);
     /* Every decoder layer's streamed copy shares one allocation size, so a GPU buffer freed by
      * one layer is reused as is by the next (StarPU recycles same-size buffers). */
     for (int i = 0; i < st->ntiles; i++) {
@@ -192,9 +240,14 @@ static double gaussian(uint64_t *s)
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
-void mt_state_init_random(mt_host_state *st, uint64_t seed, double std)
+typedef struct init_args { uint64_t seed; double std; } init_args;
+
+static void init_tile(mt_host_state *st, int i, void *arg)
 {
-    for (int i = 0; i < st->ntiles; i++) {
+    const init_args *a = arg;
+    uint64_t seed = a->seed;
+    double std = a->std;
+    {
         mt_tile *t = &st->tiles[i];
         const mt_tile_layout *lay = t->layout;
         uint64_t s = seed ^ (0xA5A5A5A5ull * (uint64_t)(i + 1));
@@ -209,8 +262,15 @@ void mt_state_init_random(mt_host_state *st, uint64_t seed, double std)
                 for (int64_t e = 0; e < d->numel; e++) p[e] = 1.0f;
             /* biases stay 0 */
         }
+        if (st->compute_dtype == MT_DTYPE_BF16) mt_cpu_f32_to_bf16(t->numel, t->master, (mt_bf16 *)t->weights);
+        else memcpy(t->weights, t->master, (size_t)t->numel * sizeof(float));
     }
-    mt_state_sync_weights(st);
+}
+
+void mt_state_init_random(mt_host_state *st, uint64_t seed, double std)
+{
+    init_args a = { seed, std };
+    for_each_tile(st, init_tile, &a);
 }
 
 void mt_state_sync_weights(mt_host_state *st)

@@ -15,6 +15,8 @@
 #include "runtime.h"
 #include "state.h"
 #include "train.h"
+#include "bench.h"
+#include "policy.h"
 #include "codelets.h"
 #if MT_HAVE_CUDA
 #include "cuda/kernels.h"
@@ -191,7 +193,7 @@ static int cmd_plan(int argc, char **argv)
     mt_model_config cfg;
     char err[1024];
     if (shape && mt_config_from_shape(shape, &cfg))
-        return usage_error("plan: unknown shape '%s'%s", shape, " (qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b, qwen2.5-14b, tiny)");
+        return usage_error("--shape: unknown shape '%s'%s", shape, " (qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b, qwen2.5-14b, tiny)");
     if (config && mt_config_load(config, &cfg, err, sizeof err)) { fprintf(stderr, "%s: %s\n", cmd, err); return 1; }
     mt_plan plan;
     if (mt_plan_compute(&cfg, &pp, &plan)) { fprintf(stderr, "%s: %s\n", cmd, plan.error); return 1; }
@@ -309,6 +311,81 @@ static int cmd_train(int argc, char **argv)
     return 0;
 }
 
+/* ---- bench ------------------------------------------------------------------------------ */
+
+static void bench_help(const mt_bench_options *d)
+{
+    printf("usage: megatrain bench [options]\n\n"
+           "Times the training step of a published shape with random weights: medians over the\n"
+           "measured steps after warm-up. Model TFLOP/s = (6 N + 6 L d T) tokens / time, N = all\n"
+           "parameters but the embedding table (the LM head counts also when tied); recompute\n"
+           "not counted.\n\n");
+    printf("  --shape NAME         qwen2.5-0.5b|1.5b|3b|7b|14b, tiny (default %s)\n", d->shape);
+    printf("  --micro-batch B      sequences per micro-batch (default %lld)\n", (long long)d->step.B);
+    printf("  --seq-len T          tokens per sequence (default %lld)\n", (long long)d->step.T);
+    printf("  --accum N            micro-batches per step (default %d)\n", d->step.accum);
+    printf("  --checkpoint-every K layers per recompute block (default %d)\n", d->step.K);
+    printf("  --clip X             max gradient norm, 0 = off (default %g)\n", d->step.clip);
+    printf("  --warmup N           steps not measured (default %d)\n", d->warmup);
+    printf("  --steps N            measured steps (default %d)\n", d->steps);
+    printf("  --resident           no GPU memory limit: no weight is ever evicted\n");
+    printf("  --gpu-limit-mib N    GPU memory StarPU may use (default: what the step's buffers need)\n");
+    printf("  --no-prefetch        turn the megatrain policy's next-layer prefetch off\n");
+    printf("  --sched NAME         megatrain (default), dmda, eager, ...\n");
+    printf("  --ncpu N, --ncuda N  StarPU workers (default: all)\n");
+}
+
+static int cmd_bench(int argc, char **argv)
+{
+    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP };
+    static const struct option opts[] = {
+        { "shape", required_argument, 0, O_SHAPE }, { "micro-batch", required_argument, 0, O_B },
+        { "seq-len", required_argument, 0, O_T }, { "accum", required_argument, 0, O_ACCUM },
+        { "checkpoint-every", required_argument, 0, O_K }, { "clip", required_argument, 0, O_CLIP },
+        { "warmup", required_argument, 0, O_WARM }, { "steps", required_argument, 0, O_STEPS },
+        { "resident", no_argument, 0, O_RES }, { "gpu-limit-mib", required_argument, 0, O_LIMIT },
+        { "no-prefetch", no_argument, 0, O_NOPF }, { "sched", required_argument, 0, O_SCHED },
+        { "ncpu", required_argument, 0, O_NCPU }, { "ncuda", required_argument, 0, O_NCUDA },
+        { "help", no_argument, 0, O_HELP }, { 0, 0, 0, 0 },
+    };
+    mt_bench_options o = mt_bench_defaults();
+    long long v;
+    int c;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case O_SHAPE: o.shape = optarg; break;
+        case O_B: if (parse_int("--micro-batch", optarg, 1, 1 << 20, &v)) return 2; o.step.B = v; break;
+        case O_T: if (parse_int("--seq-len", optarg, 1, 1 << 24, &v)) return 2; o.step.T = v; break;
+        case O_ACCUM: if (parse_int("--accum", optarg, 1, 1 << 20, &v)) return 2; o.step.accum = (int)v; break;
+        case O_K: if (parse_int("--checkpoint-every", optarg, 1, 1 << 20, &v)) return 2; o.step.K = (int)v; break;
+        case O_CLIP: if (parse_double("--clip", optarg, 0, 1e30, &o.step.clip)) return 2; break;
+        case O_WARM: if (parse_int("--warmup", optarg, 0, 1000, &v)) return 2; o.warmup = (int)v; break;
+        case O_STEPS: if (parse_int("--steps", optarg, 1, 1000, &v)) return 2; o.steps = (int)v; break;
+        case O_RES: o.resident = true; break;
+        case O_LIMIT: if (parse_int("--gpu-limit-mib", optarg, 1, 1LL << 30, &v)) return 2; o.gpu_limit_mib = (uint64_t)v; break;
+        case O_NOPF: o.prefetch = false; break;
+        case O_SCHED: o.runtime.sched = optarg; break;
+        case O_NCPU: if (parse_int("--ncpu", optarg, 1, 1024, &v)) return 2; o.runtime.ncpu = (int)v; break;
+        case O_NCUDA: if (parse_int("--ncuda", optarg, 0, 64, &v)) return 2; o.runtime.ncuda = (int)v; break;
+        case O_HELP: bench_help(&o); return 0;
+        default: return 2;
+        }
+    }
+    if (optind < argc) return usage_error("bench: unexpected argument '%s'%s", argv[optind], "");
+    mt_model_config cfg;
+    if (mt_config_from_shape(o.shape, &cfg))
+        return usage_error("--shape: unknown shape '%s'%s", o.shape, " (qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b, qwen2.5-14b, tiny)");
+    if (o.step.K > cfg.layers) o.step.K = (int)cfg.layers;
+    mt_bench_result r;
+    char err[1024];
+    if (mt_bench_run(&o, &r, stderr, err, sizeof err)) {
+        fprintf(stderr, "%s: %s\n", cmd, err);
+        return 1;
+    }
+    mt_bench_print(&o, &r, stdout);
+    return 0;
+}
+
 /* ---- main ------------------------------------------------------------------------------- */
 
 static void main_help(void)
@@ -319,6 +396,7 @@ static void main_help(void)
            "commands:\n"
            "  train   train a model (default: the built-in byte-level model on fortunes)\n"
            "  plan    print the memory plan of a run and check that it fits\n"
+           "  bench   time the training step of a published shape (random weights)\n"
            "  info    show StarPU's workers and check that every kind runs a task\n\n"
            "'megatrain COMMAND --help' describes each command.\n");
 }
@@ -336,6 +414,7 @@ int main(int argc, char **argv)
     if (!strcmp(sub, "info")) return cmd_info(argc - 1, argv + 1);
     if (!strcmp(sub, "plan")) return cmd_plan(argc - 1, argv + 1);
     if (!strcmp(sub, "train")) return cmd_train(argc - 1, argv + 1);
+    if (!strcmp(sub, "bench")) return cmd_bench(argc - 1, argv + 1);
     cmd = "megatrain";
-    return usage_error("unknown command '%s'%s", sub, " (train, plan, info)");
+    return usage_error("unknown command '%s'%s", sub, " (train, plan, bench, info)");
 }

@@ -1,0 +1,266 @@
+/* The benchmark: builds the host state of a published shape with random weights and times the
+ * real step graph. Step time is the period between the last AdamW task of consecutive steps,
+ * which is what a long run sustains (steps overlap: the next forward runs during AdamW). */
+#include "bench.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "codelets.h"
+#include "config.h"
+#include "mt_build_config.h"
+#include "plan.h"
+#include "policy.h"
+#include "state.h"
+#if MT_HAVE_CUDA
+#include "cuda/kernels.h"
+#endif
+
+mt_bench_options mt_bench_defaults(void)
+{
+    mt_bench_options o = { .shape = "qwen2.5-0.5b", .step = mt_step_defaults(), .warmup = 2, .steps = 5,
+                           .resident = false, .prefetch = true, .gpu_limit_mib = 0, .runtime = mt_runtime_defaults() };
+    o.step.B = 8;
+    o.step.T = 2048;
+    o.step.K = 4;
+    return o;
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double ts_sec(struct timespec t) { return t.tv_sec + t.tv_nsec * 1e-9; }
+
+/* Event times per step: what the observer saw. */
+typedef struct timeline {
+    pthread_mutex_t lock;
+    int nsteps;
+    double *fwd0_start;     /* (nsteps+1) forward of layer 0 started */
+    double *bwd0_end;       /* backward of layer 0 ended */
+    double *adam_first, *adam_last;
+    unsigned gpu_node;
+    size_t peak_gpu;
+} timeline;
+
+static void on_event(void *user, mt_event_kind kind, int64_t step, int tile)
+{
+    timeline *tl = user;
+    double t = now();
+    if (step < 1 || step > tl->nsteps) return;
+    pthread_mutex_lock(&tl->lock);
+    if (kind == MT_EV_FORWARD_START && tile == 1 && tl->fwd0_start[step] == 0) tl->fwd0_start[step] = t;
+    if (kind == MT_EV_BACKWARD && tile == 1) tl->bwd0_end[step] = t;
+    if (kind == MT_EV_ADAMW) {
+        if (tl->adam_first[step] == 0) tl->adam_first[step] = t;
+        tl->adam_last[step] = t;
+    }
+    if (tl->gpu_node) {
+        size_t used = starpu_memory_get_used(tl->gpu_node);
+        if (used > tl->peak_gpu) tl->peak_gpu = used;
+    }
+    pthread_mutex_unlock(&tl->lock);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    if (n <= 0) return NAN;
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static double peak_rss_gib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return NAN;
+    char line[256];
+    double kib = NAN;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %lf kB", &kib) == 1) break;
+    fclose(f);
+    return kib / (1024.0 * 1024.0);
+}
+
+/* GPU bytes the step's buffers need at once: two layer weight and gradient buffers (double
+ * buffering), the embedding and head tiles with their gradients, checkpoints, ping-pong
+ * activations, one block's saved activations, scratch. */
+static uint64_t gpu_need_bytes(const mt_model_config *cfg, const mt_step_config *sc)
+{
+    mt_tile_layout le, ll, lh;
+    mt_layout_build(cfg, MT_TILE_EMBED, &le);
+    mt_layout_build(cfg, MT_TILE_LAYER, &ll);
+    mt_layout_build(cfg, MT_TILE_HEAD, &lh);
+    mt_host_state fake = { .cfg = *cfg, .compute_dtype = MT_DTYPE_BF16, .layout_embed = le, .layout_layer = ll, .layout_head = lh };
+    uint64_t ntok = (uint64_t)(sc->B * sc->T), d = (uint64_t)cfg->hidden;
+    uint64_t nb = (uint64_t)((cfg->layers + sc->K - 1) / sc->K);
+    uint64_t w = 2 * (uint64_t)ll.numel * 2 + 2 * (uint64_t)ll.numel * 4;
+    uint64_t eh = ((uint64_t)le.numel + (uint64_t)lh.numel) * 6;
+    uint64_t acts = (nb + 4) * ntok * d * 4;
+    uint64_t saved = (uint64_t)sc->K * mt_codelet_layer_saved_bytes(&fake, sc->B, sc->T);
+    uint64_t scratch = mt_codelet_layer_scratch_bytes(&fake, sc->B, sc->T) +
+                       mt_codelet_head_scratch_bytes(&fake, sc->head_chunk < (int64_t)ntok ? sc->head_chunk : (int64_t)ntok);
+    return w + eh + acts + saved + scratch + ((uint64_t)512 << 20);
+}
+
+int mt_bench_run(const mt_bench_options *o, mt_bench_result *r, FILE *log, char *err, size_t errlen)
+{
+    memset(r, 0, sizeof *r);
+    mt_model_config cfg;
+    if (mt_config_from_shape(o->shape, &cfg)) {
+        snprintf(err, errlen, "unknown shape '%s'", o->shape);
+        return -1;
+    }
+    mt_plan_params pp = { .micro_batch = o->step.B, .seq_len = o->step.T, .grad_accum = o->step.accum,
+                          .checkpoint_interval = o->step.K, .compute = MT_DTYPE_BF16, .use_gpu = true };
+    mt_plan plan;
+    if (mt_plan_compute(&cfg, &pp, &plan)) {
+        snprintf(err, errlen, "%s", plan.error);
+        return -1;
+    }
+    if (mt_plan_check_host(&plan, mt_host_memory_available(), err, errlen)) return -1;
+
+    /* The GPU budget must be set before StarPU starts. */
+    r->gpu_limit_mib = 0;
+    if (!o->resident) {
+        r->gpu_limit_mib = o->gpu_limit_mib ? o->gpu_limit_mib : (gpu_need_bytes(&cfg, &o->step) >> 20) + 1;
+        char v[32];
+        snprintf(v, sizeof v, "%llu", (unsigned long long)r->gpu_limit_mib);
+        setenv("STARPU_LIMIT_CUDA_MEM", v, 1);
+    } else {
+        unsetenv("STARPU_LIMIT_CUDA_MEM");
+    }
+    setenv("STARPU_PROFILING", "1", 1);
+    if (mt_runtime_init(&o->runtime, err, errlen)) return -1;
+    int rc = -1;
+    mt_graph *g = NULL;
+    double t0 = now();
+    mt_host_state *st = mt_state_create(&cfg, MT_DTYPE_BF16, (int64_t)1 << 22, err, errlen);
+    if (!st) goto out;
+    mt_state_init_random(st, 1, 0.02);
+    if (log) fprintf(log, "bench: %s, %.3fB parameters, host state %.1f GiB in %.1f s, GPU limit %s\n", o->shape,
+                     mt_config_param_count(&cfg) / 1e9, plan.host_total / 1073741824.0, now() - t0,
+                     o->resident ? "none (resident)" : "from the step's buffers");
+    g = mt_graph_create(st, &o->step, err, errlen);
+    if (!g) goto out;
+    mt_policy_set_prefetch(o->prefetch);
+
+    int total = o->warmup + o->steps;
+    timeline tl = { .nsteps = total };
+    pthread_mutex_init(&tl.lock, NULL);
+    tl.fwd0_start = calloc(total + 2, sizeof(double));
+    tl.bwd0_end = calloc(total + 2, sizeof(double));
+    tl.adam_first = calloc(total + 2, sizeof(double));
+    tl.adam_last = calloc(total + 2, sizeof(double));
+    for (unsigned w = 0; w < starpu_worker_get_count(); w++)
+        if (starpu_worker_get_type((int)w) == STARPU_CUDA_WORKER) tl.gpu_node = starpu_worker_get_memory_node(w);
+    mt_graph_set_observer(g, on_event, &tl);
+
+    int64_t n = (int64_t)o->step.accum * o->step.B * o->step.T;
+    int32_t *tok = malloc(sizeof *tok * n), *tgt = malloc(sizeof *tgt * n);
+    uint64_t s = 12345;
+    for (int64_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        tok[i] = (int32_t)((s >> 33) % (uint64_t)cfg.vocab);
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        tgt[i] = (int32_t)((s >> 33) % (uint64_t)cfg.vocab);
+    }
+    int *slots = calloc(total + 1, sizeof(int));
+    double measure_start = 0;
+    for (int step = 1; step <= total; step++) {
+        if (step == o->warmup + 1) {
+            /* Start the measured window once the warm-up steps are done. */
+            starpu_task_wait_for_all();
+            for (int b = 0; b < starpu_bus_get_count(); b++) starpu_bus_get_profiling_info(b, NULL);
+            for (unsigned w = 0; w < starpu_worker_get_count(); w++) starpu_profiling_worker_get_info((int)w, NULL);
+            measure_start = now();
+        }
+        slots[step] = mt_graph_submit_step(g, step, tok, tgt, 1e-5);
+        if (step >= 2) {
+            double loss = mt_graph_wait_loss(g, slots[step - 1], NULL);
+            if (step == 2) r->loss_first = loss;
+            if (log) fprintf(log, "bench: step %d loss %.4f\n", step - 1, loss);
+        }
+    }
+    r->loss_last = mt_graph_wait_loss(g, slots[total], NULL);
+    starpu_task_wait_for_all();
+    double window = now() - measure_start;
+
+    long long h2d = 0, d2h = 0;
+    for (int b = 0; b < starpu_bus_get_count(); b++) {
+        struct starpu_profiling_bus_info bi;
+        starpu_bus_get_profiling_info(b, &bi);
+        if (starpu_bus_get_src(b) == STARPU_MAIN_RAM) h2d += bi.transferred_bytes;
+        else if (starpu_bus_get_dst(b) == STARPU_MAIN_RAM) d2h += bi.transferred_bytes;
+    }
+    r->h2d_gb = h2d / 1e9 / o->steps;
+    r->d2h_gb = d2h / 1e9 / o->steps;
+    r->h2d_gbs = h2d / 1e9 / window;
+    r->d2h_gbs = d2h / 1e9 / window;
+    for (unsigned w = 0; w < starpu_worker_get_count(); w++) {
+        if (starpu_worker_get_type((int)w) != STARPU_CUDA_WORKER) continue;
+        struct starpu_profiling_worker_info wi;
+        starpu_profiling_worker_get_info((int)w, &wi);
+        r->gpu_busy = ts_sec(wi.executing_time) / window;
+    }
+
+    double *steps = calloc(total + 1, sizeof(double)), *gaps = calloc(total + 1, sizeof(double));
+    double *spans = calloc(total + 1, sizeof(double)), *tails = calloc(total + 1, sizeof(double));
+    int ns = 0, ng = 0;
+    for (int k = o->warmup + 1; k <= total; k++) {
+        if (k >= 2 && tl.adam_last[k - 1] > 0) steps[ns++] = tl.adam_last[k] - tl.adam_last[k - 1];
+        if (k >= 2 && tl.fwd0_start[k] > 0 && tl.bwd0_end[k - 1] > 0) gaps[ng++] = tl.fwd0_start[k] - tl.bwd0_end[k - 1];
+        spans[k - o->warmup - 1] = tl.adam_last[k] - tl.adam_first[k];
+        tails[k - o->warmup - 1] = tl.adam_last[k] - tl.bwd0_end[k];
+    }
+    /* The first measured step follows a drained pipeline: time it from the window start. */
+    if (ns == 0 || o->warmup == 0) steps[ns++] = window / o->steps;
+    r->step_s = median(steps, ns);
+    r->boundary_gap_s = median(gaps, ng);
+    r->adamw_span_s = median(spans, o->steps);
+    r->adamw_tail_s = median(tails, o->steps);
+    r->tokens_per_s = n / r->step_s;
+    double flops_per_token = 6.0 * (double)mt_config_flops_params(&cfg) + 6.0 * cfg.layers * cfg.hidden * o->step.T;
+    r->tflops = flops_per_token * n / r->step_s / 1e12;
+    r->peak_gpu_gib = tl.peak_gpu / 1073741824.0;
+
+    /* AdamW alone: one update of every tile with nothing else running. */
+    mt_graph_set_observer(g, NULL, NULL);
+    double a0 = now();
+    mt_graph_submit_update(g, total + 1, 1e-5);
+    starpu_task_wait_for_all();
+    r->adamw_standalone_s = now() - a0;
+    r->adamw_s_per_gparam = r->adamw_standalone_s / (mt_config_param_count(&cfg) / 1e9);
+    r->peak_host_gib = peak_rss_gib();
+    free(steps); free(gaps); free(spans); free(tails); free(slots); free(tok); free(tgt);
+    free(tl.fwd0_start); free(tl.bwd0_end); free(tl.adam_first); free(tl.adam_last);
+    rc = 0;
+out:
+    mt_graph_destroy(g);
+    mt_state_destroy(st);
+    mt_runtime_shutdown();
+    return rc;
+}
+
+void mt_bench_print(const mt_bench_options *o, const mt_bench_result *r, FILE *out)
+{
+    fprintf(out, "| shape | tokens/step | K | clip | policy | prefetch | GPU limit | step s | tok/s | model TFLOP/s | H2D GB/step (GB/s) | D2H GB/step (GB/s) | GPU busy | AdamW alone s (s/1e9) | AdamW span s | AdamW tail s | boundary gap s | peak GPU GiB | peak host GiB |\n");
+    fprintf(out, "| %s | %d x %lld x %lld | %d | %g | %s | %s | %s | %.3f | %.0f | %.1f | %.2f (%.1f) | %.2f (%.1f) | %.2f | %.2f (%.3f) | %.3f | %.3f | %.3f | %.2f | %.1f |\n",
+            o->shape, o->step.accum, (long long)o->step.B, (long long)o->step.T, o->step.K, o->step.clip,
+            o->runtime.sched ? o->runtime.sched : mt_default_sched(), o->prefetch ? "on" : "off",
+            r->gpu_limit_mib ? "bounded" : "resident", r->step_s, r->tokens_per_s, r->tflops, r->h2d_gb, r->h2d_gbs,
+            r->d2h_gb, r->d2h_gbs, r->gpu_busy, r->adamw_standalone_s, r->adamw_s_per_gparam, r->adamw_span_s,
+            r->adamw_tail_s, r->boundary_gap_s, r->peak_gpu_gib, r->peak_host_gib);
+    if (r->gpu_limit_mib) fprintf(out, "(GPU limit STARPU_LIMIT_CUDA_MEM = %llu MiB)\n", (unsigned long long)r->gpu_limit_mib);
+}

@@ -1,0 +1,40 @@
+/* `megatrain bench`: one named shape, random weights, the real training step on the GPU (or CPU
+ * workers), measured over several steps after warm-up: step time, tokens/s, model TFLOP/s, bus
+ * traffic, GPU busy fraction, AdamW standalone and in the step, the step-boundary gap, memory. */
+#ifndef MT_RUNTIME_BENCH_H
+#define MT_RUNTIME_BENCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "runtime.h"
+#include "step.h"
+
+typedef struct mt_bench_options {
+    const char *shape;            /* mt_config_from_shape name */
+    mt_step_config step;          /* B, T, accum, K, clip */
+    int warmup, steps;            /* steps not measured, then measured */
+    bool resident;                /* no GPU memory limit: no weight is ever evicted */
+    bool prefetch;                /* the megatrain policy's next-layer prefetch */
+    uint64_t gpu_limit_mib;       /* 0: from the run's buffer sizes (ignored when resident) */
+    mt_runtime_options runtime;
+} mt_bench_options;
+
+typedef struct mt_bench_result {
+    double step_s, tokens_per_s, tflops;          /* medians; TFLOP/s = (6N + 6LdT) tokens / time */
+    double h2d_gb, d2h_gb, h2d_gbs, d2h_gbs;      /* per step; rates over the measured window */
+    double gpu_busy;                              /* executing / total of the CUDA worker */
+    double adamw_standalone_s, adamw_s_per_gparam;
+    double adamw_span_s, adamw_tail_s;            /* first to last AdamW end; last AdamW end after the backward */
+    double boundary_gap_s;                        /* layer 0's backward end to next forward start */
+    double peak_gpu_gib, peak_host_gib;
+    double loss_first, loss_last;
+    uint64_t gpu_limit_mib;
+} mt_bench_result;
+
+mt_bench_options mt_bench_defaults(void);
+int mt_bench_run(const mt_bench_options *o, mt_bench_result *r, FILE *log, char *err, size_t errlen);
+void mt_bench_print(const mt_bench_options *o, const mt_bench_result *r, FILE *out);
+
+#endif

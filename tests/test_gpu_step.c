@@ -1,0 +1,129 @@
+/* The whole training step on the GPU against the same step on CPU workers: same bf16 weights,
+ * same batch, every gradient tile within bf16 tolerance. Skips (exit 77) without a GPU. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "runtime.h"
+#include "state.h"
+#include "step.h"
+#include "testutil.h"
+
+typedef struct result {
+    int ntiles;
+    int64_t *numel;
+    float **grad;
+    double loss;
+} result;
+
+static mt_model_config config(bool tied)
+{
+    char json[1024], err[256];
+    snprintf(json, sizeof json,
+             "{\"model_type\": \"qwen2\", \"hidden_size\": 192, \"intermediate_size\": 333,"
+             " \"num_hidden_layers\": 3, \"num_attention_heads\": 3, \"num_key_value_heads\": 1,"
+             " \"head_dim\": 64, \"vocab_size\": 1001, \"max_position_embeddings\": 512,"
+             " \"rope_theta\": 1000000.0, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": %s}",
+             tied ? "true" : "false");
+    mt_model_config cfg;
+    ck_assert_msg(mt_config_parse(json, "gpu-test", &cfg, err, sizeof err) == 0, "%s", err);
+    return cfg;
+}
+
+/* One step's gradients (no update) with `ncuda` CUDA workers. */
+static result run(bool tied, int ncuda, int K, int accum)
+{
+    mt_runtime_options ro = mt_runtime_defaults();
+    ro.sched = "megatrain";
+    ro.ncpu = 2;
+    ro.ncuda = ncuda;
+    char err[256];
+    ck_assert_msg(mt_runtime_init(&ro, err, sizeof err) == 0, "%s", err);
+    mt_model_config cfg = config(tied);
+    mt_host_state *st = mt_state_create(&cfg, MT_DTYPE_BF16, 0, err, sizeof err);
+    ck_assert_msg(st != NULL, "%s", err);
+    mt_state_init_random(st, 11, 0.05);
+    mt_step_config sc = mt_step_defaults();
+    sc.B = 2; sc.T = 77; sc.K = K; sc.accum = accum; sc.head_chunk = 50;
+    mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
+    ck_assert_msg(g != NULL, "%s", err);
+    int64_t n = accum * sc.B * sc.T;
+    int32_t *tok = malloc(sizeof *tok * n), *tgt = malloc(sizeof *tgt * n);
+    mt_test_rng r;
+    mt_test_rng_seed(&r, 99);
+    for (int64_t i = 0; i < n; i++) {
+        tok[i] = (int32_t)(mt_test_uniform(&r) * cfg.vocab);
+        tgt[i] = mt_test_uniform(&r) < 0.1 ? -1 : (int32_t)(mt_test_uniform(&r) * cfg.vocab);
+    }
+    int slot = mt_graph_submit_compute(g, 1, tok, tgt);
+    result res = { .ntiles = st->ntiles };
+    res.loss = mt_graph_wait_loss(g, slot, NULL);
+    starpu_task_wait_for_all();
+    res.numel = calloc(st->ntiles, sizeof *res.numel);
+    res.grad = calloc(st->ntiles, sizeof *res.grad);
+    for (int i = 0; i < st->ntiles; i++) {
+        mt_tile *t = &st->tiles[i];
+        res.numel[i] = t->numel;
+        res.grad[i] = malloc(sizeof(float) * t->numel);
+        starpu_data_acquire(t->h_grad, STARPU_R);
+        memcpy(res.grad[i], t->grad, sizeof(float) * t->numel);
+        starpu_data_release(t->h_grad);
+    }
+    free(tok); free(tgt);
+    mt_graph_destroy(g);
+    mt_state_destroy(st);
+    mt_runtime_shutdown();
+    return res;
+}
+
+static void compare(bool tied, int K, int accum)
+{
+    result cpu = run(tied, 0, K, accum);
+    result gpu = run(tied, 1, K, accum);
+    double lrel = fabs(gpu.loss - cpu.loss) / fabs(cpu.loss);
+    printf("tied=%d K=%d accum=%d: loss cpu %.6f gpu %.6f (rel %.2e)\n", tied, K, accum, cpu.loss, gpu.loss, lrel);
+    ck_assert_msg(lrel <= 1e-3, "loss differs: cpu %.6f gpu %.6f", cpu.loss, gpu.loss);
+    for (int i = 0; i < cpu.ntiles; i++) {
+        double e = mt_test_rel_err_f32(gpu.grad[i], cpu.grad[i], cpu.numel[i]);
+        printf("  tile %d gradient rel err %.3e\n", i, e);
+        ck_assert_msg(e <= 1e-2, "tile %d gradient: ||gpu - cpu|| / ||cpu|| = %.3e > 1e-2", i, e);
+        free(cpu.grad[i]);
+        free(gpu.grad[i]);
+    }
+    free(cpu.grad); free(gpu.grad); free(cpu.numel); free(gpu.numel);
+}
+
+START_TEST(test_step_gradients_untied) { compare(false, 2, 1); }
+END_TEST
+START_TEST(test_step_gradients_tied_accum) { compare(true, 1, 2); }
+END_TEST
+
+int main(void)
+{
+    /* Skip when StarPU finds no CUDA worker. */
+    mt_runtime_options ro = mt_runtime_defaults();
+    ro.ncpu = 1;
+    char err[256];
+    if (mt_runtime_init(&ro, err, sizeof err) != 0) return 77;
+    int ncuda = mt_runtime_ncuda();
+    mt_runtime_shutdown();
+    if (ncuda == 0) {
+        printf("no GPU: skipped\n");
+        return 77;
+    }
+    Suite *s = suite_create("gpu_step");
+    TCase *tc = tcase_create("step");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_step_gradients_untied);
+    tcase_add_test(tc, test_step_gradients_tied_accum);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, CK_VERBOSE);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
