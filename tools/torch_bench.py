@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""The PyTorch reference for `megatrain bench`: the same shape, all on the GPU, HF transformers,
+bf16 autocast, gradient checkpointing, fused AdamW, clipping at 1.0. Reports medians over the
+measured steps in the project's convention: model TFLOP/s = (6 N + 6 L d T) tokens / time, N all
+parameters but the embedding table (the LM head counts also when tied), recompute not counted.
+Also times torch's flash SDPA forward+backward at the attention benchmark's shape.
+
+    python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048
+"""
+import argparse
+import statistics
+import sys
+import time
+
+SHAPES = {  # design.md's table (HF config.json values)
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-3b": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+                       num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+    "qwen2.5-14b": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=48, num_attention_heads=40,
+                        num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False),
+}
+
+
+def model_bench(args, torch, transformers):
+    cfg = transformers.Qwen2Config(**SHAPES[args.shape], rope_theta=1e6, rms_norm_eps=1e-6,
+                                   max_position_embeddings=32768, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(cfg).cuda()
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    B, T = args.micro_batch, args.seq_len
+    x = torch.randint(0, cfg.vocab_size, (B, T), device="cuda")
+    times = []
+    for step in range(args.warmup + args.steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    n_all = sum(p.numel() for p in model.parameters())
+    d, L, V = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
+    n = n_all - V * d + (V * d if cfg.tie_word_embeddings else 0)
+    step = statistics.median(times)
+    tokens = B * T
+    tflops = (6 * n + 6 * L * d * T) * tokens / step / 1e12
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    print(f"| torch {args.shape} | {B} x {T} | step {step:.3f} s | {tokens / step:.0f} tok/s | "
+          f"{tflops:.1f} model TFLOP/s | peak GPU {peak:.1f} GiB | loss {loss.item():.4f} |")
+
+
+def attention_bench(torch):
+    B, T, H, KV, D = 8, 2048, 16, 2, 128
+    q = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(B, KV, T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(B, KV, T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    f = torch.nn.functional.scaled_dot_product_attention
+    fwd, bwd = [], []
+    for i in range(13):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        o = f(q, k, v, is_causal=True, enable_gqa=True)
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        o.backward(torch.ones_like(o))
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        if i >= 3:
+            fwd.append(t1 - t0)
+            bwd.append(t2 - t1)
+    flops = 4 * B * H * T * T * D / 2
+    tf, tb = statistics.median(fwd), statistics.median(bwd)
+    print(f"| torch sdpa B={B} T={T} H={H} KV={KV} D={D} | forward {tf * 1e3:.2f} ms {flops / tf / 1e12:.0f} TFLOP/s | "
+          f"backward {tb * 1e3:.2f} ms {2.5 * flops / tb / 1e12:.0f} TFLOP/s |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="qwen2.5-3b", choices=sorted(SHAPES))
+    ap.add_argument("--micro-batch", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--attention-only", action="store_true")
+    args = ap.parse_args()
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        sys.exit(f"torch_bench: {e}: needs torch and transformers (the GPU machine has both)")
+    if not torch.cuda.is_available():
+        sys.exit("torch_bench: no CUDA device")
+    attention_bench(torch)
+    if not args.attention_only:
+        model_bench(args, torch, transformers)
+
+
+if __name__ == "__main__":
+    main()
