@@ -1,0 +1,526 @@
+// One pre-norm decoder layer on the GPU (Llama, Mistral, Qwen2 with q/k/v bias, Qwen3 with q/k
+// RMSNorm), forward and backward, mirroring backends/cpu/layer.inc step by step. The residual
+// stream is fp32; every GEMM input is bf16 (fp32 accumulation); norm statistics are fp32.
+// Fused here: q/k-norm + RoPE on q and k in one launch (and their backward with the bf16 cast);
+// rmsnorm + bf16 cast; the residual adds ride in the o/down GEMM epilogues; bias adds in q/k/v's.
+extern "C" { // C headers without their own linkage guards
+#include "ops.h" // mt_rope_inv_freq: the same double frequencies as the CPU path
+}
+
+#include "colsum.cuh"
+#include "linear.cuh"
+#include "rmsnorm.cuh"
+
+#define LAYER_MAX_HEAD_DIM 256 // RoPE pairs held in registers: 4 per lane of a warp
+#define ROPE_PAIRS_PER_LANE (LAYER_MAX_HEAD_DIM / 2 / 32)
+
+typedef struct layer_dims {
+    int64_t B, T, n, d, H, KV, D, inter, qd, kvd, half; // inter = I, qd = H*D, kvd = KV*D, half = D/2
+} layer_dims;
+
+static layer_dims layer_dims_of(const mt_model_config *cfg, int64_t B, int64_t T)
+{
+    layer_dims m;
+    m.B = B;
+    m.T = T;
+    m.n = B * T;
+    m.d = cfg->hidden;
+    m.H = cfg->heads;
+    m.KV = cfg->kv_heads;
+    m.D = cfg->head_dim;
+    m.inter = cfg->intermediate;
+    m.qd = m.H * m.D;
+    m.kvd = m.KV * m.D;
+    m.half = m.D / 2;
+    return m;
+}
+
+static void layer_check(const mt_model_config *cfg, const mt_tile_layout *layout, const layer_dims *m)
+{
+    MT_CUDA_REQUIRE(layout->kind == MT_TILE_LAYER, "layer launcher given a non-layer tile layout");
+    MT_CUDA_REQUIRE(m->D % 2 == 0 && m->D <= LAYER_MAX_HEAD_DIM, "head_dim %lld: must be even and <= %d",
+                    (long long)m->D, LAYER_MAX_HEAD_DIM);
+    MT_CUDA_REQUIRE(m->KV > 0 && m->H % m->KV == 0, "heads %lld not a multiple of kv_heads %lld", (long long)m->H,
+                    (long long)m->KV);
+    MT_CUDA_REQUIRE(!cfg->qk_norm || layout->tensors[MT_L_Q_NORM].numel == m->D, "q_norm size != head_dim");
+}
+
+// Parameter `slot` of a bf16 tile, NULL when absent.
+static const bf16 *weight(const mt_tile_layout *layout, const mt_cuda_bf16 *tile, int slot)
+{
+    const mt_tensor_desc *t = &layout->tensors[slot];
+    return t->numel > 0 ? as_bf16(tile) + t->offset : nullptr;
+}
+
+// Gradient slot of an fp32 gradient tile, NULL when absent.
+static float *grad(const mt_tile_layout *layout, float *dtile, int slot)
+{
+    const mt_tensor_desc *t = &layout->tensors[slot];
+    return t->numel > 0 ? dtile + t->offset : nullptr;
+}
+
+// ---- saved: what backward needs, written by a forward given `saved` ----
+// fp32: x (n,d) h (n,d) rms1 (n) rms2 (n) lse (B,H,T) [qk_norm: qrms (n*H) krms (n*KV)]
+// bf16: q k (after RoPE) (n,H*D) (n,KV*D), v (n,KV*D), a (n,H*D), g u (n,I)
+//       [qk_norm: qpre (n,H*D) kpre (n,KV*D), the projections before the norm]
+// xn and hn are recomputed from x, h and the saved inv_rms; s = swiglu(g, u) likewise.
+typedef struct layer_saved {
+    float *x, *h, *rms1, *rms2, *lse, *qrms, *krms;
+    bf16 *q, *k, *v, *a, *g, *u, *qpre, *kpre;
+} layer_saved;
+
+static void saved_carve(const mt_model_config *cfg, const layer_dims *m, mt_carve *c, layer_saved *s)
+{
+    const int64_t n = m->n;
+    s->x = mt_take<float>(c, n * m->d);
+    s->h = mt_take<float>(c, n * m->d);
+    s->rms1 = mt_take<float>(c, n);
+    s->rms2 = mt_take<float>(c, n);
+    s->lse = mt_take<float>(c, n * m->H);
+    s->qrms = cfg->qk_norm ? mt_take<float>(c, n * m->H) : nullptr;
+    s->krms = cfg->qk_norm ? mt_take<float>(c, n * m->KV) : nullptr;
+    s->q = mt_take<bf16>(c, n * m->qd);
+    s->k = mt_take<bf16>(c, n * m->kvd);
+    s->v = mt_take<bf16>(c, n * m->kvd);
+    s->a = mt_take<bf16>(c, n * m->qd);
+    s->g = mt_take<bf16>(c, n * m->inter);
+    s->u = mt_take<bf16>(c, n * m->inter);
+    s->qpre = cfg->qk_norm ? mt_take<bf16>(c, n * m->qd) : nullptr;
+    s->kpre = cfg->qk_norm ? mt_take<bf16>(c, n * m->kvd) : nullptr;
+}
+
+// ---- scratch of forward: [the saved set, used only when the caller passes none] xn/hn, s, rope
+// ---- scratch of backward: norm_out, dnorm, dres, rope, partials, then the MLP gradients overlaid
+//      by the attention gradients (the MLP ones are dead before attention backward starts).
+typedef struct layer_fwd_scratch {
+    layer_saved keep; // stands in for `saved` when it is NULL
+    bf16 *xn;         // (n, d) normed x, later normed h (hn)
+    bf16 *s;          // (n, I) swiglu output
+    float *cos_t, *sin_t; // (T, D/2) RoPE tables
+} layer_fwd_scratch;
+
+typedef struct layer_bwd_scratch {
+    bf16 *norm_out;       // (n, d) hn, later xn (recomputed)
+    float *dnorm;         // (n, d) gradient at the norm output: dhn, later dxn
+    bf16 *dres;           // (n, d) bf16 of the residual-stream gradient: dy, later dh
+    float *cos_t, *sin_t; // (T, D/2)
+    float *partials;      // column-sum partials, widest of d and H*D
+    // MLP phase
+    bf16 *s_dg; // (n, I) s (recomputed), then dg
+    bf16 *du;   // (n, I)
+    float *ds;  // (n, I) gradient at the swiglu output
+    // attention phase, overlaying the MLP phase
+    bf16 *da_dqp;          // (n, H*D) gradient at the attention output, then at q's projection
+    bf16 *dkp, *dvb;       // (n, KV*D) gradients at k's projection and v, bf16 for the GEMMs
+    float *dq, *dk, *dv;   // (n, H*D) (n, KV*D) (n, KV*D) from attention backward
+    void *attn_workspace;  // mt_cuda_attention_workspace_bytes
+} layer_bwd_scratch;
+
+static void fwd_carve(const mt_model_config *cfg, const layer_dims *m, mt_carve *c, layer_fwd_scratch *s)
+{
+    saved_carve(cfg, m, c, &s->keep);
+    s->xn = mt_take<bf16>(c, m->n * m->d);
+    s->s = mt_take<bf16>(c, m->n * m->inter);
+    s->cos_t = mt_take<float>(c, m->T * m->half);
+    s->sin_t = mt_take<float>(c, m->T * m->half);
+}
+
+static void bwd_carve(const layer_dims *m, mt_carve *c, layer_bwd_scratch *s)
+{
+    const int64_t n = m->n;
+    s->norm_out = mt_take<bf16>(c, n * m->d);
+    s->dnorm = mt_take<float>(c, n * m->d);
+    s->dres = mt_take<bf16>(c, n * m->d);
+    s->cos_t = mt_take<float>(c, m->T * m->half);
+    s->sin_t = mt_take<float>(c, m->T * m->half);
+    s->partials = (float *)mt_take<char>(c, (int64_t)mt_colsum_partials_bytes(m->d > m->qd ? m->d : m->qd));
+    const size_t region = c->offset;
+    s->s_dg = mt_take<bf16>(c, n * m->inter);
+    s->du = mt_take<bf16>(c, n * m->inter);
+    s->ds = mt_take<float>(c, n * m->inter);
+    const size_t mlp_end = c->offset;
+    c->offset = region;
+    s->da_dqp = mt_take<bf16>(c, n * m->qd);
+    s->dkp = mt_take<bf16>(c, n * m->kvd);
+    s->dvb = mt_take<bf16>(c, n * m->kvd);
+    s->dq = mt_take<float>(c, n * m->qd);
+    s->dk = mt_take<float>(c, n * m->kvd);
+    s->dv = mt_take<float>(c, n * m->kvd);
+    s->attn_workspace = mt_take<char>(c, (int64_t)mt_cuda_attention_workspace_bytes(m->B, m->T, m->H, m->KV, m->D));
+    if (mlp_end > c->offset) c->offset = mlp_end;
+}
+
+extern "C" size_t mt_cuda_layer_saved_bytes(const mt_model_config *cfg, int64_t B, int64_t T)
+{
+    const layer_dims m = layer_dims_of(cfg, B, T);
+    mt_carve c = {nullptr, 0};
+    layer_saved s;
+    saved_carve(cfg, &m, &c, &s);
+    return mt_carve_size(&c);
+}
+
+extern "C" size_t mt_cuda_layer_scratch_bytes(const mt_model_config *cfg, int64_t B, int64_t T)
+{
+    const layer_dims m = layer_dims_of(cfg, B, T);
+    mt_carve f = {nullptr, 0}, b = {nullptr, 0};
+    layer_fwd_scratch fs;
+    layer_bwd_scratch bs;
+    fwd_carve(cfg, &m, &f, &fs);
+    bwd_carve(&m, &b, &bs);
+    const size_t fb = mt_carve_size(&f), bb = mt_carve_size(&b);
+    return fb > bb ? fb : bb;
+}
+
+// ---- RoPE tables: cos/sin of t * inv_freq[j], computed in double and rounded as the CPU does ----
+
+typedef struct rope_freqs {
+    double f[LAYER_MAX_HEAD_DIM / 2]; // mt_rope_inv_freq on the host, passed by value (1 KiB)
+} rope_freqs;
+
+__global__ static void rope_table_kernel(int64_t T, int64_t half, rope_freqs freqs, float *cos_t, float *sin_t)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < T * half; i += (int64_t)gridDim.x * blockDim.x) {
+        const double angle = (double)(i / half) * freqs.f[i % half];
+        cos_t[i] = (float)cos(angle);
+        sin_t[i] = (float)sin(angle);
+    }
+}
+
+static void rope_tables(const mt_model_config *cfg, const layer_dims *m, float *cos_t, float *sin_t, cudaStream_t stream)
+{
+    rope_freqs freqs;
+    memset(&freqs, 0, sizeof freqs);
+    mt_rope_inv_freq(cfg, freqs.f);
+    rope_table_kernel<<<mt_grid_for(m->T * m->half, 256), 256, 0, stream>>>(m->T, m->half, freqs, cos_t, sin_t);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---- q/k-norm + RoPE: one warp per (row, head) vector of D, q heads first, then k heads ----
+
+// Which vector a warp owns: source/destination offsets and its position t.
+struct qk_vector {
+    bool is_q;
+    int64_t index; // row * heads + head, in q's or k's numbering
+    int64_t t;
+};
+
+static __device__ __forceinline__ qk_vector qk_vector_of(int64_t vec, int64_t n, int64_t T, int64_t H, int64_t KV)
+{
+    qk_vector v;
+    v.is_q = vec < n * H;
+    v.index = v.is_q ? vec : vec - n * H;
+    v.t = (v.index / (v.is_q ? H : KV)) % T;
+    return v;
+}
+
+// q (n, H*D) and k (n, KV*D): [QKNorm: per-head RMSNorm of the projection, inv_rms saved] then
+// the rotation, written as bf16. src == dst allowed (each lane reads its own pairs first).
+template <bool QKNorm>
+__global__ static void qk_rope_forward_kernel(int64_t n, int64_t T, int64_t H, int64_t KV, int D, const bf16 *qsrc,
+                                              const bf16 *ksrc, bf16 *qdst, bf16 *kdst, const bf16 *qw, const bf16 *kw,
+                                              float *qrms, float *krms, double eps, const float *cos_t,
+                                              const float *sin_t)
+{
+    const int64_t vec = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; // uniform over a warp
+    const int lane = threadIdx.x & 31;
+    if (vec >= n * (H + KV)) return;
+    const qk_vector v = qk_vector_of(vec, n, T, H, KV);
+    const int half = D / 2;
+    const bf16 *src = (v.is_q ? qsrc : ksrc) + v.index * D;
+    bf16 *dst = (v.is_q ? qdst : kdst) + v.index * D;
+    float x1[ROPE_PAIRS_PER_LANE], x2[ROPE_PAIRS_PER_LANE];
+#pragma unroll
+    for (int p = 0; p < ROPE_PAIRS_PER_LANE; p++) {
+        const int j = lane + 32 * p;
+        x1[p] = j < half ? bf2f(src[j]) : 0.f;
+        x2[p] = j < half ? bf2f(src[j + half]) : 0.f;
+    }
+    if (QKNorm) {
+        double ss = 0;
+#pragma unroll
+        for (int p = 0; p < ROPE_PAIRS_PER_LANE; p++) ss += (double)x1[p] * x1[p] + (double)x2[p] * x2[p];
+        ss = mt_warp_sum(ss);
+        const float s = (float)(1.0 / sqrt(ss / (double)D + eps));
+        const bf16 *w = v.is_q ? qw : kw;
+#pragma unroll
+        for (int p = 0; p < ROPE_PAIRS_PER_LANE; p++) {
+            const int j = lane + 32 * p;
+            if (j < half) {
+                x1[p] = x1[p] * s * bf2f(w[j]);
+                x2[p] = x2[p] * s * bf2f(w[j + half]);
+            }
+        }
+        float *rms = v.is_q ? qrms : krms;
+        if (rms && lane == 0) rms[v.index] = s;
+    }
+    const float *ct = cos_t + v.t * half, *st = sin_t + v.t * half;
+#pragma unroll
+    for (int p = 0; p < ROPE_PAIRS_PER_LANE; p++) {
+        const int j = lane + 32 * p;
+        if (j < half) {
+            const float c = ct[j], s = st[j];
+            dst[j] = f2bf(x1[p] * c - x2[p] * s);
+            dst[j + half] = f2bf(x2[p] * c + x1[p] * s);
+        }
+    }
+}
+
+// Backward of the above on dq (n, H*D), dk (n, KV*D) fp32 from attention: the inverse rotation,
+// [QKNorm: the norm's input gradient, and dq/dk overwritten with the norm weight's summands
+// dy * x * inv_rms for a column sum], written as bf16 gradients at the projections' outputs.
+template <bool QKNorm>
+__global__ static void qk_rope_backward_kernel(int64_t n, int64_t T, int64_t H, int64_t KV, int D, float *dq, float *dk,
+                                               const bf16 *qpre, const bf16 *kpre, const bf16 *qw, const bf16 *kw,
+                                               const float *qrms, const float *krms, bf16 *dq_proj, bf16 *dk_proj,
+                                               const float *cos_t, const float *sin_t)
+{
+    const int64_t vec = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (vec >= n * (H + KV)) return;
+    const qk_vector v = qk_vector_of(vec, n, T, H, KV);
+    const int half = D / 2;
+    float *g = (v.is_q ? dq : dk) + v.index * D;
+    bf16 *dst = (v.is_q ? dq_proj : dk_proj) + v.index * D;
+    const float *ct = cos_t + v.t * half, *st = sin_t + v.t * half;
+    float y1[ROPE_PAIRS_PER_LANE], y2[ROPE_PAIRS_PER_LANE];
+#pragma unroll
+    for (int p = 0; p < ROPE_PAIRS_PER_LANE; p++) {
+        const int j = lane + 32 * p;
+        y1[p] = y2[p] = 0.f;
+        if (j < half) {
+            const float a = g[j], b = g[j + half], c = ct[j], s = st[j];
+            y1[p] = a * c + b * s; // the transpose of the rotation
+            y2[p] = b * c - a * s;
+        }
+    }
+    if (!QKNorm) {
+#pragma unroll
+        for (int p = 0; p < ROPE_PAIRS_PER_LANE; p++) {
+            const int j = lane + 32 * p;
+            if (j < half) {
+                dst[j] = f2bf(y1[p]);
+                dst[j + half] = f2bf(y2[p]);
+            }
+        }
+        return;
+    }
+    const bf16 *x = (v.is_q ? qpre : kpre) + v.index * D;
+    const bf16 *w = v.is_q ? qw : kw;
+    const float s = (v.is_q ? qrms : krms)[v.index];
+    float x1[ROPE_PAIRS_PER_LANE], x2[ROPE_PAIRS_PER_LANE], w1[ROPE_PAIRS_PER_LANE], w2[ROPE_PAIRS_PER_LANE];
+    double dot = 0;
+#pragma unroll
+    for (int p = 0; p < ROPE_PAIRS_PER_LANE; p++) {
+        const int j = lane + 32 * p;
+        x1[p] = x2[p] = w1[p] = w2[p] = 0.f;
+        if (j < half) {
+            x1[p] = bf2f(x[j]);
+            x2[p] = bf2f(x[j + half]);
+            w1[p] = bf2f(w[j]);
+            w2[p] = bf2f(w[j + half]);
+        }
+        dot += (double)(w1[p] * y1[p]) * (double)x1[p] + (double)(w2[p] * y2[p]) * (double)x2[p];
+    }
+    dot = mt_warp_sum(dot);
+    const float c = (float)(dot / (double)D) * s * s;
+#pragma unroll
+    for (int p = 0; p < ROPE_PAIRS_PER_LANE; p++) {
+        const int j = lane + 32 * p;
+        if (j < half) {
+            dst[j] = f2bf(s * (w1[p] * y1[p] - x1[p] * c));
+            dst[j + half] = f2bf(s * (w2[p] * y2[p] - x2[p] * c));
+            g[j] = y1[p] * x1[p] * s;
+            g[j + half] = y2[p] * x2[p] * s;
+        }
+    }
+}
+
+static unsigned qk_blocks(const layer_dims *m)
+{
+    const int64_t warps = m->n * (m->H + m->KV);
+    return (unsigned)((warps * 32 + 255) / 256);
+}
+
+// ---- SwiGLU ----
+
+// s (len) = silu(g) * u, bf16 in and out, fp32 math with expf as the CPU's float path.
+__global__ static void swiglu_forward_kernel(int64_t len, const bf16 *gate, const bf16 *up, bf16 *out)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < len; i += (int64_t)gridDim.x * blockDim.x) {
+        const float g = bf2f(gate[i]);
+        const float sig = 1.f / (1.f + expf(-g));
+        out[i] = f2bf(g * sig * bf2f(up[i]));
+    }
+}
+
+// dgate = ds u sig (1 + g (1 - sig)), dup = ds silu(g): bf16 out for the gate/up GEMMs.
+// dgate may alias the bf16 buffer s was in (dead by then); ds is fp32.
+__global__ static void swiglu_backward_kernel(int64_t len, const bf16 *gate, const bf16 *up, const float *dout,
+                                              bf16 *dgate, bf16 *dup)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < len; i += (int64_t)gridDim.x * blockDim.x) {
+        const float g = bf2f(gate[i]), u = bf2f(up[i]), d = dout[i];
+        const float sig = 1.f / (1.f + expf(-g));
+        dgate[i] = f2bf(d * u * sig * (1.f + g * (1.f - sig)));
+        dup[i] = f2bf(d * g * sig);
+    }
+}
+
+// Element (r, j) of a row-major fp32 (R, C) matrix: the q/k-norm weight gradient's summand.
+struct f32_element {
+    const float *m;
+    int64_t C;
+    __device__ float operator()(int64_t r, int64_t j) const { return m[r * C + j]; }
+};
+
+// ---- forward ----
+
+extern "C" void mt_cuda_layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
+                                      const mt_cuda_bf16 *tile, int64_t B, int64_t T, const float *x, float *y,
+                                      void *saved, void *scratch, mt_cuda_stream stream_)
+{
+    const cudaStream_t stream = as_stream(stream_);
+    const layer_dims m = layer_dims_of(cfg, B, T);
+    const int64_t n = m.n;
+    layer_check(cfg, layout, &m);
+    if (n <= 0) return;
+
+    mt_carve sc = {(char *)scratch, 0};
+    layer_fwd_scratch fs;
+    fwd_carve(cfg, &m, &sc, &fs);
+    layer_saved sv = fs.keep;
+    if (saved) {
+        mt_carve c = {(char *)saved, 0};
+        saved_carve(cfg, &m, &c, &sv);
+        CUDA_CHECK(cudaMemcpyAsync(sv.x, x, (size_t)(n * m.d) * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    }
+
+    // Attention block: h = x + attn(rope(q), rope(k), v) Wo^T.
+    mt_rmsnorm_forward(n, m.d, x, weight(layout, tile, MT_L_ATTN_NORM), cfg->rms_eps, fs.xn, sv.rms1, stream);
+    bf16 *q_proj = cfg->qk_norm ? sv.qpre : sv.q; // (n, H*D)
+    bf16 *k_proj = cfg->qk_norm ? sv.kpre : sv.k; // (n, KV*D)
+    mt_linear_forward(ctx, n, m.d, m.qd, fs.xn, weight(layout, tile, MT_L_Q_W), weight(layout, tile, MT_L_Q_B),
+                      q_proj, CUDA_R_16BF, stream);
+    mt_linear_forward(ctx, n, m.d, m.kvd, fs.xn, weight(layout, tile, MT_L_K_W), weight(layout, tile, MT_L_K_B),
+                      k_proj, CUDA_R_16BF, stream);
+    mt_linear_forward(ctx, n, m.d, m.kvd, fs.xn, weight(layout, tile, MT_L_V_W), weight(layout, tile, MT_L_V_B),
+                      sv.v, CUDA_R_16BF, stream);
+    rope_tables(cfg, &m, fs.cos_t, fs.sin_t, stream);
+    if (cfg->qk_norm)
+        qk_rope_forward_kernel<true><<<qk_blocks(&m), 256, 0, stream>>>(
+            n, T, m.H, m.KV, (int)m.D, q_proj, k_proj, sv.q, sv.k, weight(layout, tile, MT_L_Q_NORM),
+            weight(layout, tile, MT_L_K_NORM), sv.qrms, sv.krms, cfg->rms_eps, fs.cos_t, fs.sin_t);
+    else
+        qk_rope_forward_kernel<false><<<qk_blocks(&m), 256, 0, stream>>>(
+            n, T, m.H, m.KV, (int)m.D, q_proj, k_proj, sv.q, sv.k, nullptr, nullptr, nullptr, nullptr, cfg->rms_eps,
+            fs.cos_t, fs.sin_t);
+    CUDA_CHECK_LAUNCH();
+    mt_cuda_attention_forward(B, T, m.H, m.KV, m.D, reinterpret_cast<const mt_cuda_bf16 *>(sv.q),
+                              reinterpret_cast<const mt_cuda_bf16 *>(sv.k), reinterpret_cast<const mt_cuda_bf16 *>(sv.v),
+                              reinterpret_cast<mt_cuda_bf16 *>(sv.a), sv.lse, stream_); // a (n, H*D)
+    mt_linear_forward_residual(ctx, n, m.qd, m.d, sv.a, weight(layout, tile, MT_L_O_W), x, sv.h, stream);
+
+    // MLP block: y = h + swiglu(hn Wg^T, hn Wu^T) Wd^T.
+    bf16 *hn = fs.xn; // xn is dead once q/k/v are projected
+    mt_rmsnorm_forward(n, m.d, sv.h, weight(layout, tile, MT_L_MLP_NORM), cfg->rms_eps, hn, sv.rms2, stream);
+    mt_linear_forward(ctx, n, m.d, m.inter, hn, weight(layout, tile, MT_L_GATE_W), nullptr, sv.g, CUDA_R_16BF, stream);
+    mt_linear_forward(ctx, n, m.d, m.inter, hn, weight(layout, tile, MT_L_UP_W), nullptr, sv.u, CUDA_R_16BF, stream);
+    swiglu_forward_kernel<<<mt_grid_for(n * m.inter, 256), 256, 0, stream>>>(n * m.inter, sv.g, sv.u, fs.s);
+    CUDA_CHECK_LAUNCH();
+    mt_linear_forward_residual(ctx, n, m.inter, m.d, fs.s, weight(layout, tile, MT_L_DOWN_W), sv.h, y, stream);
+}
+
+// ---- backward ----
+
+extern "C" void mt_cuda_layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
+                                       const mt_cuda_bf16 *tile, int64_t B, int64_t T, const void *saved,
+                                       const float *dy, float *dx, float *dtile, bool accumulate, void *scratch,
+                                       mt_cuda_stream stream_)
+{
+    const cudaStream_t stream = as_stream(stream_);
+    const layer_dims m = layer_dims_of(cfg, B, T);
+    const int64_t n = m.n;
+    layer_check(cfg, layout, &m);
+
+    // `=` is "+= onto zeros": one memset also zeroes the padding between tensors, which the host
+    // tile expects to stay 0. Every weight gradient below then accumulates.
+    if (!accumulate) CUDA_CHECK(cudaMemsetAsync(dtile, 0, (size_t)layout->numel * sizeof(float), stream));
+    if (n <= 0) return;
+
+    layer_saved sv;
+    mt_carve c = {(char *)saved, 0};
+    saved_carve(cfg, &m, &c, &sv);
+    mt_carve sc = {(char *)scratch, 0};
+    layer_bwd_scratch s;
+    bwd_carve(&m, &sc, &s);
+
+    // MLP block.
+    const bf16 *mlp_norm_w = weight(layout, tile, MT_L_MLP_NORM);
+    mt_rmsnorm_apply(n, m.d, sv.h, mlp_norm_w, sv.rms2, s.norm_out, stream); // hn (n, d)
+    swiglu_forward_kernel<<<mt_grid_for(n * m.inter, 256), 256, 0, stream>>>(n * m.inter, sv.g, sv.u, s.s_dg);
+    CUDA_CHECK_LAUNCH();
+    mt_cuda_f32_to_bf16(dy, reinterpret_cast<mt_cuda_bf16 *>(s.dres), n * m.d, stream_); // dy bf16 (n, d)
+    mt_linear_backward_weight(ctx, n, m.inter, m.d, s.s_dg, s.dres, grad(layout, dtile, MT_L_DOWN_W), true, stream);
+    mt_linear_backward_input(ctx, n, m.inter, m.d, s.dres, weight(layout, tile, MT_L_DOWN_W), s.ds, CUDA_R_32F, false,
+                             stream); // ds (n, I)
+    swiglu_backward_kernel<<<mt_grid_for(n * m.inter, 256), 256, 0, stream>>>(n * m.inter, sv.g, sv.u, s.ds, s.s_dg,
+                                                                               s.du); // dg, du (n, I)
+    CUDA_CHECK_LAUNCH();
+    mt_linear_backward_weight(ctx, n, m.d, m.inter, s.norm_out, s.s_dg, grad(layout, dtile, MT_L_GATE_W), true, stream);
+    mt_linear_backward_weight(ctx, n, m.d, m.inter, s.norm_out, s.du, grad(layout, dtile, MT_L_UP_W), true, stream);
+    mt_linear_backward_input(ctx, n, m.d, m.inter, s.s_dg, weight(layout, tile, MT_L_GATE_W), s.dnorm, CUDA_R_32F,
+                             false, stream);
+    mt_linear_backward_input(ctx, n, m.d, m.inter, s.du, weight(layout, tile, MT_L_UP_W), s.dnorm, CUDA_R_32F, true,
+                             stream); // dhn (n, d)
+    // dx holds dh = dy + the norm's share (and dres its bf16 copy for the o_proj GEMMs).
+    mt_rmsnorm_backward(n, m.d, sv.h, mlp_norm_w, sv.rms2, s.dnorm, dy, dx, s.dres, stream);
+    mt_rmsnorm_backward_weight(n, m.d, sv.h, sv.rms2, s.dnorm, grad(layout, dtile, MT_L_MLP_NORM), true, s.partials,
+                               stream);
+
+    // Attention block.
+    mt_linear_backward_weight(ctx, n, m.qd, m.d, sv.a, s.dres, grad(layout, dtile, MT_L_O_W), true, stream);
+    mt_linear_backward_input(ctx, n, m.qd, m.d, s.dres, weight(layout, tile, MT_L_O_W), s.da_dqp, CUDA_R_16BF, false,
+                             stream); // da (n, H*D)
+    mt_cuda_attention_backward(B, T, m.H, m.KV, m.D, reinterpret_cast<const mt_cuda_bf16 *>(sv.q),
+                               reinterpret_cast<const mt_cuda_bf16 *>(sv.k),
+                               reinterpret_cast<const mt_cuda_bf16 *>(sv.v),
+                               reinterpret_cast<const mt_cuda_bf16 *>(sv.a), sv.lse,
+                               reinterpret_cast<const mt_cuda_bf16 *>(s.da_dqp), s.dq, s.dk, s.dv, s.attn_workspace,
+                               stream_);
+    rope_tables(cfg, &m, s.cos_t, s.sin_t, stream);
+    bf16 *dq_proj = s.da_dqp; // da is dead once attention backward has run
+    if (cfg->qk_norm) {
+        qk_rope_backward_kernel<true><<<qk_blocks(&m), 256, 0, stream>>>(
+            n, T, m.H, m.KV, (int)m.D, s.dq, s.dk, sv.qpre, sv.kpre, weight(layout, tile, MT_L_Q_NORM),
+            weight(layout, tile, MT_L_K_NORM), sv.qrms, sv.krms, dq_proj, s.dkp, s.cos_t, s.sin_t);
+        CUDA_CHECK_LAUNCH();
+        mt_colsum(f32_element{s.dq, m.D}, n * m.H, m.D, grad(layout, dtile, MT_L_Q_NORM), true, s.partials, stream);
+        mt_colsum(f32_element{s.dk, m.D}, n * m.KV, m.D, grad(layout, dtile, MT_L_K_NORM), true, s.partials, stream);
+    } else {
+        qk_rope_backward_kernel<false><<<qk_blocks(&m), 256, 0, stream>>>(
+            n, T, m.H, m.KV, (int)m.D, s.dq, s.dk, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, dq_proj, s.dkp,
+            s.cos_t, s.sin_t);
+        CUDA_CHECK_LAUNCH();
+    }
+    mt_cuda_f32_to_bf16(s.dv, reinterpret_cast<mt_cuda_bf16 *>(s.dvb), n * m.kvd, stream_);
+    if (cfg->qkv_bias) {
+        mt_linear_backward_bias(n, m.qd, dq_proj, grad(layout, dtile, MT_L_Q_B), true, s.partials, stream);
+        mt_linear_backward_bias(n, m.kvd, s.dkp, grad(layout, dtile, MT_L_K_B), true, s.partials, stream);
+        mt_linear_backward_bias(n, m.kvd, s.dvb, grad(layout, dtile, MT_L_V_B), true, s.partials, stream);
+    }
+    const bf16 *attn_norm_w = weight(layout, tile, MT_L_ATTN_NORM);
+    mt_rmsnorm_apply(n, m.d, sv.x, attn_norm_w, sv.rms1, s.norm_out, stream); // xn (n, d)
+    mt_linear_backward_weight(ctx, n, m.d, m.qd, s.norm_out, dq_proj, grad(layout, dtile, MT_L_Q_W), true, stream);
+    mt_linear_backward_weight(ctx, n, m.d, m.kvd, s.norm_out, s.dkp, grad(layout, dtile, MT_L_K_W), true, stream);
+    mt_linear_backward_weight(ctx, n, m.d, m.kvd, s.norm_out, s.dvb, grad(layout, dtile, MT_L_V_W), true, stream);
+    mt_linear_backward_input(ctx, n, m.d, m.qd, dq_proj, weight(layout, tile, MT_L_Q_W), s.dnorm, CUDA_R_32F, false,
+                             stream);
+    mt_linear_backward_input(ctx, n, m.d, m.kvd, s.dkp, weight(layout, tile, MT_L_K_W), s.dnorm, CUDA_R_32F, true,
+                             stream);
+    mt_linear_backward_input(ctx, n, m.d, m.kvd, s.dvb, weight(layout, tile, MT_L_V_W), s.dnorm, CUDA_R_32F, true,
+                             stream); // dxn (n, d)
+    // dx = dh (residual) + the attention norm's share, in place.
+    mt_rmsnorm_backward(n, m.d, sv.x, attn_norm_w, sv.rms1, s.dnorm, dx, dx, nullptr, stream);
+    mt_rmsnorm_backward_weight(n, m.d, sv.x, sv.rms1, s.dnorm, grad(layout, dtile, MT_L_ATTN_NORM), true, s.partials,
+                               stream);
+}
