@@ -45,6 +45,9 @@ typedef struct timeline {
     double *fwd0_start;     /* (nsteps+1) forward of layer 0 started */
     double *bwd0_end;       /* backward of layer 0 ended */
     double *adam_first, *adam_last;
+    double *embed_start;    /* embedding forward started */
+    double *adam_tile_end;  /* ((nsteps+1) * 3) last AdamW end of tiles 0, 1, 2 */
+    double *ready;          /* ((nsteps+1) * 3) update landed for tiles 0, 1, 2 */
     unsigned gpu_node;
     size_t peak_gpu;
 } timeline;
@@ -56,6 +59,9 @@ static void on_event(void *user, mt_event_kind kind, int64_t step, int tile)
     if (step < 1 || step > tl->nsteps) return;
     pthread_mutex_lock(&tl->lock);
     if (kind == MT_EV_FORWARD_START && tile == 1 && tl->fwd0_start[step] == 0) tl->fwd0_start[step] = t;
+    if (kind == MT_EV_FORWARD_START && tile == 0 && tl->embed_start[step] == 0) tl->embed_start[step] = t;
+    if (kind == MT_EV_ADAMW && tile < 3) tl->adam_tile_end[step * 3 + tile] = t;
+    if (kind == MT_EV_TILE_READY && tile < 3) tl->ready[step * 3 + tile] = t;
     if (kind == MT_EV_BACKWARD && tile == 1) tl->bwd0_end[step] = t;
     if (kind == MT_EV_ADAMW) {
         if (tl->adam_first[step] == 0) tl->adam_first[step] = t;
@@ -163,6 +169,9 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *r, FILE *log, char 
     tl.bwd0_end = calloc(total + 2, sizeof(double));
     tl.adam_first = calloc(total + 2, sizeof(double));
     tl.adam_last = calloc(total + 2, sizeof(double));
+    tl.embed_start = calloc(total + 2, sizeof(double));
+    tl.adam_tile_end = calloc((total + 2) * 3, sizeof(double));
+    tl.ready = calloc((total + 2) * 3, sizeof(double));
     for (unsigned w = 0; w < starpu_worker_get_count(); w++)
         if (starpu_worker_get_type((int)w) == STARPU_CUDA_WORKER) tl.gpu_node = starpu_worker_get_memory_node(w);
     mt_graph_set_observer(g, on_event, &tl);
@@ -244,7 +253,19 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *r, FILE *log, char 
     r->adamw_s_per_gparam = r->adamw_standalone_s / (mt_config_param_count(&cfg) / 1e9);
     r->peak_host_gib = peak_rss_gib();
     free(steps); free(gaps); free(spans); free(tails); free(slots); free(tok); free(tgt);
+    if (log && total >= 2) {
+        /* Where the step boundary goes, for the last measured step (seconds after layer 0's backward). */
+        int k = total - 1;
+        double b = tl.bwd0_end[k];
+        fprintf(log, "bench: boundary of step %d -> %d, seconds after layer 0's backward: first AdamW end %.3f, "
+                     "AdamW end tile 0 %.3f, tile 1 %.3f, tile 2 %.3f; update landed tile 0 %.3f, tile 1 %.3f, tile 2 %.3f; "
+                     "embedding forward start %.3f, layer 0 forward start %.3f; last AdamW end %.3f\n",
+                k, k + 1, tl.adam_first[k] - b, tl.adam_tile_end[k * 3] - b, tl.adam_tile_end[k * 3 + 1] - b,
+                tl.adam_tile_end[k * 3 + 2] - b, tl.ready[k * 3] - b, tl.ready[k * 3 + 1] - b, tl.ready[k * 3 + 2] - b,
+                tl.embed_start[k + 1] - b, tl.fwd0_start[k + 1] - b, tl.adam_last[k] - b);
+    }
     free(tl.fwd0_start); free(tl.bwd0_end); free(tl.adam_first); free(tl.adam_last);
+    free(tl.embed_start); free(tl.adam_tile_end); free(tl.ready);
     rc = 0;
 out:
     mt_graph_destroy(g);

@@ -16,6 +16,7 @@
 #include "policy.h"
 
 #define NSLOTS 2
+#define READY_RING 4
 
 typedef struct slot {
     int32_t *tokens, *targets;               /* (accum, B*T) host arrays */
@@ -47,6 +48,7 @@ struct mt_graph {
     void *observer_user;
     uint32_t where;                           /* STARPU_CUDA when a GPU runs compute, else STARPU_CPU */
     uint32_t *updates_submitted;              /* (ntiles) AdamW rounds submitted per tile */
+    struct ready_note { mt_graph *g; int tile; int64_t step; } *ready_notes; /* (READY_RING * ntiles) */
 };
 
 mt_step_config mt_step_defaults(void)
@@ -99,6 +101,7 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
     g->st = st;
     g->where = starpu_cuda_worker_get_count() > 0 ? STARPU_CUDA : STARPU_CPU;
     g->updates_submitted = calloc(st->ntiles, sizeof *g->updates_submitted);
+    g->ready_notes = calloc((size_t)READY_RING * st->ntiles, sizeof *g->ready_notes);
     g->sc = *sc;
     g->ntok = sc->B * sc->T;
     g->nblocks = (int)((L + sc->K - 1) / sc->K);
@@ -178,6 +181,7 @@ void mt_graph_destroy(mt_graph *g)
     free(g->eval_tokens); free(g->eval_targets);
     free(g->ckpt); free(g->saved); free(g->partial); free(g->partial_mem);
     free(g->updates_submitted);
+    free(g->ready_notes);
     free(g);
 }
 
@@ -275,9 +279,11 @@ static starpu_data_handle_t submit_forward(mt_graph *g, starpu_data_handle_t tok
 {
     const int L = (int)g->st->cfg.layers;
     mt_compute_args a = { .st = g->st, .B = g->sc.B, .T = g->sc.T };
+    mt_graph none = { 0 };
     check_insert(starpu_task_insert(&mt_cl_embedding_forward, STARPU_R, mt_state_embed(g->st)->h_weights,
                                     STARPU_R, tokens, STARPU_W, g->ckpt[0], STARPU_VALUE, &a, sizeof a,
-                                    STARPU_EXECUTE_WHERE, g->where, STARPU_TASK_SCHED_DATA, hint_for(g, 1, 0), 0),
+                                    STARPU_EXECUTE_WHERE, g->where, STARPU_TASK_SCHED_DATA, hint_for(g, 1, 0),
+                                    OBSERVE_START(observe ? g : &none, MT_EV_FORWARD_START, step, 0), 0),
                  "embedding_forward");
     for (int i = 0; i < L; i++) {
         int next = i + 1 < L ? i + 2 : g->st->ntiles - 1; /* the next layer, or the head */
@@ -406,7 +412,12 @@ void mt_graph_submit_norm(mt_graph *g)
 }
 
 /* Unpartition callback: the tile's streamed weights are whole and current in host memory. */
-static void tile_updated(void *arg) { mt_policy_tile_updated((int)(intptr_t)arg); }
+static void tile_updated(void *arg)
+{
+    struct ready_note *n = arg;
+    mt_policy_tile_updated(n->tile);
+    if (n->g->observer) n->g->observer(n->g->observer_user, MT_EV_TILE_READY, n->step, n->tile);
+}
 
 void mt_graph_submit_update(mt_graph *g, int64_t step, double lr)
 {
@@ -444,8 +455,12 @@ void mt_graph_submit_update(mt_graph *g, int64_t step, double lr)
         }
         /* Gather back in host memory, where the next forward's transfer starts; then tell the
          * policy, which may be waiting to prefetch this tile. */
+        /* Notes are reused READY_RING steps later: by then this update has landed (submitting
+         * step s follows the loss of step s-2, whose forward needed the update of step s-3). */
+        struct ready_note *note = &g->ready_notes[(step % READY_RING) * st->ntiles + i];
+        *note = (struct ready_note){ g, i, step };
         starpu_data_unpartition_submit_sequential_consistency_cb(t->h_weights, t->nchunks, t->h_weights_chunk,
-                                                                 STARPU_MAIN_RAM, 1, tile_updated, (void *)(intptr_t)i);
+                                                                 STARPU_MAIN_RAM, 1, tile_updated, note);
         starpu_data_unpartition_submit(t->h_grad, t->nchunks, t->h_grad_chunk, STARPU_MAIN_RAM);
         g->updates_submitted[i]++;
     }

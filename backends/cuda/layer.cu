@@ -113,6 +113,8 @@ typedef struct layer_bwd_scratch {
     bf16 *da_dqp;          // (n, H*D) gradient at the attention output, then at q's projection
     bf16 *dkp, *dvb;       // (n, KV*D) gradients at k's projection and v, bf16 for the GEMMs
     float *dq, *dk, *dv;   // (n, H*D) (n, KV*D) (n, KV*D) from attention backward
+    float *dqp32, *dkp32;  // (n, H*D) (n, KV*D) fp32 gradients at q's and k's projections: the
+                           // bias gradients sum them (bf16 would lose the cancelling sums' digits)
     void *attn_workspace;  // mt_cuda_attention_workspace_bytes
 } layer_bwd_scratch;
 
@@ -146,6 +148,8 @@ static void bwd_carve(const layer_dims *m, mt_carve *c, layer_bwd_scratch *s)
     s->dq = mt_take<float>(c, n * m->qd);
     s->dk = mt_take<float>(c, n * m->kvd);
     s->dv = mt_take<float>(c, n * m->kvd);
+    s->dqp32 = mt_take<float>(c, n * m->qd);
+    s->dkp32 = mt_take<float>(c, n * m->kvd);
     s->attn_workspace = mt_take<char>(c, (int64_t)mt_cuda_attention_workspace_bytes(m->B, m->T, m->H, m->KV, m->D));
     if (mlp_end > c->offset) c->offset = mlp_end;
 }
@@ -267,12 +271,13 @@ __global__ static void qk_rope_forward_kernel(int64_t n, int64_t T, int64_t H, i
 
 // Backward of the above on dq (n, H*D), dk (n, KV*D) fp32 from attention: the inverse rotation,
 // [QKNorm: the norm's input gradient, and dq/dk overwritten with the norm weight's summands
-// dy * x * inv_rms for a column sum], written as bf16 gradients at the projections' outputs.
+// dy * x * inv_rms for a column sum], written as bf16 gradients at the projections' outputs, and
+// as fp32 into dq32/dk32 when those are given (for the bias gradients).
 template <bool QKNorm>
 __global__ static void qk_rope_backward_kernel(int64_t n, int64_t T, int64_t H, int64_t KV, int D, float *dq, float *dk,
                                                const bf16 *qpre, const bf16 *kpre, const bf16 *qw, const bf16 *kw,
                                                const float *qrms, const float *krms, bf16 *dq_proj, bf16 *dk_proj,
-                                               const float *cos_t, const float *sin_t)
+                                               const float *cos_t, const float *sin_t, float *dq32, float *dk32)
 {
     const int64_t vec = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
@@ -281,6 +286,8 @@ __global__ static void qk_rope_backward_kernel(int64_t n, int64_t T, int64_t H, 
     const int half = D / 2;
     float *g = (v.is_q ? dq : dk) + v.index * D;
     bf16 *dst = (v.is_q ? dq_proj : dk_proj) + v.index * D;
+    float *dst32 = v.is_q ? dq32 : dk32;
+    if (dst32) dst32 += v.index * D;
     const float *ct = cos_t + v.t * half, *st = sin_t + v.t * half;
     float y1[ROPE_PAIRS_PER_LANE], y2[ROPE_PAIRS_PER_LANE];
 #pragma unroll
@@ -300,6 +307,10 @@ __global__ static void qk_rope_backward_kernel(int64_t n, int64_t T, int64_t H, 
             if (j < half) {
                 dst[j] = f2bf(y1[p]);
                 dst[j + half] = f2bf(y2[p]);
+                if (dst32) {
+                    dst32[j] = y1[p];
+                    dst32[j + half] = y2[p];
+                }
             }
         }
         return;
@@ -327,8 +338,13 @@ __global__ static void qk_rope_backward_kernel(int64_t n, int64_t T, int64_t H, 
     for (int p = 0; p < ROPE_PAIRS_PER_LANE; p++) {
         const int j = lane + 32 * p;
         if (j < half) {
-            dst[j] = f2bf(s * (w1[p] * y1[p] - x1[p] * c));
-            dst[j + half] = f2bf(s * (w2[p] * y2[p] - x2[p] * c));
+            const float g1 = s * (w1[p] * y1[p] - x1[p] * c), g2 = s * (w2[p] * y2[p] - x2[p] * c);
+            dst[j] = f2bf(g1);
+            dst[j + half] = f2bf(g2);
+            if (dst32) {
+                dst32[j] = g1;
+                dst32[j + half] = g2;
+            }
             g[j] = y1[p] * x1[p] * s;
             g[j + half] = y2[p] * x2[p] * s;
         }
@@ -492,21 +508,22 @@ extern "C" void mt_cuda_layer_backward(mt_cuda_ctx *ctx, const mt_model_config *
     if (cfg->qk_norm) {
         qk_rope_backward_kernel<true><<<qk_blocks(&m), 256, 0, stream>>>(
             n, T, m.H, m.KV, (int)m.D, s.dq, s.dk, sv.qpre, sv.kpre, weight(layout, tile, MT_L_Q_NORM),
-            weight(layout, tile, MT_L_K_NORM), sv.qrms, sv.krms, dq_proj, s.dkp, s.cos_t, s.sin_t);
+            weight(layout, tile, MT_L_K_NORM), sv.qrms, sv.krms, dq_proj, s.dkp, s.cos_t, s.sin_t,
+            cfg->qkv_bias ? s.dqp32 : nullptr, cfg->qkv_bias ? s.dkp32 : nullptr);
         CUDA_CHECK_LAUNCH();
         mt_colsum(f32_element{s.dq, m.D}, n * m.H, m.D, grad(layout, dtile, MT_L_Q_NORM), true, s.partials, stream);
         mt_colsum(f32_element{s.dk, m.D}, n * m.KV, m.D, grad(layout, dtile, MT_L_K_NORM), true, s.partials, stream);
     } else {
         qk_rope_backward_kernel<false><<<qk_blocks(&m), 256, 0, stream>>>(
             n, T, m.H, m.KV, (int)m.D, s.dq, s.dk, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, dq_proj, s.dkp,
-            s.cos_t, s.sin_t);
+            s.cos_t, s.sin_t, cfg->qkv_bias ? s.dqp32 : nullptr, cfg->qkv_bias ? s.dkp32 : nullptr);
         CUDA_CHECK_LAUNCH();
     }
     mt_cuda_f32_to_bf16(s.dv, reinterpret_cast<mt_cuda_bf16 *>(s.dvb), n * m.kvd, stream_);
     if (cfg->qkv_bias) {
-        mt_linear_backward_bias(n, m.qd, dq_proj, grad(layout, dtile, MT_L_Q_B), true, s.partials, stream);
-        mt_linear_backward_bias(n, m.kvd, s.dkp, grad(layout, dtile, MT_L_K_B), true, s.partials, stream);
-        mt_linear_backward_bias(n, m.kvd, s.dvb, grad(layout, dtile, MT_L_V_B), true, s.partials, stream);
+        mt_colsum(f32_element{s.dqp32, m.qd}, n, m.qd, grad(layout, dtile, MT_L_Q_B), true, s.partials, stream);
+        mt_colsum(f32_element{s.dkp32, m.kvd}, n, m.kvd, grad(layout, dtile, MT_L_K_B), true, s.partials, stream);
+        mt_colsum(f32_element{s.dv, m.kvd}, n, m.kvd, grad(layout, dtile, MT_L_V_B), true, s.partials, stream);
     }
     const bf16 *attn_norm_w = weight(layout, tile, MT_L_ATTN_NORM);
     mt_rmsnorm_apply(n, m.d, sv.x, attn_norm_w, sv.rms1, s.norm_out, stream); // xn (n, d)

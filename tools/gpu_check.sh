@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Correctness and a first benchmark on the GPU machine, from binaries built here:
+#   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
+# then, on the GPU machine (device tool, carrying build-gpu and .deps/gpu-runtime):
+#   tools/gpu_check.sh [quick|bench3b|ablation]
+# Logs go to $OUT (or ./out); the last lines are a short table.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/.deps/gpu-runtime/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export STARPU_SILENT=1 STARPU_HOME="${TMPDIR:-/tmp}/megatrain-starpu-home" OPENBLAS_NUM_THREADS=1
+B=build-gpu
+mode=${1:-quick}
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+echo "commit $commit, mode $mode, $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)" | tee "$OUT/summary.txt"
+run() { # name, command...
+    local name=$1; shift
+    local t0=$(date +%s.%N)
+    "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    printf "%-28s rc=%d  %ss\n" "$name" "$rc" "$(awk -v a="$t0" -v b="$(date +%s.%N)" "BEGIN{printf \"%.1f\", b - a}")" | tee -a "$OUT/summary.txt"
+    return $rc
+}
+case "$mode" in
+quick)
+    run info "$B/tools/megatrain" info
+    run test_cuda "$B/tests/test_cuda"
+    run test_cuda_attention "$B/tests/test_cuda_attention"
+    MT_CUDA_BENCH=1 run attention_bench "$B/tests/test_cuda_attention"
+    MT_CUDA_BENCH=1 run kernel_bench "$B/tests/test_cuda"
+    run test_gpu_step "$B/tests/test_gpu_step"
+    run bench_05b "$B/tools/megatrain" bench --shape qwen2.5-0.5b --micro-batch 8 --seq-len 2048 --warmup 1 --steps 3
+    run torch_attention python3 tools/torch_bench.py --attention-only
+    ;;
+bench3b)
+    run bench_3b "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
+    run bench_3b_resident "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4 --resident
+    run torch_3b python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
+    ;;
+ablation)
+    for s in megatrain dmda eager; do
+        run "bench_15b_$s" "$B/tools/megatrain" bench --shape qwen2.5-1.5b --micro-batch 16 --seq-len 2048 --warmup 1 --steps 3 --sched $s
+    done
+    run bench_15b_noprefetch "$B/tools/megatrain" bench --shape qwen2.5-1.5b --micro-batch 16 --seq-len 2048 --warmup 1 --steps 3 --no-prefetch
+    ;;
+esac
+echo "== tables" | tee -a "$OUT/summary.txt"
+grep -h -E "^\| " "$OUT"/*.log | sort -u | tee -a "$OUT/summary.txt"
+grep -h -E "rel|err|TFLOP|ms" "$OUT"/test_cuda*.log "$OUT"/attention_bench.log "$OUT"/kernel_bench.log 2>/dev/null | tail -80 >> "$OUT/summary.txt"
