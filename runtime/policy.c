@@ -51,6 +51,9 @@ static void init_policy(unsigned ctx)
     STARPU_PTHREAD_MUTEX_INIT(&d->lock, NULL);
     d->ncuda = (int)starpu_cuda_worker_get_count();
     d->prefetch = 1;
+    /* A priority per tile (the graph ranks AdamW by how soon the next forward needs it). */
+    starpu_sched_ctx_set_min_priority(ctx, -1000);
+    starpu_sched_ctx_set_max_priority(ctx, 1000);
     starpu_sched_ctx_set_policy_data(ctx, d);
 }
 
@@ -64,18 +67,23 @@ static void deinit_policy(unsigned ctx)
     free(d);
 }
 
-/* Whether some CUDA worker of the context can run the task. */
+/* Whether only CUDA workers of the context can run the task (the graph pins its compute tasks to
+ * the GPU). Anything a CPU worker can run - AdamW, the norm, StarPU's own partition and
+ * unpartition tasks - goes to the CPU list: behind the GPU's program order it would wait for the
+ * whole pipeline, and the updates the next forward needs first would land last. */
 static int gpu_task(struct starpu_task *task, unsigned ctx)
 {
     struct starpu_worker_collection *workers = starpu_sched_ctx_get_worker_collection(ctx);
     struct starpu_sched_ctx_iterator it;
+    int gpu = 0;
     workers->init_iterator(workers, &it);
     while (workers->has_next(workers, &it)) {
         unsigned w = workers->get_next(workers, &it);
-        if (starpu_worker_get_type((int)w) == STARPU_CUDA_WORKER && starpu_worker_can_execute_task_first_impl(w, task, NULL))
-            return 1;
+        if (!starpu_worker_can_execute_task_first_impl(w, task, NULL)) continue;
+        if (starpu_worker_get_type((int)w) != STARPU_CUDA_WORKER) return 0;
+        gpu = 1;
     }
-    return 0;
+    return gpu;
 }
 
 /* Inserts by (priority desc when by_priority, then job id asc); assumes the lock is held. */
