@@ -128,6 +128,9 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *r, FILE *log, char 
         snprintf(err, errlen, "unknown shape '%s'", o->shape);
         return -1;
     }
+    if (o->layers > 0) cfg.layers = o->layers;
+    r->checkpoints = (cfg.layers + o->step.K - 1) / o->step.K;
+    r->checkpoint_gib = (double)o->step.B * o->step.T * cfg.hidden * sizeof(float) / 1073741824.0;
     mt_plan_params pp = { .micro_batch = o->step.B, .seq_len = o->step.T, .grad_accum = o->step.accum,
                           .checkpoint_interval = o->step.K, .compute = MT_DTYPE_BF16, .use_gpu = true };
     mt_plan plan;
@@ -155,8 +158,8 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *r, FILE *log, char 
     mt_host_state *st = mt_state_create(&cfg, MT_DTYPE_BF16, (int64_t)1 << 22, err, errlen);
     if (!st) goto out;
     mt_state_init_random(st, 1, 0.02);
-    if (log) fprintf(log, "bench: %s, %.3fB parameters, host state %.1f GiB in %.1f s, GPU limit %s\n", o->shape,
-                     mt_config_param_count(&cfg) / 1e9, plan.host_total / 1073741824.0, now() - t0,
+    if (log) fprintf(log, "bench: %s (%lld layers), %.3fB parameters, host state %.1f GiB in %.1f s, GPU limit %s\n", o->shape,
+                     (long long)cfg.layers, mt_config_param_count(&cfg) / 1e9, plan.host_total / 1073741824.0, now() - t0,
                      o->resident ? "none (resident)" : "from the step's buffers");
     g = mt_graph_create(st, &o->step, err, errlen);
     if (!g) goto out;
@@ -284,4 +287,6 @@ void mt_bench_print(const mt_bench_options *o, const mt_bench_result *r, FILE *o
             r->d2h_gb, r->d2h_gbs, r->gpu_busy, r->adamw_standalone_s, r->adamw_s_per_gparam, r->adamw_span_s,
             r->adamw_tail_s, r->boundary_gap_s, r->peak_gpu_gib, r->peak_host_gib);
     if (r->gpu_limit_mib) fprintf(out, "(GPU limit STARPU_LIMIT_CUDA_MEM = %llu MiB)\n", (unsigned long long)r->gpu_limit_mib);
+    fprintf(out, "(%lld layers, %lld checkpoints of %.4f GiB; peak GPU = StarPU's allocated bytes on the GPU, sampled at task ends)\n",
+            (long long)(o->layers > 0 ? o->layers : 0), (long long)r->checkpoints, r->checkpoint_gib);
 }

@@ -18,6 +18,7 @@ typedef struct mt_bench_options {
     bool resident;                /* no GPU memory limit: no weight is ever evicted */
     bool prefetch;                /* the megatrain policy's next-layer prefetch */
     uint64_t gpu_limit_mib;       /* 0: from the run's buffer sizes (ignored when resident) */
+    int64_t layers;               /* > 0: override the shape's layer count (memory-bound tests) */
     mt_runtime_options runtime;
 } mt_bench_options;
 
@@ -31,6 +32,8 @@ typedef struct mt_bench_result {
     double peak_gpu_gib, peak_host_gib;
     double loss_first, loss_last;
     uint64_t gpu_limit_mib;
+    double checkpoint_gib;                        /* one checkpoint: B*T*d fp32 */
+    int64_t checkpoints;                          /* ceil(L / K) */
 } mt_bench_result;
 
 mt_bench_options mt_bench_defaults(void);

@@ -44,6 +44,13 @@ ablation)
     done
     run bench_15b_noprefetch "$B/tools/megatrain" bench --shape qwen2.5-1.5b --micro-batch 16 --seq-len 2048 --warmup 1 --steps 3 --no-prefetch
     ;;
+memory)
+    # Bounded memory: each 3B layer (80M parameters, 6 B each on the GPU) is >= 5% of the budget;
+    # doubling the layers should add only the extra checkpoints to the peak.
+    for l in 18 36; do
+        run "bench_3b_L$l" "$B/tools/megatrain" bench --shape qwen2.5-3b --layers $l --micro-batch 2 --seq-len 2048 --checkpoint-every 4 --warmup 1 --steps 2
+    done
+    ;;
 esac
 echo "== tables" | tee -a "$OUT/summary.txt"
 grep -h -E "^\| " "$OUT"/*.log | sort -u | tee -a "$OUT/summary.txt"

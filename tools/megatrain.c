@@ -331,13 +331,14 @@ static void bench_help(const mt_bench_options *d)
     printf("  --resident           no GPU memory limit: no weight is ever evicted\n");
     printf("  --gpu-limit-mib N    GPU memory StarPU may use (default: what the step's buffers need)\n");
     printf("  --no-prefetch        turn the megatrain policy's next-layer prefetch off\n");
+    printf("  --layers N           override the shape's layer count (memory-bound checks)\n");
     printf("  --sched NAME         megatrain (default), dmda, eager, ...\n");
     printf("  --ncpu N, --ncuda N  StarPU workers (default: all)\n");
 }
 
 static int cmd_bench(int argc, char **argv)
 {
-    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP };
+    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS };
     static const struct option opts[] = {
         { "shape", required_argument, 0, O_SHAPE }, { "micro-batch", required_argument, 0, O_B },
         { "seq-len", required_argument, 0, O_T }, { "accum", required_argument, 0, O_ACCUM },
@@ -346,7 +347,7 @@ static int cmd_bench(int argc, char **argv)
         { "resident", no_argument, 0, O_RES }, { "gpu-limit-mib", required_argument, 0, O_LIMIT },
         { "no-prefetch", no_argument, 0, O_NOPF }, { "sched", required_argument, 0, O_SCHED },
         { "ncpu", required_argument, 0, O_NCPU }, { "ncuda", required_argument, 0, O_NCUDA },
-        { "help", no_argument, 0, O_HELP }, { 0, 0, 0, 0 },
+        { "help", no_argument, 0, O_HELP }, { "layers", required_argument, 0, O_LAYERS }, { 0, 0, 0, 0 },
     };
     mt_bench_options o = mt_bench_defaults();
     long long v;
@@ -364,6 +365,7 @@ static int cmd_bench(int argc, char **argv)
         case O_RES: o.resident = true; break;
         case O_LIMIT: if (parse_int("--gpu-limit-mib", optarg, 1, 1LL << 30, &v)) return 2; o.gpu_limit_mib = (uint64_t)v; break;
         case O_NOPF: o.prefetch = false; break;
+        case O_LAYERS: if (parse_int("--layers", optarg, 1, 1 << 16, &v)) return 2; o.layers = v; break;
         case O_SCHED: o.runtime.sched = optarg; break;
         case O_NCPU: if (parse_int("--ncpu", optarg, 1, 1024, &v)) return 2; o.runtime.ncpu = (int)v; break;
         case O_NCUDA: if (parse_int("--ncuda", optarg, 0, 64, &v)) return 2; o.runtime.ncuda = (int)v; break;
@@ -375,6 +377,7 @@ static int cmd_bench(int argc, char **argv)
     mt_model_config cfg;
     if (mt_config_from_shape(o.shape, &cfg))
         return usage_error("--shape: unknown shape '%s'%s", o.shape, " (qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b, qwen2.5-14b, tiny)");
+    if (o.layers > 0) cfg.layers = o.layers;
     if (o.step.K > cfg.layers) o.step.K = (int)cfg.layers;
     mt_bench_result r;
     char err[1024];
