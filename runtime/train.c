@@ -140,6 +140,8 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         mt_corpus_free(&corpus);
         return -1;
     }
+    /* The GPU path streams bf16 weights: without an explicit --dtype, follow the workers. */
+    if (!o->dtype_explicit) run.dtype = mt_runtime_ncuda() > 0 ? MT_DTYPE_BF16 : MT_DTYPE_F32;
     int rc = -1;
     mt_host_state *st = mt_state_create(&cfg, o->dtype, 0, err, errlen);
     mt_graph *g = NULL;

@@ -28,7 +28,8 @@ typedef struct mt_train_options {
     int64_t eval_every;        /* validate every N steps (and at the end); 0 = only at the end */
     int64_t eval_sequences;    /* validation windows of T tokens */
     int64_t log_every;
-    mt_dtype dtype;
+    mt_dtype dtype;            /* streamed weights; used as given only when dtype_explicit */
+    bool dtype_explicit;       /* false: fp32 on CPU workers, bf16 when a GPU computes */
     int64_t sample_bytes;      /* generated after training; 0 = none */
     const char *sample_prompt;
     double time_limit;         /* seconds; stop early (after a step) when exceeded; 0 = none */

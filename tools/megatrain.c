@@ -232,7 +232,8 @@ static void train_help(const mt_train_options *d)
     printf("  --warmup N           warm-up steps (default %lld)\n", (long long)d->warmup);
     printf("  --weight-decay X     AdamW decoupled weight decay on matrices (default %g)\n", d->step.weight_decay);
     printf("  --clip X             max global gradient norm, 0 = off (default %g)\n", d->step.clip);
-    printf("  --dtype fp32|bf16    precision of the streamed weights (default %s)\n", mt_dtype_name(d->dtype));
+    printf("  --dtype fp32|bf16    precision of the streamed weights (default: fp32 on CPU workers,\n"
+           "                       bf16 when a GPU computes; the GPU path needs bf16)\n");
     printf("  --seed N             initialisation and sampling seed (default %llu)\n", (unsigned long long)d->seed);
     printf("  --eval-every N       validation every N steps, 0 = at the end only (default %lld)\n", (long long)d->eval_every);
     printf("  --log-every N        progress line every N steps (default %lld)\n", (long long)d->log_every);
@@ -283,7 +284,10 @@ static int cmd_train(int argc, char **argv)
         case O_WARMUP: if (parse_int("--warmup", optarg, 0, 1LL << 40, &v)) return 2; o.warmup = v; break;
         case O_WD: if (parse_double("--weight-decay", optarg, 0, 10, &o.step.weight_decay)) return 2; break;
         case O_CLIP: if (parse_double("--clip", optarg, 0, 1e30, &o.step.clip)) return 2; break;
-        case O_DTYPE: if (mt_dtype_parse(optarg, &o.dtype)) return usage_error("--dtype: '%s' is not fp32 or bf16%s", optarg, ""); break;
+        case O_DTYPE:
+            if (mt_dtype_parse(optarg, &o.dtype)) return usage_error("--dtype: '%s' is not fp32 or bf16%s", optarg, "");
+            o.dtype_explicit = true;
+            break;
         case O_SEED: if (parse_int("--seed", optarg, 0, LLONG_MAX, &v)) return 2; o.seed = (uint64_t)v; break;
         case O_EVAL: if (parse_int("--eval-every", optarg, 0, 1LL << 40, &v)) return 2; o.eval_every = v; break;
         case O_LOG: if (parse_int("--log-every", optarg, 1, 1LL << 40, &v)) return 2; o.log_every = v; break;
