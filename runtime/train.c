@@ -11,6 +11,7 @@
 #include "config.h"
 #include "data.h"
 #include "mt_build_config.h"
+#include "checkpoint.h"
 #include "plan.h"
 
 /* The built-in model's config: in the source tree this binary was built from, else beside the
@@ -169,62 +170,79 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
                 o->lr, o->schedule == MT_LR_COSINE ? "warm-up + cosine" : "constant", mt_runtime_ncpu(),
                 mt_runtime_ncuda(), o->runtime.sched ? o->runtime.sched : mt_default_sched());
     }
-    res->first_val = validate(g, &corpus, o, vtok, vtgt);
-    if (log) fprintf(log, "step %5d | val %.4f\n", 0, res->first_val);
-
     mt_rng rng;
     mt_rng_seed(&rng, o->seed);
-    double t0 = now();
-    int prev_slot = -1;
-    int64_t prev_step = 0;
-    for (int64_t s = 1; s <= o->steps + 1; s++) {
-        int slot = -1;
-        if (s <= o->steps) {
-            mt_corpus_sample(&corpus, &rng, o->step.accum * o->step.B, o->step.T, tok, tgt);
-            slot = mt_graph_submit_step(g, s, tok, tgt, mt_lr_at(o, s));
+    int64_t first = 1;
+    if (o->resume_path) {
+        mt_checkpoint_meta meta;
+        if (mt_checkpoint_load(o->resume_path, st, &meta, err, errlen)) goto out;
+        if (meta.step >= o->steps) {
+            snprintf(err, errlen, "%s: the checkpoint is at step %lld, --steps is %lld: nothing left to do",
+                     o->resume_path, (long long)meta.step, (long long)o->steps);
+            goto out;
         }
-        if (prev_slot >= 0) {
-            /* Read step s-1 while step s is already queued behind it. */
+        first = meta.step + 1;
+        rng.state = meta.rng_state;
+        if (log) fprintf(log, "megatrain: resumed from %s at step %lld\n", o->resume_path, (long long)meta.step);
+    }
+    res->first_val = validate(g, &corpus, o, vtok, vtgt);
+    if (log) fprintf(log, "step %5lld | val %.4f\n", (long long)(first - 1), res->first_val);
+
+    double t0 = now();
+    int slot = -1;
+    int64_t last = o->stop_after > 0 && o->stop_after < o->steps ? o->stop_after : o->steps;
+    for (int64_t s = first; s <= last + 1; s++) {
+        const int64_t p = s - 1; /* the step reported in this iteration */
+        if (p >= first) {
+            /* Step s is not submitted yet: the loss of p is known halfway through p, so the
+             * graph still holds p's backward and update while we report, validate or save. */
             double gnorm;
-            double loss = mt_graph_wait_loss(g, prev_slot, &gnorm);
-            res->losses[prev_step - 1] = loss;
-            res->steps_done = prev_step;
-            if (prev_step == 1) res->first_loss = loss;
+            double loss = mt_graph_wait_loss(g, slot, &gnorm);
+            res->losses[p - 1] = loss;
+            res->steps_done = p;
+            if (p == first) res->first_loss = loss;
             res->last_loss = loss;
             double el = now() - t0;
-            bool eval_now = o->eval_every > 0 && prev_step % o->eval_every == 0 && prev_step < o->steps;
+            int64_t done = p - first + 1;
             if (!isfinite(loss)) {
-                snprintf(err, errlen, "training diverged at step %lld (loss %g); try a lower --lr", (long long)prev_step, loss);
+                snprintf(err, errlen, "training diverged at step %lld (loss %g); try a lower --lr", (long long)p, loss);
                 goto out;
             }
-            if (log && (prev_step % o->log_every == 0 || prev_step == 1 || eval_now)) {
+            bool eval_now = o->eval_every > 0 && p % o->eval_every == 0 && p < last;
+            if (log && (p % o->log_every == 0 || p == first || eval_now)) {
                 char eta[32];
-                format_duration(el / prev_step * (o->steps - prev_step), eta, sizeof eta);
+                format_duration(el / done * (last - p), eta, sizeof eta);
                 fprintf(log, "step %5lld/%lld | loss %.4f | grad-norm %7.3f | lr %.2e | %6.0f tok/s | ETA %s",
-                        (long long)prev_step, (long long)o->steps, loss, gnorm, mt_lr_at(o, prev_step),
-                        prev_step * per_step / el, eta);
+                        (long long)p, (long long)o->steps, loss, gnorm, mt_lr_at(o, p), done * per_step / el, eta);
                 if (!eval_now) fputc('\n', log);
                 fflush(log);
             }
+            /* Validation reads the weights after p's update: it is ordered before step s. */
             if (eval_now) {
                 double v = validate(g, &corpus, o, vtok, vtgt);
                 if (log) fprintf(log, " | val %.4f\n", v);
             }
-            if (o->time_limit > 0 && el > o->time_limit && s <= o->steps) {
-                if (log) fprintf(log, "megatrain: time limit %.0f s reached after step %lld\n", o->time_limit, (long long)prev_step);
-                /* Drain the step already submitted so its loss is counted too. */
-                res->losses[s - 1] = mt_graph_wait_loss(g, slot, NULL);
-                res->steps_done = s;
-                res->last_loss = res->losses[s - 1];
+            bool stop = o->time_limit > 0 && el > o->time_limit && p < last;
+            if (o->checkpoint_path && ((o->save_every > 0 && p % o->save_every == 0) || p == last || stop)) {
+                starpu_task_wait_for_all();
+                mt_checkpoint_meta meta = { .step = p, .rng_state = rng.state, .seed = o->seed };
+                if (mt_checkpoint_save(o->checkpoint_path, st, &meta, err, errlen)) goto out;
+                if (log) fprintf(log, "megatrain: checkpoint of step %lld saved to %s\n", (long long)p, o->checkpoint_path);
+            }
+            if (stop) {
+                if (log) fprintf(log, "megatrain: time limit %.0f s reached after step %lld\n", o->time_limit, (long long)p);
                 break;
             }
         }
-        prev_slot = slot;
-        prev_step = s;
+        if (s <= last) {
+            mt_corpus_sample(&corpus, &rng, o->step.accum * o->step.B, o->step.T, tok, tgt);
+            slot = mt_graph_submit_step(g, s, tok, tgt, mt_lr_at(o, s));
+        }
     }
     starpu_task_wait_for_all();
     res->seconds = now() - t0;
-    res->tokens_per_second = res->steps_done * per_step / res->seconds;
+    res->tokens_per_second = (res->steps_done - first + 1) * per_step / res->seconds;
+    res->weights_hash = mt_state_hash(st);
     res->last_val = validate(g, &corpus, o, vtok, vtgt);
     if (log) fprintf(log, "done: %lld steps in %.1f s (%.0f tok/s) | train loss %.4f -> %.4f | val %.4f -> %.4f nats/byte\n",
                      (long long)res->steps_done, res->seconds, res->tokens_per_second, res->first_loss,

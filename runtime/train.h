@@ -33,6 +33,10 @@ typedef struct mt_train_options {
     int64_t sample_bytes;      /* generated after training; 0 = none */
     const char *sample_prompt;
     double time_limit;         /* seconds; stop early (after a step) when exceeded; 0 = none */
+    int64_t stop_after;        /* > 0: stop after this step (the schedule still spans `steps`) */
+    const char *checkpoint_path; /* save training checkpoints here (NULL: none) */
+    int64_t save_every;        /* every N steps, and at the end; 0 = at the end only */
+    const char *resume_path;   /* continue from this checkpoint */
     mt_runtime_options runtime;
 } mt_train_options;
 
@@ -41,7 +45,8 @@ typedef struct mt_train_result {
     double first_loss, last_loss;     /* training loss of the first and last step */
     double first_val, last_val;       /* validation loss before training and at the end */
     double seconds, tokens_per_second;
-    double *losses;                   /* (steps_done) per-step training loss; caller frees */
+    double *losses;                   /* (steps) training loss by step (index step-1); caller frees */
+    uint64_t weights_hash;            /* mt_state_hash of the final master weights */
 } mt_train_result;
 
 /* Defaults: the built-in tiny byte-level model on the fortunes corpus. */

@@ -239,6 +239,11 @@ static void train_help(const mt_train_options *d)
     printf("  --log-every N        progress line every N steps (default %lld)\n", (long long)d->log_every);
     printf("  --sample-bytes N     bytes of text generated at the end (default %lld)\n", (long long)d->sample_bytes);
     printf("  --time-limit SEC     stop after the step that passes SEC seconds (default none)\n");
+    printf("  --stop-after N       stop after step N (the schedule still spans --steps)\n");
+    printf("  --checkpoint FILE    save a training checkpoint (weights, AdamW state, step, data\n"
+           "                       position) at the end, atomically\n");
+    printf("  --save-every N       also every N steps\n");
+    printf("  --resume FILE        continue a run from its checkpoint, bit for bit\n");
     printf("  --sched NAME         StarPU policy: eager, dmda, ... (default %s)\n", mt_default_sched());
     printf("  --ncpu N, --ncuda N  StarPU workers (default: all)\n");
 }
@@ -246,7 +251,8 @@ static void train_help(const mt_train_options *d)
 static int cmd_train(int argc, char **argv)
 {
     enum { O_CONFIG = 256, O_DATA, O_STEPS, O_B, O_T, O_ACCUM, O_K, O_LR, O_SCHED_LR, O_WARMUP, O_WD, O_CLIP,
-           O_DTYPE, O_SEED, O_EVAL, O_LOG, O_SAMPLE, O_TIME, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_TPS, O_BUDGET };
+           O_DTYPE, O_SEED, O_EVAL, O_LOG, O_SAMPLE, O_TIME, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_TPS, O_BUDGET,
+           O_CKPT, O_SAVE_EVERY, O_RESUME, O_STOP };
     static const struct option opts[] = {
         { "config", required_argument, 0, O_CONFIG }, { "data", required_argument, 0, O_DATA },
         { "steps", required_argument, 0, O_STEPS }, { "micro-batch", required_argument, 0, O_B },
@@ -260,6 +266,8 @@ static int cmd_train(int argc, char **argv)
         { "sched", required_argument, 0, O_SCHED }, { "ncpu", required_argument, 0, O_NCPU },
         { "ncuda", required_argument, 0, O_NCUDA }, { "help", no_argument, 0, O_HELP },
         { "tokens-per-step", required_argument, 0, O_TPS }, { "activation-budget", required_argument, 0, O_BUDGET },
+        { "checkpoint", required_argument, 0, O_CKPT }, { "save-every", required_argument, 0, O_SAVE_EVERY },
+        { "resume", required_argument, 0, O_RESUME }, { "stop-after", required_argument, 0, O_STOP },
         { 0, 0, 0, 0 },
     };
     mt_train_options o = mt_train_defaults();
@@ -298,6 +306,10 @@ static int cmd_train(int argc, char **argv)
         case O_NCUDA: if (parse_int("--ncuda", optarg, 0, 64, &v)) return 2; o.runtime.ncuda = (int)v; break;
         case O_TPS: if (parse_int("--tokens-per-step", optarg, 1, 1LL << 40, &v)) return 2; o.tokens_per_step = v; break;
         case O_BUDGET: if (parse_int("--activation-budget", optarg, 1, LLONG_MAX, &v)) return 2; o.activation_budget = (uint64_t)v; break;
+        case O_CKPT: o.checkpoint_path = optarg; break;
+        case O_SAVE_EVERY: if (parse_int("--save-every", optarg, 0, 1LL << 40, &v)) return 2; o.save_every = v; break;
+        case O_RESUME: o.resume_path = optarg; break;
+        case O_STOP: if (parse_int("--stop-after", optarg, 1, 1LL << 40, &v)) return 2; o.stop_after = v; break;
         case O_HELP: train_help(&o); return 0;
         default: return 2;
         }
