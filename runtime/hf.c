@@ -1,0 +1,359 @@
+/* HF directories in and out. The layout names every tensor a tile holds; loading matches those
+ * names against the checkpoint's files (each tensor read straight into its tile's master), saving
+ * walks them in HF order into one file or greedy shards. */
+#include "hf.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "safetensors.h"
+
+#define SINGLE_NAME "model.safetensors"
+#define INDEX_NAME "model.safetensors.index.json"
+
+/* One tensor the state holds: where it goes and the HF shape it must have. */
+typedef struct expected {
+    char name[192];
+    int ndim;
+    int64_t shape[2];
+    int64_t numel;
+    float *master;      /* tile->master + offset */
+    int shard;          /* index into the shard list that holds it */
+    bool loaded;
+} expected;
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* Every present tensor of every tile, in HF order (embedding, layers, final norm, LM head). */
+static expected *list_expected(const mt_host_state *st, int *count)
+{
+    int cap = 0;
+    for (int i = 0; i < st->ntiles; i++) cap += st->tiles[i].layout->ntensors;
+    expected *e = calloc((size_t)cap + 1, sizeof *e);
+    int n = 0;
+    for (int i = 0; e && i < st->ntiles; i++) {
+        const mt_tile *t = &st->tiles[i];
+        for (int s = 0; s < t->layout->ntensors; s++) {
+            const mt_tensor_desc *d = &t->layout->tensors[s];
+            if (d->numel == 0) continue;
+            mt_layout_full_name(t->layout, i - 1, s, e[n].name, sizeof e[n].name);
+            e[n].ndim = d->ndim;
+            e[n].shape[0] = d->shape[0];
+            e[n].shape[1] = d->shape[1];
+            e[n].numel = d->numel;
+            e[n].master = t->master + d->offset;
+            n++;
+        }
+    }
+    *count = n;
+    return e;
+}
+
+static expected *find_expected(expected *e, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(e[i].name, name)) return &e[i];
+    return NULL;
+}
+
+/* Tensors a checkpoint may carry that the state has no place for and does not need: rotary
+ * frequency buffers (older transformers saved them) and, when tied, the LM head copy. */
+static bool harmless_extra(const mt_host_state *st, const char *name)
+{
+    size_t len = strlen(name), suffix = strlen("rotary_emb.inv_freq");
+    if (len >= suffix && !strcmp(name + len - suffix, "rotary_emb.inv_freq")) return true;
+    return st->cfg.tied && !strcmp(name, "lm_head.weight");
+}
+
+static void shape_text(int ndim, const int64_t *shape, char *buf, size_t len)
+{
+    size_t at = (size_t)snprintf(buf, len, "[");
+    for (int i = 0; i < ndim && at < len; i++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (at < len) snprintf(buf + at, len - at, "]");
+}
+
+/* A shard name from the index must stay inside the directory. */
+static bool plain_file_name(const char *s)
+{
+    return s[0] && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
+}
+
+/* Reads the index into shard names (unique, first-appearance order) and each expected tensor's
+ * shard. Checks every entry is expected (or harmless) and every expected tensor is listed. */
+static int read_index(const char *index_path, const mt_host_state *st, expected *e, int ne, char ***shards,
+                      int *nshards, char *err, size_t errlen)
+{
+    json_error_t je;
+    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &je);
+    if (!root) return fail(err, errlen, "%s: not valid JSON (line %d: %s)", index_path, je.line, je.text);
+    json_t *map = json_object_get(root, "weight_map");
+    if (!json_is_object(map)) {
+        json_decref(root);
+        return fail(err, errlen, "%s: no 'weight_map' object", index_path);
+    }
+    char **names = calloc(json_object_size(map) + 1, sizeof *names);
+    int n = 0, rc = 0;
+    for (int i = 0; i < ne; i++) e[i].shard = -1;
+    const char *key;
+    json_t *v;
+    json_object_foreach(map, key, v) {
+        if (!json_is_string(v) || !plain_file_name(json_string_value(v))) {
+            rc = fail(err, errlen, "%s: tensor '%s': the shard is not a file name in this directory", index_path, key);
+            break;
+        }
+        const char *file = json_string_value(v);
+        expected *x = find_expected(e, ne, key);
+        if (!x && !harmless_extra(st, key)) {
+            rc = fail(err, errlen, "%s: tensor '%s': unexpected tensor (not part of this %s config)", index_path, key,
+                      st->cfg.model_type);
+            break;
+        }
+        int s = 0;
+        while (s < n && strcmp(names[s], file)) s++;
+        if (s == n) names[n++] = strdup(file);
+        if (x) x->shard = s;
+    }
+    for (int i = 0; i < ne && rc == 0; i++)
+        if (e[i].shard < 0) rc = fail(err, errlen, "%s: tensor '%s': missing from the weight_map", index_path, e[i].name);
+    json_decref(root);
+    *shards = names;
+    *nshards = n;
+    return rc;
+}
+
+/* Loads every expected tensor that lives in shard `s` (opened as f). `index_path` is NULL for a
+ * single-file checkpoint. */
+static int load_shard(mt_st_file *f, int s, const char *index_path, const mt_host_state *st, expected *e, int ne,
+                      char *err, size_t errlen)
+{
+    for (int i = 0; i < f->ntensors; i++) {
+        const mt_st_tensor *t = &f->tensors[i];
+        expected *x = find_expected(e, ne, t->name);
+        if (!x) {
+            if (harmless_extra(st, t->name)) continue;
+            return fail(err, errlen, "%s: tensor '%s': unexpected tensor (not part of this %s config)", f->path, t->name,
+                        st->cfg.model_type);
+        }
+        if (x->shard != s)
+            return fail(err, errlen, "%s: tensor '%s': present here but %s lists it in another shard", f->path, t->name,
+                        index_path);
+        if (t->dtype != MT_ST_F32 && t->dtype != MT_ST_F16 && t->dtype != MT_ST_BF16)
+            return fail(err, errlen, "%s: tensor '%s': dtype %s, weights must be F32, F16 or BF16", f->path, t->name,
+                        mt_st_dtype_name(t->dtype));
+        if (t->ndim != x->ndim || t->shape[0] != x->shape[0] || (x->ndim == 2 && t->shape[1] != x->shape[1])) {
+            char got[128], want[128];
+            shape_text(t->ndim, t->shape, got, sizeof got);
+            shape_text(x->ndim, x->shape, want, sizeof want);
+            return fail(err, errlen, "%s: tensor '%s': shape %s, the config wants %s", f->path, t->name, got, want);
+        }
+        if (mt_st_read_f32(f, t, x->master, err, errlen)) return -1;
+        x->loaded = true;
+    }
+    for (int i = 0; i < ne; i++)
+        if (e[i].shard == s && !e[i].loaded)
+            return fail(err, errlen, "%s: tensor '%s': missing%s%s%s", f->path, e[i].name,
+                        index_path ? " (" : "", index_path ? index_path : "", index_path ? " lists it in this file)" : "");
+    return 0;
+}
+
+int mt_hf_load(const char *dir, mt_host_state *st, char *err, size_t errlen)
+{
+    char single[4096], index[4096], path[4096];
+    snprintf(single, sizeof single, "%s/%s", dir, SINGLE_NAME);
+    snprintf(index, sizeof index, "%s/%s", dir, INDEX_NAME);
+    bool have_single = access(single, F_OK) == 0, have_index = access(index, F_OK) == 0;
+    if (!have_single && !have_index)
+        return fail(err, errlen, "%s: neither %s nor %s: not a safetensors checkpoint directory", dir, SINGLE_NAME, INDEX_NAME);
+    int ne = 0;
+    expected *e = list_expected(st, &ne);
+    if (!e) return fail(err, errlen, "%s: out of memory", dir);
+    char **shards = NULL;
+    int nshards = 0, rc = 0;
+    if (have_single) { /* transformers prefers the single file too */
+        shards = calloc(2, sizeof *shards);
+        shards[0] = strdup(SINGLE_NAME);
+        nshards = 1;
+        for (int i = 0; i < ne; i++) e[i].shard = 0;
+    } else {
+        rc = read_index(index, st, e, ne, &shards, &nshards, err, errlen);
+    }
+    for (int s = 0; s < nshards && rc == 0; s++) {
+        snprintf(path, sizeof path, "%s/%s", dir, shards[s]);
+        mt_st_file *f = mt_st_open(path, err, errlen);
+        if (!f) {
+            if (!have_single && !strstr(err, "tensor '")) { /* name a tensor the shard was to provide */
+                const char *who = "?";
+                for (int i = 0; i < ne; i++)
+                    if (e[i].shard == s) { who = e[i].name; break; }
+                size_t at = strlen(err);
+                snprintf(err + at, errlen > at ? errlen - at : 0, " (shard of tensor '%s' in %s)", who, index);
+            }
+            rc = -1;
+            break;
+        }
+        rc = load_shard(f, s, have_single ? NULL : index, st, e, ne, err, errlen);
+        mt_st_close(f);
+    }
+    for (int s = 0; s < nshards; s++) free(shards[s]);
+    free(shards);
+    free(e);
+    if (rc == 0) mt_state_sync_weights(st);
+    return rc;
+}
+
+/* Writes text to path through a temporary, fsync and rename. */
+static int write_text_atomic(const char *path, const char *text, char *err, size_t errlen)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    FILE *fp = fopen(tmp, "w");
+    if (!fp) return fail(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
+    int rc = fputs(text, fp) < 0 || fflush(fp) != 0 || fsync(fileno(fp)) != 0;
+    rc |= fclose(fp) != 0;
+    if (rc) {
+        unlink(tmp);
+        return fail(err, errlen, "%s: write error: %s", tmp, strerror(errno));
+    }
+    if (rename(tmp, path) != 0) {
+        unlink(tmp);
+        return fail(err, errlen, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
+    }
+    return 0;
+}
+
+/* config.json as mt_config_save writes it, with torch_dtype naming the saved weights' dtype. */
+static int save_config(const char *dir, const mt_model_config *cfg, mt_dtype dtype, char *err, size_t errlen)
+{
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    snprintf(tmp, sizeof tmp, "%s.cfg.%ld", path, (long)getpid());
+    if (mt_config_save(cfg, tmp, err, errlen)) return -1;
+    json_error_t je;
+    json_t *o = json_load_file(tmp, 0, &je);
+    unlink(tmp);
+    if (!o) return fail(err, errlen, "%s: cannot read back the written config: %s", tmp, je.text);
+    json_object_set_new(o, "torch_dtype", json_string(dtype == MT_DTYPE_BF16 ? "bfloat16" : "float32"));
+    char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    if (!text) return fail(err, errlen, "%s: out of memory", path);
+    int rc = write_text_atomic(path, text, err, errlen);
+    free(text);
+    return rc;
+}
+
+/* "model-00001-of-00004.safetensors" */
+static void shard_name(int k, int n, char *buf, size_t len)
+{
+    snprintf(buf, len, "model-%05d-of-%05d.safetensors", k + 1, n);
+}
+
+/* Removes files of an earlier save that the new layout does not use: the single file, the index,
+ * and shard files not in this save's set (nshards 1 = single file). */
+static void remove_stale(const char *dir, int nshards)
+{
+    char path[4096], keep[64];
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        int k, n;
+        char tail[32];
+        bool stale = false;
+        if (nshards > 1 && !strcmp(de->d_name, SINGLE_NAME)) stale = true;
+        if (nshards == 1 && !strcmp(de->d_name, INDEX_NAME)) stale = true;
+        if (sscanf(de->d_name, "model-%5d-of-%5d.%31s", &k, &n, tail) == 3 && !strcmp(tail, "safetensors")) {
+            shard_name(k - 1, n, keep, sizeof keep);
+            stale = !strcmp(keep, de->d_name) && (nshards == 1 || n != nshards);
+        }
+        if (stale) {
+            snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+            unlink(path);
+        }
+    }
+    closedir(d);
+}
+
+int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_t max_shard_bytes,
+               char *err, size_t errlen)
+{
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return fail(err, errlen, "%s: cannot create: %s", dir, strerror(errno));
+    mt_st_dtype fdtype = dtype == MT_DTYPE_BF16 ? MT_ST_BF16 : MT_ST_F32;
+    int ne = 0;
+    expected *e = list_expected(st, &ne);
+    mt_st_source *src = calloc((size_t)ne + 1, sizeof *src);
+    if (!e || !src) {
+        free(e);
+        free(src);
+        return fail(err, errlen, "%s: out of memory", dir);
+    }
+    /* Greedy shards in HF order, as save_pretrained: a new shard when the next tensor would
+     * overflow this one; a tensor larger than the limit sits alone. */
+    uint64_t in_shard = 0, total = 0;
+    int nshards = 1;
+    for (int i = 0; i < ne; i++) {
+        uint64_t bytes = mt_st_nbytes(fdtype, e[i].numel);
+        if (max_shard_bytes > 0 && in_shard > 0 && in_shard + bytes > max_shard_bytes) {
+            nshards++;
+            in_shard = 0;
+        }
+        e[i].shard = nshards - 1;
+        in_shard += bytes;
+        total += bytes;
+        src[i] = (mt_st_source){ .name = e[i].name, .ndim = e[i].ndim, .shape = { e[i].shape[0], e[i].shape[1] },
+                                 .data = e[i].master };
+    }
+    char path[4096], name[64];
+    int rc = 0;
+    json_t *map = json_object();
+    for (int s = 0, first = 0; s < nshards && rc == 0; s++) {
+        int last = first;
+        while (last < ne && e[last].shard == s) last++;
+        if (nshards == 1) snprintf(name, sizeof name, "%s", SINGLE_NAME);
+        else shard_name(s, nshards, name, sizeof name);
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        rc = mt_st_write(path, src + first, last - first, fdtype, err, errlen);
+        for (int i = first; i < last; i++) json_object_set_new(map, e[i].name, json_string(name));
+        first = last;
+    }
+    if (rc == 0 && nshards > 1) {
+        json_t *root = json_object(), *meta = json_object();
+        json_object_set_new(meta, "total_size", json_integer((json_int_t)total));
+        json_object_set_new(root, "metadata", meta);
+        json_object_set(root, "weight_map", map);
+        char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        json_decref(root);
+        snprintf(path, sizeof path, "%s/%s", dir, INDEX_NAME);
+        rc = text ? write_text_atomic(path, text, err, errlen) : fail(err, errlen, "%s: out of memory", path);
+        free(text);
+    }
+    json_decref(map);
+    if (rc == 0) rc = save_config(dir, &st->cfg, dtype, err, errlen);
+    if (rc == 0) remove_stale(dir, nshards);
+    if (rc == 0) { /* make the renames durable */
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) {
+            fsync(dfd);
+            close(dfd);
+        }
+    }
+    free(src);
+    free(e);
+    return rc;
+}

@@ -1,0 +1,35 @@
+/* HF model directories in and out: config.json plus model.safetensors, or shards listed by
+ * model.safetensors.index.json. Loading streams each tensor into its place in the host tiles;
+ * saving streams the fp32 masters out, converted to the requested dtype. */
+#ifndef MT_RUNTIME_HF_H
+#define MT_RUNTIME_HF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dtype.h"
+#include "state.h"
+
+/* HF's default shard limit (save_pretrained's max_shard_size "5GB"). */
+#define MT_HF_DEFAULT_SHARD_BYTES ((uint64_t)5000000000)
+
+/* Loads the weights of the HF directory `dir` into the fp32 masters of `st`, then refreshes the
+ * streamed copy (mt_state_sync_weights). `st` was created from dir/config.json. Reads
+ * model.safetensors if present (as transformers does), else model.safetensors.index.json and its
+ * shards; F32, F16 or BF16 on disk. Every tensor the layout has must be there with its HF shape;
+ * an unknown extra tensor is an error, except rotary "inv_freq" buffers and, for tied
+ * embeddings, lm_head.weight (the embedding table serves). Returns 0, or -1 with a message that
+ * names the file and the tensor ("DIR/model.safetensors: tensor 'NAME': ..."); after an error the
+ * masters may hold part of the checkpoint. */
+int mt_hf_load(const char *dir, mt_host_state *st, char *err, size_t errlen);
+
+/* Writes st's fp32 masters as an HF directory that transformers' from_pretrained loads:
+ * config.json (torch_dtype set to the saved dtype), and model.safetensors when everything fits in
+ * max_shard_bytes (0 = no limit), else model-0000K-of-0000N.safetensors shards, filled greedily
+ * in HF order like save_pretrained, plus model.safetensors.index.json. Creates dir if missing;
+ * every file goes through a temporary + fsync + rename; a previous save's files of the other
+ * layout (single file vs shards) are removed. Returns 0, or -1 with err set. */
+int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_t max_shard_bytes,
+               char *err, size_t errlen);
+
+#endif
