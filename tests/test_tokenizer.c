@@ -1,0 +1,416 @@
+/* Byte-level BPE tokenizer: Qwen3 and Llama-3 agree token for token with an independent
+ * implementation (transformers.js fixtures from tools/tokenizer_fixtures.mjs), invalid UTF-8 has
+ * the behaviour tokenizer.h defines, and every class of bad file names the file and the key. */
+#include <check.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+#include "tokenizer.h"
+
+/* Loaded once per process: each takes ~1 s, and every test below reads them only. */
+static mt_tokenizer *qwen3, *llama3;
+
+static mt_tokenizer *load_family(const char *family)
+{
+    char rel[256], err[512] = "";
+    snprintf(rel, sizeof rel, "tests/fixtures/tokenizers/%s/tokenizer.json", family);
+    mt_tokenizer *tok = mt_tokenizer_load(mt_test_source_path(rel), err, sizeof err);
+    ck_assert_msg(tok != NULL, "%s", err);
+    return tok;
+}
+
+static void setup(void)
+{
+    if (!qwen3) qwen3 = load_family("qwen3");
+    if (!llama3) llama3 = load_family("llama3");
+}
+
+static void teardown(void) {}
+
+/* encode then decode must give back exactly the input bytes. */
+static void assert_round_trip(mt_tokenizer *tok, const char *text, size_t len)
+{
+    size_t n, back_len;
+    char err[256] = "";
+    int32_t *ids = mt_tokenizer_encode(tok, text, len, &n);
+    char *back = mt_tokenizer_decode(tok, ids, n, &back_len, err, sizeof err);
+    ck_assert_msg(back != NULL, "%s", err);
+    ck_assert_uint_eq(back_len, len);
+    ck_assert_msg(memcmp(back, text, len) == 0, "round trip changed the bytes");
+    free(back);
+    free(ids);
+}
+
+/* Index of the first id where a and the JSON array b differ; -1 when equal. */
+static long first_difference(const int32_t *a, size_t na, const json_t *b)
+{
+    size_t nb = json_array_size(b);
+    for (size_t i = 0; i < na && i < nb; i++)
+        if (a[i] != json_integer_value(json_array_get(b, i))) return (long)i;
+    return na == nb ? -1 : (long)(na < nb ? na : nb);
+}
+
+static bool same_ids(const int32_t *a, size_t na, const json_t *b) { return first_difference(a, na, b) < 0; }
+
+/* Checks every fixture of family: ids equal, and decode(ids) is the text. A fixture whose text NFC
+ * changes (Qwen normalises, this tokenizer does not) is compared on its NFC form and counted. */
+static void check_fixtures(mt_tokenizer *tok, const char *family)
+{
+    char rel[256];
+    snprintf(rel, sizeof rel, "tests/fixtures/tokenizers/%s/fixtures.jsonl", family);
+    const char *path = mt_test_source_path(rel);
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "%s: cannot open (run tools/tokenizer_fixtures.mjs)", path);
+    char *line = NULL;
+    size_t cap = 0, lineno = 0, exact = 0, after_nfc = 0, nfc_differs = 0;
+    ssize_t got;
+    while ((got = getline(&line, &cap, f)) > 0) {
+        lineno++;
+        json_error_t jerr;
+        json_t *rec = json_loadb(line, (size_t)got, JSON_ALLOW_NUL, &jerr);
+        ck_assert_msg(rec != NULL, "%s:%zu: %s", path, lineno, jerr.text);
+        json_t *text = json_object_get(rec, "text"), *nfc = json_object_get(rec, "nfc_text");
+        json_t *ids = json_object_get(rec, "ids");
+        const char *category = json_string_value(json_object_get(rec, "category"));
+        json_t *ref_text = nfc ? nfc : text;
+        size_t n, len = json_string_length(ref_text), back_len;
+        int32_t *out = mt_tokenizer_encode(tok, json_string_value(ref_text), len, &n);
+        long diff = first_difference(out, n, ids);
+        ck_assert_msg(diff < 0, "%s:%zu (%s): ids differ from index %ld (%zu ids, reference %zu) for: %s", path,
+                      lineno, category, diff, n, json_array_size(ids), json_string_value(ref_text));
+        free(out);
+        char err[256] = "";
+        int32_t *ref_ids = malloc((json_array_size(ids) + 1) * sizeof *ref_ids);
+        for (size_t i = 0; i < json_array_size(ids); i++) ref_ids[i] = (int32_t)json_integer_value(json_array_get(ids, i));
+        char *back = mt_tokenizer_decode(tok, ref_ids, json_array_size(ids), &back_len, err, sizeof err);
+        ck_assert_msg(back != NULL, "%s:%zu: %s", path, lineno, err);
+        ck_assert_msg(back_len == len && memcmp(back, json_string_value(ref_text), len) == 0,
+                      "%s:%zu: decode differs from the text", path, lineno);
+        free(back);
+        free(ref_ids);
+        if (nfc) {
+            after_nfc++;
+            /* Unnormalised text still round-trips; its ids are this tokenizer's documented difference. */
+            assert_round_trip(tok, json_string_value(text), json_string_length(text));
+            out = mt_tokenizer_encode(tok, json_string_value(text), json_string_length(text), &n);
+            nfc_differs += !same_ids(out, n, ids);
+            free(out);
+        } else {
+            exact++;
+        }
+        json_decref(rec);
+    }
+    free(line);
+    fclose(f);
+    ck_assert_msg(lineno >= 500, "%s: only %zu fixtures", path, lineno);
+    fprintf(stderr, "tokenizer %s: %zu fixtures: %zu exact, %zu NFC-changed compared after NFC (%zu of them differ "
+            "unnormalised)\n", family, lineno, exact, after_nfc, nfc_differs);
+}
+
+START_TEST(test_qwen3_fixtures)
+{
+    check_fixtures(qwen3, "qwen3");
+    ck_assert_str_eq(mt_tokenizer_normalizer(qwen3), "NFC");
+    ck_assert_int_eq(mt_tokenizer_vocab_size(qwen3), 151669);
+    ck_assert_int_eq(mt_tokenizer_token_id(qwen3, "<|im_start|>"), 151644);
+}
+END_TEST
+
+START_TEST(test_llama3_fixtures)
+{
+    check_fixtures(llama3, "llama3");
+    ck_assert_ptr_null(mt_tokenizer_normalizer(llama3));
+    ck_assert_int_eq(mt_tokenizer_vocab_size(llama3), 128256);
+    ck_assert_int_eq(mt_tokenizer_token_id(llama3, "<|begin_of_text|>"), 128000);
+}
+END_TEST
+
+/* ids of a + ids of b, as encode gives them separately. */
+static int32_t *concat_encode(mt_tokenizer *tok, const char *const *parts, const size_t *lens, int n_parts,
+                              size_t *count)
+{
+    int32_t *all = NULL;
+    *count = 0;
+    for (int p = 0; p < n_parts; p++) {
+        size_t n;
+        int32_t *ids = mt_tokenizer_encode(tok, parts[p], lens[p], &n);
+        all = realloc(all, (*count + n + 1) * sizeof *all);
+        memcpy(all + *count, ids, n * sizeof *ids);
+        *count += n;
+        free(ids);
+    }
+    return all;
+}
+
+START_TEST(test_invalid_utf8)
+{
+    mt_tokenizer *toks[2] = {qwen3, llama3};
+    /* Lone continuation, truncated sequences, overlong, surrogate, past U+10FFFF, bytes never valid. */
+    static const char *const runs[] = {"\x80", "\xc3", "\xe2\x82", "\xf0\x9f\x98", "\xc0\xaf", "\xed\xa0\x80",
+                                       "\xf4\x90\x80\x80", "\xff", "\xfe\xff", "\xc3\xc3"};
+    static const char *const left[] = {"", "abc", "hello ", "你好", "  ", "<|im_start|>", "12345"};
+    static const char *const right[] = {"", "def", " world", "😀", "\n\n", "<|im_end|>", "'s"};
+    for (int t = 0; t < 2; t++) {
+        mt_tokenizer *tok = toks[t];
+        size_t n;
+        /* A single invalid byte is its byte-level token. */
+        int32_t *ids = mt_tokenizer_encode(tok, "\xff", 1, &n);
+        ck_assert_uint_eq(n, 1);
+        ck_assert_int_eq(ids[0], mt_tokenizer_token_id(tok, "\xff"));
+        free(ids);
+        /* Defined behaviour: an invalid run splits the text as if the parts were encoded apart. */
+        for (size_t r = 0; r < sizeof runs / sizeof *runs; r++)
+            for (size_t a = 0; a < sizeof left / sizeof *left; a++)
+                for (size_t b = 0; b < sizeof right / sizeof *right; b++) {
+                    char text[64];
+                    const char *parts[3] = {left[a], runs[r], right[b]};
+                    size_t lens[3] = {strlen(left[a]), strlen(runs[r]), strlen(right[b])};
+                    size_t len = (size_t)snprintf(text, sizeof text, "%s%s%s", left[a], runs[r], right[b]), ne;
+                    int32_t *got = mt_tokenizer_encode(tok, text, len, &n);
+                    int32_t *want = concat_encode(tok, parts, lens, 3, &ne);
+                    ck_assert_msg(n == ne && memcmp(got, want, n * sizeof *got) == 0,
+                                  "invalid run %zu between '%s' and '%s'", r, left[a], right[b]);
+                    free(got);
+                    free(want);
+                    assert_round_trip(tok, text, len);
+                }
+        /* Random bytes, mostly high ones: no crash, exact round trip. */
+        mt_test_rng rng;
+        mt_test_rng_seed(&rng, 7 + (uint64_t)t);
+        char buf[96];
+        for (int i = 0; i < 3000; i++) {
+            size_t len = (size_t)(mt_test_uniform(&rng) * sizeof buf);
+            for (size_t k = 0; k < len; k++) {
+                double u = mt_test_uniform(&rng);
+                buf[k] = (char)(u < 0.5 ? 0x80 + (int)(u * 256) : u < 0.8 ? 0x20 + (int)(u * 200) % 95 : (int)(u * 1e6));
+            }
+            assert_round_trip(tok, buf, len);
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_empty_and_long)
+{
+    size_t n, len;
+    char err[256] = "";
+    int32_t *ids = mt_tokenizer_encode(qwen3, "", 0, &n);
+    ck_assert_uint_eq(n, 0);
+    char *text = mt_tokenizer_decode(qwen3, ids, 0, &len, err, sizeof err);
+    ck_assert_ptr_nonnull(text);
+    ck_assert_uint_eq(len, 0);
+    ck_assert_str_eq(text, "");
+    free(text);
+    free(ids);
+
+    /* One 200 KB word (no split point): the merge loop must stay near-linear. */
+    size_t big = 200000;
+    char *word = malloc(big);
+    for (size_t i = 0; i < big; i++) word[i] = "abcdefghij"[(i * 7 + i / 13) % 10];
+    assert_round_trip(qwen3, word, big);
+    assert_round_trip(llama3, word, big);
+    free(word);
+
+    /* 2 MB of mixed text: prose, CJK, emoji, digits, whitespace, special tokens. */
+    static const char *const pieces[] = {"The quick brown fox. ", "你好，世界！", "👨‍👩‍👧‍👦 ", "1234567890",
+                                         "   \n\t\n", "<|im_start|>", "it's ", "<|begin_of_text|>", "\xff\xfe"};
+    size_t cap = 2u << 20, used = 0;
+    char *mix = malloc(cap);
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 11);
+    for (;;) {
+        const char *p = pieces[(int)(mt_test_uniform(&rng) * 9)];
+        size_t pl = strlen(p);
+        if (used + pl > cap) break;
+        memcpy(mix + used, p, pl);
+        used += pl;
+    }
+    assert_round_trip(qwen3, mix, used);
+    assert_round_trip(llama3, mix, used);
+    ids = mt_tokenizer_encode(llama3, mix, used, &n);
+    ck_assert_msg(n > used / 8 && n < used, "%zu ids for %zu bytes", n, used);
+    free(ids);
+    free(mix);
+}
+END_TEST
+
+/* GPT-2's stand-in for byte b, UTF-8 encoded into out (NUL-terminated). */
+static void byte_char(int b, char out[3])
+{
+    int extra = 0, cp = -1;
+    for (int x = 0; x < 256; x++) {
+        bool printable = (x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) || (x >= 0xAE && x <= 0xFF);
+        int c = printable ? x : 256 + extra++;
+        if (x == b) cp = c;
+    }
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        out[1] = 0;
+    } else {
+        out[0] = (char)(0xC0 | cp >> 6);
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        out[2] = 0;
+    }
+}
+
+/* A small tokenizer.json: the 256 byte tokens, then "ab" (256), "abc" (257), and the given merges
+ * and extra top-level fields; `model_extra` goes inside "model". */
+static char *small_tokenizer(const char *merges, const char *model_extra, const char *extra)
+{
+    size_t cap = 65536, n = 0;
+    char *s = malloc(cap);
+    n += (size_t)snprintf(s + n, cap - n, "{\"model\": {\"type\": \"BPE\", %s \"vocab\": {", model_extra);
+    for (int b = 0; b < 256; b++) {
+        char c[3];
+        byte_char(b, c);
+        bool esc = c[0] == '"' || c[0] == '\\';
+        n += (size_t)snprintf(s + n, cap - n, "\"%s%s\": %d, ", esc ? "\\" : "", c, b);
+    }
+    n += (size_t)snprintf(s + n, cap - n, "\"ab\": 256, \"abc\": 257}, \"merges\": %s}, "
+                          "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false}%s}",
+                          merges, extra);
+    return s;
+}
+
+static mt_tokenizer *load_small(const char *json, char *path, char *err, size_t errlen)
+{
+    snprintf(path, 4096, "%s", mt_test_write_temp("tokenizer.json", json));
+    return mt_tokenizer_load(path, err, errlen);
+}
+
+START_TEST(test_small_tokenizer)
+{
+    char path[4096], err[512] = "";
+    /* Both merge spellings give the same tokenizer. */
+    static const char *const forms[] = {"[\"a b\", \"ab c\"]", "[[\"a\", \"b\"], [\"ab\", \"c\"]]"};
+    for (int f = 0; f < 2; f++) {
+        char *json = small_tokenizer(forms[f], "", ", \"added_tokens\": [{\"id\": 300, \"content\": \"<x>\"},"
+                                     " {\"id\": 301, \"content\": \"<xy>\", \"special\": true}]");
+        mt_tokenizer *tok = load_small(json, path, err, sizeof err);
+        free(json);
+        ck_assert_msg(tok != NULL, "%s", err);
+        size_t n;
+        int32_t *ids = mt_tokenizer_encode(tok, "abcab<xy><x>a b", 15, &n);
+        /* Added tokens split first (longest "<xy>" wins over "<x>"); "abcab" merges a+b twice,
+         * then ab+c; " b" has no merge. Byte b's token has id b in this vocabulary. */
+        int32_t want[] = {257, 256, 301, 300, 'a', ' ', 'b'};
+        ck_assert_uint_eq(n, 7);
+        for (size_t i = 0; i < n; i++) ck_assert_int_eq(ids[i], want[i]);
+        free(ids);
+        ck_assert_int_eq(mt_tokenizer_vocab_size(tok), 302);
+        ck_assert_int_eq(mt_tokenizer_token_id(tok, "abc"), 257);
+        ck_assert_int_eq(mt_tokenizer_token_id(tok, "<xy>"), 301);
+        ck_assert_int_eq(mt_tokenizer_token_id(tok, "zz"), -1);
+        int32_t bad[] = {1, 299};
+        size_t len;
+        ck_assert_ptr_null(mt_tokenizer_decode(tok, bad, 2, &len, err, sizeof err));
+        ck_assert_msg(strstr(err, "token 1") && strstr(err, "299"), "%s", err);
+        mt_tokenizer_free(tok);
+    }
+}
+END_TEST
+
+/* Loading text must fail with a message holding every string in want. */
+static void assert_load_fails(const char *json, const char *want1, const char *want2)
+{
+    char path[4096], err[512] = "";
+    mt_tokenizer *tok = load_small(json, path, err, sizeof err);
+    ck_assert_msg(tok == NULL, "loaded a bad file: %s", json);
+    ck_assert_msg(strstr(err, path) != NULL, "message lacks the path: %s", err);
+    ck_assert_msg(strstr(err, want1) != NULL, "message lacks '%s': %s", want1, err);
+    if (want2) ck_assert_msg(strstr(err, want2) != NULL, "message lacks '%s': %s", want2, err);
+}
+
+START_TEST(test_errors)
+{
+    char err[512] = "";
+    const char *missing = "/nonexistent/dir/tokenizer.json";
+    ck_assert_ptr_null(mt_tokenizer_load(missing, err, sizeof err));
+    ck_assert_msg(strstr(err, missing) != NULL, "%s", err);
+
+    assert_load_fails("{\"model\": {\"vocab\": {", "line", NULL);
+    assert_load_fails("[1, 2]", "object", NULL);
+    assert_load_fails("{\"model\": {\"type\": \"BPE\", \"merges\": []}}", "model.vocab", "missing");
+    assert_load_fails("{\"pre_tokenizer\": null}", "'model'", NULL);
+    assert_load_fails("{\"model\": {\"type\": \"Unigram\", \"vocab\": {}}}", "model.type", "Unigram");
+    assert_load_fails("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}}", "model.merges", NULL);
+    assert_load_fails("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": \"zero\"}, \"merges\": []}}", "model.vocab",
+                      "'a'");
+    assert_load_fails("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}", "model.vocab",
+                      "byte 0x00");
+    assert_load_fails("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"\\u4f60\": 0}, \"merges\": []}}", "model.vocab",
+                      "U+4F60");
+
+    char *json = small_tokenizer("[\"a q\", \"x\"]", "", "");
+    assert_load_fails(json, "model.merges[0]", NULL); /* "a q" merges to "aq", not in the vocabulary */
+    free(json);
+    json = small_tokenizer("[\"a b\", \"ab\"]", "", "");
+    assert_load_fails(json, "model.merges[1]", "one space");
+    free(json);
+    json = small_tokenizer("[\"a b\", 7]", "", "");
+    assert_load_fails(json, "model.merges[1]", "an integer");
+    free(json);
+    json = small_tokenizer("[]", "\"byte_fallback\": true,", "");
+    assert_load_fails(json, "model.byte_fallback", NULL);
+    free(json);
+    json = small_tokenizer("[]", "", ", \"normalizer\": {\"type\": \"Lowercase\"}");
+    assert_load_fails(json, "normalizer.type", "Lowercase");
+    free(json);
+    json = small_tokenizer("[]", "", ", \"added_tokens\": [{\"id\": 5, \"content\": \"<s>\", \"lstrip\": true}]");
+    assert_load_fails(json, "added_tokens[0]", "lstrip");
+    free(json);
+    json = small_tokenizer("[]", "", ", \"added_tokens\": [{\"id\": -5, \"content\": \"<s>\"}]");
+    assert_load_fails(json, "added_tokens[0].id", NULL);
+    free(json);
+
+    /* pre_tokenizer problems: the last key wins, so these override small_tokenizer's ByteLevel. */
+    json = small_tokenizer("[]", "", ", \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": "
+                           "[{\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}, \"behavior\": \"Isolated\"},"
+                           " {\"type\": \"ByteLevel\", \"use_regex\": false}]}");
+    assert_load_fails(json, "pre_tokenizer.pretokenizers[0].pattern.Regex", "PCRE2");
+    free(json);
+    json = small_tokenizer("[]", "", ", \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": "
+                           "[{\"type\": \"Split\", \"pattern\": {\"Regex\": \"a\"}, \"behavior\": \"Removed\"},"
+                           " {\"type\": \"ByteLevel\", \"use_regex\": false}]}");
+    assert_load_fails(json, "pre_tokenizer.pretokenizers[0].behavior", NULL);
+    free(json);
+    json = small_tokenizer("[]", "", ", \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": "
+                           "[{\"type\": \"Split\", \"pattern\": {\"Regex\": \"a\"}, \"behavior\": \"Isolated\"}]}");
+    assert_load_fails(json, "pre_tokenizer.pretokenizers", "ByteLevel");
+    free(json);
+    json = small_tokenizer("[]", "", ", \"pre_tokenizer\": {\"type\": \"Whitespace\"}");
+    assert_load_fails(json, "pre_tokenizer.type", "Whitespace");
+    free(json);
+    json = small_tokenizer("[]", "", ", \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true}");
+    assert_load_fails(json, "add_prefix_space", NULL);
+    free(json);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("tokenizer");
+    TCase *tc = tcase_create("tokenizer");
+    tcase_add_unchecked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_qwen3_fixtures);
+    tcase_add_test(tc, test_llama3_fixtures);
+    tcase_add_test(tc, test_invalid_utf8);
+    tcase_add_test(tc, test_empty_and_long);
+    tcase_add_test(tc, test_small_tokenizer);
+    tcase_add_test(tc, test_errors);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    /* One process: the two tokenizers load once instead of once per test. */
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    mt_tokenizer_free(qwen3);
+    mt_tokenizer_free(llama3);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
