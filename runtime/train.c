@@ -12,6 +12,7 @@
 #include "data.h"
 #include "mt_build_config.h"
 #include "checkpoint.h"
+#include "hf.h"
 #include "plan.h"
 
 /* The built-in model's config: in the source tree this binary was built from, else beside the
@@ -104,10 +105,16 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
 {
     memset(res, 0, sizeof *res);
     mt_model_config cfg;
-    if (mt_config_load(o->config_path, &cfg, err, errlen)) return -1;
+    char model_config[4096];
+    const char *config_path = o->config_path;
+    if (o->model_dir) {
+        snprintf(model_config, sizeof model_config, "%s/config.json", o->model_dir);
+        config_path = model_config;
+    }
+    if (mt_config_load(config_path, &cfg, err, errlen)) return -1;
     if (cfg.vocab < 256) {
         snprintf(err, errlen, "%s: key 'vocab_size': the byte-level trainer needs at least 256, got %lld",
-                 o->config_path, (long long)cfg.vocab);
+                 config_path, (long long)cfg.vocab);
         return -1;
     }
     if (o->steps < 1) {
@@ -149,6 +156,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     int32_t *tok = NULL, *tgt = NULL, *vtok = NULL, *vtgt = NULL;
     if (!st) goto out;
     mt_state_init_random(st, o->seed, o->init_std);
+    if (o->model_dir && mt_hf_load(o->model_dir, st, err, errlen)) goto out;
     g = mt_graph_create(st, &o->step, err, errlen);
     if (!g) goto out;
 
@@ -160,7 +168,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     res->losses = calloc(o->steps, sizeof(double));
 
     if (log) {
-        fprintf(log, "megatrain: %s (%s, %lld layers, d=%lld, %.2fM parameters), %s dtype\n", o->config_path,
+        fprintf(log, "megatrain: %s (%s, %lld layers, d=%lld, %.2fM parameters), %s dtype\n", o->model_dir ? o->model_dir : config_path,
                 cfg.model_type, (long long)cfg.layers, (long long)cfg.hidden, mt_config_param_count(&cfg) / 1e6,
                 mt_dtype_name(o->dtype));
         fprintf(log, "megatrain: corpus %s: %d files, %.2f MB train, %.2f MB validation\n", o->data_path,
@@ -243,6 +251,10 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     res->seconds = now() - t0;
     res->tokens_per_second = (res->steps_done - first + 1) * per_step / res->seconds;
     res->weights_hash = mt_state_hash(st);
+    if (o->save_model_dir) {
+        if (mt_hf_save(o->save_model_dir, st, MT_DTYPE_F32, MT_HF_DEFAULT_SHARD_BYTES, err, errlen)) goto out;
+        if (log) fprintf(log, "megatrain: model saved to %s (HF format, fp32)\n", o->save_model_dir);
+    }
     res->last_val = validate(g, &corpus, o, vtok, vtgt);
     if (log) fprintf(log, "done: %lld steps in %.1f s (%.0f tok/s) | train loss %.4f -> %.4f | val %.4f -> %.4f nats/byte\n",
                      (long long)res->steps_done, res->seconds, res->tokens_per_second, res->first_loss,

@@ -37,6 +37,8 @@ typedef struct mt_train_options {
     const char *checkpoint_path; /* save training checkpoints here (NULL: none) */
     int64_t save_every;        /* every N steps, and at the end; 0 = at the end only */
     const char *resume_path;   /* continue from this checkpoint */
+    const char *model_dir;     /* start from this HF directory's config and weights (NULL: config_path, random) */
+    const char *save_model_dir;/* write the trained model here as an HF directory (fp32) */
     mt_runtime_options runtime;
 } mt_train_options;
 

@@ -186,6 +186,31 @@ START_TEST(test_failed_save_keeps_previous)
 }
 END_TEST
 
+/* --save-model writes an HF directory; --model starts from it with the same weights. */
+START_TEST(test_hf_model_round_trip)
+{
+    make_dir();
+    char model[512];
+    snprintf(model, sizeof model, "%s/model", dir);
+    mt_train_options o = small_run(2);
+    o.save_model_dir = model;
+    mt_train_result a, b;
+    run_ok(&o, &a);
+    mt_train_options p = small_run(1);
+    p.model_dir = model;
+    run_ok(&p, &b);
+    ck_assert_msg(memcmp(&a.last_val, &b.first_val, sizeof(double)) == 0,
+                  "validation loss of the saved model %.17g, of the loaded one %.17g", a.last_val, b.first_val);
+    free(a.losses);
+    free(b.losses);
+    p.model_dir = "/nonexistent/model";
+    char err[512];
+    ck_assert_int_eq(mt_train_run(&p, &b, NULL, err, sizeof err), -1);
+    free(b.losses);
+    ck_assert_msg(strstr(err, "/nonexistent/model/config.json") != NULL, "%s", err);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("checkpoint");
@@ -194,6 +219,7 @@ int main(void)
     tcase_add_test(tc, test_resume_is_bit_exact);
     tcase_add_test(tc, test_damaged_checkpoints_refused);
     tcase_add_test(tc, test_failed_save_keeps_previous);
+    tcase_add_test(tc, test_hf_model_round_trip);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

