@@ -39,7 +39,6 @@ struct mt_graph {
     double clip_mem[2];
     slot slots[NSLOTS];
     int next_slot;
-    int64_t last_compute_step;
     /* evaluation I/O (one micro-batch) */
     int32_t *eval_tokens, *eval_targets;
     starpu_data_handle_t h_eval_tokens, h_eval_targets, h_eval_loss;
@@ -97,6 +96,17 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
         snprintf(err, errlen, "the CUDA path streams bf16 weights: use dtype bf16, or run without CUDA workers");
         return NULL;
     }
+    /* A StarPU vector is at most 2^32 elements: 16 GiB of floats per buffer. */
+    const size_t limit = (size_t)UINT32_MAX * sizeof(float);
+    const size_t biggest[3] = { mt_codelet_layer_saved_bytes(st, sc->B, sc->T), mt_codelet_layer_scratch_bytes(st, sc->B, sc->T),
+                                (size_t)(sc->B * sc->T) * (size_t)st->cfg.hidden * sizeof(float) };
+    for (int i = 0; i < 3; i++)
+        if (biggest[i] > limit) {
+            snprintf(err, errlen, "a micro-batch of %lld x %lld tokens needs a %zu-byte activation buffer, over the 16 GiB a "
+                     "StarPU vector holds: use a smaller micro-batch (gradient accumulation keeps the step's tokens)",
+                     (long long)sc->B, (long long)sc->T, biggest[i]);
+            return NULL;
+        }
     mt_graph *g = calloc(1, sizeof *g);
     g->st = st;
     g->where = starpu_cuda_worker_get_count() > 0 ? STARPU_CUDA : STARPU_CPU;
@@ -392,7 +402,6 @@ int mt_graph_submit_compute(mt_graph *g, int64_t step, const int32_t *tokens, co
     double loss_scale = counted > 0 ? 1.0 / (double)counted : 0.0;
     for (int u = 0; u < accum; u++) submit_micro_batch(g, sl, u, step, loss_scale);
 
-    g->last_compute_step = step;
     return s;
 }
 
