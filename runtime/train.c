@@ -10,6 +10,7 @@
 
 #include "config.h"
 #include "data.h"
+#include "dataset.h"
 #include "mt_build_config.h"
 #include "checkpoint.h"
 #include "hf.h"
@@ -52,7 +53,7 @@ mt_train_options mt_train_defaults(void)
         .lr = 2e-3, .min_lr_ratio = 0.1, .warmup = 30, .schedule = MT_LR_COSINE,
         .seed = 1234, .init_std = 0.02,
         .eval_every = 50, .eval_sequences = 64, .log_every = 10,
-        .dtype = MT_DTYPE_F32,
+        .dtype = MT_DTYPE_F32, .data_shuffle = true,
         .sample_bytes = 300, .sample_prompt = "Q: What is the meaning of life?\nA:",
         .time_limit = 0,
         .tokens_per_step = 0, .activation_budget = (uint64_t)2 << 30,
@@ -93,12 +94,27 @@ static void format_duration(double s, char *buf, size_t len)
     else snprintf(buf, len, "%lds", t);
 }
 
-static double validate(mt_graph *g, const mt_corpus *c, const mt_train_options *o, int32_t *tok, int32_t *tgt)
+/* Validation loss over the first eval_sequences windows. Byte corpora drop a last partial
+ * micro-batch; prepared data fills it with windows whose targets are all -1, which count for
+ * nothing, so every validation window is used. tok/tgt hold (eval_sequences + B) * T. */
+static double validate(mt_graph *g, const mt_corpus *c, const mt_dataset *d, const mt_train_options *o,
+                       int32_t *tok, int32_t *tgt, int64_t *counted)
 {
-    int64_t n = mt_corpus_validation(c, o->eval_sequences, o->step.T, tok, tgt);
-    n -= n % o->step.B;
-    if (n == 0) return NAN;
-    return mt_graph_eval(g, n, tok, tgt, NULL);
+    const int64_t T = o->step.T, B = o->step.B;
+    int64_t n;
+    *counted = 0;
+    if (d) {
+        n = d->val.n_seq < o->eval_sequences ? d->val.n_seq : o->eval_sequences;
+        for (int64_t i = 0; i < n; i++) mt_dataset_window(d, &d->val, i, tok + i * T, tgt + i * T);
+        if (n == 0) return NAN;
+        for (; n % B; n++)
+            for (int64_t t = 0; t < T; t++) { tok[n * T + t] = tok[t]; tgt[n * T + t] = -1; }
+    } else {
+        n = mt_corpus_validation(c, o->eval_sequences, T, tok, tgt);
+        n -= n % B;
+        if (n == 0) return NAN;
+    }
+    return mt_graph_eval(g, n, tok, tgt, counted);
 }
 
 int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, char *err, size_t errlen)
@@ -112,7 +128,8 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         config_path = model_config;
     }
     if (mt_config_load(config_path, &cfg, err, errlen)) return -1;
-    if (cfg.vocab < 256) {
+    const bool prepared = mt_dataset_is_prepared(o->data_path);
+    if (!prepared && cfg.vocab < 256) {
         snprintf(err, errlen, "%s: key 'vocab_size': the byte-level trainer needs at least 256, got %lld",
                  config_path, (long long)cfg.vocab);
         return -1;
@@ -141,11 +158,28 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     }
     if (mt_plan_check_host(&plan, mt_host_memory_available(), err, errlen)) return -1;
 
-    mt_corpus corpus;
-    if (mt_corpus_load(o->data_path, 10, (o->step.T + 1) * 4, &corpus, err, errlen)) return -1;
+    mt_corpus corpus = { 0 };
+    mt_dataset dataset = { 0 };
+    const mt_dataset *ds = prepared ? &dataset : NULL;
+    if (prepared) {
+        if (mt_dataset_open(o->data_path, &dataset, err, errlen)) return -1;
+        const char *why = NULL;
+        if (cfg.vocab < dataset.vocab_size) {
+            snprintf(err, errlen, "%s: vocab_size %lld does not cover the tokenizer of %s (%s, %lld ids): use the model "
+                     "the data was prepared for", config_path, (long long)cfg.vocab, o->data_path, dataset.tokenizer,
+                     (long long)dataset.vocab_size);
+            why = err;
+        } else if (o->step.T != dataset.seq_len) {
+            snprintf(err, errlen, "%s was prepared with seq_len %lld, the run has --seq-len %lld: they must agree",
+                     o->data_path, (long long)dataset.seq_len, (long long)o->step.T);
+            why = err;
+        }
+        if (why) { mt_dataset_close(&dataset); return -1; }
+    } else if (mt_corpus_load(o->data_path, 10, (o->step.T + 1) * 4, &corpus, err, errlen)) return -1;
 
     if (mt_runtime_init(&o->runtime, err, errlen)) {
         mt_corpus_free(&corpus);
+        mt_dataset_close(&dataset);
         return -1;
     }
     /* The GPU path streams bf16 weights: without an explicit --dtype, follow the workers. */
@@ -163,16 +197,21 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     const int64_t per_step = o->step.accum * o->step.B * o->step.T;
     tok = malloc(sizeof *tok * per_step);
     tgt = malloc(sizeof *tgt * per_step);
-    vtok = malloc(sizeof *vtok * o->eval_sequences * o->step.T);
-    vtgt = malloc(sizeof *vtgt * o->eval_sequences * o->step.T);
+    vtok = malloc(sizeof *vtok * (o->eval_sequences + o->step.B) * o->step.T);
+    vtgt = malloc(sizeof *vtgt * (o->eval_sequences + o->step.B) * o->step.T);
     res->losses = calloc(o->steps, sizeof(double));
 
     if (log) {
         fprintf(log, "megatrain: %s (%s, %lld layers, d=%lld, %.2fM parameters), %s dtype\n", o->model_dir ? o->model_dir : config_path,
                 cfg.model_type, (long long)cfg.layers, (long long)cfg.hidden, mt_config_param_count(&cfg) / 1e6,
                 mt_dtype_name(o->dtype));
-        fprintf(log, "megatrain: corpus %s: %d files, %.2f MB train, %.2f MB validation\n", o->data_path,
-                corpus.nfiles, corpus.ntrain / 1e6, corpus.nval / 1e6);
+        if (ds)
+            fprintf(log, "megatrain: data %s (%s, tokenizer %s): %lld train + %lld validation windows of %lld tokens, %s order\n",
+                    o->data_path, ds->family, ds->tokenizer, (long long)ds->train.n_seq, (long long)ds->val.n_seq,
+                    (long long)ds->seq_len, o->data_shuffle ? "shuffled" : "sequential");
+        else
+            fprintf(log, "megatrain: corpus %s: %d files, %.2f MB train, %.2f MB validation\n", o->data_path,
+                    corpus.nfiles, corpus.ntrain / 1e6, corpus.nval / 1e6);
         fprintf(log, "megatrain: %lld steps of %d x %lld x %lld tokens, K=%d, clip %g, lr %g (%s), %d CPU + %d CUDA workers, policy %s\n",
                 (long long)o->steps, o->step.accum, (long long)o->step.B, (long long)o->step.T, o->step.K, o->step.clip,
                 o->lr, o->schedule == MT_LR_COSINE ? "warm-up + cosine" : "constant", mt_runtime_ncpu(),
@@ -193,7 +232,8 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         rng.state = meta.rng_state;
         if (log) fprintf(log, "megatrain: resumed from %s at step %lld\n", o->resume_path, (long long)meta.step);
     }
-    res->first_val = validate(g, &corpus, o, vtok, vtgt);
+    int64_t counted;
+    res->first_val = validate(g, &corpus, ds, o, vtok, vtgt, &counted);
     if (log) fprintf(log, "step %5lld | val %.4f\n", (long long)(first - 1), res->first_val);
 
     double t0 = now();
@@ -227,7 +267,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
             }
             /* Validation reads the weights after p's update: it is ordered before step s. */
             if (eval_now) {
-                double v = validate(g, &corpus, o, vtok, vtgt);
+                double v = validate(g, &corpus, ds, o, vtok, vtgt, &counted);
                 if (log) fprintf(log, " | val %.4f\n", v);
             }
             bool stop = o->time_limit > 0 && el > o->time_limit && p < last;
@@ -243,7 +283,9 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
             }
         }
         if (s <= last) {
-            mt_corpus_sample(&corpus, &rng, o->step.accum * o->step.B, o->step.T, tok, tgt);
+            const int64_t windows = o->step.accum * o->step.B;
+            if (ds) mt_dataset_batch(&dataset, o->data_shuffle, o->seed, (s - 1) * windows, windows, tok, tgt);
+            else mt_corpus_sample(&corpus, &rng, windows, o->step.T, tok, tgt);
             slot = mt_graph_submit_step(g, s, tok, tgt, mt_lr_at(o, s));
         }
     }
@@ -255,11 +297,12 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         if (mt_hf_save(o->save_model_dir, st, MT_DTYPE_F32, MT_HF_DEFAULT_SHARD_BYTES, err, errlen)) goto out;
         if (log) fprintf(log, "megatrain: model saved to %s (HF format, fp32)\n", o->save_model_dir);
     }
-    res->last_val = validate(g, &corpus, o, vtok, vtgt);
-    if (log) fprintf(log, "done: %lld steps in %.1f s (%.0f tok/s) | train loss %.4f -> %.4f | val %.4f -> %.4f nats/byte\n",
+    res->last_val = validate(g, &corpus, ds, o, vtok, vtgt, &res->val_counted);
+    if (log) fprintf(log, "done: %lld steps in %.1f s (%.0f tok/s) | train loss %.4f -> %.4f | val %.4f -> %.4f nats/%s\n",
                      (long long)res->steps_done, res->seconds, res->tokens_per_second, res->first_loss,
-                     res->last_loss, res->first_val, res->last_val);
-    if (log && o->sample_bytes > 0) {
+                     res->last_loss, res->first_val, res->last_val, ds ? "token" : "byte");
+    /* Sampling decodes bytes: it is the byte-level model's; prepared data has its own tokenizer. */
+    if (log && !ds && o->sample_bytes > 0) {
         starpu_task_wait_for_all();
         size_t plen = strlen(o->sample_prompt);
         char *text = malloc(plen + o->sample_bytes + 1);
@@ -274,5 +317,6 @@ out:
     mt_state_destroy(st);
     mt_runtime_shutdown();
     mt_corpus_free(&corpus);
+    mt_dataset_close(&dataset);
     return rc;
 }

@@ -1,4 +1,4 @@
-/* The training job: load a config and a corpus, build the host state and the step graph,
+/* The training job: load a config and a corpus (bytes) or prepared token shards (dataset.h), build the host state and the step graph,
  * train with progress lines and periodic validation, then sample some text. */
 #ifndef MT_RUNTIME_TRAIN_H
 #define MT_RUNTIME_TRAIN_H
@@ -15,7 +15,8 @@ typedef enum mt_lr_schedule { MT_LR_COSINE, MT_LR_CONSTANT } mt_lr_schedule;
 
 typedef struct mt_train_options {
     const char *config_path;   /* HF-style config.json */
-    const char *data_path;     /* text file or directory */
+    const char *data_path;     /* text file or directory, or a `megatrain prepare` directory (meta.json) */
+    bool data_shuffle;         /* prepared data: visit training windows in a seeded order per epoch (else in order) */
     int64_t steps;
     mt_step_config step;       /* B, T, accum, K, clip, AdamW betas/eps/wd */
     int64_t tokens_per_step;   /* > 0: choose B and accum for this many tokens under the budget */
@@ -46,6 +47,7 @@ typedef struct mt_train_result {
     int64_t steps_done;
     double first_loss, last_loss;     /* training loss of the first and last step */
     double first_val, last_val;       /* validation loss before training and at the end */
+    int64_t val_counted;              /* targets the last validation counted (masked ones do not) */
     double seconds, tokens_per_second;
     double *losses;                   /* (steps) training loss by step (index step-1); caller frees */
     uint64_t weights_hash;            /* mt_state_hash of the final master weights */

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "dataset.h"
 #include "mt_build_config.h"
 #include "mt_starpu.h"
 #include "plan.h"
@@ -219,10 +220,12 @@ static void train_help(const mt_train_options *d)
     printf("  --config FILE        HF config.json (default %s)\n", d->config_path);
     printf("  --model DIR          start from an HF model directory (config.json + safetensors)\n");
     printf("  --save-model DIR     write the trained model as an HF directory (fp32 safetensors)\n");
-    printf("  --data PATH          text file or directory (default %s)\n", d->data_path);
+    printf("  --data PATH          text file or directory (default %s), or a directory\n"
+           "                       written by 'megatrain prepare' (token shards with a loss mask)\n", d->data_path);
+    printf("  --data-order ORDER   prepared data: shuffled (seeded, per epoch) or sequential (default shuffled)\n");
     printf("  --steps N            optimizer steps (default %lld)\n", (long long)d->steps);
     printf("  --micro-batch B      sequences per micro-batch (default %lld)\n", (long long)d->step.B);
-    printf("  --seq-len T          tokens per sequence (default %lld)\n", (long long)d->step.T);
+    printf("  --seq-len T          tokens per sequence (default %lld; prepared data: its seq_len)\n", (long long)d->step.T);
     printf("  --accum N            micro-batches per step, gradients accumulated (default %d)\n", d->step.accum);
     printf("  --tokens-per-step N  tokens per optimizer step; micro-batch and accumulation are then\n"
            "                       chosen to fit --activation-budget (default: B x T x accum)\n");
@@ -254,7 +257,7 @@ static int cmd_train(int argc, char **argv)
 {
     enum { O_CONFIG = 256, O_DATA, O_STEPS, O_B, O_T, O_ACCUM, O_K, O_LR, O_SCHED_LR, O_WARMUP, O_WD, O_CLIP,
            O_DTYPE, O_SEED, O_EVAL, O_LOG, O_SAMPLE, O_TIME, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_TPS, O_BUDGET,
-           O_CKPT, O_SAVE_EVERY, O_RESUME, O_STOP, O_MODEL, O_SAVE_MODEL };
+           O_CKPT, O_SAVE_EVERY, O_RESUME, O_STOP, O_MODEL, O_SAVE_MODEL, O_DATA_ORDER };
     static const struct option opts[] = {
         { "config", required_argument, 0, O_CONFIG }, { "data", required_argument, 0, O_DATA },
         { "steps", required_argument, 0, O_STEPS }, { "micro-batch", required_argument, 0, O_B },
@@ -271,9 +274,10 @@ static int cmd_train(int argc, char **argv)
         { "checkpoint", required_argument, 0, O_CKPT }, { "save-every", required_argument, 0, O_SAVE_EVERY },
         { "resume", required_argument, 0, O_RESUME }, { "stop-after", required_argument, 0, O_STOP },
         { "model", required_argument, 0, O_MODEL }, { "save-model", required_argument, 0, O_SAVE_MODEL },
-        { 0, 0, 0, 0 },
+        { "data-order", required_argument, 0, O_DATA_ORDER }, { 0, 0, 0, 0 },
     };
     mt_train_options o = mt_train_defaults();
+    bool seq_len_given = false;
     long long v;
     double x;
     int c;
@@ -283,10 +287,15 @@ static int cmd_train(int argc, char **argv)
         case O_DATA: o.data_path = optarg; break;
         case O_STEPS: if (parse_int("--steps", optarg, 1, 1LL << 40, &v)) return 2; o.steps = v; break;
         case O_B: if (parse_int("--micro-batch", optarg, 1, 1 << 20, &v)) return 2; o.step.B = v; break;
-        case O_T: if (parse_int("--seq-len", optarg, 1, 1 << 24, &v)) return 2; o.step.T = v; break;
+        case O_T: if (parse_int("--seq-len", optarg, 1, 1 << 24, &v)) return 2; o.step.T = v; seq_len_given = true; break;
         case O_ACCUM: if (parse_int("--accum", optarg, 1, 1 << 20, &v)) return 2; o.step.accum = (int)v; break;
         case O_K: if (parse_int("--checkpoint-every", optarg, 1, 1 << 20, &v)) return 2; o.step.K = (int)v; break;
         case O_LR: if (parse_double("--lr", optarg, 0, 10, &o.lr)) return 2; break;
+        case O_DATA_ORDER:
+            if (!strcmp(optarg, "shuffled")) o.data_shuffle = true;
+            else if (!strcmp(optarg, "sequential")) o.data_shuffle = false;
+            else return usage_error("--data-order: '%s' is not shuffled or sequential%s", optarg, "");
+            break;
         case O_SCHED_LR:
             if (!strcmp(optarg, "cosine")) o.schedule = MT_LR_COSINE;
             else if (!strcmp(optarg, "constant")) o.schedule = MT_LR_CONSTANT;
@@ -323,12 +332,102 @@ static int cmd_train(int argc, char **argv)
     if (o.warmup >= o.steps) o.warmup = o.steps / 10;
     mt_train_result res;
     char err[1024];
+    if (!seq_len_given && mt_dataset_is_prepared(o.data_path)) {
+        int64_t T;
+        if (mt_dataset_seq_len(o.data_path, &T, err, sizeof err)) { fprintf(stderr, "%s: %s\n", cmd, err); return 1; }
+        o.step.T = T;
+    }
     if (mt_train_run(&o, &res, stdout, err, sizeof err)) {
         fprintf(stderr, "%s: %s\n", cmd, err);
         free(res.losses);
         return 1;
     }
     free(res.losses);
+    return 0;
+}
+
+/* ---- prepare ---------------------------------------------------------------------------- */
+
+static void prepare_help(const mt_prepare_options *d)
+{
+    printf("usage: megatrain prepare --tokenizer FILE --format text|alpaca|sharegpt --family FAMILY\n"
+           "                         --input FILE_OR_DIR --output DIR --seq-len T [options]\n\n"
+           "Tokenises text or JSONL conversations into packed token shards with a loss mask, for\n"
+           "'megatrain train --data DIR'. Conversations are rendered with the family's chat template\n"
+           "and only assistant answers (and their end-of-turn token) are trained. Documents are\n"
+           "shuffled with the seed, split into train and validation, joined with the family's\n"
+           "end-of-text token and cut into windows of T + 1 tokens. docs/data.md has the format.\n\n");
+    printf("  --tokenizer FILE     HF tokenizer.json (byte-level BPE)\n");
+    printf("  --format F           text (plain text), alpaca (JSONL instruction/input/output[/system]),\n"
+           "                       sharegpt (JSONL conversations: [{from, value}] or messages: [{role, content}])\n");
+    printf("  --family NAME        chat template and separator: qwen2 (Qwen2/2.5), qwen3, llama3, mistral\n");
+    printf("  --input PATH         a file, or a directory whose files are read in name order\n");
+    printf("  --output DIR         new directory (written as DIR.tmp, then renamed)\n");
+    printf("  --seq-len T          tokens per training sequence\n");
+    printf("  --val-fraction F     fraction of documents held out for validation (default %g)\n", d->val_fraction);
+    printf("  --seed N             document shuffle seed (default %llu)\n", (unsigned long long)d->seed);
+    printf("  --text-unit U        plain text documents: paragraph (blank-line separated) or file\n"
+           "                       (default paragraph)\n");
+    printf("  --shard-sequences N  windows per shard file (default: about 256 MiB of tokens)\n");
+}
+
+static int cmd_prepare(int argc, char **argv)
+{
+    enum { O_TOK = 256, O_FORMAT, O_FAMILY, O_INPUT, O_OUTPUT, O_T, O_VAL, O_SEED, O_UNIT, O_SHARD, O_HELP };
+    static const struct option opts[] = {
+        { "tokenizer", required_argument, 0, O_TOK }, { "format", required_argument, 0, O_FORMAT },
+        { "family", required_argument, 0, O_FAMILY }, { "input", required_argument, 0, O_INPUT },
+        { "output", required_argument, 0, O_OUTPUT }, { "seq-len", required_argument, 0, O_T },
+        { "val-fraction", required_argument, 0, O_VAL }, { "seed", required_argument, 0, O_SEED },
+        { "text-unit", required_argument, 0, O_UNIT }, { "shard-sequences", required_argument, 0, O_SHARD },
+        { "help", no_argument, 0, O_HELP }, { 0, 0, 0, 0 },
+    };
+    mt_prepare_options o = mt_prepare_defaults();
+    bool have_format = false, have_family = false, have_T = false;
+    long long v;
+    int c;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case O_TOK: o.tokenizer_path = optarg; break;
+        case O_FORMAT:
+            if (!strcmp(optarg, "text")) o.format = MT_INPUT_TEXT;
+            else if (!strcmp(optarg, "alpaca")) o.format = MT_INPUT_ALPACA;
+            else if (!strcmp(optarg, "sharegpt")) o.format = MT_INPUT_SHAREGPT;
+            else return usage_error("--format: '%s' is not text, alpaca or sharegpt%s", optarg, "");
+            have_format = true;
+            break;
+        case O_FAMILY:
+            if (mt_chat_family_parse(optarg, &o.family)) return usage_error("--family: '%s' is not qwen2, qwen3, llama3 or mistral%s", optarg, "");
+            have_family = true;
+            break;
+        case O_INPUT: o.input_path = optarg; break;
+        case O_OUTPUT: o.output_dir = optarg; break;
+        case O_T: if (parse_int("--seq-len", optarg, 1, 1 << 24, &v)) return 2; o.seq_len = v; have_T = true; break;
+        case O_VAL: if (parse_double("--val-fraction", optarg, 0, 0.99, &o.val_fraction)) return 2; break;
+        case O_SEED: if (parse_int("--seed", optarg, 0, LLONG_MAX, &v)) return 2; o.seed = (uint64_t)v; break;
+        case O_UNIT:
+            if (!strcmp(optarg, "paragraph")) o.text_unit = MT_TEXT_PARAGRAPH;
+            else if (!strcmp(optarg, "file")) o.text_unit = MT_TEXT_FILE;
+            else return usage_error("--text-unit: '%s' is not paragraph or file%s", optarg, "");
+            break;
+        case O_SHARD: if (parse_int("--shard-sequences", optarg, 1, 1LL << 40, &v)) return 2; o.shard_sequences = v; break;
+        case O_HELP: prepare_help(&o); return 0;
+        default: return 2;
+        }
+    }
+    if (optind < argc) return usage_error("prepare: unexpected argument '%s'%s", argv[optind], "");
+    if (!o.tokenizer_path) return usage_error("prepare: --tokenizer FILE is required%s%s", "", "");
+    if (!have_format) return usage_error("prepare: --format text|alpaca|sharegpt is required%s%s", "", "");
+    if (!have_family) return usage_error("prepare: --family qwen2|qwen3|llama3|mistral is required%s%s", "", "");
+    if (!o.input_path) return usage_error("prepare: --input FILE_OR_DIR is required%s%s", "", "");
+    if (!o.output_dir) return usage_error("prepare: --output DIR is required%s%s", "", "");
+    if (!have_T) return usage_error("prepare: --seq-len T is required%s%s", "", "");
+    mt_prepare_result res;
+    char err[2048];
+    if (mt_prepare(&o, &res, stderr, err, sizeof err)) { fprintf(stderr, "%s: %s\n", cmd, err); return 1; }
+    printf("prepared %s: train %lld documents, %lld windows, %lld trained targets; validation %lld documents, %lld windows, "
+           "%lld trained targets\n", o.output_dir, (long long)res.documents[0], (long long)res.sequences[0],
+           (long long)res.trained[0], (long long)res.documents[1], (long long)res.sequences[1], (long long)res.trained[1]);
     return 0;
 }
 
@@ -419,6 +518,7 @@ static void main_help(void)
            "AdamW state; layers stream through the GPU as a StarPU task graph.\n\n"
            "commands:\n"
            "  train   train a model (default: the built-in byte-level model on fortunes)\n"
+           "  prepare tokenise text or chat JSONL into token shards for train --data\n"
            "  plan    print the memory plan of a run and check that it fits\n"
            "  bench   time the training step of a published shape (random weights)\n"
            "  info    show StarPU's workers and check that every kind runs a task\n\n"
@@ -439,6 +539,7 @@ int main(int argc, char **argv)
     if (!strcmp(sub, "plan")) return cmd_plan(argc - 1, argv + 1);
     if (!strcmp(sub, "train")) return cmd_train(argc - 1, argv + 1);
     if (!strcmp(sub, "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(sub, "prepare")) return cmd_prepare(argc - 1, argv + 1);
     cmd = "megatrain";
-    return usage_error("unknown command '%s'%s", sub, " (train, plan, bench, info)");
+    return usage_error("unknown command '%s'%s", sub, " (train, prepare, plan, bench, info)");
 }
