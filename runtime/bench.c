@@ -99,8 +99,8 @@ static double peak_rss_gib(void)
     return kib / (1024.0 * 1024.0);
 }
 
-/* GPU bytes the step's buffers need at once: two layer weight and gradient buffers (double
- * buffering), the embedding and head tiles with their gradients, checkpoints, ping-pong
+/* GPU bytes the step's buffers need at once: layer weight and gradient buffers, the embedding
+ * and head tiles with their gradients, every micro-batch's checkpoints and ping-pong
  * activations, one block's saved activations, scratch. */
 static uint64_t gpu_need_bytes(const mt_model_config *cfg, const mt_step_config *sc)
 {
@@ -111,9 +111,12 @@ static uint64_t gpu_need_bytes(const mt_model_config *cfg, const mt_step_config 
     mt_host_state fake = { .cfg = *cfg, .compute_dtype = MT_DTYPE_BF16, .layout_embed = le, .layout_layer = ll, .layout_head = lh };
     uint64_t ntok = (uint64_t)(sc->B * sc->T), d = (uint64_t)cfg->hidden;
     uint64_t nb = (uint64_t)((cfg->layers + sc->K - 1) / sc->K);
-    uint64_t w = 2 * (uint64_t)ll.numel * 2 + 2 * (uint64_t)ll.numel * 4;
+    /* With several micro-batches a whole block's weights and gradients stay while every
+     * micro-batch walks through it (step.c); else two layers (double buffering). */
+    uint64_t resident = sc->accum > 1 && sc->K > 2 ? (uint64_t)sc->K : 2;
+    uint64_t w = resident * (uint64_t)ll.numel * (2 + 4);
     uint64_t eh = ((uint64_t)le.numel + (uint64_t)lh.numel) * 6;
-    uint64_t acts = (nb + 4) * ntok * d * 4;
+    uint64_t acts = (nb + 4) * (uint64_t)sc->accum * ntok * d * 4;
     uint64_t saved = (uint64_t)sc->K * mt_codelet_layer_saved_bytes(&fake, sc->B, sc->T);
     uint64_t scratch = mt_codelet_layer_scratch_bytes(&fake, sc->B, sc->T) +
                        mt_codelet_head_scratch_bytes(&fake, sc->head_chunk < (int64_t)ntok ? sc->head_chunk : (int64_t)ntok);

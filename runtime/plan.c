@@ -116,14 +116,17 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
         /* The gradient being written and the one draining to the host, fp32. */
         work[MT_PLAN_GRADS] = mul(2 * (uint64_t)plan->max_tile_numel, 4, &of);
     }
-    work[MT_PLAN_CHECKPOINTS] = mul(mul((uint64_t)plan->num_checkpoints, mul(ntok, d, &of), &of), act, &of);
+    /* Every micro-batch keeps its own checkpoints, activation gradients and inputs: the graph
+     * passes all micro-batches through a layer while its weights are resident (step.c). */
+    const uint64_t mb = (uint64_t)p->grad_accum;
+    work[MT_PLAN_CHECKPOINTS] = mul(mb, mul(mul((uint64_t)plan->num_checkpoints, mul(ntok, d, &of), &of), act, &of), &of);
     int64_t saved = mt_layer_saved_numel(cfg, p->micro_batch, p->seq_len);
     work[MT_PLAN_BLOCK_SAVED] = mul(mul(K, (uint64_t)saved, &of), act, &of);
-    work[MT_PLAN_ACT_GRADS] = mul(mul(2, mul(ntok, d, &of), &of), act, &of);
+    work[MT_PLAN_ACT_GRADS] = mul(mb, mul(mul(2, mul(ntok, d, &of), &of), act, &of), &of);
     int64_t layer_scratch = mt_layer_scratch_numel(cfg, p->micro_batch, p->seq_len);
     int64_t head_scratch = mt_head_scratch_numel(cfg, p->head_chunk);
     work[MT_PLAN_WORKSPACE] = mul(add((uint64_t)layer_scratch, (uint64_t)head_scratch, &of), act, &of);
-    work[MT_PLAN_INPUTS] = mul(2 * 4, ntok, &of);
+    work[MT_PLAN_INPUTS] = mul(mb, mul(2 * 4, ntok, &of), &of);
     if (of) return plan_fail(plan, "B=%" PRId64 " x T=%" PRId64 " makes the activation byte counts overflow",
                              p->micro_batch, p->seq_len);
 

@@ -24,7 +24,8 @@
 typedef struct mt_plan_params {
     int64_t micro_batch;         /* B: sequences per micro-batch */
     int64_t seq_len;             /* T: tokens per sequence */
-    int64_t grad_accum;          /* micro-batches per optimizer step (>= 1; no memory cost) */
+    int64_t grad_accum;          /* micro-batches per optimizer step (>= 1): each keeps its
+                                  * checkpoints, activation gradients and inputs */
     int64_t checkpoint_interval; /* K: layers per recompute block (clamped to L) */
     mt_dtype compute;
     int act_elem_bytes;          /* bytes per activation element; 0: 2 for bf16 on a GPU, else 4 */

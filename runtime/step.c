@@ -1,7 +1,12 @@
-/* The training step graph. Handles:
- *   ckpt[b]     input of block b (layers bK .. bK+K-1), kept from forward to backward
- *   act[2]      forward ping-pong between checkpoints; grad[2] backward ping-pong
- *   saved[j]    what layer j of the block being recomputed keeps for its backward
+/* The training step graph. With several micro-batches, every micro-batch passes through a layer
+ * while its weights (and, in the backward, its gradient) are on the GPU: the micro-batch loop
+ * is inside the layer loop, so weights and gradients move once per step, not once per
+ * micro-batch. Handles, per micro-batch u:
+ *   ckpt[b][u]  input of block b (layers bK .. bK+K-1), kept from forward to backward
+ *   act[u][2]   forward ping-pong between checkpoints; grad[u][2] backward ping-pong
+ * and shared:
+ *   saved[j]    what layer j of the block being recomputed keeps for its backward (the
+ *               micro-batches recompute and walk back a block one after the other)
  *   slot data   tokens, targets and loss of each micro-batch, two slots so step s+1 can be
  *               filled while step s still runs
  * Activations have no home (-1): StarPU allocates them where the task runs. */
@@ -31,7 +36,9 @@ struct mt_graph {
     mt_step_config sc;
     int64_t ntok;                             /* B * T */
     int nblocks;
-    starpu_data_handle_t *ckpt, act[2], grad[2], *saved;
+    starpu_data_handle_t *ckpt;               /* (nblocks * accum), ckpt_of() */
+    starpu_data_handle_t (*act)[2], (*grad)[2]; /* (accum) ping-pong pairs */
+    starpu_data_handle_t *saved;
     starpu_data_handle_t scratch_layer, scratch_head;
     starpu_data_handle_t *partial;            /* (ntiles) one double each */
     double *partial_mem;
@@ -117,12 +124,15 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
     g->nblocks = (int)((L + sc->K - 1) / sc->K);
     const int64_t d = st->cfg.hidden;
 
-    g->ckpt = calloc(g->nblocks, sizeof *g->ckpt);
-    for (int b = 0; b < g->nblocks; b++) g->ckpt[b] = new_floats(g->ntok * d);
-    for (int i = 0; i < 2; i++) {
-        g->act[i] = new_floats(g->ntok * d);
-        g->grad[i] = new_floats(g->ntok * d);
-    }
+    g->ckpt = calloc((size_t)g->nblocks * sc->accum, sizeof *g->ckpt);
+    for (int b = 0; b < g->nblocks * sc->accum; b++) g->ckpt[b] = new_floats(g->ntok * d);
+    g->act = calloc(sc->accum, sizeof *g->act);
+    g->grad = calloc(sc->accum, sizeof *g->grad);
+    for (int u = 0; u < sc->accum; u++)
+        for (int i = 0; i < 2; i++) {
+            g->act[u][i] = new_floats(g->ntok * d);
+            g->grad[u][i] = new_floats(g->ntok * d);
+        }
     g->saved = calloc(sc->K, sizeof *g->saved);
     for (int j = 0; j < sc->K; j++) g->saved[j] = new_bytes(mt_codelet_layer_saved_bytes(st, sc->B, sc->T));
     g->scratch_layer = new_bytes(mt_codelet_layer_scratch_bytes(st, sc->B, sc->T));
@@ -164,11 +174,14 @@ void mt_graph_destroy(mt_graph *g)
     if (!g) return;
     starpu_task_wait_for_all();
     mt_policy_detach();
-    for (int b = 0; b < g->nblocks; b++) starpu_data_unregister(g->ckpt[b]);
-    for (int i = 0; i < 2; i++) {
-        starpu_data_unregister(g->act[i]);
-        starpu_data_unregister(g->grad[i]);
-    }
+    for (int b = 0; b < g->nblocks * g->sc.accum; b++) starpu_data_unregister(g->ckpt[b]);
+    for (int u = 0; u < g->sc.accum; u++)
+        for (int i = 0; i < 2; i++) {
+            starpu_data_unregister(g->act[u][i]);
+            starpu_data_unregister(g->grad[u][i]);
+        }
+    free(g->act);
+    free(g->grad);
     for (int j = 0; j < g->sc.K; j++) starpu_data_unregister(g->saved[j]);
     starpu_data_unregister(g->scratch_layer);
     starpu_data_unregister(g->scratch_head);
@@ -233,18 +246,21 @@ static void check_insert(int ret, const char *what)
     }
 }
 
-/* Input handle of layer i in the forward pass (0-based layers). */
-static starpu_data_handle_t forward_input(mt_graph *g, int i)
+/* Checkpoint of block b for micro-batch u. */
+static starpu_data_handle_t ckpt_of(mt_graph *g, int b, int u) { return g->ckpt[b * g->sc.accum + u]; }
+
+/* Input handle of layer i (0-based) in the forward pass of micro-batch u. */
+static starpu_data_handle_t forward_input(mt_graph *g, int i, int u)
 {
-    return i % g->sc.K == 0 ? g->ckpt[i / g->sc.K] : g->act[i % 2];
+    return i % g->sc.K == 0 ? ckpt_of(g, i / g->sc.K, u) : g->act[u][i % 2];
 }
 
 /* Output handle of layer i: the next block's checkpoint, or the ping-pong buffer. */
-static starpu_data_handle_t forward_output(mt_graph *g, int i)
+static starpu_data_handle_t forward_output(mt_graph *g, int i, int u)
 {
     int L = (int)g->st->cfg.layers;
-    if ((i + 1) % g->sc.K == 0 && i + 1 < L) return g->ckpt[(i + 1) / g->sc.K];
-    return g->act[(i + 1) % 2];
+    if ((i + 1) % g->sc.K == 0 && i + 1 < L) return ckpt_of(g, (i + 1) / g->sc.K, u);
+    return g->act[u][(i + 1) % 2];
 }
 
 /* Prefetch hint for a task: the weights of the next tile the GPU will need, current once the
@@ -284,22 +300,27 @@ static void insert_layer_forward(mt_graph *g, int i, starpu_data_handle_t x, sta
                  "layer_forward");
 }
 
-/* The forward pass of one micro-batch up to x_L; returns the handle holding x_L. */
-static starpu_data_handle_t submit_forward(mt_graph *g, starpu_data_handle_t tokens, int64_t step, bool observe)
+/* The forward pass of micro-batches 0..n-1 up to x_L (act[u][L % 2]), layer by layer: each
+ * layer's weights serve every micro-batch in turn. The first micro-batch's task carries the
+ * prefetch hint for the next tile. */
+static void submit_forward(mt_graph *g, const starpu_data_handle_t *tokens, int n, int64_t step, bool observe)
 {
     const int L = (int)g->st->cfg.layers;
     mt_compute_args a = { .st = g->st, .B = g->sc.B, .T = g->sc.T };
     mt_graph none = { 0 };
-    check_insert(starpu_task_insert(&mt_cl_embedding_forward, STARPU_R, mt_state_embed(g->st)->h_weights,
-                                    STARPU_R, tokens, STARPU_W, g->ckpt[0], STARPU_VALUE, &a, sizeof a,
-                                    STARPU_EXECUTE_WHERE, g->where, STARPU_TASK_SCHED_DATA, hint_for(g, 1, 0),
-                                    OBSERVE_START(observe ? g : &none, MT_EV_FORWARD_START, step, 0), 0),
-                 "embedding_forward");
+    for (int u = 0; u < n; u++)
+        check_insert(starpu_task_insert(&mt_cl_embedding_forward, STARPU_R, mt_state_embed(g->st)->h_weights,
+                                        STARPU_R, tokens[u], STARPU_W, ckpt_of(g, 0, u), STARPU_VALUE, &a, sizeof a,
+                                        STARPU_EXECUTE_WHERE, g->where,
+                                        STARPU_TASK_SCHED_DATA, u == 0 ? hint_for(g, 1, 0) : NULL,
+                                        OBSERVE_START(observe && u == 0 ? g : &none, MT_EV_FORWARD_START, step, 0), 0),
+                     "embedding_forward");
     for (int i = 0; i < L; i++) {
         int next = i + 1 < L ? i + 2 : g->st->ntiles - 1; /* the next layer, or the head */
-        insert_layer_forward(g, i, forward_input(g, i), forward_output(g, i), NULL, step, observe, hint_for(g, next, 0));
+        for (int u = 0; u < n; u++)
+            insert_layer_forward(g, i, forward_input(g, i, u), forward_output(g, i, u), NULL, step, observe && u == 0,
+                                 u == 0 ? hint_for(g, next, 0) : NULL);
     }
-    return g->act[L % 2];
 }
 
 /* Tile whose weights the backward pass needs after layer i's backward (block-wise order): the
@@ -312,70 +333,87 @@ static int tile_after_backward(mt_graph *g, int i)
     return (i / K - 1) * K + 1;                      /* first layer of block i/K - 1 */
 }
 
-static void submit_micro_batch(mt_graph *g, slot *sl, int u, int64_t step, double loss_scale)
+/* Forward, loss anchor and block-wise backward of every micro-batch of a step. Gradients of a
+ * tile are written (=) by micro-batch 0 and accumulated (+=) by the others, in micro-batch
+ * order; the last writer of each tile also leaves its sum of squares when clipping. */
+static void submit_micro_batches(mt_graph *g, slot *sl, int64_t step, double loss_scale)
 {
     mt_host_state *st = g->st;
-    const int L = (int)st->cfg.layers, K = g->sc.K;
-    const bool first = u == 0, last = u == g->sc.accum - 1;
-    const bool sumsq = last && g->sc.clip > 0; /* the last writer of each gradient leaves its norm */
-    const enum starpu_data_access_mode gmode = first ? STARPU_W : STARPU_RW;
+    const int L = (int)st->cfg.layers, K = g->sc.K, M = g->sc.accum;
     mt_tile *embed = mt_state_embed(st), *head = mt_state_head(st);
-    const int head_tile = st->ntiles - 1;
+    const int head_tile = st->ntiles - 1, last_block = g->nblocks - 1;
 
-    starpu_data_handle_t xL = submit_forward(g, sl->h_tokens[u], step, true);
+    submit_forward(g, sl->h_tokens, M, step, true);
 
-    /* Loss anchor: dh_L goes to grad[L % 2], the input of layer L-1's backward. */
-    mt_compute_args a = { .st = st, .B = g->sc.B, .T = g->sc.T, .accumulate = !first,
-                          .loss_scale = loss_scale, .head_chunk = g->sc.head_chunk, .sumsq = sumsq };
-    struct starpu_data_descr hd[10] = {
-        { head->h_weights, STARPU_R }, { xL, STARPU_R }, { sl->h_targets[u], STARPU_R },
-        { g->grad[L % 2], STARPU_W }, { head->h_grad, gmode }, { sl->h_loss[u], STARPU_W },
-        { g->scratch_head, STARPU_SCRATCH }, { embed->h_weights, STARPU_R }, { embed->h_grad, gmode },
-    };
-    int nhd = st->cfg.tied ? 9 : 7;
-    if (sumsq) hd[nhd++] = (struct starpu_data_descr){ g->partial[head_tile], STARPU_W };
-    const int last_block = g->nblocks - 1;
-    check_insert(starpu_task_insert(&mt_cl_head, STARPU_DATA_MODE_ARRAY, hd, nhd,
-                                    STARPU_VALUE, &a, sizeof a, STARPU_NAME, "head", STARPU_EXECUTE_WHERE, g->where,
-                                    STARPU_TASK_SCHED_DATA, hint_for(g, last_block * K + 1, 0), 0), "head");
+    /* Loss anchor: dh_L goes to grad[u][L % 2], the input of layer L-1's backward. */
+    for (int u = 0; u < M; u++) {
+        const bool first = u == 0, sumsq = u == M - 1 && g->sc.clip > 0;
+        const enum starpu_data_access_mode gmode = first ? STARPU_W : STARPU_RW;
+        mt_compute_args a = { .st = st, .B = g->sc.B, .T = g->sc.T, .accumulate = !first,
+                              .loss_scale = loss_scale, .head_chunk = g->sc.head_chunk, .sumsq = sumsq };
+        struct starpu_data_descr hd[10] = {
+            { head->h_weights, STARPU_R }, { g->act[u][L % 2], STARPU_R }, { sl->h_targets[u], STARPU_R },
+            { g->grad[u][L % 2], STARPU_W }, { head->h_grad, gmode }, { sl->h_loss[u], STARPU_W },
+            { g->scratch_head, STARPU_SCRATCH }, { embed->h_weights, STARPU_R }, { embed->h_grad, gmode },
+        };
+        int nhd = st->cfg.tied ? 9 : 7;
+        if (sumsq) hd[nhd++] = (struct starpu_data_descr){ g->partial[head_tile], STARPU_W };
+        check_insert(starpu_task_insert(&mt_cl_head, STARPU_DATA_MODE_ARRAY, hd, nhd, STARPU_VALUE, &a, sizeof a,
+                                        STARPU_NAME, "head", STARPU_EXECUTE_WHERE, g->where,
+                                        STARPU_TASK_SCHED_DATA, first ? hint_for(g, last_block * K + 1, 0) : NULL, 0),
+                     "head");
+    }
 
-    /* Block-wise backward: recompute each block from its checkpoint, then walk it back. */
+    /* Block-wise backward: for each block, each micro-batch recomputes it from its checkpoint and
+     * walks it back, while the block's weights and gradients stay on the GPU. Hints: the first
+     * micro-batch brings the block in; the last one points past the block. */
     for (int b = last_block; b >= 0; b--) {
         int lo = b * K, hi = lo + K < L ? lo + K : L;
-        for (int i = lo; i < hi; i++) {
-            starpu_data_handle_t x = i == lo ? g->ckpt[b] : g->act[i % 2];
-            /* after the last recompute comes its own backward, then layer hi-2's */
-            int next = i + 1 < hi ? i + 2 : (hi - 2 >= lo ? hi - 1 : tile_after_backward(g, lo));
-            insert_layer_forward(g, i, x, g->act[(i + 1) % 2], g->saved[i - lo], step, false, hint_for(g, next, 0));
-        }
-        for (int i = hi - 1; i >= lo; i--) {
-            mt_tile *t = mt_state_layer(st, i);
-            mt_compute_args ba = { .st = st, .B = g->sc.B, .T = g->sc.T, .accumulate = !first, .sumsq = sumsq };
-            struct starpu_data_descr bd[7] = {
-                { t->h_weights, STARPU_R }, { g->saved[i - lo], STARPU_R }, { g->grad[(i + 1) % 2], STARPU_R },
-                { g->grad[i % 2], STARPU_W }, { t->h_grad, gmode }, { g->scratch_layer, STARPU_SCRATCH },
-                { g->partial[t->index], STARPU_W },
-            };
-            check_insert(starpu_task_insert(&mt_cl_layer_backward, STARPU_DATA_MODE_ARRAY, bd, sumsq ? 7 : 6,
-                                            STARPU_VALUE, &ba, sizeof ba, STARPU_NAME, "layer_backward",
-                                            STARPU_EXECUTE_WHERE, g->where,
-                                            STARPU_TASK_SCHED_DATA, hint_for(g, tile_after_backward(g, i), 0),
-                                            OBSERVE_END(g, MT_EV_BACKWARD, step, t->index), 0),
-                         "layer_backward");
+        for (int u = 0; u < M; u++) {
+            const bool first = u == 0, last = u == M - 1;
+            const bool sumsq = last && g->sc.clip > 0;
+            const enum starpu_data_access_mode gmode = first ? STARPU_W : STARPU_RW;
+            for (int i = lo; i < hi; i++) {
+                starpu_data_handle_t x = i == lo ? ckpt_of(g, b, u) : g->act[u][i % 2];
+                /* after the last recompute comes its own backward, then layer hi-2's */
+                int next = i + 1 < hi ? i + 2 : (hi - 2 >= lo ? hi - 1 : tile_after_backward(g, lo));
+                insert_layer_forward(g, i, x, g->act[u][(i + 1) % 2], g->saved[i - lo], step, false,
+                                     first ? hint_for(g, next, 0) : NULL);
+            }
+            for (int i = hi - 1; i >= lo; i--) {
+                mt_tile *t = mt_state_layer(st, i);
+                mt_compute_args ba = { .st = st, .B = g->sc.B, .T = g->sc.T, .accumulate = !first, .sumsq = sumsq };
+                struct starpu_data_descr bd[7] = {
+                    { t->h_weights, STARPU_R }, { g->saved[i - lo], STARPU_R }, { g->grad[u][(i + 1) % 2], STARPU_R },
+                    { g->grad[u][i % 2], STARPU_W }, { t->h_grad, gmode }, { g->scratch_layer, STARPU_SCRATCH },
+                    { g->partial[t->index], STARPU_W },
+                };
+                bool leaves_block = i % K == 0;
+                void *hint = (leaves_block ? last : first) ? hint_for(g, tile_after_backward(g, i), 0) : NULL;
+                check_insert(starpu_task_insert(&mt_cl_layer_backward, STARPU_DATA_MODE_ARRAY, bd, sumsq ? 7 : 6,
+                                                STARPU_VALUE, &ba, sizeof ba, STARPU_NAME, "layer_backward",
+                                                STARPU_EXECUTE_WHERE, g->where, STARPU_TASK_SCHED_DATA, hint,
+                                                OBSERVE_END(last ? g : &(mt_graph){ 0 }, MT_EV_BACKWARD, step, t->index), 0),
+                             "layer_backward");
+            }
         }
     }
-    /* With a tied head the head task already wrote the embedding gradient this step. Next comes
-     * the next micro-batch's first layer, or the next step's (after its update). */
-    mt_compute_args ea = { .st = st, .B = g->sc.B, .T = g->sc.T, .accumulate = !first || st->cfg.tied, .sumsq = sumsq };
-    struct starpu_data_descr ed[5] = {
-        { sl->h_tokens[u], STARPU_R }, { g->grad[0], STARPU_R }, { embed->h_grad, ea.accumulate ? STARPU_RW : STARPU_W },
-        { g->scratch_layer, STARPU_SCRATCH }, { g->partial[0], STARPU_W },
-    };
-    check_insert(starpu_task_insert(&mt_cl_embedding_backward, STARPU_DATA_MODE_ARRAY, ed, sumsq ? 5 : 4,
-                                    STARPU_VALUE, &ea, sizeof ea, STARPU_NAME, "embedding_backward",
-                                    STARPU_EXECUTE_WHERE, g->where,
-                                    STARPU_TASK_SCHED_DATA, hint_for(g, 1, last ? 1 : 0), 0),
-                 "embedding_backward");
+    /* With a tied head the head tasks already wrote the embedding gradient this step. The last
+     * one points at the next step's first layer (after its update). */
+    for (int u = 0; u < M; u++) {
+        const bool last = u == M - 1;
+        mt_compute_args ea = { .st = st, .B = g->sc.B, .T = g->sc.T, .accumulate = u > 0 || st->cfg.tied,
+                               .sumsq = last && g->sc.clip > 0 };
+        struct starpu_data_descr ed[5] = {
+            { sl->h_tokens[u], STARPU_R }, { g->grad[u][0], STARPU_R }, { embed->h_grad, ea.accumulate ? STARPU_RW : STARPU_W },
+            { g->scratch_layer, STARPU_SCRATCH }, { g->partial[0], STARPU_W },
+        };
+        check_insert(starpu_task_insert(&mt_cl_embedding_backward, STARPU_DATA_MODE_ARRAY, ed, ea.sumsq ? 5 : 4,
+                                        STARPU_VALUE, &ea, sizeof ea, STARPU_NAME, "embedding_backward",
+                                        STARPU_EXECUTE_WHERE, g->where,
+                                        STARPU_TASK_SCHED_DATA, last ? hint_for(g, 1, 1) : NULL, 0),
+                     "embedding_backward");
+    }
 }
 
 /* Copies host data into a registered host handle once its earlier readers are done. */
@@ -400,7 +438,7 @@ int mt_graph_submit_compute(mt_graph *g, int64_t step, const int32_t *tokens, co
     }
     /* The step's loss is the mean over every counted target of every micro-batch. */
     double loss_scale = counted > 0 ? 1.0 / (double)counted : 0.0;
-    for (int u = 0; u < accum; u++) submit_micro_batch(g, sl, u, step, loss_scale);
+    submit_micro_batches(g, sl, step, loss_scale);
 
     return s;
 }
@@ -514,7 +552,8 @@ double mt_graph_eval(mt_graph *g, int64_t n_seq, const int32_t *tokens, const in
     for (int64_t s0 = 0; s0 + g->sc.B <= n_seq; s0 += g->sc.B) {
         fill_handle(g->h_eval_tokens, g->eval_tokens, tokens + s0 * g->sc.T, g->ntok * sizeof(int32_t));
         fill_handle(g->h_eval_targets, g->eval_targets, targets + s0 * g->sc.T, g->ntok * sizeof(int32_t));
-        starpu_data_handle_t xL = submit_forward(g, g->h_eval_tokens, 0, false);
+        submit_forward(g, &g->h_eval_tokens, 1, 0, false);
+        starpu_data_handle_t xL = g->act[0][st->cfg.layers % 2];
         mt_compute_args a = { .st = st, .B = g->sc.B, .T = g->sc.T, .head_chunk = g->sc.head_chunk };
         struct starpu_data_descr hd[6] = {
             { mt_state_head(st)->h_weights, STARPU_R }, { xL, STARPU_R }, { g->h_eval_targets, STARPU_R },

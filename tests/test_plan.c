@@ -45,20 +45,21 @@ START_TEST(test_tiny_cpu)
     ck_assert_uint_eq(plan.host[MT_PLAN_GRADS], kind);
     ck_assert_uint_eq(plan.host[MT_PLAN_ADAM_M], kind);
     ck_assert_uint_eq(plan.host[MT_PLAN_ADAM_V], kind);
-    /* Activations on the host: ntok = 32. Checkpoints ceil(6/2)+1 = 4 of 32*192 fp32. */
+    /* Activations on the host: ntok = 32. Checkpoints ceil(6/2)+1 = 4 of 32*192 fp32, for each
+     * of the 3 micro-batches. */
     ck_assert_int_eq(plan.num_checkpoints, 4);
-    ck_assert_uint_eq(plan.host[MT_PLAN_CHECKPOINTS], 4 * 32 * 192 * 4);
+    ck_assert_uint_eq(plan.host[MT_PLAN_CHECKPOINTS], 3 * 4 * 32 * 192 * 4);
     /* The layer's own buffer sizes come from the CPU backend's contract. */
     const uint64_t saved = (uint64_t)mt_layer_saved_numel(&c, 2, 16);
     const uint64_t scratch = (uint64_t)mt_layer_scratch_numel(&c, 2, 16);
     ck_assert_uint_gt(saved, 0);
     ck_assert_uint_eq(plan.host[MT_PLAN_BLOCK_SAVED], 2 * saved * 4);
-    ck_assert_uint_eq(plan.host[MT_PLAN_ACT_GRADS], 2 * 32 * 192 * 4);
+    ck_assert_uint_eq(plan.host[MT_PLAN_ACT_GRADS], 3 * 2 * 32 * 192 * 4);
     /* Head scratch per chunk of 32 rows: hn, dhn (2*192), inv_rms (1), logits (256). */
     ck_assert_int_eq(mt_head_scratch_numel(&c, 32), 32 * (2 * 192 + 1 + 256));
     ck_assert_uint_eq(plan.host[MT_PLAN_WORKSPACE], (scratch + 32 * 641) * 4);
-    ck_assert_uint_eq(plan.host[MT_PLAN_INPUTS], 2 * 4 * 32);
-    ck_assert_uint_eq(plan.host_total, 5 * kind + 98304 + 8 * saved + 49152 + (scratch + 20512) * 4 + 256);
+    ck_assert_uint_eq(plan.host[MT_PLAN_INPUTS], 3 * 2 * 4 * 32);
+    ck_assert_uint_eq(plan.host_total, 5 * kind + 3 * 98304 + 8 * saved + 3 * 49152 + (scratch + 20512) * 4 + 3 * 256);
     /* No GPU: nothing on it, nothing pinned. */
     ck_assert_uint_eq(plan.gpu_total, 0);
     ck_assert_uint_eq(plan.host_pinned_total, 0);
@@ -97,33 +98,34 @@ START_TEST(test_qwen05_gpu)
     ck_assert_uint_eq(plan.host[MT_PLAN_GRADS], 1976143872ULL);
     ck_assert_uint_eq(plan.host[MT_PLAN_ADAM_M], 1976143872ULL);
     ck_assert_uint_eq(plan.host[MT_PLAN_ADAM_V], 1976143872ULL);
-    /* Host: state + pinned tokens/targets (2 * 4096 int32), no activations. */
-    ck_assert_uint_eq(plan.host[MT_PLAN_INPUTS], 32768);
+    /* Host: state + tokens/targets (2 * 4096 int32 for each of 8 micro-batches), no activations. */
+    ck_assert_uint_eq(plan.host[MT_PLAN_INPUTS], 8 * 32768);
     ck_assert_uint_eq(plan.host[MT_PLAN_CHECKPOINTS], 0);
     ck_assert_uint_eq(plan.host[MT_PLAN_BLOCK_SAVED], 0);
-    ck_assert_uint_eq(plan.host_total, 988123136ULL + 4 * 1976143872ULL + 32768);
-    ck_assert_uint_eq(plan.host_total, 8892731392ULL);
+    ck_assert_uint_eq(plan.host_total, 988123136ULL + 4 * 1976143872ULL + 8 * 32768);
+    ck_assert_uint_eq(plan.host_total, 8892960768ULL);
     ck_assert_uint_eq(plan.host_pinned_total, plan.host_total);
     /* About 18 bytes per parameter, as design.md says. */
     ck_assert(plan.host_total > 18ULL * 494032768 && plan.host_total < 18ULL * 494032768 + 2000000);
 
     /* GPU: two weight buffers of the largest tile (the embedding) in bf16, two fp32 gradient
-     * buffers, 7 checkpoints (ceil(24/4) + 1) of 4096*896 bf16, one block of 4 layers' saved
-     * activations, two activation-gradient buffers, layer + head workspace, tokens/targets. */
+     * buffers, 7 checkpoints (ceil(24/4) + 1) of 4096*896 bf16 per micro-batch (8), one block of
+     * 4 layers' saved activations, two activation-gradient buffers per micro-batch, layer + head
+     * workspace, tokens/targets. */
     ck_assert_uint_eq(plan.gpu[MT_PLAN_WEIGHTS], 2ULL * 136134656 * 2);
     ck_assert_uint_eq(plan.gpu[MT_PLAN_GRADS], 2ULL * 136134656 * 4);
     ck_assert_int_eq(plan.num_checkpoints, 7);
-    ck_assert_uint_eq(plan.gpu[MT_PLAN_CHECKPOINTS], 7ULL * 4096 * 896 * 2);
+    ck_assert_uint_eq(plan.gpu[MT_PLAN_CHECKPOINTS], 8 * 7ULL * 4096 * 896 * 2);
     const uint64_t saved = (uint64_t)mt_layer_saved_numel(&c, 4, 1024);
     const uint64_t scratch = (uint64_t)mt_layer_scratch_numel(&c, 4, 1024);
     ck_assert_uint_eq(plan.gpu[MT_PLAN_BLOCK_SAVED], 4 * saved * 2);
-    ck_assert_uint_eq(plan.gpu[MT_PLAN_ACT_GRADS], 2ULL * 4096 * 896 * 2);
+    ck_assert_uint_eq(plan.gpu[MT_PLAN_ACT_GRADS], 8 * 2ULL * 4096 * 896 * 2);
     /* Head scratch per 1024-row chunk: 1024 * (2*896 + 1 + 151936) = 157,418,496 elements. */
     ck_assert_int_eq(mt_head_scratch_numel(&c, 1024), 157418496);
     ck_assert_uint_eq(plan.gpu[MT_PLAN_WORKSPACE], (scratch + 157418496ULL) * 2);
-    ck_assert_uint_eq(plan.gpu[MT_PLAN_INPUTS], 32768);
-    ck_assert_uint_eq(plan.gpu_total, 544538624ULL + 1089077248ULL + 51380224ULL + 8 * saved + 14680064ULL +
-                                          (scratch + 157418496ULL) * 2 + 32768);
+    ck_assert_uint_eq(plan.gpu[MT_PLAN_INPUTS], 8 * 32768);
+    ck_assert_uint_eq(plan.gpu_total, 544538624ULL + 1089077248ULL + 8 * 51380224ULL + 8 * saved + 8 * 14680064ULL +
+                                          (scratch + 157418496ULL) * 2 + 8 * 32768);
 
     char err[1024];
     ck_assert_msg(mt_plan_check_host(&plan, 125 * GiB, err, sizeof err) == 0, "%s", err);
@@ -140,7 +142,7 @@ START_TEST(test_qwen05_gpu)
     ck_assert_ptr_nonnull(strstr(text, "master weights"));
     ck_assert_ptr_nonnull(strstr(text, "checkpoints"));
     ck_assert_ptr_nonnull(strstr(text, "total"));
-    ck_assert_ptr_nonnull(strstr(text, "8892731392"));
+    ck_assert_ptr_nonnull(strstr(text, "8892960768"));
     ck_assert_ptr_nonnull(strstr(text, "8.28 GiB"));
     free(text);
 }
@@ -254,29 +256,38 @@ START_TEST(test_micro_batch_choice)
                          .compute = MT_DTYPE_F32, .use_gpu = false };
     char err[256];
     int64_t B = 0, accum = 0;
-    /* A budget that fits exactly the activations of 4 sequences: 16 sequences become 4 x 4. */
-    mt_plan_params q = p;
-    q.micro_batch = 4;
-    mt_plan plan4, plan8;
-    ck_assert_int_eq(mt_plan_compute(&cfg, &q, &plan4), 0);
-    q.micro_batch = 8;
-    ck_assert_int_eq(mt_plan_compute(&cfg, &q, &plan8), 0);
-    uint64_t need4 = mt_plan_activation_bytes(&plan4), need8 = mt_plan_activation_bytes(&plan8);
-    ck_assert(need4 < need8);
-    ck_assert_int_eq(mt_plan_micro_batch(&cfg, &p, 16 * 64, need4, &B, &accum, err, sizeof err), 0);
+    /* The activation bytes of a split: B sequences per micro-batch, `accum` micro-batches. */
+    uint64_t need[17] = { 0 };
+    for (int b = 1; b <= 16; b++) {
+        mt_plan_params q = p;
+        q.micro_batch = b;
+        q.grad_accum = (16 + b - 1) / b;
+        mt_plan plan;
+        ck_assert_int_eq(mt_plan_compute(&cfg, &q, &plan), 0);
+        need[b] = mt_plan_activation_bytes(&plan);
+    }
+    ck_assert(need[4] < need[8] && need[8] < need[16]);
+    /* 16 sequences with room for exactly 4 x 4: chosen; one byte less than 8 x 2 still gives 4. */
+    ck_assert_int_eq(mt_plan_micro_batch(&cfg, &p, 16 * 64, need[4], &B, &accum, err, sizeof err), 0);
     ck_assert_int_eq(B, 4);
     ck_assert_int_eq(accum, 4);
-    ck_assert_int_eq(mt_plan_micro_batch(&cfg, &p, 16 * 64, need8 - 1, &B, &accum, err, sizeof err), 0);
+    ck_assert_int_eq(mt_plan_micro_batch(&cfg, &p, 16 * 64, need[8] - 1, &B, &accum, err, sizeof err), 0);
     ck_assert_int_eq(B, 4);
     /* Plenty of room: one micro-batch. */
     ck_assert_int_eq(mt_plan_micro_batch(&cfg, &p, 16 * 64, UINT64_MAX, &B, &accum, err, sizeof err), 0);
     ck_assert_int_eq(B, 16);
     ck_assert_int_eq(accum, 1);
-    /* 12 sequences and room for 5: the largest divisor that fits is 4. */
-    q.micro_batch = 5;
-    mt_plan plan5;
-    ck_assert_int_eq(mt_plan_compute(&cfg, &q, &plan5), 0);
-    ck_assert_int_eq(mt_plan_micro_batch(&cfg, &p, 12 * 64, mt_plan_activation_bytes(&plan5), &B, &accum, err, sizeof err), 0);
+    /* 12 sequences: only divisors of 12 are candidates (6 x 2 does not fit, 4 x 3 does). */
+    mt_plan_params q = p;
+    q.micro_batch = 4;
+    q.grad_accum = 3;
+    mt_plan plan43, plan62;
+    ck_assert_int_eq(mt_plan_compute(&cfg, &q, &plan43), 0);
+    q.micro_batch = 6;
+    q.grad_accum = 2;
+    ck_assert_int_eq(mt_plan_compute(&cfg, &q, &plan62), 0);
+    ck_assert(mt_plan_activation_bytes(&plan43) < mt_plan_activation_bytes(&plan62));
+    ck_assert_int_eq(mt_plan_micro_batch(&cfg, &p, 12 * 64, mt_plan_activation_bytes(&plan62) - 1, &B, &accum, err, sizeof err), 0);
     ck_assert_int_eq(B, 4);
     ck_assert_int_eq(accum, 3);
     /* Not a multiple of T, and a budget too small for one sequence. */

@@ -2,6 +2,7 @@
  * dmda agree bitwise, and the dependencies are exactly the data ones (gates hold single tasks
  * and the test watches what still runs). */
 #include <check.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,7 +60,14 @@ typedef struct outcome {
     double loss[3];
 } outcome;
 
+static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int nsteps, double clip, int64_t B);
+
 static outcome run_steps(const char *sched, bool tied, int K, int accum, int nsteps, double clip)
+{
+    return run_steps_b(sched, tied, K, accum, nsteps, clip, 2);
+}
+
+static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int nsteps, double clip, int64_t B)
 {
     start(sched);
     mt_model_config cfg = tiny_config(tied);
@@ -68,7 +76,7 @@ static outcome run_steps(const char *sched, bool tied, int K, int accum, int nst
     ck_assert_msg(st != NULL, "%s", err);
     mt_state_init_random(st, 7, 0.05);
     mt_step_config sc = mt_step_defaults();
-    sc.B = 2; sc.T = 9; sc.K = K; sc.accum = accum; sc.clip = clip; sc.head_chunk = 7;
+    sc.B = B; sc.T = 9; sc.K = K; sc.accum = accum; sc.clip = clip; sc.head_chunk = 7;
     sc.weight_decay = 0.1;
     mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
     ck_assert_msg(g != NULL, "%s", err);
@@ -153,6 +161,24 @@ START_TEST(test_recompute_with_accumulation_bitwise)
     assert_bitwise(&ref, &o, 2, "accum=3 K=3 vs K=1");
     outcome_free(&o);
     outcome_free(&ref);
+}
+END_TEST
+
+/* Accumulating 3 micro-batches of 2 sequences gives the gradient of one batch of 6 (up to fp32
+ * summation order), and the same loss. */
+START_TEST(test_accumulation_matches_one_batch)
+{
+    for (int tied = 0; tied <= 1; tied++) {
+        outcome one = run_steps_b("eager", tied, 2, 1, 1, 0.0, 6);
+        outcome acc = run_steps_b("eager", tied, 2, 3, 1, 0.0, 2);
+        ck_assert_msg(fabs(one.loss[0] - acc.loss[0]) <= 1e-6 * fabs(one.loss[0]), "loss %.9g vs %.9g", one.loss[0], acc.loss[0]);
+        for (int i = 0; i < one.ntiles; i++) {
+            double e = mt_test_rel_err_f32(acc.grad[i], one.grad[i], one.numel[i]);
+            ck_assert_msg(e <= 1e-5, "tied=%d tile %d: accumulated gradient differs by %.3e", tied, i, e);
+        }
+        outcome_free(&acc);
+        outcome_free(&one);
+    }
 }
 END_TEST
 
@@ -382,6 +408,7 @@ int main(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_recompute_any_k_bitwise);
     tcase_add_test(tc, test_recompute_with_accumulation_bitwise);
+    tcase_add_test(tc, test_accumulation_matches_one_batch);
     tcase_add_test(tc, test_policies_bitwise);
     tcase_add_test(tc, test_gate_adamw_no_clip);
     tcase_add_test(tc, test_gate_adamw_clip);
