@@ -65,6 +65,8 @@ check_ok "megatrain train --help" '^usage: megatrain train' train --help
 check_ok "megatrain plan --help" '^usage: megatrain plan' plan --help
 check_ok "megatrain info --help" '^usage: megatrain info' info --help
 check_ok "train --help lists --steps" '--steps N' train --help
+check_ok "megatrain bench --help" '^usage: megatrain bench' bench --help
+check_ok "megatrain prepare --help" '^usage: megatrain prepare' prepare --help
 
 # --- bad commands, flags and values ----------------------------------------------------------
 check_error "unknown command" "unknown command 'frobnicate'" frobnicate
@@ -82,6 +84,9 @@ check_error "train --dtype fp8" "--dtype.*'fp8'" train --dtype fp8
 check_error "train --schedule linear" "--schedule.*'linear'" train --schedule linear
 check_error "train unexpected argument" "unexpected argument 'extra'" train extra
 check_error "plan --shape nope" "'nope'" plan --shape nope
+check_error "prepare --format bogus" "--format.*'bogus'" prepare --format bogus
+check_error "bench --shape nope" "'nope'" bench --shape nope
+check_error "train --resume missing" "/nonexistent.ckpt" train --resume /nonexistent.ckpt --steps 2 --micro-batch 2 --seq-len 32
 check_error "plan without a model" "--shape" plan
 check_error "info --ncpu x" "--ncpu.*'x'" info --ncpu x
 check_error "info --sched bogus" "bogus" info --sched bogus --ncpu 1 --ncuda 0
