@@ -12,6 +12,8 @@
 
 #include <jansson.h>
 
+#include "json_words.h"
+
 #include "layout.h"
 
 /* Any single size above this is a typo or an attack, not a model; it also keeps every product the
@@ -30,22 +32,6 @@ static int fail(char *err, size_t errlen, const char *fmt, ...)
         va_end(ap);
     }
     return -1;
-}
-
-/* The JSON type of v in words, for "expected an integer, got a string". */
-static const char *type_name(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "an unknown value";
 }
 
 /* Looks key up; JSON null counts as absent, as transformers treats it ("head_dim": null). */
@@ -83,7 +69,7 @@ static int get_int(json_t *obj, const char *name, const char *parent, const char
         return 0;
     }
     if (!json_is_integer(v))
-        return key_fail(err, errlen, name, parent, key, "expected an integer, got %s", type_name(v));
+        return key_fail(err, errlen, name, parent, key, "expected an integer, got %s", mt_json_type_name(v));
     *out = (int64_t)json_integer_value(v);
     return 0;
 }
@@ -99,7 +85,7 @@ static int get_real(json_t *obj, const char *name, const char *parent, const cha
         return 0;
     }
     if (!json_is_number(v))
-        return key_fail(err, errlen, name, parent, key, "expected a number, got %s", type_name(v));
+        return key_fail(err, errlen, name, parent, key, "expected a number, got %s", mt_json_type_name(v));
     *out = json_number_value(v);
     return 0;
 }
@@ -113,7 +99,7 @@ static int get_bool(json_t *obj, const char *name, const char *key, bool dflt, b
         return 0;
     }
     if (!json_is_boolean(v))
-        return key_fail(err, errlen, name, NULL, key, "expected true or false, got %s", type_name(v));
+        return key_fail(err, errlen, name, NULL, key, "expected true or false, got %s", mt_json_type_name(v));
     *out = json_is_true(v);
     return 0;
 }
@@ -127,7 +113,7 @@ static int parse_rope_scaling(json_t *root, const char *name, mt_model_config *c
     if (!rs) return 0;
     if (!json_is_object(rs))
         return fail(err, errlen, "%s: key 'rope_scaling': expected an object or null, got %s", name,
-                    type_name(rs));
+                    mt_json_type_name(rs));
     json_t *type = lookup(rs, "rope_type");
     if (!type) type = lookup(rs, "type"); /* the older transformers spelling */
     if (!type || !json_is_string(type))
@@ -161,7 +147,7 @@ int mt_config_parse(const char *json_text, const char *name, mt_model_config *cf
     mt_model_config c;
     memset(&c, 0, sizeof c);
     if (!json_is_object(root)) {
-        fail(err, errlen, "%s: the top level must be a JSON object, got %s", name, type_name(root));
+        fail(err, errlen, "%s: the top level must be a JSON object, got %s", name, mt_json_type_name(root));
         goto out;
     }
 
@@ -171,7 +157,7 @@ int mt_config_parse(const char *json_text, const char *name, mt_model_config *cf
         goto out;
     }
     if (!json_is_string(mt)) {
-        fail(err, errlen, "%s: key 'model_type': expected a string, got %s", name, type_name(mt));
+        fail(err, errlen, "%s: key 'model_type': expected a string, got %s", name, mt_json_type_name(mt));
         goto out;
     }
     const char *type = json_string_value(mt);
@@ -238,7 +224,7 @@ int mt_config_parse(const char *json_text, const char *name, mt_model_config *cf
     json_t *act = lookup(root, "hidden_act");
     if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
         fail(err, errlen, "%s: key 'hidden_act': only \"silu\" (SwiGLU) is implemented, got %s%s%s", name,
-             json_is_string(act) ? "\"" : "", json_is_string(act) ? json_string_value(act) : type_name(act),
+             json_is_string(act) ? "\"" : "", json_is_string(act) ? json_string_value(act) : mt_json_type_name(act),
              json_is_string(act) ? "\"" : "");
         goto out;
     }

@@ -11,6 +11,8 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <jansson.h>
+
+#include "json_words.h"
 #include <pcre2.h>
 
 /* GPT-2's pre-tokeniser regex, which a ByteLevel pre_tokenizer with use_regex true applies. */
@@ -246,21 +248,6 @@ static int byte_level_decode(const int cp_to_byte[324], const char *token, byte_
     return 0;
 }
 
-static const char *type_name(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "an unknown value";
-}
-
 /* obj[key], NULL when absent or JSON null (tokenizer.json writes null for unset options). */
 static json_t *lookup(const json_t *obj, const char *key)
 {
@@ -388,7 +375,7 @@ static int max_id(const json_t *vocab, const json_t *added, const char *path, in
     json_object_foreach((json_t *)vocab, k, v) {
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= INT32_MAX)
             return fail(err, errlen, "%s: key 'model.vocab': token '%s': id must be an integer in [0, 2^31-1), got %s",
-                        path, k, type_name(v));
+                        path, k, mt_json_type_name(v));
         if (json_integer_value(v) > max) max = json_integer_value(v);
     }
     size_t i;
@@ -487,7 +474,7 @@ static int parse_merges(mt_tokenizer *tok, const json_t *merges, const int cp_to
             right = json_string_value(json_array_get(m, 1));
         } else {
             fail(err, errlen, "%s: key 'model.merges[%zu]': expected \"a b\" or [\"a\", \"b\"], got %s", path, i,
-                 type_name(m));
+                 mt_json_type_name(m));
             goto out;
         }
         int32_t l = merge_part_id(tok, cp_to_byte, left, &raw, path, i, err, errlen);
