@@ -84,6 +84,8 @@ check_error "train --dtype fp8" "--dtype.*'fp8'" train --dtype fp8
 check_error "train --schedule linear" "--schedule.*'linear'" train --schedule linear
 check_error "train unexpected argument" "unexpected argument 'extra'" train extra
 check_error "plan --shape nope" "'nope'" plan --shape nope
+check_ok "megatrain grads --help" '^usage: megatrain grads' grads --help
+check_error "grads without arguments" "--model" grads
 check_error "prepare --format bogus" "--format.*'bogus'" prepare --format bogus
 check_error "bench --shape nope" "'nope'" bench --shape nope
 check_error "train --resume missing" "/nonexistent.ckpt" train --resume /nonexistent.ckpt --steps 2 --micro-batch 2 --seq-len 32

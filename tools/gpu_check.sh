@@ -44,6 +44,16 @@ ablation)
     done
     run bench_15b_noprefetch "$B/tools/megatrain" bench --shape qwen2.5-1.5b --micro-batch 16 --seq-len 2048 --warmup 1 --steps 3 --no-prefetch
     ;;
+parity)
+    # Issue 5's parity: a random model saved by megatrain, the same batch through transformers.
+    d=$(mktemp -d)
+    run save_model "$B/tools/megatrain" train --steps 1 --micro-batch 2 --seq-len 64 --sample-bytes 0 --eval-every 0 --ncuda 0 --save-model "$d/model"
+    run parity_cpu python3 tools/parity.py --model "$d/model" --megatrain "$B/tools/megatrain" --ncuda 0
+    run parity_gpu python3 tools/parity.py --model "$d/model" --megatrain "$B/tools/megatrain" --ncuda 1
+    run hf_roundtrip python3 tools/hf_roundtrip.py load "$d/model"
+    run train_gpu "$B/tools/megatrain" train --steps 60 --eval-every 30 --sample-bytes 100
+    run bench_3b_accum4 "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --accum 4 --warmup 1 --steps 2
+    ;;
 memory)
     # Bounded memory: each 3B layer (80M parameters, 6 B each on the GPU) is >= 5% of the budget;
     # doubling the layers should add only the extra checkpoints to the peak.

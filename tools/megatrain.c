@@ -17,6 +17,7 @@
 #include "state.h"
 #include "train.h"
 #include "bench.h"
+#include "grads.h"
 #include "policy.h"
 #include "codelets.h"
 #if MT_HAVE_CUDA
@@ -509,6 +510,64 @@ static int cmd_bench(int argc, char **argv)
     return 0;
 }
 
+/* ---- grads ------------------------------------------------------------------------------ */
+
+static void grads_help(void)
+{
+    printf("usage: megatrain grads --model DIR --tokens FILE --batch B --seq-len T --out FILE [options]\n\n"
+           "Runs the forward, loss and backward of one batch with the training step's graph (no\n"
+           "update) and writes the loss and every parameter gradient, under HF names, as fp32\n"
+           "safetensors: what tools/parity.py compares with transformers.\n\n"
+           "  --model DIR          HF directory (config.json + safetensors)\n"
+           "  --tokens FILE        B x (T + 1) little-endian int32 ids; targets are the next ids\n"
+           "  --batch B            sequences\n"
+           "  --seq-len T          predicted positions per sequence\n"
+           "  --out FILE           output .safetensors\n"
+           "  --checkpoint-every K layers per recompute block (default 2)\n"
+           "  --sched NAME, --ncpu N, --ncuda N   StarPU (--ncuda 0: the exact fp32 CPU path)\n");
+}
+
+static int cmd_grads(int argc, char **argv)
+{
+    enum { O_MODEL = 256, O_TOKENS, O_B, O_T, O_OUT, O_K, O_SCHED, O_NCPU, O_NCUDA, O_HELP };
+    static const struct option opts[] = {
+        { "model", required_argument, 0, O_MODEL }, { "tokens", required_argument, 0, O_TOKENS },
+        { "batch", required_argument, 0, O_B }, { "seq-len", required_argument, 0, O_T },
+        { "out", required_argument, 0, O_OUT }, { "checkpoint-every", required_argument, 0, O_K },
+        { "sched", required_argument, 0, O_SCHED }, { "ncpu", required_argument, 0, O_NCPU },
+        { "ncuda", required_argument, 0, O_NCUDA }, { "help", no_argument, 0, O_HELP }, { 0, 0, 0, 0 },
+    };
+    mt_grads_options o = { .K = 2, .runtime = mt_runtime_defaults() };
+    long long v;
+    int c;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case O_MODEL: o.model_dir = optarg; break;
+        case O_TOKENS: o.tokens_path = optarg; break;
+        case O_B: if (parse_int("--batch", optarg, 1, 1 << 20, &v)) return 2; o.B = v; break;
+        case O_T: if (parse_int("--seq-len", optarg, 1, 1 << 24, &v)) return 2; o.T = v; break;
+        case O_OUT: o.out_path = optarg; break;
+        case O_K: if (parse_int("--checkpoint-every", optarg, 1, 1 << 20, &v)) return 2; o.K = (int)v; break;
+        case O_SCHED: o.runtime.sched = optarg; break;
+        case O_NCPU: if (parse_int("--ncpu", optarg, 1, 1024, &v)) return 2; o.runtime.ncpu = (int)v; break;
+        case O_NCUDA: if (parse_int("--ncuda", optarg, 0, 64, &v)) return 2; o.runtime.ncuda = (int)v; break;
+        case O_HELP: grads_help(); return 0;
+        default: return 2;
+        }
+    }
+    if (optind < argc) return usage_error("grads: unexpected argument '%s'%s", argv[optind], "");
+    if (!o.model_dir || !o.tokens_path || !o.out_path || !o.B || !o.T)
+        return usage_error("grads: --model, --tokens, --batch, --seq-len and --out are all needed%s%s", "", "");
+    double loss;
+    char err[1024];
+    if (mt_grads_run(&o, &loss, err, sizeof err)) {
+        fprintf(stderr, "%s: %s\n", cmd, err);
+        return 1;
+    }
+    printf("loss %.9f; gradients written to %s\n", loss, o.out_path);
+    return 0;
+}
+
 /* ---- main ------------------------------------------------------------------------------- */
 
 static void main_help(void)
@@ -521,6 +580,7 @@ static void main_help(void)
            "  prepare tokenise text or chat JSONL into token shards for train --data\n"
            "  plan    print the memory plan of a run and check that it fits\n"
            "  bench   time the training step of a published shape (random weights)\n"
+           "  grads   one batch's loss and gradients as safetensors (for tools/parity.py)\n"
            "  info    show StarPU's workers and check that every kind runs a task\n\n"
            "'megatrain COMMAND --help' describes each command.\n");
 }
@@ -540,6 +600,7 @@ int main(int argc, char **argv)
     if (!strcmp(sub, "train")) return cmd_train(argc - 1, argv + 1);
     if (!strcmp(sub, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(sub, "prepare")) return cmd_prepare(argc - 1, argv + 1);
+    if (!strcmp(sub, "grads")) return cmd_grads(argc - 1, argv + 1);
     cmd = "megatrain";
-    return usage_error("unknown command '%s'%s", sub, " (train, prepare, plan, bench, info)");
+    return usage_error("unknown command '%s'%s", sub, " (train, prepare, plan, bench, grads, info)");
 }

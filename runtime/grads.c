@@ -1,0 +1,117 @@
+/* The gradients of one batch, for comparing the whole model with an independent implementation.
+ * Targets are the tokens shifted by one, as transformers' causal-LM loss computes them from
+ * input_ids = the B x (T + 1) tokens and labels = input_ids. */
+#include "grads.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "config.h"
+#include "hf.h"
+#include "safetensors.h"
+#include "state.h"
+#include "step.h"
+
+/* Reads exactly B * (T + 1) int32 ids; checks them against the vocabulary. */
+static int32_t *read_tokens(const mt_grads_options *o, int64_t vocab, char *err, size_t errlen)
+{
+    const int64_t n = o->B * (o->T + 1);
+    struct stat sb;
+    if (stat(o->tokens_path, &sb) != 0) {
+        snprintf(err, errlen, "%s: %s", o->tokens_path, strerror(errno));
+        return NULL;
+    }
+    if ((int64_t)sb.st_size != n * 4) {
+        snprintf(err, errlen, "%s: %lld bytes, expected %lld (B=%lld sequences of T+1=%lld int32 ids)", o->tokens_path,
+                 (long long)sb.st_size, (long long)(n * 4), (long long)o->B, (long long)(o->T + 1));
+        return NULL;
+    }
+    int32_t *ids = malloc(sizeof *ids * n);
+    FILE *f = fopen(o->tokens_path, "rb");
+    if (!f || fread(ids, 4, (size_t)n, f) != (size_t)n) {
+        snprintf(err, errlen, "%s: cannot read: %s", o->tokens_path, strerror(errno));
+        if (f) fclose(f);
+        free(ids);
+        return NULL;
+    }
+    fclose(f);
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab) {
+            snprintf(err, errlen, "%s: token %lld is %d, outside the vocabulary [0, %lld)", o->tokens_path, (long long)i,
+                     ids[i], (long long)vocab);
+            free(ids);
+            return NULL;
+        }
+    return ids;
+}
+
+int mt_grads_run(const mt_grads_options *o, double *loss, char *err, size_t errlen)
+{
+    char cfg_path[4096];
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", o->model_dir);
+    mt_model_config cfg;
+    if (mt_config_load(cfg_path, &cfg, err, errlen)) return -1;
+    int32_t *ids = read_tokens(o, cfg.vocab, err, errlen);
+    if (!ids) return -1;
+    const int64_t ntok = o->B * o->T;
+    int32_t *tok = malloc(sizeof *tok * ntok), *tgt = malloc(sizeof *tgt * ntok);
+    for (int64_t b = 0; b < o->B; b++)
+        for (int64_t t = 0; t < o->T; t++) {
+            tok[b * o->T + t] = ids[b * (o->T + 1) + t];
+            tgt[b * o->T + t] = ids[b * (o->T + 1) + t + 1];
+        }
+    free(ids);
+    if (mt_runtime_init(&o->runtime, err, errlen)) {
+        free(tok);
+        free(tgt);
+        return -1;
+    }
+    int rc = -1;
+    mt_graph *g = NULL;
+    mt_st_source *src = NULL;
+    mt_host_state *st = mt_state_create(&cfg, mt_runtime_ncuda() > 0 ? MT_DTYPE_BF16 : MT_DTYPE_F32, 0, err, errlen);
+    if (!st || mt_hf_load(o->model_dir, st, err, errlen)) goto out;
+    mt_step_config sc = mt_step_defaults();
+    sc.B = o->B;
+    sc.T = o->T;
+    sc.K = o->K < 1 ? 1 : o->K > cfg.layers ? (int)cfg.layers : o->K;
+    sc.clip = 0;
+    g = mt_graph_create(st, &sc, err, errlen);
+    if (!g) goto out;
+    int slot = mt_graph_submit_compute(g, 1, tok, tgt);
+    *loss = mt_graph_wait_loss(g, slot, NULL);
+    starpu_task_wait_for_all();
+
+    /* "loss" first, then every parameter's gradient under its HF name. */
+    int cap = 1 + st->ntiles * MT_MAX_TILE_TENSORS, n = 0;
+    src = calloc(cap, sizeof *src);
+    char (*names)[256] = calloc(cap, sizeof *names);
+    float loss32 = (float)*loss;
+    src[n++] = (mt_st_source){ .name = "loss", .ndim = 1, .shape = { 1 }, .data = &loss32 };
+    for (int i = 0; i < st->ntiles; i++) {
+        mt_tile *t = &st->tiles[i];
+        starpu_data_acquire(t->h_grad, STARPU_R);
+        for (int k = 0; k < t->layout->ntensors; k++) {
+            const mt_tensor_desc *d = &t->layout->tensors[k];
+            if (d->numel == 0) continue;
+            mt_layout_full_name(t->layout, i - 1, k, names[n], sizeof names[n]);
+            src[n] = (mt_st_source){ .name = names[n], .ndim = d->ndim, .data = t->grad + d->offset };
+            for (int a = 0; a < d->ndim; a++) src[n].shape[a] = d->shape[a];
+            n++;
+        }
+    }
+    rc = mt_st_write(o->out_path, src, n, MT_ST_F32, err, errlen);
+    for (int i = 0; i < st->ntiles; i++) starpu_data_release(st->tiles[i].h_grad);
+    free(names);
+out:
+    free(src);
+    free(tok);
+    free(tgt);
+    mt_graph_destroy(g);
+    mt_state_destroy(st);
+    mt_runtime_shutdown();
+    return rc;
+}
