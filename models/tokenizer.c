@@ -11,9 +11,10 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <jansson.h>
+#include <pcre2.h>
+#include <utf8proc.h>
 
 #include "json_words.h"
-#include <pcre2.h>
 
 /* GPT-2's pre-tokeniser regex, which a ByteLevel pre_tokenizer with use_regex true applies. */
 static const char GPT2_PATTERN[] =
@@ -165,7 +166,7 @@ struct mt_tokenizer {
     pcre2_code *split[MAX_SPLIT_STEPS];
     pcre2_match_data *match[MAX_SPLIT_STEPS];
     int n_split;
-    char normalizer[32];          /* named in the file, not applied; "" when none */
+    char normalizer[32];          /* "NFC" (applied with utf8proc) or "" when none */
     /* Scratch reused across calls (hence not thread-safe). */
     str_map cache;                /* word bytes -> (offset in cache_ids, count) */
     byte_buf cache_bytes;
@@ -351,8 +352,7 @@ static int parse_normalizer(mt_tokenizer *tok, const json_t *root, const char *p
     if (!norm) return 0;
     const char *type = json_string_value(lookup(norm, "type"));
     if (!type || strcmp(type, "NFC") != 0)
-        return fail(err, errlen, "%s: key 'normalizer.type': '%s' is not supported (only NFC, which is named "
-                    "and not applied)", path, type ? type : "(missing)");
+        return fail(err, errlen, "%s: key 'normalizer.type': '%s' is not supported (only NFC)", path, type ? type : "(missing)");
     snprintf(tok->normalizer, sizeof tok->normalizer, "%s", type);
     return 0;
 }
@@ -773,9 +773,25 @@ static void pre_tokenize(mt_tokenizer *tok, const char *s, size_t n, int step, i
     if (last < n) pre_tokenize(tok, s + last, n - last, step + 1, out);
 }
 
-/* Text between added tokens: valid UTF-8 stretches are pre-tokenised as whole strings, and each
- * maximal run of invalid bytes is a word of its own (the regex never sees invalid UTF-8). */
-static void encode_chunk(mt_tokenizer *tok, const char *s, size_t n, id_buf *out)
+static const added_token *added_at(const mt_tokenizer *tok, const char *s, size_t n);
+
+/* NFC of a valid UTF-8 stretch, malloc'd (utf8proc: Unicode's own composition data, which no
+ * hand-written table should copy); *m gets its length. NULL when no normaliser applies. */
+static uint8_t *nfc(const mt_tokenizer *tok, const char *s, size_t n, size_t *m)
+{
+    if (!tok->normalizer[0] || n == 0) return NULL;
+    utf8proc_uint8_t *dst = NULL;
+    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst,
+                                      UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    if (r < 0) return NULL; /* cannot happen on valid UTF-8; leave the text as it is */
+    *m = (size_t)r;
+    return dst;
+}
+
+/* Calls fn on each maximal stretch of valid UTF-8 (normalised) and each maximal run of invalid
+ * bytes (as they are) of s[0..n), in order. */
+static void for_each_stretch(const mt_tokenizer *tok, const char *s, size_t n,
+                             void (*fn)(void *arg, const char *p, size_t len, bool valid), void *arg)
 {
     const uint8_t *u = (const uint8_t *)s;
     size_t i = 0;
@@ -783,12 +799,61 @@ static void encode_chunk(mt_tokenizer *tok, const char *s, size_t n, id_buf *out
         size_t j = i;
         int k;
         while (j < n && (k = utf8_len(u + j, n - j)) > 0) j += (size_t)k;
-        if (j > i) pre_tokenize(tok, s + i, j - i, 0, out);
+        if (j > i) {
+            size_t m;
+            uint8_t *norm = nfc(tok, s + i, j - i, &m);
+            if (norm) fn(arg, (const char *)norm, m, true);
+            else fn(arg, s + i, j - i, true);
+            free(norm);
+        }
         i = j;
         while (j < n && utf8_len(u + j, n - j) == 0) j++;
-        if (j > i) encode_word(tok, s + i, j - i, out);
+        if (j > i) fn(arg, s + i, j - i, false);
         i = j;
     }
+}
+
+typedef struct encode_ctx { mt_tokenizer *tok; id_buf *out; } encode_ctx;
+
+static void encode_stretch(void *arg, const char *p, size_t len, bool valid)
+{
+    encode_ctx *c = arg;
+    if (valid) pre_tokenize(c->tok, p, len, 0, c->out);
+    else encode_word(c->tok, p, len, c->out);
+}
+
+/* Text between added tokens: valid UTF-8 stretches are normalised and pre-tokenised as whole
+ * strings, and each maximal run of invalid bytes is a word of its own (the regex never sees
+ * invalid UTF-8). */
+static void encode_chunk(mt_tokenizer *tok, const char *s, size_t n, id_buf *out)
+{
+    encode_ctx c = { tok, out };
+    for_each_stretch(tok, s, n, encode_stretch, &c);
+}
+
+static void append_stretch(void *arg, const char *p, size_t len, bool valid)
+{
+    (void)valid;
+    bytes_append(arg, p, len);
+}
+
+char *mt_tokenizer_normalize(const mt_tokenizer *tok, const char *text, size_t len, size_t *out_len)
+{
+    byte_buf out = {0};
+    bytes_append(&out, NULL, 0);
+    /* Added tokens are not normalised (they are matched on the raw text first). */
+    size_t chunk = 0;
+    for (size_t p = 0; p < len; p++) {
+        const added_token *t = tok->n_added ? added_at(tok, text + p, len - p) : NULL;
+        if (!t) continue;
+        for_each_stretch(tok, text + chunk, p - chunk, append_stretch, &out);
+        bytes_append(&out, text + p, t->len);
+        p += t->len - 1;
+        chunk = p + 1;
+    }
+    for_each_stretch(tok, text + chunk, len - chunk, append_stretch, &out);
+    *out_len = out.len;
+    return out.p;
 }
 
 /* The longest added token starting at s[0..n), or NULL. */

@@ -39,7 +39,7 @@ fi
 
 # --- Debian packages ----------------------------------------------------------------------
 PACKAGES=(build-essential meson ninja-build pkg-config hwloc libhwloc-dev libopenblas-dev
-          check libjansson-dev libpcre2-dev libopenmpi-dev openmpi-bin libfxt-dev libnuma-dev
+          check libjansson-dev libpcre2-dev libutf8proc-dev libopenmpi-dev openmpi-bin libfxt-dev libnuma-dev
           dpkg-dev ca-certificates python3 fortunes)
 missing=()
 for p in "${PACKAGES[@]}"; do
