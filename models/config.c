@@ -12,7 +12,7 @@
 
 #include <jansson.h>
 
-#include "json_words.h"
+#include "report.h"
 
 #include "layout.h"
 
@@ -22,17 +22,6 @@
 /* The largest parameter count accepted: the plan multiplies it by at most 20 bytes per
  * parameter plus alignment, which must still fit in int64. */
 #define MAX_PARAMS ((int64_t)1 << 56)
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 /* Looks key up; JSON null counts as absent, as transformers treats it ("head_dim": null). */
 static json_t *lookup(json_t *obj, const char *key)
@@ -112,16 +101,16 @@ static int parse_rope_scaling(json_t *root, const char *name, mt_model_config *c
     json_t *rs = lookup(root, "rope_scaling");
     if (!rs) return 0;
     if (!json_is_object(rs))
-        return fail(err, errlen, "%s: key 'rope_scaling': expected an object or null, got %s", name,
+        return mt_fail(err, errlen, "%s: key 'rope_scaling': expected an object or null, got %s", name,
                     mt_json_type_name(rs));
     json_t *type = lookup(rs, "rope_type");
     if (!type) type = lookup(rs, "type"); /* the older transformers spelling */
     if (!type || !json_is_string(type))
-        return fail(err, errlen, "%s: key 'rope_scaling': needs a string 'rope_type'", name);
+        return mt_fail(err, errlen, "%s: key 'rope_scaling': needs a string 'rope_type'", name);
     const char *t = json_string_value(type);
     if (strcmp(t, "default") == 0) return 0;
     if (strcmp(t, "llama3") != 0)
-        return fail(err, errlen, "%s: key 'rope_scaling': rope_type '%s' is not supported (only 'llama3')",
+        return mt_fail(err, errlen, "%s: key 'rope_scaling': rope_type '%s' is not supported (only 'llama3')",
                     name, t);
     const char *rs_key = "rope_scaling";
     if (get_real(rs, name, rs_key, "factor", true, 0, &cfg->rope_scaling_factor, err, errlen) ||
@@ -131,7 +120,7 @@ static int parse_rope_scaling(json_t *root, const char *name, mt_model_config *c
                 err, errlen))
         return -1;
     if (!(cfg->rope_scaling_factor > 0))
-        return fail(err, errlen, "%s: key 'rope_scaling': factor must be positive, got %g", name,
+        return mt_fail(err, errlen, "%s: key 'rope_scaling': factor must be positive, got %g", name,
                     cfg->rope_scaling_factor);
     return 0;
 }
@@ -142,22 +131,22 @@ int mt_config_parse(const char *json_text, const char *name, mt_model_config *cf
     json_error_t jerr;
     json_t *root = json_loads(json_text, 0, &jerr);
     if (!root)
-        return fail(err, errlen, "%s:%d:%d: malformed JSON: %s", name, jerr.line, jerr.column, jerr.text);
+        return mt_fail(err, errlen, "%s:%d:%d: malformed JSON: %s", name, jerr.line, jerr.column, jerr.text);
     int rc = -1;
     mt_model_config c;
     memset(&c, 0, sizeof c);
     if (!json_is_object(root)) {
-        fail(err, errlen, "%s: the top level must be a JSON object, got %s", name, mt_json_type_name(root));
+        mt_fail(err, errlen, "%s: the top level must be a JSON object, got %s", name, mt_json_type_name(root));
         goto out;
     }
 
     json_t *mt = lookup(root, "model_type");
     if (!mt) {
-        fail(err, errlen, "%s: key 'model_type': missing (required; one of llama, qwen2, qwen3, mistral)", name);
+        mt_fail(err, errlen, "%s: key 'model_type': missing (required; one of llama, qwen2, qwen3, mistral)", name);
         goto out;
     }
     if (!json_is_string(mt)) {
-        fail(err, errlen, "%s: key 'model_type': expected a string, got %s", name, mt_json_type_name(mt));
+        mt_fail(err, errlen, "%s: key 'model_type': expected a string, got %s", name, mt_json_type_name(mt));
         goto out;
     }
     const char *type = json_string_value(mt);
@@ -166,7 +155,7 @@ int mt_config_parse(const char *json_text, const char *name, mt_model_config *cf
     else if (strcmp(type, "qwen3") == 0) c.family = MT_FAMILY_QWEN3;
     else if (strcmp(type, "mistral") == 0) c.family = MT_FAMILY_MISTRAL;
     else {
-        fail(err, errlen, "%s: key 'model_type': '%s' is not supported (one of llama, qwen2, qwen3, mistral)",
+        mt_fail(err, errlen, "%s: key 'model_type': '%s' is not supported (one of llama, qwen2, qwen3, mistral)",
              name, type);
         goto out;
     }
@@ -188,7 +177,7 @@ int mt_config_parse(const char *json_text, const char *name, mt_model_config *cf
         c.head_dim = 128;
     } else {
         if (c.heads > 0 && c.hidden > 0 && c.hidden % c.heads != 0) {
-            fail(err, errlen, "%s: key 'num_attention_heads': %lld does not divide hidden_size %lld "
+            mt_fail(err, errlen, "%s: key 'num_attention_heads': %lld does not divide hidden_size %lld "
                  "(and no head_dim is given)", name, (long long)c.heads, (long long)c.hidden);
             goto out;
         }
@@ -212,7 +201,7 @@ int mt_config_parse(const char *json_text, const char *name, mt_model_config *cf
         bool sliding = false;
         if (get_bool(root, name, "use_sliding_window", false, &sliding, err, errlen)) goto out;
         if (sliding) {
-            fail(err, errlen, "%s: key 'use_sliding_window': sliding-window attention is not implemented "
+            mt_fail(err, errlen, "%s: key 'use_sliding_window': sliding-window attention is not implemented "
                  "(set it to false)", name);
             goto out;
         }
@@ -223,7 +212,7 @@ int mt_config_parse(const char *json_text, const char *name, mt_model_config *cf
 
     json_t *act = lookup(root, "hidden_act");
     if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
-        fail(err, errlen, "%s: key 'hidden_act': only \"silu\" (SwiGLU) is implemented, got %s%s%s", name,
+        mt_fail(err, errlen, "%s: key 'hidden_act': only \"silu\" (SwiGLU) is implemented, got %s%s%s", name,
              json_is_string(act) ? "\"" : "", json_is_string(act) ? json_string_value(act) : mt_json_type_name(act),
              json_is_string(act) ? "\"" : "");
         goto out;
@@ -242,25 +231,25 @@ int mt_config_load(const char *path, mt_model_config *cfg, char *err, size_t err
 {
     /* Read the file ourselves so a missing file reports errno, not a parse error. */
     FILE *f = fopen(path, "rb");
-    if (!f) return fail(err, errlen, "%s: cannot open the config: %s", path, strerror(errno));
+    if (!f) return mt_fail(err, errlen, "%s: cannot open the config: %s", path, strerror(errno));
     size_t cap = 1 << 16, len = 0;
     char *text = malloc(cap);
     if (!text) {
         fclose(f);
-        return fail(err, errlen, "%s: out of memory reading the config", path);
+        return mt_fail(err, errlen, "%s: out of memory reading the config", path);
     }
     for (;;) {
         if (len + 1 >= cap) {
             if (cap >= ((size_t)64 << 20)) {
                 free(text);
                 fclose(f);
-                return fail(err, errlen, "%s: larger than 64 MiB: not a config.json", path);
+                return mt_fail(err, errlen, "%s: larger than 64 MiB: not a config.json", path);
             }
             char *t = realloc(text, cap * 2);
             if (!t) {
                 free(text);
                 fclose(f);
-                return fail(err, errlen, "%s: out of memory reading the config", path);
+                return mt_fail(err, errlen, "%s: out of memory reading the config", path);
             }
             text = t;
             cap *= 2;
@@ -274,7 +263,7 @@ int mt_config_load(const char *path, mt_model_config *cfg, char *err, size_t err
     text[len] = '\0';
     if (bad) {
         free(text);
-        return fail(err, errlen, "%s: read error", path);
+        return mt_fail(err, errlen, "%s: read error", path);
     }
     int rc = mt_config_parse(text, path, cfg, err, errlen);
     free(text);
@@ -284,9 +273,9 @@ int mt_config_load(const char *path, mt_model_config *cfg, char *err, size_t err
 /* A size key must be a positive integer of sane magnitude. */
 static int check_size(const char *name, const char *key, int64_t v, char *err, size_t errlen)
 {
-    if (v <= 0) return fail(err, errlen, "%s: key '%s': must be a positive integer, got %lld", name, key, (long long)v);
+    if (v <= 0) return mt_fail(err, errlen, "%s: key '%s': must be a positive integer, got %lld", name, key, (long long)v);
     if (v > MAX_SIZE)
-        return fail(err, errlen, "%s: key '%s': %lld is absurdly large (limit %lld)", name, key, (long long)v,
+        return mt_fail(err, errlen, "%s: key '%s': %lld is absurdly large (limit %lld)", name, key, (long long)v,
                     (long long)MAX_SIZE);
     return 0;
 }
@@ -306,27 +295,27 @@ int mt_config_validate(const mt_model_config *cfg, const char *name, char *err, 
         check_size(name, "max_position_embeddings", cfg->max_positions, err, errlen))
         return -1;
     if (cfg->heads % cfg->kv_heads != 0)
-        return fail(err, errlen, "%s: key 'num_key_value_heads': %lld does not divide num_attention_heads %lld",
+        return mt_fail(err, errlen, "%s: key 'num_key_value_heads': %lld does not divide num_attention_heads %lld",
                     name, (long long)cfg->kv_heads, (long long)cfg->heads);
     /* RoPE rotates pairs (half-split), so the head dimension must be even. */
     if (cfg->head_dim % 2 != 0)
-        return fail(err, errlen, "%s: key 'head_dim': %lld must be even for rotary embeddings", name,
+        return mt_fail(err, errlen, "%s: key 'head_dim': %lld must be even for rotary embeddings", name,
                     (long long)cfg->head_dim);
     if (!(cfg->rope_theta > 0) || !isfinite(cfg->rope_theta))
-        return fail(err, errlen, "%s: key 'rope_theta': must be a positive number, got %g", name, cfg->rope_theta);
+        return mt_fail(err, errlen, "%s: key 'rope_theta': must be a positive number, got %g", name, cfg->rope_theta);
     if (!(cfg->rms_eps > 0) || !isfinite(cfg->rms_eps))
-        return fail(err, errlen, "%s: key 'rms_norm_eps': must be a positive number, got %g", name, cfg->rms_eps);
+        return mt_fail(err, errlen, "%s: key 'rms_norm_eps': must be a positive number, got %g", name, cfg->rms_eps);
 
     if (cfg->rope_scaling_factor != 0) {
         if (!(cfg->rope_scaling_factor > 0) || !isfinite(cfg->rope_scaling_factor))
-            return fail(err, errlen, "%s: key 'rope_scaling': factor must be positive, got %g", name,
+            return mt_fail(err, errlen, "%s: key 'rope_scaling': factor must be positive, got %g", name,
                         cfg->rope_scaling_factor);
         if (!(cfg->rope_low_freq_factor > 0) || !(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor) ||
             !isfinite(cfg->rope_high_freq_factor))
-            return fail(err, errlen, "%s: key 'rope_scaling': needs 0 < low_freq_factor < high_freq_factor, "
+            return mt_fail(err, errlen, "%s: key 'rope_scaling': needs 0 < low_freq_factor < high_freq_factor, "
                         "got %g and %g", name, cfg->rope_low_freq_factor, cfg->rope_high_freq_factor);
         if (cfg->rope_original_max_positions <= 0 || cfg->rope_original_max_positions > MAX_SIZE)
-            return fail(err, errlen, "%s: key 'rope_scaling': original_max_position_embeddings must be a "
+            return mt_fail(err, errlen, "%s: key 'rope_scaling': original_max_position_embeddings must be a "
                         "positive integer, got %lld", name, (long long)cfg->rope_original_max_positions);
     }
 
@@ -335,22 +324,22 @@ int mt_config_validate(const mt_model_config *cfg, const char *name, char *err, 
     switch (cfg->family) {
     case MT_FAMILY_QWEN2:
         if (!cfg->qkv_bias || cfg->qk_norm)
-            return fail(err, errlen, "%s: key 'model_type': qwen2 always has q/k/v biases and no q/k norm", name);
+            return mt_fail(err, errlen, "%s: key 'model_type': qwen2 always has q/k/v biases and no q/k norm", name);
         break;
     case MT_FAMILY_QWEN3:
         if (!cfg->qk_norm)
-            return fail(err, errlen, "%s: key 'model_type': qwen3 always has q/k norms", name);
+            return mt_fail(err, errlen, "%s: key 'model_type': qwen3 always has q/k norms", name);
         break;
     case MT_FAMILY_MISTRAL:
         if (cfg->qkv_bias)
-            return fail(err, errlen, "%s: key 'attention_bias': mistral has no q/k/v biases in transformers", name);
+            return mt_fail(err, errlen, "%s: key 'attention_bias': mistral has no q/k/v biases in transformers", name);
         /* fall through */
     case MT_FAMILY_LLAMA:
         if (cfg->qk_norm)
-            return fail(err, errlen, "%s: key 'model_type': %s has no q/k norm", name, cfg->model_type);
+            return mt_fail(err, errlen, "%s: key 'model_type': %s has no q/k norm", name, cfg->model_type);
         break;
     default:
-        return fail(err, errlen, "%s: key 'model_type': unknown family %d", name, (int)cfg->family);
+        return mt_fail(err, errlen, "%s: key 'model_type': unknown family %d", name, (int)cfg->family);
     }
 
     /* Each factor is at most 2^31, so each product of two fits in int64; the sums are checked,
@@ -358,7 +347,7 @@ int mt_config_validate(const mt_model_config *cfg, const char *name, char *err, 
     int64_t d = cfg->hidden, D = cfg->head_dim, I = cfg->intermediate;
     int64_t q = cfg->heads * D, kv = cfg->kv_heads * D;
     if (q > MAX_SIZE || kv > MAX_SIZE)
-        return fail(err, errlen, "%s: key 'num_attention_heads': num_attention_heads * head_dim = %lld is absurdly large",
+        return mt_fail(err, errlen, "%s: key 'num_attention_heads': num_attention_heads * head_dim = %lld is absurdly large",
                     name, (long long)q);
     const int64_t parts[] = {d, q * d, q, kv * d, kv, kv * d, kv, d * q, D, D, d, I * d, I * d, d * I};
     int64_t layer = 0;
@@ -366,13 +355,13 @@ int mt_config_validate(const mt_model_config *cfg, const char *name, char *err, 
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
         overflow |= __builtin_add_overflow(layer, round_up(parts[i], MT_TILE_ALIGN), &layer);
     if (overflow || layer > MAX_PARAMS)
-        return fail(err, errlen, "%s: key 'hidden_size': a layer with hidden_size %lld and intermediate_size %lld "
+        return mt_fail(err, errlen, "%s: key 'hidden_size': a layer with hidden_size %lld and intermediate_size %lld "
                     "is absurdly large", name, (long long)d, (long long)I);
     if (layer > MAX_PARAMS / cfg->layers)
-        return fail(err, errlen, "%s: key 'num_hidden_layers': %lld layers of %lld parameters each is absurdly large",
+        return mt_fail(err, errlen, "%s: key 'num_hidden_layers': %lld layers of %lld parameters each is absurdly large",
                     name, (long long)cfg->layers, (long long)layer);
     if (cfg->layers * layer + 2 * round_up(cfg->vocab * d, MT_TILE_ALIGN) > MAX_PARAMS)
-        return fail(err, errlen, "%s: key 'vocab_size': %lld * hidden_size %lld makes the model absurdly large",
+        return mt_fail(err, errlen, "%s: key 'vocab_size': %lld * hidden_size %lld makes the model absurdly large",
                     name, (long long)cfg->vocab, (long long)d);
     return 0;
 }
@@ -457,7 +446,7 @@ int mt_config_save(const mt_model_config *cfg, const char *path, char *err, size
     /* Default real precision (17 digits) so every double reads back bit for bit. */
     int rc = json_dump_file(o, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(o);
-    if (rc != 0) return fail(err, errlen, "%s: cannot write the config: %s", path, strerror(errno));
+    if (rc != 0) return mt_fail(err, errlen, "%s: cannot write the config: %s", path, strerror(errno));
     return 0;
 }
 

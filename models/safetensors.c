@@ -6,7 +6,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +14,7 @@
 #include <unistd.h>
 
 #include "cpu/ops.h" /* the project's one fp32 -> bf16 rounding */
+#include "report.h"
 
 #define CHUNK_BYTES ((size_t)4 << 20)
 
@@ -33,15 +33,6 @@ static const struct { const char *name; size_t size; } dtypes[] = {
 const char *mt_st_dtype_name(mt_st_dtype t) { return (int)t >= 0 && (int)t < NDTYPES ? dtypes[t].name : NULL; }
 size_t mt_st_dtype_size(mt_st_dtype t) { return (int)t >= 0 && (int)t < NDTYPES ? dtypes[t].size : 0; }
 
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 /* Reads exactly len bytes at off; a short read means the file shrank or lies about its size. */
 static int pread_all(int fd, void *buf, size_t len, uint64_t off, const char *path, const char *what,
                      char *err, size_t errlen)
@@ -50,8 +41,8 @@ static int pread_all(int fd, void *buf, size_t len, uint64_t off, const char *pa
     while (len > 0) {
         ssize_t r = pread(fd, p, len, (off_t)off);
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return fail(err, errlen, "%s: %s: read error: %s", path, what, strerror(errno));
-        if (r == 0) return fail(err, errlen, "%s: %s: unexpected end of file at byte %llu", path, what,
+        if (r < 0) return mt_fail(err, errlen, "%s: %s: read error: %s", path, what, strerror(errno));
+        if (r == 0) return mt_fail(err, errlen, "%s: %s: unexpected end of file at byte %llu", path, what,
                                 (unsigned long long)off);
         p += r;
         len -= (size_t)r;
@@ -66,7 +57,7 @@ static int write_all(int fd, const void *buf, size_t len, const char *path, char
     while (len > 0) {
         ssize_t w = write(fd, p, len);
         if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return fail(err, errlen, "%s: write error: %s", path, strerror(errno));
+        if (w < 0) return mt_fail(err, errlen, "%s: write error: %s", path, strerror(errno));
         p += w;
         len -= (size_t)w;
     }
@@ -84,21 +75,21 @@ static int parse_dtype(const char *s, mt_st_dtype *out)
 static int parse_entry(const char *path, const char *name, json_t *v, uint64_t data_size, mt_st_tensor *t,
                        char *err, size_t errlen)
 {
-    if (!json_is_object(v)) return fail(err, errlen, "%s: tensor '%s': header entry is not an object", path, name);
+    if (!json_is_object(v)) return mt_fail(err, errlen, "%s: tensor '%s': header entry is not an object", path, name);
     json_t *jd = json_object_get(v, "dtype"), *js = json_object_get(v, "shape"), *jo = json_object_get(v, "data_offsets");
-    if (!json_is_string(jd)) return fail(err, errlen, "%s: tensor '%s': missing or non-string 'dtype'", path, name);
+    if (!json_is_string(jd)) return mt_fail(err, errlen, "%s: tensor '%s': missing or non-string 'dtype'", path, name);
     if (parse_dtype(json_string_value(jd), &t->dtype))
-        return fail(err, errlen, "%s: tensor '%s': unknown dtype '%s'", path, name, json_string_value(jd));
-    if (!json_is_array(js)) return fail(err, errlen, "%s: tensor '%s': missing or non-array 'shape'", path, name);
+        return mt_fail(err, errlen, "%s: tensor '%s': unknown dtype '%s'", path, name, json_string_value(jd));
+    if (!json_is_array(js)) return mt_fail(err, errlen, "%s: tensor '%s': missing or non-array 'shape'", path, name);
     if (json_array_size(js) > MT_ST_MAX_DIMS)
-        return fail(err, errlen, "%s: tensor '%s': %zu dimensions (at most %d)", path, name, json_array_size(js), MT_ST_MAX_DIMS);
+        return mt_fail(err, errlen, "%s: tensor '%s': %zu dimensions (at most %d)", path, name, json_array_size(js), MT_ST_MAX_DIMS);
     t->ndim = (int)json_array_size(js);
     /* Element count bounded by the data size, so products cannot overflow. */
     uint64_t numel = 1;
     for (int i = 0; i < t->ndim; i++) {
         json_t *e = json_array_get(js, (size_t)i);
         if (!json_is_integer(e) || json_integer_value(e) < 0)
-            return fail(err, errlen, "%s: tensor '%s': shape[%d] is not a non-negative integer", path, name, i);
+            return mt_fail(err, errlen, "%s: tensor '%s': shape[%d] is not a non-negative integer", path, name, i);
         t->shape[i] = json_integer_value(e);
         if (t->shape[i] != 0 && numel > (data_size + 1) / (uint64_t)t->shape[i])
             numel = data_size + 1; /* already too large for the file: the size check below reports it */
@@ -108,20 +99,20 @@ static int parse_entry(const char *path, const char *name, json_t *v, uint64_t d
     t->numel = (int64_t)numel;
     if (!json_is_array(jo) || json_array_size(jo) != 2 || !json_is_integer(json_array_get(jo, 0))
         || !json_is_integer(json_array_get(jo, 1)))
-        return fail(err, errlen, "%s: tensor '%s': 'data_offsets' is not a pair of integers", path, name);
+        return mt_fail(err, errlen, "%s: tensor '%s': 'data_offsets' is not a pair of integers", path, name);
     json_int_t b = json_integer_value(json_array_get(jo, 0)), e = json_integer_value(json_array_get(jo, 1));
     if (b < 0 || e < b)
-        return fail(err, errlen, "%s: tensor '%s': data_offsets [%lld, %lld] are not an ascending non-negative pair",
+        return mt_fail(err, errlen, "%s: tensor '%s': data_offsets [%lld, %lld] are not an ascending non-negative pair",
                     path, name, (long long)b, (long long)e);
     t->begin = (uint64_t)b;
     t->end = (uint64_t)e;
     if (t->end > data_size)
-        return fail(err, errlen, "%s: tensor '%s': data_offsets [%llu, %llu] out of range: the data buffer has %llu bytes"
+        return mt_fail(err, errlen, "%s: tensor '%s': data_offsets [%llu, %llu] out of range: the data buffer has %llu bytes"
                     " (truncated file?)", path, name, (unsigned long long)t->begin, (unsigned long long)t->end,
                     (unsigned long long)data_size);
     uint64_t want = numel > data_size ? data_size + 1 : numel * dtypes[t->dtype].size;
     if (t->end - t->begin != want)
-        return fail(err, errlen, "%s: tensor '%s': data_offsets [%llu, %llu] hold %llu bytes, dtype %s and shape need %s%llu",
+        return mt_fail(err, errlen, "%s: tensor '%s': data_offsets [%llu, %llu] hold %llu bytes, dtype %s and shape need %s%llu",
                     path, name, (unsigned long long)t->begin, (unsigned long long)t->end,
                     (unsigned long long)(t->end - t->begin), dtypes[t->dtype].name,
                     numel > data_size ? "more than " : "", (unsigned long long)(numel > data_size ? data_size : want));
@@ -140,12 +131,12 @@ static int check_coverage(const mt_st_file *f, uint64_t data_size, char *err, si
 {
     if (f->ntensors == 0) {
         if (data_size != 0)
-            return fail(err, errlen, "%s: no tensors, but %llu bytes of data after the header", f->path,
+            return mt_fail(err, errlen, "%s: no tensors, but %llu bytes of data after the header", f->path,
                         (unsigned long long)data_size);
         return 0;
     }
     const mt_st_tensor **order = malloc(sizeof *order * (size_t)f->ntensors);
-    if (!order) return fail(err, errlen, "%s: out of memory", f->path);
+    if (!order) return mt_fail(err, errlen, "%s: out of memory", f->path);
     for (int i = 0; i < f->ntensors; i++) order[i] = &f->tensors[i];
     qsort(order, (size_t)f->ntensors, sizeof *order, by_begin);
     int rc = 0;
@@ -154,7 +145,7 @@ static int check_coverage(const mt_st_file *f, uint64_t data_size, char *err, si
     for (int i = 1; i < f->ntensors && rc == 0; i++) {
         const mt_st_tensor *t = order[i], *prev = order[i - 1];
         if (t->begin < prev->end)
-            rc = fail(err, errlen, "%s: tensor '%s': data_offsets [%llu, %llu] overlap tensor '%s' [%llu, %llu]",
+            rc = mt_fail(err, errlen, "%s: tensor '%s': data_offsets [%llu, %llu] overlap tensor '%s' [%llu, %llu]",
                       f->path, t->name, (unsigned long long)t->begin, (unsigned long long)t->end, prev->name,
                       (unsigned long long)prev->begin, (unsigned long long)prev->end);
     }
@@ -163,14 +154,14 @@ static int check_coverage(const mt_st_file *f, uint64_t data_size, char *err, si
     for (int i = 0; i < f->ntensors && rc == 0; i++) {
         const mt_st_tensor *t = order[i];
         if (t->begin > at)
-            rc = fail(err, errlen, "%s: tensor '%s': data_offsets [%llu, %llu] leave the bytes [%llu, %llu) unindexed",
+            rc = mt_fail(err, errlen, "%s: tensor '%s': data_offsets [%llu, %llu] leave the bytes [%llu, %llu) unindexed",
                       f->path, t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
                       (unsigned long long)at, (unsigned long long)t->begin);
         at = t->end;
         prev = t;
     }
     if (rc == 0 && at != data_size)
-        rc = fail(err, errlen, "%s: %llu bytes after the last tensor's data ('%s' ends at %llu of %llu)", f->path,
+        rc = mt_fail(err, errlen, "%s: %llu bytes after the last tensor's data ('%s' ends at %llu of %llu)", f->path,
                   (unsigned long long)(data_size - at), prev->name, (unsigned long long)at,
                   (unsigned long long)data_size);
     free(order);
@@ -181,29 +172,29 @@ static int check_coverage(const mt_st_file *f, uint64_t data_size, char *err, si
 static int parse_header(mt_st_file *f, const char *text, size_t len, char *err, size_t errlen)
 {
     if (len == 0 || text[0] != '{')
-        return fail(err, errlen, "%s: header does not start with '{' (not a safetensors file, or a wrong header length %zu)",
+        return mt_fail(err, errlen, "%s: header does not start with '{' (not a safetensors file, or a wrong header length %zu)",
                     f->path, len);
     json_error_t je;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
     if (!root)
-        return fail(err, errlen, "%s: header is not valid JSON (header length %zu; byte %d: %s)", f->path, len,
+        return mt_fail(err, errlen, "%s: header is not valid JSON (header length %zu; byte %d: %s)", f->path, len,
                     je.position, je.text);
     if (!json_is_object(root)) {
         json_decref(root);
-        return fail(err, errlen, "%s: header is not a JSON object", f->path);
+        return mt_fail(err, errlen, "%s: header is not a JSON object", f->path);
     }
     uint64_t data_size = f->file_size - f->data_start;
     f->tensors = calloc(json_object_size(root) + 1, sizeof *f->tensors);
     if (!f->tensors) {
         json_decref(root);
-        return fail(err, errlen, "%s: out of memory", f->path);
+        return mt_fail(err, errlen, "%s: out of memory", f->path);
     }
     const char *name;
     json_t *v;
     int rc = 0;
     json_object_foreach(root, name, v) {
         if (!strcmp(name, "__metadata__")) {
-            if (!json_is_object(v)) { rc = fail(err, errlen, "%s: '__metadata__' is not an object", f->path); break; }
+            if (!json_is_object(v)) { rc = mt_fail(err, errlen, "%s: '__metadata__' is not an object", f->path); break; }
             continue;
         }
         mt_st_tensor *t = &f->tensors[f->ntensors];
@@ -219,40 +210,40 @@ static int parse_header(mt_st_file *f, const char *text, size_t len, char *err, 
 mt_st_file *mt_st_open(const char *path, char *err, size_t errlen)
 {
     mt_st_file *f = calloc(1, sizeof *f);
-    if (!f) { fail(err, errlen, "%s: out of memory", path); return NULL; }
+    if (!f) { mt_fail(err, errlen, "%s: out of memory", path); return NULL; }
     f->path = strdup(path);
     f->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (f->fd < 0) {
-        fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        mt_fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         mt_st_close(f);
         return NULL;
     }
     struct stat sb;
     char *header = NULL;
     unsigned char len8[8];
-    if (fstat(f->fd, &sb) != 0) { fail(err, errlen, "%s: cannot stat: %s", path, strerror(errno)); goto bad; }
-    if (!S_ISREG(sb.st_mode)) { fail(err, errlen, "%s: not a regular file", path); goto bad; }
+    if (fstat(f->fd, &sb) != 0) { mt_fail(err, errlen, "%s: cannot stat: %s", path, strerror(errno)); goto bad; }
+    if (!S_ISREG(sb.st_mode)) { mt_fail(err, errlen, "%s: not a regular file", path); goto bad; }
     f->file_size = (uint64_t)sb.st_size;
     if (f->file_size < 8) {
-        fail(err, errlen, "%s: %llu bytes: too short for the 8-byte header length", path, (unsigned long long)f->file_size);
+        mt_fail(err, errlen, "%s: %llu bytes: too short for the 8-byte header length", path, (unsigned long long)f->file_size);
         goto bad;
     }
     if (pread_all(f->fd, len8, 8, 0, path, "header length", err, errlen)) goto bad;
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = n << 8 | len8[i];
     if (n > f->file_size - 8) {
-        fail(err, errlen, "%s: header length %llu exceeds the file (%llu bytes after the length field)", path,
+        mt_fail(err, errlen, "%s: header length %llu exceeds the file (%llu bytes after the length field)", path,
              (unsigned long long)n, (unsigned long long)(f->file_size - 8));
         goto bad;
     }
     if (n > MT_ST_MAX_HEADER) {
-        fail(err, errlen, "%s: header length %llu exceeds the format's limit of %llu", path, (unsigned long long)n,
+        mt_fail(err, errlen, "%s: header length %llu exceeds the format's limit of %llu", path, (unsigned long long)n,
              (unsigned long long)MT_ST_MAX_HEADER);
         goto bad;
     }
     f->data_start = 8 + n;
     header = malloc(n + 1);
-    if (!header) { fail(err, errlen, "%s: out of memory for a %llu-byte header", path, (unsigned long long)n); goto bad; }
+    if (!header) { mt_fail(err, errlen, "%s: out of memory for a %llu-byte header", path, (unsigned long long)n); goto bad; }
     if (pread_all(f->fd, header, n, 8, path, "header", err, errlen)) goto bad;
     header[n] = 0;
     if (parse_header(f, header, n, err, errlen)) goto bad;
@@ -305,14 +296,14 @@ static float f16_to_f32(uint16_t h)
 int mt_st_read_f32(mt_st_file *f, const mt_st_tensor *t, float *dst, char *err, size_t errlen)
 {
     if (t->dtype != MT_ST_F32 && t->dtype != MT_ST_F16 && t->dtype != MT_ST_BF16)
-        return fail(err, errlen, "%s: tensor '%s': dtype %s cannot be read as floating point weights (want F32, F16 or BF16)",
+        return mt_fail(err, errlen, "%s: tensor '%s': dtype %s cannot be read as floating point weights (want F32, F16 or BF16)",
                     f->path, t->name, dtypes[t->dtype].name);
     char what[300];
     snprintf(what, sizeof what, "tensor '%s'", t->name);
     uint64_t off = f->data_start + t->begin;
     if (t->dtype == MT_ST_F32) /* straight into the destination */
         return pread_all(f->fd, dst, (size_t)(t->end - t->begin), off, f->path, what, err, errlen);
-    if (!f->scratch && !(f->scratch = malloc(CHUNK_BYTES))) return fail(err, errlen, "%s: out of memory", f->path);
+    if (!f->scratch && !(f->scratch = malloc(CHUNK_BYTES))) return mt_fail(err, errlen, "%s: out of memory", f->path);
     const uint16_t *half = f->scratch;
     int64_t per_chunk = (int64_t)(CHUNK_BYTES / 2);
     for (int64_t done = 0; done < t->numel; done += per_chunk) {
@@ -367,20 +358,20 @@ static char *build_header(const mt_st_source *ts, int n, mt_st_dtype dtype, size
 int mt_st_write(const char *path, const mt_st_source *ts, int n, mt_st_dtype dtype, char *err, size_t errlen)
 {
     if (dtype != MT_ST_F32 && dtype != MT_ST_BF16)
-        return fail(err, errlen, "%s: cannot write dtype %s (F32 or BF16)", path, mt_st_dtype_name(dtype) ? mt_st_dtype_name(dtype) : "?");
+        return mt_fail(err, errlen, "%s: cannot write dtype %s (F32 or BF16)", path, mt_st_dtype_name(dtype) ? mt_st_dtype_name(dtype) : "?");
     for (int i = 0; i < n; i++)
         for (int j = 0; j < i; j++)
             if (!strcmp(ts[i].name, ts[j].name))
-                return fail(err, errlen, "%s: tensor '%s': given twice", path, ts[i].name);
+                return mt_fail(err, errlen, "%s: tensor '%s': given twice", path, ts[i].name);
     size_t hlen = 0;
     char *header = build_header(ts, n, dtype, &hlen);
-    if (!header) return fail(err, errlen, "%s: cannot build the header (out of memory)", path);
+    if (!header) return mt_fail(err, errlen, "%s: cannot build the header (out of memory)", path);
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         free(header);
-        return fail(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
+        return mt_fail(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
     }
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
@@ -388,7 +379,7 @@ int mt_st_write(const char *path, const mt_st_source *ts, int n, mt_st_dtype dty
     if (rc == 0) rc = write_all(fd, header, hlen, tmp, err, errlen);
     free(header);
     mt_bf16 *scratch = NULL;
-    if (rc == 0 && dtype == MT_ST_BF16 && !(scratch = malloc(CHUNK_BYTES))) rc = fail(err, errlen, "%s: out of memory", path);
+    if (rc == 0 && dtype == MT_ST_BF16 && !(scratch = malloc(CHUNK_BYTES))) rc = mt_fail(err, errlen, "%s: out of memory", path);
     for (int i = 0; i < n && rc == 0; i++) {
         int64_t numel = source_numel(&ts[i]);
         if (dtype == MT_ST_F32) {
@@ -403,9 +394,9 @@ int mt_st_write(const char *path, const mt_st_source *ts, int n, mt_st_dtype dty
         }
     }
     free(scratch);
-    if (rc == 0 && fsync(fd) != 0) rc = fail(err, errlen, "%s: fsync: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && rc == 0) rc = fail(err, errlen, "%s: close: %s", tmp, strerror(errno));
-    if (rc == 0 && rename(tmp, path) != 0) rc = fail(err, errlen, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
+    if (rc == 0 && fsync(fd) != 0) rc = mt_fail(err, errlen, "%s: fsync: %s", tmp, strerror(errno));
+    if (close(fd) != 0 && rc == 0) rc = mt_fail(err, errlen, "%s: close: %s", tmp, strerror(errno));
+    if (rc == 0 && rename(tmp, path) != 0) rc = mt_fail(err, errlen, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
     if (rc != 0) unlink(tmp);
     return rc;
 }

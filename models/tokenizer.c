@@ -3,7 +3,6 @@
  * GPT-2's printable stand-ins, so merging works on byte strings and decoding is a concatenation. */
 #include "tokenizer.h"
 
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,7 +13,7 @@
 #include <pcre2.h>
 #include <utf8proc.h>
 
-#include "json_words.h"
+#include "report.h"
 
 /* GPT-2's pre-tokeniser regex, which a ByteLevel pre_tokenizer with use_regex true applies. */
 static const char GPT2_PATTERN[] =
@@ -176,17 +175,6 @@ struct mt_tokenizer {
     size_t scratch_cap;
 };
 
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 /* GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68 bytes
  * take code points 256.. in byte order. cp_to_byte inverts it (-1: not a byte's stand-in). */
 static void byte_level_tables(int cp_to_byte[324])
@@ -262,7 +250,7 @@ static int compile_split(mt_tokenizer *tok, const char *pattern, const char *pat
                          size_t errlen)
 {
     if (tok->n_split == MAX_SPLIT_STEPS)
-        return fail(err, errlen, "%s: key '%s': more than %d regex splits", path, key, MAX_SPLIT_STEPS);
+        return mt_fail(err, errlen, "%s: key '%s': more than %d regex splits", path, key, MAX_SPLIT_STEPS);
     int code;
     PCRE2_SIZE offset;
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &code,
@@ -270,7 +258,7 @@ static int compile_split(mt_tokenizer *tok, const char *pattern, const char *pat
     if (!re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(code, msg, sizeof msg);
-        return fail(err, errlen, "%s: key '%s': PCRE2 cannot compile the regex at offset %zu: %s", path, key,
+        return mt_fail(err, errlen, "%s: key '%s': PCRE2 cannot compile the regex at offset %zu: %s", path, key,
                     (size_t)offset, (const char *)msg);
     }
     /* JIT is only speed: without it (unsupported CPU) the interpreter gives the same matches. */
@@ -290,7 +278,7 @@ static int parse_byte_level(mt_tokenizer *tok, const json_t *pre, const char *pa
                             size_t errlen)
 {
     if (flag(pre, "add_prefix_space"))
-        return fail(err, errlen, "%s: key '%s.add_prefix_space': true is not supported (Llama-3 and Qwen use false)",
+        return mt_fail(err, errlen, "%s: key '%s.add_prefix_space': true is not supported (Llama-3 and Qwen use false)",
                     path, key);
     json_t *use_regex = lookup(pre, "use_regex");
     if (!use_regex || json_is_true(use_regex)) return compile_split(tok, GPT2_PATTERN, path, key, err, errlen);
@@ -301,17 +289,17 @@ static int parse_pre_tokenizer(mt_tokenizer *tok, const json_t *root, const char
 {
     json_t *pre = lookup(root, "pre_tokenizer");
     if (!pre)
-        return fail(err, errlen, "%s: key 'pre_tokenizer': missing; only byte-level BPE tokenizers are supported",
+        return mt_fail(err, errlen, "%s: key 'pre_tokenizer': missing; only byte-level BPE tokenizers are supported",
                     path);
     const char *type = json_string_value(lookup(pre, "type"));
-    if (!type) return fail(err, errlen, "%s: key 'pre_tokenizer.type': missing or not a string", path);
+    if (!type) return mt_fail(err, errlen, "%s: key 'pre_tokenizer.type': missing or not a string", path);
     if (strcmp(type, "ByteLevel") == 0) return parse_byte_level(tok, pre, path, "pre_tokenizer", err, errlen);
     if (strcmp(type, "Sequence") != 0)
-        return fail(err, errlen, "%s: key 'pre_tokenizer.type': '%s' is not supported (ByteLevel or Sequence)",
+        return mt_fail(err, errlen, "%s: key 'pre_tokenizer.type': '%s' is not supported (ByteLevel or Sequence)",
                     path, type);
     json_t *steps = lookup(pre, "pretokenizers");
     if (!json_is_array(steps))
-        return fail(err, errlen, "%s: key 'pre_tokenizer.pretokenizers': missing or not an array", path);
+        return mt_fail(err, errlen, "%s: key 'pre_tokenizer.pretokenizers': missing or not an array", path);
     bool byte_level = false;
     size_t i;
     json_t *step;
@@ -320,28 +308,28 @@ static int parse_pre_tokenizer(mt_tokenizer *tok, const json_t *root, const char
         snprintf(key, sizeof key, "pre_tokenizer.pretokenizers[%zu]", i);
         const char *st = json_string_value(lookup(step, "type"));
         if (byte_level)
-            return fail(err, errlen, "%s: key '%s': ByteLevel must be the last pre-tokenizer", path, key);
+            return mt_fail(err, errlen, "%s: key '%s': ByteLevel must be the last pre-tokenizer", path, key);
         if (st && strcmp(st, "ByteLevel") == 0) {
             if (parse_byte_level(tok, step, path, key, err, errlen)) return -1;
             byte_level = true;
             continue;
         }
         if (!st || strcmp(st, "Split") != 0)
-            return fail(err, errlen, "%s: key '%s.type': '%s' is not supported (Split or ByteLevel)", path, key,
+            return mt_fail(err, errlen, "%s: key '%s.type': '%s' is not supported (Split or ByteLevel)", path, key,
                         st ? st : "(missing)");
         const char *regex = json_string_value(lookup(lookup(step, "pattern"), "Regex"));
         if (!regex)
-            return fail(err, errlen, "%s: key '%s.pattern.Regex': missing (string patterns are not supported)",
+            return mt_fail(err, errlen, "%s: key '%s.pattern.Regex': missing (string patterns are not supported)",
                         path, key);
         const char *behavior = json_string_value(lookup(step, "behavior"));
         if (!behavior || strcmp(behavior, "Isolated") != 0 || flag(step, "invert"))
-            return fail(err, errlen, "%s: key '%s.behavior': only Isolated without invert is supported", path, key);
+            return mt_fail(err, errlen, "%s: key '%s.behavior': only Isolated without invert is supported", path, key);
         char rkey[128];
         snprintf(rkey, sizeof rkey, "%s.pattern.Regex", key);
         if (compile_split(tok, regex, path, rkey, err, errlen)) return -1;
     }
     if (!byte_level)
-        return fail(err, errlen, "%s: key 'pre_tokenizer.pretokenizers': no ByteLevel step; only byte-level BPE "
+        return mt_fail(err, errlen, "%s: key 'pre_tokenizer.pretokenizers': no ByteLevel step; only byte-level BPE "
                     "tokenizers are supported", path);
     return 0;
 }
@@ -352,7 +340,7 @@ static int parse_normalizer(mt_tokenizer *tok, const json_t *root, const char *p
     if (!norm) return 0;
     const char *type = json_string_value(lookup(norm, "type"));
     if (!type || strcmp(type, "NFC") != 0)
-        return fail(err, errlen, "%s: key 'normalizer.type': '%s' is not supported (only NFC)", path, type ? type : "(missing)");
+        return mt_fail(err, errlen, "%s: key 'normalizer.type': '%s' is not supported (only NFC)", path, type ? type : "(missing)");
     snprintf(tok->normalizer, sizeof tok->normalizer, "%s", type);
     return 0;
 }
@@ -374,7 +362,7 @@ static int max_id(const json_t *vocab, const json_t *added, const char *path, in
     json_t *v;
     json_object_foreach((json_t *)vocab, k, v) {
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= INT32_MAX)
-            return fail(err, errlen, "%s: key 'model.vocab': token '%s': id must be an integer in [0, 2^31-1), got %s",
+            return mt_fail(err, errlen, "%s: key 'model.vocab': token '%s': id must be an integer in [0, 2^31-1), got %s",
                         path, k, mt_json_type_name(v));
         if (json_integer_value(v) > max) max = json_integer_value(v);
     }
@@ -382,7 +370,7 @@ static int max_id(const json_t *vocab, const json_t *added, const char *path, in
     json_array_foreach((json_t *)added, i, v) {
         json_t *id = lookup(v, "id");
         if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= INT32_MAX)
-            return fail(err, errlen, "%s: key 'added_tokens[%zu].id': must be an integer in [0, 2^31-1)", path, i);
+            return mt_fail(err, errlen, "%s: key 'added_tokens[%zu].id': must be an integer in [0, 2^31-1)", path, i);
         if (json_integer_value(id) > max) max = json_integer_value(id);
     }
     *out = max;
@@ -401,16 +389,16 @@ static int parse_vocab(mt_tokenizer *tok, const json_t *vocab, const int cp_to_b
         uint32_t bad;
         if (byte_level_decode(cp_to_byte, k, &raw, &bad)) {
             free(raw.p);
-            return fail(err, errlen, "%s: key 'model.vocab': token '%s' has U+%04X, which is not a byte-level "
+            return mt_fail(err, errlen, "%s: key 'model.vocab': token '%s' has U+%04X, which is not a byte-level "
                         "character (is this a byte-level BPE?)", path, k, (unsigned)bad);
         }
         if (raw.len == 0) {
             free(raw.p);
-            return fail(err, errlen, "%s: key 'model.vocab': empty token (id %d)", path, id);
+            return mt_fail(err, errlen, "%s: key 'model.vocab': empty token (id %d)", path, id);
         }
         if (tok->piece_len[id] >= 0) {
             free(raw.p);
-            return fail(err, errlen, "%s: key 'model.vocab': id %d is used twice (token '%s')", path, id, k);
+            return mt_fail(err, errlen, "%s: key 'model.vocab': id %d is used twice (token '%s')", path, id, k);
         }
         set_piece(tok, id, raw.p, raw.len);
         str_map_insert(&tok->vocab, tok->pieces.p, tok->piece_off[id], (uint32_t)raw.len, id, 0);
@@ -419,7 +407,7 @@ static int parse_vocab(mt_tokenizer *tok, const json_t *vocab, const int cp_to_b
     for (int b = 0; b < 256; b++) {
         char c = (char)b;
         const str_slot *s = str_map_find(&tok->vocab, tok->pieces.p, &c, 1);
-        if (!s) return fail(err, errlen, "%s: key 'model.vocab': no token for byte 0x%02X; a byte-level BPE "
+        if (!s) return mt_fail(err, errlen, "%s: key 'model.vocab': no token for byte 0x%02X; a byte-level BPE "
                             "needs all 256", path, b);
         tok->byte_id[b] = s->value;
     }
@@ -432,12 +420,12 @@ static int32_t merge_part_id(mt_tokenizer *tok, const int cp_to_byte[324], const
 {
     uint32_t bad;
     if (byte_level_decode(cp_to_byte, part, raw, &bad)) {
-        fail(err, errlen, "%s: key 'model.merges[%zu]': '%s' has U+%04X, not a byte-level character", path, i, part,
+        mt_fail(err, errlen, "%s: key 'model.merges[%zu]': '%s' has U+%04X, not a byte-level character", path, i, part,
              (unsigned)bad);
         return -1;
     }
     const str_slot *s = str_map_find(&tok->vocab, tok->pieces.p, raw->p, raw->len);
-    if (!s) fail(err, errlen, "%s: key 'model.merges[%zu]': '%s' is not in model.vocab", path, i, part);
+    if (!s) mt_fail(err, errlen, "%s: key 'model.merges[%zu]': '%s' is not in model.vocab", path, i, part);
     return s ? s->value : -1;
 }
 
@@ -461,7 +449,7 @@ static int parse_merges(mt_tokenizer *tok, const json_t *merges, const int cp_to
             split = strdup(json_string_value(m));
             char *space = split ? strchr(split, ' ') : NULL;
             if (!space || space == split || !space[1] || strchr(space + 1, ' ')) {
-                fail(err, errlen, "%s: key 'model.merges[%zu]': '%s' is not two tokens separated by one space",
+                mt_fail(err, errlen, "%s: key 'model.merges[%zu]': '%s' is not two tokens separated by one space",
                      path, i, json_string_value(m));
                 goto out;
             }
@@ -473,7 +461,7 @@ static int parse_merges(mt_tokenizer *tok, const json_t *merges, const int cp_to
             left = json_string_value(json_array_get(m, 0));
             right = json_string_value(json_array_get(m, 1));
         } else {
-            fail(err, errlen, "%s: key 'model.merges[%zu]': expected \"a b\" or [\"a\", \"b\"], got %s", path, i,
+            mt_fail(err, errlen, "%s: key 'model.merges[%zu]': expected \"a b\" or [\"a\", \"b\"], got %s", path, i,
                  mt_json_type_name(m));
             goto out;
         }
@@ -486,7 +474,7 @@ static int parse_merges(mt_tokenizer *tok, const json_t *merges, const int cp_to
         bytes_append(&joined, tok->pieces.p + tok->piece_off[r], (size_t)tok->piece_len[r]);
         const str_slot *merged = str_map_find(&tok->vocab, tok->pieces.p, joined.p, joined.len);
         if (!merged) {
-            fail(err, errlen, "%s: key 'model.merges[%zu]': '%s%s' (the merge's result) is not in model.vocab",
+            mt_fail(err, errlen, "%s: key 'model.merges[%zu]': '%s%s' (the merge's result) is not in model.vocab",
                  path, i, left, right);
             goto out;
         }
@@ -521,9 +509,9 @@ static int parse_added(mt_tokenizer *tok, const json_t *added, const char *path,
     json_array_foreach((json_t *)added, i, a) {
         json_t *content = lookup(a, "content");
         if (!json_is_string(content) || json_string_length(content) == 0)
-            return fail(err, errlen, "%s: key 'added_tokens[%zu].content': missing, empty or not a string", path, i);
+            return mt_fail(err, errlen, "%s: key 'added_tokens[%zu].content': missing, empty or not a string", path, i);
         if (flag(a, "lstrip") || flag(a, "rstrip") || flag(a, "single_word"))
-            return fail(err, errlen, "%s: key 'added_tokens[%zu]' ('%s'): lstrip, rstrip and single_word are not "
+            return mt_fail(err, errlen, "%s: key 'added_tokens[%zu]' ('%s'): lstrip, rstrip and single_word are not "
                         "supported", path, i, json_string_value(content));
         int32_t id = (int32_t)json_integer_value(lookup(a, "id"));
         size_t len = json_string_length(content);
@@ -546,25 +534,25 @@ static int parse_added(mt_tokenizer *tok, const json_t *added, const char *path,
 static int parse_model(mt_tokenizer *tok, const json_t *root, const char *path, char *err, size_t errlen)
 {
     json_t *model = lookup(root, "model");
-    if (!json_is_object(model)) return fail(err, errlen, "%s: key 'model': missing or not an object", path);
+    if (!json_is_object(model)) return mt_fail(err, errlen, "%s: key 'model': missing or not an object", path);
     const char *type = json_string_value(lookup(model, "type"));
     if (type && strcmp(type, "BPE") != 0)
-        return fail(err, errlen, "%s: key 'model.type': '%s' is not supported (only BPE)", path, type);
+        return mt_fail(err, errlen, "%s: key 'model.type': '%s' is not supported (only BPE)", path, type);
     json_t *vocab = lookup(model, "vocab"), *merges = lookup(model, "merges");
     json_t *added = lookup(root, "added_tokens");
-    if (!json_is_object(vocab)) return fail(err, errlen, "%s: key 'model.vocab': missing or not an object", path);
-    if (!json_is_array(merges)) return fail(err, errlen, "%s: key 'model.merges': missing or not an array", path);
-    if (added && !json_is_array(added)) return fail(err, errlen, "%s: key 'added_tokens': not an array", path);
+    if (!json_is_object(vocab)) return mt_fail(err, errlen, "%s: key 'model.vocab': missing or not an object", path);
+    if (!json_is_array(merges)) return mt_fail(err, errlen, "%s: key 'model.merges': missing or not an array", path);
+    if (added && !json_is_array(added)) return mt_fail(err, errlen, "%s: key 'added_tokens': not an array", path);
     if (flag(model, "byte_fallback"))
-        return fail(err, errlen, "%s: key 'model.byte_fallback': true is not supported (byte-level BPE)", path);
+        return mt_fail(err, errlen, "%s: key 'model.byte_fallback': true is not supported (byte-level BPE)", path);
     const char *prefix = json_string_value(lookup(model, "continuing_subword_prefix"));
     const char *suffix = json_string_value(lookup(model, "end_of_word_suffix"));
     if ((prefix && *prefix) || (suffix && *suffix))
-        return fail(err, errlen, "%s: key 'model.continuing_subword_prefix'/'end_of_word_suffix': not supported",
+        return mt_fail(err, errlen, "%s: key 'model.continuing_subword_prefix'/'end_of_word_suffix': not supported",
                     path);
     json_t *dropout = lookup(model, "dropout");
     if (dropout && json_number_value(dropout) != 0)
-        return fail(err, errlen, "%s: key 'model.dropout': BPE dropout is for training tokenizers; not supported",
+        return mt_fail(err, errlen, "%s: key 'model.dropout': BPE dropout is for training tokenizers; not supported",
                     path);
     tok->ignore_merges = flag(model, "ignore_merges");
 
@@ -588,13 +576,13 @@ mt_tokenizer *mt_tokenizer_load(const char *path, char *err, size_t errlen)
     /* JSON_ALLOW_NUL: a token may be the byte 0 written as \u0000. */
     json_t *root = json_load_file(path, JSON_ALLOW_NUL, &jerr);
     if (!root) {
-        fail(err, errlen, "%s: cannot read tokenizer.json: %s (line %d)", path, jerr.text, jerr.line);
+        mt_fail(err, errlen, "%s: cannot read tokenizer.json: %s (line %d)", path, jerr.text, jerr.line);
         return NULL;
     }
     mt_tokenizer *tok = xrealloc(NULL, sizeof *tok);
     memset(tok, 0, sizeof *tok);
     int rc = -1;
-    if (!json_is_object(root)) fail(err, errlen, "%s: expected a JSON object at the top", path);
+    if (!json_is_object(root)) mt_fail(err, errlen, "%s: expected a JSON object at the top", path);
     else rc = parse_model(tok, root, path, err, errlen);
     if (rc == 0) rc = parse_normalizer(tok, root, path, err, errlen);
     if (rc == 0) rc = parse_pre_tokenizer(tok, root, path, err, errlen);
@@ -895,7 +883,7 @@ char *mt_tokenizer_decode(const mt_tokenizer *tok, const int32_t *ids, size_t n,
     for (size_t i = 0; i < n; i++) {
         int32_t id = ids[i];
         if (id < 0 || id >= tok->vocab_size || tok->piece_len[id] < 0) {
-            fail(err, errlen, "decode: token %zu: id %d is not in the vocabulary (size %d)", i, id, tok->vocab_size);
+            mt_fail(err, errlen, "decode: token %zu: id %d is not in the vocabulary (size %d)", i, id, tok->vocab_size);
             free(out.p);
             return NULL;
         }

@@ -7,7 +7,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "report.h"
 #include "safetensors.h"
 
 #define SINGLE_NAME "model.safetensors"
@@ -30,15 +30,6 @@ typedef struct expected {
     int shard;          /* index into the shard list that holds it */
     bool loaded;
 } expected;
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 /* Every present tensor of every tile, in HF order (embedding, layers, final norm, LM head). */
 static expected *list_expected(const mt_host_state *st, int *count)
@@ -102,11 +93,11 @@ static int read_index(const char *index_path, const mt_host_state *st, expected 
 {
     json_error_t je;
     json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &je);
-    if (!root) return fail(err, errlen, "%s: not valid JSON (line %d: %s)", index_path, je.line, je.text);
+    if (!root) return mt_fail(err, errlen, "%s: not valid JSON (line %d: %s)", index_path, je.line, je.text);
     json_t *map = json_object_get(root, "weight_map");
     if (!json_is_object(map)) {
         json_decref(root);
-        return fail(err, errlen, "%s: no 'weight_map' object", index_path);
+        return mt_fail(err, errlen, "%s: no 'weight_map' object", index_path);
     }
     char **names = calloc(json_object_size(map) + 1, sizeof *names);
     int n = 0, rc = 0;
@@ -115,13 +106,13 @@ static int read_index(const char *index_path, const mt_host_state *st, expected 
     json_t *v;
     json_object_foreach(map, key, v) {
         if (!json_is_string(v) || !plain_file_name(json_string_value(v))) {
-            rc = fail(err, errlen, "%s: tensor '%s': the shard is not a file name in this directory", index_path, key);
+            rc = mt_fail(err, errlen, "%s: tensor '%s': the shard is not a file name in this directory", index_path, key);
             break;
         }
         const char *file = json_string_value(v);
         expected *x = find_expected(e, ne, key);
         if (!x && !harmless_extra(st, key)) {
-            rc = fail(err, errlen, "%s: tensor '%s': unexpected tensor (not part of this %s config)", index_path, key,
+            rc = mt_fail(err, errlen, "%s: tensor '%s': unexpected tensor (not part of this %s config)", index_path, key,
                       st->cfg.model_type);
             break;
         }
@@ -131,7 +122,7 @@ static int read_index(const char *index_path, const mt_host_state *st, expected 
         if (x) x->shard = s;
     }
     for (int i = 0; i < ne && rc == 0; i++)
-        if (e[i].shard < 0) rc = fail(err, errlen, "%s: tensor '%s': missing from the weight_map", index_path, e[i].name);
+        if (e[i].shard < 0) rc = mt_fail(err, errlen, "%s: tensor '%s': missing from the weight_map", index_path, e[i].name);
     json_decref(root);
     *shards = names;
     *nshards = n;
@@ -148,27 +139,27 @@ static int load_shard(mt_st_file *f, int s, const char *index_path, const mt_hos
         expected *x = find_expected(e, ne, t->name);
         if (!x) {
             if (harmless_extra(st, t->name)) continue;
-            return fail(err, errlen, "%s: tensor '%s': unexpected tensor (not part of this %s config)", f->path, t->name,
+            return mt_fail(err, errlen, "%s: tensor '%s': unexpected tensor (not part of this %s config)", f->path, t->name,
                         st->cfg.model_type);
         }
         if (x->shard != s)
-            return fail(err, errlen, "%s: tensor '%s': present here but %s lists it in another shard", f->path, t->name,
+            return mt_fail(err, errlen, "%s: tensor '%s': present here but %s lists it in another shard", f->path, t->name,
                         index_path);
         if (t->dtype != MT_ST_F32 && t->dtype != MT_ST_F16 && t->dtype != MT_ST_BF16)
-            return fail(err, errlen, "%s: tensor '%s': dtype %s, weights must be F32, F16 or BF16", f->path, t->name,
+            return mt_fail(err, errlen, "%s: tensor '%s': dtype %s, weights must be F32, F16 or BF16", f->path, t->name,
                         mt_st_dtype_name(t->dtype));
         if (t->ndim != x->ndim || t->shape[0] != x->shape[0] || (x->ndim == 2 && t->shape[1] != x->shape[1])) {
             char got[128], want[128];
             shape_text(t->ndim, t->shape, got, sizeof got);
             shape_text(x->ndim, x->shape, want, sizeof want);
-            return fail(err, errlen, "%s: tensor '%s': shape %s, the config wants %s", f->path, t->name, got, want);
+            return mt_fail(err, errlen, "%s: tensor '%s': shape %s, the config wants %s", f->path, t->name, got, want);
         }
         if (mt_st_read_f32(f, t, x->master, err, errlen)) return -1;
         x->loaded = true;
     }
     for (int i = 0; i < ne; i++)
         if (e[i].shard == s && !e[i].loaded)
-            return fail(err, errlen, "%s: tensor '%s': missing%s%s%s", f->path, e[i].name,
+            return mt_fail(err, errlen, "%s: tensor '%s': missing%s%s%s", f->path, e[i].name,
                         index_path ? " (" : "", index_path ? index_path : "", index_path ? " lists it in this file)" : "");
     return 0;
 }
@@ -180,10 +171,10 @@ int mt_hf_load(const char *dir, mt_host_state *st, char *err, size_t errlen)
     snprintf(index, sizeof index, "%s/%s", dir, INDEX_NAME);
     bool have_single = access(single, F_OK) == 0, have_index = access(index, F_OK) == 0;
     if (!have_single && !have_index)
-        return fail(err, errlen, "%s: neither %s nor %s: not a safetensors checkpoint directory", dir, SINGLE_NAME, INDEX_NAME);
+        return mt_fail(err, errlen, "%s: neither %s nor %s: not a safetensors checkpoint directory", dir, SINGLE_NAME, INDEX_NAME);
     int ne = 0;
     expected *e = list_expected(st, &ne);
-    if (!e) return fail(err, errlen, "%s: out of memory", dir);
+    if (!e) return mt_fail(err, errlen, "%s: out of memory", dir);
     char **shards = NULL;
     int nshards = 0, rc = 0;
     if (have_single) { /* transformers prefers the single file too */
@@ -224,16 +215,16 @@ static int write_text_atomic(const char *path, const char *text, char *err, size
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     FILE *fp = fopen(tmp, "w");
-    if (!fp) return fail(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
+    if (!fp) return mt_fail(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
     int rc = fputs(text, fp) < 0 || fflush(fp) != 0 || fsync(fileno(fp)) != 0;
     rc |= fclose(fp) != 0;
     if (rc) {
         unlink(tmp);
-        return fail(err, errlen, "%s: write error: %s", tmp, strerror(errno));
+        return mt_fail(err, errlen, "%s: write error: %s", tmp, strerror(errno));
     }
     if (rename(tmp, path) != 0) {
         unlink(tmp);
-        return fail(err, errlen, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
+        return mt_fail(err, errlen, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
     }
     return 0;
 }
@@ -248,11 +239,11 @@ static int save_config(const char *dir, const mt_model_config *cfg, mt_dtype dty
     json_error_t je;
     json_t *o = json_load_file(tmp, 0, &je);
     unlink(tmp);
-    if (!o) return fail(err, errlen, "%s: cannot read back the written config: %s", tmp, je.text);
+    if (!o) return mt_fail(err, errlen, "%s: cannot read back the written config: %s", tmp, je.text);
     json_object_set_new(o, "torch_dtype", json_string(dtype == MT_DTYPE_BF16 ? "bfloat16" : "float32"));
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(o);
-    if (!text) return fail(err, errlen, "%s: out of memory", path);
+    if (!text) return mt_fail(err, errlen, "%s: out of memory", path);
     int rc = write_text_atomic(path, text, err, errlen);
     free(text);
     return rc;
@@ -293,7 +284,7 @@ static void remove_stale(const char *dir, int nshards)
 int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_t max_shard_bytes,
                char *err, size_t errlen)
 {
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return fail(err, errlen, "%s: cannot create: %s", dir, strerror(errno));
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return mt_fail(err, errlen, "%s: cannot create: %s", dir, strerror(errno));
     mt_st_dtype fdtype = dtype == MT_DTYPE_BF16 ? MT_ST_BF16 : MT_ST_F32;
     int ne = 0;
     expected *e = list_expected(st, &ne);
@@ -301,7 +292,7 @@ int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_
     if (!e || !src) {
         free(e);
         free(src);
-        return fail(err, errlen, "%s: out of memory", dir);
+        return mt_fail(err, errlen, "%s: out of memory", dir);
     }
     /* Greedy shards in HF order, as save_pretrained: a new shard when the next tensor would
      * overflow this one; a tensor larger than the limit sits alone. */
@@ -340,7 +331,7 @@ int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_
         char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
         json_decref(root);
         snprintf(path, sizeof path, "%s/%s", dir, INDEX_NAME);
-        rc = text ? write_text_atomic(path, text, err, errlen) : fail(err, errlen, "%s: out of memory", path);
+        rc = text ? write_text_atomic(path, text, err, errlen) : mt_fail(err, errlen, "%s: out of memory", path);
         free(text);
     }
     json_decref(map);

@@ -1,5 +1,19 @@
-/* Words for JSON values in error messages. */
-#include "json_words.h"
+/* Helpers for error messages. */
+#include "report.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+int mt_fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
 
 const char *mt_json_type_name(const json_t *v)
 {
