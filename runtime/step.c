@@ -271,13 +271,14 @@ static void *hint_for(mt_graph *g, int tile, uint32_t ahead)
     return mt_policy_hint(tile, g->updates_submitted[tile] + ahead);
 }
 
-/* Observer callbacks of a task (none without an observer). */
-#define OBSERVE_END(g, kind_, step_, tile_)                                                       \
-    STARPU_CALLBACK_WITH_ARG_NFREE, (g)->observer ? notify_observer : NULL,                       \
-        (g)->observer ? note_new((g), (kind_), (step_), (tile_)) : NULL
-#define OBSERVE_START(g, kind_, step_, tile_)                                                     \
-    STARPU_PROLOGUE_CALLBACK_POP, (g)->observer ? notify_observer : NULL,                         \
-        STARPU_PROLOGUE_CALLBACK_POP_ARG_NFREE, (g)->observer ? note_new((g), (kind_), (step_), (tile_)) : NULL
+/* Observer callbacks of a task: none without an observer, or when `on` is false. */
+#define OBSERVED(g, on) ((on) && (g)->observer)
+#define OBSERVE_END(g, on, kind_, step_, tile_)                                                   \
+    STARPU_CALLBACK_WITH_ARG_NFREE, OBSERVED(g, on) ? notify_observer : NULL,                     \
+        OBSERVED(g, on) ? note_new((g), (kind_), (step_), (tile_)) : NULL
+#define OBSERVE_START(g, on, kind_, step_, tile_)                                                 \
+    STARPU_PROLOGUE_CALLBACK_POP, OBSERVED(g, on) ? notify_observer : NULL,                       \
+        STARPU_PROLOGUE_CALLBACK_POP_ARG_NFREE, OBSERVED(g, on) ? note_new((g), (kind_), (step_), (tile_)) : NULL
 
 /* observe: report start/end of this forward (the streaming pass of a training step). */
 static void insert_layer_forward(mt_graph *g, int i, starpu_data_handle_t x, starpu_data_handle_t y,
@@ -289,14 +290,11 @@ static void insert_layer_forward(mt_graph *g, int i, starpu_data_handle_t x, sta
         { t->h_weights, STARPU_R }, { x, STARPU_R }, { y, STARPU_W }, { g->scratch_layer, STARPU_SCRATCH },
         { saved, STARPU_W },
     };
-    mt_graph *og = observe ? g : NULL;
-    mt_graph none = { 0 };
-    if (!og) og = &none;
     check_insert(starpu_task_insert(&mt_cl_layer_forward, STARPU_DATA_MODE_ARRAY, d, saved ? 5 : 4,
                                     STARPU_VALUE, &a, sizeof a, STARPU_NAME, "layer_forward",
                                     STARPU_EXECUTE_WHERE, g->where, STARPU_TASK_SCHED_DATA, hint,
-                                    OBSERVE_END(og, MT_EV_FORWARD, step, t->index),
-                                    OBSERVE_START(og, MT_EV_FORWARD_START, step, t->index), 0),
+                                    OBSERVE_END(g, observe, MT_EV_FORWARD, step, t->index),
+                                    OBSERVE_START(g, observe, MT_EV_FORWARD_START, step, t->index), 0),
                  "layer_forward");
 }
 
@@ -307,13 +305,12 @@ static void submit_forward(mt_graph *g, const starpu_data_handle_t *tokens, int 
 {
     const int L = (int)g->st->cfg.layers;
     mt_compute_args a = { .st = g->st, .B = g->sc.B, .T = g->sc.T };
-    mt_graph none = { 0 };
     for (int u = 0; u < n; u++)
         check_insert(starpu_task_insert(&mt_cl_embedding_forward, STARPU_R, mt_state_embed(g->st)->h_weights,
                                         STARPU_R, tokens[u], STARPU_W, ckpt_of(g, 0, u), STARPU_VALUE, &a, sizeof a,
                                         STARPU_EXECUTE_WHERE, g->where,
                                         STARPU_TASK_SCHED_DATA, u == 0 ? hint_for(g, 1, 0) : NULL,
-                                        OBSERVE_START(observe && u == 0 ? g : &none, MT_EV_FORWARD_START, step, 0), 0),
+                                        OBSERVE_START(g, observe && u == 0, MT_EV_FORWARD_START, step, 0), 0),
                      "embedding_forward");
     for (int i = 0; i < L; i++) {
         int next = i + 1 < L ? i + 2 : g->st->ntiles - 1; /* the next layer, or the head */
@@ -393,7 +390,7 @@ static void submit_micro_batches(mt_graph *g, slot *sl, int64_t step, double los
                 check_insert(starpu_task_insert(&mt_cl_layer_backward, STARPU_DATA_MODE_ARRAY, bd, sumsq ? 7 : 6,
                                                 STARPU_VALUE, &ba, sizeof ba, STARPU_NAME, "layer_backward",
                                                 STARPU_EXECUTE_WHERE, g->where, STARPU_TASK_SCHED_DATA, hint,
-                                                OBSERVE_END(last ? g : &(mt_graph){ 0 }, MT_EV_BACKWARD, step, t->index), 0),
+                                                OBSERVE_END(g, last, MT_EV_BACKWARD, step, t->index), 0),
                              "layer_backward");
             }
         }
@@ -497,7 +494,7 @@ void mt_graph_submit_update(mt_graph *g, int64_t step, double lr)
                                             STARPU_VALUE, &p, sizeof p, STARPU_VALUE, &dtype, sizeof dtype,
                                             STARPU_VALUE, &clipped, sizeof clipped, STARPU_PRIORITY, prio,
                                             STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_NAME, "adamw",
-                                            OBSERVE_END(g, MT_EV_ADAMW, step, i), 0),
+                                            OBSERVE_END(g, true, MT_EV_ADAMW, step, i), 0),
                          "adamw");
         }
         /* Gather back in host memory, where the next forward's transfer starts; then tell the
