@@ -98,21 +98,27 @@ static int get_bool(json_t *obj, const char *name, const char *key, bool dflt, b
  * so it is refused rather than silently ignored. */
 static int parse_rope_scaling(json_t *root, const char *name, mt_model_config *cfg, char *err, size_t errlen)
 {
-    json_t *rs = lookup(root, "rope_scaling");
+    /* transformers 5 writes one object "rope_parameters" holding rope_theta, rope_type and the
+     * scaling fields; earlier versions a top-level rope_theta and "rope_scaling". */
+    const char *rs_key = lookup(root, "rope_scaling") ? "rope_scaling" : "rope_parameters";
+    json_t *rs = lookup(root, rs_key);
     if (!rs) return 0;
     if (!json_is_object(rs))
-        return mt_fail(err, errlen, "%s: key 'rope_scaling': expected an object or null, got %s", name,
+        return mt_fail(err, errlen, "%s: key '%s': expected an object or null, got %s", name, rs_key,
                     mt_json_type_name(rs));
+    if (!lookup(root, "rope_theta") &&
+        get_real(rs, name, rs_key, "rope_theta", false, cfg->rope_theta, &cfg->rope_theta, err, errlen))
+        return -1;
     json_t *type = lookup(rs, "rope_type");
     if (!type) type = lookup(rs, "type"); /* the older transformers spelling */
+    if (!type && strcmp(rs_key, "rope_parameters") == 0) return 0; /* rope_theta alone */
     if (!type || !json_is_string(type))
-        return mt_fail(err, errlen, "%s: key 'rope_scaling': needs a string 'rope_type'", name);
+        return mt_fail(err, errlen, "%s: key '%s': needs a string 'rope_type'", name, rs_key);
     const char *t = json_string_value(type);
     if (strcmp(t, "default") == 0) return 0;
     if (strcmp(t, "llama3") != 0)
-        return mt_fail(err, errlen, "%s: key 'rope_scaling': rope_type '%s' is not supported (only 'llama3')",
-                    name, t);
-    const char *rs_key = "rope_scaling";
+        return mt_fail(err, errlen, "%s: key '%s': rope_type '%s' is not supported (only 'llama3')",
+                    name, rs_key, t);
     if (get_real(rs, name, rs_key, "factor", true, 0, &cfg->rope_scaling_factor, err, errlen) ||
         get_real(rs, name, rs_key, "low_freq_factor", true, 0, &cfg->rope_low_freq_factor, err, errlen) ||
         get_real(rs, name, rs_key, "high_freq_factor", true, 0, &cfg->rope_high_freq_factor, err, errlen) ||
@@ -120,7 +126,7 @@ static int parse_rope_scaling(json_t *root, const char *name, mt_model_config *c
                 err, errlen))
         return -1;
     if (!(cfg->rope_scaling_factor > 0))
-        return mt_fail(err, errlen, "%s: key 'rope_scaling': factor must be positive, got %g", name,
+        return mt_fail(err, errlen, "%s: key '%s': factor must be positive, got %g", name, rs_key,
                     cfg->rope_scaling_factor);
     return 0;
 }

@@ -162,6 +162,39 @@ START_TEST(test_llama3_rope_scaling)
 }
 END_TEST
 
+/* The same model as transformers 5 writes it: rope_theta and the scaling fields inside one
+ * "rope_parameters" object, "dtype" instead of "torch_dtype". */
+static const char *llama31_v5 =
+    "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 4096,"
+    " \"intermediate_size\": 14336, \"num_hidden_layers\": 32, \"num_attention_heads\": 32,"
+    " \"num_key_value_heads\": 8, \"vocab_size\": 128256, \"max_position_embeddings\": 131072,"
+    " \"rms_norm_eps\": 1e-05, \"tie_word_embeddings\": false, \"dtype\": \"bfloat16\","
+    " \"rope_parameters\": {\"rope_theta\": 500000.0, \"factor\": 8.0, \"low_freq_factor\": 1.0,"
+    " \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192, \"rope_type\": \"llama3\"}}";
+
+START_TEST(test_rope_parameters_v5)
+{
+    mt_model_config a, b;
+    char err[512] = "", path[4096];
+    ck_assert_msg(load_text(llama31, &a, path, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(load_text(llama31_v5, &b, path, err, sizeof err) == 0, "%s", err);
+    assert_same_config(&a, &b);
+    ck_assert(b.rope_theta == 500000.0 && b.rope_scaling_factor == 8.0);
+    /* default rope type: only the theta */
+    ck_assert_msg(load_text("{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+                            " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"head_dim\": 16,"
+                            " \"vocab_size\": 300, \"rope_parameters\": {\"rope_type\": \"default\","
+                            " \"rope_theta\": 1000000.0}}", &b, path, err, sizeof err) == 0, "%s", err);
+    ck_assert(b.rope_theta == 1000000.0 && b.rope_scaling_factor == 0);
+    /* a scaling type the kernels lack is refused under its own key name */
+    ck_assert_int_eq(load_text("{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+                               " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 300,"
+                               " \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 1e4, \"factor\": 4.0}}",
+                               &b, path, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "'rope_parameters'") && strstr(err, "yarn"), "%s", err);
+}
+END_TEST
+
 static void round_trip(const mt_model_config *c)
 {
     char err[512] = "";
@@ -480,6 +513,7 @@ int main(void)
     tcase_add_test(tc, test_tiny_byte);
     tcase_add_test(tc, test_family_defaults);
     tcase_add_test(tc, test_llama3_rope_scaling);
+    tcase_add_test(tc, test_rope_parameters_v5);
     tcase_add_test(tc, test_save_load_round_trip);
     tcase_add_loop_test(tc, test_bad_inputs, 0, (int)(sizeof bad_cases / sizeof bad_cases[0]));
     tcase_add_test(tc, test_nonexistent_file);
