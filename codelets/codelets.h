@@ -25,11 +25,14 @@ typedef struct mt_compute_args {
                               * squares of the gradient tile just written (for clipping) */
 } mt_compute_args;
 
-/* Bytes of the buffers a codelet needs, enough for whichever kind of worker runs it: the CPU
- * op's own scratch plus, for bf16 weights, an fp32 copy of the tile; or the CUDA op's. */
-size_t mt_codelet_layer_scratch_bytes(const mt_host_state *st, int64_t B, int64_t T);
-size_t mt_codelet_head_scratch_bytes(const mt_host_state *st, int64_t chunk);
-size_t mt_codelet_layer_saved_bytes(const mt_host_state *st, int64_t B, int64_t T);
+/* Bytes of the buffers a codelet needs on the kind of worker that runs it (gpu: the CUDA op's,
+ * which keeps bf16 activations; else the CPU op's own fp32 scratch plus, for bf16 weights, an
+ * fp32 copy of the tile). A graph's compute runs on one kind only (step.c), so its buffers are
+ * sized for that kind; the memory plan (runtime/plan.c) counts the same numbers. Without CUDA
+ * in the build, gpu is ignored. */
+size_t mt_codelet_layer_scratch_bytes(const mt_model_config *cfg, mt_dtype weights, bool gpu, int64_t B, int64_t T);
+size_t mt_codelet_head_scratch_bytes(const mt_model_config *cfg, mt_dtype weights, bool gpu, int64_t chunk);
+size_t mt_codelet_layer_saved_bytes(const mt_model_config *cfg, bool gpu, int64_t B, int64_t T);
 
 /* Writes the sum of squares of a gradient tile into the task's sumsq buffer (CPU). */
 void mt_codelet_sumsq_cpu(void *grad_buffer, void *sumsq_buffer);

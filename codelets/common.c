@@ -2,6 +2,8 @@
  * sizes. */
 #include "codelets.h"
 
+#include "layout.h"
+
 #include "mt_build_config.h"
 #if MT_HAVE_CUDA
 #include "cuda/kernels.h"
@@ -15,42 +17,52 @@ const float *mt_codelet_weights_f32(const mt_host_state *st, void *buffer, float
     return tmp;
 }
 
-#if MT_HAVE_CUDA
-static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
-#endif
-
-size_t mt_codelet_layer_scratch_bytes(const mt_host_state *st, int64_t B, int64_t T)
+size_t mt_codelet_layer_scratch_bytes(const mt_model_config *cfg, mt_dtype weights, bool gpu, int64_t B, int64_t T)
 {
-    int64_t n = mt_layer_scratch_numel(&st->cfg, B, T);
-    if (st->compute_dtype == MT_DTYPE_BF16) n += st->layout_layer.numel;
-    size_t bytes = (size_t)n * sizeof(float);
 #if MT_HAVE_CUDA
-    bytes = max_size(bytes, mt_cuda_layer_scratch_bytes(&st->cfg, B, T));
-    /* the embedding backward borrows this scratch for its workspace */
-    bytes = max_size(bytes, mt_cuda_embedding_workspace_bytes(B * T, st->cfg.vocab));
+    if (gpu) {
+        size_t layer = mt_cuda_layer_scratch_bytes(cfg, B, T);
+        /* the embedding backward borrows this scratch for its workspace */
+        size_t embed = mt_cuda_embedding_workspace_bytes(B * T, cfg->vocab);
+        return layer > embed ? layer : embed;
+    }
+#else
+    (void)gpu;
 #endif
-    return bytes;
+    int64_t n = mt_layer_scratch_numel(cfg, B, T);
+    if (weights == MT_DTYPE_BF16) {
+        mt_tile_layout lay;
+        mt_layout_build(cfg, MT_TILE_LAYER, &lay);
+        n += lay.numel;
+    }
+    return (size_t)n * sizeof(float);
 }
 
-size_t mt_codelet_head_scratch_bytes(const mt_host_state *st, int64_t chunk)
+size_t mt_codelet_head_scratch_bytes(const mt_model_config *cfg, mt_dtype weights, bool gpu, int64_t chunk)
 {
-    int64_t n = mt_head_scratch_numel(&st->cfg, chunk);
-    if (st->compute_dtype == MT_DTYPE_BF16)
-        n += st->layout_head.numel + (st->cfg.tied ? st->layout_embed.numel : 0);
-    size_t bytes = (size_t)n * sizeof(float);
 #if MT_HAVE_CUDA
-    bytes = max_size(bytes, mt_cuda_head_scratch_bytes(&st->cfg, chunk));
+    if (gpu) return mt_cuda_head_scratch_bytes(cfg, chunk);
+#else
+    (void)gpu;
 #endif
-    return bytes;
+    int64_t n = mt_head_scratch_numel(cfg, chunk);
+    if (weights == MT_DTYPE_BF16) {
+        mt_tile_layout head, embed;
+        mt_layout_build(cfg, MT_TILE_HEAD, &head);
+        mt_layout_build(cfg, MT_TILE_EMBED, &embed);
+        n += head.numel + (cfg->tied ? embed.numel : 0);
+    }
+    return (size_t)n * sizeof(float);
 }
 
-size_t mt_codelet_layer_saved_bytes(const mt_host_state *st, int64_t B, int64_t T)
+size_t mt_codelet_layer_saved_bytes(const mt_model_config *cfg, bool gpu, int64_t B, int64_t T)
 {
-    size_t bytes = (size_t)mt_layer_saved_numel(&st->cfg, B, T) * sizeof(float);
 #if MT_HAVE_CUDA
-    bytes = max_size(bytes, mt_cuda_layer_saved_bytes(&st->cfg, B, T));
+    if (gpu) return mt_cuda_layer_saved_bytes(cfg, B, T);
+#else
+    (void)gpu;
 #endif
-    return bytes;
+    return (size_t)mt_layer_saved_numel(cfg, B, T) * sizeof(float);
 }
 
 void mt_codelet_sumsq_cpu(void *grad_buffer, void *sumsq_buffer)

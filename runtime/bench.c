@@ -99,30 +99,6 @@ static double peak_rss_gib(void)
     return kib / (1024.0 * 1024.0);
 }
 
-/* GPU bytes the step's buffers need at once: layer weight and gradient buffers, the embedding
- * and head tiles with their gradients, every micro-batch's checkpoints and ping-pong
- * activations, one block's saved activations, scratch. */
-static uint64_t gpu_need_bytes(const mt_model_config *cfg, const mt_step_config *sc)
-{
-    mt_tile_layout le, ll, lh;
-    mt_layout_build(cfg, MT_TILE_EMBED, &le);
-    mt_layout_build(cfg, MT_TILE_LAYER, &ll);
-    mt_layout_build(cfg, MT_TILE_HEAD, &lh);
-    mt_host_state fake = { .cfg = *cfg, .compute_dtype = MT_DTYPE_BF16, .layout_embed = le, .layout_layer = ll, .layout_head = lh };
-    uint64_t ntok = (uint64_t)(sc->B * sc->T), d = (uint64_t)cfg->hidden;
-    uint64_t nb = (uint64_t)((cfg->layers + sc->K - 1) / sc->K);
-    /* With several micro-batches a whole block's weights and gradients stay while every
-     * micro-batch walks through it (step.c); else two layers (double buffering). */
-    uint64_t resident = sc->accum > 1 && sc->K > 2 ? (uint64_t)sc->K : 2;
-    uint64_t w = resident * (uint64_t)ll.numel * (2 + 4);
-    uint64_t eh = ((uint64_t)le.numel + (uint64_t)lh.numel) * 6;
-    uint64_t acts = (nb + 4) * (uint64_t)sc->accum * ntok * d * 4;
-    uint64_t saved = (uint64_t)sc->K * mt_codelet_layer_saved_bytes(&fake, sc->B, sc->T);
-    uint64_t scratch = mt_codelet_layer_scratch_bytes(&fake, sc->B, sc->T) +
-                       mt_codelet_head_scratch_bytes(&fake, sc->head_chunk < (int64_t)ntok ? sc->head_chunk : (int64_t)ntok);
-    return w + eh + acts + saved + scratch + ((uint64_t)512 << 20);
-}
-
 int mt_bench_run(const mt_bench_options *o, mt_bench_result *r, FILE *log, char *err, size_t errlen)
 {
     memset(r, 0, sizeof *r);
@@ -135,7 +111,8 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *r, FILE *log, char 
     r->checkpoints = (cfg.layers + o->step.K - 1) / o->step.K;
     r->checkpoint_gib = (double)o->step.B * o->step.T * cfg.hidden * sizeof(float) / 1073741824.0;
     mt_plan_params pp = { .micro_batch = o->step.B, .seq_len = o->step.T, .grad_accum = o->step.accum,
-                          .checkpoint_interval = o->step.K, .compute = MT_DTYPE_BF16, .use_gpu = true };
+                          .checkpoint_interval = o->step.K, .compute = MT_DTYPE_BF16, .use_gpu = true,
+                          .head_chunk = o->step.head_chunk };
     mt_plan plan;
     if (mt_plan_compute(&cfg, &pp, &plan)) {
         snprintf(err, errlen, "%s", plan.error);
@@ -146,7 +123,9 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *r, FILE *log, char 
     /* The GPU budget must be set before StarPU starts. */
     r->gpu_limit_mib = 0;
     if (!o->resident) {
-        r->gpu_limit_mib = o->gpu_limit_mib ? o->gpu_limit_mib : (gpu_need_bytes(&cfg, &o->step) >> 20) + 1;
+        /* The plan counts every buffer the graph registers (runtime/plan.c); a little room on
+         * top for StarPU's own small allocations. */
+        r->gpu_limit_mib = o->gpu_limit_mib ? o->gpu_limit_mib : ((plan.gpu_total + plan.gpu_total / 50) >> 20) + 256;
         char v[32];
         snprintf(v, sizeof v, "%llu", (unsigned long long)r->gpu_limit_mib);
         setenv("STARPU_LIMIT_CUDA_MEM", v, 1);
@@ -249,6 +228,11 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *r, FILE *log, char 
     double flops_per_token = 6.0 * (double)mt_config_flops_params(&cfg) + 6.0 * cfg.layers * cfg.hidden * o->step.T;
     r->tflops = flops_per_token * n / r->step_s / 1e12;
     r->peak_gpu_gib = tl.peak_gpu / 1073741824.0;
+    r->plan_gpu_gib = plan.gpu_total / 1073741824.0;
+#if MT_HAVE_CUDA
+    size_t used = 0;
+    if (starpu_cuda_worker_get_count() > 0 && mt_cuda_device_memory_used(&used) == 0) r->device_used_gib = used / 1073741824.0;
+#endif
 
     /* AdamW alone: one update of every tile with nothing else running. */
     mt_graph_set_observer(g, NULL, NULL);
@@ -290,6 +274,9 @@ void mt_bench_print(const mt_bench_options *o, const mt_bench_result *r, FILE *o
             r->d2h_gb, r->d2h_gbs, r->gpu_busy, r->adamw_standalone_s, r->adamw_s_per_gparam, r->adamw_span_s,
             r->adamw_tail_s, r->boundary_gap_s, r->peak_gpu_gib, r->peak_host_gib);
     if (r->gpu_limit_mib) fprintf(out, "(GPU limit STARPU_LIMIT_CUDA_MEM = %llu MiB)\n", (unsigned long long)r->gpu_limit_mib);
-    fprintf(out, "(%lld layers, %lld checkpoints of %.4f GiB; peak GPU = StarPU's allocated bytes on the GPU, sampled at task ends)\n",
-            (long long)(o->layers > 0 ? o->layers : 0), (long long)r->checkpoints, r->checkpoint_gib);
+    fprintf(out, "(%lld layers, %lld checkpoints of %.4f GiB; peak GPU = StarPU's allocated bytes on the GPU, sampled at task "
+                 "ends: %.2f GiB against the memory plan's %.2f GiB (%+.1f%%); whole device in use at the end, CUDA context "
+                 "and libraries included: %.2f GiB)\n",
+            (long long)(o->layers > 0 ? o->layers : 0), (long long)r->checkpoints, r->checkpoint_gib, r->peak_gpu_gib,
+            r->plan_gpu_gib, r->plan_gpu_gib > 0 ? 100.0 * (r->peak_gpu_gib / r->plan_gpu_gib - 1) : 0.0, r->device_used_gib);
 }

@@ -29,7 +29,9 @@ typedef struct mt_bench_result {
     double adamw_standalone_s, adamw_s_per_gparam;
     double adamw_span_s, adamw_tail_s;            /* first to last AdamW end; last AdamW end after the backward */
     double boundary_gap_s;                        /* layer 0's backward end to next forward start */
-    double peak_gpu_gib, peak_host_gib;
+    double peak_gpu_gib, peak_host_gib;           /* peak GPU: StarPU's buffers, sampled at task ends */
+    double plan_gpu_gib;                          /* the memory plan's GPU total for the same run */
+    double device_used_gib;                       /* whole device in use at the end (context, libraries, cache) */
     double loss_first, loss_last;
     uint64_t gpu_limit_mib;
     double checkpoint_gib;                        /* one checkpoint: B*T*d fp32 */

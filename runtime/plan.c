@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backends/cpu/ops.h"
+#include "codelets.h"
 #include "layout.h"
 
 static int plan_fail(mt_plan *plan, const char *fmt, ...)
@@ -64,9 +64,6 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
         return plan_fail(plan, "checkpoint interval K must be positive, got %" PRId64, p->checkpoint_interval);
     if (p->compute != MT_DTYPE_BF16 && p->compute != MT_DTYPE_F32)
         return plan_fail(plan, "unknown compute dtype %d", (int)p->compute);
-    if (p->act_elem_bytes == 0) p->act_elem_bytes = (p->use_gpu && p->compute == MT_DTYPE_BF16) ? 2 : 4;
-    if (p->act_elem_bytes != 2 && p->act_elem_bytes != 4)
-        return plan_fail(plan, "activation element size must be 2 or 4 bytes, got %d", p->act_elem_bytes);
     if (p->checkpoint_interval > cfg->layers) p->checkpoint_interval = cfg->layers;
 
     bool of = false;
@@ -91,7 +88,7 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
         if (lay.numel > plan->max_tile_numel) plan->max_tile_numel = lay.numel;
     }
     plan->num_tiles = cfg->layers + 2;
-    plan->num_checkpoints = (int64_t)((L + K - 1) / K + 1);
+    plan->num_checkpoints = (int64_t)((L + K - 1) / K);
     plan->weight_elem_bytes = p->compute == MT_DTYPE_BF16 ? 2 : 4;
 
     /* Host state: always on the host, pinned when a GPU will copy from it (without a GPU,
@@ -104,9 +101,9 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
     plan->host[MT_PLAN_ADAM_V] = host_state_bytes(plan, 4);
     for (int k = MT_PLAN_WEIGHTS; k <= MT_PLAN_ADAM_V; k++) plan->host_pinned[k] = p->use_gpu;
 
-    /* Working set: where the layers compute. A CPU-only run reads and writes the host tiles in
-     * place, so it needs no weight or gradient buffers. */
-    uint64_t act = (uint64_t)p->act_elem_bytes;
+    /* Working set: where the layers compute, one entry per buffer the step graph registers
+     * (step.c), sized by the same functions for the kind of worker that computes. A CPU-only
+     * run reads and writes the host tiles in place, so it needs no weight or gradient buffers. */
     uint64_t work[MT_PLAN_KIND_COUNT] = {0};
     if (p->use_gpu) {
         /* Double buffering: the layer computing and the next one streaming in. Every weight
@@ -116,17 +113,26 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
         /* The gradient being written and the one draining to the host, fp32. */
         work[MT_PLAN_GRADS] = mul(2 * (uint64_t)plan->max_tile_numel, 4, &of);
     }
-    /* Every micro-batch keeps its own checkpoints, activation gradients and inputs: the graph
-     * passes all micro-batches through a layer while its weights are resident (step.c). */
-    const uint64_t mb = (uint64_t)p->grad_accum;
-    work[MT_PLAN_CHECKPOINTS] = mul(mb, mul(mul((uint64_t)plan->num_checkpoints, mul(ntok, d, &of), &of), act, &of), &of);
-    int64_t saved = mt_layer_saved_numel(cfg, p->micro_batch, p->seq_len);
-    work[MT_PLAN_BLOCK_SAVED] = mul(mul(K, (uint64_t)saved, &of), act, &of);
-    work[MT_PLAN_ACT_GRADS] = mul(mb, mul(mul(2, mul(ntok, d, &of), &of), act, &of), &of);
-    int64_t layer_scratch = mt_layer_scratch_numel(cfg, p->micro_batch, p->seq_len);
-    int64_t head_scratch = mt_head_scratch_numel(cfg, p->head_chunk);
-    work[MT_PLAN_WORKSPACE] = mul(add((uint64_t)layer_scratch, (uint64_t)head_scratch, &of), act, &of);
-    work[MT_PLAN_INPUTS] = mul(mb, mul(2 * 4, ntok, &of), &of);
+    /* The per-layer sizes below multiply B*T by the widest activation row; refuse sizes whose
+     * products would not fit before computing them. */
+    const double row = (double)(2 * d + 2 * (uint64_t)cfg->heads * (uint64_t)cfg->head_dim +
+                                2 * (uint64_t)cfg->kv_heads * (uint64_t)cfg->head_dim + 3 * (uint64_t)cfg->intermediate +
+                                (uint64_t)cfg->vocab + (uint64_t)cfg->heads + 8);
+    if ((double)ntok * row * 16.0 > 0x1p62)
+        return plan_fail(plan, "%" PRId64 " x %" PRId64 " tokens per micro-batch is absurdly large", p->micro_batch,
+                         p->seq_len);
+    /* Every micro-batch keeps its own checkpoints, ping-pong activations and inputs: the graph
+     * passes all micro-batches through a layer while its weights are resident (step.c). The
+     * residual stream (checkpoints, activations, their gradients) is fp32 on every worker. */
+    const uint64_t mb = (uint64_t)p->grad_accum, hidden = mul(mul(ntok, d, &of), 4, &of);
+    work[MT_PLAN_CHECKPOINTS] = mul(mb, mul((uint64_t)plan->num_checkpoints, hidden, &of), &of);
+    work[MT_PLAN_BLOCK_SAVED] = mul(K, mt_codelet_layer_saved_bytes(cfg, p->use_gpu, p->micro_batch, p->seq_len), &of);
+    work[MT_PLAN_ACT_GRADS] = mul(mb, mul(4, hidden, &of), &of);
+    work[MT_PLAN_WORKSPACE] = add(mt_codelet_layer_scratch_bytes(cfg, p->compute, p->use_gpu, p->micro_batch, p->seq_len),
+                                  mt_codelet_head_scratch_bytes(cfg, p->compute, p->use_gpu, p->head_chunk), &of);
+    /* Two slots (step s+1 is filled while step s runs) of tokens and targets per micro-batch,
+     * and one micro-batch for evaluation. */
+    work[MT_PLAN_INPUTS] = mul(add(mul(2, mb, &of), 1, &of), mul(2 * 4, ntok, &of), &of);
     if (of) return plan_fail(plan, "B=%" PRId64 " x T=%" PRId64 " makes the activation byte counts overflow",
                              p->micro_batch, p->seq_len);
 
@@ -174,7 +180,7 @@ static const char *kind_name(int k, const mt_plan *plan)
     case MT_PLAN_ADAM_V: return "Adam v (fp32)";
     case MT_PLAN_CHECKPOINTS: return "checkpoints";
     case MT_PLAN_BLOCK_SAVED: return "block activations";
-    case MT_PLAN_ACT_GRADS: return "activation gradients";
+    case MT_PLAN_ACT_GRADS: return "activations + gradients";
     case MT_PLAN_WORKSPACE: return "workspace (layer+head)";
     case MT_PLAN_INPUTS: return "tokens and targets";
     }
@@ -188,10 +194,10 @@ void mt_plan_print(const mt_plan *plan, FILE *out)
     fprintf(out, "memory plan: %" PRId64 " parameters (%" PRId64 " for FLOPs), %" PRId64 " tiles\n",
             plan->param_count, plan->flops_params, plan->num_tiles);
     fprintf(out, "  B=%" PRId64 " x T=%" PRId64 " x accumulation %" PRId64 " = %" PRId64
-            " tokens/step, K=%" PRId64 " (%" PRId64 " checkpoints), compute %s, activations %d B, %s\n",
+            " tokens/step, K=%" PRId64 " (%" PRId64 " checkpoints per micro-batch), weights %s, %s\n",
             p->micro_batch, p->seq_len, p->grad_accum, plan->tokens_per_step, p->checkpoint_interval,
-            plan->num_checkpoints, p->compute == MT_DTYPE_BF16 ? "bf16" : "fp32", p->act_elem_bytes,
-            p->use_gpu ? "GPU" : "CPU only");
+            plan->num_checkpoints, p->compute == MT_DTYPE_BF16 ? "bf16" : "fp32",
+            p->use_gpu ? "GPU (sized for the CUDA kernels)" : "CPU only");
     fprintf(out, "  %-26s %17s %11s %-6s %17s %11s\n", "kind", "host bytes", "host", "pinned", "GPU bytes", "GPU");
     for (int k = 0; k < MT_PLAN_KIND_COUNT; k++) {
         if (!plan->host[k] && !plan->gpu[k]) continue;

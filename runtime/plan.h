@@ -28,7 +28,6 @@ typedef struct mt_plan_params {
                                   * checkpoints, activation gradients and inputs */
     int64_t checkpoint_interval; /* K: layers per recompute block (clamped to L) */
     mt_dtype compute;
-    int act_elem_bytes;          /* bytes per activation element; 0: 2 for bf16 on a GPU, else 4 */
     bool use_gpu;                /* false: activations live on the host, nothing is pinned */
     int64_t head_chunk;          /* LM-head rows at a time; 0: min(B*T, MT_PLAN_DEFAULT_HEAD_CHUNK) */
 } mt_plan_params;
@@ -41,11 +40,11 @@ typedef enum mt_plan_kind {
     MT_PLAN_GRADS,          /* host: fp32 gradients; GPU: 2 fp32 gradient buffers */
     MT_PLAN_ADAM_M,         /* host: fp32 Adam first moment */
     MT_PLAN_ADAM_V,         /* host: fp32 Adam second moment */
-    MT_PLAN_CHECKPOINTS,    /* ceil(L/K) + 1 hidden states (B*T*d) kept across the forward */
-    MT_PLAN_BLOCK_SAVED,    /* one block's saved activations: K * mt_layer_saved_numel */
-    MT_PLAN_ACT_GRADS,      /* gradient of the hidden state, in and out: 2 * B*T*d */
-    MT_PLAN_WORKSPACE,      /* layer scratch + head scratch (chunked LM head) */
-    MT_PLAN_INPUTS,         /* token ids and targets: 2 * B*T int32 */
+    MT_PLAN_CHECKPOINTS,    /* ceil(L/K) fp32 hidden states (B*T*d) per micro-batch, forward to backward */
+    MT_PLAN_BLOCK_SAVED,    /* one block's saved activations: K * mt_codelet_layer_saved_bytes */
+    MT_PLAN_ACT_GRADS,      /* per micro-batch, fp32 ping-pong pairs of hidden states and their gradients: 4 * B*T*d */
+    MT_PLAN_WORKSPACE,      /* layer scratch + head scratch (chunked LM head), mt_codelet_*_scratch_bytes */
+    MT_PLAN_INPUTS,         /* token ids and targets: (2 slots * accumulation + 1 eval) * 2 * B*T int32 */
     MT_PLAN_KIND_COUNT
 } mt_plan_kind;
 
@@ -57,7 +56,7 @@ typedef struct mt_plan {
     int64_t tile_numel[3];     /* elements of the embedding, one layer and the head tile (padded) */
     int64_t num_tiles;         /* L + 2 */
     int64_t max_tile_numel;    /* the largest tile: every GPU weight buffer is this size */
-    int64_t num_checkpoints;   /* ceil(L / K) + 1 */
+    int64_t num_checkpoints;   /* ceil(L / K), per micro-batch */
     int weight_elem_bytes;     /* 2 (bf16) or 4 */
     uint64_t host[MT_PLAN_KIND_COUNT];
     uint64_t gpu[MT_PLAN_KIND_COUNT];

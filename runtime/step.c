@@ -105,8 +105,10 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
     }
     /* A StarPU vector is at most 2^32 elements: 16 GiB of floats per buffer. */
     const size_t limit = (size_t)UINT32_MAX * sizeof(float);
-    const size_t biggest[3] = { mt_codelet_layer_saved_bytes(st, sc->B, sc->T), mt_codelet_layer_scratch_bytes(st, sc->B, sc->T),
-                                (size_t)(sc->B * sc->T) * (size_t)st->cfg.hidden * sizeof(float) };
+    const bool gpu = starpu_cuda_worker_get_count() > 0;
+    const size_t saved_bytes = mt_codelet_layer_saved_bytes(&st->cfg, gpu, sc->B, sc->T);
+    const size_t scratch_bytes = mt_codelet_layer_scratch_bytes(&st->cfg, st->compute_dtype, gpu, sc->B, sc->T);
+    const size_t biggest[3] = { saved_bytes, scratch_bytes, (size_t)(sc->B * sc->T) * (size_t)st->cfg.hidden * sizeof(float) };
     for (int i = 0; i < 3; i++)
         if (biggest[i] > limit) {
             snprintf(err, errlen, "a micro-batch of %lld x %lld tokens needs a %zu-byte activation buffer, over the 16 GiB a "
@@ -116,7 +118,7 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
         }
     mt_graph *g = calloc(1, sizeof *g);
     g->st = st;
-    g->where = starpu_cuda_worker_get_count() > 0 ? STARPU_CUDA : STARPU_CPU;
+    g->where = gpu ? STARPU_CUDA : STARPU_CPU; /* every compute task runs there: buffers are sized for it */
     g->updates_submitted = calloc(st->ntiles, sizeof *g->updates_submitted);
     g->ready_notes = calloc((size_t)READY_RING * st->ntiles, sizeof *g->ready_notes);
     g->sc = *sc;
@@ -134,11 +136,11 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
             g->grad[u][i] = new_floats(g->ntok * d);
         }
     g->saved = calloc(sc->K, sizeof *g->saved);
-    for (int j = 0; j < sc->K; j++) g->saved[j] = new_bytes(mt_codelet_layer_saved_bytes(st, sc->B, sc->T));
-    g->scratch_layer = new_bytes(mt_codelet_layer_scratch_bytes(st, sc->B, sc->T));
+    for (int j = 0; j < sc->K; j++) g->saved[j] = new_bytes(saved_bytes);
+    g->scratch_layer = new_bytes(scratch_bytes);
     int64_t chunk = sc->head_chunk < g->ntok ? sc->head_chunk : g->ntok;
     g->sc.head_chunk = chunk;
-    g->scratch_head = new_bytes(mt_codelet_head_scratch_bytes(st, chunk));
+    g->scratch_head = new_bytes(mt_codelet_head_scratch_bytes(&st->cfg, st->compute_dtype, gpu, chunk));
 
     g->partial_mem = calloc(st->ntiles, sizeof(double));
     g->partial = calloc(st->ntiles, sizeof *g->partial);
@@ -167,6 +169,16 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
     g->h_eval_loss = host_vector(g->eval_loss, 2, sizeof(double));
     mt_policy_attach(st);
     return g;
+}
+
+uint64_t mt_graph_working_bytes(const mt_graph *g)
+{
+    uint64_t n = starpu_data_get_size(g->scratch_layer) + starpu_data_get_size(g->scratch_head);
+    for (int b = 0; b < g->nblocks * g->sc.accum; b++) n += starpu_data_get_size(g->ckpt[b]);
+    for (int u = 0; u < g->sc.accum; u++)
+        for (int i = 0; i < 2; i++) n += starpu_data_get_size(g->act[u][i]) + starpu_data_get_size(g->grad[u][i]);
+    for (int j = 0; j < g->sc.K; j++) n += starpu_data_get_size(g->saved[j]);
+    return n;
 }
 
 void mt_graph_destroy(mt_graph *g)
@@ -557,7 +569,7 @@ double mt_graph_eval(mt_graph *g, int64_t n_seq, const int32_t *tokens, const in
             { g->h_eval_loss, STARPU_W }, { g->scratch_head, STARPU_SCRATCH }, { mt_state_embed(st)->h_weights, STARPU_R },
         };
         check_insert(starpu_task_insert(&mt_cl_head_eval, STARPU_DATA_MODE_ARRAY, hd, st->cfg.tied ? 6 : 5,
-                                        STARPU_VALUE, &a, sizeof a, 0), "head_eval");
+                                        STARPU_VALUE, &a, sizeof a, STARPU_EXECUTE_WHERE, g->where, 0), "head_eval");
         starpu_data_acquire(g->h_eval_loss, STARPU_R);
         sum += g->eval_loss[0];
         count += g->eval_loss[1];

@@ -40,6 +40,11 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
 /* Waits for every task, then frees. */
 void mt_graph_destroy(mt_graph *g);
 
+/* Bytes of the working buffers the graph registered where its compute runs: checkpoints,
+ * ping-pong hidden states and gradients, saved activations, layer and head scratch. The memory
+ * plan predicts this number (mt_plan_activation_bytes less the inputs); tests hold them equal. */
+uint64_t mt_graph_working_bytes(const mt_graph *g);
+
 /* Called from StarPU callbacks at the end of each forward/backward/AdamW task (for tests and
  * tracing); keep it short and thread-safe. */
 void mt_graph_set_observer(mt_graph *g, mt_observer_fn fn, void *user);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "plan.h"
 #include "runtime.h"
 #include "state.h"
 #include "step.h"
@@ -50,6 +51,14 @@ static result run(bool tied, int ncuda, int K, int accum)
     sc.B = 2; sc.T = 77; sc.K = K; sc.accum = accum; sc.head_chunk = 50;
     mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
     ck_assert_msg(g != NULL, "%s", err);
+    /* The memory plan counts exactly the buffers the graph registers, on either kind of worker. */
+    mt_plan_params pp = { .micro_batch = sc.B, .seq_len = sc.T, .grad_accum = accum, .checkpoint_interval = K,
+                          .compute = MT_DTYPE_BF16, .use_gpu = ncuda > 0, .head_chunk = sc.head_chunk };
+    mt_plan plan;
+    ck_assert_msg(mt_plan_compute(&cfg, &pp, &plan) == 0, "%s", plan.error);
+    uint64_t planned = mt_plan_activation_bytes(&plan) - (ncuda > 0 ? plan.gpu : plan.host)[MT_PLAN_INPUTS];
+    ck_assert_msg(mt_graph_working_bytes(g) == planned, "ncuda %d: graph %llu bytes, plan %llu", ncuda,
+                  (unsigned long long)mt_graph_working_bytes(g), (unsigned long long)planned);
     int64_t n = accum * sc.B * sc.T;
     int32_t *tok = malloc(sizeof *tok * n), *tgt = malloc(sizeof *tgt * n);
     mt_test_rng r;

@@ -8,6 +8,8 @@
 #include <string.h>
 
 #include "backends/cpu/ops.h"
+#include "codelets.h"
+#include "mt_build_config.h"
 #include "config.h"
 #include "plan.h"
 #include "testutil.h"
@@ -34,7 +36,6 @@ START_TEST(test_tiny_cpu)
     ck_assert_int_eq(plan.num_tiles, 8);
     ck_assert_int_eq(plan.tokens_per_step, 96);
     ck_assert_int_eq(plan.param_count, 49152 + 6 * 393920 + 192);
-    ck_assert_int_eq(plan.params.act_elem_bytes, 4);
     ck_assert_int_eq(plan.params.head_chunk, 32);
 
     /* fp32 per kind: embed 196608 B (48 pages), layer 1575680 B -> 385 pages = 1576960,
@@ -45,21 +46,23 @@ START_TEST(test_tiny_cpu)
     ck_assert_uint_eq(plan.host[MT_PLAN_GRADS], kind);
     ck_assert_uint_eq(plan.host[MT_PLAN_ADAM_M], kind);
     ck_assert_uint_eq(plan.host[MT_PLAN_ADAM_V], kind);
-    /* Activations on the host: ntok = 32. Checkpoints ceil(6/2)+1 = 4 of 32*192 fp32, for each
+    /* Activations on the host: ntok = 32. Checkpoints ceil(6/2) = 3 of 32*192 fp32, for each
      * of the 3 micro-batches. */
-    ck_assert_int_eq(plan.num_checkpoints, 4);
-    ck_assert_uint_eq(plan.host[MT_PLAN_CHECKPOINTS], 3 * 4 * 32 * 192 * 4);
+    ck_assert_int_eq(plan.num_checkpoints, 3);
+    ck_assert_uint_eq(plan.host[MT_PLAN_CHECKPOINTS], 3 * 3 * 32 * 192 * 4);
     /* The layer's own buffer sizes come from the CPU backend's contract. */
     const uint64_t saved = (uint64_t)mt_layer_saved_numel(&c, 2, 16);
     const uint64_t scratch = (uint64_t)mt_layer_scratch_numel(&c, 2, 16);
     ck_assert_uint_gt(saved, 0);
     ck_assert_uint_eq(plan.host[MT_PLAN_BLOCK_SAVED], 2 * saved * 4);
-    ck_assert_uint_eq(plan.host[MT_PLAN_ACT_GRADS], 3 * 2 * 32 * 192 * 4);
+    /* two hidden states and two gradients per micro-batch (ping-pong) */
+    ck_assert_uint_eq(plan.host[MT_PLAN_ACT_GRADS], 3 * 4 * 32 * 192 * 4);
     /* Head scratch per chunk of 32 rows: hn, dhn (2*192), inv_rms (1), logits (256). */
     ck_assert_int_eq(mt_head_scratch_numel(&c, 32), 32 * (2 * 192 + 1 + 256));
     ck_assert_uint_eq(plan.host[MT_PLAN_WORKSPACE], (scratch + 32 * 641) * 4);
-    ck_assert_uint_eq(plan.host[MT_PLAN_INPUTS], 3 * 2 * 4 * 32);
-    ck_assert_uint_eq(plan.host_total, 5 * kind + 3 * 98304 + 8 * saved + 3 * 49152 + (scratch + 20512) * 4 + 3 * 256);
+    /* tokens and targets: two slots of 3 micro-batches plus one for evaluation */
+    ck_assert_uint_eq(plan.host[MT_PLAN_INPUTS], 7 * 2 * 4 * 32);
+    ck_assert_uint_eq(plan.host_total, 5 * kind + 3 * 73728 + 8 * saved + 3 * 98304 + (scratch + 20512) * 4 + 7 * 256);
     /* No GPU: nothing on it, nothing pinned. */
     ck_assert_uint_eq(plan.gpu_total, 0);
     ck_assert_uint_eq(plan.host_pinned_total, 0);
@@ -79,7 +82,6 @@ START_TEST(test_qwen05_gpu)
     ck_assert_msg(mt_plan_compute(&c, &p, &plan) == 0, "%s", plan.error);
     ck_assert_int_eq(plan.param_count, 494032768);
     ck_assert_int_eq(plan.tokens_per_step, 32768);
-    ck_assert_int_eq(plan.params.act_elem_bytes, 2);
     ck_assert_int_eq(plan.params.head_chunk, 1024);
     /* Tiles (d=896, I=4864, q 896, kv 128; every tensor a multiple of 64, so no padding):
      * layer = 2*896 + 2*896*896 + 2*128*896 + (896+128+128) + 3*4864*896 = 14912384,
@@ -98,34 +100,39 @@ START_TEST(test_qwen05_gpu)
     ck_assert_uint_eq(plan.host[MT_PLAN_GRADS], 1976143872ULL);
     ck_assert_uint_eq(plan.host[MT_PLAN_ADAM_M], 1976143872ULL);
     ck_assert_uint_eq(plan.host[MT_PLAN_ADAM_V], 1976143872ULL);
-    /* Host: state + tokens/targets (2 * 4096 int32 for each of 8 micro-batches), no activations. */
-    ck_assert_uint_eq(plan.host[MT_PLAN_INPUTS], 8 * 32768);
+    /* Host: state + tokens/targets (2 * 4096 int32 for 2 slots of 8 micro-batches and one
+     * evaluation micro-batch), no activations. */
+    ck_assert_uint_eq(plan.host[MT_PLAN_INPUTS], 17 * 32768);
     ck_assert_uint_eq(plan.host[MT_PLAN_CHECKPOINTS], 0);
     ck_assert_uint_eq(plan.host[MT_PLAN_BLOCK_SAVED], 0);
-    ck_assert_uint_eq(plan.host_total, 988123136ULL + 4 * 1976143872ULL + 8 * 32768);
-    ck_assert_uint_eq(plan.host_total, 8892960768ULL);
+    ck_assert_uint_eq(plan.host_total, 988123136ULL + 4 * 1976143872ULL + 17 * 32768);
+    ck_assert_uint_eq(plan.host_total, 8893255680ULL);
     ck_assert_uint_eq(plan.host_pinned_total, plan.host_total);
     /* About 18 bytes per parameter, as design.md says. */
     ck_assert(plan.host_total > 18ULL * 494032768 && plan.host_total < 18ULL * 494032768 + 2000000);
 
     /* GPU: two weight buffers of the largest tile (the embedding) in bf16, two fp32 gradient
-     * buffers, 7 checkpoints (ceil(24/4) + 1) of 4096*896 bf16 per micro-batch (8), one block of
-     * 4 layers' saved activations, two activation-gradient buffers per micro-batch, layer + head
-     * workspace, tokens/targets. */
+     * buffers, 6 checkpoints (ceil(24/4)) of 4096*896 fp32 per micro-batch (8), one block of
+     * 4 layers' saved activations, two hidden states and two gradients per micro-batch, layer +
+     * head workspace, tokens/targets; the kernel-specific sizes from the functions step.c sizes
+     * its buffers with (the CUDA kernels' when the build has them). */
     ck_assert_uint_eq(plan.gpu[MT_PLAN_WEIGHTS], 2ULL * 136134656 * 2);
     ck_assert_uint_eq(plan.gpu[MT_PLAN_GRADS], 2ULL * 136134656 * 4);
-    ck_assert_int_eq(plan.num_checkpoints, 7);
-    ck_assert_uint_eq(plan.gpu[MT_PLAN_CHECKPOINTS], 8 * 7ULL * 4096 * 896 * 2);
-    const uint64_t saved = (uint64_t)mt_layer_saved_numel(&c, 4, 1024);
-    const uint64_t scratch = (uint64_t)mt_layer_scratch_numel(&c, 4, 1024);
-    ck_assert_uint_eq(plan.gpu[MT_PLAN_BLOCK_SAVED], 4 * saved * 2);
-    ck_assert_uint_eq(plan.gpu[MT_PLAN_ACT_GRADS], 8 * 2ULL * 4096 * 896 * 2);
-    /* Head scratch per 1024-row chunk: 1024 * (2*896 + 1 + 151936) = 157,418,496 elements. */
-    ck_assert_int_eq(mt_head_scratch_numel(&c, 1024), 157418496);
-    ck_assert_uint_eq(plan.gpu[MT_PLAN_WORKSPACE], (scratch + 157418496ULL) * 2);
-    ck_assert_uint_eq(plan.gpu[MT_PLAN_INPUTS], 8 * 32768);
-    ck_assert_uint_eq(plan.gpu_total, 544538624ULL + 1089077248ULL + 8 * 51380224ULL + 8 * saved + 8 * 14680064ULL +
-                                          (scratch + 157418496ULL) * 2 + 8 * 32768);
+    ck_assert_int_eq(plan.num_checkpoints, 6);
+    ck_assert_uint_eq(plan.gpu[MT_PLAN_CHECKPOINTS], 8 * 6ULL * 4096 * 896 * 4);
+    const uint64_t saved = mt_codelet_layer_saved_bytes(&c, true, 4, 1024);
+    const uint64_t scratch = mt_codelet_layer_scratch_bytes(&c, MT_DTYPE_BF16, true, 4, 1024) +
+                             mt_codelet_head_scratch_bytes(&c, MT_DTYPE_BF16, true, 1024);
+    ck_assert_uint_eq(plan.gpu[MT_PLAN_BLOCK_SAVED], 4 * saved);
+    ck_assert_uint_eq(plan.gpu[MT_PLAN_ACT_GRADS], 8 * 4ULL * 4096 * 896 * 4);
+    ck_assert_uint_eq(plan.gpu[MT_PLAN_WORKSPACE], scratch);
+    ck_assert_uint_eq(plan.gpu[MT_PLAN_INPUTS], 17 * 32768);
+    ck_assert_uint_eq(plan.gpu_total, 544538624ULL + 1089077248ULL + 48 * 14680064ULL + 4 * saved + 32 * 14680064ULL +
+                                          scratch + 17 * 32768);
+#if MT_HAVE_CUDA
+    /* The CUDA layer keeps bf16 activations: less than the CPU op's fp32 saved buffer. */
+    ck_assert_uint_lt(saved, (uint64_t)mt_layer_saved_numel(&c, 4, 1024) * 4);
+#endif
 
     char err[1024];
     ck_assert_msg(mt_plan_check_host(&plan, 125 * GiB, err, sizeof err) == 0, "%s", err);
@@ -142,7 +149,7 @@ START_TEST(test_qwen05_gpu)
     ck_assert_ptr_nonnull(strstr(text, "master weights"));
     ck_assert_ptr_nonnull(strstr(text, "checkpoints"));
     ck_assert_ptr_nonnull(strstr(text, "total"));
-    ck_assert_ptr_nonnull(strstr(text, "8892960768"));
+    ck_assert_ptr_nonnull(strstr(text, "8893255680"));
     ck_assert_ptr_nonnull(strstr(text, "8.28 GiB"));
     free(text);
 }
@@ -215,9 +222,6 @@ START_TEST(test_bad_params)
     p.grad_accum = 0;
     ck_assert_int_eq(mt_plan_compute(&c, &p, &plan), -1);
     p = good;
-    p.act_elem_bytes = 3;
-    ck_assert_int_eq(mt_plan_compute(&c, &p, &plan), -1);
-    p = good;
     p.micro_batch = INT64_MAX / 2;
     p.seq_len = 1000;
     ck_assert_int_eq(mt_plan_compute(&c, &p, &plan), -1);
@@ -228,12 +232,12 @@ START_TEST(test_bad_params)
     ck_assert_int_eq(mt_plan_compute(&bad, &good, &plan), -1);
     ck_assert_msg(strstr(plan.error, "num_key_value_heads") != NULL, "%s", plan.error);
 
-    /* K beyond L means one block of all layers: clamped, with L+... checkpoints = 2. */
+    /* K beyond L means one block of all layers: clamped, one checkpoint. */
     p = good;
     p.checkpoint_interval = 100;
     ck_assert_msg(mt_plan_compute(&c, &p, &plan) == 0, "%s", plan.error);
     ck_assert_int_eq(plan.params.checkpoint_interval, 6);
-    ck_assert_int_eq(plan.num_checkpoints, 2);
+    ck_assert_int_eq(plan.num_checkpoints, 1);
 }
 END_TEST
 

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "plan.h"
 #include "runtime.h"
 #include "state.h"
 #include "step.h"
@@ -383,6 +384,34 @@ START_TEST(test_gates_megatrain_policy)
 }
 END_TEST
 
+/* The memory plan counts exactly the working buffers the graph registers, for several shapes. */
+START_TEST(test_plan_matches_graph)
+{
+    start("eager");
+    const struct { bool tied; int64_t B, T; int K, accum; } cases[] = { {true, 2, 8, 2, 1}, {false, 3, 16, 3, 2}, {true, 1, 33, 5, 3} };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        mt_model_config cfg = tiny_config(cases[c].tied);
+        char err[256];
+        mt_host_state *st = mt_state_create(&cfg, MT_DTYPE_F32, 0, err, sizeof err);
+        ck_assert_msg(st != NULL, "%s", err);
+        mt_step_config sc = mt_step_defaults();
+        sc.B = cases[c].B; sc.T = cases[c].T; sc.K = cases[c].K; sc.accum = cases[c].accum;
+        mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
+        ck_assert_msg(g != NULL, "%s", err);
+        mt_plan_params pp = { .micro_batch = sc.B, .seq_len = sc.T, .grad_accum = sc.accum, .checkpoint_interval = sc.K,
+                              .compute = MT_DTYPE_F32, .use_gpu = false, .head_chunk = sc.head_chunk };
+        mt_plan plan;
+        ck_assert_msg(mt_plan_compute(&cfg, &pp, &plan) == 0, "%s", plan.error);
+        uint64_t planned = mt_plan_activation_bytes(&plan) - plan.host[MT_PLAN_INPUTS];
+        ck_assert_msg(mt_graph_working_bytes(g) == planned, "case %zu: graph %llu bytes, plan %llu", c,
+                      (unsigned long long)mt_graph_working_bytes(g), (unsigned long long)planned);
+        mt_graph_destroy(g);
+        mt_state_destroy(st);
+    }
+    mt_runtime_shutdown();
+}
+END_TEST
+
 START_TEST(test_bad_step_config)
 {
     start("eager");
@@ -416,6 +445,7 @@ int main(void)
     tcase_add_test(tc, test_adamw_overlaps_backward_without_clip);
     tcase_add_test(tc, test_no_adamw_during_backward_with_clip);
     tcase_add_test(tc, test_gates_megatrain_policy);
+    tcase_add_test(tc, test_plan_matches_graph);
     tcase_add_test(tc, test_bad_step_config);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

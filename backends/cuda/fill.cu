@@ -26,3 +26,14 @@ extern "C" int mt_cuda_host_pointer_pinned(const void *p)
     }
     return attr.type == cudaMemoryTypeHost ? 1 : 0;
 }
+
+extern "C" int mt_cuda_device_memory_used(size_t *used)
+{
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    *used = total_b - free_b;
+    return 0;
+}

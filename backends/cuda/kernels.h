@@ -32,6 +32,9 @@ mt_cuda_ctx *mt_cuda_ctx_get(void);
 void mt_cuda_fill_f32(float *x, int64_t n, float value, mt_cuda_stream stream);
 /* 1 if p is page-locked host memory CUDA knows, 0 if pageable, -1 on error. */
 int mt_cuda_host_pointer_pinned(const void *p);
+/* Device memory in use on the current device, every process and allocator included (what
+ * nvidia-smi shows): total - free from cudaMemGetInfo. 0, or -1 on error. */
+int mt_cuda_device_memory_used(size_t *used);
 void mt_cuda_f32_to_bf16(const float *in, mt_cuda_bf16 *out, int64_t n, mt_cuda_stream stream);
 void mt_cuda_bf16_to_f32(const mt_cuda_bf16 *in, float *out, int64_t n, mt_cuda_stream stream);
 /* out[0] = sum of x^2 (double, device memory) */
