@@ -99,53 +99,29 @@ static double peak_rss_gib(void)
     return kib / (1024.0 * 1024.0);
 }
 
-int mt_bench_run(const mt_bench_options *o, mt_bench_result *r, FILE *log, char *err, size_t errlen)
+int mt_bench_count(const mt_bench_options *o)
 {
-    memset(r, 0, sizeof *r);
-    mt_model_config cfg;
-    if (mt_config_from_shape(o->shape, &cfg)) {
-        snprintf(err, errlen, "unknown shape '%s'", o->shape);
-        return -1;
-    }
-    if (o->layers > 0) cfg.layers = o->layers;
-    r->checkpoints = (cfg.layers + o->step.K - 1) / o->step.K;
-    r->checkpoint_gib = (double)o->step.B * o->step.T * cfg.hidden * sizeof(float) / 1073741824.0;
-    mt_plan_params pp = { .micro_batch = o->step.B, .seq_len = o->step.T, .grad_accum = o->step.accum,
-                          .checkpoint_interval = o->step.K, .compute = MT_DTYPE_BF16, .use_gpu = true,
-                          .head_chunk = o->step.head_chunk };
-    mt_plan plan;
-    if (mt_plan_compute(&cfg, &pp, &plan)) {
-        snprintf(err, errlen, "%s", plan.error);
-        return -1;
-    }
-    if (mt_plan_check_host(&plan, mt_host_memory_available(), err, errlen)) return -1;
+    return (o->nsweep_K > 0 ? o->nsweep_K : 1) * (o->nsweep_clip > 0 ? o->nsweep_clip : 1);
+}
 
-    /* The GPU budget must be set before StarPU starts. */
-    r->gpu_limit_mib = 0;
-    if (!o->resident) {
-        /* The plan counts every buffer the graph registers (runtime/plan.c); a little room on
-         * top for StarPU's own small allocations. */
-        r->gpu_limit_mib = o->gpu_limit_mib ? o->gpu_limit_mib : ((plan.gpu_total + plan.gpu_total / 50) >> 20) + 256;
-        char v[32];
-        snprintf(v, sizeof v, "%llu", (unsigned long long)r->gpu_limit_mib);
-        setenv("STARPU_LIMIT_CUDA_MEM", v, 1);
-    } else {
-        unsetenv("STARPU_LIMIT_CUDA_MEM");
-    }
-    setenv("STARPU_PROFILING", "1", 1);
-    if (mt_runtime_init(&o->runtime, err, errlen)) return -1;
-    int rc = -1;
-    mt_graph *g = NULL;
-    double t0 = now();
-    mt_host_state *st = mt_state_create(&cfg, MT_DTYPE_BF16, (int64_t)1 << 22, err, errlen);
-    if (!st) goto out;
-    mt_state_init_random(st, 1, 0.02);
-    if (log) fprintf(log, "bench: %s (%lld layers), %.3fB parameters, host state %.1f GiB in %.1f s, GPU limit %s\n", o->shape,
-                     (long long)cfg.layers, mt_config_param_count(&cfg) / 1e9, plan.host_total / 1073741824.0, now() - t0,
-                     o->resident ? "none (resident)" : "from the step's buffers");
-    g = mt_graph_create(st, &o->step, err, errlen);
-    if (!g) goto out;
+/* The (K, clip) pair of result i: K outer, clip inner. */
+static void pair_of(const mt_bench_options *o, int i, int *K, double *clip)
+{
+    int nc = o->nsweep_clip > 0 ? o->nsweep_clip : 1;
+    *K = o->nsweep_K > 0 ? o->sweep_K[i / nc] : o->step.K;
+    *clip = o->nsweep_clip > 0 ? o->sweep_clip[i % nc] : o->step.clip;
+}
+
+/* One pair: a fresh graph over the shared state, warm-up, measured steps, AdamW alone. */
+static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt_model_config *cfg, mt_host_state *st,
+                   mt_bench_result *r, FILE *log, char *err, size_t errlen)
+{
+    mt_graph *g = mt_graph_create(st, sc, err, errlen);
+    if (!g) return -1;
     mt_policy_set_prefetch(o->prefetch);
+    r->layers = cfg->layers;
+    r->checkpoints = (cfg->layers + sc->K - 1) / sc->K;
+    r->checkpoint_gib = (double)sc->B * sc->T * cfg->hidden * sizeof(float) / 1073741824.0;
 
     int total = o->warmup + o->steps;
     timeline tl = { .nsteps = total };
@@ -161,14 +137,14 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *r, FILE *log, char 
         if (starpu_worker_get_type((int)w) == STARPU_CUDA_WORKER) tl.gpu_node = starpu_worker_get_memory_node(w);
     mt_graph_set_observer(g, on_event, &tl);
 
-    int64_t n = (int64_t)o->step.accum * o->step.B * o->step.T;
+    int64_t n = (int64_t)sc->accum * sc->B * sc->T;
     int32_t *tok = malloc(sizeof *tok * n), *tgt = malloc(sizeof *tgt * n);
     uint64_t s = 12345;
     for (int64_t i = 0; i < n; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
-        tok[i] = (int32_t)((s >> 33) % (uint64_t)cfg.vocab);
+        tok[i] = (int32_t)((s >> 33) % (uint64_t)cfg->vocab);
         s = s * 6364136223846793005ull + 1442695040888963407ull;
-        tgt[i] = (int32_t)((s >> 33) % (uint64_t)cfg.vocab);
+        tgt[i] = (int32_t)((s >> 33) % (uint64_t)cfg->vocab);
     }
     int *slots = calloc(total + 1, sizeof(int));
     double measure_start = 0;
@@ -178,13 +154,16 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *r, FILE *log, char 
             starpu_task_wait_for_all();
             for (int b = 0; b < starpu_bus_get_count(); b++) starpu_bus_get_profiling_info(b, NULL);
             for (unsigned w = 0; w < starpu_worker_get_count(); w++) starpu_profiling_worker_get_info((int)w, NULL);
+            pthread_mutex_lock(&tl.lock);
+            tl.peak_gpu = 0;
+            pthread_mutex_unlock(&tl.lock);
             measure_start = now();
         }
         slots[step] = mt_graph_submit_step(g, step, tok, tgt, 1e-5);
         if (step >= 2) {
             double loss = mt_graph_wait_loss(g, slots[step - 1], NULL);
             if (step == 2) r->loss_first = loss;
-            if (log) fprintf(log, "bench: step %d loss %.4f\n", step - 1, loss);
+            if (log) fprintf(log, "bench: K=%d clip %g step %d loss %.4f\n", sc->K, sc->clip, step - 1, loss);
         }
     }
     r->loss_last = mt_graph_wait_loss(g, slots[total], NULL);
@@ -225,10 +204,9 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *r, FILE *log, char 
     r->adamw_span_s = median(spans, o->steps);
     r->adamw_tail_s = median(tails, o->steps);
     r->tokens_per_s = n / r->step_s;
-    double flops_per_token = 6.0 * (double)mt_config_flops_params(&cfg) + 6.0 * cfg.layers * cfg.hidden * o->step.T;
+    double flops_per_token = 6.0 * (double)mt_config_flops_params(cfg) + 6.0 * cfg->layers * cfg->hidden * sc->T;
     r->tflops = flops_per_token * n / r->step_s / 1e12;
     r->peak_gpu_gib = tl.peak_gpu / 1073741824.0;
-    r->plan_gpu_gib = plan.gpu_total / 1073741824.0;
 #if MT_HAVE_CUDA
     size_t used = 0;
     if (starpu_cuda_worker_get_count() > 0 && mt_cuda_device_memory_used(&used) == 0) r->device_used_gib = used / 1073741824.0;
@@ -240,9 +218,8 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *r, FILE *log, char 
     mt_graph_submit_update(g, total + 1, 1e-5);
     starpu_task_wait_for_all();
     r->adamw_standalone_s = now() - a0;
-    r->adamw_s_per_gparam = r->adamw_standalone_s / (mt_config_param_count(&cfg) / 1e9);
+    r->adamw_s_per_gparam = r->adamw_standalone_s / (mt_config_param_count(cfg) / 1e9);
     r->peak_host_gib = peak_rss_gib();
-    free(steps); free(gaps); free(spans); free(tails); free(slots); free(tok); free(tgt);
     if (log && total >= 2) {
         /* Where the step boundary goes, for the last measured step (seconds after layer 0's backward). */
         int k = total - 1;
@@ -254,29 +231,105 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *r, FILE *log, char 
                 tl.adam_tile_end[k * 3 + 2] - b, tl.ready[k * 3] - b, tl.ready[k * 3 + 1] - b, tl.ready[k * 3 + 2] - b,
                 tl.embed_start[k + 1] - b, tl.fwd0_start[k + 1] - b, tl.adam_last[k] - b);
     }
+    free(steps); free(gaps); free(spans); free(tails); free(slots); free(tok); free(tgt);
     free(tl.fwd0_start); free(tl.bwd0_end); free(tl.adam_first); free(tl.adam_last);
     free(tl.embed_start); free(tl.adam_tile_end); free(tl.ready);
+    pthread_mutex_destroy(&tl.lock);
+    mt_graph_destroy(g);
+    return 0;
+}
+
+int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log, FILE *table, char *err, size_t errlen)
+{
+    const int count = mt_bench_count(o);
+    memset(results, 0, sizeof *results * (size_t)count);
+    mt_model_config cfg;
+    if (mt_config_from_shape(o->shape, &cfg)) {
+        snprintf(err, errlen, "unknown shape '%s'", o->shape);
+        return -1;
+    }
+    if (o->layers > 0) cfg.layers = o->layers;
+    /* Every pair's plan; the GPU budget is the largest, the host state the same for all. */
+    uint64_t gpu_need = 0;
+    for (int i = 0; i < count; i++) {
+        mt_bench_result *r = &results[i];
+        pair_of(o, i, &r->K, &r->clip);
+        if (r->K > cfg.layers) r->K = (int)cfg.layers;
+        mt_plan_params pp = { .micro_batch = o->step.B, .seq_len = o->step.T, .grad_accum = o->step.accum,
+                              .checkpoint_interval = r->K, .compute = MT_DTYPE_BF16, .use_gpu = true,
+                              .head_chunk = o->step.head_chunk };
+        mt_plan plan;
+        if (mt_plan_compute(&cfg, &pp, &plan)) {
+            snprintf(err, errlen, "%s", plan.error);
+            return -1;
+        }
+        if (i == 0 && mt_plan_check_host(&plan, mt_host_memory_available(), err, errlen)) return -1;
+        r->plan_gpu_gib = plan.gpu_total / 1073741824.0;
+        if (plan.gpu_total > gpu_need) gpu_need = plan.gpu_total;
+    }
+
+    /* The GPU budget must be set before StarPU starts. The plan counts every buffer the graph
+     * registers (runtime/plan.c); a little room on top for StarPU's own small allocations. */
+    uint64_t limit_mib = 0;
+    if (!o->resident) {
+        limit_mib = o->gpu_limit_mib ? o->gpu_limit_mib : ((gpu_need + gpu_need / 50) >> 20) + 256;
+        char v[32];
+        snprintf(v, sizeof v, "%llu", (unsigned long long)limit_mib);
+        setenv("STARPU_LIMIT_CUDA_MEM", v, 1);
+    } else {
+        unsetenv("STARPU_LIMIT_CUDA_MEM");
+    }
+    setenv("STARPU_PROFILING", "1", 1);
+    if (mt_runtime_init(&o->runtime, err, errlen)) return -1;
+    int rc = -1;
+    double t0 = now();
+    mt_host_state *st = mt_state_create(&cfg, MT_DTYPE_BF16, (int64_t)1 << 22, err, errlen);
+    if (!st) goto out;
+    mt_state_init_random(st, 1, 0.02);
+    if (log) fprintf(log, "bench: %s (%lld layers), %.3fB parameters, host state in %.1f s, GPU limit %s\n", o->shape,
+                     (long long)cfg.layers, mt_config_param_count(&cfg) / 1e9, now() - t0,
+                     o->resident ? "none (resident)" : "from the memory plan");
+    for (int i = 0; i < count; i++) {
+        mt_bench_result *r = &results[i];
+        r->gpu_limit_mib = limit_mib;
+        mt_step_config sc = o->step;
+        sc.K = r->K;
+        sc.clip = r->clip;
+        if (measure(o, &sc, &cfg, st, r, log, err, errlen)) goto out;
+        if (table) {
+            mt_bench_print(o, r, i == 0, table);
+            fflush(table);
+        }
+    }
     rc = 0;
 out:
-    mt_graph_destroy(g);
     mt_state_destroy(st);
     mt_runtime_shutdown();
     return rc;
 }
 
-void mt_bench_print(const mt_bench_options *o, const mt_bench_result *r, FILE *out)
+void mt_bench_print(const mt_bench_options *o, const mt_bench_result *r, bool header, FILE *out)
 {
-    fprintf(out, "| shape | tokens/step | K | clip | policy | prefetch | GPU limit | step s | tok/s | model TFLOP/s | H2D GB/step (GB/s) | D2H GB/step (GB/s) | GPU busy | AdamW alone s (s/1e9) | AdamW span s | AdamW tail s | boundary gap s | peak GPU GiB | peak host GiB |\n");
-    fprintf(out, "| %s | %d x %lld x %lld | %d | %g | %s | %s | %s | %.3f | %.0f | %.1f | %.2f (%.1f) | %.2f (%.1f) | %.2f | %.2f (%.3f) | %.3f | %.3f | %.3f | %.2f | %.1f |\n",
-            o->shape, o->step.accum, (long long)o->step.B, (long long)o->step.T, o->step.K, o->step.clip,
+    if (header)
+        fprintf(out, "| shape | tokens/step | K | clip | policy | prefetch | GPU limit | step s | tok/s | model TFLOP/s | H2D GB/step (GB/s) | D2H GB/step (GB/s) | GPU busy | AdamW alone s (s/1e9) | AdamW span s | AdamW tail s | boundary gap s | peak GPU GiB (plan) | peak host GiB |\n"
+                     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    fprintf(out, "| %s | %d x %lld x %lld | %d | %g | %s | %s | %s | %.3f | %.0f | %.1f | %.2f (%.1f) | %.2f (%.1f) | %.2f | %.2f (%.3f) | %.3f | %.3f | %.3f | %.2f (%.2f) | %.1f |\n",
+            o->shape, o->step.accum, (long long)o->step.B, (long long)o->step.T, r->K, r->clip,
             o->runtime.sched ? o->runtime.sched : mt_default_sched(), o->prefetch ? "on" : "off",
             r->gpu_limit_mib ? "bounded" : "resident", r->step_s, r->tokens_per_s, r->tflops, r->h2d_gb, r->h2d_gbs,
             r->d2h_gb, r->d2h_gbs, r->gpu_busy, r->adamw_standalone_s, r->adamw_s_per_gparam, r->adamw_span_s,
-            r->adamw_tail_s, r->boundary_gap_s, r->peak_gpu_gib, r->peak_host_gib);
-    if (r->gpu_limit_mib) fprintf(out, "(GPU limit STARPU_LIMIT_CUDA_MEM = %llu MiB)\n", (unsigned long long)r->gpu_limit_mib);
-    fprintf(out, "(%lld layers, %lld checkpoints of %.4f GiB; peak GPU = StarPU's allocated bytes on the GPU, sampled at task "
-                 "ends: %.2f GiB against the memory plan's %.2f GiB (%+.1f%%); whole device in use at the end, CUDA context "
-                 "and libraries included: %.2f GiB)\n",
-            (long long)(o->layers > 0 ? o->layers : 0), (long long)r->checkpoints, r->checkpoint_gib, r->peak_gpu_gib,
-            r->plan_gpu_gib, r->plan_gpu_gib > 0 ? 100.0 * (r->peak_gpu_gib / r->plan_gpu_gib - 1) : 0.0, r->device_used_gib);
+            r->adamw_tail_s, r->boundary_gap_s, r->peak_gpu_gib, r->plan_gpu_gib, r->peak_host_gib);
+}
+
+/* The notes under a table: the limit, and what the memory columns mean. */
+void mt_bench_print_notes(const mt_bench_options *o, const mt_bench_result *r, int count, FILE *out)
+{
+    if (r[0].gpu_limit_mib) fprintf(out, "(GPU limit STARPU_LIMIT_CUDA_MEM = %llu MiB)\n", (unsigned long long)r[0].gpu_limit_mib);
+    for (int i = 0; i < count; i++)
+        fprintf(out, "(K=%d clip %g: %lld layers, %lld checkpoints of %.4f GiB; peak GPU = StarPU's allocated bytes, sampled at "
+                     "task ends: %.2f GiB against the memory plan's %.2f GiB (%+.1f%%); whole device in use at the end, CUDA "
+                     "context and libraries included: %.2f GiB)\n",
+                r[i].K, r[i].clip, (long long)r[i].layers, (long long)r[i].checkpoints, r[i].checkpoint_gib,
+                r[i].peak_gpu_gib, r[i].plan_gpu_gib,
+                r[i].plan_gpu_gib > 0 ? 100.0 * (r[i].peak_gpu_gib / r[i].plan_gpu_gib - 1) : 0.0, r[i].device_used_gib);
 }

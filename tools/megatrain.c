@@ -63,6 +63,25 @@ static int parse_double(const char *flag, const char *s, double lo, double hi, d
     return 0;
 }
 
+/* A comma-separated list of at most `max` numbers, each checked as parse_double does. */
+static int parse_list(const char *flag, const char *s, double lo, double hi, double *out, int max, int *n)
+{
+    char buf[256];
+    if (strlen(s) >= sizeof buf) return usage_error("%s: '%s' is too long", flag, s), -1;
+    snprintf(buf, sizeof buf, "%s", s);
+    *n = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (*n == max) {
+            fprintf(stderr, "%s: %s: at most %d values\n", cmd, flag, max);
+            return -1;
+        }
+        if (parse_double(flag, tok, lo, hi, &out[(*n)++])) return -1;
+    }
+    if (*n == 0) return usage_error("%s: '%s' holds no value", flag, s), -1;
+    return 0;
+}
+
 /* ---- info ------------------------------------------------------------------------------- */
 
 static void info_help(void)
@@ -445,8 +464,9 @@ static void bench_help(const mt_bench_options *d)
     printf("  --micro-batch B      sequences per micro-batch (default %lld)\n", (long long)d->step.B);
     printf("  --seq-len T          tokens per sequence (default %lld)\n", (long long)d->step.T);
     printf("  --accum N            micro-batches per step (default %d)\n", d->step.accum);
-    printf("  --checkpoint-every K layers per recompute block (default %d)\n", d->step.K);
-    printf("  --clip X             max gradient norm, 0 = off (default %g)\n", d->step.clip);
+    printf("  --checkpoint-every K layers per recompute block (default %d); a list (1,2,4) measures each\n", d->step.K);
+    printf("  --clip X             max gradient norm, 0 = off (default %g); a list (1,0) measures each.\n"
+           "                       Lists share one host state: every K and clip pair in one run\n", d->step.clip);
     printf("  --warmup N           steps not measured (default %d)\n", d->warmup);
     printf("  --steps N            measured steps (default %d)\n", d->steps);
     printf("  --resident           no GPU memory limit: no weight is ever evicted\n");
@@ -479,8 +499,20 @@ static int cmd_bench(int argc, char **argv)
         case O_B: if (parse_int("--micro-batch", optarg, 1, 1 << 20, &v)) return 2; o.step.B = v; break;
         case O_T: if (parse_int("--seq-len", optarg, 1, 1 << 24, &v)) return 2; o.step.T = v; break;
         case O_ACCUM: if (parse_int("--accum", optarg, 1, 1 << 20, &v)) return 2; o.step.accum = (int)v; break;
-        case O_K: if (parse_int("--checkpoint-every", optarg, 1, 1 << 20, &v)) return 2; o.step.K = (int)v; break;
-        case O_CLIP: if (parse_double("--clip", optarg, 0, 1e30, &o.step.clip)) return 2; break;
+        case O_K: {
+            double ks[MT_BENCH_MAX_SWEEP];
+            if (parse_list("--checkpoint-every", optarg, 1, 1 << 20, ks, MT_BENCH_MAX_SWEEP, &o.nsweep_K)) return 2;
+            for (int i = 0; i < o.nsweep_K; i++) {
+                if (ks[i] != (int)ks[i]) return usage_error("--checkpoint-every: '%s' is not a list of integers%s", optarg, "");
+                o.sweep_K[i] = (int)ks[i];
+            }
+            o.step.K = o.sweep_K[0];
+            break;
+        }
+        case O_CLIP:
+            if (parse_list("--clip", optarg, 0, 1e30, o.sweep_clip, MT_BENCH_MAX_SWEEP, &o.nsweep_clip)) return 2;
+            o.step.clip = o.sweep_clip[0];
+            break;
         case O_WARM: if (parse_int("--warmup", optarg, 0, 1000, &v)) return 2; o.warmup = (int)v; break;
         case O_STEPS: if (parse_int("--steps", optarg, 1, 1000, &v)) return 2; o.steps = (int)v; break;
         case O_RES: o.resident = true; break;
@@ -500,13 +532,17 @@ static int cmd_bench(int argc, char **argv)
         return usage_error("--shape: unknown shape '%s'%s", o.shape, " (qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b, qwen2.5-14b, tiny)");
     if (o.layers > 0) cfg.layers = o.layers;
     if (o.step.K > cfg.layers) o.step.K = (int)cfg.layers;
-    mt_bench_result r;
+    int count = mt_bench_count(&o);
+    mt_bench_result *r = calloc((size_t)count, sizeof *r);
     char err[1024];
-    if (mt_bench_run(&o, &r, stderr, err, sizeof err)) {
+    /* Rows print as each pair finishes, so a long sweep cut short keeps what it measured. */
+    if (mt_bench_run(&o, r, stderr, stdout, err, sizeof err)) {
         fprintf(stderr, "%s: %s\n", cmd, err);
+        free(r);
         return 1;
     }
-    mt_bench_print(&o, &r, stdout);
+    mt_bench_print_notes(&o, r, count, stdout);
+    free(r);
     return 0;
 }
 
@@ -517,25 +553,30 @@ static void grads_help(void)
     printf("usage: megatrain grads --model DIR --tokens FILE --batch B --seq-len T --out FILE [options]\n\n"
            "Runs the forward, loss and backward of one batch with the training step's graph (no\n"
            "update) and writes the loss and every parameter gradient, under HF names, as fp32\n"
-           "safetensors: what tools/parity.py compares with transformers.\n\n"
+           "safetensors: what tools/parity.py and tests/test_parity.c compare with transformers.\n\n"
            "  --model DIR          HF directory (config.json + safetensors)\n"
            "  --tokens FILE        B x (T + 1) little-endian int32 ids; targets are the next ids\n"
            "  --batch B            sequences\n"
            "  --seq-len T          predicted positions per sequence\n"
            "  --out FILE           output .safetensors\n"
+           "  --logits             also write \"logits\" [B, T, V]: every position's logits from the\n"
+           "                       fp32 CPU forward of the loaded weights (whatever --ncuda says)\n"
+           "  --save-model DIR     also write the loaded model as an HF directory (fp32 safetensors),\n"
+           "                       replacing the model files in DIR as train --save-model does\n"
            "  --checkpoint-every K layers per recompute block (default 2)\n"
            "  --sched NAME, --ncpu N, --ncuda N   StarPU (--ncuda 0: the exact fp32 CPU path)\n");
 }
 
 static int cmd_grads(int argc, char **argv)
 {
-    enum { O_MODEL = 256, O_TOKENS, O_B, O_T, O_OUT, O_K, O_SCHED, O_NCPU, O_NCUDA, O_HELP };
+    enum { O_MODEL = 256, O_TOKENS, O_B, O_T, O_OUT, O_K, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LOGITS, O_SAVE_MODEL };
     static const struct option opts[] = {
         { "model", required_argument, 0, O_MODEL }, { "tokens", required_argument, 0, O_TOKENS },
         { "batch", required_argument, 0, O_B }, { "seq-len", required_argument, 0, O_T },
         { "out", required_argument, 0, O_OUT }, { "checkpoint-every", required_argument, 0, O_K },
         { "sched", required_argument, 0, O_SCHED }, { "ncpu", required_argument, 0, O_NCPU },
-        { "ncuda", required_argument, 0, O_NCUDA }, { "help", no_argument, 0, O_HELP }, { 0, 0, 0, 0 },
+        { "ncuda", required_argument, 0, O_NCUDA }, { "help", no_argument, 0, O_HELP },
+        { "logits", no_argument, 0, O_LOGITS }, { "save-model", required_argument, 0, O_SAVE_MODEL }, { 0, 0, 0, 0 },
     };
     mt_grads_options o = { .K = 2, .runtime = mt_runtime_defaults() };
     long long v;
@@ -547,6 +588,8 @@ static int cmd_grads(int argc, char **argv)
         case O_B: if (parse_int("--batch", optarg, 1, 1 << 20, &v)) return 2; o.B = v; break;
         case O_T: if (parse_int("--seq-len", optarg, 1, 1 << 24, &v)) return 2; o.T = v; break;
         case O_OUT: o.out_path = optarg; break;
+        case O_LOGITS: o.logits = true; break;
+        case O_SAVE_MODEL: o.save_model_dir = optarg; break;
         case O_K: if (parse_int("--checkpoint-every", optarg, 1, 1 << 20, &v)) return 2; o.K = (int)v; break;
         case O_SCHED: o.runtime.sched = optarg; break;
         case O_NCPU: if (parse_int("--ncpu", optarg, 1, 1024, &v)) return 2; o.runtime.ncpu = (int)v; break;
@@ -564,7 +607,8 @@ static int cmd_grads(int argc, char **argv)
         fprintf(stderr, "%s: %s\n", cmd, err);
         return 1;
     }
-    printf("loss %.9f; gradients written to %s\n", loss, o.out_path);
+    printf("loss %.9f; %s written to %s\n", loss, o.logits ? "logits and gradients" : "gradients", o.out_path);
+    if (o.save_model_dir) printf("model saved to %s (HF format, fp32)\n", o.save_model_dir);
     return 0;
 }
 
