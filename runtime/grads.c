@@ -1,6 +1,7 @@
 /* The gradients of one batch, for comparing the whole model with an independent implementation.
  * Targets are the tokens shifted by one, as transformers' causal-LM loss computes them from
- * input_ids = the B x (T + 1) tokens and labels = input_ids. */
+ * input_ids = the B x (T + 1) tokens and labels = input_ids. The logits come from the fp32 CPU
+ * ops on the host masters, so they are the reference forward whichever workers ran the step. */
 #include "grads.h"
 
 #include <errno.h>
@@ -10,6 +11,7 @@
 #include <sys/stat.h>
 
 #include "config.h"
+#include "cpu/ops.h"
 #include "hf.h"
 #include "safetensors.h"
 #include "state.h"
@@ -48,6 +50,35 @@ static int32_t *read_tokens(const mt_grads_options *o, int64_t vocab, char *err,
     return ids;
 }
 
+/* logits (B, T, V) of tok (B, T) through the fp32 CPU ops on the host masters, as generate.c does
+ * for one position. No task may be writing the masters. Returns NULL when memory is short. */
+static float *cpu_logits(mt_host_state *st, int64_t B, int64_t T, const int32_t *tok)
+{
+    const mt_model_config *cfg = &st->cfg;
+    const int64_t d = cfg->hidden, V = cfg->vocab, ntok = B * T;
+    float *x = malloc(sizeof *x * (size_t)(ntok * d)), *y = malloc(sizeof *y * (size_t)(ntok * d));
+    float *scratch = malloc(sizeof(float) * (size_t)mt_layer_scratch_numel(cfg, B, T));
+    float *head_scratch = malloc(sizeof(float) * (size_t)mt_head_scratch_numel(cfg, T));
+    float *logits = malloc(sizeof *logits * (size_t)(ntok * V));
+    if (x && y && scratch && head_scratch && logits) {
+        const float *embed = mt_state_embed(st)->master, *head = mt_state_head(st)->master;
+        mt_cpu_embedding_forward_f32(ntok, d, embed, tok, x);
+        for (int i = 0; i < cfg->layers; i++) {
+            mt_cpu_layer_forward_f32(cfg, &st->layout_layer, mt_state_layer(st, i)->master, B, T, x, y, NULL, scratch);
+            float *tmp = x; x = y; y = tmp;
+        }
+        /* One sequence at a time keeps the head's scratch at T rows. */
+        for (int64_t b = 0; b < B; b++)
+            mt_cpu_head_logits_f32(cfg, &st->layout_head, head, cfg->tied ? embed : NULL, T, x + b * T * d,
+                                   logits + b * T * V, head_scratch);
+    } else {
+        free(logits);
+        logits = NULL;
+    }
+    free(x); free(y); free(scratch); free(head_scratch);
+    return logits;
+}
+
 int mt_grads_run(const mt_grads_options *o, double *loss, char *err, size_t errlen)
 {
     char cfg_path[4096];
@@ -72,8 +103,11 @@ int mt_grads_run(const mt_grads_options *o, double *loss, char *err, size_t errl
     int rc = -1;
     mt_graph *g = NULL;
     mt_st_source *src = NULL;
+    float *logits = NULL;
     mt_host_state *st = mt_state_create(&cfg, mt_runtime_ncuda() > 0 ? MT_DTYPE_BF16 : MT_DTYPE_F32, 0, err, errlen);
     if (!st || mt_hf_load(o->model_dir, st, err, errlen)) goto out;
+    if (o->save_model_dir && mt_hf_save(o->save_model_dir, st, MT_DTYPE_F32, MT_HF_DEFAULT_SHARD_BYTES, err, errlen))
+        goto out;
     mt_step_config sc = mt_step_defaults();
     sc.B = o->B;
     sc.T = o->T;
@@ -84,13 +118,22 @@ int mt_grads_run(const mt_grads_options *o, double *loss, char *err, size_t errl
     int slot = mt_graph_submit_compute(g, 1, tok, tgt);
     *loss = mt_graph_wait_loss(g, slot, NULL);
     starpu_task_wait_for_all();
+    if (o->logits) {
+        logits = cpu_logits(st, o->B, o->T, tok);
+        if (!logits) {
+            snprintf(err, errlen, "%s: out of memory for the logits (%lld x %lld x %lld fp32)", o->out_path,
+                     (long long)o->B, (long long)o->T, (long long)cfg.vocab);
+            goto out;
+        }
+    }
 
-    /* "loss" first, then every parameter's gradient under its HF name. */
-    int cap = 1 + st->ntiles * MT_MAX_TILE_TENSORS, n = 0;
+    /* "loss" first, then the logits, then every parameter's gradient under its HF name. */
+    int cap = 2 + st->ntiles * MT_MAX_TILE_TENSORS, n = 0;
     src = calloc(cap, sizeof *src);
     char (*names)[256] = calloc(cap, sizeof *names);
     float loss32 = (float)*loss;
     src[n++] = (mt_st_source){ .name = "loss", .ndim = 1, .shape = { 1 }, .data = &loss32 };
+    if (logits) src[n++] = (mt_st_source){ .name = "logits", .ndim = 3, .shape = { o->B, o->T, cfg.vocab }, .data = logits };
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
         starpu_data_acquire(t->h_grad, STARPU_R);
@@ -108,6 +151,7 @@ int mt_grads_run(const mt_grads_options *o, double *loss, char *err, size_t errl
     free(names);
 out:
     free(src);
+    free(logits);
     free(tok);
     free(tgt);
     mt_graph_destroy(g);

@@ -1,8 +1,9 @@
-/* One batch's loss and every parameter gradient, written with HF tensor names: what the parity
- * check against transformers compares (tools/parity.py). */
+/* One batch's loss, logits and every parameter gradient, written with HF tensor names: what the
+ * parity check against transformers compares (tools/parity.py, tests/test_parity.c). */
 #ifndef MT_RUNTIME_GRADS_H
 #define MT_RUNTIME_GRADS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -13,13 +14,18 @@ typedef struct mt_grads_options {
     const char *tokens_path;    /* B x (T + 1) little-endian int32 token ids */
     int64_t B, T;
     int K;                      /* checkpoint interval */
-    const char *out_path;       /* safetensors: "loss" [1] then one fp32 gradient per parameter */
+    const char *out_path;       /* safetensors: "loss" [1], "logits" [B, T, V] when asked, then one
+                                 * fp32 gradient per parameter (tied: no lm_head.weight) */
+    bool logits;                /* also write "logits": the fp32 CPU forward of the host masters,
+                                 * whatever computes the gradients */
+    const char *save_model_dir; /* when set, the loaded model is also written here as an HF
+                                 * directory (fp32, default shards), as train --save-model does */
     mt_runtime_options runtime;
 } mt_grads_options;
 
 /* Runs the forward, loss and backward of one batch (no update) with the graph of a training step
  * and writes the result. On CPU workers everything is fp32; on a GPU the weights stream as bf16.
- * Returns 0, or -1 with err set (bad token file, ids beyond the vocabulary, ...). */
+ * Returns 0, or -1 with err set, naming the file (bad token file, ids beyond the vocabulary, ...). */
 int mt_grads_run(const mt_grads_options *o, double *loss, char *err, size_t errlen);
 
 #endif

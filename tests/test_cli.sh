@@ -86,6 +86,16 @@ check_error "train unexpected argument" "unexpected argument 'extra'" train extr
 check_error "plan --shape nope" "'nope'" plan --shape nope
 check_ok "megatrain grads --help" '^usage: megatrain grads' grads --help
 check_error "grads without arguments" "--model" grads
+check_ok "grads --help lists --logits" '--logits' grads --help
+check_ok "grads --help lists --save-model" '--save-model DIR' grads --help
+# The token file is checked against the config before any weight is read: a config is enough.
+mkdir -p "$work/grads-model"
+printf '%s' '{"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+  "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 256, "max_position_embeddings": 64}' \
+    >"$work/grads-model/config.json"
+head -c 100 /dev/zero >"$work/short.bin"
+check_error "grads --tokens of the wrong size" "$work/short.bin: 100 bytes, expected 136" \
+    grads --model "$work/grads-model" --tokens "$work/short.bin" --batch 2 --seq-len 16 --out "$work/g.safetensors" --ncuda 0
 check_error "prepare --format bogus" "--format.*'bogus'" prepare --format bogus
 check_error "bench --shape nope" "'nope'" bench --shape nope
 check_error "train --resume missing" "/nonexistent.ckpt" train --resume /nonexistent.ckpt --steps 2 --micro-batch 2 --seq-len 32
@@ -110,6 +120,17 @@ elif ! grep -qE '^done: 3 steps in .* train loss [0-9.]+ -> [0-9.]+ \| val [0-9.
 elif ! grep -q -- '^--- sample' "$out" || ! grep -q -- '^--- end of sample ---$' "$out"; then
     fail "$name" "no sample block"
 elif ! grep -qF 'A:' "$out"; then fail "$name" "the sample does not start with the prompt"
+else pass "$name"; fi
+
+name="grads --logits --save-model"
+run train --steps 1 --micro-batch 2 --seq-len 16 --sample-bytes 0 --eval-every 0 --ncpu 2 --save-model "$work/trained"
+head -c 136 /dev/zero >"$work/tokens.bin"
+[ "$rc" -eq 0 ] && run grads --model "$work/trained" --tokens "$work/tokens.bin" --batch 2 --seq-len 16 --logits \
+    --out "$work/g.safetensors" --save-model "$work/resaved" --ncuda 0 --ncpu 2
+if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif ! grep -q "logits and gradients written to $work/g.safetensors" "$out"; then fail "$name" "no 'logits and gradients written' line"
+elif ! cmp -s "$work/trained/model.safetensors" "$work/resaved/model.safetensors"; then
+    fail "$name" "the re-saved model.safetensors differs from the loaded one"
 else pass "$name"; fi
 
 echo "$passed passed, $failed failed"
