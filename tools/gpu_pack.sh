@@ -12,7 +12,7 @@ rm -rf "$dst" && mkdir -p "$dst/lib" "$dst/bin"
 cp -a "$src"/lib/libstarpu-1.4.so* "$src"/lib/libstarpumpi-1.4.so* "$dst/lib/"
 for l in libhwloc.so.15 libudev.so.1 libfxt.so.2 libcheck.so.0 libsubunit.so.0 libutf8proc.so.2; do
     p=$(ldconfig -p | awk -v l="$l" '$1 == l && /x86-64/ {print $NF; exit}')
-    [ -n "$p" ] && cp -L "$p" "$dst/lib/"
+    if [ -n "$p" ]; then cp -L "$p" "$dst/lib/"; fi
 done
 cp "$src/bin/starpu_machine_display" "$dst/bin/" 2>/dev/null || true
 strip --strip-unneeded "$dst"/lib/*.so* "$dst"/bin/* 2>/dev/null || true

@@ -31,27 +31,29 @@ import tempfile
 
 B, T = 2, 24
 
+# Head dim 32: the CUDA attention kernel takes 32, 64, 96 or 128. Every other size is not a
+# multiple of 64, so no kernel sees only aligned shapes.
 FAMILIES = {
     # name: (config class, config kwargs, on-disk dtype, save_pretrained max_shard_size)
-    "llama3": ("LlamaConfig", dict(vocab_size=272, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                   rms_norm_eps=1e-5, tie_word_embeddings=False,
+    "llama3": ("LlamaConfig", dict(vocab_size=150, hidden_size=80, intermediate_size=72, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                   max_position_embeddings=128, rms_norm_eps=1e-5, tie_word_embeddings=False,
                                    rope=dict(rope_theta=500000.0, rope_type="llama3", factor=8.0,
                                              low_freq_factor=1.0, high_freq_factor=4.0,
                                              original_max_position_embeddings=16)),
-               "float32", "40KB"),
-    "qwen2": ("Qwen2Config", dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+               "float32", "60KB"),
+    "qwen2": ("Qwen2Config", dict(vocab_size=150, hidden_size=96, intermediate_size=72, num_hidden_layers=2,
+                                  num_attention_heads=3, num_key_value_heads=1, max_position_embeddings=128,
                                   rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
                                   rope=dict(rope_theta=1000000.0, rope_type="default")),
               "bfloat16", None),
-    "qwen3": ("Qwen3Config", dict(vocab_size=272, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    "qwen3": ("Qwen3Config", dict(vocab_size=150, hidden_size=80, intermediate_size=72, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                                   max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=True,
                                   use_sliding_window=False, rope=dict(rope_theta=1000000.0, rope_type="default")),
               "float16", None),
-    "mistral": ("MistralConfig", dict(vocab_size=280, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
-                                      num_attention_heads=6, num_key_value_heads=2, head_dim=8,
+    "mistral": ("MistralConfig", dict(vocab_size=150, hidden_size=80, intermediate_size=72, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                                       max_position_embeddings=128, rms_norm_eps=1e-5, tie_word_embeddings=False,
                                       sliding_window=None, rope=dict(rope_theta=10000.0, rope_type="default")),
                 "float32", None),
