@@ -1,10 +1,22 @@
 /* AdamW on one chunk of one tile, on a CPU worker: fp32 master and moments updated in place,
  * the streamed copy rewritten for the next forward. With clipping, the global-norm task's
- * scale multiplies the gradient first. */
+ * scale multiplies the gradient first. Also split in two (adamw_params, then adamw_moments) for
+ * the graph to put only the first on the critical path (step.c). */
 #include "codelets.h"
 
 #include <math.h>
 #include <string.h>
+
+/* The streamed copy of master[o, o+len), in the compute precision. */
+static void write_streamed(int64_t len, const float *master, void *w, mt_dtype dtype)
+{
+    if (dtype == MT_DTYPE_BF16) mt_cpu_f32_to_bf16(len, master, (mt_bf16 *)w);
+    else memcpy(w, master, (size_t)len * sizeof(float));
+}
+
+/* Block by block, so the streamed copy is written from master while it is still in cache:
+ * AdamW is bound by memory traffic, and a second pass would re-read all of master. */
+enum { BLOCK = 4096 };
 
 static void adamw_cpu(void *buffers[], void *cl_arg)
 {
@@ -17,20 +29,60 @@ static void adamw_cpu(void *buffers[], void *cl_arg)
     if (clipped) p.grad_scale *= ((const double *)STARPU_VECTOR_GET_PTR(buffers[5]))[1];
     const float *grad = (const float *)STARPU_VECTOR_GET_PTR(buffers[3]);
     float *m = (float *)STARPU_VECTOR_GET_PTR(buffers[1]), *v = (float *)STARPU_VECTOR_GET_PTR(buffers[2]);
-    void *w = (void *)STARPU_VECTOR_GET_PTR(buffers[4]);
-    /* Block by block, so the streamed copy is written from master while it is still in cache:
-     * AdamW is bound by memory traffic, and a second pass would re-read all of master. */
-    const int64_t block = 4096;
-    for (int64_t o = 0; o < n; o += block) {
-        int64_t len = n - o < block ? n - o : block;
+    char *w = (char *)STARPU_VECTOR_GET_PTR(buffers[4]);
+    const size_t wsz = dtype == MT_DTYPE_BF16 ? sizeof(mt_bf16) : sizeof(float);
+    for (int64_t o = 0; o < n; o += BLOCK) {
+        int64_t len = n - o < BLOCK ? n - o : BLOCK;
         mt_cpu_adamw_f32(len, master + o, grad + o, m + o, v + o, &p);
-        if (dtype == MT_DTYPE_BF16) mt_cpu_f32_to_bf16(len, master + o, (mt_bf16 *)w + o);
-        else memcpy((float *)w + o, master + o, (size_t)len * sizeof(float));
+        write_streamed(len, master + o, w + (size_t)o * wsz, dtype);
     }
+}
+
+static void adamw_params_cpu(void *buffers[], void *cl_arg)
+{
+    mt_adamw_params p;
+    mt_dtype dtype;
+    int clipped;
+    starpu_codelet_unpack_args(cl_arg, &p, &dtype, &clipped);
+    int64_t n = (int64_t)STARPU_VECTOR_GET_NX(buffers[0]);
+    float *master = (float *)STARPU_VECTOR_GET_PTR(buffers[0]);
+    if (clipped) p.grad_scale *= ((const double *)STARPU_VECTOR_GET_PTR(buffers[5]))[1];
+    const float *grad = (const float *)STARPU_VECTOR_GET_PTR(buffers[3]);
+    const float *m = (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), *v = (const float *)STARPU_VECTOR_GET_PTR(buffers[2]);
+    char *w = (char *)STARPU_VECTOR_GET_PTR(buffers[4]);
+    const size_t wsz = dtype == MT_DTYPE_BF16 ? sizeof(mt_bf16) : sizeof(float);
+    for (int64_t o = 0; o < n; o += BLOCK) {
+        int64_t len = n - o < BLOCK ? n - o : BLOCK;
+        mt_cpu_adamw_params_f32(len, master + o, grad + o, m + o, v + o, &p);
+        write_streamed(len, master + o, w + (size_t)o * wsz, dtype);
+    }
+}
+
+static void adamw_moments_cpu(void *buffers[], void *cl_arg)
+{
+    mt_adamw_params p;
+    int clipped;
+    starpu_codelet_unpack_args(cl_arg, &p, &clipped);
+    int64_t n = (int64_t)STARPU_VECTOR_GET_NX(buffers[0]);
+    if (clipped) p.grad_scale *= ((const double *)STARPU_VECTOR_GET_PTR(buffers[3]))[1];
+    mt_cpu_adamw_moments_f32(n, (const float *)STARPU_VECTOR_GET_PTR(buffers[2]), (float *)STARPU_VECTOR_GET_PTR(buffers[0]),
+                             (float *)STARPU_VECTOR_GET_PTR(buffers[1]), &p);
 }
 
 struct starpu_codelet mt_cl_adamw = {
     .name = "adamw",
     .cpu_funcs = { adamw_cpu },
+    .nbuffers = STARPU_VARIABLE_NBUFFERS,
+};
+
+struct starpu_codelet mt_cl_adamw_params = {
+    .name = "adamw_params",
+    .cpu_funcs = { adamw_params_cpu },
+    .nbuffers = STARPU_VARIABLE_NBUFFERS,
+};
+
+struct starpu_codelet mt_cl_adamw_moments = {
+    .name = "adamw_moments",
+    .cpu_funcs = { adamw_moments_cpu },
     .nbuffers = STARPU_VARIABLE_NBUFFERS,
 };

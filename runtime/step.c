@@ -61,7 +61,7 @@ mt_step_config mt_step_defaults(void)
 {
     mt_step_config c = {
         .B = 8, .T = 128, .accum = 1, .K = 4, .clip = 1.0, .head_chunk = 1024,
-        .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0,
+        .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0, .adamw_split = -1,
     };
     return c;
 }
@@ -475,10 +475,31 @@ static void tile_updated(void *arg)
     if (n->g->observer) n->g->observer(n->g->observer_user, MT_EV_TILE_READY, n->step, n->tile);
 }
 
+/* Priority of tile i's moments half of a split update: below every weights half, and the tiles
+ * whose gradient the next backward overwrites first (head, and the embedding when tied, then
+ * the last layer) ahead of the rest. */
+static int moments_priority(const mt_host_state *st, int i)
+{
+    int rank = i == 0 ? (st->cfg.tied ? st->ntiles : 0) : i; /* tiles: 0 embed, 1..L layers, L+1 head */
+    int prio = STARPU_MIN_PRIO + 1 + rank;
+    return prio > 0 ? 0 : prio;
+}
+
+/* With clipping every AdamW task waits for the global norm, so the update sits between the
+ * backward and the next forward. Split, the weights half (22 of the 30 bytes per parameter of
+ * traffic: master, m, v, grad read; master and streamed copy written) is all the next forward
+ * waits for; the moments half (m, v, grad read; m, v written) runs in the CPU's idle time
+ * before the next backward overwrites the gradient (StarPU orders it by the data). */
+static bool split_update(const mt_graph *g)
+{
+    return g->sc.adamw_split > 0 || (g->sc.adamw_split < 0 && g->sc.clip > 0);
+}
+
 void mt_graph_submit_update(mt_graph *g, int64_t step, double lr)
 {
     mt_host_state *st = g->st;
     int clipped = g->sc.clip > 0;
+    const bool split = split_update(g);
     int slot_id = (g->next_slot + NSLOTS - 1) % NSLOTS;
     if (clipped) {
         /* Keep this step's norm for mt_graph_wait_loss before the next step overwrites it. */
@@ -491,23 +512,34 @@ void mt_graph_submit_update(mt_graph *g, int64_t step, double lr)
         if (prio < STARPU_MIN_PRIO) prio = STARPU_MIN_PRIO;
         starpu_data_partition_submit(t->h_weights, t->nchunks, t->h_weights_chunk);
         starpu_data_partition_submit(t->h_grad, t->nchunks, t->h_grad_chunk);
+        mt_dtype dtype = st->compute_dtype;
         for (int c = 0; c < t->nchunks; c++) {
             mt_adamw_params p = {
                 .lr = lr, .beta1 = g->sc.beta1, .beta2 = g->sc.beta2, .eps = g->sc.eps,
                 .weight_decay = t->chunks[c].decay ? g->sc.weight_decay : 0.0,
                 .step = step, .grad_scale = 1.0,
             };
-            mt_dtype dtype = st->compute_dtype;
+            const enum starpu_data_access_mode mv = split ? STARPU_R : STARPU_RW;
             struct starpu_data_descr ad[6] = {
-                { t->h_master_chunk[c], STARPU_RW }, { t->h_m_chunk[c], STARPU_RW }, { t->h_v_chunk[c], STARPU_RW },
+                { t->h_master_chunk[c], STARPU_RW }, { t->h_m_chunk[c], mv }, { t->h_v_chunk[c], mv },
                 { t->h_grad_chunk[c], STARPU_R }, { t->h_weights_chunk[c], STARPU_W }, { g->clip, STARPU_R },
             };
-            check_insert(starpu_task_insert(&mt_cl_adamw, STARPU_DATA_MODE_ARRAY, ad, clipped ? 6 : 5,
-                                            STARPU_VALUE, &p, sizeof p, STARPU_VALUE, &dtype, sizeof dtype,
+            check_insert(starpu_task_insert(split ? &mt_cl_adamw_params : &mt_cl_adamw, STARPU_DATA_MODE_ARRAY, ad,
+                                            clipped ? 6 : 5, STARPU_VALUE, &p, sizeof p, STARPU_VALUE, &dtype, sizeof dtype,
                                             STARPU_VALUE, &clipped, sizeof clipped, STARPU_PRIORITY, prio,
-                                            STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_NAME, "adamw",
+                                            STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_NAME, split ? "adamw_params" : "adamw",
                                             OBSERVE_END(g, true, MT_EV_ADAMW, step, i), 0),
                          "adamw");
+            if (!split) continue;
+            struct starpu_data_descr md[4] = {
+                { t->h_m_chunk[c], STARPU_RW }, { t->h_v_chunk[c], STARPU_RW }, { t->h_grad_chunk[c], STARPU_R },
+                { g->clip, STARPU_R },
+            };
+            check_insert(starpu_task_insert(&mt_cl_adamw_moments, STARPU_DATA_MODE_ARRAY, md, clipped ? 4 : 3,
+                                            STARPU_VALUE, &p, sizeof p, STARPU_VALUE, &clipped, sizeof clipped,
+                                            STARPU_PRIORITY, moments_priority(st, i), STARPU_EXECUTE_WHERE, STARPU_CPU,
+                                            STARPU_NAME, "adamw_moments", 0),
+                         "adamw_moments");
         }
         /* Gather back in host memory, where the next forward's transfer starts; then tell the
          * policy, which may be waiting to prefetch this tile. */

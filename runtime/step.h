@@ -18,9 +18,13 @@ typedef struct mt_step_config {
     double clip;           /* max global gradient norm; 0 = no clipping */
     int64_t head_chunk;    /* rows per LM-head chunk */
     double beta1, beta2, eps, weight_decay;
+    int adamw_split;       /* AdamW in two tasks per chunk, weights first (on the critical path),
+                            * moments after (off it); -1: when clipping, 0 never, 1 always.
+                            * Bitwise the same result either way. */
 } mt_step_config;
 
-/* Defaults: accum 1, K 4, clip 1.0, head_chunk 1024, betas (0.9, 0.999), eps 1e-8, wd 0. */
+/* Defaults: accum 1, K 4, clip 1.0, head_chunk 1024, betas (0.9, 0.999), eps 1e-8, wd 0,
+ * adamw_split -1. */
 mt_step_config mt_step_defaults(void);
 
 /* What an observer hears: a compute task of a training step ended. */

@@ -57,9 +57,12 @@ static void random_batch(uint64_t seed, int64_t n, int32_t *tokens, int32_t *tar
 typedef struct outcome {
     int ntiles;
     int64_t *numel;
-    float **master, **grad;
+    float **master, **grad, **m, **v;
     double loss[3];
 } outcome;
+
+/* adamw_split of the runs below (-1: the default, split when clipping). */
+static int split_mode = -1;
 
 static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int nsteps, double clip, int64_t B);
 
@@ -79,6 +82,7 @@ static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int n
     mt_step_config sc = mt_step_defaults();
     sc.B = B; sc.T = 9; sc.K = K; sc.accum = accum; sc.clip = clip; sc.head_chunk = 7;
     sc.weight_decay = 0.1;
+    sc.adamw_split = split_mode;
     mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
     ck_assert_msg(g != NULL, "%s", err);
     int64_t n = accum * sc.B * sc.T;
@@ -94,6 +98,8 @@ static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int n
     o.numel = calloc(st->ntiles, sizeof *o.numel);
     o.master = calloc(st->ntiles, sizeof *o.master);
     o.grad = calloc(st->ntiles, sizeof *o.grad);
+    o.m = calloc(st->ntiles, sizeof *o.m);
+    o.v = calloc(st->ntiles, sizeof *o.v);
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
         o.numel[i] = t->numel;
@@ -104,6 +110,10 @@ static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int n
         starpu_data_release(t->h_grad);
         o.master[i] = malloc(sizeof(float) * t->numel);
         memcpy(o.master[i], t->master, sizeof(float) * t->numel);
+        o.m[i] = malloc(sizeof(float) * t->numel);
+        memcpy(o.m[i], t->adam_m, sizeof(float) * t->numel);
+        o.v[i] = malloc(sizeof(float) * t->numel);
+        memcpy(o.v[i], t->adam_v, sizeof(float) * t->numel);
     }
     free(tok); free(tgt);
     mt_graph_destroy(g);
@@ -114,8 +124,8 @@ static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int n
 
 static void outcome_free(outcome *o)
 {
-    for (int i = 0; i < o->ntiles; i++) { free(o->master[i]); free(o->grad[i]); }
-    free(o->master); free(o->grad); free(o->numel);
+    for (int i = 0; i < o->ntiles; i++) { free(o->master[i]); free(o->grad[i]); free(o->m[i]); free(o->v[i]); }
+    free(o->master); free(o->grad); free(o->m); free(o->v); free(o->numel);
 }
 
 static void assert_bitwise(const outcome *a, const outcome *b, int nsteps, const char *what)
@@ -127,6 +137,8 @@ static void assert_bitwise(const outcome *a, const outcome *b, int nsteps, const
     for (int i = 0; i < a->ntiles; i++) {
         ck_assert_msg(memcmp(a->grad[i], b->grad[i], sizeof(float) * a->numel[i]) == 0, "%s: gradient of tile %d differs", what, i);
         ck_assert_msg(memcmp(a->master[i], b->master[i], sizeof(float) * a->numel[i]) == 0, "%s: weights of tile %d differ", what, i);
+        ck_assert_msg(memcmp(a->m[i], b->m[i], sizeof(float) * a->numel[i]) == 0, "%s: Adam m of tile %d differs", what, i);
+        ck_assert_msg(memcmp(a->v[i], b->v[i], sizeof(float) * a->numel[i]) == 0, "%s: Adam v of tile %d differs", what, i);
     }
 }
 
@@ -180,6 +192,28 @@ START_TEST(test_accumulation_matches_one_batch)
         outcome_free(&acc);
         outcome_free(&one);
     }
+}
+END_TEST
+
+/* AdamW split in a weights task and a moments task per chunk gives the fused update's bits, with
+ * and without clipping, under a policy that runs the two halves far apart (megatrain puts the
+ * moments half last) and one that does not. */
+START_TEST(test_adamw_split_bitwise)
+{
+    const char *scheds[] = { "eager", "megatrain" };
+    for (int k = 0; k < 2; k++)
+        for (int clip = 0; clip <= 1; clip++) {
+            split_mode = 0;
+            outcome fused = run_steps(scheds[k], true, 2, 1, 3, clip ? 1.0 : 0.0);
+            split_mode = 1;
+            outcome split = run_steps(scheds[k], true, 2, 1, 3, clip ? 1.0 : 0.0);
+            split_mode = -1;
+            char what[64];
+            snprintf(what, sizeof what, "split vs fused AdamW, %s, clip %d", scheds[k], clip);
+            assert_bitwise(&fused, &split, 3, what);
+            outcome_free(&split);
+            outcome_free(&fused);
+        }
 }
 END_TEST
 
@@ -439,6 +473,7 @@ int main(void)
     tcase_add_test(tc, test_recompute_with_accumulation_bitwise);
     tcase_add_test(tc, test_accumulation_matches_one_batch);
     tcase_add_test(tc, test_policies_bitwise);
+    tcase_add_test(tc, test_adamw_split_bitwise);
     tcase_add_test(tc, test_gate_adamw_no_clip);
     tcase_add_test(tc, test_gate_adamw_clip);
     tcase_add_test(tc, test_gate_norm_task);
