@@ -495,6 +495,8 @@ static bool split_update(const mt_graph *g)
     return g->sc.adamw_split > 0 || (g->sc.adamw_split < 0 && g->sc.clip > 0);
 }
 
+void mt_graph_set_adamw_split(mt_graph *g, int split) { g->sc.adamw_split = split; }
+
 void mt_graph_submit_update(mt_graph *g, int64_t step, double lr)
 {
     mt_host_state *st = g->st;

@@ -49,6 +49,9 @@ void mt_graph_destroy(mt_graph *g);
  * plan predicts this number (mt_plan_activation_bytes less the inputs); tests hold them equal. */
 uint64_t mt_graph_working_bytes(const mt_graph *g);
 
+/* Changes adamw_split (mt_step_config) for the updates submitted from now on. */
+void mt_graph_set_adamw_split(mt_graph *g, int split);
+
 /* Called from StarPU callbacks at the end of each forward/backward/AdamW task (for tests and
  * tracing); keep it short and thread-safe. */
 void mt_graph_set_observer(mt_graph *g, mt_observer_fn fn, void *user);
