@@ -22,7 +22,7 @@
 mt_bench_options mt_bench_defaults(void)
 {
     mt_bench_options o = { .shape = "qwen2.5-0.5b", .step = mt_step_defaults(), .warmup = 2, .steps = 5,
-                           .resident = false, .prefetch = true, .gpu_limit_mib = 0, .runtime = mt_runtime_defaults() };
+                           .resident = false, .prefetch = false, .gpu_limit_mib = 0, .runtime = mt_runtime_defaults() };
     o.step.B = 8;
     o.step.T = 2048;
     o.step.K = 4;
@@ -99,6 +99,75 @@ static double peak_rss_gib(void)
     return kib / (1024.0 * 1024.0);
 }
 
+static int cmp_record_start(const void *a, const void *b)
+{
+    const mt_policy_trace_record *x = a, *y = b;
+    if (x->start_s != y->start_s) return x->start_s < y->start_s ? -1 : 1;
+    return (x->end_s > y->end_s) - (x->end_s < y->end_s);
+}
+
+/* Most idle first, then by name: the order the breakdown prints. */
+static int cmp_idle_desc(const void *a, const void *b)
+{
+    const mt_gpu_idle *x = a, *y = b;
+    if (x->idle_s != y->idle_s) return x->idle_s > y->idle_s ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+/* The entry of `name`; past MT_GPU_MAX_NAMES names the last entry becomes "other". */
+static mt_gpu_idle *idle_of(mt_gpu_breakdown *b, const char *name)
+{
+    for (int i = 0; i < b->nnames; i++)
+        if (!strcmp(b->names[i].name, name)) return &b->names[i];
+    if (b->nnames == MT_GPU_MAX_NAMES) {
+        b->names[MT_GPU_MAX_NAMES - 1].name = "other";
+        return &b->names[MT_GPU_MAX_NAMES - 1];
+    }
+    b->names[b->nnames] = (mt_gpu_idle){ .name = name };
+    return &b->names[b->nnames++];
+}
+
+/* Keeps `g` among the longest gaps (longest first). */
+static void keep_longest(mt_gpu_breakdown *b, mt_gpu_gap g)
+{
+    if (b->nlongest == MT_GPU_LONGEST && b->longest[MT_GPU_LONGEST - 1].idle_s >= g.idle_s) return;
+    int i = b->nlongest < MT_GPU_LONGEST ? b->nlongest++ : MT_GPU_LONGEST - 1;
+    for (; i > 0 && b->longest[i - 1].idle_s < g.idle_s; i--) b->longest[i] = b->longest[i - 1];
+    b->longest[i] = g;
+}
+
+void mt_bench_gpu_breakdown(mt_policy_trace_record *records, int n, mt_gpu_breakdown *out)
+{
+    memset(out, 0, sizeof *out);
+    out->status = MT_GPU_TRACE_OK;
+    out->tasks = n;
+    if (n <= 0) return;
+    qsort(records, (size_t)n, sizeof *records, cmp_record_start);
+    double last_end = records[0].end_s; /* the latest end among the tasks started so far */
+    for (int i = 0; i < n; i++) {
+        const mt_policy_trace_record *t = &records[i];
+        mt_gpu_idle *e = idle_of(out, t->name);
+        e->tasks++;
+        if (i > 0 && t->start_s > last_end) {
+            double idle = t->start_s - last_end;
+            /* Popped before the GPU went idle: all of the gap waited for its inputs. */
+            double from = t->pop_s > last_end ? t->pop_s : last_end;
+            double inputs = t->pop_s > 0 && t->start_s > from ? t->start_s - from : 0;
+            e->gaps++;
+            e->idle_s += idle;
+            e->inputs_s += inputs;
+            out->idle_s += idle;
+            out->inputs_s += inputs;
+            keep_longest(out, (mt_gpu_gap){ .name = t->name, .tile = t->tile, .at_s = last_end, .idle_s = idle,
+                                            .inputs_s = inputs });
+        }
+        if (t->end_s > last_end) last_end = t->end_s;
+    }
+    out->span_s = last_end - records[0].start_s;
+    out->busy_s = out->span_s - out->idle_s;
+    qsort(out->names, (size_t)out->nnames, sizeof *out->names, cmp_idle_desc);
+}
+
 int mt_bench_count(const mt_bench_options *o)
 {
     return (o->nsweep_K > 0 ? o->nsweep_K : 1) * (o->nsweep_clip > 0 ? o->nsweep_clip : 1);
@@ -110,6 +179,37 @@ static void pair_of(const mt_bench_options *o, int i, int *K, double *clip)
     int nc = o->nsweep_clip > 0 ? o->nsweep_clip : 1;
     *K = o->nsweep_K > 0 ? o->sweep_K[i / nc] : o->step.K;
     *clip = o->nsweep_clip > 0 ? o->sweep_clip[i % nc] : o->step.clip;
+}
+
+/* Events the trace needs for the measured steps: three per GPU task, twice what the graph
+ * submits per micro-batch (embedding, L forwards, head, L recomputes and L backwards, embedding
+ * backward) plus room for StarPU's own tasks. Capped at 4M events (160 MB); beyond, events drop. */
+static int trace_capacity(const mt_bench_options *o, const mt_step_config *sc, const mt_model_config *cfg)
+{
+    double events = 3.0 * 2.0 * o->steps * ((double)sc->accum * (3.0 * (double)cfg->layers + 4) + 64);
+    return events < (1 << 22) ? (int)events : 1 << 22;
+}
+
+/* Ends the measured window's trace (`traced`: it began) and fills r->gpu and r->gpu_idle_s; the
+ * longest gaps get their step from the embedding starts the observer saw. */
+static void gpu_time(const mt_bench_options *o, bool traced, const timeline *tl, mt_bench_result *r)
+{
+    mt_policy_trace_record *records = NULL;
+    int n = 0, dropped = traced ? mt_policy_trace_end(&records, &n) : -1;
+    mt_bench_gpu_breakdown(records, n, &r->gpu);
+    free(records);
+    r->gpu.dropped = dropped > 0 ? dropped : 0;
+    if (dropped < 0) r->gpu.status = MT_GPU_TRACE_OTHER_POLICY;
+    else if (starpu_cuda_worker_get_count() == 0) r->gpu.status = MT_GPU_TRACE_NO_CUDA;
+    r->gpu_idle_s = r->gpu.status == MT_GPU_TRACE_OK ? r->gpu.idle_s / o->steps : NAN;
+    for (int i = 0; i < r->gpu.nlongest; i++) {
+        mt_gpu_gap *g = &r->gpu.longest[i];
+        for (int k = 1; k <= tl->nsteps; k++)
+            if (tl->embed_start[k] > 0 && tl->embed_start[k] <= g->at_s) {
+                g->step = k;
+                g->since_step_s = g->at_s - tl->embed_start[k];
+            }
+    }
 }
 
 /* One pair: a fresh graph over the shared state, warm-up, measured steps, AdamW alone. */
@@ -148,6 +248,7 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
     }
     int *slots = calloc(total + 1, sizeof(int));
     double measure_start = 0;
+    bool traced = false;
     for (int step = 1; step <= total; step++) {
         if (step == o->warmup + 1) {
             /* Start the measured window once the warm-up steps are done. */
@@ -157,6 +258,7 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
             pthread_mutex_lock(&tl.lock);
             tl.peak_gpu = 0;
             pthread_mutex_unlock(&tl.lock);
+            traced = mt_policy_trace_begin(trace_capacity(o, sc, cfg)) == 0;
             measure_start = now();
         }
         slots[step] = mt_graph_submit_step(g, step, tok, tgt, 1e-5);
@@ -169,6 +271,7 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
     r->loss_last = mt_graph_wait_loss(g, slots[total], NULL);
     starpu_task_wait_for_all();
     double window = now() - measure_start;
+    gpu_time(o, traced, &tl, r);
 
     long long h2d = 0, d2h = 0;
     for (int b = 0; b < starpu_bus_get_count(); b++) {
@@ -302,6 +405,7 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
             mt_bench_print(o, r, i == 0, table);
             fflush(table);
         }
+        if (log) mt_bench_print_gpu(o, r, log);
     }
     rc = 0;
 out:
@@ -313,13 +417,15 @@ out:
 void mt_bench_print(const mt_bench_options *o, const mt_bench_result *r, bool header, FILE *out)
 {
     if (header)
-        fprintf(out, "| shape | tokens/step | K | clip | policy | prefetch | GPU limit | step s | tok/s | model TFLOP/s | H2D GB/step (GB/s) | D2H GB/step (GB/s) | GPU busy | AdamW alone s (s/1e9) | AdamW span s | AdamW tail s | boundary gap s | peak GPU GiB (plan) | peak host GiB |\n"
-                     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    fprintf(out, "| %s | %d x %lld x %lld | %d | %g | %s | %s | %s | %.3f | %.0f | %.1f | %.2f (%.1f) | %.2f (%.1f) | %.2f | %.2f (%.3f) | %.3f | %.3f | %.3f | %.2f (%.2f) | %.1f |\n",
+        fprintf(out, "| shape | tokens/step | K | clip | policy | prefetch | GPU limit | step s | tok/s | model TFLOP/s | H2D GB/step (GB/s) | D2H GB/step (GB/s) | GPU busy | GPU idle s/step | AdamW alone s (s/1e9) | AdamW span s | AdamW tail s | boundary gap s | peak GPU GiB (plan) | peak host GiB |\n"
+                     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    char idle[32] = "-";
+    if (!isnan(r->gpu_idle_s)) snprintf(idle, sizeof idle, "%.3f", r->gpu_idle_s);
+    fprintf(out, "| %s | %d x %lld x %lld | %d | %g | %s | %s | %s | %.3f | %.0f | %.1f | %.2f (%.1f) | %.2f (%.1f) | %.2f | %s | %.2f (%.3f) | %.3f | %.3f | %.3f | %.2f (%.2f) | %.1f |\n",
             o->shape, o->step.accum, (long long)o->step.B, (long long)o->step.T, r->K, r->clip,
             o->runtime.sched ? o->runtime.sched : mt_default_sched(), o->prefetch ? "on" : "off",
             r->gpu_limit_mib ? "bounded" : "resident", r->step_s, r->tokens_per_s, r->tflops, r->h2d_gb, r->h2d_gbs,
-            r->d2h_gb, r->d2h_gbs, r->gpu_busy, r->adamw_standalone_s, r->adamw_s_per_gparam, r->adamw_span_s,
+            r->d2h_gb, r->d2h_gbs, r->gpu_busy, idle, r->adamw_standalone_s, r->adamw_s_per_gparam, r->adamw_span_s,
             r->adamw_tail_s, r->boundary_gap_s, r->peak_gpu_gib, r->plan_gpu_gib, r->peak_host_gib);
 }
 
@@ -334,4 +440,55 @@ void mt_bench_print_notes(const mt_bench_options *o, const mt_bench_result *r, i
                 r[i].K, r[i].clip, (long long)r[i].layers, (long long)r[i].checkpoints, r[i].checkpoint_gib,
                 r[i].peak_gpu_gib, r[i].plan_gpu_gib,
                 r[i].plan_gpu_gib > 0 ? 100.0 * (r[i].peak_gpu_gib / r[i].plan_gpu_gib - 1) : 0.0, r[i].device_used_gib);
+}
+
+/* "layer i" for a layer's tile, "tile i" for the embedding's and the head's, "-" unknown. */
+static const char *tile_label(int tile, int64_t layers, char *buf, size_t len)
+{
+    if (tile < 0) return "-";
+    if (tile >= 1 && tile <= layers) snprintf(buf, len, "layer %d", tile - 1);
+    else snprintf(buf, len, "tile %d", tile);
+    return buf;
+}
+
+void mt_bench_print_gpu(const mt_bench_options *o, const mt_bench_result *r, FILE *out)
+{
+    const mt_gpu_breakdown *b = &r->gpu;
+    fprintf(out, "bench: GPU time, K=%d clip %g, %d measured step%s: ", r->K, r->clip, o->steps, o->steps == 1 ? "" : "s");
+    if (b->status == MT_GPU_TRACE_OTHER_POLICY) {
+        fprintf(out, "not available (policy %s)\n", o->runtime.sched ? o->runtime.sched : mt_default_sched());
+        return;
+    }
+    if (b->status == MT_GPU_TRACE_NO_CUDA) {
+        fprintf(out, "no CUDA worker\n");
+        return;
+    }
+    if (b->tasks == 0) {
+        fprintf(out, "no task ran on a CUDA worker\n");
+        return;
+    }
+    fprintf(out, "%d tasks, busy %.3f s of %.3f s (%.1f%%); idle %.3f s/step, of which %.3f s/step waiting for inputs\n",
+            b->tasks, b->busy_s, b->span_s, b->span_s > 0 ? 100.0 * b->busy_s / b->span_s : 0.0, b->idle_s / o->steps,
+            b->inputs_s / o->steps);
+    if (b->dropped)
+        fprintf(out, "bench: the trace was full: %d events dropped, the breakdown misses their tasks\n", b->dropped);
+    fprintf(out, "| idle before | tasks | gaps | idle s | of which inputs s | share of idle |\n|---|---|---|---|---|---|\n");
+    for (int i = 0; i < b->nnames; i++) {
+        const mt_gpu_idle *e = &b->names[i];
+        fprintf(out, "| %s | %d | %d | %.4f | %.4f | %.1f%% |\n", e->name, e->tasks, e->gaps, e->idle_s, e->inputs_s,
+                b->idle_s > 0 ? 100.0 * e->idle_s / b->idle_s : 0.0);
+    }
+    if (!b->nlongest) return;
+    fprintf(out, "| longest gaps: before | tile | step | idle from, s into the step | idle ms | of which inputs ms |\n"
+                 "|---|---|---|---|---|---|\n");
+    for (int i = 0; i < b->nlongest; i++) {
+        const mt_gpu_gap *g = &b->longest[i];
+        char tile[32], step[32] = "-", since[32] = "-";
+        if (g->step > 0) {
+            snprintf(step, sizeof step, "%d", g->step);
+            snprintf(since, sizeof since, "%.4f", g->since_step_s);
+        }
+        fprintf(out, "| %s | %s | %s | %s | %.3f | %.3f |\n", g->name, tile_label(g->tile, r->layers, tile, sizeof tile),
+                step, since, 1e3 * g->idle_s, 1e3 * g->inputs_s);
+    }
 }

@@ -1,6 +1,7 @@
 /* `megatrain bench`: one named shape, random weights, the real training step on the GPU (or CPU
  * workers), measured over several steps after warm-up: step time, tokens/s, model TFLOP/s, bus
- * traffic, GPU busy fraction, AdamW standalone and in the step, the step-boundary gap, memory. */
+ * traffic, GPU busy fraction, AdamW standalone and in the step, the step-boundary gap, memory, and
+ * where the GPU sat idle (from the megatrain policy's trace). */
 #ifndef MT_RUNTIME_BENCH_H
 #define MT_RUNTIME_BENCH_H
 
@@ -8,17 +9,57 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "policy.h"
 #include "runtime.h"
 #include "step.h"
 
 #define MT_BENCH_MAX_SWEEP 8
+#define MT_GPU_MAX_NAMES 12      /* task names told apart; more fold into the last, "other" */
+#define MT_GPU_LONGEST 5         /* longest single gaps kept */
+
+/* GPU idle before the tasks of one name. */
+typedef struct mt_gpu_idle {
+    const char *name;
+    int tasks, gaps;             /* tasks of this name; those that had the GPU idle before them */
+    double idle_s, inputs_s;     /* summed idle; of which the task was popped, its inputs on the way */
+} mt_gpu_idle;
+
+/* One gap: no task on a CUDA worker from at_s (the last end) to the start of `name`. */
+typedef struct mt_gpu_gap {
+    const char *name;
+    int tile;                    /* the next task's tile (mt_policy_trace_record), -1 unknown */
+    double at_s, idle_s, inputs_s;
+    int step;                    /* filled by the bench: the step whose embedding started last before at_s, 0 unknown */
+    double since_step_s;         /* at_s after that start */
+} mt_gpu_gap;
+
+typedef enum mt_gpu_trace_status { MT_GPU_TRACE_OK, MT_GPU_TRACE_OTHER_POLICY, MT_GPU_TRACE_NO_CUDA } mt_gpu_trace_status;
+
+/* Where the CUDA workers' time went over a window: busy while at least one task is between its
+ * start and end, idle otherwise, each gap charged to the task that ends it. */
+typedef struct mt_gpu_breakdown {
+    mt_gpu_trace_status status;
+    int tasks, dropped;          /* records; trace events that did not fit */
+    double span_s;               /* first start to last end */
+    double busy_s, idle_s, inputs_s;
+    int nnames;
+    mt_gpu_idle names[MT_GPU_MAX_NAMES];    /* most idle first */
+    int nlongest;
+    mt_gpu_gap longest[MT_GPU_LONGEST];     /* longest first */
+} mt_gpu_breakdown;
+
+/* Pure: the breakdown of trace records (any order; sorted here by start in place). The idle
+ * before task i is max(0, start_i - the latest end among tasks that started before it); of it,
+ * "inputs" is the part after the task was popped (start_i - max(pop_i, that end)), the rest
+ * waited for the task to become ready. Status MT_GPU_TRACE_OK, dropped 0. */
+void mt_bench_gpu_breakdown(mt_policy_trace_record *records, int n, mt_gpu_breakdown *out);
 
 typedef struct mt_bench_options {
     const char *shape;            /* mt_config_from_shape name */
     mt_step_config step;          /* B, T, accum, K, clip */
     int warmup, steps;            /* steps not measured, then measured */
     bool resident;                /* no GPU memory limit: no weight is ever evicted */
-    bool prefetch;                /* the megatrain policy's next-layer prefetch */
+    bool prefetch;                /* the megatrain policy's next-layer prefetch (default off) */
     uint64_t gpu_limit_mib;       /* 0: from the run's buffer sizes (ignored when resident) */
     int64_t layers;               /* > 0: override the shape's layer count (memory-bound tests) */
     mt_runtime_options runtime;
@@ -35,6 +76,8 @@ typedef struct mt_bench_result {
     double step_s, tokens_per_s, tflops;          /* medians; TFLOP/s = (6N + 6LdT) tokens / time */
     double h2d_gb, d2h_gb, h2d_gbs, d2h_gbs;      /* per step; rates over the measured window */
     double gpu_busy;                              /* executing / total of the CUDA worker */
+    double gpu_idle_s;                            /* per step: gpu.idle_s / steps; NAN when not traced */
+    mt_gpu_breakdown gpu;                         /* the measured window's GPU time */
     double adamw_standalone_s, adamw_s_per_gparam;
     double adamw_span_s, adamw_tail_s;            /* first to last AdamW end; last AdamW end after the backward */
     double boundary_gap_s;                        /* layer 0's backward end to next forward start */
@@ -58,5 +101,7 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
 int mt_bench_count(const mt_bench_options *o);
 void mt_bench_print(const mt_bench_options *o, const mt_bench_result *r, bool header, FILE *out);
 void mt_bench_print_notes(const mt_bench_options *o, const mt_bench_result *r, int count, FILE *out);
+/* The GPU time of one pair (mt_bench_run writes it to the log after the pair's row). */
+void mt_bench_print_gpu(const mt_bench_options *o, const mt_bench_result *r, FILE *out);
 
 #endif

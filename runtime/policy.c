@@ -5,16 +5,29 @@
  *   CPU list: everything else, highest priority first, then program order.
  * With no CUDA worker every task goes to the CPU list, so the policy works on CPU-only machines.
  * The pre-execution hook of a GPU task reads its hint (which tile comes next) and prefetches
- * that tile's weights to this GPU, so the transfer overlaps the current task. */
+ * that tile's weights to this GPU, so the transfer overlaps the current task. An opt-in trace
+ * records when each CUDA task was popped, started and ended (what `bench` turns into GPU idle). */
 #include "policy.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "state.h"
 
 #define MAX_PENDING 64
+
+/* One event of the trace: a CUDA worker popped, started or ended a task. */
+enum { TRACE_POP, TRACE_START, TRACE_END };
+typedef struct trace_event {
+    const struct starpu_task *task;    /* identifies the task while it lives (job ids are all 0 without FxT) */
+    int seq;                           /* the slot claimed: events of one task in the order they happened */
+    double t;                          /* CLOCK_MONOTONIC seconds */
+    const char *name;
+    starpu_data_handle_t first;        /* the task's first buffer: a tile's weights for compute tasks */
+    int worker, kind;
+} trace_event;
 
 /* A prefetch waiting for its tile's update to land. */
 typedef struct pending_prefetch {
@@ -33,13 +46,23 @@ typedef struct policy_data {
     pending_prefetch pending[MAX_PENDING];
     int npending;
     int prefetch;
+    /* The trace: `events` and `capacity` are set before `tracing` goes on, read after it goes off;
+     * `nevents` counts claimed slots and may pass `capacity` (those events are dropped). */
+    atomic_int tracing;
+    trace_event *events;
+    int capacity;
+    atomic_int nevents;
 } policy_data;
 
+static void init_policy(unsigned ctx);
+
 /* The policy instance of the running context, or NULL when another policy runs. Assumes
- * StarPU is initialised. */
+ * StarPU is initialised. StarPU runs a copy of the policy structure (load_sched_policy copies
+ * it into the context's own), so the copy is known by its methods, not by its address. */
 static policy_data *running(void)
 {
-    if (starpu_sched_get_sched_policy() != &mt_sched_policy) return NULL;
+    const struct starpu_sched_policy *p = starpu_sched_get_sched_policy();
+    if (!p || p->init_sched != init_policy) return NULL;
     return starpu_sched_ctx_get_policy_data(0); /* the initial (global) context */
 }
 
@@ -50,7 +73,12 @@ static void init_policy(unsigned ctx)
     starpu_task_list_init(&d->cpu_tasks);
     STARPU_PTHREAD_MUTEX_INIT(&d->lock, NULL);
     d->ncuda = (int)starpu_cuda_worker_get_count();
-    d->prefetch = 1;
+    /* Off unless asked (mt_policy_set_prefetch): until running() knew the policy by its methods
+     * the prefetch never ran, and on the GPU it then aborted StarPU ("Could not find a valid copy
+     * of the data"): layer 0's backward hints tile 0, which no backward task reads, so the
+     * partition of its AdamW update can be active when the prefetch reaches the handle. With
+     * tile-0 hints skipped it ran clean on the H200 (Qwen2.5-0.5B and 1.5B shapes). */
+    d->prefetch = 0;
     /* A priority per tile (the graph ranks AdamW by how soon the next forward needs it). */
     starpu_sched_ctx_set_min_priority(ctx, -1000);
     starpu_sched_ctx_set_max_priority(ctx, 1000);
@@ -64,6 +92,7 @@ static void deinit_policy(unsigned ctx)
                       "megatrain policy: tasks left at shutdown");
     STARPU_PTHREAD_MUTEX_DESTROY(&d->lock);
     free(d->versions);
+    free(d->events);
     free(d);
 }
 
@@ -86,7 +115,10 @@ static int gpu_task(struct starpu_task *task, unsigned ctx)
     return gpu;
 }
 
-/* Inserts by (priority desc when by_priority, then job id asc); assumes the lock is held. */
+/* Inserts by (priority desc when by_priority, then job id asc); assumes the lock is held.
+ * Known issue: StarPU numbers jobs only while FxT records a trace (src/core/jobs.c); otherwise
+ * every job id is 0, so equal keys go to the front and ready tasks of equal rank run last-in
+ * first-out, not in program order. */
 static void insert_sorted(struct starpu_task_list *list, struct starpu_task *task, int by_priority)
 {
     unsigned long id = starpu_task_get_job_id(task);
@@ -141,6 +173,41 @@ static struct starpu_task *take(struct starpu_task_list *list, unsigned worker)
     return NULL;
 }
 
+/* Records one event of a task on a CUDA worker; assumes the trace is on. Lock-free: one atomic
+ * add claims a slot. Where StarPU calls the hooks for an asynchronous CUDA task (STARPU_CUDA_ASYNC,
+ * every codelet of the graph), read in StarPU 1.4.10's src/drivers/cuda/driver_cuda.c and
+ * src/core/jobs.c:
+ *   pre_exec_hook: from _starpu_driver_start_job, after the task's inputs arrived. Alone in the
+ *     worker's pipeline, just before the codelet queues its kernels; queued behind another task
+ *     (STARPU_CUDA_PIPELINE, default 2), only once the driver has seen that one complete, its
+ *     kernels already queued on the stream.
+ *   post_exec_hook: from _starpu_handle_job_termination, when the driver's poll finds the event
+ *     recorded after the task's kernels complete (cudaEventQuery), before the task's callback
+ *     and the release of its dependents; never for StarPU's internal tasks.
+ * So end times are completion as the driver saw it (poll latency late), and the time from one
+ * task's end to the next one's start holds the driver's own work between them: an upper bound
+ * of the GPU's idle time, exact up to microseconds per task. */
+static void trace_task(policy_data *d, struct starpu_task *task, int kind)
+{
+    int w = starpu_worker_get_id();
+    if (w < 0 || starpu_worker_get_type(w) != STARPU_CUDA_WORKER) return;
+    int i = atomic_fetch_add_explicit(&d->nevents, 1, memory_order_relaxed);
+    if (i >= d->capacity) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const char *name = task->cl && task->cl->name ? task->cl->name : starpu_task_get_name(task);
+    d->events[i] = (trace_event){ .task = task, .seq = i, .t = ts.tv_sec + ts.tv_nsec * 1e-9,
+                                  .name = name ? name : "?",
+                                  .first = STARPU_TASK_GET_NBUFFERS(task) > 0 ? STARPU_TASK_GET_HANDLE(task, 0) : NULL,
+                                  .worker = w, .kind = kind };
+}
+
+/* Whether the trace is on: one load, all the hooks pay while it is off. */
+static int tracing(policy_data *d)
+{
+    return atomic_load_explicit(&d->tracing, memory_order_acquire);
+}
+
 static struct starpu_task *pop_task(unsigned ctx)
 {
     policy_data *d = starpu_sched_ctx_get_policy_data(ctx);
@@ -163,6 +230,7 @@ static struct starpu_task *pop_task(unsigned ctx)
         t = take(list, (unsigned)w);
     }
     STARPU_PTHREAD_MUTEX_UNLOCK(&d->lock);
+    if (t && is_gpu && tracing(d)) trace_task(d, t, TRACE_POP);
     return t;
 }
 
@@ -181,6 +249,7 @@ static void prefetch_tile(policy_data *d, int tile, unsigned node)
 static void pre_exec_hook(struct starpu_task *task, unsigned ctx)
 {
     policy_data *d = starpu_sched_ctx_get_policy_data(ctx);
+    if (tracing(d)) trace_task(d, task, TRACE_START);
     uintptr_t hint = (uintptr_t)task->sched_data;
     if (!hint || !d->prefetch) return;
     int w = starpu_worker_get_id();
@@ -197,6 +266,12 @@ static void pre_exec_hook(struct starpu_task *task, unsigned ctx)
             d->pending[d->npending++] = (pending_prefetch){ tile, version, node };
     }
     STARPU_PTHREAD_MUTEX_UNLOCK(&d->lock);
+}
+
+static void post_exec_hook(struct starpu_task *task, unsigned ctx)
+{
+    policy_data *d = starpu_sched_ctx_get_policy_data(ctx);
+    if (tracing(d)) trace_task(d, task, TRACE_END);
 }
 
 void mt_policy_tile_updated(int tile)
@@ -246,12 +321,83 @@ void mt_policy_set_prefetch(int enabled)
     if (d) d->prefetch = enabled;
 }
 
+int mt_policy_trace_begin(int capacity)
+{
+    policy_data *d = running();
+    if (!d) return -1;
+    STARPU_ASSERT_MSG(capacity > 0, "mt_policy_trace_begin: capacity %d, give room for at least one event", capacity);
+    STARPU_ASSERT_MSG(!tracing(d), "mt_policy_trace_begin: a trace is already on; end it first");
+    free(d->events);
+    d->events = malloc(sizeof *d->events * (size_t)capacity);
+    STARPU_ASSERT_MSG(d->events, "mt_policy_trace_begin: no memory for %d events", capacity);
+    d->capacity = capacity;
+    atomic_store_explicit(&d->nevents, 0, memory_order_relaxed);
+    atomic_store_explicit(&d->tracing, 1, memory_order_release);
+    return 0;
+}
+
+/* By task, then in the order they happened: a task's events side by side, and those of a later
+ * task at the same address (StarPU frees tasks that end) after them. */
+static int cmp_event(const void *a, const void *b)
+{
+    const trace_event *x = a, *y = b;
+    if (x->task != y->task) return (uintptr_t)x->task < (uintptr_t)y->task ? -1 : 1;
+    return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+/* The tile whose weights are `h`, or -1; assumes the lock is held. */
+static int tile_of(const policy_data *d, starpu_data_handle_t h)
+{
+    for (int i = 0; h && d->st && i < d->st->ntiles; i++)
+        if (d->st->tiles[i].h_weights == h) return i;
+    return -1;
+}
+
+int mt_policy_trace_end(mt_policy_trace_record **records, int *n)
+{
+    *records = NULL;
+    *n = 0;
+    policy_data *d = running();
+    if (!d || !tracing(d)) return -1;
+    atomic_store_explicit(&d->tracing, 0, memory_order_seq_cst);
+    int claimed = atomic_load_explicit(&d->nevents, memory_order_acquire);
+    int nev = claimed < d->capacity ? claimed : d->capacity;
+    qsort(d->events, (size_t)nev, sizeof *d->events, cmp_event);
+    mt_policy_trace_record *r = malloc(sizeof *r * (size_t)(nev / 2 + 1));
+    STARPU_ASSERT_MSG(r, "mt_policy_trace_end: no memory for %d records", nev / 2 + 1);
+    int count = 0;
+    STARPU_PTHREAD_MUTEX_LOCK(&d->lock);
+    for (int i = 0; i < nev;) {
+        /* One run of a task: pop, start, end of one address, each at most once and in that order. */
+        int j = i;
+        double t[3] = { 0, 0, 0 };
+        while (j < nev && d->events[j].task == d->events[i].task && (j == i || d->events[j].kind > d->events[j - 1].kind)) {
+            t[d->events[j].kind] = d->events[j].t;
+            j++;
+        }
+        const trace_event *e = &d->events[j - 1];
+        if (t[TRACE_START] > 0 && t[TRACE_END] > 0)
+            r[count++] = (mt_policy_trace_record){ .name = e->name, .worker = e->worker,
+                                                   .tile = tile_of(d, e->first), .pop_s = t[TRACE_POP],
+                                                   .start_s = t[TRACE_START], .end_s = t[TRACE_END] };
+        i = j;
+    }
+    STARPU_PTHREAD_MUTEX_UNLOCK(&d->lock);
+    free(d->events);
+    d->events = NULL;
+    d->capacity = 0;
+    *records = r;
+    *n = count;
+    return claimed - nev;
+}
+
 struct starpu_sched_policy mt_sched_policy = {
     .init_sched = init_policy,
     .deinit_sched = deinit_policy,
     .push_task = push_task,
     .pop_task = pop_task,
     .pre_exec_hook = pre_exec_hook,
+    .post_exec_hook = post_exec_hook,
     .policy_name = "megatrain",
     .policy_description = "megatrain: GPU tasks in program order, next layer prefetched from the pre-exec hook",
     .worker_type = STARPU_WORKER_LIST,

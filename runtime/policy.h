@@ -28,7 +28,29 @@ void mt_policy_detach(void);
  * current in host memory): issues a prefetch that was waiting for it. */
 void mt_policy_tile_updated(int tile);
 
-/* Whether prefetching is on (default) - `bench` turns it off for the ablation. */
+/* Whether prefetching is on; off by default (see init_policy in policy.c): `bench --prefetch`. */
 void mt_policy_set_prefetch(int enabled);
+
+/* One task a CUDA worker ran while the trace was on. Times are CLOCK_MONOTONIC seconds. */
+typedef struct mt_policy_trace_record {
+    const char *name;      /* the codelet's name (static storage), or "?" */
+    int worker;            /* the CUDA worker that ran it */
+    int tile;              /* the tile whose weights are its first buffer (0 embedding, 1..L layers,
+                            * L+1 head), or -1 */
+    double pop_s;          /* the worker took it from the policy; 0 when that was before the trace */
+    double start_s;        /* pre_exec_hook: its inputs are on the GPU, its kernels about to be queued */
+    double end_s;          /* post_exec_hook: StarPU saw its kernels complete */
+} mt_policy_trace_record;
+
+/* Starts recording every task a CUDA worker runs, into room for `capacity` events (three per
+ * task: pop, start, end). Returns 0, or -1 when the megatrain policy is not the running one (other
+ * policies have no hooks). Costs nothing while off; while on, one atomic add per event. */
+int mt_policy_trace_begin(int capacity);
+
+/* Stops the trace; call it with no task running (after starpu_task_wait_for_all). *records gets
+ * the tasks that both started and ended while it ran, in no particular order (malloc'd, the
+ * caller frees it), *n their count. Returns how many events did not fit in the capacity (0: complete), or -1
+ * when no trace runs. */
+int mt_policy_trace_end(mt_policy_trace_record **records, int *n);
 
 #endif

@@ -133,5 +133,23 @@ elif ! cmp -s "$work/trained/model.safetensors" "$work/resaved/model.safetensors
     fail "$name" "the re-saved model.safetensors differs from the loaded one"
 else pass "$name"; fi
 
+# --- bench on CPU workers: the table gains GPU idle, the log says why there is no breakdown ---
+name="bench tiny on CPU workers"
+run bench --shape tiny --micro-batch 2 --seq-len 64 --warmup 1 --steps 2 --ncpu 2 --ncuda 0
+if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif ! grep -q '| GPU busy | GPU idle s/step | AdamW alone' "$out"; then fail "$name" "no 'GPU idle s/step' column"
+elif ! grep -qE '^\| tiny \| 1 x 2 x 64 \| 4 \| 1 \| megatrain \|.* \| - \| [0-9.]+ \(' "$out"; then
+    fail "$name" "no row with '-' for GPU idle"
+elif ! grep -q '^bench: GPU time, K=4 clip 1, 2 measured steps: no CUDA worker$' "$err"; then
+    fail "$name" "no 'GPU time ... no CUDA worker' line"
+else pass "$name"; fi
+
+name="bench --sched eager: no GPU breakdown"
+run bench --shape tiny --micro-batch 2 --seq-len 64 --warmup 1 --steps 1 --ncpu 2 --ncuda 0 --sched eager
+if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif ! grep -q '^bench: GPU time, K=4 clip 1, 1 measured step: not available (policy eager)$' "$err"; then
+    fail "$name" "no 'GPU time ... not available (policy eager)' line"
+else pass "$name"; fi
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
