@@ -73,12 +73,12 @@ static void init_policy(unsigned ctx)
     starpu_task_list_init(&d->cpu_tasks);
     STARPU_PTHREAD_MUTEX_INIT(&d->lock, NULL);
     d->ncuda = (int)starpu_cuda_worker_get_count();
-    /* Off unless asked (mt_policy_set_prefetch): until running() knew the policy by its methods
-     * the prefetch never ran, and on the GPU it then aborted StarPU ("Could not find a valid copy
-     * of the data"): layer 0's backward hints tile 0, which no backward task reads, so the
-     * partition of its AdamW update can be active when the prefetch reaches the handle. With
-     * tile-0 hints skipped it ran clean on the H200 (Qwen2.5-0.5B and 1.5B shapes). */
-    d->prefetch = 0;
+    /* On: layer i+1's weights are prefetched from layer i's pre_exec_hook (design.md). Until
+     * running() knew the policy by its methods the prefetch never ran; made reachable it aborted
+     * StarPU on the GPU ("Could not find a valid copy of the data") because layer 0's backward
+     * hinted tile 0 at its current version while that tile's AdamW partition could be active;
+     * step.c now hints the next step's tile 0, after its update lands. */
+    d->prefetch = 1;
     /* A priority per tile (the graph ranks AdamW by how soon the next forward needs it). */
     starpu_sched_ctx_set_min_priority(ctx, -1000);
     starpu_sched_ctx_set_max_priority(ctx, 1000);

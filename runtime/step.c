@@ -332,14 +332,18 @@ static void submit_forward(mt_graph *g, const starpu_data_handle_t *tokens, int 
     }
 }
 
-/* Tile whose weights the backward pass needs after layer i's backward (block-wise order): the
- * previous layer, or the first layer of the previous block's recompute, or the embedding. */
-static int tile_after_backward(mt_graph *g, int i)
+/* Prefetch hint for the weights the GPU needs after layer i's backward (block-wise order): the
+ * previous layer, or the first layer of the previous block's recompute; after layer 0, the
+ * embedding backward reads no weights, so the next step's embedding forward, once this step's
+ * update of tile 0 has landed. (Hinting tile 0 at its current version instead let the policy
+ * prefetch it while its AdamW partition could already be active: its last reader, the tied
+ * head, ran at the start of the backward; StarPU aborts on such a prefetch.) */
+static void *hint_after_backward(mt_graph *g, int i)
 {
     const int K = g->sc.K;
-    if (i % K != 0) return i;                        /* layer i-1 is tile i */
-    if (i == 0) return 0;                            /* embedding backward */
-    return (i / K - 1) * K + 1;                      /* first layer of block i/K - 1 */
+    if (i % K != 0) return hint_for(g, i, 0);                      /* layer i-1 is tile i */
+    if (i == 0) return hint_for(g, 0, 1);                          /* next step's embedding */
+    return hint_for(g, (i / K - 1) * K + 1, 0);                    /* first layer of block i/K - 1 */
 }
 
 /* Forward, loss anchor and block-wise backward of every micro-batch of a step. Gradients of a
@@ -385,9 +389,10 @@ static void submit_micro_batches(mt_graph *g, slot *sl, int64_t step, double los
             for (int i = lo; i < hi; i++) {
                 starpu_data_handle_t x = i == lo ? ckpt_of(g, b, u) : g->act[u][i % 2];
                 /* after the last recompute comes its own backward, then layer hi-2's */
-                int next = i + 1 < hi ? i + 2 : (hi - 2 >= lo ? hi - 1 : tile_after_backward(g, lo));
-                insert_layer_forward(g, i, x, g->act[u][(i + 1) % 2], g->saved[i - lo], step, false,
-                                     first ? hint_for(g, next, 0) : NULL);
+                void *hint = !first ? NULL
+                             : i + 1 < hi ? hint_for(g, i + 2, 0)
+                             : hi - 2 >= lo ? hint_for(g, hi - 1, 0) : hint_after_backward(g, lo);
+                insert_layer_forward(g, i, x, g->act[u][(i + 1) % 2], g->saved[i - lo], step, false, hint);
             }
             for (int i = hi - 1; i >= lo; i--) {
                 mt_tile *t = mt_state_layer(st, i);
@@ -398,7 +403,7 @@ static void submit_micro_batches(mt_graph *g, slot *sl, int64_t step, double los
                     { g->partial[t->index], STARPU_W },
                 };
                 bool leaves_block = i % K == 0;
-                void *hint = (leaves_block ? last : first) ? hint_for(g, tile_after_backward(g, i), 0) : NULL;
+                void *hint = (leaves_block ? last : first) ? hint_after_backward(g, i) : NULL;
                 check_insert(starpu_task_insert(&mt_cl_layer_backward, STARPU_DATA_MODE_ARRAY, bd, sumsq ? 7 : 6,
                                                 STARPU_VALUE, &ba, sizeof ba, STARPU_NAME, "layer_backward",
                                                 STARPU_EXECUTE_WHERE, g->where, STARPU_TASK_SCHED_DATA, hint,

@@ -472,9 +472,8 @@ static void bench_help(const mt_bench_options *d)
     printf("  --steps N            measured steps (default %d)\n", d->steps);
     printf("  --resident           no GPU memory limit: no weight is ever evicted\n");
     printf("  --gpu-limit-mib N    GPU memory StarPU may use (default: what the step's buffers need)\n");
-    printf("  --prefetch           turn the megatrain policy's next-layer prefetch on (off by default:\n"
-           "                       it aborts StarPU on the GPU until the graph's tile-0 hint is fixed)\n");
-    printf("  --no-prefetch        leave it off (the default)\n");
+    printf("  --prefetch           the megatrain policy prefetches the next layer's weights (default)\n");
+    printf("  --no-prefetch        turn that prefetch off (the ablation)\n");
     printf("  --layers N           override the shape's layer count (memory-bound checks)\n");
     printf("  --sched NAME         megatrain (default), dmda, eager, ...\n");
     printf("  --ncpu N, --ncuda N  StarPU workers (default: all)\n");
