@@ -332,6 +332,16 @@ static void submit_forward(mt_graph *g, const starpu_data_handle_t *tokens, int 
     }
 }
 
+/* Drops the contents of an activation buffer once its last reader is submitted (ordered after
+ * it, like a task). An activation has no home node, so a valid copy StarPU evicts to make room
+ * is written back to host memory first: the H200 spent ~0.1 s per step copying stale
+ * checkpoints and saved activations back when the head's buffers arrived. Dropped, the buffer
+ * is free to recycle with no copy. */
+static void drop(starpu_data_handle_t h)
+{
+    starpu_data_invalidate_submit(h);
+}
+
 /* Prefetch hint for the weights the GPU needs after layer i's backward (block-wise order): the
  * previous layer, or the first layer of the previous block's recompute; after layer 0, the
  * embedding backward reads no weights, so the next step's embedding forward, once this step's
@@ -375,6 +385,10 @@ static void submit_micro_batches(mt_graph *g, slot *sl, int64_t step, double los
                                         STARPU_NAME, "head", STARPU_EXECUTE_WHERE, g->where,
                                         STARPU_TASK_SCHED_DATA, first ? hint_for(g, last_block * K + 1, 0) : NULL, 0),
                      "head");
+        /* The forward's hidden states are dead now (the recompute rewrites them): dropped, so
+         * that making room on the GPU never copies them back to the host. */
+        drop(g->act[u][0]);
+        drop(g->act[u][1]);
     }
 
     /* Block-wise backward: for each block, each micro-batch recomputes it from its checkpoint and
@@ -393,6 +407,7 @@ static void submit_micro_batches(mt_graph *g, slot *sl, int64_t step, double los
                              : i + 1 < hi ? hint_for(g, i + 2, 0)
                              : hi - 2 >= lo ? hint_for(g, hi - 1, 0) : hint_after_backward(g, lo);
                 insert_layer_forward(g, i, x, g->act[u][(i + 1) % 2], g->saved[i - lo], step, false, hint);
+                if (i == lo) drop(x); /* the block's checkpoint has served */
             }
             for (int i = hi - 1; i >= lo; i--) {
                 mt_tile *t = mt_state_layer(st, i);
@@ -409,7 +424,10 @@ static void submit_micro_batches(mt_graph *g, slot *sl, int64_t step, double los
                                                 STARPU_EXECUTE_WHERE, g->where, STARPU_TASK_SCHED_DATA, hint,
                                                 OBSERVE_END(g, last, MT_EV_BACKWARD, step, t->index), 0),
                              "layer_backward");
+                drop(g->saved[i - lo]);
             }
+            drop(g->act[u][0]);
+            drop(g->act[u][1]);
         }
     }
     /* With a tied head the head tasks already wrote the embedding gradient this step. The last
@@ -427,6 +445,8 @@ static void submit_micro_batches(mt_graph *g, slot *sl, int64_t step, double los
                                         STARPU_EXECUTE_WHERE, g->where,
                                         STARPU_TASK_SCHED_DATA, last ? hint_for(g, 1, 1) : NULL, 0),
                      "embedding_backward");
+        drop(g->grad[u][0]);
+        drop(g->grad[u][1]);
     }
 }
 
