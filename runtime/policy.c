@@ -115,10 +115,10 @@ static int gpu_task(struct starpu_task *task, unsigned ctx)
     return gpu;
 }
 
-/* Inserts by (priority desc when by_priority, then job id asc); assumes the lock is held.
- * Known issue: StarPU numbers jobs only while FxT records a trace (src/core/jobs.c); otherwise
- * every job id is 0, so equal keys go to the front and ready tasks of equal rank run last-in
- * first-out, not in program order. */
+/* Inserts by (priority desc when by_priority, then job id asc, then arrival); assumes the lock
+ * is held. StarPU numbers jobs only while FxT records a trace (src/core/jobs.c); otherwise every
+ * job id is 0 and the order is that of arrival: ready tasks of equal rank run first-in
+ * first-out, which for the GPU's dependent chain is program order. */
 static void insert_sorted(struct starpu_task_list *list, struct starpu_task *task, int by_priority)
 {
     unsigned long id = starpu_task_get_job_id(task);
@@ -126,8 +126,8 @@ static void insert_sorted(struct starpu_task_list *list, struct starpu_task *tas
     /* Walk from the back: tasks mostly arrive in order, so this is usually one step. */
     for (t = starpu_task_list_back(list); t; t = t->prev) {
         int before = by_priority ? (t->priority > task->priority ||
-                                    (t->priority == task->priority && starpu_task_get_job_id(t) < id))
-                                 : starpu_task_get_job_id(t) < id;
+                                    (t->priority == task->priority && starpu_task_get_job_id(t) <= id))
+                                 : starpu_task_get_job_id(t) <= id;
         if (before) break;
     }
     if (!t) starpu_task_list_push_front(list, task);
