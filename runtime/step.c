@@ -514,10 +514,13 @@ static int moments_priority(const mt_host_state *st, int i)
  * backward and the next forward. Split, the weights half (22 of the 30 bytes per parameter of
  * traffic: master, m, v, grad read; master and streamed copy written) is all the next forward
  * waits for; the moments half (m, v, grad read; m, v written) runs in the CPU's idle time
- * before the next backward overwrites the gradient (StarPU orders it by the data). */
-static bool split_update(const mt_graph *g)
+ * before the next backward overwrites the gradient (StarPU orders it by the data). Without
+ * clipping only the embedding and layer 0 are split: their updates come last (their gradients
+ * are the backward's last) and are needed first, at the step boundary. */
+static bool split_update(const mt_graph *g, int tile)
 {
-    return g->sc.adamw_split > 0 || (g->sc.adamw_split < 0 && g->sc.clip > 0);
+    if (g->sc.adamw_split >= 0) return g->sc.adamw_split > 0;
+    return g->sc.clip > 0 || tile < 2;
 }
 
 void mt_graph_set_adamw_split(mt_graph *g, int split) { g->sc.adamw_split = split; }
@@ -526,7 +529,6 @@ void mt_graph_submit_update(mt_graph *g, int64_t step, double lr)
 {
     mt_host_state *st = g->st;
     int clipped = g->sc.clip > 0;
-    const bool split = split_update(g);
     int slot_id = (g->next_slot + NSLOTS - 1) % NSLOTS;
     if (clipped) {
         /* Keep this step's norm for mt_graph_wait_loss before the next step overwrites it. */
@@ -534,6 +536,7 @@ void mt_graph_submit_update(mt_graph *g, int64_t step, double lr)
     }
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
+        const bool split = split_update(g, i);
         /* The next forward needs tile 0 first: earlier tiles get higher priority. */
         int prio = STARPU_MAX_PRIO - i;
         if (prio < STARPU_MIN_PRIO) prio = STARPU_MIN_PRIO;

@@ -19,7 +19,8 @@ typedef struct mt_step_config {
     int64_t head_chunk;    /* rows per LM-head chunk */
     double beta1, beta2, eps, weight_decay;
     int adamw_split;       /* AdamW in two tasks per chunk, weights first (on the critical path),
-                            * moments after (off it); -1: when clipping, 0 never, 1 always.
+                            * moments after (off it); -1: every tile when clipping, else the
+                            * embedding and layer 0 (the step boundary); 0 never, 1 always.
                             * Bitwise the same result either way. */
 } mt_step_config;
 

@@ -207,10 +207,14 @@ START_TEST(test_adamw_split_bitwise)
             outcome fused = run_steps(scheds[k], true, 2, 1, 3, clip ? 1.0 : 0.0);
             split_mode = 1;
             outcome split = run_steps(scheds[k], true, 2, 1, 3, clip ? 1.0 : 0.0);
-            split_mode = -1;
+            split_mode = -1; /* the default: some tiles split, some not */
+            outcome mixed = run_steps(scheds[k], true, 2, 1, 3, clip ? 1.0 : 0.0);
             char what[64];
             snprintf(what, sizeof what, "split vs fused AdamW, %s, clip %d", scheds[k], clip);
             assert_bitwise(&fused, &split, 3, what);
+            snprintf(what, sizeof what, "default vs fused AdamW, %s, clip %d", scheds[k], clip);
+            assert_bitwise(&fused, &mixed, 3, what);
+            outcome_free(&mixed);
             outcome_free(&split);
             outcome_free(&fused);
         }
