@@ -5,7 +5,6 @@
 #include "codelets.h"
 
 #include <math.h>
-#include <stdbool.h>
 #include <string.h>
 
 /* The streamed copy of master[o, o+len), in the compute precision. */
@@ -19,9 +18,8 @@ static void write_streamed(int64_t len, const float *master, void *w, mt_dtype d
  * AdamW is bound by memory traffic, and a second pass would re-read all of master. */
 enum { BLOCK = 4096 };
 
-/* The fused update (params_only false: master, m and v written) or its weights half (m and v
- * only read); both rewrite the streamed copy block by block. Same buffers either way. */
-static void adamw_blocks(void *buffers[], void *cl_arg, bool params_only)
+/* The fused update: master, m and v in place, then the streamed copy, block by block. */
+static void adamw_cpu(void *buffers[], void *cl_arg)
 {
     mt_adamw_params p;
     mt_dtype dtype;
@@ -36,25 +34,45 @@ static void adamw_blocks(void *buffers[], void *cl_arg, bool params_only)
     const size_t wsz = dtype == MT_DTYPE_BF16 ? sizeof(mt_bf16) : sizeof(float);
     for (int64_t o = 0; o < n; o += BLOCK) {
         int64_t len = n - o < BLOCK ? n - o : BLOCK;
-        if (params_only) mt_cpu_adamw_params_f32(len, master + o, grad + o, m + o, v + o, &p);
-        else mt_cpu_adamw_f32(len, master + o, grad + o, m + o, v + o, &p);
+        mt_cpu_adamw_f32(len, master + o, grad + o, m + o, v + o, &p);
         write_streamed(len, master + o, w + (size_t)o * wsz, dtype);
     }
 }
 
-static void adamw_cpu(void *buffers[], void *cl_arg) { adamw_blocks(buffers, cl_arg, false); }
+/* The first half of a split update: the streamed copy of the updated weights only, through a
+ * block on the stack; master, m and v are read. */
+static void adamw_params_cpu(void *buffers[], void *cl_arg)
+{
+    mt_adamw_params p;
+    mt_dtype dtype;
+    int clipped;
+    starpu_codelet_unpack_args(cl_arg, &p, &dtype, &clipped);
+    int64_t n = (int64_t)STARPU_VECTOR_GET_NX(buffers[0]);
+    const float *master = (const float *)STARPU_VECTOR_GET_PTR(buffers[0]);
+    if (clipped) p.grad_scale *= ((const double *)STARPU_VECTOR_GET_PTR(buffers[5]))[1];
+    const float *grad = (const float *)STARPU_VECTOR_GET_PTR(buffers[3]);
+    const float *m = (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), *v = (const float *)STARPU_VECTOR_GET_PTR(buffers[2]);
+    char *w = (char *)STARPU_VECTOR_GET_PTR(buffers[4]);
+    const size_t wsz = dtype == MT_DTYPE_BF16 ? sizeof(mt_bf16) : sizeof(float);
+    float updated[BLOCK];
+    for (int64_t o = 0; o < n; o += BLOCK) {
+        int64_t len = n - o < BLOCK ? n - o : BLOCK;
+        mt_cpu_adamw_params_f32(len, master + o, grad + o, m + o, v + o, updated, &p);
+        write_streamed(len, updated, w + (size_t)o * wsz, dtype);
+    }
+}
 
-static void adamw_params_cpu(void *buffers[], void *cl_arg) { adamw_blocks(buffers, cl_arg, true); }
-
+/* The second half: master, m and v in place (the fused kernel, without the streamed copy the
+ * first half wrote from the same values). */
 static void adamw_moments_cpu(void *buffers[], void *cl_arg)
 {
     mt_adamw_params p;
     int clipped;
     starpu_codelet_unpack_args(cl_arg, &p, &clipped);
     int64_t n = (int64_t)STARPU_VECTOR_GET_NX(buffers[0]);
-    if (clipped) p.grad_scale *= ((const double *)STARPU_VECTOR_GET_PTR(buffers[3]))[1];
-    mt_cpu_adamw_moments_f32(n, (const float *)STARPU_VECTOR_GET_PTR(buffers[2]), (float *)STARPU_VECTOR_GET_PTR(buffers[0]),
-                             (float *)STARPU_VECTOR_GET_PTR(buffers[1]), &p);
+    if (clipped) p.grad_scale *= ((const double *)STARPU_VECTOR_GET_PTR(buffers[4]))[1];
+    mt_cpu_adamw_f32(n, (float *)STARPU_VECTOR_GET_PTR(buffers[0]), (const float *)STARPU_VECTOR_GET_PTR(buffers[3]),
+                     (float *)STARPU_VECTOR_GET_PTR(buffers[1]), (float *)STARPU_VECTOR_GET_PTR(buffers[2]), &p);
 }
 
 struct starpu_codelet mt_cl_adamw = {

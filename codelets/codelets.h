@@ -66,10 +66,11 @@ extern struct starpu_codelet mt_cl_clip;
  *   [5] clip R (optional); args: mt_adamw_params, mt_dtype, int clipped */
 extern struct starpu_codelet mt_cl_adamw;
 /* The same update split in two (equal to adamw bit for bit when both run on the same inputs):
- * adamw_params: [0] master RW, [1] m R, [2] v R, [3] grad R, [4] streamed weights W, [5] clip R
+ * adamw_params: [0] master R, [1] m R, [2] v R, [3] grad R, [4] streamed weights W, [5] clip R
  *   (optional); args as adamw. Writes the weights the next forward needs, and only those.
- * adamw_moments: [0] m RW, [1] v RW, [2] grad R, [3] clip R (optional); args: mt_adamw_params,
- *   int clipped. Must run after adamw_params of the same chunk (it overwrites what that reads). */
+ * adamw_moments: [0] master RW, [1] m RW, [2] v RW, [3] grad R, [4] clip R (optional); args:
+ *   mt_adamw_params, int clipped. Must run after adamw_params of the same chunk (it overwrites
+ *   what that reads). */
 extern struct starpu_codelet mt_cl_adamw_params;
 extern struct starpu_codelet mt_cl_adamw_moments;
 /* fill: [0] fp32 vector W; arg: float value */

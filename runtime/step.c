@@ -511,10 +511,11 @@ static int moments_priority(const mt_host_state *st, int i)
 }
 
 /* With clipping every AdamW task waits for the global norm, so the update sits between the
- * backward and the next forward. Split, the weights half (22 of the 30 bytes per parameter of
- * traffic: master, m, v, grad read; master and streamed copy written) is all the next forward
- * waits for; the moments half (m, v, grad read; m, v written) runs in the CPU's idle time
- * before the next backward overwrites the gradient (StarPU orders it by the data). Without
+ * backward and the next forward. Split, the weights half (18 of the fused update's 30 bytes per
+ * parameter: master, m, v, grad read; the bf16 streamed copy written) is all the next forward
+ * waits for; the second half (the fused kernel without the streamed copy: master, m, v updated
+ * in place) runs in the CPU's idle time before the next backward overwrites the gradient
+ * (StarPU orders it by the data). Without
  * clipping only the embedding and layer 0 are split: their updates come last (their gradients
  * are the backward's last) and are needed first, at the step boundary. */
 static bool split_update(const mt_graph *g, int tile)
@@ -549,9 +550,9 @@ void mt_graph_submit_update(mt_graph *g, int64_t step, double lr)
                 .weight_decay = t->chunks[c].decay ? g->sc.weight_decay : 0.0,
                 .step = step, .grad_scale = 1.0,
             };
-            const enum starpu_data_access_mode mv = split ? STARPU_R : STARPU_RW;
+            const enum starpu_data_access_mode state = split ? STARPU_R : STARPU_RW;
             struct starpu_data_descr ad[6] = {
-                { t->h_master_chunk[c], STARPU_RW }, { t->h_m_chunk[c], mv }, { t->h_v_chunk[c], mv },
+                { t->h_master_chunk[c], state }, { t->h_m_chunk[c], state }, { t->h_v_chunk[c], state },
                 { t->h_grad_chunk[c], STARPU_R }, { t->h_weights_chunk[c], STARPU_W }, { g->clip, STARPU_R },
             };
             check_insert(starpu_task_insert(split ? &mt_cl_adamw_params : &mt_cl_adamw, STARPU_DATA_MODE_ARRAY, ad,
@@ -561,11 +562,11 @@ void mt_graph_submit_update(mt_graph *g, int64_t step, double lr)
                                             OBSERVE_END(g, true, MT_EV_ADAMW, step, i), 0),
                          "adamw");
             if (!split) continue;
-            struct starpu_data_descr md[4] = {
-                { t->h_m_chunk[c], STARPU_RW }, { t->h_v_chunk[c], STARPU_RW }, { t->h_grad_chunk[c], STARPU_R },
-                { g->clip, STARPU_R },
+            struct starpu_data_descr md[5] = {
+                { t->h_master_chunk[c], STARPU_RW }, { t->h_m_chunk[c], STARPU_RW }, { t->h_v_chunk[c], STARPU_RW },
+                { t->h_grad_chunk[c], STARPU_R }, { g->clip, STARPU_R },
             };
-            check_insert(starpu_task_insert(&mt_cl_adamw_moments, STARPU_DATA_MODE_ARRAY, md, clipped ? 4 : 3,
+            check_insert(starpu_task_insert(&mt_cl_adamw_moments, STARPU_DATA_MODE_ARRAY, md, clipped ? 5 : 4,
                                             STARPU_VALUE, &p, sizeof p, STARPU_VALUE, &clipped, sizeof clipped,
                                             STARPU_PRIORITY, moments_priority(st, i), STARPU_EXECUTE_WHERE, STARPU_CPU,
                                             STARPU_NAME, "adamw_moments", 0),

@@ -90,12 +90,10 @@ int64_t mt_head_scratch_numel(const mt_model_config *cfg, int64_t chunk);
     /* AdamW on n elements: master, m, v updated in place from grad */                           \
     void mt_cpu_adamw_##sfx(int64_t n, real *master, const real *grad, real *m, real *v,         \
                             const mt_adamw_params *p);                                           \
-    /* The same update in two halves: master from (grad, m, v) leaving m and v as they were,    \
-     * then m and v; together equal to mt_cpu_adamw bit for bit. */                             \
-    void mt_cpu_adamw_params_##sfx(int64_t n, real *master, const real *grad, const real *m,     \
-                                   const real *v, const mt_adamw_params *p);                    \
-    void mt_cpu_adamw_moments_##sfx(int64_t n, const real *grad, real *m, real *v,              \
-                                    const mt_adamw_params *p);                                   \
+    /* The updated weights into out (n) without writing master, grad, m or v: the first half   \
+     * of a split update whose second half is mt_cpu_adamw; bitwise its master. */              \
+    void mt_cpu_adamw_params_##sfx(int64_t n, const real *master, const real *grad, const real *m, \
+                                   const real *v, real *out, const mt_adamw_params *p);         \
     /* One decoder layer, pre-norm: h = x + o(attn(rope(q,k), v)); y = h + down(swiglu).       \
      * tile laid out by `layout` (MT_TILE_LAYER); x, y (B*T, d). saved (may be NULL when no     \
      * backward follows) receives mt_layer_saved_numel elements, x included. */                 \
