@@ -3,7 +3,8 @@
  * bf16-rounded inputs, at sizes that are not multiples of 64: conversions, sum of squares,
  * embedding, attention, decoder layer forward/backward (every gradient tensor, = and +=, padding,
  * bitwise determinism), head (tied/untied, ignored targets, chunk < ntok). Every measured error
- * is printed, one line per tensor. MT_CUDA_BENCH=1 adds timings at a Qwen2.5-3B layer shape.
+ * is printed, one line per tensor. MT_CUDA_BENCH=1 adds timings at a Qwen2.5-3B layer shape:
+ * TFLOP/s of the layer, attention and head, then GB/s of the memory-bound kernels.
  * Without a CUDA device it prints "no GPU: skipped" and exits 77. */
 #include <check.h>
 #include <cuda_runtime.h>
@@ -589,6 +590,20 @@ enum { BENCH_REPS = 7 };
         fflush(stdout);                                                                           \
     } while (0)
 
+/* The memory-bound kernels' table: GB/s from the least bytes each must move (1 GB = 1e9 B),
+ * against t[0], the device's own copy measured the same way. */
+static void print_memory_timings(const mt_cuda_kernel_timing *t, int count)
+{
+    const double copy_gbs = (double)t[0].bytes / (t[0].ms * 1e-3) / 1e9;
+    printf("  %-40s %-24s %9s %13s %8s %9s\n", "kernel", "shape", "ms", "bytes", "GB/s", "% of copy");
+    for (int i = 0; i < count; i++) {
+        const double gbs = (double)t[i].bytes / (t[i].ms * 1e-3) / 1e9;
+        printf("  %-40s %-24s %9.4f %13lld %8.1f %8.1f%%\n", t[i].name, t[i].shape, t[i].ms, (long long)t[i].bytes,
+               gbs, 100.0 * gbs / copy_gbs);
+    }
+    fflush(stdout);
+}
+
 START_TEST(test_bench)
 {
     if (!getenv("MT_CUDA_BENCH") || strcmp(getenv("MT_CUDA_BENCH"), "1") != 0) {
@@ -689,6 +704,19 @@ START_TEST(test_bench)
     void *bufs[] = {d_tile, d_x, d_y, d_dx, d_saved, d_scratch, d_dtile, q, k, v, o, lse, dq, dk, dv, aws,
                     d_norm, d_emb, d_targets, d_dhead, d_dembed, d_loss, d_hscratch, ews};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CK_CUDA(cudaFree(bufs[i]));
+
+    /* Memory-bound kernels at the same layer shape, on their own buffers (the ones above freed). */
+    mt_cuda_kernel_timing timings[MT_CUDA_BENCH_MAX_KERNELS];
+    const int ntimings = mt_cuda_bench_memory_kernels(&cfg, B, T, BENCH_REPS, timings, MT_CUDA_BENCH_MAX_KERNELS);
+    printf("memory-bound kernels (median of %d, cudaEvent, L2 flushed before each run; bytes: the least traffic, "
+           "each input read and each output written once; %% of the first line, a device-to-device copy):\n",
+           BENCH_REPS);
+    ck_assert_msg(ntimings > 1, "%d memory-bound timings", ntimings);
+    for (int i = 0; i < ntimings; i++)
+        ck_assert_msg(timings[i].ms > 0 && isfinite(timings[i].ms) && timings[i].bytes > 0, "%s: %.4f ms, %lld bytes",
+                      timings[i].name, timings[i].ms, (long long)timings[i].bytes);
+    print_memory_timings(timings, ntimings);
+
     CK_CUDA(cudaEventDestroy(e0));
     CK_CUDA(cudaEventDestroy(e1));
     CK_CUDA(cudaStreamDestroy(st));

@@ -85,6 +85,24 @@ void mt_cuda_head(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_la
                   float *dh, float *dhead, float *dembed, bool accumulate, double *loss,
                   void *scratch, mt_cuda_stream stream);
 
+/* ---- timings (backends/cuda/bench.cu) ---- */
+typedef struct mt_cuda_kernel_timing {
+    char name[48];  /* e.g. "rmsnorm forward" */
+    char shape[48]; /* e.g. "4096x2048" */
+    double ms;      /* median over the runs, cudaEvent */
+    int64_t bytes;  /* the least traffic: every input read once, every output written once */
+} mt_cuda_kernel_timing;
+#define MT_CUDA_BENCH_MAX_KERNELS 32
+/* Times the memory-bound kernels of a layer call at (B, T), the conversions and sum of squares
+ * on a layer tile's worth of elements, the embedding over B*T tokens and the head's
+ * cross-entropy over B*T rows: each launched as the model code does, on its own random buffers
+ * (about 10 GiB at a 3B shape), one warm-up then `reps` runs with L2 flushed before each. out[0]
+ * is the baseline: a cudaMemcpyAsync of 1 GiB device to device, bytes = 2 GiB (read + write).
+ * Returns the entries filled (aborts if max is too small). Unlike the launchers it allocates and
+ * synchronises the device: for benchmarks only. */
+int mt_cuda_bench_memory_kernels(const mt_model_config *cfg, int64_t B, int64_t T, int reps,
+                                 mt_cuda_kernel_timing *out, int max);
+
 #ifdef __cplusplus
 }
 #endif

@@ -7,6 +7,7 @@ extern "C" { // C headers without their own linkage guards
 #include "ops.h" // mt_rope_inv_freq: the same double frequencies as the CPU path
 }
 
+#include "bench.cuh"
 #include "colsum.cuh"
 #include "linear.cuh"
 #include "rmsnorm.cuh"
@@ -357,6 +358,41 @@ static unsigned qk_blocks(const layer_dims *m)
     return (unsigned)((warps * 32 + 255) / 256);
 }
 
+// The forward launch: with cfg->qk_norm the per-head norm (qw kw (D), qrms (n*H) krms (n*KV)
+// written), else the rotation alone (those four unused).
+static void qk_rope_forward(const mt_model_config *cfg, const layer_dims *m, const bf16 *qsrc, const bf16 *ksrc,
+                            bf16 *qdst, bf16 *kdst, const bf16 *qw, const bf16 *kw, float *qrms, float *krms,
+                            const float *cos_t, const float *sin_t, cudaStream_t stream)
+{
+    if (cfg->qk_norm)
+        qk_rope_forward_kernel<true><<<qk_blocks(m), 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, qsrc, ksrc,
+                                                                        qdst, kdst, qw, kw, qrms, krms, cfg->rms_eps,
+                                                                        cos_t, sin_t);
+    else
+        qk_rope_forward_kernel<false><<<qk_blocks(m), 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, qsrc,
+                                                                         ksrc, qdst, kdst, nullptr, nullptr, nullptr,
+                                                                         nullptr, cfg->rms_eps, cos_t, sin_t);
+    CUDA_CHECK_LAUNCH();
+}
+
+// The backward launch, same variants: qpre kpre qw kw qrms krms used only with cfg->qk_norm.
+static void qk_rope_backward(const mt_model_config *cfg, const layer_dims *m, float *dq, float *dk, const bf16 *qpre,
+                             const bf16 *kpre, const bf16 *qw, const bf16 *kw, const float *qrms, const float *krms,
+                             bf16 *dq_proj, bf16 *dk_proj, const float *cos_t, const float *sin_t, float *dq32,
+                             float *dk32, cudaStream_t stream)
+{
+    if (cfg->qk_norm)
+        qk_rope_backward_kernel<true><<<qk_blocks(m), 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, dq, dk,
+                                                                         qpre, kpre, qw, kw, qrms, krms, dq_proj,
+                                                                         dk_proj, cos_t, sin_t, dq32, dk32);
+    else
+        qk_rope_backward_kernel<false><<<qk_blocks(m), 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, dq, dk,
+                                                                          nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                                          nullptr, dq_proj, dk_proj, cos_t, sin_t,
+                                                                          dq32, dk32);
+    CUDA_CHECK_LAUNCH();
+}
+
 // ---- SwiGLU ----
 
 // s (len) = silu(g) * u, bf16 in and out, fp32 math with expf as the CPU's float path.
@@ -382,12 +418,44 @@ __global__ static void swiglu_backward_kernel(int64_t len, const bf16 *gate, con
     }
 }
 
+static void swiglu_forward(int64_t len, const bf16 *gate, const bf16 *up, bf16 *out, cudaStream_t stream)
+{
+    swiglu_forward_kernel<<<mt_grid_for(len, 256), 256, 0, stream>>>(len, gate, up, out);
+    CUDA_CHECK_LAUNCH();
+}
+
+static void swiglu_backward(int64_t len, const bf16 *gate, const bf16 *up, const float *dout, bf16 *dgate, bf16 *dup,
+                            cudaStream_t stream)
+{
+    swiglu_backward_kernel<<<mt_grid_for(len, 256), 256, 0, stream>>>(len, gate, up, dout, dgate, dup);
+    CUDA_CHECK_LAUNCH();
+}
+
 // Element (r, j) of a row-major fp32 (R, C) matrix: the q/k-norm weight gradient's summand.
 struct f32_element {
     const float *m;
     int64_t C;
     __device__ float operator()(int64_t r, int64_t j) const { return m[r * C + j]; }
 };
+
+// q/k-norm weight gradients dqw dkw (D) += column sums of the summands qk_rope_backward left in
+// dq (n*H, D) and dk (n*KV, D).
+static void qk_norm_weight_grads(const layer_dims *m, const float *dq, const float *dk, float *dqw, float *dkw,
+                                 float *partials, cudaStream_t stream)
+{
+    mt_colsum(f32_element{dq, m->D}, m->n * m->H, m->D, dqw, true, partials, stream);
+    mt_colsum(f32_element{dk, m->D}, m->n * m->KV, m->D, dkw, true, partials, stream);
+}
+
+// q/k/v bias gradients dqb (H*D), dkb dvb (KV*D) += column sums of the fp32 gradients at the
+// projections' outputs dq32 (n, H*D), dk32 dv (n, KV*D).
+static void qkv_bias_grads(const layer_dims *m, const float *dq32, const float *dk32, const float *dv, float *dqb,
+                           float *dkb, float *dvb, float *partials, cudaStream_t stream)
+{
+    mt_colsum(f32_element{dq32, m->qd}, m->n, m->qd, dqb, true, partials, stream);
+    mt_colsum(f32_element{dk32, m->kvd}, m->n, m->kvd, dkb, true, partials, stream);
+    mt_colsum(f32_element{dv, m->kvd}, m->n, m->kvd, dvb, true, partials, stream);
+}
 
 // ---- forward ----
 
@@ -422,15 +490,8 @@ extern "C" void mt_cuda_layer_forward(mt_cuda_ctx *ctx, const mt_model_config *c
     mt_linear_forward(ctx, n, m.d, m.kvd, fs.xn, weight(layout, tile, MT_L_V_W), weight(layout, tile, MT_L_V_B),
                       sv.v, CUDA_R_16BF, stream);
     rope_tables(cfg, &m, fs.cos_t, fs.sin_t, stream);
-    if (cfg->qk_norm)
-        qk_rope_forward_kernel<true><<<qk_blocks(&m), 256, 0, stream>>>(
-            n, T, m.H, m.KV, (int)m.D, q_proj, k_proj, sv.q, sv.k, weight(layout, tile, MT_L_Q_NORM),
-            weight(layout, tile, MT_L_K_NORM), sv.qrms, sv.krms, cfg->rms_eps, fs.cos_t, fs.sin_t);
-    else
-        qk_rope_forward_kernel<false><<<qk_blocks(&m), 256, 0, stream>>>(
-            n, T, m.H, m.KV, (int)m.D, q_proj, k_proj, sv.q, sv.k, nullptr, nullptr, nullptr, nullptr, cfg->rms_eps,
-            fs.cos_t, fs.sin_t);
-    CUDA_CHECK_LAUNCH();
+    qk_rope_forward(cfg, &m, q_proj, k_proj, sv.q, sv.k, weight(layout, tile, MT_L_Q_NORM),
+                    weight(layout, tile, MT_L_K_NORM), sv.qrms, sv.krms, fs.cos_t, fs.sin_t, stream);
     mt_cuda_attention_forward(B, T, m.H, m.KV, m.D, reinterpret_cast<const mt_cuda_bf16 *>(sv.q),
                               reinterpret_cast<const mt_cuda_bf16 *>(sv.k), reinterpret_cast<const mt_cuda_bf16 *>(sv.v),
                               reinterpret_cast<mt_cuda_bf16 *>(sv.a), sv.lse, stream_); // a (n, H*D)
@@ -441,8 +502,7 @@ extern "C" void mt_cuda_layer_forward(mt_cuda_ctx *ctx, const mt_model_config *c
     mt_rmsnorm_forward(n, m.d, sv.h, weight(layout, tile, MT_L_MLP_NORM), cfg->rms_eps, hn, sv.rms2, stream);
     mt_linear_forward(ctx, n, m.d, m.inter, hn, weight(layout, tile, MT_L_GATE_W), nullptr, sv.g, CUDA_R_16BF, stream);
     mt_linear_forward(ctx, n, m.d, m.inter, hn, weight(layout, tile, MT_L_UP_W), nullptr, sv.u, CUDA_R_16BF, stream);
-    swiglu_forward_kernel<<<mt_grid_for(n * m.inter, 256), 256, 0, stream>>>(n * m.inter, sv.g, sv.u, fs.s);
-    CUDA_CHECK_LAUNCH();
+    swiglu_forward(n * m.inter, sv.g, sv.u, fs.s, stream);
     mt_linear_forward_residual(ctx, n, m.inter, m.d, fs.s, weight(layout, tile, MT_L_DOWN_W), sv.h, y, stream);
 }
 
@@ -473,15 +533,12 @@ extern "C" void mt_cuda_layer_backward(mt_cuda_ctx *ctx, const mt_model_config *
     // MLP block.
     const bf16 *mlp_norm_w = weight(layout, tile, MT_L_MLP_NORM);
     mt_rmsnorm_apply(n, m.d, sv.h, mlp_norm_w, sv.rms2, s.norm_out, stream); // hn (n, d)
-    swiglu_forward_kernel<<<mt_grid_for(n * m.inter, 256), 256, 0, stream>>>(n * m.inter, sv.g, sv.u, s.s_dg);
-    CUDA_CHECK_LAUNCH();
+    swiglu_forward(n * m.inter, sv.g, sv.u, s.s_dg, stream);
     mt_cuda_f32_to_bf16(dy, reinterpret_cast<mt_cuda_bf16 *>(s.dres), n * m.d, stream_); // dy bf16 (n, d)
     mt_linear_backward_weight(ctx, n, m.inter, m.d, s.s_dg, s.dres, grad(layout, dtile, MT_L_DOWN_W), true, stream);
     mt_linear_backward_input(ctx, n, m.inter, m.d, s.dres, weight(layout, tile, MT_L_DOWN_W), s.ds, CUDA_R_32F, false,
                              stream); // ds (n, I)
-    swiglu_backward_kernel<<<mt_grid_for(n * m.inter, 256), 256, 0, stream>>>(n * m.inter, sv.g, sv.u, s.ds, s.s_dg,
-                                                                               s.du); // dg, du (n, I)
-    CUDA_CHECK_LAUNCH();
+    swiglu_backward(n * m.inter, sv.g, sv.u, s.ds, s.s_dg, s.du, stream); // dg, du (n, I)
     mt_linear_backward_weight(ctx, n, m.d, m.inter, s.norm_out, s.s_dg, grad(layout, dtile, MT_L_GATE_W), true, stream);
     mt_linear_backward_weight(ctx, n, m.d, m.inter, s.norm_out, s.du, grad(layout, dtile, MT_L_UP_W), true, stream);
     mt_linear_backward_input(ctx, n, m.d, m.inter, s.s_dg, weight(layout, tile, MT_L_GATE_W), s.dnorm, CUDA_R_32F,
@@ -505,26 +562,16 @@ extern "C" void mt_cuda_layer_backward(mt_cuda_ctx *ctx, const mt_model_config *
                                stream_);
     rope_tables(cfg, &m, s.cos_t, s.sin_t, stream);
     bf16 *dq_proj = s.da_dqp; // da is dead once attention backward has run
-    if (cfg->qk_norm) {
-        qk_rope_backward_kernel<true><<<qk_blocks(&m), 256, 0, stream>>>(
-            n, T, m.H, m.KV, (int)m.D, s.dq, s.dk, sv.qpre, sv.kpre, weight(layout, tile, MT_L_Q_NORM),
-            weight(layout, tile, MT_L_K_NORM), sv.qrms, sv.krms, dq_proj, s.dkp, s.cos_t, s.sin_t,
-            cfg->qkv_bias ? s.dqp32 : nullptr, cfg->qkv_bias ? s.dkp32 : nullptr);
-        CUDA_CHECK_LAUNCH();
-        mt_colsum(f32_element{s.dq, m.D}, n * m.H, m.D, grad(layout, dtile, MT_L_Q_NORM), true, s.partials, stream);
-        mt_colsum(f32_element{s.dk, m.D}, n * m.KV, m.D, grad(layout, dtile, MT_L_K_NORM), true, s.partials, stream);
-    } else {
-        qk_rope_backward_kernel<false><<<qk_blocks(&m), 256, 0, stream>>>(
-            n, T, m.H, m.KV, (int)m.D, s.dq, s.dk, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, dq_proj, s.dkp,
-            s.cos_t, s.sin_t, cfg->qkv_bias ? s.dqp32 : nullptr, cfg->qkv_bias ? s.dkp32 : nullptr);
-        CUDA_CHECK_LAUNCH();
-    }
+    qk_rope_backward(cfg, &m, s.dq, s.dk, sv.qpre, sv.kpre, weight(layout, tile, MT_L_Q_NORM),
+                     weight(layout, tile, MT_L_K_NORM), sv.qrms, sv.krms, dq_proj, s.dkp, s.cos_t, s.sin_t,
+                     cfg->qkv_bias ? s.dqp32 : nullptr, cfg->qkv_bias ? s.dkp32 : nullptr, stream);
+    if (cfg->qk_norm)
+        qk_norm_weight_grads(&m, s.dq, s.dk, grad(layout, dtile, MT_L_Q_NORM), grad(layout, dtile, MT_L_K_NORM),
+                             s.partials, stream);
     mt_cuda_f32_to_bf16(s.dv, reinterpret_cast<mt_cuda_bf16 *>(s.dvb), n * m.kvd, stream_);
-    if (cfg->qkv_bias) {
-        mt_colsum(f32_element{s.dqp32, m.qd}, n, m.qd, grad(layout, dtile, MT_L_Q_B), true, s.partials, stream);
-        mt_colsum(f32_element{s.dkp32, m.kvd}, n, m.kvd, grad(layout, dtile, MT_L_K_B), true, s.partials, stream);
-        mt_colsum(f32_element{s.dv, m.kvd}, n, m.kvd, grad(layout, dtile, MT_L_V_B), true, s.partials, stream);
-    }
+    if (cfg->qkv_bias)
+        qkv_bias_grads(&m, s.dqp32, s.dkp32, s.dv, grad(layout, dtile, MT_L_Q_B), grad(layout, dtile, MT_L_K_B),
+                       grad(layout, dtile, MT_L_V_B), s.partials, stream);
     const bf16 *attn_norm_w = weight(layout, tile, MT_L_ATTN_NORM);
     mt_rmsnorm_apply(n, m.d, sv.x, attn_norm_w, sv.rms1, s.norm_out, stream); // xn (n, d)
     mt_linear_backward_weight(ctx, n, m.d, m.qd, s.norm_out, dq_proj, grad(layout, dtile, MT_L_Q_W), true, stream);
@@ -540,4 +587,116 @@ extern "C" void mt_cuda_layer_backward(mt_cuda_ctx *ctx, const mt_model_config *
     mt_rmsnorm_backward(n, m.d, sv.x, attn_norm_w, sv.rms1, s.dnorm, dx, dx, nullptr, stream);
     mt_rmsnorm_backward_weight(n, m.d, sv.x, sv.rms1, s.dnorm, grad(layout, dtile, MT_L_ATTN_NORM), true, s.partials,
                                stream);
+}
+
+// ---- timings (mt_cuda_bench_memory_kernels, bench.cu) ----
+// The layer's memory-bound kernels through the helpers its own code calls, on random buffers of
+// one call's shapes, in the order of a forward then a backward. bytes: the least traffic, every
+// input read once and every output written once at its element size (n = B*T rows, qk = H*D +
+// KV*D elements of q and k per row, heads = H + KV). The residual adds ride in the o and down
+// GEMMs' epilogues: no kernel of their own.
+void mt_kernel_bench_layer(mt_kernel_bench *b, const mt_model_config *cfg, const mt_tile_layout *layout, int64_t B,
+                           int64_t T)
+{
+    const layer_dims m = layer_dims_of(cfg, B, T);
+    layer_check(cfg, layout, &m);
+    const int64_t n = m.n, d = m.d, I = m.inter, qk = m.qd + m.kvd, heads = m.H + m.KV;
+    const cudaStream_t st = b->stream;
+    const mt_cuda_bf16 *tile = reinterpret_cast<const mt_cuda_bf16 *>(mt_kernel_bench_random_bf16(b, layout->numel));
+    const bf16 *norm_w = weight(layout, tile, MT_L_MLP_NORM);                                    // (d)
+    const bf16 *qw = weight(layout, tile, MT_L_Q_NORM), *kw = weight(layout, tile, MT_L_K_NORM); // (D), qk_norm
+    // RMSNorm: x (n, d) its input, dy (n, d) the gradient at its output, resid (n, d) the residual
+    // stream's gradient, dx (n, d) fp32 and dres (n, d) bf16 the input gradient, xn (n, d) bf16
+    // its output, inv_rms (n) set by the forward (timed first), dw (d) the weight gradient.
+    float *x = mt_kernel_bench_random_f32(b, n * d), *dy = mt_kernel_bench_random_f32(b, n * d);
+    const float *resid = mt_kernel_bench_random_f32(b, n * d);
+    float *dx = mt_kernel_bench_random_f32(b, n * d);
+    bf16 *dres = (bf16 *)mt_kernel_bench_alloc(b, (size_t)(n * d) * sizeof(bf16));
+    bf16 *xn = (bf16 *)mt_kernel_bench_alloc(b, (size_t)(n * d) * sizeof(bf16));
+    float *inv_rms = (float *)mt_kernel_bench_alloc(b, (size_t)n * sizeof(float));
+    float *dw = mt_kernel_bench_random_f32(b, d);
+    float *partials = (float *)mt_kernel_bench_alloc(b, mt_colsum_partials_bytes(d > m.qd ? d : m.qd));
+    // RoPE: cos sin (T, D/2); q k (n, H*D) (n, KV*D) bf16 rotated in place, or [qk_norm] normed
+    // and rotated from qpre kpre with inv_rms qrms (n*H) krms (n*KV); backward: dq dk fp32 in,
+    // dq_proj dk_proj bf16 out [qkv_bias: and dq32 dk32 fp32]; dqkw (2, D) the q/k-norm weight
+    // gradients; dv (n, KV*D) and dbias (H*D + 2 KV*D) for the bias gradients.
+    float *cos_t = (float *)mt_kernel_bench_alloc(b, (size_t)(T * m.half) * sizeof(float));
+    float *sin_t = (float *)mt_kernel_bench_alloc(b, (size_t)(T * m.half) * sizeof(float));
+    bf16 *q = mt_kernel_bench_random_bf16(b, n * m.qd), *k = mt_kernel_bench_random_bf16(b, n * m.kvd);
+    bf16 *qpre = cfg->qk_norm ? mt_kernel_bench_random_bf16(b, n * m.qd) : nullptr;
+    bf16 *kpre = cfg->qk_norm ? mt_kernel_bench_random_bf16(b, n * m.kvd) : nullptr;
+    float *qrms = cfg->qk_norm ? (float *)mt_kernel_bench_alloc(b, (size_t)(n * m.H) * sizeof(float)) : nullptr;
+    float *krms = cfg->qk_norm ? (float *)mt_kernel_bench_alloc(b, (size_t)(n * m.KV) * sizeof(float)) : nullptr;
+    float *dq = mt_kernel_bench_random_f32(b, n * m.qd), *dk = mt_kernel_bench_random_f32(b, n * m.kvd);
+    bf16 *dq_proj = (bf16 *)mt_kernel_bench_alloc(b, (size_t)(n * m.qd) * sizeof(bf16));
+    bf16 *dk_proj = (bf16 *)mt_kernel_bench_alloc(b, (size_t)(n * m.kvd) * sizeof(bf16));
+    float *dq32 = cfg->qkv_bias ? mt_kernel_bench_random_f32(b, n * m.qd) : nullptr;
+    float *dk32 = cfg->qkv_bias ? mt_kernel_bench_random_f32(b, n * m.kvd) : nullptr;
+    float *dqkw = mt_kernel_bench_random_f32(b, 2 * m.D);
+    const float *dv = mt_kernel_bench_random_f32(b, n * m.kvd);
+    float *dbias = mt_kernel_bench_random_f32(b, m.qd + 2 * m.kvd); // (H*D + 2 KV*D)
+    // SwiGLU: g u (n, I) bf16, s_dg (n, I) bf16 its output and later dg (as in the layer),
+    // ds (n, I) fp32 the gradient at its output, du (n, I) bf16.
+    const bf16 *g = mt_kernel_bench_random_bf16(b, n * I), *u = mt_kernel_bench_random_bf16(b, n * I);
+    bf16 *s_dg = (bf16 *)mt_kernel_bench_alloc(b, (size_t)(n * I) * sizeof(bf16));
+    const float *ds = mt_kernel_bench_random_f32(b, n * I);
+    bf16 *du = (bf16 *)mt_kernel_bench_alloc(b, (size_t)(n * I) * sizeof(bf16));
+
+    char nd[48], ni[48], tab[48], qks[48], bias[48], norm_cols[48];
+    snprintf(nd, sizeof nd, "%lldx%lld", (long long)n, (long long)d);
+    snprintf(ni, sizeof ni, "%lldx%lld", (long long)n, (long long)I);
+    snprintf(tab, sizeof tab, "%lldx%lld", (long long)T, (long long)m.half);
+    snprintf(qks, sizeof qks, "q %lldx%lld k %lldx%lld", (long long)n, (long long)m.qd, (long long)n, (long long)m.kvd);
+    snprintf(bias, sizeof bias, "q %lldx%lld k v %lldx%lld", (long long)n, (long long)m.qd, (long long)n,
+             (long long)m.kvd);
+    snprintf(norm_cols, sizeof norm_cols, "%lldx%lld", (long long)(n * heads), (long long)m.D);
+
+    // x 4nd + w 2d read; y 2nd + inv_rms 4n written
+    mt_kernel_bench_time(b, "rmsnorm forward", nd, 6 * n * d + 2 * d + 4 * n,
+                         [&] { mt_rmsnorm_forward(n, d, x, norm_w, cfg->rms_eps, xn, inv_rms, st); });
+    // cos, sin (T, D/2) fp32 written; double cos/sin: compute, not memory, bound
+    mt_kernel_bench_time(b, "rope tables", tab, 8 * T * m.half, [&] { rope_tables(cfg, &m, cos_t, sin_t, st); });
+    // q k 2 n qk read and 2 n qk written (bf16), cos sin 8 T D/2 read;
+    // [qk_norm: the weights 2 x 2D read, inv_rms 4 n heads written]
+    mt_kernel_bench_time(b, cfg->qk_norm ? "q/k-norm + rope forward" : "rope forward", qks,
+                         4 * n * qk + 8 * T * m.half + (cfg->qk_norm ? 4 * m.D + 4 * n * heads : 0), [&] {
+                             qk_rope_forward(cfg, &m, cfg->qk_norm ? qpre : q, cfg->qk_norm ? kpre : k, q, k, qw, kw,
+                                             qrms, krms, cos_t, sin_t, st);
+                         });
+    // g u 4 n I read, s 2 n I written
+    mt_kernel_bench_time(b, "swiglu forward", ni, 6 * n * I, [&] { swiglu_forward(n * I, g, u, s_dg, st); });
+    // x 4nd + inv_rms 4n + w 2d read, y 2nd written
+    mt_kernel_bench_time(b, "rmsnorm apply (recompute)", nd, 6 * n * d + 2 * d + 4 * n,
+                         [&] { mt_rmsnorm_apply(n, d, x, norm_w, inv_rms, xn, st); });
+    // g u 4 n I + ds 4 n I read, dg du 4 n I written
+    mt_kernel_bench_time(b, "swiglu backward", ni, 12 * n * I, [&] { swiglu_backward(n * I, g, u, ds, s_dg, du, st); });
+    // The MLP norm's: x dy resid 12nd + w 2d + inv_rms 4n read, dx 4nd + its bf16 copy 2nd written
+    mt_kernel_bench_time(b, "rmsnorm backward (+ resid, bf16 copy)", nd, 18 * n * d + 2 * d + 4 * n,
+                         [&] { mt_rmsnorm_backward(n, d, x, norm_w, inv_rms, dy, resid, dx, dres, st); });
+    // x dy 8nd + inv_rms 4n read, dw (d) fp32 read and written 8d
+    mt_kernel_bench_time(b, "rmsnorm weight gradient (+=)", nd, 8 * n * d + 4 * n + 8 * d,
+                         [&] { mt_rmsnorm_backward_weight(n, d, x, inv_rms, dy, dw, true, partials, st); });
+    // dq dk 4 n qk + cos sin 8 T D/2 read, the bf16 gradients 2 n qk written [qkv_bias: their fp32
+    // copies 4 n qk] [qk_norm: qpre kpre 2 n qk + inv_rms 4 n heads + the weights 4D read, the
+    // weight's summands 4 n qk written over dq dk]
+    mt_kernel_bench_time(b, cfg->qk_norm ? "q/k-norm + rope backward" : "rope backward", qks,
+                         6 * n * qk + 8 * T * m.half + (cfg->qkv_bias ? 4 * n * qk : 0) +
+                             (cfg->qk_norm ? 6 * n * qk + 4 * n * heads + 4 * m.D : 0),
+                         [&] {
+                             qk_rope_backward(cfg, &m, dq, dk, qpre, kpre, qw, kw, qrms, krms, dq_proj, dk_proj, cos_t,
+                                              sin_t, dq32, dk32, st);
+                         });
+    // dq dk 4 n qk read, the two (D) fp32 gradients read and written 16 D
+    if (cfg->qk_norm)
+        mt_kernel_bench_time(b, "q/k-norm weight gradients (+=)", norm_cols, 4 * n * qk + 16 * m.D,
+                             [&] { qk_norm_weight_grads(&m, dq, dk, dqkw, dqkw + m.D, partials, st); });
+    // dq32 dk32 dv 4 n qkv read, the fp32 biases (qkv) read and written 8 qkv
+    const int64_t qkv = m.qd + 2 * m.kvd;
+    if (cfg->qkv_bias)
+        mt_kernel_bench_time(b, "q/k/v bias gradients (+=)", bias, 4 * n * qkv + 8 * qkv, [&] {
+            qkv_bias_grads(&m, dq32, dk32, dv, dbias, dbias + m.qd, dbias + m.qd + m.kvd, partials, st);
+        });
+    // The attention norm's, in place: x dy dx 12nd + w 2d + inv_rms 4n read, dx 4nd written
+    mt_kernel_bench_time(b, "rmsnorm backward (in place)", nd, 16 * n * d + 2 * d + 4 * n,
+                         [&] { mt_rmsnorm_backward(n, d, x, norm_w, inv_rms, dy, dx, dx, nullptr, st); });
 }
