@@ -377,7 +377,9 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
      * registers (runtime/plan.c); a little room on top for StarPU's own small allocations. */
     uint64_t limit_mib = 0;
     if (!o->resident) {
-        limit_mib = o->gpu_limit_mib ? o->gpu_limit_mib : ((gpu_need + gpu_need / 50) >> 20) + 256;
+        if (o->gpu_limit_mib) limit_mib = o->gpu_limit_mib;
+        else if (o->gpu_limit_margin > 0) limit_mib = (uint64_t)ceil(gpu_need * (1 + o->gpu_limit_margin / 100) / 1048576.0);
+        else limit_mib = ((gpu_need + gpu_need / 50) >> 20) + 256;
         char v[32];
         snprintf(v, sizeof v, "%llu", (unsigned long long)limit_mib);
         setenv("STARPU_LIMIT_CUDA_MEM", v, 1);

@@ -61,6 +61,8 @@ typedef struct mt_bench_options {
     bool resident;                /* no GPU memory limit: no weight is ever evicted */
     bool prefetch;                /* the megatrain policy's next-layer prefetch (default off) */
     uint64_t gpu_limit_mib;       /* 0: from the run's buffer sizes (ignored when resident) */
+    double gpu_limit_margin;      /* > 0: the limit is the plan plus this many percent; 0: plus 2%
+                                   * and 256 MiB for StarPU's own small allocations */
     int64_t layers;               /* > 0: override the shape's layer count (memory-bound tests) */
     mt_runtime_options runtime;
     /* Sweeps: every (K, clip) pair is measured on the same host state, one graph after the

@@ -471,7 +471,8 @@ static void bench_help(const mt_bench_options *d)
     printf("  --warmup N           steps not measured (default %d)\n", d->warmup);
     printf("  --steps N            measured steps (default %d)\n", d->steps);
     printf("  --resident           no GPU memory limit: no weight is ever evicted\n");
-    printf("  --gpu-limit-mib N    GPU memory StarPU may use (default: what the step's buffers need)\n");
+    printf("  --gpu-limit-mib N    GPU memory StarPU may use (default: the memory plan + 2%% + 256 MiB)\n");
+    printf("  --gpu-limit-margin P the plan + P percent instead (a tight bound: the bounded-memory test)\n");
     printf("  --prefetch           the megatrain policy prefetches the next layer's weights (default)\n");
     printf("  --no-prefetch        turn that prefetch off (the ablation)\n");
     printf("  --layers N           override the shape's layer count (memory-bound checks)\n");
@@ -481,13 +482,13 @@ static void bench_help(const mt_bench_options *d)
 
 static int cmd_bench(int argc, char **argv)
 {
-    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS, O_PF };
+    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS, O_PF, O_MARGIN };
     static const struct option opts[] = {
         { "shape", required_argument, 0, O_SHAPE }, { "micro-batch", required_argument, 0, O_B },
         { "seq-len", required_argument, 0, O_T }, { "accum", required_argument, 0, O_ACCUM },
         { "checkpoint-every", required_argument, 0, O_K }, { "clip", required_argument, 0, O_CLIP },
         { "warmup", required_argument, 0, O_WARM }, { "steps", required_argument, 0, O_STEPS },
-        { "resident", no_argument, 0, O_RES }, { "gpu-limit-mib", required_argument, 0, O_LIMIT },
+        { "resident", no_argument, 0, O_RES }, { "gpu-limit-mib", required_argument, 0, O_LIMIT }, { "gpu-limit-margin", required_argument, 0, O_MARGIN },
         { "no-prefetch", no_argument, 0, O_NOPF }, { "prefetch", no_argument, 0, O_PF },
         { "sched", required_argument, 0, O_SCHED },
         { "ncpu", required_argument, 0, O_NCPU }, { "ncuda", required_argument, 0, O_NCUDA },
@@ -520,6 +521,7 @@ static int cmd_bench(int argc, char **argv)
         case O_STEPS: if (parse_int("--steps", optarg, 1, 1000, &v)) return 2; o.steps = (int)v; break;
         case O_RES: o.resident = true; break;
         case O_LIMIT: if (parse_int("--gpu-limit-mib", optarg, 1, 1LL << 30, &v)) return 2; o.gpu_limit_mib = (uint64_t)v; break;
+        case O_MARGIN: if (parse_double("--gpu-limit-margin", optarg, 0.01, 1000, &o.gpu_limit_margin)) return 2; break;
         case O_NOPF: o.prefetch = false; break;
         case O_PF: o.prefetch = true; break;
         case O_LAYERS: if (parse_int("--layers", optarg, 1, 1 << 16, &v)) return 2; o.layers = v; break;
