@@ -149,15 +149,17 @@ static void render_llama3(const mt_chat_message *msgs, int n, buffer *b, mt_chat
     }
 }
 
-/* Mistral: <s>[INST] USER [/INST]ANSWER</s> per exchange; a system message is prepended to the
- * first user message with a blank line; trained: ANSWER</s>. */
+/* Mistral, as the template Mistral-7B-Instruct-v0.2 and v0.3 ship (mistral's "v1" template):
+ * <s> then " [INST] USER [/INST]" and " ANSWER</s>" per exchange; a system message is prepended
+ * to the first user message with a blank line; trained: ANSWER</s> (the space before it is the
+ * template's). */
 static void render_mistral(const mt_chat_message *msgs, int n, buffer *b, mt_chat_rendered *r)
 {
     int first = msgs[0].role == MT_ROLE_SYSTEM ? 1 : 0;
     put(b, "<s>");
     for (int i = first; i < n; i++) {
         if (msgs[i].role == MT_ROLE_USER) {
-            put(b, "[INST] ");
+            put(b, " [INST] ");
             if (first && i == first) {
                 put(b, msgs[0].content);
                 put(b, "\n\n");
@@ -165,6 +167,7 @@ static void render_mistral(const mt_chat_message *msgs, int n, buffer *b, mt_cha
             put(b, msgs[i].content);
             put(b, " [/INST]");
         } else {
+            put(b, " ");
             size_t start = b->len;
             put(b, msgs[i].content);
             put(b, "</s>");

