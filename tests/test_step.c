@@ -4,6 +4,7 @@
 #include <check.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -425,6 +426,52 @@ START_TEST(test_gates_megatrain_policy)
 }
 END_TEST
 
+/* The megatrain policy runs ready tasks of equal priority first-in first-out. StarPU's job ids
+ * (the policy's tie-break) are all 0 without an FxT trace, and the sorted insert once put each
+ * new task in front of its equals: last-in first-out. One CPU worker is held busy while three
+ * equal tasks queue; they must then run in submission order. */
+static atomic_int fifo_release, fifo_next, fifo_order[3];
+
+static void fifo_blocker_cpu(void *buffers[], void *arg)
+{
+    (void)buffers; (void)arg;
+    while (!atomic_load(&fifo_release)) usleep(1000);
+}
+
+static void fifo_record_cpu(void *buffers[], void *arg)
+{
+    (void)buffers;
+    int id;
+    starpu_codelet_unpack_args(arg, &id);
+    fifo_order[atomic_fetch_add(&fifo_next, 1)] = id;
+}
+
+static struct starpu_codelet fifo_blocker_cl = { .cpu_funcs = { fifo_blocker_cpu }, .nbuffers = 0, .name = "blocker" };
+static struct starpu_codelet fifo_record_cl = { .cpu_funcs = { fifo_record_cpu }, .nbuffers = 0, .name = "record" };
+
+START_TEST(test_policy_fifo_for_equals)
+{
+    mt_runtime_options ro = mt_runtime_defaults();
+    ro.sched = "megatrain";
+    ro.ncpu = 1;
+    ro.ncuda = 0;
+    char err[256];
+    ck_assert_msg(mt_runtime_init(&ro, err, sizeof err) == 0, "%s", err);
+    atomic_store(&fifo_release, 0);
+    atomic_store(&fifo_next, 0);
+    ck_assert_int_eq(starpu_task_insert(&fifo_blocker_cl, 0), 0);
+    usleep(100000); /* the worker has taken the blocker */
+    for (int id = 0; id < 3; id++) ck_assert_int_eq(starpu_task_insert(&fifo_record_cl, STARPU_VALUE, &id, sizeof id, 0), 0);
+    usleep(100000); /* all three are queued behind it */
+    atomic_store(&fifo_release, 1);
+    starpu_task_wait_for_all();
+    ck_assert_int_eq(atomic_load(&fifo_next), 3);
+    for (int i = 0; i < 3; i++) ck_assert_msg(fifo_order[i] == i, "run %d was task %d (order %d %d %d)", i, fifo_order[i],
+                                              fifo_order[0], fifo_order[1], fifo_order[2]);
+    mt_runtime_shutdown();
+}
+END_TEST
+
 /* The memory plan counts exactly the working buffers the graph registers, for several shapes. */
 START_TEST(test_plan_matches_graph)
 {
@@ -488,6 +535,7 @@ int main(void)
     tcase_add_test(tc, test_no_adamw_during_backward_with_clip);
     tcase_add_test(tc, test_gates_megatrain_policy);
     tcase_add_test(tc, test_plan_matches_graph);
+    tcase_add_test(tc, test_policy_fifo_for_equals);
     tcase_add_test(tc, test_bad_step_config);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
