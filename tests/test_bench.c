@@ -9,6 +9,7 @@
 #include "bench.h"
 #include "policy.h"
 #include "runtime.h"
+#include "testutil.h"
 
 #define TOL 1e-12
 
@@ -236,9 +237,5 @@ int main(void)
     tcase_add_test(tc, test_empty);
     tcase_add_test(tc, test_trace_under_policies);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return mt_test_run(s, false);
 }

@@ -757,12 +757,7 @@ int main(void)
         printf("no GPU: skipped\n");
         return 77;
     }
-    SRunner *sr = srunner_create(cuda_suite());
     /* CUDA is already initialised in this process (the device count): a forked child could not
      * use it, so the tests run in this process. */
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    const int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return mt_test_run(cuda_suite(), true);
 }

@@ -229,12 +229,7 @@ int main(void)
         printf("no GPU: skipped (%s)\n", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
         return 77;
     }
-    SRunner *sr = srunner_create(cuda_attention_suite());
     /* CUDA is already initialised in this process (the device count): a forked child could not
      * use it, so the tests run in-process. */
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return mt_test_run(cuda_attention_suite(), true);
 }

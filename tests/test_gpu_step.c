@@ -129,10 +129,5 @@ int main(void)
     tcase_add_test(tc, test_step_gradients_untied);
     tcase_add_test(tc, test_step_gradients_tied_accum);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_VERBOSE);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return mt_test_run(s, true);
 }

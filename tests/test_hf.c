@@ -930,9 +930,5 @@ static Suite *hf_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(hf_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return mt_test_run(hf_suite(), false);
 }

@@ -751,9 +751,5 @@ static Suite *ops_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(ops_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return mt_test_run(ops_suite(), false);
 }

@@ -318,11 +318,8 @@ int main(void)
     tcase_add_checked_fixture(th, runtime_up, runtime_down);
     tcase_add_loop_test(th, test_hf_round_trip, 0, nfixtures);
     suite_add_tcase(s, th);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int status = mt_test_run(s, false);
     for (int k = 0; k < nfixtures; k++) free(fixtures[k]);
     free(fixtures);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return status;
 }

@@ -538,9 +538,5 @@ int main(void)
     tcase_add_test(tc, test_policy_fifo_for_equals);
     tcase_add_test(tc, test_bad_step_config);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return mt_test_run(s, false);
 }

@@ -392,9 +392,5 @@ static Suite *tiles_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(tiles_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return mt_test_run(tiles_suite(), false);
 }

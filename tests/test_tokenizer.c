@@ -444,13 +444,9 @@ int main(void)
     tcase_add_test(tc, test_small_tokenizer);
     tcase_add_test(tc, test_errors);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
     /* One process: the two tokenizers load once instead of once per test. */
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int status = mt_test_run(s, true);
     mt_tokenizer_free(qwen3);
     if (llama3 != qwen3) mt_tokenizer_free(llama3);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return status;
 }

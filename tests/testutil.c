@@ -82,3 +82,13 @@ const char *mt_test_source_path(const char *relative)
     snprintf(path, sizeof path, "%s/%s", root ? root : MT_SOURCE_ROOT, relative);
     return path;
 }
+
+int mt_test_run(Suite *s, bool in_process)
+{
+    SRunner *sr = srunner_create(s);
+    if (in_process) srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -2,8 +2,11 @@
 #ifndef MT_TESTS_TESTUTIL_H
 #define MT_TESTS_TESTUTIL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stddef.h>
+
+#include <check.h>
 
 /* Deterministic xorshift generator for test inputs. */
 typedef struct { uint64_t s; } mt_test_rng;
@@ -23,5 +26,10 @@ const char *mt_test_write_temp(const char *name, const char *text);
 
 /* Absolute path of a file in the source tree (from MT_SOURCE_ROOT). */
 const char *mt_test_source_path(const char *relative);
+
+/* Runs every test of the suite (in this process when in_process: a process that has touched
+ * CUDA cannot fork usable children, and costly fixtures load once) and returns main's exit
+ * status: EXIT_SUCCESS when none failed. */
+int mt_test_run(Suite *s, bool in_process);
 
 #endif
