@@ -5,6 +5,7 @@
 #include "codelets.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 /* The streamed copy of master[o, o+len), in the compute precision. */
@@ -18,8 +19,10 @@ static void write_streamed(int64_t len, const float *master, void *w, mt_dtype d
  * AdamW is bound by memory traffic, and a second pass would re-read all of master. */
 enum { BLOCK = 4096 };
 
-/* The fused update: master, m and v in place, then the streamed copy, block by block. */
-static void adamw_cpu(void *buffers[], void *cl_arg)
+/* The fused update (fused: master, m and v in place) or the first half of a split one (master,
+ * m and v read; the updated weights go through a block on the stack); both write the streamed
+ * copy block by block. The two take the same buffers and arguments. */
+static void adamw_streamed(void *buffers[], void *cl_arg, bool fused)
 {
     mt_adamw_params p;
     mt_dtype dtype;
@@ -32,35 +35,22 @@ static void adamw_cpu(void *buffers[], void *cl_arg)
     float *m = (float *)STARPU_VECTOR_GET_PTR(buffers[1]), *v = (float *)STARPU_VECTOR_GET_PTR(buffers[2]);
     char *w = (char *)STARPU_VECTOR_GET_PTR(buffers[4]);
     const size_t wsz = dtype == MT_DTYPE_BF16 ? sizeof(mt_bf16) : sizeof(float);
-    for (int64_t o = 0; o < n; o += BLOCK) {
-        int64_t len = n - o < BLOCK ? n - o : BLOCK;
-        mt_cpu_adamw_f32(len, master + o, grad + o, m + o, v + o, &p);
-        write_streamed(len, master + o, w + (size_t)o * wsz, dtype);
-    }
-}
-
-/* The first half of a split update: the streamed copy of the updated weights only, through a
- * block on the stack; master, m and v are read. */
-static void adamw_params_cpu(void *buffers[], void *cl_arg)
-{
-    mt_adamw_params p;
-    mt_dtype dtype;
-    int clipped;
-    starpu_codelet_unpack_args(cl_arg, &p, &dtype, &clipped);
-    int64_t n = (int64_t)STARPU_VECTOR_GET_NX(buffers[0]);
-    const float *master = (const float *)STARPU_VECTOR_GET_PTR(buffers[0]);
-    if (clipped) p.grad_scale *= ((const double *)STARPU_VECTOR_GET_PTR(buffers[5]))[1];
-    const float *grad = (const float *)STARPU_VECTOR_GET_PTR(buffers[3]);
-    const float *m = (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), *v = (const float *)STARPU_VECTOR_GET_PTR(buffers[2]);
-    char *w = (char *)STARPU_VECTOR_GET_PTR(buffers[4]);
-    const size_t wsz = dtype == MT_DTYPE_BF16 ? sizeof(mt_bf16) : sizeof(float);
     float updated[BLOCK];
     for (int64_t o = 0; o < n; o += BLOCK) {
         int64_t len = n - o < BLOCK ? n - o : BLOCK;
-        mt_cpu_adamw_params_f32(len, master + o, grad + o, m + o, v + o, updated, &p);
-        write_streamed(len, updated, w + (size_t)o * wsz, dtype);
+        if (fused) {
+            mt_cpu_adamw_f32(len, master + o, grad + o, m + o, v + o, &p);
+            write_streamed(len, master + o, w + (size_t)o * wsz, dtype);
+        } else {
+            mt_cpu_adamw_params_f32(len, master + o, grad + o, m + o, v + o, updated, &p);
+            write_streamed(len, updated, w + (size_t)o * wsz, dtype);
+        }
     }
 }
+
+static void adamw_cpu(void *buffers[], void *cl_arg) { adamw_streamed(buffers, cl_arg, true); }
+
+static void adamw_params_cpu(void *buffers[], void *cl_arg) { adamw_streamed(buffers, cl_arg, false); }
 
 /* The second half: master, m and v in place (the fused kernel, without the streamed copy the
  * first half wrote from the same values). */

@@ -515,9 +515,9 @@ static int moments_priority(const mt_host_state *st, int i)
  * parameter: master, m, v, grad read; the bf16 streamed copy written) is all the next forward
  * waits for; the second half (the fused kernel without the streamed copy: master, m, v updated
  * in place) runs in the CPU's idle time before the next backward overwrites the gradient
- * (StarPU orders it by the data). Without
- * clipping only the embedding and layer 0 are split: their updates come last (their gradients
- * are the backward's last) and are needed first, at the step boundary. */
+ * (StarPU orders it by the data). Without clipping only the embedding and layer 0 are split:
+ * their updates come last (their gradients are the backward's last) and are needed first, at
+ * the step boundary. */
 static bool split_update(const mt_graph *g, int tile)
 {
     if (g->sc.adamw_split >= 0) return g->sc.adamw_split > 0;
