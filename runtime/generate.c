@@ -1,4 +1,5 @@
-/* Text generation from the host master weights with the CPU kernels, for the end of a training
+/* The forward of the host master weights through the CPU kernels (mt_host_hidden, also what
+ * `megatrain grads --logits` uses), and text generation with it for the end of a training
  * job. No KV cache: each new byte re-runs the forward over the last `context` bytes, which is
  * cheap for the small byte-level models this serves. */
 #include <math.h>
@@ -8,6 +9,18 @@
 #include "cpu/ops.h"
 #include "data.h"
 #include "train.h"
+
+float *mt_host_hidden(const mt_host_state *st, int64_t B, int64_t T, const int32_t *tokens, float *x, float *y,
+                     float *scratch)
+{
+    const mt_model_config *cfg = &st->cfg;
+    mt_cpu_embedding_forward_f32(B * T, cfg->hidden, mt_state_embed((mt_host_state *)st)->master, tokens, x);
+    for (int i = 0; i < cfg->layers; i++) {
+        mt_cpu_layer_forward_f32(cfg, &st->layout_layer, st->tiles[1 + i].master, B, T, x, y, NULL, scratch);
+        float *tmp = x; x = y; y = tmp;
+    }
+    return x;
+}
 
 void mt_generate(const mt_host_state *st, const char *prompt, int64_t n, int64_t context,
                  double temperature, uint64_t seed, char *out)
@@ -31,12 +44,8 @@ void mt_generate(const mt_host_state *st, const char *prompt, int64_t n, int64_t
         int64_t T = len < context ? len : context;
         if (T == 0) { tokens[0] = '\n'; T = 1; }
         else for (int64_t t = 0; t < T; t++) tokens[t] = (uint8_t)out[len - T + t];
-        mt_cpu_embedding_forward_f32(T, d, embed, tokens, x);
-        for (int i = 0; i < cfg->layers; i++) {
-            mt_cpu_layer_forward_f32(cfg, &st->layout_layer, st->tiles[1 + i].master, 1, T, x, y, NULL, scratch);
-            float *tmp = x; x = y; y = tmp;
-        }
-        mt_cpu_head_logits_f32(cfg, &st->layout_head, head, cfg->tied ? embed : NULL, 1, x + (T - 1) * d, logits, hscratch);
+        const float *h = mt_host_hidden(st, 1, T, tokens, x, y, scratch);
+        mt_cpu_head_logits_f32(cfg, &st->layout_head, head, cfg->tied ? embed : NULL, 1, h + (T - 1) * d, logits, hscratch);
         /* Sample among byte values only: a byte-level model's text is bytes. */
         int64_t nv = V < 256 ? V : 256;
         double mx = -INFINITY;

@@ -16,6 +16,7 @@
 #include "safetensors.h"
 #include "state.h"
 #include "step.h"
+#include "train.h"
 
 /* Reads exactly B * (T + 1) int32 ids; checks them against the vocabulary. */
 static int32_t *read_tokens(const mt_grads_options *o, int64_t vocab, char *err, size_t errlen)
@@ -62,14 +63,10 @@ static float *cpu_logits(mt_host_state *st, int64_t B, int64_t T, const int32_t 
     float *logits = malloc(sizeof *logits * (size_t)(ntok * V));
     if (x && y && scratch && head_scratch && logits) {
         const float *embed = mt_state_embed(st)->master, *head = mt_state_head(st)->master;
-        mt_cpu_embedding_forward_f32(ntok, d, embed, tok, x);
-        for (int i = 0; i < cfg->layers; i++) {
-            mt_cpu_layer_forward_f32(cfg, &st->layout_layer, mt_state_layer(st, i)->master, B, T, x, y, NULL, scratch);
-            float *tmp = x; x = y; y = tmp;
-        }
+        const float *h = mt_host_hidden(st, B, T, tok, x, y, scratch);
         /* One sequence at a time keeps the head's scratch at T rows. */
         for (int64_t b = 0; b < B; b++)
-            mt_cpu_head_logits_f32(cfg, &st->layout_head, head, cfg->tied ? embed : NULL, T, x + b * T * d,
+            mt_cpu_head_logits_f32(cfg, &st->layout_head, head, cfg->tied ? embed : NULL, T, h + b * T * d,
                                    logits + b * T * V, head_scratch);
     } else {
         free(logits);
