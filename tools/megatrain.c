@@ -559,7 +559,8 @@ static void grads_help(void)
     printf("usage: megatrain grads --model DIR --tokens FILE --batch B --seq-len T --out FILE [options]\n\n"
            "Runs the forward, loss and backward of one batch with the training step's graph (no\n"
            "update) and writes the loss and every parameter gradient, under HF names, as fp32\n"
-           "safetensors: what tools/parity.py and tests/test_parity.c compare with transformers.\n\n"
+           "safetensors: what tools/parity_suite.py, tools/parity.py and tests/test_parity.c compare\n"
+           "with transformers.\n\n"
            "  --model DIR          HF directory (config.json + safetensors)\n"
            "  --tokens FILE        B x (T + 1) little-endian int32 ids; targets are the next ids\n"
            "  --batch B            sequences\n"
@@ -630,7 +631,7 @@ static void main_help(void)
            "  prepare tokenise text or chat JSONL into token shards for train --data\n"
            "  plan    print the memory plan of a run and check that it fits\n"
            "  bench   time the training step of a published shape (random weights)\n"
-           "  grads   one batch's loss and gradients as safetensors (for tools/parity.py)\n"
+           "  grads   one batch's loss, logits and gradients as safetensors (parity with transformers)\n"
            "  info    show StarPU's workers and check that every kind runs a task\n\n"
            "'megatrain COMMAND --help' describes each command.\n");
 }
