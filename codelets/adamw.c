@@ -30,7 +30,11 @@ static void adamw_streamed(void *buffers[], void *cl_arg, bool fused)
     starpu_codelet_unpack_args(cl_arg, &p, &dtype, &clipped);
     int64_t n = (int64_t)STARPU_VECTOR_GET_NX(buffers[0]);
     float *master = (float *)STARPU_VECTOR_GET_PTR(buffers[0]);
-    if (clipped) p.grad_scale *= ((const double *)STARPU_VECTOR_GET_PTR(buffers[5]))[1];
+    if (clipped) {
+        double scale = ((const double *)STARPU_VECTOR_GET_PTR(buffers[5]))[1];
+        if (clipped == MT_ADAMW_CONFIRM && scale == 1.0) return;
+        p.grad_scale *= scale;
+    }
     const float *grad = (const float *)STARPU_VECTOR_GET_PTR(buffers[3]);
     float *m = (float *)STARPU_VECTOR_GET_PTR(buffers[1]), *v = (float *)STARPU_VECTOR_GET_PTR(buffers[2]);
     char *w = (char *)STARPU_VECTOR_GET_PTR(buffers[4]);

@@ -63,8 +63,17 @@ extern struct starpu_codelet mt_cl_head_eval;
 /* clip: [0..n-1] partials R, [n] clip (2 doubles: global norm, scale) W; arg: double max_norm */
 extern struct starpu_codelet mt_cl_clip;
 /* adamw: [0] master RW, [1] m RW, [2] v RW, [3] grad R, [4] streamed weights W,
- *   [5] clip R (optional); args: mt_adamw_params, mt_dtype, int clipped */
+ *   [5] clip R (when clipped); args: mt_adamw_params, mt_dtype, int clipped (mt_adamw_clip) */
 extern struct starpu_codelet mt_cl_adamw;
+/* The `clipped` argument of the AdamW codelets. */
+enum mt_adamw_clip {
+    MT_ADAMW_UNCLIPPED = 0,  /* no clip buffer */
+    MT_ADAMW_CLIPPED = 1,    /* the gradient times the clip task's scale */
+    /* adamw_params only: confirms a speculative unclipped run on the same inputs (which wrote
+     * the weights, so [4] is RW): does nothing when the scale is 1 (that run was exact: the
+     * clipped kernel multiplies by 1.0), else writes the clipped result over it. */
+    MT_ADAMW_CONFIRM = 2,
+};
 /* The same update split in two (equal to adamw bit for bit when both run on the same inputs):
  * adamw_params: [0] master R, [1] m R, [2] v R, [3] grad R, [4] streamed weights W, [5] clip R
  *   (optional); args as adamw. Writes the weights the next forward needs, and only those.

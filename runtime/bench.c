@@ -263,13 +263,15 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
         }
         slots[step] = mt_graph_submit_step(g, step, tok, tgt, 1e-5);
         if (step >= 2) {
-            double loss = mt_graph_wait_loss(g, slots[step - 1], NULL);
+            double norm;
+            double loss = mt_graph_wait_loss(g, slots[step - 1], &norm);
             if (step == 2) r->loss_first = loss;
-            if (log) fprintf(log, "bench: K=%d clip %g step %d loss %.4f\n", sc->K, sc->clip, step - 1, loss);
+            if (log) fprintf(log, "bench: K=%d clip %g step %d loss %.4f grad norm %.4g\n", sc->K, sc->clip, step - 1, loss, norm);
         }
     }
     r->loss_last = mt_graph_wait_loss(g, slots[total], NULL);
     starpu_task_wait_for_all();
+    mt_graph_speculation_counts(g, &r->speculated, &r->speculation_held);
     double window = now() - measure_start;
     gpu_time(o, traced, &tl, r);
 
@@ -419,16 +421,17 @@ out:
 void mt_bench_print(const mt_bench_options *o, const mt_bench_result *r, bool header, FILE *out)
 {
     if (header)
-        fprintf(out, "| shape | tokens/step | K | clip | policy | prefetch | GPU limit | step s | tok/s | model TFLOP/s | H2D GB/step (GB/s) | D2H GB/step (GB/s) | GPU busy | GPU idle s/step | AdamW alone s (s/1e9) | AdamW span s | AdamW tail s | boundary gap s | peak GPU GiB (plan) | peak host GiB |\n"
-                     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    char idle[32] = "-";
+        fprintf(out, "| shape | tokens/step | K | clip | policy | prefetch | GPU limit | step s | tok/s | model TFLOP/s | H2D GB/step (GB/s) | D2H GB/step (GB/s) | GPU busy | GPU idle s/step | AdamW alone s (s/1e9) | AdamW span s | AdamW tail s | boundary gap s | peak GPU GiB (plan) | peak host GiB | clip speculation held |\n"
+                     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    char idle[32] = "-", spec[32] = "-";
+    if (r->speculated) snprintf(spec, sizeof spec, "%lld of %lld steps", (long long)r->speculation_held, (long long)r->speculated);
     if (!isnan(r->gpu_idle_s)) snprintf(idle, sizeof idle, "%.3f", r->gpu_idle_s);
-    fprintf(out, "| %s | %d x %lld x %lld | %d | %g | %s | %s | %s | %.3f | %.0f | %.1f | %.2f (%.1f) | %.2f (%.1f) | %.2f | %s | %.2f (%.3f) | %.3f | %.3f | %.3f | %.2f (%.2f) | %.1f |\n",
+    fprintf(out, "| %s | %d x %lld x %lld | %d | %g | %s | %s | %s | %.3f | %.0f | %.1f | %.2f (%.1f) | %.2f (%.1f) | %.2f | %s | %.2f (%.3f) | %.3f | %.3f | %.3f | %.2f (%.2f) | %.1f | %s |\n",
             o->shape, o->step.accum, (long long)o->step.B, (long long)o->step.T, r->K, r->clip,
             o->runtime.sched ? o->runtime.sched : mt_default_sched(), o->prefetch ? "on" : "off",
             r->gpu_limit_mib ? "bounded" : "resident", r->step_s, r->tokens_per_s, r->tflops, r->h2d_gb, r->h2d_gbs,
             r->d2h_gb, r->d2h_gbs, r->gpu_busy, idle, r->adamw_standalone_s, r->adamw_s_per_gparam, r->adamw_span_s,
-            r->adamw_tail_s, r->boundary_gap_s, r->peak_gpu_gib, r->plan_gpu_gib, r->peak_host_gib);
+            r->adamw_tail_s, r->boundary_gap_s, r->peak_gpu_gib, r->plan_gpu_gib, r->peak_host_gib, spec);
 }
 
 /* The notes under a table: the limit, and what the memory columns mean. */

@@ -93,6 +93,7 @@ typedef struct mt_bench_result {
     int64_t layers;
     int K;                                        /* the pair this result measured */
     double clip;
+    int64_t speculated, speculation_held;         /* steps with a speculative clipped update; of those, held */
 } mt_bench_result;
 
 mt_bench_options mt_bench_defaults(void);

@@ -43,6 +43,7 @@ typedef struct policy_data {
     /* Prefetch state, under `lock`. */
     struct mt_host_state *st;
     uint32_t *versions;            /* (ntiles) updates landed per tile */
+    uint32_t *started;             /* (ntiles) updates whose partition was submitted, per tile */
     pending_prefetch pending[MAX_PENDING];
     int npending;
     int prefetch;
@@ -92,6 +93,7 @@ static void deinit_policy(unsigned ctx)
                       "megatrain policy: tasks left at shutdown");
     STARPU_PTHREAD_MUTEX_DESTROY(&d->lock);
     free(d->versions);
+    free(d->started);
     free(d->events);
     free(d);
 }
@@ -240,9 +242,14 @@ void *mt_policy_hint(int tile, uint32_t version)
     return (void *)(((uintptr_t)(uint32_t)(tile + 1) << 32) | version);
 }
 
-/* Starts the asynchronous transfer of a tile's weights to `node`; assumes the lock is held. */
+/* Starts the asynchronous transfer of a tile's weights to `node`; assumes the lock is held.
+ * Never while an update of the tile is between its partition and its unpartition: the prefetch
+ * of a partitioned handle makes StarPU submit an implicit unpartition from this worker thread,
+ * racing the graph's own (the H200 aborted with "handle is not initialized, it cannot be read"
+ * in the graph's unpartition of a small model, whose steps are milliseconds). */
 static void prefetch_tile(policy_data *d, int tile, unsigned node)
 {
+    if (d->started[tile] != d->versions[tile]) return;
     starpu_data_prefetch_on_node(d->st->tiles[tile].h_weights, node, 1);
 }
 
@@ -274,6 +281,15 @@ static void post_exec_hook(struct starpu_task *task, unsigned ctx)
     if (tracing(d)) trace_task(d, task, TRACE_END);
 }
 
+void mt_policy_tile_updating(int tile)
+{
+    policy_data *d = running();
+    if (!d) return;
+    STARPU_PTHREAD_MUTEX_LOCK(&d->lock);
+    if (d->st && tile >= 0 && tile < d->st->ntiles) d->started[tile]++;
+    STARPU_PTHREAD_MUTEX_UNLOCK(&d->lock);
+}
+
 void mt_policy_tile_updated(int tile)
 {
     policy_data *d = running();
@@ -301,6 +317,8 @@ void mt_policy_attach(struct mt_host_state *st)
     d->st = st;
     free(d->versions);
     d->versions = calloc(st->ntiles, sizeof *d->versions);
+    free(d->started);
+    d->started = calloc(st->ntiles, sizeof *d->started);
     d->npending = 0;
     STARPU_PTHREAD_MUTEX_UNLOCK(&d->lock);
 }

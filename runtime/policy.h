@@ -24,6 +24,10 @@ void *mt_policy_hint(int tile, uint32_t version);
 void mt_policy_attach(struct mt_host_state *st);
 void mt_policy_detach(void);
 
+/* The graph calls this before it partitions `tile`'s weights for an update: from then until that
+ * update lands the tile is not prefetched (prefetching a partitioned handle unpartitions it). */
+void mt_policy_tile_updating(int tile);
+
 /* The graph calls this when an update of `tile` has landed (its streamed weights are whole and
  * current in host memory): issues a prefetch that was waiting for it. */
 void mt_policy_tile_updated(int tile);

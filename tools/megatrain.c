@@ -231,6 +231,22 @@ static int cmd_plan(int argc, char **argv)
 
 /* ---- train ------------------------------------------------------------------------------ */
 
+/* --clip-speculate auto|on|off -> mt_step_config.clip_speculate (-1, 1, 0). */
+static int parse_speculate(const char *arg, int *out)
+{
+    if (!strcmp(arg, "auto")) *out = -1;
+    else if (!strcmp(arg, "on")) *out = 1;
+    else if (!strcmp(arg, "off")) *out = 0;
+    else return usage_error("--clip-speculate: '%s' is not auto, on or off%s", arg, "");
+    return 0;
+}
+
+#define SPECULATE_HELP                                                                             \
+    "  --clip-speculate M   auto|on|off (default auto): with clipping, run each layer's update as\n" \
+    "                       its gradient lands, as if the norm were within the bound, and redo it\n" \
+    "                       after the norm only when it was not (the result is exact either way);\n" \
+    "                       auto does so while the last norm was within the bound\n"
+
 static void train_help(const mt_train_options *d)
 {
     printf("usage: megatrain train [options]\n\n"
@@ -257,6 +273,7 @@ static void train_help(const mt_train_options *d)
     printf("  --warmup N           warm-up steps (default %lld)\n", (long long)d->warmup);
     printf("  --weight-decay X     AdamW decoupled weight decay on matrices (default %g)\n", d->step.weight_decay);
     printf("  --clip X             max global gradient norm, 0 = off (default %g)\n", d->step.clip);
+    printf(SPECULATE_HELP);
     printf("  --dtype fp32|bf16    precision of the streamed weights (default: fp32 on CPU workers,\n"
            "                       bf16 when a GPU computes; the GPU path needs bf16)\n");
     printf("  --seed N             initialisation and sampling seed (default %llu)\n", (unsigned long long)d->seed);
@@ -277,7 +294,7 @@ static int cmd_train(int argc, char **argv)
 {
     enum { O_CONFIG = 256, O_DATA, O_STEPS, O_B, O_T, O_ACCUM, O_K, O_LR, O_SCHED_LR, O_WARMUP, O_WD, O_CLIP,
            O_DTYPE, O_SEED, O_EVAL, O_LOG, O_SAMPLE, O_TIME, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_TPS, O_BUDGET,
-           O_CKPT, O_SAVE_EVERY, O_RESUME, O_STOP, O_MODEL, O_SAVE_MODEL, O_DATA_ORDER };
+           O_CKPT, O_SAVE_EVERY, O_RESUME, O_STOP, O_MODEL, O_SAVE_MODEL, O_DATA_ORDER, O_SPEC };
     static const struct option opts[] = {
         { "config", required_argument, 0, O_CONFIG }, { "data", required_argument, 0, O_DATA },
         { "steps", required_argument, 0, O_STEPS }, { "micro-batch", required_argument, 0, O_B },
@@ -294,7 +311,8 @@ static int cmd_train(int argc, char **argv)
         { "checkpoint", required_argument, 0, O_CKPT }, { "save-every", required_argument, 0, O_SAVE_EVERY },
         { "resume", required_argument, 0, O_RESUME }, { "stop-after", required_argument, 0, O_STOP },
         { "model", required_argument, 0, O_MODEL }, { "save-model", required_argument, 0, O_SAVE_MODEL },
-        { "data-order", required_argument, 0, O_DATA_ORDER }, { 0, 0, 0, 0 },
+        { "data-order", required_argument, 0, O_DATA_ORDER }, { "clip-speculate", required_argument, 0, O_SPEC },
+        { 0, 0, 0, 0 },
     };
     mt_train_options o = mt_train_defaults();
     bool seq_len_given = false;
@@ -323,6 +341,7 @@ static int cmd_train(int argc, char **argv)
             break;
         case O_WARMUP: if (parse_int("--warmup", optarg, 0, 1LL << 40, &v)) return 2; o.warmup = v; break;
         case O_WD: if (parse_double("--weight-decay", optarg, 0, 10, &o.step.weight_decay)) return 2; break;
+        case O_SPEC: if (parse_speculate(optarg, &o.step.clip_speculate)) return 2; break;
         case O_CLIP: if (parse_double("--clip", optarg, 0, 1e30, &o.step.clip)) return 2; break;
         case O_DTYPE:
             if (mt_dtype_parse(optarg, &o.dtype)) return usage_error("--dtype: '%s' is not fp32 or bf16%s", optarg, "");
@@ -468,6 +487,7 @@ static void bench_help(const mt_bench_options *d)
     printf("  --checkpoint-every K layers per recompute block (default %d); a list (1,2,4) measures each\n", d->step.K);
     printf("  --clip X             max gradient norm, 0 = off (default %g); a list (1,0) measures each.\n"
            "                       Lists share one host state: every K and clip pair in one run\n", d->step.clip);
+    printf(SPECULATE_HELP);
     printf("  --warmup N           steps not measured (default %d)\n", d->warmup);
     printf("  --steps N            measured steps (default %d)\n", d->steps);
     printf("  --resident           no GPU memory limit: no weight is ever evicted\n");
@@ -482,7 +502,7 @@ static void bench_help(const mt_bench_options *d)
 
 static int cmd_bench(int argc, char **argv)
 {
-    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS, O_PF, O_MARGIN };
+    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS, O_PF, O_MARGIN, O_SPEC };
     static const struct option opts[] = {
         { "shape", required_argument, 0, O_SHAPE }, { "micro-batch", required_argument, 0, O_B },
         { "seq-len", required_argument, 0, O_T }, { "accum", required_argument, 0, O_ACCUM },
@@ -492,7 +512,8 @@ static int cmd_bench(int argc, char **argv)
         { "no-prefetch", no_argument, 0, O_NOPF }, { "prefetch", no_argument, 0, O_PF },
         { "sched", required_argument, 0, O_SCHED },
         { "ncpu", required_argument, 0, O_NCPU }, { "ncuda", required_argument, 0, O_NCUDA },
-        { "help", no_argument, 0, O_HELP }, { "layers", required_argument, 0, O_LAYERS }, { 0, 0, 0, 0 },
+        { "help", no_argument, 0, O_HELP }, { "layers", required_argument, 0, O_LAYERS },
+        { "clip-speculate", required_argument, 0, O_SPEC }, { 0, 0, 0, 0 },
     };
     mt_bench_options o = mt_bench_defaults();
     long long v;
@@ -524,6 +545,7 @@ static int cmd_bench(int argc, char **argv)
         case O_MARGIN: if (parse_double("--gpu-limit-margin", optarg, 0.01, 1000, &o.gpu_limit_margin)) return 2; break;
         case O_NOPF: o.prefetch = false; break;
         case O_PF: o.prefetch = true; break;
+        case O_SPEC: if (parse_speculate(optarg, &o.step.clip_speculate)) return 2; break;
         case O_LAYERS: if (parse_int("--layers", optarg, 1, 1 << 16, &v)) return 2; o.layers = v; break;
         case O_SCHED: o.runtime.sched = optarg; break;
         case O_NCPU: if (parse_int("--ncpu", optarg, 1, 1024, &v)) return 2; o.runtime.ncpu = (int)v; break;
@@ -559,7 +581,7 @@ static void grads_help(void)
     printf("usage: megatrain grads --model DIR --tokens FILE --batch B --seq-len T --out FILE [options]\n\n"
            "Runs the forward, loss and backward of one batch with the training step's graph (no\n"
            "update) and writes the loss and every parameter gradient, under HF names, as fp32\n"
-           "safetensors: what tools/parity_suite.py, tools/parity.py and tests/test_parity.c compare\n"
+           "safetensors: what tools/parity_suite.py and tests/test_parity.c compare\n"
            "with transformers.\n\n"
            "  --model DIR          HF directory (config.json + safetensors)\n"
            "  --tokens FILE        B x (T + 1) little-endian int32 ids; targets are the next ids\n"

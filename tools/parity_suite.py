@@ -3,6 +3,7 @@
 Runs where torch and transformers are installed (the GPU machine):
 
     python3 tools/parity_suite.py --megatrain build-gpu/tools/megatrain --out OUT [--ncuda 1]
+    python3 tools/parity_suite.py --model DIR [--batch 2 --seq-len 64]    (your own HF directory)
 
 For each family (Llama 3 with rope scaling, Qwen2 with q/k/v bias, Qwen3 with q/k norm and an
 explicit head_dim, Mistral) it
@@ -12,11 +13,16 @@ explicit head_dim, Mistral) it
   2. reloads that directory in fp32 and computes the reference: loss, logits and every
      parameter gradient of one random batch (transformers' own causal-LM loss);
   3. runs `megatrain grads` on the same directory and batch: the fp32 CPU path must agree within
-     1e-5 per tensor (||ours - ref|| / ||ref||), the bf16 GPU path (--ncuda 1) within 1e-2;
+     1e-5 per tensor (||ours - ref|| / ||ref||), the bf16 GPU path (--ncuda 1) within 1e-2; with a
+     GPU, transformers' own bf16 autocast is measured the same way as a yardstick;
   4. loads the directory megatrain re-exported (`grads --save-model`) back into transformers:
      every parameter must equal the original bit for bit, and the loss must be the same;
   5. writes OUT/fixtures/<family>/ (the model directory, tokens.bin, batch.json and
      reference.safetensors), which tests/test_parity.c compares the CPU path with in CI.
+--model DIR runs steps 2-4 on a directory of yours. --width N (hidden size N, vocab 1000),
+--bf16-weights (random weights rounded to bf16 values, as published checkpoints hold) and
+--batch/--seq-len vary the random models to see what the bf16 error depends on; fixtures are
+written only at the default sizes.
 Exits 1 when any check fails; the last lines are a table.
 """
 import argparse
@@ -79,12 +85,153 @@ def rel(a, b):
     return (a - b).norm().item() / n if n > 0 else a.norm().item()
 
 
+def scaled(kw, width):
+    """The family's config at hidden size `width` (a multiple of 32): 6 heads of 64 (Qwen2: heads
+    of 32), intermediate ~2.7x, vocab 1000: wider models to see how the bf16 error depends on
+    size (--width)."""
+    kw = dict(kw)
+    kw.update(hidden_size=width, intermediate_size=(width * 27 // 10) | 1, vocab_size=1000,
+              max_position_embeddings=1024)
+    if "head_dim" in kw:
+        kw.update(head_dim=64, num_attention_heads=6, num_key_value_heads=2)
+    else:  # Qwen2: head_dim = hidden / heads
+        kw["num_attention_heads"], kw["num_key_value_heads"] = width // 32, 1
+    return kw
+
+
+def write_tokens(path, ids):
+    with open(path, "wb") as f:
+        f.write(struct.pack(f"<{ids.numel()}i", *ids.flatten().tolist()))
+
+
+def hf_reference(transformers, torch, model_dir, ids, f32):
+    """transformers' fp32 loss, logits and every parameter gradient of one batch."""
+    ref = transformers.AutoModelForCausalLM.from_pretrained(model_dir, **f32, attn_implementation="eager")
+    ref.train()  # dropout is 0 in these configs; train() only enables grads
+    out = ref(input_ids=ids, labels=ids)
+    out.loss.backward()
+    T = ids.shape[1] - 1
+    reference = {"loss": out.loss.detach().reshape(1).float(),
+                 "logits": out.logits[:, :T].detach().float().contiguous()}
+    for name, p in ref.named_parameters():
+        reference[name] = p.grad.detach().float().contiguous()
+    return ref, out.loss.item(), reference
+
+
+def hf_autocast_errors(transformers, torch, model_dir, ids, reference, f32):
+    """What bf16 compute costs transformers itself: its own bf16 autocast on the GPU against its
+    fp32 reference, the yardstick for megatrain's GPU path. Per tensor, loss first."""
+    hf16 = transformers.AutoModelForCausalLM.from_pretrained(model_dir, **f32, attn_implementation="sdpa").cuda()
+    hf16.train()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        o16 = hf16(input_ids=ids.cuda(), labels=ids.cuda())
+    o16.loss.backward()
+    errs = {"loss": rel(o16.loss.detach().float().cpu().reshape(1), reference["loss"])}
+    for name, p in hf16.named_parameters():
+        errs[name] = rel(p.grad.detach().float().cpu(), reference[name])
+    return errs
+
+
+def megatrain_errors(args, load_file, model_dir, tok_path, B, T, ncuda, reference, work, export=None):
+    """`megatrain grads` on the same directory and batch; per-tensor errors against the reference,
+    or None (and the output printed) when it fails."""
+    grads_out = os.path.join(work, f"grads{ncuda}.safetensors")
+    cmd = [args.megatrain, "grads", "--model", model_dir, "--tokens", tok_path, "--batch", str(B),
+           "--seq-len", str(T), "--out", grads_out, "--ncuda", str(ncuda), "--logits"]
+    if export:
+        cmd += ["--save-model", export]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"megatrain grads failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout}{r.stderr}")
+        return None
+    ours = load_file(grads_out)
+    errs = {}
+    for name, t in reference.items():
+        if name == "logits" and ncuda:
+            continue  # logits come from the CPU ops in both runs
+        errs[name] = rel(ours[name], t) if name in ours else float("inf")
+    return errs
+
+
+def worst_of(errs):
+    name = max(errs, key=errs.get)
+    return name, errs[name]
+
+
+def check_family(args, torch, transformers, load_file, save_file, f32, label, model_dir, ids, work, table,
+                 fixtures=None, disk_dtype=None):
+    """Steps 2-5 of the module doc for one model directory; appends rows to table, returns the
+    number of failed checks."""
+    B, T = ids.shape[0], ids.shape[1] - 1
+    ref, ref_loss, reference = hf_reference(transformers, torch, model_dir, ids, f32)
+    tok_path = os.path.join(work, "tokens.bin")
+    write_tokens(tok_path, ids)
+    failed = 0
+    if fixtures:
+        shutil.rmtree(fixtures, ignore_errors=True)
+        shutil.copytree(model_dir, fixtures)
+        write_tokens(os.path.join(fixtures, "tokens.bin"), ids)
+        with open(os.path.join(fixtures, "batch.json"), "w") as f:
+            json.dump({"batch": B, "seq_len": T, "disk_dtype": disk_dtype, "family": label,
+                       "torch": torch.__version__, "transformers": transformers.__version__}, f, indent=1)
+        save_file(reference, os.path.join(fixtures, "reference.safetensors"))
+    gpu = args.ncuda and torch.cuda.is_available()
+    if args.ncuda and not gpu:
+        print(f"{label}: no CUDA device for torch; the GPU path is not checked")
+    if gpu:
+        errs = hf_autocast_errors(transformers, torch, model_dir, ids, reference, f32)
+        for name, e in errs.items():
+            print(f"{label:8s} {'HF bf16':9s} {name:50s} {e:.3e}")
+        table.append((label, "HF bf16 autocast (yardstick)", *worst_of(errs), float("inf"), median(errs)))
+    for ncuda in ([0, 1] if gpu else [0]):
+        tol = args.tol_cpu if ncuda == 0 else args.tol_gpu
+        path = "CPU fp32" if ncuda == 0 else "GPU bf16"
+        export = os.path.join(work, "export") if ncuda == 0 and not args.no_export else None
+        errs = megatrain_errors(args, load_file, model_dir, tok_path, B, T, ncuda, reference, work, export)
+        if errs is None:
+            table.append((label, path, "megatrain failed", float("inf"), tol, float("inf")))
+            failed += 1
+            continue
+        for name, e in errs.items():
+            print(f"{label:8s} {path:9s} {name:50s} {e:.3e}")
+        name, worst = worst_of(errs)
+        failed += not worst <= tol
+        table.append((label, path, name, worst, tol, median(errs)))
+        if export:
+            back = transformers.AutoModelForCausalLM.from_pretrained(export, **f32, attn_implementation="eager")
+            ref_params = dict(ref.named_parameters())
+            diff = [n for n, p in back.named_parameters() if n not in ref_params or not torch.equal(p, ref_params[n])]
+            with torch.no_grad():
+                loss_back = back(input_ids=ids, labels=ids).loss.item()
+            same = not diff and loss_back == ref_loss and len(ref_params) == len(dict(back.named_parameters()))
+            failed += not same
+            print(f"{label} export: transformers loaded {export}: {'bitwise equal' if not diff else 'differs in ' + ', '.join(diff[:4])}, "
+                  f"loss {loss_back:.7f} vs {ref_loss:.7f}")
+            table.append((label, "export->HF", "params bitwise, loss equal" if same else "MISMATCH",
+                          0.0 if same else 1.0, 0.0, 0.0))
+    return failed
+
+
+def median(errs):
+    v = sorted(errs.values())
+    return v[len(v) // 2]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--megatrain", default="build-gpu/tools/megatrain")
-    ap.add_argument("--out", default="out")
+    ap.add_argument("--out", default="out", help="where fixtures/ goes (random models at the default size only)")
     ap.add_argument("--ncuda", type=int, default=1, help="also check the GPU path (default 1; 0 skips it)")
     ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--model", help="check this HF directory instead of the random models (no fixtures written)")
+    ap.add_argument("--width", type=int, help="random models at this hidden size (multiple of 32), vocab 1000; no fixtures")
+    ap.add_argument("--bf16-weights", action="store_true",
+                    help="round the random weights to bf16 values first (as published checkpoints are); no fixtures")
+    ap.add_argument("--batch", type=int, default=B)
+    ap.add_argument("--seq-len", type=int, default=T)
+    ap.add_argument("--tol-cpu", type=float, default=1e-5)
+    ap.add_argument("--tol-gpu", type=float, default=1e-2)
+    ap.add_argument("--no-export", action="store_true", help="skip the export -> transformers check")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     try:
@@ -98,8 +245,21 @@ def main():
     f32 = {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": torch.float32}
     table, failed = [], 0
     work = tempfile.mkdtemp(prefix="parity-")
-    for fam in args.families.split(","):
+    default_models = not (args.width or args.bf16_weights) and (args.batch, args.seq_len) == (B, T)
+    if args.model:
+        with open(os.path.join(args.model, "config.json")) as f:
+            vocab = json.load(f)["vocab_size"]
+        g = torch.Generator().manual_seed(args.seed + 1)
+        ids = torch.randint(0, vocab, (args.batch, args.seq_len + 1), generator=g)
+        os.makedirs(os.path.join(work, "model"))
+        failed += check_family(args, torch, transformers, load_file, save_file, f32, os.path.basename(args.model.rstrip("/")),
+                               args.model, ids, os.path.join(work, "model"), table)
+    for fam in ([] if args.model else args.families.split(",")):
+        if fam not in FAMILIES:
+            sys.exit(f"parity_suite: unknown family {fam!r} (known: {', '.join(FAMILIES)})")
         cls_name, kw, disk_dtype, shard = FAMILIES[fam]
+        if args.width:
+            kw = scaled(kw, args.width)
         torch.manual_seed(args.seed)
         cfg = make_config(transformers, cls_name, kw)
         model = transformers.AutoModelForCausalLM.from_config(cfg, **f32)
@@ -109,94 +269,24 @@ def main():
                     p.copy_(1 + 0.2 * torch.randn_like(p))
                 elif name.endswith(".bias"):
                     p.copy_(0.05 * torch.randn_like(p))
-        hf_dir = os.path.join(work, fam, "model")
+                if args.bf16_weights:
+                    p.copy_(p.to(torch.bfloat16).float())
+        fam_work = os.path.join(work, fam)
+        hf_dir = os.path.join(fam_work, "model")
         save_kw = {"max_shard_size": shard} if shard else {}
         model.to(getattr(torch, disk_dtype)).save_pretrained(hf_dir, safe_serialization=True, **save_kw)
-        ref = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, **f32,
-                                                                attn_implementation="eager")
-        ref.train()
         g = torch.Generator().manual_seed(args.seed + 1)
-        ids = torch.randint(0, cfg.vocab_size, (B, T + 1), generator=g)
-        out = ref(input_ids=ids, labels=ids)
-        out.loss.backward()
-        reference = {"loss": out.loss.detach().reshape(1).float(),
-                     "logits": out.logits[:, :T].detach().float().contiguous()}
-        for name, p in ref.named_parameters():
-            reference[name] = p.grad.detach().float().contiguous()
-        if args.ncuda and torch.cuda.is_available():
-            # What bf16 compute costs transformers itself on this model: its own bf16 autocast
-            # on the GPU against its fp32 reference, the yardstick for megatrain's GPU path.
-            hf16 = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, **f32, attn_implementation="sdpa").cuda()
-            hf16.train()
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                o16 = hf16(input_ids=ids.cuda(), labels=ids.cuda())
-            o16.loss.backward()
-            hf_worst, hf_name = rel(o16.loss.detach().float().cpu().reshape(1), reference["loss"]), "loss"
-            for name, p in hf16.named_parameters():
-                e = rel(p.grad.detach().float().cpu(), reference[name])
-                print(f"{fam:8s} {'HF bf16':9s} {name:50s} {e:.3e}")
-                if e > hf_worst:
-                    hf_worst, hf_name = e, name
-            table.append((fam, "HF bf16 autocast (yardstick)", hf_name, hf_worst, float("inf")))
-            del hf16, o16
-        fx = os.path.join(args.out, "fixtures", fam)
-        shutil.rmtree(fx, ignore_errors=True)
-        shutil.copytree(hf_dir, fx)
-        with open(os.path.join(fx, "tokens.bin"), "wb") as f:
-            f.write(struct.pack(f"<{ids.numel()}i", *ids.flatten().tolist()))
-        with open(os.path.join(fx, "batch.json"), "w") as f:
-            json.dump({"batch": B, "seq_len": T, "disk_dtype": disk_dtype, "family": fam,
-                       "torch": torch.__version__, "transformers": transformers.__version__}, f, indent=1)
-        save_file(reference, os.path.join(fx, "reference.safetensors"))
-
-        for ncuda in ([0, 1] if args.ncuda else [0]):
-            tol = 1e-5 if ncuda == 0 else 1e-2
-            path = "CPU fp32" if ncuda == 0 else "GPU bf16"
-            grads_out = os.path.join(work, fam, f"grads{ncuda}.safetensors")
-            export = os.path.join(work, fam, f"export{ncuda}")
-            cmd = [args.megatrain, "grads", "--model", hf_dir, "--tokens", os.path.join(fx, "tokens.bin"),
-                   "--batch", str(B), "--seq-len", str(T), "--out", grads_out, "--ncuda", str(ncuda), "--logits"]
-            if ncuda == 0:
-                cmd += ["--save-model", export]
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                print(f"{fam} {path}: megatrain grads failed ({r.returncode}):\n{r.stdout}{r.stderr}")
-                table.append((fam, path, "megatrain failed", float("inf"), tol))
-                failed += 1
-                continue
-            ours = load_file(grads_out)
-            worst, worst_name = 0.0, ""
-            for name, t in reference.items():
-                if name == "logits" and ncuda:
-                    continue  # logits come from the CPU ops in both runs
-                if name not in ours:
-                    print(f"{fam} {path}: megatrain wrote no {name}")
-                    worst, worst_name = float("inf"), name
-                    continue
-                e = rel(ours[name], t)
-                print(f"{fam:8s} {path:9s} {name:50s} {e:.3e}")
-                if e > worst:
-                    worst, worst_name = e, name
-            ok = worst <= tol
-            failed += not ok
-            table.append((fam, path, worst_name, worst, tol))
-            if ncuda == 0:
-                back = transformers.AutoModelForCausalLM.from_pretrained(export, **f32,
-                                                                         attn_implementation="eager")
-                ref_params = dict(ref.named_parameters())
-                diff = [n for n, p in back.named_parameters() if not torch.equal(p, ref_params[n])]
-                with torch.no_grad():
-                    loss_back = back(input_ids=ids, labels=ids).loss.item()
-                same = not diff and loss_back == out.loss.item() and len(ref_params) == len(dict(back.named_parameters()))
-                failed += not same
-                print(f"{fam} export: transformers loaded {export}: {'bitwise equal' if not diff else 'differs in ' + ', '.join(diff[:4])}, "
-                      f"loss {loss_back:.7f} vs {out.loss.item():.7f}")
-                table.append((fam, "export->HF", "params bitwise, loss equal" if same else "MISMATCH", 0.0 if same else 1.0, 0.0))
-    print("| family | check | worst tensor | worst rel. error | bound | result |")
-    print("|---|---|---|---|---|---|")
-    for fam, path, name, e, tol in table:
+        ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len + 1), generator=g)
+        fixtures = os.path.join(args.out, "fixtures", fam) if default_models else None
+        failed += check_family(args, torch, transformers, load_file, save_file, f32, fam, hf_dir, ids, fam_work, table,
+                               fixtures, disk_dtype)
+    print(f"(batch {args.batch} x {args.seq_len}" + (f", hidden {args.width}" if args.width else "")
+          + (", weights rounded to bf16" if args.bf16_weights else "") + ")")
+    print("| family | check | worst tensor | worst rel. error | median over tensors | bound | result |")
+    print("|---|---|---|---|---|---|---|")
+    for fam, path, name, e, tol, med in table:
         verdict = "(reference only)" if tol == float("inf") else ("ok" if e <= tol else "FAIL")
-        print(f"| {fam} | {path} | {name} | {e:.2e} | {tol:g} | {verdict} |")
+        print(f"| {fam} | {path} | {name} | {e:.2e} | {med:.2e} | {tol:g} | {verdict} |")
     checks = sum(1 for row in table if row[4] != float("inf"))
     print(f"parity_suite: {checks - failed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
