@@ -52,6 +52,18 @@ static void adamw_streamed(void *buffers[], void *cl_arg, bool fused)
     }
 }
 
+void mt_codelet_adamw_params_range(int64_t o, int64_t n, const float *master, const float *grad, const float *m,
+                                   const float *v, void *weights, mt_dtype dtype, const mt_adamw_params *p)
+{
+    const size_t wsz = dtype == MT_DTYPE_BF16 ? sizeof(mt_bf16) : sizeof(float);
+    float updated[BLOCK];
+    for (int64_t e = o; e < o + n; e += BLOCK) {
+        int64_t len = o + n - e < BLOCK ? o + n - e : BLOCK;
+        mt_cpu_adamw_params_f32(len, master + e, grad + e, m + e, v + e, updated, p);
+        write_streamed(len, updated, (char *)weights + (size_t)e * wsz, dtype);
+    }
+}
+
 static void adamw_cpu(void *buffers[], void *cl_arg) { adamw_streamed(buffers, cl_arg, true); }
 
 static void adamw_params_cpu(void *buffers[], void *cl_arg) { adamw_streamed(buffers, cl_arg, false); }

@@ -46,6 +46,23 @@ extern struct starpu_codelet mt_cl_embedding_forward;
 /* embedding_backward: [0] tokens R, [1] dh0 (ntok, d) R, [2] embed grad W|RW (accumulate),
  *   [3] scratch SCRATCH, then the sumsq buffer when args.sumsq */
 extern struct starpu_codelet mt_cl_embedding_backward;
+/* The embedding backward on one AdamW chunk of the table's gradient, on a CPU worker, for a step
+ * whose update of the table started before it (step.c: the rows no token of the step touches
+ * have their whole gradient once the head's is in). [0] gradient chunk RW, then per micro-batch
+ * tokens R and dh0 (ntok, d) R; with `update`: master, m, v R and the streamed weights RW of the
+ * chunk, whose rows the step's tokens touch get the weights half of AdamW again, now on the
+ * whole gradient; with `sumsq`: the chunk's sum of squares W. Args: mt_embed_chunk_args. */
+typedef struct mt_embed_chunk_args {
+    int64_t offset;          /* the chunk's first element in the table */
+    int64_t d, ntok;         /* hidden size; tokens per micro-batch */
+    int micro_batches;
+    bool update, sumsq;
+    mt_adamw_params p;       /* unclipped: the weights half as if the clip scale were 1 */
+    mt_dtype dtype;          /* of the streamed weights */
+} mt_embed_chunk_args;
+extern struct starpu_codelet mt_cl_embedding_backward_chunk;
+/* sum_partials: [0..n-1] one double each R, [n] one double W: their sum, in order. */
+extern struct starpu_codelet mt_cl_sum_partials;
 /* layer_forward: [0] layer weights R, [1] x R, [2] y W, [3] scratch SCRATCH,
  *                [4] saved W (only when args.save) */
 extern struct starpu_codelet mt_cl_layer_forward;
@@ -82,6 +99,13 @@ enum mt_adamw_clip {
  *   what that reads). */
 extern struct starpu_codelet mt_cl_adamw_params;
 extern struct starpu_codelet mt_cl_adamw_moments;
+/* The weights half of AdamW over elements [o, o + n) of a chunk (pointers at the chunk's start):
+ * the streamed weights of those elements, bit for bit what adamw_params writes there. */
+void mt_codelet_adamw_params_range(int64_t o, int64_t n, const float *master, const float *grad, const float *m,
+                                   const float *v, void *weights, mt_dtype dtype, const mt_adamw_params *p);
+/* The sum of squares of a tile's gradient as the chunked path forms it: per AdamW chunk in
+ * double, the chunks' sums added in order (so both embedding backwards give the same bits). */
+double mt_codelet_tile_sumsq(const mt_tile *t, const float *grad);
 /* fill: [0] fp32 vector W; arg: float value */
 extern struct starpu_codelet mt_cl_fill;
 

@@ -2,6 +2,7 @@
  * gradient into the table's gradient (and, last in the step, its sum of squares). */
 #include "codelets.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "mt_build_config.h"
@@ -34,7 +35,64 @@ static void embedding_backward_cpu(void *buffers[], void *cl_arg)
     if (!a.accumulate) memset(dtable, 0, STARPU_VECTOR_GET_NX(buffers[2]) * sizeof(float));
     mt_cpu_embedding_backward_f32(ntok, d, (const int32_t *)STARPU_VECTOR_GET_PTR(buffers[0]),
                                   (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), dtable);
-    if (a.sumsq) mt_codelet_sumsq_cpu(buffers[2], buffers[4]);
+    if (a.sumsq) *(double *)STARPU_VECTOR_GET_PTR(buffers[4]) = mt_codelet_tile_sumsq(&a.st->tiles[0], dtable);
+}
+
+double mt_codelet_tile_sumsq(const mt_tile *t, const float *grad)
+{
+    double s = 0;
+    for (int c = 0; c < t->nchunks; c++) s += mt_cpu_sumsq_f32(t->chunks[c].numel, grad + t->chunks[c].offset);
+    return s;
+}
+
+/* Rows [lo, hi] overlap the chunk; a row's part in it is [max(row d, off), min(row d + d, off + n)).
+ * Tokens are added in micro-batch and token order, as mt_cpu_embedding_backward_f32 adds them,
+ * so every element of the gradient gets the same sum, in the same order, as there. */
+static void embedding_backward_chunk_cpu(void *buffers[], void *cl_arg)
+{
+    mt_embed_chunk_args a;
+    starpu_codelet_unpack_args(cl_arg, &a);
+    float *g = (float *)STARPU_VECTOR_GET_PTR(buffers[0]);
+    const int64_t n = (int64_t)STARPU_VECTOR_GET_NX(buffers[0]), off = a.offset, d = a.d;
+    const int64_t lo = off / d, hi = (off + n - 1) / d;
+    unsigned char *touched = a.update ? calloc((size_t)(hi - lo + 1), 1) : NULL;
+    for (int u = 0; u < a.micro_batches; u++) {
+        const int32_t *tokens = (const int32_t *)STARPU_VECTOR_GET_PTR(buffers[1 + 2 * u]);
+        const float *dh = (const float *)STARPU_VECTOR_GET_PTR(buffers[2 + 2 * u]);
+        for (int64_t r = 0; r < a.ntok; r++) {
+            const int64_t row = tokens[r];
+            if (row < lo || row > hi) continue;
+            const int64_t b = row * d > off ? row * d : off, e = row * d + d < off + n ? row * d + d : off + n;
+            const float *src = dh + r * d + (b - row * d);
+            float *dst = g + (b - off);
+            for (int64_t j = 0; j < e - b; j++) dst[j] += src[j];
+            if (touched) touched[row - lo] = 1;
+        }
+    }
+    int next = 1 + 2 * a.micro_batches;
+    if (a.update) {
+        const float *master = (const float *)STARPU_VECTOR_GET_PTR(buffers[next]);
+        const float *m = (const float *)STARPU_VECTOR_GET_PTR(buffers[next + 1]);
+        const float *v = (const float *)STARPU_VECTOR_GET_PTR(buffers[next + 2]);
+        void *w = (void *)STARPU_VECTOR_GET_PTR(buffers[next + 3]);
+        for (int64_t row = lo; row <= hi; row++) {
+            if (!touched[row - lo]) continue;
+            const int64_t b = row * d > off ? row * d : off, e = row * d + d < off + n ? row * d + d : off + n;
+            mt_codelet_adamw_params_range(b - off, e - b, master, g, m, v, w, a.dtype, &a.p);
+        }
+        free(touched);
+        next += 4;
+    }
+    if (a.sumsq) *(double *)STARPU_VECTOR_GET_PTR(buffers[next]) = mt_cpu_sumsq_f32(n, g);
+}
+
+static void sum_partials_cpu(void *buffers[], void *cl_arg)
+{
+    (void)cl_arg;
+    unsigned n = STARPU_TASK_GET_NBUFFERS(starpu_task_get_current()) - 1;
+    double s = 0;
+    for (unsigned i = 0; i < n; i++) s += *(const double *)STARPU_VECTOR_GET_PTR(buffers[i]);
+    *(double *)STARPU_VECTOR_GET_PTR(buffers[n]) = s;
 }
 
 #if MT_HAVE_CUDA
@@ -72,6 +130,18 @@ struct starpu_codelet mt_cl_embedding_forward = {
 #endif
     .nbuffers = 3,
     .modes = { STARPU_R, STARPU_R, STARPU_W },
+};
+
+struct starpu_codelet mt_cl_embedding_backward_chunk = {
+    .name = "embedding_backward_chunk",
+    .cpu_funcs = { embedding_backward_chunk_cpu },
+    .nbuffers = STARPU_VARIABLE_NBUFFERS,
+};
+
+struct starpu_codelet mt_cl_sum_partials = {
+    .name = "sum_partials",
+    .cpu_funcs = { sum_partials_cpu },
+    .nbuffers = STARPU_VARIABLE_NBUFFERS,
 };
 
 /* Mode of the gradient is given at insertion (W on the step's first write, RW after). */

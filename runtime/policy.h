@@ -5,6 +5,7 @@
 #ifndef MT_RUNTIME_POLICY_H
 #define MT_RUNTIME_POLICY_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "mt_starpu.h"
@@ -24,9 +25,10 @@ void *mt_policy_hint(int tile, uint32_t version);
 void mt_policy_attach(struct mt_host_state *st);
 void mt_policy_detach(void);
 
-/* The graph calls this before it partitions `tile`'s weights for an update: from then until that
- * update lands the tile is not prefetched (prefetching a partitioned handle unpartitions it). */
-void mt_policy_tile_updating(int tile);
+/* The graph brackets its submission of an update of `tile` (partition, AdamW tasks, unpartition)
+ * with this, true then false: meanwhile the tile is not prefetched (StarPU counts the handle as
+ * partitioned then, and prefetching a partitioned handle unpartitions it). */
+void mt_policy_tile_submitting(int tile, bool submitting);
 
 /* The graph calls this when an update of `tile` has landed (its streamed weights are whole and
  * current in host memory): issues a prefetch that was waiting for it. */
