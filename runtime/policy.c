@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "state.h"
@@ -36,9 +37,21 @@ typedef struct pending_prefetch {
     unsigned node;
 } pending_prefetch;
 
+/* The CPU list's tasks of one priority are contiguous; `last` is the latest of them. */
+typedef struct prio_group {
+    int prio;
+    int count;
+    struct starpu_task *last;
+} prio_group;
+
 typedef struct policy_data {
     starpu_pthread_mutex_t lock;
     struct starpu_task_list gpu_tasks, cpu_tasks;
+    /* The CPU list's priority groups, highest first: an insert finds its place by priority in
+     * a few dozen steps instead of walking past every lower task (at a clipped step's norm some
+     * 3,000 high-priority AdamW tasks become ready behind as many low-priority ones). */
+    prio_group *groups;
+    int ngroups, capgroups;
     int ncuda;
     /* Prefetch state, under `lock`. */
     struct mt_host_state *st;
@@ -94,6 +107,7 @@ static void deinit_policy(unsigned ctx)
     STARPU_PTHREAD_MUTEX_DESTROY(&d->lock);
     free(d->versions);
     free(d->submitting);
+    free(d->groups);
     free(d->events);
     free(d);
 }
@@ -117,21 +131,17 @@ static int gpu_task(struct starpu_task *task, unsigned ctx)
     return gpu;
 }
 
-/* Inserts by (priority desc when by_priority, then job id asc, then arrival); assumes the lock
- * is held. StarPU numbers jobs only while FxT records a trace (src/core/jobs.c); otherwise every
- * job id is 0 and the order is that of arrival: ready tasks of equal rank run first-in
- * first-out, which for the GPU's dependent chain is program order. */
-static void insert_sorted(struct starpu_task_list *list, struct starpu_task *task, int by_priority)
+/* Inserts into the GPU list by job id, then arrival; assumes the lock is held. StarPU numbers jobs
+ * only while FxT records a trace (src/core/jobs.c); otherwise every job id is 0 and the order is
+ * that of arrival: ready tasks run first-in first-out, which for the GPU's dependent chain is
+ * program order. */
+static void insert_gpu(struct starpu_task_list *list, struct starpu_task *task)
 {
     unsigned long id = starpu_task_get_job_id(task);
     struct starpu_task *t;
     /* Walk from the back: tasks mostly arrive in order, so this is usually one step. */
-    for (t = starpu_task_list_back(list); t; t = t->prev) {
-        int before = by_priority ? (t->priority > task->priority ||
-                                    (t->priority == task->priority && starpu_task_get_job_id(t) <= id))
-                                 : starpu_task_get_job_id(t) <= id;
-        if (before) break;
-    }
+    for (t = starpu_task_list_back(list); t; t = t->prev)
+        if (starpu_task_get_job_id(t) <= id) break;
     if (!t) starpu_task_list_push_front(list, task);
     else if (t == starpu_task_list_back(list)) starpu_task_list_push_back(list, task);
     else {
@@ -143,13 +153,65 @@ static void insert_sorted(struct starpu_task_list *list, struct starpu_task *tas
     }
 }
 
+/* Inserts into the CPU list: after the tasks of higher priority and, among its equals, by job id
+ * then arrival (as insert_gpu); assumes the lock is held. */
+static void insert_cpu(policy_data *d, struct starpu_task *task)
+{
+    int k = 0;
+    while (k < d->ngroups && d->groups[k].prio > task->priority) k++;
+    if (k == d->ngroups || d->groups[k].prio != task->priority) {
+        if (d->ngroups == d->capgroups) {
+            d->capgroups = d->capgroups ? 2 * d->capgroups : 32;
+            d->groups = realloc(d->groups, sizeof *d->groups * d->capgroups);
+        }
+        memmove(d->groups + k + 1, d->groups + k, sizeof *d->groups * (d->ngroups - k));
+        d->groups[k] = (prio_group){ .prio = task->priority, .count = 0, .last = NULL };
+        d->ngroups++;
+    }
+    prio_group *g = &d->groups[k];
+    /* The task to insert after: the last of this group with a job id not above ours, else the
+     * last of the group before (NULL: the front). */
+    struct starpu_task *after = NULL;
+    unsigned long id = starpu_task_get_job_id(task);
+    int left = g->count;
+    for (struct starpu_task *t = g->last; left > 0; t = t->prev, left--)
+        if (starpu_task_get_job_id(t) <= id) { after = t; break; }
+    if (!after && left == 0 && k > 0) after = d->groups[k - 1].last;
+    if (!after) starpu_task_list_push_front(&d->cpu_tasks, task);
+    else if (after == starpu_task_list_back(&d->cpu_tasks)) starpu_task_list_push_back(&d->cpu_tasks, task);
+    else {
+        task->prev = after;
+        task->next = after->next;
+        after->next->prev = task;
+        after->next = task;
+    }
+    if (g->count == 0 || after == g->last) g->last = task;
+    g->count++;
+}
+
+/* Removes a task of the CPU list; assumes the lock is held. */
+static void erase_cpu(policy_data *d, struct starpu_task *task)
+{
+    int k = 0;
+    while (d->groups[k].prio != task->priority) k++;
+    prio_group *g = &d->groups[k];
+    if (--g->count == 0) {
+        memmove(d->groups + k, d->groups + k + 1, sizeof *d->groups * (d->ngroups - k - 1));
+        d->ngroups--;
+    } else if (g->last == task) {
+        g->last = task->prev;
+    }
+    starpu_task_list_erase(&d->cpu_tasks, task);
+}
+
 static int push_task(struct starpu_task *task)
 {
     unsigned ctx = task->sched_ctx;
     policy_data *d = starpu_sched_ctx_get_policy_data(ctx);
     int on_gpu = d->ncuda > 0 && gpu_task(task, ctx);
     STARPU_PTHREAD_MUTEX_LOCK(&d->lock);
-    insert_sorted(on_gpu ? &d->gpu_tasks : &d->cpu_tasks, task, !on_gpu);
+    if (on_gpu) insert_gpu(&d->gpu_tasks, task);
+    else insert_cpu(d, task);
     starpu_push_task_end(task);
     STARPU_PTHREAD_MUTEX_UNLOCK(&d->lock);
 
@@ -164,14 +226,11 @@ static int push_task(struct starpu_task *task)
     return 0;
 }
 
-/* First task of `list` this worker can run; assumes the lock is held. */
-static struct starpu_task *take(struct starpu_task_list *list, unsigned worker)
+/* First task of `list` this worker can run, still in the list; assumes the lock is held. */
+static struct starpu_task *first_runnable(struct starpu_task_list *list, unsigned worker)
 {
     for (struct starpu_task *t = starpu_task_list_begin(list); t; t = starpu_task_list_next(t))
-        if (starpu_worker_can_execute_task_first_impl(worker, t, NULL)) {
-            starpu_task_list_erase(list, t);
-            return t;
-        }
+        if (starpu_worker_can_execute_task_first_impl(worker, t, NULL)) return t;
     return NULL;
 }
 
@@ -225,11 +284,11 @@ static struct starpu_task *pop_task(unsigned ctx)
         if (head && starpu_worker_can_execute_task_first_impl((unsigned)w, head, NULL)) {
             starpu_task_list_erase(list, head);
             t = head;
-        } else if (head) {
-            t = take(list, (unsigned)w);
+        } else if (head && (t = first_runnable(list, (unsigned)w))) {
+            starpu_task_list_erase(list, t);
         }
-    } else {
-        t = take(list, (unsigned)w);
+    } else if ((t = first_runnable(list, (unsigned)w))) {
+        erase_cpu(d, t);
     }
     STARPU_PTHREAD_MUTEX_UNLOCK(&d->lock);
     if (t && is_gpu && tracing(d)) trace_task(d, t, TRACE_POP);

@@ -470,11 +470,12 @@ START_TEST(test_gates_megatrain_policy)
 }
 END_TEST
 
-/* The megatrain policy runs ready tasks of equal priority first-in first-out. StarPU's job ids
+/* The megatrain policy runs ready CPU tasks by priority, and those of equal priority first-in
+ * first-out. StarPU's job ids
  * (the policy's tie-break) are all 0 without an FxT trace, and the sorted insert once put each
  * new task in front of its equals: last-in first-out. One CPU worker is held busy while three
  * equal tasks queue; they must then run in submission order. */
-static atomic_int fifo_release, fifo_next, fifo_order[3];
+static atomic_int fifo_release, fifo_next, fifo_order[16];
 
 static void fifo_blocker_cpu(void *buffers[], void *arg)
 {
@@ -512,6 +513,23 @@ START_TEST(test_policy_fifo_for_equals)
     ck_assert_int_eq(atomic_load(&fifo_next), 3);
     for (int i = 0; i < 3; i++) ck_assert_msg(fifo_order[i] == i, "run %d was task %d (order %d %d %d)", i, fifo_order[i],
                                               fifo_order[0], fifo_order[1], fifo_order[2]);
+
+    /* Mixed priorities queued behind the blocker run highest first, equals in arrival order
+     * (the CPU list keeps one group per priority). Task id = 10 * rank + arrival among equals. */
+    atomic_store(&fifo_release, 0);
+    atomic_store(&fifo_next, 0);
+    ck_assert_int_eq(starpu_task_insert(&fifo_blocker_cl, 0), 0);
+    usleep(100000);
+    const int prio[10] = { 1, 7, 1, -3, 7, 4, 1, -3, 7, 4 };
+    const int want[10] = { 1, 4, 8, 5, 9, 0, 2, 6, 3, 7 }; /* submission indices, in run order */
+    for (int i = 0; i < 10; i++)
+        ck_assert_int_eq(starpu_task_insert(&fifo_record_cl, STARPU_VALUE, &i, sizeof i, STARPU_PRIORITY, prio[i], 0), 0);
+    usleep(100000);
+    atomic_store(&fifo_release, 1);
+    starpu_task_wait_for_all();
+    ck_assert_int_eq(atomic_load(&fifo_next), 10);
+    for (int i = 0; i < 10; i++)
+        ck_assert_msg(fifo_order[i] == want[i], "run %d was task %d, not %d", i, fifo_order[i], want[i]);
     mt_runtime_shutdown();
 }
 END_TEST
