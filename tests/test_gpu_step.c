@@ -110,7 +110,7 @@ static void compare(bool tied, int K, int accum)
  * milliseconds, so the next update's partition of a tile meets the policy's prefetch of it (it
  * aborted StarPU after ~10 steps before the policy held prefetches back during an update).
  * The loss on a repeated batch must fall, and end within 5% of the CPU run's. */
-static double train_steps(int ncuda, int steps, double *first)
+static double train_steps(int ncuda, int steps, double clip, double *first)
 {
     mt_runtime_options ro = mt_runtime_defaults();
     ro.sched = "megatrain";
@@ -123,7 +123,7 @@ static double train_steps(int ncuda, int steps, double *first)
     ck_assert_msg(st != NULL, "%s", err);
     mt_state_init_random(st, 5, 0.05);
     mt_step_config sc = mt_step_defaults();
-    sc.B = 2; sc.T = 77; sc.K = 2; sc.head_chunk = 50; sc.clip = 1.0;
+    sc.B = 2; sc.T = 77; sc.K = 2; sc.head_chunk = 50; sc.clip = clip;
     mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
     ck_assert_msg(g != NULL, "%s", err);
     int64_t n = sc.B * sc.T;
@@ -155,11 +155,18 @@ static double train_steps(int ncuda, int steps, double *first)
 
 START_TEST(test_pipelined_training_steps)
 {
-    double first_cpu, first_gpu;
-    double cpu = train_steps(0, 40, &first_cpu), gpu = train_steps(1, 40, &first_gpu);
-    printf("40 steps: loss cpu %.4f -> %.4f, gpu %.4f -> %.4f\n", first_cpu, cpu, first_gpu, gpu);
-    ck_assert_msg(isfinite(gpu) && gpu < 0.8 * first_gpu, "gpu loss %.4f -> %.4f did not fall", first_gpu, gpu);
-    ck_assert_msg(fabs(gpu - cpu) <= 0.05 * cpu, "after 40 steps: gpu loss %.4f, cpu %.4f", gpu, cpu);
+    /* Clipping at 1.0 (plain while the norm is above it, speculative once it is within), and none
+     * (the table's update started before its embedding backward every step). */
+    const double clips[2] = { 1.0, 0.0 };
+    for (int k = 0; k < 2; k++) {
+        double first_cpu, first_gpu;
+        double cpu = train_steps(0, 40, clips[k], &first_cpu), gpu = train_steps(1, 40, clips[k], &first_gpu);
+        printf("40 steps, clip %g: loss cpu %.4f -> %.4f, gpu %.4f -> %.4f\n", clips[k], first_cpu, cpu, first_gpu, gpu);
+        ck_assert_msg(isfinite(gpu) && gpu < 0.8 * first_gpu, "clip %g: gpu loss %.4f -> %.4f did not fall", clips[k],
+                      first_gpu, gpu);
+        ck_assert_msg(fabs(gpu - cpu) <= 0.05 * cpu + 1e-3, "clip %g, after 40 steps: gpu loss %.4f, cpu %.4f", clips[k],
+                      gpu, cpu);
+    }
 }
 END_TEST
 

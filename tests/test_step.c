@@ -260,6 +260,27 @@ START_TEST(test_clip_speculation_bitwise)
             outcome_free(&spec);
             outcome_free(&plain);
         }
+    /* Untied: the table's gradient is zero before its embedding backward (filled, not written by
+     * the head), with and without clipping. */
+    for (int b = 0; b < 2; b++) {
+        speculate_mode = 0;
+        outcome plain = run_steps("megatrain", false, 2, 2, 3, bounds[b]);
+        speculate_mode = 1;
+        outcome spec = run_steps("megatrain", false, 2, 2, 3, bounds[b]);
+        speculate_mode = -1;
+        char what[80];
+        snprintf(what, sizeof what, "untied, accum 2: speculative vs plain clipping at %g", bounds[b]);
+        assert_bitwise(&plain, &spec, 3, what);
+        outcome_free(&spec);
+        outcome_free(&plain);
+    }
+    split_mode = 0;
+    outcome fused = run_steps("megatrain", false, 2, 2, 3, 0.0);
+    split_mode = -1;
+    outcome early = run_steps("megatrain", false, 2, 2, 3, 0.0);
+    assert_bitwise(&fused, &early, 3, "untied, accum 2, no clipping: early table update vs fused");
+    outcome_free(&early);
+    outcome_free(&fused);
     /* The default (-1) speculates once a norm within the bound has been read back: not on the
      * first step, whose loss is read after the second is submitted; from the third on. */
     outcome autom = run_steps("megatrain", true, 2, 1, 3, 1e3);
