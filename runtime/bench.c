@@ -304,6 +304,12 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
     }
     /* The first measured step follows a drained pipeline: time it from the window start. */
     if (ns == 0 || o->warmup == 0) steps[ns++] = window / o->steps;
+    if (log) {
+        /* Every measured period, in order: one slow step shows here (the median hides it). */
+        fprintf(log, "bench: K=%d clip %g: step periods s:", sc->K, sc->clip);
+        for (int i = 0; i < ns; i++) fprintf(log, " %.3f", steps[i]);
+        fprintf(log, " (window %.3f s over %d steps)\n", window, o->steps);
+    }
     r->step_s = median(steps, ns);
     r->boundary_gap_s = median(gaps, ng);
     r->adamw_span_s = median(spans, o->steps);
