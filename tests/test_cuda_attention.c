@@ -64,9 +64,13 @@ static void check_err(const char *what, const shape *s, double err)
                   s->H, s->KV, s->D);
 }
 
+/* Every case twice: the forward with 64-row query blocks (the default), then with 128
+ * (MT_ATTENTION_QBLOCK=128). */
 START_TEST(test_attention_vs_cpu)
 {
-    const shape *s = &cases[_i];
+    const shape *s = &cases[_i % NCASES];
+    const char *qblock = _i >= NCASES ? "128" : "64";
+    setenv("MT_ATTENTION_QBLOCK", qblock, 1);
     const int64_t B = s->B, T = s->T, H = s->H, KV = s->KV, D = s->D;
     const int64_t nq = B * T * H * D, nkv = B * T * KV * D, nl = B * H * T;
     mt_test_rng rng;
@@ -121,9 +125,9 @@ START_TEST(test_attention_vs_cpu)
     const double e_dq = mt_test_rel_err_f32(dq, dq_ref, nq), e_dk = mt_test_rel_err_f32(dk, dk_ref, nkv);
     const double e_dv = mt_test_rel_err_f32(dv, dv_ref, nkv);
     const int same = memcmp(dq, dq2, nq * 4) == 0 && memcmp(dk, dk2, nkv * 4) == 0 && memcmp(dv, dv2, nkv * 4) == 0;
-    printf("attention B=%d T=%3d H=%d KV=%d D=%3d: rel err out %.2e lse %.2e dq %.2e dk %.2e dv %.2e; "
+    printf("attention (query block %s) B=%d T=%3d H=%d KV=%d D=%3d: rel err out %.2e lse %.2e dq %.2e dk %.2e dv %.2e; "
            "backward twice %s\n",
-           s->B, s->T, s->H, s->KV, s->D, e_out, e_lse, e_dq, e_dk, e_dv, same ? "bitwise equal" : "DIFFERS");
+           qblock, s->B, s->T, s->H, s->KV, s->D, e_out, e_lse, e_dq, e_dk, e_dv, same ? "bitwise equal" : "DIFFERS");
     fflush(stdout);
     check_err("out", s, e_out);
     check_err("lse", s, e_lse);
@@ -179,11 +183,13 @@ START_TEST(test_attention_bench)
     CK_CUDA(cudaEventCreate(&stop));
 
     const double fwd_flops = 4.0 * B * H * (double)T * T * D / 2;
-    for (int pass = 0; pass < 2; pass++) {
+    /* pass 0: forward with 64-row query blocks, 1: backward, 2: forward with 128-row blocks */
+    for (int pass = 0; pass < 3; pass++) {
+        setenv("MT_ATTENTION_QBLOCK", pass == 2 ? "128" : "64", 1);
         float ms[10];
         for (int r = 0; r < 13; r++) {
             CK_CUDA(cudaEventRecord(start, stream));
-            if (pass == 0)
+            if (pass != 1)
                 mt_cuda_attention_forward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, (mt_cuda_stream)stream);
             else
                 mt_cuda_attention_backward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, d_do, d_dq, d_dk, d_dv, d_ws,
@@ -193,13 +199,14 @@ START_TEST(test_attention_bench)
             if (r >= 3) CK_CUDA(cudaEventElapsedTime(&ms[r - 3], start, stop));
         }
         qsort(ms, 10, sizeof ms[0], cmp_float);
-        const double med = 0.5 * (ms[4] + ms[5]), flops = pass == 0 ? fwd_flops : 2.5 * fwd_flops;
+        const double med = 0.5 * (ms[4] + ms[5]), flops = pass != 1 ? fwd_flops : 2.5 * fwd_flops;
         printf("attention bench %s B=%lld T=%lld H=%lld KV=%lld D=%lld: median %.3f ms (min %.3f, max %.3f), "
                "%.1f TFLOP/s (forward = 4 B H T^2 D / 2, backward = 2.5 x forward)\n",
-               pass == 0 ? "forward " : "backward", (long long)B, (long long)T, (long long)H, (long long)KV,
+               pass == 0 ? "forward " : pass == 1 ? "backward" : "forward (128-row query blocks)", (long long)B, (long long)T, (long long)H, (long long)KV,
                (long long)D, med, ms[0], ms[9], flops / (med * 1e-3) / 1e12);
         fflush(stdout);
     }
+    unsetenv("MT_ATTENTION_QBLOCK");
     CK_CUDA(cudaGetLastError());
     CK_CUDA(cudaEventDestroy(start));
     CK_CUDA(cudaEventDestroy(stop));
@@ -215,7 +222,7 @@ static Suite *cuda_attention_suite(void)
     Suite *s = suite_create("cuda_attention");
     TCase *tc = tcase_create("gpu");
     tcase_set_timeout(tc, 1200);
-    tcase_add_loop_test(tc, test_attention_vs_cpu, 0, NCASES);
+    tcase_add_loop_test(tc, test_attention_vs_cpu, 0, 2 * NCASES);
     tcase_add_test(tc, test_attention_bench);
     suite_add_tcase(s, tc);
     return s;

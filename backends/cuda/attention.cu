@@ -9,13 +9,18 @@
 // ldmatrix from shared memory; global -> shared copies are cp.async, double buffered, so the
 // next tile streams in while the current one is multiplied.
 //
-// Not done yet (the next steps for speed): 128-row query blocks with 32 rows per warp so each
-// ldmatrix of K/V feeds twice the MMAs (16 rows per warp is bound by shared-memory reads);
-// Hopper wgmma/TMA instead of mma.sync; a dQ pass that does not recompute S and dP (the
+// The forward also has 128-row query blocks (8 warps, each K/V tile feeding twice the query rows),
+// chosen with MT_ATTENTION_QBLOCK=128: written 2026-11-29 after the session's GPU time was spent,
+// compiled (174 registers, no spills) and covered by test_cuda_attention, not yet run; the
+// default stays 64 until it is measured. Not done yet (the next steps for speed): 32 rows per
+// warp so each ldmatrix of K/V feeds twice the MMAs (16 rows per warp is bound by shared-memory
+// reads); Hopper wgmma/TMA instead of mma.sync; a dQ pass that does not recompute S and dP (the
 // backward does 7 tile products where FA2 with atomics does 5); staging outputs through shared
 // memory for 16-byte stores.
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "common.cuh"
 
@@ -130,18 +135,26 @@ __device__ __forceinline__ void acc_to_a(uint32_t a[4], const float s[8][4], int
 
 // ---------------------------------------------------------------- tile loads
 
-// Asynchronously copies rows t0 .. t0+63 of a (T, ., D) tensor into a tile; g points at row 0
-// of this (batch, head), rows are row_stride elements apart; rows >= T become zeros.
-template <int D>
-__device__ __forceinline__ void load_tile(bf16 *tile, const bf16 *g, int64_t row_stride, int t0, int T)
+// Asynchronously copies rows t0 .. t0+ROWS-1 of a (T, ., D) tensor into a tile, with NT threads;
+// g points at row 0 of this (batch, head), rows are row_stride elements apart; rows >= T become
+// zeros.
+template <int D, int ROWS, int NT>
+__device__ __forceinline__ void load_rows(bf16 *tile, const bf16 *g, int64_t row_stride, int t0, int T)
 {
     constexpr int CHUNKS = D / 8; // 16-byte chunks per row
-    for (int c = threadIdx.x; c < BLOCK * CHUNKS; c += THREADS) {
+    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += NT) {
         int r = c / CHUNKS, ch = c % CHUNKS, t = t0 + r;
         bool valid = t < T;
         const bf16 *src = valid ? g + (int64_t)t * row_stride + ch * 8 : g;
         cp_async16(tile + r * Tile<D>::LD + ch * 8, src, valid);
     }
+}
+
+// A 64-row tile, by the THREADS threads of a backward CTA.
+template <int D>
+__device__ __forceinline__ void load_tile(bf16 *tile, const bf16 *g, int64_t row_stride, int t0, int T)
+{
+    load_rows<D, BLOCK, THREADS>(tile, g, row_stride, t0, T);
 }
 
 // s[8][4] (16 rows x 64 columns, this warp's rows) = A rows row0.. of `a_tile` times the rows
@@ -189,31 +202,40 @@ __device__ __forceinline__ void gemm_acc_pv(float acc[D / 8][4], const float p[8
 
 // ---------------------------------------------------------------- forward
 
-// One CTA per (query block, head, batch). Key blocks are visited from the diagonal down so the
-// one masked block comes first: every row then has a finite running max from the start.
-template <int D>
-__global__ void __launch_bounds__(THREADS) attention_forward_kernel(int T, int H, int KV, const bf16 *__restrict__ q,
+// One CTA per (query block of 16 QW rows, head, batch), QW warps of 16 query rows each; key
+// blocks of 64. Key blocks are visited from the last one the block's rows reach down to 0, so
+// each warp's first block is the one holding its diagonal: every row then has a finite running
+// max from the start. A warp skips the blocks entirely after its rows (QW > 4: the top of the
+// diagonal) but still loads and synchronises with the CTA. QW = 4 (64-row query blocks) was the
+// only form until 2026-11-29; QW = 8 (MT_ATTENTION_QBLOCK=128) feeds each K/V tile to twice the
+// query rows.
+template <int D, int QW>
+__global__ void __launch_bounds__(QW * 32) attention_forward_kernel(int T, int H, int KV, const bf16 *__restrict__ q,
                                                                     const bf16 *__restrict__ k,
                                                                     const bf16 *__restrict__ v, bf16 *__restrict__ out,
                                                                     float *__restrict__ lse, float scale_log2)
 {
-    constexpr int TE = Tile<D>::ELEMS;
+    constexpr int NT = QW * 32, QB = 16 * QW;
+    constexpr int TE = Tile<D>::ELEMS;        // one 64-row K or V tile
+    constexpr int QE = QB * Tile<D>::LD;      // the query tile
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16 *q_tile = reinterpret_cast<bf16 *>(smem_raw);  // (64, D)
-    bf16 *k_tiles = q_tile + TE;                          // 2 x (64, D), double buffered
+    bf16 *q_tile = reinterpret_cast<bf16 *>(smem_raw);  // (QB, D)
+    bf16 *k_tiles = q_tile + QE;                          // 2 x (64, D), double buffered
     bf16 *v_tiles = k_tiles + 2 * TE;                     // 2 x (64, D)
 
     const int qblock = gridDim.x - 1 - blockIdx.x; // longest rows (most key blocks) first
     const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, quad = lane & 3;
-    const int m0 = qblock * BLOCK;
+    const int m0 = qblock * QB, wrow0 = m0 + warp * 16; // the block's and this warp's first row
+    const int nkb = (T + BLOCK - 1) / BLOCK;
+    const int jmax = min((m0 + QB - 1) / BLOCK, nkb - 1);
     const bf16 *qg = q + ((int64_t)b * T * H + h) * D; // row t at qg + t * H * D
     const bf16 *kg = k + ((int64_t)b * T * KV + kvh) * D;
     const bf16 *vg = v + ((int64_t)b * T * KV + kvh) * D;
 
-    load_tile<D>(q_tile, qg, (int64_t)H * D, m0, T);
-    load_tile<D>(k_tiles, kg, (int64_t)KV * D, qblock * BLOCK, T);
-    load_tile<D>(v_tiles, vg, (int64_t)KV * D, qblock * BLOCK, T);
+    load_rows<D, QB, NT>(q_tile, qg, (int64_t)H * D, m0, T);
+    load_rows<D, BLOCK, NT>(k_tiles, kg, (int64_t)KV * D, jmax * BLOCK, T);
+    load_rows<D, BLOCK, NT>(v_tiles, vg, (int64_t)KV * D, jmax * BLOCK, T);
     cp_async_commit();
 
     uint32_t qf[D / 16][4]; // this warp's 16 query rows as A fragments, loaded once
@@ -225,11 +247,11 @@ __global__ void __launch_bounds__(THREADS) attention_forward_kernel(int T, int H
     float row_max[2] = {-INFINITY, -INFINITY}; // in units of log2, of the scaled scores
     float row_sum[2] = {0.f, 0.f};             // this thread's partial sums (its 16 of 64 columns)
 
-    for (int it = 0; it <= qblock; it++) {
-        const int j = qblock - it, buf = it & 1;
+    for (int it = 0; it <= jmax; it++) {
+        const int j = jmax - it, buf = it & 1, k0 = j * BLOCK;
         if (j > 0) { // prefetch the next key block into the other buffer
-            load_tile<D>(k_tiles + (buf ^ 1) * TE, kg, (int64_t)KV * D, (j - 1) * BLOCK, T);
-            load_tile<D>(v_tiles + (buf ^ 1) * TE, vg, (int64_t)KV * D, (j - 1) * BLOCK, T);
+            load_rows<D, BLOCK, NT>(k_tiles + (buf ^ 1) * TE, kg, (int64_t)KV * D, (j - 1) * BLOCK, T);
+            load_rows<D, BLOCK, NT>(v_tiles + (buf ^ 1) * TE, vg, (int64_t)KV * D, (j - 1) * BLOCK, T);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -241,6 +263,11 @@ __global__ void __launch_bounds__(THREADS) attention_forward_kernel(int T, int H
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++) load_a<Tile<D>::LD>(qf[kk], q_tile, warp * 16, kk * 16);
         }
+        if (k0 > wrow0 + 15) { // every key of this block is after every row of this warp
+            __syncthreads();
+            continue;
+        }
+        const bool masked = k0 + BLOCK - 1 > wrow0; // some key after some row: the causal mask
 
         // S = Q K^T for this warp's 16 rows x 64 keys
         float s[8][4];
@@ -258,14 +285,14 @@ __global__ void __launch_bounds__(THREADS) attention_forward_kernel(int T, int H
                 mma_bf16(s[2 * nn + 1], qf[kk], bfr[2], bfr[3]);
             }
 
-        // scale into log2 units; causal mask on the diagonal block (m0 == key block start)
+        // scale into log2 units; causal mask where the block reaches past the warp's first row
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 s[nt][e] *= scale_log2;
-                if (it == 0) {
-                    int qrow = warp * 16 + g + 8 * (e >> 1), kcol = 8 * nt + 2 * quad + (e & 1);
+                if (masked) {
+                    int qrow = wrow0 + g + 8 * (e >> 1), kcol = k0 + 8 * nt + 2 * quad + (e & 1);
                     if (kcol > qrow) s[nt][e] = -INFINITY;
                 }
             }
@@ -559,17 +586,35 @@ void check_shapes(const char *what, int64_t B, int64_t T, int64_t H, int64_t KV,
         }
 }
 
+template <int D, int QW>
+void forward_qw(int64_t B, int64_t T, int64_t H, int64_t KV, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *out,
+                float *lse, cudaStream_t stream)
+{
+    constexpr int QB = 16 * QW;
+    const size_t smem = (size_t)(QB + 4 * BLOCK) * (size_t)(D + 8) * sizeof(bf16);
+    CUDA_CHECK(cudaFuncSetAttribute(attention_forward_kernel<D, QW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem));
+    dim3 grid((unsigned)((T + QB - 1) / QB), (unsigned)H, (unsigned)B);
+    const float scale_log2 = (float)(1.0 / sqrt((double)D)) * LOG2E;
+    attention_forward_kernel<D, QW><<<grid, QW * 32, smem, stream>>>((int)T, (int)H, (int)KV, q, k, v, out, lse,
+                                                                     scale_log2);
+    CUDA_CHECK_LAUNCH();
+}
+
+// Query rows per forward CTA: 64 (the default) or 128 with MT_ATTENTION_QBLOCK=128 (read at each
+// call, so a test can run both).
+int forward_qblock()
+{
+    const char *env = getenv("MT_ATTENTION_QBLOCK");
+    return env && strcmp(env, "128") == 0 ? 128 : 64;
+}
+
 template <int D>
 void forward(int64_t B, int64_t T, int64_t H, int64_t KV, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *out,
              float *lse, cudaStream_t stream)
 {
-    const size_t smem = 5 * tile_bytes(D);
-    CUDA_CHECK(cudaFuncSetAttribute(attention_forward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)smem));
-    dim3 grid((unsigned)((T + BLOCK - 1) / BLOCK), (unsigned)H, (unsigned)B);
-    const float scale_log2 = (float)(1.0 / sqrt((double)D)) * LOG2E;
-    attention_forward_kernel<D><<<grid, THREADS, smem, stream>>>((int)T, (int)H, (int)KV, q, k, v, out, lse, scale_log2);
-    CUDA_CHECK_LAUNCH();
+    if (forward_qblock() == 128) forward_qw<D, 8>(B, T, H, KV, q, k, v, out, lse, stream);
+    else forward_qw<D, 4>(B, T, H, KV, q, k, v, out, lse, stream);
 }
 
 template <int D>
