@@ -9,10 +9,10 @@
 // ldmatrix from shared memory; global -> shared copies are cp.async, double buffered, so the
 // next tile streams in while the current one is multiplied.
 //
-// The forward also has 128-row query blocks (8 warps, each K/V tile feeding twice the query rows),
-// chosen with MT_ATTENTION_QBLOCK=128: written 2026-11-29 after the session's GPU time was spent,
-// compiled (174 registers, no spills) and covered by test_cuda_attention, not yet run; the
-// default stays 64 until it is measured. Not done yet (the next steps for speed): 32 rows per
+// The forward and the dQ pass also have 128-row query blocks (8 warps, each K/V tile feeding
+// twice the query rows), chosen with MT_ATTENTION_QBLOCK=128: written 2026-11-29 after the
+// session's GPU time was spent, compiled without spills and covered by test_cuda_attention, not
+// yet run; the default stays 64 until it is measured. Not done yet (the next steps for speed): 32 rows per
 // warp so each ldmatrix of K/V feeds twice the MMAs (16 rows per warp is bound by shared-memory
 // reads); Hopper wgmma/TMA instead of mma.sync; a dQ pass that does not recompute S and dP (the
 // backward does 7 tile products where FA2 with atomics does 5); staging outputs through shared
@@ -477,36 +477,40 @@ __global__ void __launch_bounds__(THREADS) attention_backward_dkdv_kernel(
 // dQ for one query block of one head: one CTA per (query block, head, batch), looping over key
 // blocks from the diagonal down and recomputing P (the price of writing dQ once, without atomics):
 //   S = Q K^T, P = exp2(S scale log2e - lse log2e), dP = dO V^T, dS = P (dP - Delta), dQ += dS K.
-template <int D>
-__global__ void __launch_bounds__(THREADS) attention_backward_dq_kernel(
+template <int D, int QW>
+__global__ void __launch_bounds__(QW * 32) attention_backward_dq_kernel(
     int T, int H, int KV, const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
     const bf16 *__restrict__ dout, const float *__restrict__ lse, const float *__restrict__ delta, float *__restrict__ dq,
     float scale_log2, float scale)
 {
-    constexpr int TE = Tile<D>::ELEMS;
+    constexpr int NT = QW * 32, QB = 16 * QW;
+    constexpr int TE = Tile<D>::ELEMS;        // one 64-row K or V tile
+    constexpr int QE = QB * Tile<D>::LD;      // a query-rows tile
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16 *q_tile = reinterpret_cast<bf16 *>(smem_raw); // (64, D)
-    bf16 *do_tile = q_tile + TE;                        // (64, D)
-    bf16 *k_tiles = do_tile + TE;                       // 2 x (64, D)
+    bf16 *q_tile = reinterpret_cast<bf16 *>(smem_raw); // (QB, D)
+    bf16 *do_tile = q_tile + QE;                        // (QB, D)
+    bf16 *k_tiles = do_tile + QE;                       // 2 x (64, D)
     bf16 *v_tiles = k_tiles + 2 * TE;                   // 2 x (64, D)
 
     const int qblock = gridDim.x - 1 - blockIdx.x;
     const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, quad = lane & 3;
-    const int m0 = qblock * BLOCK;
+    const int m0 = qblock * QB, wrow0 = m0 + warp * 16;
+    const int nkb = (T + BLOCK - 1) / BLOCK;
+    const int jmax = min((m0 + QB - 1) / BLOCK, nkb - 1);
     const bf16 *kg = k + ((int64_t)b * T * KV + kvh) * D;
     const bf16 *vg = v + ((int64_t)b * T * KV + kvh) * D;
 
-    load_tile<D>(q_tile, q + ((int64_t)b * T * H + h) * D, (int64_t)H * D, m0, T);
-    load_tile<D>(do_tile, dout + ((int64_t)b * T * H + h) * D, (int64_t)H * D, m0, T);
-    load_tile<D>(k_tiles, kg, (int64_t)KV * D, m0, T);
-    load_tile<D>(v_tiles, vg, (int64_t)KV * D, m0, T);
+    load_rows<D, QB, NT>(q_tile, q + ((int64_t)b * T * H + h) * D, (int64_t)H * D, m0, T);
+    load_rows<D, QB, NT>(do_tile, dout + ((int64_t)b * T * H + h) * D, (int64_t)H * D, m0, T);
+    load_rows<D, BLOCK, NT>(k_tiles, kg, (int64_t)KV * D, jmax * BLOCK, T);
+    load_rows<D, BLOCK, NT>(v_tiles, vg, (int64_t)KV * D, jmax * BLOCK, T);
     cp_async_commit();
 
     float row_lse[2], row_delta[2]; // rows g and g+8 of this warp
 #pragma unroll
     for (int half = 0; half < 2; half++) {
-        const int t = m0 + warp * 16 + g + 8 * half;
+        const int t = wrow0 + g + 8 * half;
         const int64_t row = ((int64_t)b * H + h) * T + t;
         row_lse[half] = t < T ? lse[row] * LOG2E : INFINITY;
         row_delta[half] = t < T ? delta[row] : 0.f;
@@ -517,17 +521,22 @@ __global__ void __launch_bounds__(THREADS) attention_backward_dq_kernel(
 #pragma unroll
         for (int e = 0; e < 4; e++) dq_acc[i][e] = 0.f;
 
-    for (int it = 0; it <= qblock; it++) {
-        const int j = qblock - it, buf = it & 1;
+    for (int it = 0; it <= jmax; it++) {
+        const int j = jmax - it, buf = it & 1, k0 = j * BLOCK;
         if (j > 0) {
-            load_tile<D>(k_tiles + (buf ^ 1) * TE, kg, (int64_t)KV * D, (j - 1) * BLOCK, T);
-            load_tile<D>(v_tiles + (buf ^ 1) * TE, vg, (int64_t)KV * D, (j - 1) * BLOCK, T);
+            load_rows<D, BLOCK, NT>(k_tiles + (buf ^ 1) * TE, kg, (int64_t)KV * D, (j - 1) * BLOCK, T);
+            load_rows<D, BLOCK, NT>(v_tiles + (buf ^ 1) * TE, vg, (int64_t)KV * D, (j - 1) * BLOCK, T);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
         __syncthreads();
+        if (k0 > wrow0 + 15) { // every key of this block is after every row of this warp
+            __syncthreads();
+            continue;
+        }
+        const bool masked = k0 + BLOCK - 1 > wrow0;
         const bf16 *kt = k_tiles + buf * TE, *vt = v_tiles + buf * TE;
 
         float p[8][4]; // P (16 queries x 64 keys)
@@ -536,9 +545,9 @@ __global__ void __launch_bounds__(THREADS) attention_backward_dq_kernel(
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int qrow = warp * 16 + g + 8 * (e >> 1), kcol = 8 * nt + 2 * quad + (e & 1);
+                const int qrow = wrow0 + g + 8 * (e >> 1), kcol = k0 + 8 * nt + 2 * quad + (e & 1);
                 const float pe = exp2f(p[nt][e] * scale_log2 - row_lse[e >> 1]);
-                p[nt][e] = it == 0 && kcol > qrow ? 0.f : pe;
+                p[nt][e] = masked && kcol > qrow ? 0.f : pe;
             }
 
         float ds[8][4]; // dP = dO V^T, then dS = P (dP - Delta)
@@ -554,7 +563,7 @@ __global__ void __launch_bounds__(THREADS) attention_backward_dq_kernel(
 
 #pragma unroll
     for (int half = 0; half < 2; half++) {
-        const int t = m0 + warp * 16 + g + 8 * half;
+        const int t = wrow0 + g + 8 * half;
         if (t >= T) continue;
         float *row = dq + (((int64_t)b * T + t) * H + h) * D;
 #pragma unroll
@@ -601,9 +610,9 @@ void forward_qw(int64_t B, int64_t T, int64_t H, int64_t KV, const bf16 *q, cons
     CUDA_CHECK_LAUNCH();
 }
 
-// Query rows per forward CTA: 64 (the default) or 128 with MT_ATTENTION_QBLOCK=128 (read at each
-// call, so a test can run both).
-int forward_qblock()
+// Query rows per CTA of the forward and of the dQ pass: 64 (the default) or 128 with
+// MT_ATTENTION_QBLOCK=128 (read at each call, so a test can run both).
+int attention_qblock()
 {
     const char *env = getenv("MT_ATTENTION_QBLOCK");
     return env && strcmp(env, "128") == 0 ? 128 : 64;
@@ -613,8 +622,22 @@ template <int D>
 void forward(int64_t B, int64_t T, int64_t H, int64_t KV, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *out,
              float *lse, cudaStream_t stream)
 {
-    if (forward_qblock() == 128) forward_qw<D, 8>(B, T, H, KV, q, k, v, out, lse, stream);
+    if (attention_qblock() == 128) forward_qw<D, 8>(B, T, H, KV, q, k, v, out, lse, stream);
     else forward_qw<D, 4>(B, T, H, KV, q, k, v, out, lse, stream);
+}
+
+template <int D, int QW>
+void dq_qw(int64_t B, int64_t T, int64_t H, int64_t KV, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout,
+           const float *lse, const float *delta, float *dq, float scale_log2, float scale, cudaStream_t stream)
+{
+    constexpr int QB = 16 * QW;
+    const size_t smem = (size_t)(2 * QB + 4 * BLOCK) * (size_t)(D + 8) * sizeof(bf16);
+    CUDA_CHECK(cudaFuncSetAttribute(attention_backward_dq_kernel<D, QW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem));
+    attention_backward_dq_kernel<D, QW><<<dim3((unsigned)((T + QB - 1) / QB), (unsigned)H, (unsigned)B), QW * 32, smem,
+                                          stream>>>((int)T, (int)H, (int)KV, q, k, v, dout, lse, delta, dq, scale_log2,
+                                                    scale);
+    CUDA_CHECK_LAUNCH();
 }
 
 template <int D>
@@ -637,12 +660,8 @@ void backward(int64_t B, int64_t T, int64_t H, int64_t KV, const bf16 *q, const 
         (int)T, (int)H, (int)KV, q, k, v, dout, lse, delta, dk, dv, scale_log2, scale);
     CUDA_CHECK_LAUNCH();
 
-    const size_t smem_q = 6 * tile_bytes(D);
-    CUDA_CHECK(cudaFuncSetAttribute(attention_backward_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)smem_q));
-    attention_backward_dq_kernel<D><<<dim3(nblocks, (unsigned)H, (unsigned)B), THREADS, smem_q, stream>>>(
-        (int)T, (int)H, (int)KV, q, k, v, dout, lse, delta, dq, scale_log2, scale);
-    CUDA_CHECK_LAUNCH();
+    if (attention_qblock() == 128) dq_qw<D, 8>(B, T, H, KV, q, k, v, dout, lse, delta, dq, scale_log2, scale, stream);
+    else dq_qw<D, 4>(B, T, H, KV, q, k, v, dout, lse, delta, dq, scale_log2, scale, stream);
 }
 
 } // namespace
