@@ -183,13 +183,14 @@ START_TEST(test_attention_bench)
     CK_CUDA(cudaEventCreate(&stop));
 
     const double fwd_flops = 4.0 * B * H * (double)T * T * D / 2;
-    /* pass 0: forward with 64-row query blocks, 1: backward, 2: forward with 128-row blocks */
-    for (int pass = 0; pass < 3; pass++) {
-        setenv("MT_ATTENTION_QBLOCK", pass == 2 ? "128" : "64", 1);
+    /* passes 0, 1: forward, backward with 64-row query blocks; 2, 3: with 128-row blocks */
+    for (int pass = 0; pass < 4; pass++) {
+        setenv("MT_ATTENTION_QBLOCK", pass >= 2 ? "128" : "64", 1);
+        const bool fwd = pass % 2 == 0;
         float ms[10];
         for (int r = 0; r < 13; r++) {
             CK_CUDA(cudaEventRecord(start, stream));
-            if (pass != 1)
+            if (fwd)
                 mt_cuda_attention_forward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, (mt_cuda_stream)stream);
             else
                 mt_cuda_attention_backward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, d_do, d_dq, d_dk, d_dv, d_ws,
@@ -199,10 +200,12 @@ START_TEST(test_attention_bench)
             if (r >= 3) CK_CUDA(cudaEventElapsedTime(&ms[r - 3], start, stop));
         }
         qsort(ms, 10, sizeof ms[0], cmp_float);
-        const double med = 0.5 * (ms[4] + ms[5]), flops = pass != 1 ? fwd_flops : 2.5 * fwd_flops;
+        const double med = 0.5 * (ms[4] + ms[5]), flops = fwd ? fwd_flops : 2.5 * fwd_flops;
         printf("attention bench %s B=%lld T=%lld H=%lld KV=%lld D=%lld: median %.3f ms (min %.3f, max %.3f), "
                "%.1f TFLOP/s (forward = 4 B H T^2 D / 2, backward = 2.5 x forward)\n",
-               pass == 0 ? "forward " : pass == 1 ? "backward" : "forward (128-row query blocks)", (long long)B, (long long)T, (long long)H, (long long)KV,
+               fwd ? (pass >= 2 ? "forward (128-row query blocks)" : "forward ")
+                   : (pass >= 2 ? "backward (128-row query blocks)" : "backward"),
+               (long long)B, (long long)T, (long long)H, (long long)KV,
                (long long)D, med, ms[0], ms[9], flops / (med * 1e-3) / 1e12);
         fflush(stdout);
     }
