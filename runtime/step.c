@@ -615,9 +615,10 @@ static bool early_embedding(const mt_graph *g, bool speculate)
  * that is the whole gradient of every row no token of the step touches: so the weights half
  * runs on each chunk then, during the backward, and the embedding backward, on the CPU per chunk
  * once dh0 is in, adds the tokens' rows and redoes the weights half of those rows only. The next
- * forward then waits for a few thousand rows instead of the whole table (~0.15 s per step at 3B
- * on the H200). Bitwise the same weights and gradient as the plain path; the sum of squares for
- * clipping too (per chunk, added in order, as mt_codelet_tile_sumsq). */
+ * forward then waits for the touched rows instead of the whole table (3B on the H200: the
+ * embedding forward started 0.04-0.07 s after layer 0's backward instead of 0.14 s). Bitwise the
+ * same weights and gradient as the plain path; the sum of squares for clipping too (per chunk,
+ * added in order, as mt_codelet_tile_sumsq). */
 static void submit_embedding_early(mt_graph *g, int slot_id, int64_t step, double lr)
 {
     mt_host_state *st = g->st;
