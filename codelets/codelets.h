@@ -46,20 +46,26 @@ extern struct starpu_codelet mt_cl_embedding_forward;
 /* embedding_backward: [0] tokens R, [1] dh0 (ntok, d) R, [2] embed grad W|RW (accumulate),
  *   [3] scratch SCRATCH, then the sumsq buffer when args.sumsq */
 extern struct starpu_codelet mt_cl_embedding_backward;
-/* The embedding backward on one AdamW chunk of the table's gradient, on a CPU worker, for a step
- * whose update of the table started before it (step.c: the rows no token of the step touches
- * have their whole gradient once the head's is in). [0] gradient chunk RW, then per micro-batch
- * tokens R and dh0 (ntok, d) R; with `update`: master, m, v R and the streamed weights RW of the
- * chunk, whose rows the step's tokens touch get the weights half of AdamW again, now on the
- * whole gradient; with `sumsq`: the chunk's sum of squares W. Args: mt_embed_chunk_args. */
+/* The early path of the table's update (step.c, submit_embedding_early), per AdamW chunk, on CPU
+ * workers. Args of both: mt_embed_chunk_args.
+ * embedding_update_early: the weights half of AdamW on the chunk, as adamw_params, on the
+ *   gradient as the head left it (the whole gradient of every row no token touches), and the
+ *   chunk's row sums of squares of it: [0] master R, [1] m R, [2] v R, [3] gradient R, [4]
+ *   streamed weights W, [5] row sums W (one double per row overlapping the chunk; mt_codelet_
+ *   chunk_row_sumsq).
+ * embedding_backward_chunk: the embedding backward on the chunk, after it: [0] gradient RW, then
+ *   per micro-batch tokens R and dh0 (ntok, d) R, then master, m, v R and the streamed weights RW;
+ *   the rows the step's tokens touch get the weights half again, now on the whole gradient. With
+ *   `sumsq`, then the row sums RW (the touched rows' redone) and the chunk's sum of squares W. */
 typedef struct mt_embed_chunk_args {
     int64_t offset;          /* the chunk's first element in the table */
     int64_t d, ntok;         /* hidden size; tokens per micro-batch */
     int micro_batches;
-    bool update, sumsq;
+    bool sumsq;
     mt_adamw_params p;       /* unclipped: the weights half as if the clip scale were 1 */
     mt_dtype dtype;          /* of the streamed weights */
 } mt_embed_chunk_args;
+extern struct starpu_codelet mt_cl_embedding_update_early;
 extern struct starpu_codelet mt_cl_embedding_backward_chunk;
 /* sum_partials: [0..n-1] one double each R, [n] one double W: their sum, in order. */
 extern struct starpu_codelet mt_cl_sum_partials;
@@ -103,9 +109,14 @@ extern struct starpu_codelet mt_cl_adamw_moments;
  * the streamed weights of those elements, bit for bit what adamw_params writes there. */
 void mt_codelet_adamw_params_range(int64_t o, int64_t n, const float *master, const float *grad, const float *m,
                                    const float *v, void *weights, mt_dtype dtype, const mt_adamw_params *p);
-/* The sum of squares of a tile's gradient as the chunked path forms it: per AdamW chunk in
- * double, the chunks' sums added in order (so both embedding backwards give the same bits). */
-double mt_codelet_tile_sumsq(const mt_tile *t, const float *grad);
+/* The sum of squares of the table's gradient (rows of d elements) as every CPU path forms it, so
+ * that they give the same bits: per AdamW chunk, per row part in double (mt_codelet_chunk_row_sumsq),
+ * the rows added in order, then the chunks in order. */
+double mt_codelet_tile_sumsq(const mt_tile *t, const float *grad, int64_t d);
+/* rows[i] = sum of squares of row (off / d + i)'s part of the chunk g = [off, off + n). */
+void mt_codelet_chunk_row_sumsq(const float *g, int64_t off, int64_t n, int64_t d, double *rows);
+/* The chunk's sum of squares from its row sums, in row order. */
+double mt_codelet_sum_rows(const double *rows, int64_t off, int64_t n, int64_t d);
 /* fill: [0] fp32 vector W; arg: float value */
 extern struct starpu_codelet mt_cl_fill;
 

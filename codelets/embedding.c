@@ -35,13 +35,52 @@ static void embedding_backward_cpu(void *buffers[], void *cl_arg)
     if (!a.accumulate) memset(dtable, 0, STARPU_VECTOR_GET_NX(buffers[2]) * sizeof(float));
     mt_cpu_embedding_backward_f32(ntok, d, (const int32_t *)STARPU_VECTOR_GET_PTR(buffers[0]),
                                   (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), dtable);
-    if (a.sumsq) *(double *)STARPU_VECTOR_GET_PTR(buffers[4]) = mt_codelet_tile_sumsq(&a.st->tiles[0], dtable);
+    if (a.sumsq) *(double *)STARPU_VECTOR_GET_PTR(buffers[4]) = mt_codelet_tile_sumsq(&a.st->tiles[0], dtable, d);
 }
 
-double mt_codelet_tile_sumsq(const mt_tile *t, const float *grad)
+/* Sum of squares of one row's part [b, e) of a chunk starting at `off`: the unit every path adds
+ * up in the same order. */
+static double row_part_sumsq(const float *g, int64_t off, int64_t b, int64_t e)
+{
+    return mt_cpu_sumsq_f32(e - b, g + (b - off));
+}
+
+/* Row r's part of the chunk [off, off + n) of a table with rows of d elements. */
+static void row_part(int64_t r, int64_t d, int64_t off, int64_t n, int64_t *b, int64_t *e)
+{
+    *b = r * d > off ? r * d : off;
+    *e = r * d + d < off + n ? r * d + d : off + n;
+}
+
+void mt_codelet_chunk_row_sumsq(const float *g, int64_t off, int64_t n, int64_t d, double *rows)
+{
+    const int64_t lo = off / d, hi = (off + n - 1) / d;
+    for (int64_t r = lo; r <= hi; r++) {
+        int64_t b, e;
+        row_part(r, d, off, n, &b, &e);
+        rows[r - lo] = row_part_sumsq(g, off, b, e);
+    }
+}
+
+double mt_codelet_sum_rows(const double *rows, int64_t off, int64_t n, int64_t d)
 {
     double s = 0;
-    for (int c = 0; c < t->nchunks; c++) s += mt_cpu_sumsq_f32(t->chunks[c].numel, grad + t->chunks[c].offset);
+    for (int64_t i = 0; i <= (off + n - 1) / d - off / d; i++) s += rows[i];
+    return s;
+}
+
+double mt_codelet_tile_sumsq(const mt_tile *t, const float *grad, int64_t d)
+{
+    double s = 0;
+    int64_t cap = 0;
+    double *rows = NULL;
+    for (int c = 0; c < t->nchunks; c++) {
+        const int64_t off = t->chunks[c].offset, n = t->chunks[c].numel, nrows = (off + n - 1) / d - off / d + 1;
+        if (nrows > cap) rows = realloc(rows, sizeof *rows * (size_t)(cap = nrows));
+        mt_codelet_chunk_row_sumsq(grad + off, off, n, d, rows);
+        s += mt_codelet_sum_rows(rows, off, n, d);
+    }
+    free(rows);
     return s;
 }
 
@@ -55,35 +94,59 @@ static void embedding_backward_chunk_cpu(void *buffers[], void *cl_arg)
     float *g = (float *)STARPU_VECTOR_GET_PTR(buffers[0]);
     const int64_t n = (int64_t)STARPU_VECTOR_GET_NX(buffers[0]), off = a.offset, d = a.d;
     const int64_t lo = off / d, hi = (off + n - 1) / d;
-    unsigned char *touched = a.update ? calloc((size_t)(hi - lo + 1), 1) : NULL;
+    unsigned char *touched = calloc((size_t)(hi - lo + 1), 1);
     for (int u = 0; u < a.micro_batches; u++) {
         const int32_t *tokens = (const int32_t *)STARPU_VECTOR_GET_PTR(buffers[1 + 2 * u]);
         const float *dh = (const float *)STARPU_VECTOR_GET_PTR(buffers[2 + 2 * u]);
         for (int64_t r = 0; r < a.ntok; r++) {
             const int64_t row = tokens[r];
             if (row < lo || row > hi) continue;
-            const int64_t b = row * d > off ? row * d : off, e = row * d + d < off + n ? row * d + d : off + n;
+            int64_t b, e;
+            row_part(row, d, off, n, &b, &e);
             const float *src = dh + r * d + (b - row * d);
             float *dst = g + (b - off);
             for (int64_t j = 0; j < e - b; j++) dst[j] += src[j];
-            if (touched) touched[row - lo] = 1;
+            touched[row - lo] = 1;
         }
     }
-    int next = 1 + 2 * a.micro_batches;
-    if (a.update) {
-        const float *master = (const float *)STARPU_VECTOR_GET_PTR(buffers[next]);
-        const float *m = (const float *)STARPU_VECTOR_GET_PTR(buffers[next + 1]);
-        const float *v = (const float *)STARPU_VECTOR_GET_PTR(buffers[next + 2]);
-        void *w = (void *)STARPU_VECTOR_GET_PTR(buffers[next + 3]);
-        for (int64_t row = lo; row <= hi; row++) {
-            if (!touched[row - lo]) continue;
-            const int64_t b = row * d > off ? row * d : off, e = row * d + d < off + n ? row * d + d : off + n;
-            mt_codelet_adamw_params_range(b - off, e - b, master, g, m, v, w, a.dtype, &a.p);
-        }
-        free(touched);
-        next += 4;
+    const float *master = (const float *)STARPU_VECTOR_GET_PTR(buffers[1 + 2 * a.micro_batches]);
+    const float *m = (const float *)STARPU_VECTOR_GET_PTR(buffers[2 + 2 * a.micro_batches]);
+    const float *v = (const float *)STARPU_VECTOR_GET_PTR(buffers[3 + 2 * a.micro_batches]);
+    void *w = (void *)STARPU_VECTOR_GET_PTR(buffers[4 + 2 * a.micro_batches]);
+    double *rows = a.sumsq ? (double *)STARPU_VECTOR_GET_PTR(buffers[5 + 2 * a.micro_batches]) : NULL;
+    for (int64_t row = lo; row <= hi; row++) {
+        if (!touched[row - lo]) continue;
+        int64_t b, e;
+        row_part(row, d, off, n, &b, &e);
+        mt_codelet_adamw_params_range(b - off, e - b, master, g, m, v, w, a.dtype, &a.p);
+        if (rows) rows[row - lo] = row_part_sumsq(g, off, b, e);
     }
-    if (a.sumsq) *(double *)STARPU_VECTOR_GET_PTR(buffers[next]) = mt_cpu_sumsq_f32(n, g);
+    free(touched);
+    if (a.sumsq) *(double *)STARPU_VECTOR_GET_PTR(buffers[6 + 2 * a.micro_batches]) = mt_codelet_sum_rows(rows, off, n, d);
+}
+
+/* The weights half of AdamW on one chunk of the table, as adamw_params, and the sums of squares
+ * of the chunk's rows (of the gradient as it is then: the head's part), for the early path's
+ * embedding backward to finish: [0] master R, [1] m R, [2] v R, [3] gradient R, [4] streamed
+ * weights W, [5] row sums W. Args: mt_embed_chunk_args. */
+static void embedding_update_early_cpu(void *buffers[], void *cl_arg)
+{
+    mt_embed_chunk_args a;
+    starpu_codelet_unpack_args(cl_arg, &a);
+    const int64_t n = (int64_t)STARPU_VECTOR_GET_NX(buffers[0]), off = a.offset, d = a.d;
+    const float *master = (const float *)STARPU_VECTOR_GET_PTR(buffers[0]);
+    const float *m = (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), *v = (const float *)STARPU_VECTOR_GET_PTR(buffers[2]);
+    const float *g = (const float *)STARPU_VECTOR_GET_PTR(buffers[3]);
+    void *w = (void *)STARPU_VECTOR_GET_PTR(buffers[4]);
+    double *rows = (double *)STARPU_VECTOR_GET_PTR(buffers[5]);
+    /* Row by row, so each row's gradient is summed while it is in cache (per element, AdamW
+     * does not depend on how the chunk is cut). */
+    for (int64_t r = off / d; r <= (off + n - 1) / d; r++) {
+        int64_t b, e;
+        row_part(r, d, off, n, &b, &e);
+        mt_codelet_adamw_params_range(b - off, e - b, master, g, m, v, w, a.dtype, &a.p);
+        rows[r - off / d] = row_part_sumsq(g, off, b, e);
+    }
 }
 
 static void sum_partials_cpu(void *buffers[], void *cl_arg)
@@ -136,6 +199,13 @@ struct starpu_codelet mt_cl_embedding_backward_chunk = {
     .name = "embedding_backward_chunk",
     .cpu_funcs = { embedding_backward_chunk_cpu },
     .nbuffers = STARPU_VARIABLE_NBUFFERS,
+};
+
+struct starpu_codelet mt_cl_embedding_update_early = {
+    .name = "embedding_update_early",
+    .cpu_funcs = { embedding_update_early_cpu },
+    .nbuffers = 6,
+    .modes = { STARPU_R, STARPU_R, STARPU_R, STARPU_R, STARPU_W, STARPU_W },
 };
 
 struct starpu_codelet mt_cl_sum_partials = {

@@ -45,6 +45,8 @@ struct mt_graph {
     double *partial_mem;
     starpu_data_handle_t *embed_partial;      /* (tile 0's nchunks) one double each: the early path */
     double *embed_partial_mem;
+    starpu_data_handle_t *embed_rows;         /* (tile 0's nchunks) row sums of squares per chunk */
+    double **embed_rows_mem;
     starpu_data_handle_t clip;                /* 2 doubles: norm, scale */
     double clip_mem[2];
     slot slots[NSLOTS];
@@ -155,6 +157,14 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
     g->embed_partial_mem = calloc(nc0, sizeof(double));
     g->embed_partial = calloc(nc0, sizeof *g->embed_partial);
     for (int c = 0; c < nc0; c++) g->embed_partial[c] = host_vector(&g->embed_partial_mem[c], 1, sizeof(double));
+    g->embed_rows = calloc(nc0, sizeof *g->embed_rows);
+    g->embed_rows_mem = calloc(nc0, sizeof *g->embed_rows_mem);
+    for (int c = 0; c < nc0; c++) {
+        const mt_chunk *ch = &mt_state_embed(st)->chunks[c];
+        const int64_t d = st->cfg.hidden, nrows = (ch->offset + ch->numel - 1) / d - ch->offset / d + 1;
+        g->embed_rows_mem[c] = calloc(nrows, sizeof(double));
+        g->embed_rows[c] = host_vector(g->embed_rows_mem[c], nrows, sizeof(double));
+    }
     g->clip = host_vector(g->clip_mem, 2, sizeof(double));
 
     for (int s = 0; s < NSLOTS; s++) {
@@ -208,7 +218,11 @@ void mt_graph_destroy(mt_graph *g)
     starpu_data_unregister(g->scratch_layer);
     starpu_data_unregister(g->scratch_head);
     for (int i = 0; i < g->st->ntiles; i++) starpu_data_unregister(g->partial[i]);
-    for (int c = 0; c < mt_state_embed(g->st)->nchunks; c++) starpu_data_unregister(g->embed_partial[c]);
+    for (int c = 0; c < mt_state_embed(g->st)->nchunks; c++) {
+        starpu_data_unregister(g->embed_partial[c]);
+        starpu_data_unregister(g->embed_rows[c]);
+        free(g->embed_rows_mem[c]);
+    }
     starpu_data_unregister(g->clip);
     for (int s = 0; s < NSLOTS; s++) {
         slot *sl = &g->slots[s];
@@ -227,6 +241,7 @@ void mt_graph_destroy(mt_graph *g)
     free(g->eval_tokens); free(g->eval_targets);
     free(g->ckpt); free(g->saved); free(g->partial); free(g->partial_mem);
     free(g->embed_partial); free(g->embed_partial_mem);
+    free(g->embed_rows); free(g->embed_rows_mem);
     free(g->updates_submitted);
     free(g->ready_notes);
     free(g);
@@ -617,8 +632,9 @@ static bool early_embedding(const mt_graph *g, bool speculate)
  * once dh0 is in, adds the tokens' rows and redoes the weights half of those rows only. The next
  * forward then waits for the touched rows instead of the whole table (3B on the H200: the
  * embedding forward started 0.04-0.07 s after layer 0's backward instead of 0.14 s). Bitwise the
- * same weights and gradient as the plain path; the sum of squares for clipping too (per chunk,
- * added in order, as mt_codelet_tile_sumsq). */
+ * same weights and gradient as the plain path; the sum of squares for clipping too (per row,
+ * as mt_codelet_tile_sumsq: the head's rows summed during the backward, only the touched ones
+ * again at its end). */
 static void submit_embedding_early(mt_graph *g, int slot_id, int64_t step, double lr)
 {
     mt_host_state *st = g->st;
@@ -628,7 +644,7 @@ static void submit_embedding_early(mt_graph *g, int slot_id, int64_t step, doubl
     mt_policy_tile_submitting(0, true);
     starpu_data_partition_submit(t->h_weights, t->nchunks, t->h_weights_chunk);
     starpu_data_partition_submit(t->h_grad, t->nchunks, t->h_grad_chunk);
-    const int nbuf = 1 + 2 * M + 4 + clipped;
+    const int nbuf = 1 + 2 * M + 4 + 2 * clipped;
     struct starpu_data_descr *d = calloc(nbuf, sizeof *d);
     for (int c = 0; c < t->nchunks; c++) {
         mt_adamw_params p = adamw_params_of(g, &t->chunks[c], step, lr);
@@ -638,10 +654,14 @@ static void submit_embedding_early(mt_graph *g, int slot_id, int64_t step, doubl
                                             STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_PRIORITY, STARPU_MAX_PRIO, 0),
                          "fill");
         }
-        insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_UNCLIPPED, STARPU_MAX_PRIO, &p, step, false);
         mt_embed_chunk_args a = { .offset = t->chunks[c].offset, .d = st->cfg.hidden, .ntok = g->ntok,
-                                  .micro_batches = M, .update = true, .sumsq = clipped, .p = p,
-                                  .dtype = st->compute_dtype };
+                                  .micro_batches = M, .sumsq = clipped, .p = p, .dtype = st->compute_dtype };
+        check_insert(starpu_task_insert(&mt_cl_embedding_update_early, STARPU_R, t->h_master_chunk[c], STARPU_R,
+                                        t->h_m_chunk[c], STARPU_R, t->h_v_chunk[c], STARPU_R, t->h_grad_chunk[c],
+                                        STARPU_W, t->h_weights_chunk[c], STARPU_W, g->embed_rows[c],
+                                        STARPU_VALUE, &a, sizeof a, STARPU_EXECUTE_WHERE, STARPU_CPU,
+                                        STARPU_PRIORITY, STARPU_MAX_PRIO, 0),
+                     "embedding_update_early");
         int k = 0;
         d[k++] = (struct starpu_data_descr){ t->h_grad_chunk[c], STARPU_RW };
         for (int u = 0; u < M; u++) {
@@ -652,7 +672,10 @@ static void submit_embedding_early(mt_graph *g, int slot_id, int64_t step, doubl
         d[k++] = (struct starpu_data_descr){ t->h_m_chunk[c], STARPU_R };
         d[k++] = (struct starpu_data_descr){ t->h_v_chunk[c], STARPU_R };
         d[k++] = (struct starpu_data_descr){ t->h_weights_chunk[c], STARPU_RW };
-        if (clipped) d[k++] = (struct starpu_data_descr){ g->embed_partial[c], STARPU_W };
+        if (clipped) {
+            d[k++] = (struct starpu_data_descr){ g->embed_rows[c], STARPU_RW };
+            d[k++] = (struct starpu_data_descr){ g->embed_partial[c], STARPU_W };
+        }
         check_insert(starpu_task_insert(&mt_cl_embedding_backward_chunk, STARPU_DATA_MODE_ARRAY, d, k,
                                         STARPU_VALUE, &a, sizeof a, STARPU_EXECUTE_WHERE, STARPU_CPU,
                                         STARPU_PRIORITY, STARPU_MAX_PRIO, STARPU_NAME, "embedding_backward_chunk",
