@@ -96,7 +96,18 @@ enum mt_adamw_clip {
      * the weights, so [4] is RW): does nothing when the scale is 1 (that run was exact: the
      * clipped kernel multiplies by 1.0), else writes the clipped result over it. */
     MT_ADAMW_CONFIRM = 2,
+    /* adamw_params only, bf16 streamed weights: a speculative run for every scale in
+     * [p.grad_scale_lo, p.grad_scale]; [5] is then a bitmap (one bit per element, W) of the
+     * elements whose bf16 weight could differ within that range (the rest round to the same
+     * bf16 value for any of those scales: the fp32 result is bounded over the range, with a
+     * margin for its rounding, and both bounds round alike). */
+    MT_ADAMW_RANGED = 3,
+    /* adamw_params only: confirms a ranged run: [4] weights RW, [5] clip R, [6] the bitmap R.
+     * Scale inside the range: redoes the flagged elements with it; outside: the whole chunk. */
+    MT_ADAMW_CONFIRM_RANGED = 4,
 };
+/* Elements ranged speculative runs have checked, and of those flagged, since the process began. */
+void mt_codelet_ranged_counts(int64_t *checked, int64_t *flagged);
 /* The same update split in two (equal to adamw bit for bit when both run on the same inputs):
  * adamw_params: [0] master R, [1] m R, [2] v R, [3] grad R, [4] streamed weights W, [5] clip R
  *   (optional); args as adamw. Writes the weights the next forward needs, and only those.

@@ -247,6 +247,8 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
         tgt[i] = (int32_t)((s >> 33) % (uint64_t)cfg->vocab);
     }
     int *slots = calloc(total + 1, sizeof(int));
+    int64_t ranged_checked0, ranged_flagged0;
+    mt_codelet_ranged_counts(&ranged_checked0, &ranged_flagged0);
     double measure_start = 0;
     bool traced = false;
     for (int step = 1; step <= total; step++) {
@@ -272,6 +274,12 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
     r->loss_last = mt_graph_wait_loss(g, slots[total], NULL);
     starpu_task_wait_for_all();
     mt_graph_speculation_counts(g, &r->speculated, &r->speculation_held);
+    int64_t ranged_checked, ranged_flagged;
+    mt_codelet_ranged_counts(&ranged_checked, &ranged_flagged);
+    if (log && ranged_checked > ranged_checked0)
+        fprintf(log, "bench: K=%d clip %g: ranged speculation flagged %.2f%% of the %lld parameter updates it checked\n",
+                sc->K, sc->clip, 100.0 * (double)(ranged_flagged - ranged_flagged0) / (double)(ranged_checked - ranged_checked0),
+                (long long)(ranged_checked - ranged_checked0));
     double window = now() - measure_start;
     gpu_time(o, traced, &tl, r);
 

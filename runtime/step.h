@@ -26,8 +26,13 @@ typedef struct mt_step_config {
                             * as if the scale were 1, and only redo it after the norm when the
                             * scale is below 1 (exact either way: the clipped kernel multiplies
                             * by 1.0). The update then overlaps the backward as without clipping.
-                            * -1: when the last norm read (mt_graph_wait_loss) was within the
-                            * bound; 0 never; 1 always. */
+                            * -1: when the last scale read (mt_graph_wait_loss) was 1; 0 never;
+                            * 1 always, as if 1; 2 (experimental, not yet measured on a GPU): as
+                            * -1, and with bf16 streamed weights and a last scale below 1, for
+                            * the range of scales [last / clip_range, min(1, last * clip_range)]:
+                            * after the norm only the elements whose bf16 weight could differ
+                            * within the range are redone (all when the scale falls outside). */
+    double clip_range;     /* ranged speculation's factor, > 1 (0: the default, 1.25) */
 } mt_step_config;
 
 /* Defaults: accum 1, K 4, clip 1.0, head_chunk 1024, betas (0.9, 0.999), eps 1e-8, wd 0,

@@ -77,8 +77,8 @@ else pass "no command"; fi
 check_error "train --bogus" "--bogus" train --bogus
 check_error "plan --bogus" "--bogus" plan --bogus
 check_error "train --steps abc" "--steps.*'abc'" train --steps abc
-check_error "train --clip-speculate maybe" "--clip-speculate: 'maybe' is not auto, on or off" train --clip-speculate maybe
-check_error "bench --clip-speculate 1" "--clip-speculate: '1' is not auto, on or off" bench --clip-speculate 1
+check_error "train --clip-speculate maybe" "--clip-speculate: 'maybe' is not auto, on, off or ranged" train --clip-speculate maybe
+check_error "bench --clip-speculate 1" "--clip-speculate: '1' is not auto, on, off or ranged" bench --clip-speculate 1
 check_ok "train --help lists --clip-speculate" '--clip-speculate M' train --help
 check_error "train --steps 0" "--steps.*0" train --steps 0
 check_error "train --lr -1" "--lr.*-1" train --lr -1

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "codelets.h"
 #include "config.h"
 #include "plan.h"
 #include "runtime.h"
@@ -59,14 +60,17 @@ typedef struct outcome {
     int ntiles;
     int64_t *numel;
     float **master, **grad, **m, **v;
-    double loss[3];
+    double loss[8];
     int64_t speculated, held;  /* mt_graph_speculation_counts at the end */
 } outcome;
 
 /* adamw_split of the runs below (-1: the default, split when clipping). */
 static int split_mode = -1;
-/* clip_speculate of the runs below (-1: the default). */
+/* clip_speculate of the runs below (-1: the default), their clip_range, and the host state's
+ * compute precision. */
 static int speculate_mode = -1;
+static double speculate_range = 0;
+static mt_dtype state_dtype = MT_DTYPE_F32;
 
 static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int nsteps, double clip, int64_t B);
 
@@ -80,10 +84,11 @@ static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int n
     start(sched);
     mt_model_config cfg = tiny_config(tied);
     char err[256];
-    mt_host_state *st = mt_state_create(&cfg, MT_DTYPE_F32, 700, err, sizeof err);
+    mt_host_state *st = mt_state_create(&cfg, state_dtype, 700, err, sizeof err);
     ck_assert_msg(st != NULL, "%s", err);
     mt_state_init_random(st, 7, 0.05);
     mt_step_config sc = mt_step_defaults();
+    sc.clip_range = speculate_range;
     sc.B = B; sc.T = 9; sc.K = K; sc.accum = accum; sc.clip = clip; sc.head_chunk = 7;
     sc.weight_decay = 0.1;
     sc.adamw_split = split_mode;
@@ -93,7 +98,8 @@ static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int n
     int64_t n = accum * sc.B * sc.T;
     int32_t *tok = malloc(sizeof *tok * n), *tgt = malloc(sizeof *tgt * n);
     outcome o = { .ntiles = st->ntiles };
-    int slots[3];
+    int slots[8];
+    ck_assert(nsteps <= 8);
     /* As the training loop does: step s's loss is read once step s+1 is submitted, before its
      * slot is reused by step s+2 (two slots). */
     for (int s = 1; s <= nsteps; s++) {
@@ -287,6 +293,44 @@ START_TEST(test_clip_speculation_bitwise)
     ck_assert_msg(autom.speculated == 1 && autom.held == 1, "auto: speculated %lld, held %lld",
                   (long long)autom.speculated, (long long)autom.held);
     outcome_free(&autom);
+}
+END_TEST
+
+/* Ranged speculation (bf16 streamed weights, the last scale below 1): the weights half runs as
+ * the gradient lands for a range of scales around the last one, flags the elements whose bf16
+ * weight could differ within it, and after the norm redoes only those (all when the scale is
+ * outside). Bitwise the plain clipped update, with a wide range (the scale stays inside: only
+ * flagged elements redone) and a narrow one (mostly outside: everything redone). */
+START_TEST(test_clip_ranged_speculation_bitwise)
+{
+    state_dtype = MT_DTYPE_BF16;
+    const double ranges[2] = { 4.0, 1.0001 };
+    for (int r = 0; r < 2; r++) {
+        speculate_mode = 0;
+        outcome plain = run_steps("megatrain", true, 2, 1, 6, 0.05);
+        speculate_mode = 2;
+        speculate_range = ranges[r];
+        int64_t checked0, flagged0, checked, flagged;
+        mt_codelet_ranged_counts(&checked0, &flagged0);
+        outcome spec = run_steps("megatrain", true, 2, 1, 6, 0.05);
+        mt_codelet_ranged_counts(&checked, &flagged);
+        speculate_mode = -1;
+        speculate_range = 0;
+        char what[80];
+        snprintf(what, sizeof what, "ranged speculation (range x%g) vs plain clipping", ranges[r]);
+        assert_bitwise(&plain, &spec, 6, what);
+        printf("%s: speculated %lld steps, scale inside the range in %lld; %lld of %lld elements flagged\n", what,
+               (long long)spec.speculated, (long long)spec.held, (long long)(flagged - flagged0),
+               (long long)(checked - checked0));
+        /* steps 3-6 speculate (the scale of step s-2 is known when step s is submitted) */
+        ck_assert_msg(spec.speculated == 4, "%s: speculated %lld of 6 steps", what, (long long)spec.speculated);
+        ck_assert(checked > checked0 && flagged > flagged0 && flagged - flagged0 < checked - checked0);
+        if (r == 0) ck_assert_msg(spec.held >= 3, "%s: the scale left the range x4 in %lld of 4 steps", what,
+                                  (long long)(spec.speculated - spec.held));
+        outcome_free(&spec);
+        outcome_free(&plain);
+    }
+    state_dtype = MT_DTYPE_F32;
 }
 END_TEST
 
@@ -612,6 +656,7 @@ int main(void)
     tcase_add_test(tc, test_policies_bitwise);
     tcase_add_test(tc, test_adamw_split_bitwise);
     tcase_add_test(tc, test_clip_speculation_bitwise);
+    tcase_add_test(tc, test_clip_ranged_speculation_bitwise);
     tcase_add_test(tc, test_gate_adamw_no_clip);
     tcase_add_test(tc, test_gate_adamw_clip);
     tcase_add_test(tc, test_gate_norm_task);

@@ -231,21 +231,25 @@ static int cmd_plan(int argc, char **argv)
 
 /* ---- train ------------------------------------------------------------------------------ */
 
-/* --clip-speculate auto|on|off -> mt_step_config.clip_speculate (-1, 1, 0). */
+/* --clip-speculate auto|on|off|ranged -> mt_step_config.clip_speculate (-1, 1, 0, 2). */
 static int parse_speculate(const char *arg, int *out)
 {
     if (!strcmp(arg, "auto")) *out = -1;
     else if (!strcmp(arg, "on")) *out = 1;
     else if (!strcmp(arg, "off")) *out = 0;
-    else return usage_error("--clip-speculate: '%s' is not auto, on or off%s", arg, "");
+    else if (!strcmp(arg, "ranged")) *out = 2;
+    else return usage_error("--clip-speculate: '%s' is not auto, on, off or ranged%s", arg, "");
     return 0;
 }
 
-#define SPECULATE_HELP                                                                             \
-    "  --clip-speculate M   auto|on|off (default auto): with clipping, run each layer's update as\n" \
-    "                       its gradient lands, as if the norm were within the bound, and redo it\n" \
-    "                       after the norm only when it was not (the result is exact either way);\n" \
-    "                       auto does so while the last norm was within the bound\n"
+#define SPECULATE_HELP                                                                              \
+    "  --clip-speculate M   auto|on|off|ranged (default auto): with clipping, run each layer's\n"     \
+    "                       update as its gradient lands, as if the norm were within the bound,\n"  \
+    "                       and redo it after the norm only when it was not (exact either way);\n"  \
+    "                       auto does so while the last norm was within the bound; ranged\n"        \
+    "                       (experimental) also speculates for a range of scales around the last\n" \
+    "                       one when it was not, redoing only the weights whose bf16 value could\n" \
+    "                       differ within it\n"
 
 static void train_help(const mt_train_options *d)
 {
