@@ -2,7 +2,7 @@
 # Correctness and a first benchmark on the GPU machine, from binaries built here:
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, on the GPU machine (device tool, carrying build-gpu and .deps/gpu-runtime):
-#   tools/gpu_check.sh [quick|bench3b|attention3b|sweep3b|ablation|memory|parity]
+#   tools/gpu_check.sh [quick|bench3b|attention3b|ranged3b|sweep3b|ablation|memory|parity]
 # Logs go to $OUT (or ./out); the last lines are a short table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -74,6 +74,12 @@ attention3b)
     # The 3B step with the forward's 128-row query blocks (MT_ATTENTION_QBLOCK=128), to compare
     # with bench3b's rows of the same session.
     MT_ATTENTION_QBLOCK=128 run bench_3b_qblock128 "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1000,0} --warmup 2 --steps 4
+    ;;
+ranged3b)
+    # Clipping that scales every step (the bench model's norm is ~4), plain and with the
+    # experimental ranged speculation, on one host state each.
+    run bench_3b_clip1 "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --clip-speculate auto --warmup 2 --steps 4
+    run bench_3b_clip1_ranged "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --clip-speculate ranged --warmup 2 --steps 4
     ;;
 sweep3b)
     # K and clip on one host state (one set-up), then the torch reference of the same shape.
