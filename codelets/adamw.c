@@ -128,6 +128,8 @@ static void ranged_flags(int64_t n, const float *restrict master, const float *r
     }
 }
 
+size_t mt_codelet_ranged_bitmap_bytes(int64_t n) { return (size_t)(n + 63) / 64 * sizeof(uint64_t); }
+
 /* Elements the ranged runs checked and flagged, over the process (mt_codelet_ranged_counts). */
 static atomic_llong ranged_checked, ranged_flagged;
 
@@ -149,7 +151,7 @@ static void adamw_params_ranged(void *buffers[], const mt_adamw_params *p, mt_dt
     const ranged_consts k = ranged_consts_of(p);
     int32_t may[BLOCK];
     long long nflagged = 0;
-    memset(flags, 0, (size_t)(n + 7) / 8);
+    memset(flags, 0, mt_codelet_ranged_bitmap_bytes(n));
     /* block by block, as adamw_streamed, each block's inputs still in cache for the bounds */
     for (int64_t o = 0; o < n; o += BLOCK) {
         int64_t len = n - o < BLOCK ? n - o : BLOCK;
@@ -183,10 +185,12 @@ static void adamw_confirm_ranged(void *buffers[], mt_adamw_params p, mt_dtype dt
         mt_codelet_adamw_params_range(0, n, master, grad, m, v, w, dtype, &p);
         return;
     }
-    for (int64_t byte = 0; byte < (n + 7) / 8; byte++) {
-        if (!flags[byte]) continue;
-        for (int bit = 0; bit < 8; bit++)
-            if (flags[byte] >> bit & 1) mt_codelet_adamw_params_range(byte * 8 + bit, 1, master, grad, m, v, w, dtype, &p);
+    /* By 64-element word of the bitmap: one kernel call per word holding a flagged element
+     * (the kernel's per-call set-up amortised; the word's other elements come out as they were). */
+    for (int64_t o = 0; o < n; o += 64) {
+        uint64_t word;
+        memcpy(&word, flags + o / 8, sizeof word);
+        if (word) mt_codelet_adamw_params_range(o, n - o < 64 ? n - o : 64, master, grad, m, v, w, dtype, &p);
     }
 }
 

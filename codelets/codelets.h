@@ -103,9 +103,12 @@ enum mt_adamw_clip {
      * margin for its rounding, and both bounds round alike). */
     MT_ADAMW_RANGED = 3,
     /* adamw_params only: confirms a ranged run: [4] weights RW, [5] clip R, [6] the bitmap R.
-     * Scale inside the range: redoes the flagged elements with it; outside: the whole chunk. */
+     * Scale inside the range: redoes each 64-element group holding a flagged element with it;
+     * outside: the whole chunk. */
     MT_ADAMW_CONFIRM_RANGED = 4,
 };
+/* Bytes of a ranged run's bitmap for a chunk of n elements (whole 64-bit words). */
+size_t mt_codelet_ranged_bitmap_bytes(int64_t n);
 /* Elements ranged speculative runs have checked, and of those flagged, since the process began. */
 void mt_codelet_ranged_counts(int64_t *checked, int64_t *flagged);
 /* The same update split in two (equal to adamw bit for bit when both run on the same inputs):
@@ -124,10 +127,12 @@ void mt_codelet_adamw_params_range(int64_t o, int64_t n, const float *master, co
  * that they give the same bits: per AdamW chunk, per row part in double (mt_codelet_chunk_row_sumsq),
  * the rows added in order, then the chunks in order. */
 double mt_codelet_tile_sumsq(const mt_tile *t, const float *grad, int64_t d);
+/* Rows of d elements that overlap the chunk [off, off + n). */
+static inline int64_t mt_codelet_chunk_rows(int64_t off, int64_t n, int64_t d) { return (off + n - 1) / d - off / d + 1; }
 /* rows[i] = sum of squares of row (off / d + i)'s part of the chunk g = [off, off + n). */
 void mt_codelet_chunk_row_sumsq(const float *g, int64_t off, int64_t n, int64_t d, double *rows);
-/* The chunk's sum of squares from its row sums, in row order. */
-double mt_codelet_sum_rows(const double *rows, int64_t off, int64_t n, int64_t d);
+/* The chunk's sum of squares from its nrows row sums, in row order. */
+double mt_codelet_sum_rows(const double *rows, int64_t nrows);
 /* fill: [0] fp32 vector W; arg: float value */
 extern struct starpu_codelet mt_cl_fill;
 

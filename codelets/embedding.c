@@ -62,10 +62,10 @@ void mt_codelet_chunk_row_sumsq(const float *g, int64_t off, int64_t n, int64_t 
     }
 }
 
-double mt_codelet_sum_rows(const double *rows, int64_t off, int64_t n, int64_t d)
+double mt_codelet_sum_rows(const double *rows, int64_t nrows)
 {
     double s = 0;
-    for (int64_t i = 0; i <= (off + n - 1) / d - off / d; i++) s += rows[i];
+    for (int64_t i = 0; i < nrows; i++) s += rows[i];
     return s;
 }
 
@@ -75,10 +75,10 @@ double mt_codelet_tile_sumsq(const mt_tile *t, const float *grad, int64_t d)
     int64_t cap = 0;
     double *rows = NULL;
     for (int c = 0; c < t->nchunks; c++) {
-        const int64_t off = t->chunks[c].offset, n = t->chunks[c].numel, nrows = (off + n - 1) / d - off / d + 1;
+        const int64_t off = t->chunks[c].offset, n = t->chunks[c].numel, nrows = mt_codelet_chunk_rows(off, n, d);
         if (nrows > cap) rows = realloc(rows, sizeof *rows * (size_t)(cap = nrows));
         mt_codelet_chunk_row_sumsq(grad + off, off, n, d, rows);
-        s += mt_codelet_sum_rows(rows, off, n, d);
+        s += mt_codelet_sum_rows(rows, nrows);
     }
     free(rows);
     return s;
@@ -122,7 +122,7 @@ static void embedding_backward_chunk_cpu(void *buffers[], void *cl_arg)
         if (rows) rows[row - lo] = row_part_sumsq(g, off, b, e);
     }
     free(touched);
-    if (a.sumsq) *(double *)STARPU_VECTOR_GET_PTR(buffers[6 + 2 * a.micro_batches]) = mt_codelet_sum_rows(rows, off, n, d);
+    if (a.sumsq) *(double *)STARPU_VECTOR_GET_PTR(buffers[6 + 2 * a.micro_batches]) = mt_codelet_sum_rows(rows, hi - lo + 1);
 }
 
 /* The weights half of AdamW on one chunk of the table, as adamw_params, and the sums of squares

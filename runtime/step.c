@@ -165,14 +165,14 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
         for (int i = 0; i < st->ntiles; i++) {
             mt_tile *t = &st->tiles[i];
             g->flags[i] = calloc(t->nchunks, sizeof **g->flags);
-            for (int c = 0; c < t->nchunks; c++) g->flags[i][c] = new_bytes((size_t)(t->chunks[c].numel + 7) / 8);
+            for (int c = 0; c < t->nchunks; c++) g->flags[i][c] = new_bytes(mt_codelet_ranged_bitmap_bytes(t->chunks[c].numel));
         }
     }
     g->embed_rows = calloc(nc0, sizeof *g->embed_rows);
     g->embed_rows_mem = calloc(nc0, sizeof *g->embed_rows_mem);
     for (int c = 0; c < nc0; c++) {
         const mt_chunk *ch = &mt_state_embed(st)->chunks[c];
-        const int64_t d = st->cfg.hidden, nrows = (ch->offset + ch->numel - 1) / d - ch->offset / d + 1;
+        const int64_t nrows = mt_codelet_chunk_rows(ch->offset, ch->numel, st->cfg.hidden);
         g->embed_rows_mem[c] = calloc(nrows, sizeof(double));
         g->embed_rows[c] = host_vector(g->embed_rows_mem[c], nrows, sizeof(double));
     }
@@ -593,8 +593,9 @@ void mt_graph_speculation_counts(const mt_graph *g, int64_t *speculated, int64_t
  * last one was), or, when asked (2), for a range of scales around the last one (below 1; bf16
  * streamed weights, whose rounding hides the scale from most elements: MT_ADAMW_RANGED). The
  * range is opt-in until measured on the GPU machine: it adds ~4 ns per parameter of CPU work
- * during the backward, and its redo after the norm touches most cache lines once more than a few
- * percent of the elements are flagged (9% on the tiny bench shape at lr 1e-5). */
+ * during the backward, and its redo after the norm covers every 64-element group holding a
+ * flagged element, most groups once more than a few percent are flagged (9% on the tiny bench
+ * shape at lr 1e-5). */
 typedef struct speculation {
     enum { SPEC_NONE, SPEC_UNIT, SPEC_RANGED } mode;
     double lo, hi;
