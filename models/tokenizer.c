@@ -825,23 +825,49 @@ static void append_stretch(void *arg, const char *p, size_t len, bool valid)
     bytes_append(arg, p, len);
 }
 
-char *mt_tokenizer_normalize(const mt_tokenizer *tok, const char *text, size_t len, size_t *out_len)
+/* Splits text at the added tokens (the longest one at each position, matched on the raw text):
+ * text(arg, s, n) for each stretch between them (possibly empty), added(arg, token) for each. */
+static void for_each_added_split(const mt_tokenizer *tok, const char *text, size_t len,
+                                 void (*on_text)(void *arg, const char *s, size_t n),
+                                 void (*on_added)(void *arg, const added_token *t), void *arg)
 {
-    byte_buf out = {0};
-    bytes_append(&out, NULL, 0);
-    /* Added tokens are not normalised (they are matched on the raw text first). */
     size_t chunk = 0;
     for (size_t p = 0; p < len; p++) {
         const added_token *t = tok->n_added ? added_at(tok, text + p, len - p) : NULL;
         if (!t) continue;
-        for_each_stretch(tok, text + chunk, p - chunk, append_stretch, &out);
-        bytes_append(&out, text + p, t->len);
+        on_text(arg, text + chunk, p - chunk);
+        on_added(arg, t);
         p += t->len - 1;
         chunk = p + 1;
     }
-    for_each_stretch(tok, text + chunk, len - chunk, append_stretch, &out);
-    *out_len = out.len;
-    return out.p;
+    on_text(arg, text + chunk, len - chunk);
+}
+
+typedef struct normalize_ctx {
+    const mt_tokenizer *tok;
+    byte_buf out;
+} normalize_ctx;
+
+static void normalize_text(void *arg, const char *s, size_t n)
+{
+    normalize_ctx *c = arg;
+    for_each_stretch(c->tok, s, n, append_stretch, &c->out);
+}
+
+static void normalize_added(void *arg, const added_token *t)
+{
+    normalize_ctx *c = arg;
+    bytes_append(&c->out, t->content, t->len);
+}
+
+char *mt_tokenizer_normalize(const mt_tokenizer *tok, const char *text, size_t len, size_t *out_len)
+{
+    normalize_ctx c = { tok, {0} };
+    bytes_append(&c.out, NULL, 0);
+    /* Added tokens are not normalised (they are matched on the raw text first). */
+    for_each_added_split(tok, text, len, normalize_text, normalize_added, &c);
+    *out_len = c.out.len;
+    return c.out.p;
 }
 
 /* The longest added token starting at s[0..n), or NULL. */
@@ -855,20 +881,24 @@ static const added_token *added_at(const mt_tokenizer *tok, const char *s, size_
     return NULL;
 }
 
+static void encode_text(void *arg, const char *s, size_t n)
+{
+    encode_ctx *c = arg;
+    encode_chunk(c->tok, s, n, c->out);
+}
+
+static void encode_added(void *arg, const added_token *t)
+{
+    encode_ctx *c = arg;
+    ids_append(c->out, &t->id, 1);
+}
+
 int32_t *mt_tokenizer_encode(mt_tokenizer *tok, const char *text, size_t len, size_t *count)
 {
     id_buf out = {0};
     ids_append(&out, NULL, 0);
-    size_t chunk = 0;
-    for (size_t p = 0; p < len; p++) {
-        const added_token *t = tok->n_added ? added_at(tok, text + p, len - p) : NULL;
-        if (!t) continue;
-        encode_chunk(tok, text + chunk, p - chunk, &out);
-        ids_append(&out, &t->id, 1);
-        p += t->len - 1;
-        chunk = p + 1;
-    }
-    encode_chunk(tok, text + chunk, len - chunk, &out);
+    encode_ctx c = { tok, &out };
+    for_each_added_split(tok, text, len, encode_text, encode_added, &c);
     *count = out.len;
     return out.p;
 }
