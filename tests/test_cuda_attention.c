@@ -64,12 +64,14 @@ static void check_err(const char *what, const shape *s, double err)
                   s->H, s->KV, s->D);
 }
 
-/* Every case twice: the forward with 64-row query blocks (the default), then with 128
- * (MT_ATTENTION_QBLOCK=128). */
+/* Every case under each query-block form (MT_ATTENTION_QBLOCK): 64 rows (the default), 128
+ * rows of 8 warps, 128 rows of 4 warps with 32 rows each (forward only). */
+static const char *const forms[] = {"64", "128", "128w"};
+#define NFORMS ((int)(sizeof forms / sizeof forms[0]))
 START_TEST(test_attention_vs_cpu)
 {
     const shape *s = &cases[_i % NCASES];
-    const char *qblock = _i >= NCASES ? "128" : "64";
+    const char *qblock = forms[_i / NCASES];
     setenv("MT_ATTENTION_QBLOCK", qblock, 1);
     const int64_t B = s->B, T = s->T, H = s->H, KV = s->KV, D = s->D;
     const int64_t nq = B * T * H * D, nkv = B * T * KV * D, nl = B * H * T;
@@ -153,11 +155,19 @@ static int cmp_float(const void *a, const void *b)
 }
 
 /* Timing, only with MT_CUDA_BENCH=1: Qwen2.5-3B attention shape. Median of 10 after 3 warm-up
- * runs; TFLOP/s with forward = 4 B H T^2 D / 2 (causal half), backward = 2.5 x forward. */
+ * runs; TFLOP/s with forward = 4 B H T^2 D / 2 (causal half), backward = 2.5 x forward.
+ * MT_CUDA_BENCH=profile runs each kernel once and nothing else, for a profiler (ncu). */
+static bool bench_profile(void)
+{
+    const char *env = getenv("MT_CUDA_BENCH");
+    return env && strcmp(env, "profile") == 0;
+}
+
 START_TEST(test_attention_bench)
 {
     const char *env = getenv("MT_CUDA_BENCH");
-    if (!env || strcmp(env, "1") != 0) {
+    const bool profile = bench_profile();
+    if (!env || (strcmp(env, "1") != 0 && !profile)) {
         printf("attention bench: skipped (set MT_CUDA_BENCH=1)\n");
         return;
     }
@@ -183,11 +193,20 @@ START_TEST(test_attention_bench)
     CK_CUDA(cudaEventCreate(&stop));
 
     const double fwd_flops = 4.0 * B * H * (double)T * T * D / 2;
-    /* passes 0, 1: forward, backward with 64-row query blocks; 2, 3: with 128-row blocks */
-    for (int pass = 0; pass < 4; pass++) {
-        setenv("MT_ATTENTION_QBLOCK", pass >= 2 ? "128" : "64", 1);
+    /* passes 2f, 2f + 1: forward, backward under form f */
+    for (int pass = 0; pass < 2 * NFORMS; pass++) {
+        setenv("MT_ATTENTION_QBLOCK", forms[pass / 2], 1);
         const bool fwd = pass % 2 == 0;
         float ms[10];
+        if (profile) {
+            if (fwd)
+                mt_cuda_attention_forward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, (mt_cuda_stream)stream);
+            else
+                mt_cuda_attention_backward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, d_do, d_dq, d_dk, d_dv, d_ws,
+                                           (mt_cuda_stream)stream);
+            CK_CUDA(cudaStreamSynchronize(stream));
+            continue;
+        }
         for (int r = 0; r < 13; r++) {
             CK_CUDA(cudaEventRecord(start, stream));
             if (fwd)
@@ -201,10 +220,9 @@ START_TEST(test_attention_bench)
         }
         qsort(ms, 10, sizeof ms[0], cmp_float);
         const double med = 0.5 * (ms[4] + ms[5]), flops = fwd ? fwd_flops : 2.5 * fwd_flops;
-        printf("attention bench %s B=%lld T=%lld H=%lld KV=%lld D=%lld: median %.3f ms (min %.3f, max %.3f), "
+        printf("attention bench %s (MT_ATTENTION_QBLOCK=%s) B=%lld T=%lld H=%lld KV=%lld D=%lld: median %.3f ms (min %.3f, max %.3f), "
                "%.1f TFLOP/s (forward = 4 B H T^2 D / 2, backward = 2.5 x forward)\n",
-               fwd ? (pass >= 2 ? "forward (128-row query blocks)" : "forward ")
-                   : (pass >= 2 ? "backward (128-row query blocks)" : "backward"),
+               fwd ? "forward " : "backward", forms[pass / 2],
                (long long)B, (long long)T, (long long)H, (long long)KV,
                (long long)D, med, ms[0], ms[9], flops / (med * 1e-3) / 1e12);
         fflush(stdout);
@@ -225,7 +243,7 @@ static Suite *cuda_attention_suite(void)
     Suite *s = suite_create("cuda_attention");
     TCase *tc = tcase_create("gpu");
     tcase_set_timeout(tc, 1200);
-    tcase_add_loop_test(tc, test_attention_vs_cpu, 0, 2 * NCASES);
+    if (!bench_profile()) tcase_add_loop_test(tc, test_attention_vs_cpu, 0, NFORMS * NCASES);
     tcase_add_test(tc, test_attention_bench);
     suite_add_tcase(s, tc);
     return s;

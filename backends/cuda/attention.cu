@@ -88,6 +88,16 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 2^x in one MUFU instruction, subnormal results flushed to zero (exp2f also handles subnormal
+// results, which costs extra instructions per element; a probability under 2^-126 adds nothing to
+// a bf16 product). exp2(-inf) = 0, which the causal mask relies on.
+__device__ __forceinline__ float fast_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // Two floats -> one register of two bf16 (lo in the low half, as the fragments expect).
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 {
@@ -202,31 +212,41 @@ __device__ __forceinline__ void gemm_acc_pv(float acc[D / 8][4], const float p[8
 
 // ---------------------------------------------------------------- forward
 
-// One CTA per (query block of 16 QW rows, head, batch), QW warps of 16 query rows each; key
-// blocks of 64. Key blocks are visited from the last one the block's rows reach down to 0, so
-// each warp's first block is the one holding its diagonal: every row then has a finite running
-// max from the start. A warp skips the blocks entirely after its rows (QW > 4: the top of the
-// diagonal) but still loads and synchronises with the CTA. QW = 4 (64-row query blocks) was the
-// only form until 2026-11-29; QW = 8 (MT_ATTENTION_QBLOCK=128) feeds each K/V tile to twice the
-// query rows.
-template <int D, int QW>
+// One CTA per (query block of 16 QW RPW rows, head, batch), QW warps of 16 RPW query rows each;
+// key blocks of 64. Key blocks are visited from the last one the block's rows reach down to 0,
+// so each warp's first block is the one holding its diagonal: every row then has a finite
+// running max from the start (a warp's 16 RPW rows, RPW <= 2, never straddle a key block). A
+// warp skips the blocks entirely after its rows (QW RPW > 4: the top of the diagonal) but still
+// loads and synchronises with the CTA.
+// Forms: QW = 4, RPW = 1 (64-row query blocks, the only form until 2026-11-29); QW = 8, RPW = 1
+// (128 rows, 8 warps: each K/V tile in shared memory feeds twice the rows, but each warp still
+// reads one K/V fragment per two MMAs); QW = 4, RPW = 2 (128 rows, 4 warps of 32 rows: each
+// K/V fragment a warp reads from shared memory feeds four MMAs, as FlashAttention-2's forward
+// does; Q is read from shared memory per k step instead of held in registers, which would not
+// fit next to the two 16-row output accumulators).
+template <int D, int QW, int RPW>
 __global__ void __launch_bounds__(QW * 32) attention_forward_kernel(int T, int H, int KV, const bf16 *__restrict__ q,
                                                                     const bf16 *__restrict__ k,
                                                                     const bf16 *__restrict__ v, bf16 *__restrict__ out,
                                                                     float *__restrict__ lse, float scale_log2)
 {
-    constexpr int NT = QW * 32, QB = 16 * QW;
+    static_assert(RPW == 1 || RPW == 2, "a warp owns 16 or 32 query rows");
+    constexpr int NT = QW * 32, WR = 16 * RPW, QB = WR * QW;
+    constexpr int LD = Tile<D>::LD;
     constexpr int TE = Tile<D>::ELEMS;        // one 64-row K or V tile
-    constexpr int QE = QB * Tile<D>::LD;      // the query tile
+    constexpr int QE = QB * LD;               // the query tile
+    constexpr bool Q_IN_REGS = RPW == 1;      // this warp's Q fragments loaded once into registers
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16 *q_tile = reinterpret_cast<bf16 *>(smem_raw);  // (QB, D)
     bf16 *k_tiles = q_tile + QE;                          // 2 x (64, D), double buffered
     bf16 *v_tiles = k_tiles + 2 * TE;                     // 2 x (64, D)
 
-    const int qblock = gridDim.x - 1 - blockIdx.x; // longest rows (most key blocks) first
-    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
+    // Blocks launch in order x fastest, z slowest: the query blocks with the most key blocks (the
+    // last ones) start first across all heads, so short blocks fill the end of the launch.
+    const int qblock = gridDim.z - 1 - blockIdx.z;
+    const int h = blockIdx.x, b = blockIdx.y, kvh = h / (H / KV);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, quad = lane & 3;
-    const int m0 = qblock * QB, wrow0 = m0 + warp * 16; // the block's and this warp's first row
+    const int m0 = qblock * QB, wrow0 = m0 + warp * WR; // the block's and this warp's first row
     const int nkb = (T + BLOCK - 1) / BLOCK;
     const int jmax = min((m0 + QB - 1) / BLOCK, nkb - 1);
     const bf16 *qg = q + ((int64_t)b * T * H + h) * D; // row t at qg + t * H * D
@@ -238,14 +258,18 @@ __global__ void __launch_bounds__(QW * 32) attention_forward_kernel(int T, int H
     load_rows<D, BLOCK, NT>(v_tiles, vg, (int64_t)KV * D, jmax * BLOCK, T);
     cp_async_commit();
 
-    uint32_t qf[D / 16][4]; // this warp's 16 query rows as A fragments, loaded once
-    float o[D / 8][4];      // unnormalised output rows g and g+8
+    uint32_t qf[Q_IN_REGS ? D / 16 : 1][4]; // RPW 1: this warp's 16 query rows as A fragments
+    float o[RPW][D / 8][4];                 // unnormalised output, rows g and g+8 of each 16
 #pragma unroll
-    for (int i = 0; i < D / 8; i++)
+    for (int r = 0; r < RPW; r++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) o[i][e] = 0.f;
-    float row_max[2] = {-INFINITY, -INFINITY}; // in units of log2, of the scaled scores
-    float row_sum[2] = {0.f, 0.f};             // this thread's partial sums (its 16 of 64 columns)
+        for (int i = 0; i < D / 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[r][i][e] = 0.f;
+    float row_max[RPW][2], row_sum[RPW][2]; // max in units of log2, of the scaled scores; sums
+                                            // are this thread's partial (its 16 of 64 columns)
+#pragma unroll
+    for (int r = 0; r < RPW; r++) row_max[r][0] = row_max[r][1] = -INFINITY, row_sum[r][0] = row_sum[r][1] = 0.f;
 
     for (int it = 0; it <= jmax; it++) {
         const int j = jmax - it, buf = it & 1, k0 = j * BLOCK;
@@ -259,90 +283,132 @@ __global__ void __launch_bounds__(QW * 32) attention_forward_kernel(int T, int H
         }
         __syncthreads();
         const bf16 *kt = k_tiles + buf * TE, *vt = v_tiles + buf * TE;
-        if (it == 0) {
+        if constexpr (Q_IN_REGS) {
+            if (it == 0) {
 #pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) load_a<Tile<D>::LD>(qf[kk], q_tile, warp * 16, kk * 16);
+                for (int kk = 0; kk < D / 16; kk++) load_a<LD>(qf[kk], q_tile, warp * 16, kk * 16);
+            }
         }
-        if (k0 > wrow0 + 15) { // every key of this block is after every row of this warp
+        if (k0 > wrow0 + WR - 1) { // every key of this block is after every row of this warp
             __syncthreads();
             continue;
         }
-        const bool masked = k0 + BLOCK - 1 > wrow0; // some key after some row: the causal mask
 
-        // S = Q K^T for this warp's 16 rows x 64 keys
-        float s[8][4];
+        // S = Q K^T for this warp's 16 RPW rows x 64 keys; each K fragment feeds all RPW row tiles
+        float s[RPW][8][4];
 #pragma unroll
-        for (int i = 0; i < 8; i++)
+        for (int r = 0; r < RPW; r++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) s[i][e] = 0.f;
+            for (int i = 0; i < 8; i++)
 #pragma unroll
-        for (int kk = 0; kk < D / 16; kk++)
+                for (int e = 0; e < 4; e++) s[r][i][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t a[RPW][4];
+            if constexpr (Q_IN_REGS) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) a[0][e] = qf[kk][e];
+            } else {
+#pragma unroll
+                for (int r = 0; r < RPW; r++) load_a<LD>(a[r], q_tile, warp * WR + 16 * r, kk * 16);
+            }
 #pragma unroll
             for (int nn = 0; nn < 4; nn++) {
                 uint32_t bfr[4];
-                load_b_rows<Tile<D>::LD>(bfr, kt, nn * 16, kk * 16);
-                mma_bf16(s[2 * nn], qf[kk], bfr[0], bfr[1]);
-                mma_bf16(s[2 * nn + 1], qf[kk], bfr[2], bfr[3]);
-            }
-
-        // scale into log2 units; causal mask where the block reaches past the warp's first row
+                load_b_rows<LD>(bfr, kt, nn * 16, kk * 16);
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                s[nt][e] *= scale_log2;
-                if (masked) {
-                    int qrow = wrow0 + g + 8 * (e >> 1), kcol = k0 + 8 * nt + 2 * quad + (e & 1);
-                    if (kcol > qrow) s[nt][e] = -INFINITY;
+                for (int r = 0; r < RPW; r++) {
+                    mma_bf16(s[r][2 * nn], a[r], bfr[0], bfr[1]);
+                    mma_bf16(s[r][2 * nn + 1], a[r], bfr[2], bfr[3]);
                 }
-            }
-
-        // online softmax: rescale what was accumulated by exp2(old max - new max)
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            float mx = row_max[half];
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * half], s[nt][2 * half + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1)); // the 4 lanes of a quad share a row
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float base = mx == -INFINITY ? 0.f : mx; // a fully masked row stays all zero
-            const float alpha = exp2f(row_max[half] - base);
-            row_max[half] = mx;
-            row_sum[half] *= alpha;
-#pragma unroll
-            for (int dt = 0; dt < D / 8; dt++) {
-                o[dt][2 * half] *= alpha;
-                o[dt][2 * half + 1] *= alpha;
-            }
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++) {
-                float p0 = exp2f(s[nt][2 * half] - base), p1 = exp2f(s[nt][2 * half + 1] - base);
-                s[nt][2 * half] = p0;
-                s[nt][2 * half + 1] = p1;
-                row_sum[half] += p0 + p1;
             }
         }
 
-        gemm_acc_pv<D>(o, s, vt); // O += P V
-        __syncthreads();          // all warps done with buf before it is refilled
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            const int rrow0 = wrow0 + 16 * r;           // this row tile's first row
+            const bool masked = k0 + BLOCK - 1 > rrow0; // some key after some row: the causal mask
+            // causal mask, on the unscaled scores
+            if (masked) {
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int qrow = rrow0 + g + 8 * (e >> 1), kcol = k0 + 8 * nt + 2 * quad + (e & 1);
+                        if (kcol > qrow) s[r][nt][e] = -INFINITY;
+                    }
+            }
+
+            // online softmax in log2 units: rescale what was accumulated by exp2(old max - new
+            // max). The max is taken before scaling (scale_log2 > 0 and rounding is monotonic, so
+            // max(s) scale_log2 is exactly the max of the scaled scores); the scale then folds
+            // into one fma per score.
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++) mx = fmaxf(mx, fmaxf(s[r][nt][2 * half], s[r][nt][2 * half + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1)); // the 4 lanes of a quad share a row
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                mx = fmaxf(row_max[r][half], mx * scale_log2);
+                const float base = mx == -INFINITY ? 0.f : mx; // a fully masked row stays all zero
+                const float alpha = fast_exp2(row_max[r][half] - base);
+                row_max[r][half] = mx;
+                row_sum[r][half] *= alpha;
+#pragma unroll
+                for (int dt = 0; dt < D / 8; dt++) {
+                    o[r][dt][2 * half] *= alpha;
+                    o[r][dt][2 * half + 1] *= alpha;
+                }
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++) {
+                    float p0 = fast_exp2(fmaf(s[r][nt][2 * half], scale_log2, -base));
+                    float p1 = fast_exp2(fmaf(s[r][nt][2 * half + 1], scale_log2, -base));
+                    s[r][nt][2 * half] = p0;
+                    s[r][nt][2 * half + 1] = p1;
+                    row_sum[r][half] += p0 + p1;
+                }
+            }
+        }
+
+        // O += P V; each V fragment feeds all RPW row tiles
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t a[RPW][4];
+#pragma unroll
+            for (int r = 0; r < RPW; r++) acc_to_a(a[r], s[r], kk);
+#pragma unroll
+            for (int dn = 0; dn < D / 16; dn++) {
+                uint32_t bfr[4];
+                load_b_cols<LD>(bfr, vt, kk * 16, dn * 16);
+#pragma unroll
+                for (int r = 0; r < RPW; r++) {
+                    mma_bf16(o[r][2 * dn], a[r], bfr[0], bfr[1]);
+                    mma_bf16(o[r][2 * dn + 1], a[r], bfr[2], bfr[3]);
+                }
+            }
+        }
+        __syncthreads(); // all warps done with buf before it is refilled
     }
 
     // finish: full row sums across the quad, normalise, write bf16 rows and the lse
 #pragma unroll
-    for (int half = 0; half < 2; half++) {
-        float l = row_sum[half];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const int t = m0 + warp * 16 + g + 8 * half;
-        if (t >= T) continue;
-        const float inv = 1.f / l;
-        bf16 *orow = out + (((int64_t)b * T + t) * H + h) * D;
+    for (int r = 0; r < RPW; r++)
 #pragma unroll
-        for (int dt = 0; dt < D / 8; dt++)
-            *reinterpret_cast<uint32_t *>(orow + dt * 8 + 2 * quad) =
-                pack_bf16(o[dt][2 * half] * inv, o[dt][2 * half + 1] * inv);
-        if (quad == 0) lse[((int64_t)b * H + h) * T + t] = (row_max[half] + log2f(l)) * LN2;
-    }
+        for (int half = 0; half < 2; half++) {
+            float l = row_sum[r][half];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const int t = wrow0 + 16 * r + g + 8 * half;
+            if (t >= T) continue;
+            const float inv = 1.f / l;
+            bf16 *orow = out + (((int64_t)b * T + t) * H + h) * D;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; dt++)
+                *reinterpret_cast<uint32_t *>(orow + dt * 8 + 2 * quad) =
+                    pack_bf16(o[r][dt][2 * half] * inv, o[r][dt][2 * half + 1] * inv);
+            if (quad == 0) lse[((int64_t)b * H + h) * T + t] = (row_max[r][half] + log2f(l)) * LN2;
+        }
 }
 
 // ---------------------------------------------------------------- backward
@@ -386,7 +452,9 @@ __global__ void __launch_bounds__(THREADS) attention_backward_dkdv_kernel(
     float *lse_s = reinterpret_cast<float *>(do_tiles + 2 * TE); // 2 x 64, log2 units, +inf past T
     float *delta_s = lse_s + 2 * BLOCK;                          // 2 x 64, 0 past T
 
-    const int kblock = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    // z slowest: every head's key block 0 (the most query blocks) launches first, then block 1, ...
+    // (with key blocks fastest, ~30% of the SM time idled in the tail of the launch).
+    const int kblock = blockIdx.z, kvh = blockIdx.x, b = blockIdx.y;
     const int group = H / KV, nblocks = (T + BLOCK - 1) / BLOCK, nq = nblocks - kblock;
     const int total = group * nq; // (query head, query block) steps, in a fixed order
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, quad = lane & 3;
@@ -438,7 +506,7 @@ __global__ void __launch_bounds__(THREADS) attention_backward_dkdv_kernel(
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int krow = warp * 16 + g + 8 * (e >> 1), qcol = 8 * nt + 2 * quad + (e & 1);
-                const float pe = exp2f(p[nt][e] * scale_log2 - lse_b[qcol]);
+                const float pe = fast_exp2(fmaf(p[nt][e], scale_log2, -lse_b[qcol]));
                 p[nt][e] = diagonal && krow > qcol ? 0.f : pe; // select: a masked exp2 may be inf
             }
 
@@ -492,8 +560,8 @@ __global__ void __launch_bounds__(QW * 32) attention_backward_dq_kernel(
     bf16 *k_tiles = do_tile + QE;                       // 2 x (64, D)
     bf16 *v_tiles = k_tiles + 2 * TE;                   // 2 x (64, D)
 
-    const int qblock = gridDim.x - 1 - blockIdx.x;
-    const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
+    const int qblock = gridDim.z - 1 - blockIdx.z; // longest first, as in the forward
+    const int h = blockIdx.x, b = blockIdx.y, kvh = h / (H / KV);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, quad = lane & 3;
     const int m0 = qblock * QB, wrow0 = m0 + warp * 16;
     const int nkb = (T + BLOCK - 1) / BLOCK;
@@ -546,7 +614,7 @@ __global__ void __launch_bounds__(QW * 32) attention_backward_dq_kernel(
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int qrow = wrow0 + g + 8 * (e >> 1), kcol = k0 + 8 * nt + 2 * quad + (e & 1);
-                const float pe = exp2f(p[nt][e] * scale_log2 - row_lse[e >> 1]);
+                const float pe = fast_exp2(fmaf(p[nt][e], scale_log2, -row_lse[e >> 1]));
                 p[nt][e] = masked && kcol > qrow ? 0.f : pe;
             }
 
@@ -581,11 +649,11 @@ void check_shapes(const char *what, int64_t B, int64_t T, int64_t H, int64_t KV,
                   int nptrs)
 {
     if (B < 0 || T < 0 || H <= 0 || KV <= 0 || H % KV != 0 || (D != 32 && D != 64 && D != 96 && D != 128) ||
-        T > INT32_MAX || H > 65535 || KV > 65535 || B > 65535) {
+        T > 65535LL * BLOCK || H > 65535 || KV > 65535 || B > 65535) {
         fprintf(stderr,
                 "%s: unsupported shape B=%lld T=%lld H=%lld KV=%lld D=%lld (need H %% KV == 0, head dim "
-                "32, 64, 96 or 128, B, H <= 65535)\n",
-                what, (long long)B, (long long)T, (long long)H, (long long)KV, (long long)D);
+                "32, 64, 96 or 128, B, H <= 65535, T <= %lld: the grid's z dimension counts 64-row blocks)\n",
+                what, (long long)B, (long long)T, (long long)H, (long long)KV, (long long)D, 65535LL * BLOCK);
         abort();
     }
     for (int i = 0; i < nptrs; i++)
@@ -595,35 +663,42 @@ void check_shapes(const char *what, int64_t B, int64_t T, int64_t H, int64_t KV,
         }
 }
 
-template <int D, int QW>
+template <int D, int QW, int RPW>
 void forward_qw(int64_t B, int64_t T, int64_t H, int64_t KV, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *out,
                 float *lse, cudaStream_t stream)
 {
-    constexpr int QB = 16 * QW;
+    constexpr int QB = 16 * QW * RPW;
     const size_t smem = (size_t)(QB + 4 * BLOCK) * (size_t)(D + 8) * sizeof(bf16);
-    CUDA_CHECK(cudaFuncSetAttribute(attention_forward_kernel<D, QW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)smem));
-    dim3 grid((unsigned)((T + QB - 1) / QB), (unsigned)H, (unsigned)B);
+    CUDA_CHECK(cudaFuncSetAttribute(attention_forward_kernel<D, QW, RPW>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    dim3 grid((unsigned)H, (unsigned)B, (unsigned)((T + QB - 1) / QB));
     const float scale_log2 = (float)(1.0 / sqrt((double)D)) * LOG2E;
-    attention_forward_kernel<D, QW><<<grid, QW * 32, smem, stream>>>((int)T, (int)H, (int)KV, q, k, v, out, lse,
-                                                                     scale_log2);
+    attention_forward_kernel<D, QW, RPW><<<grid, QW * 32, smem, stream>>>((int)T, (int)H, (int)KV, q, k, v, out, lse,
+                                                                          scale_log2);
     CUDA_CHECK_LAUNCH();
 }
 
-// Query rows per CTA of the forward and of the dQ pass: 64 (the default) or 128 with
-// MT_ATTENTION_QBLOCK=128 (read at each call, so a test can run both).
-int attention_qblock()
+// The forward's and the dQ pass's query blocks, from MT_ATTENTION_QBLOCK (read at each call, so
+// a test can run every form): "128w" (the default) 4 warps of 32 rows in the forward, the dQ
+// pass as "64"; "64" 4 warps of 16 rows; "128" 8 warps of 16 rows (forward and dQ).
+enum qblock_form { QBLOCK_64, QBLOCK_128, QBLOCK_128W };
+qblock_form attention_qblock()
 {
     const char *env = getenv("MT_ATTENTION_QBLOCK");
-    return env && strcmp(env, "128") == 0 ? 128 : 64;
+    if (env && strcmp(env, "64") == 0) return QBLOCK_64;
+    if (env && strcmp(env, "128") == 0) return QBLOCK_128;
+    return QBLOCK_128W;
 }
 
 template <int D>
 void forward(int64_t B, int64_t T, int64_t H, int64_t KV, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *out,
              float *lse, cudaStream_t stream)
 {
-    if (attention_qblock() == 128) forward_qw<D, 8>(B, T, H, KV, q, k, v, out, lse, stream);
-    else forward_qw<D, 4>(B, T, H, KV, q, k, v, out, lse, stream);
+    switch (attention_qblock()) {
+    case QBLOCK_128: forward_qw<D, 8, 1>(B, T, H, KV, q, k, v, out, lse, stream); break;
+    case QBLOCK_128W: forward_qw<D, 4, 2>(B, T, H, KV, q, k, v, out, lse, stream); break;
+    default: forward_qw<D, 4, 1>(B, T, H, KV, q, k, v, out, lse, stream); break;
+    }
 }
 
 template <int D, int QW>
@@ -634,7 +709,7 @@ void dq_qw(int64_t B, int64_t T, int64_t H, int64_t KV, const bf16 *q, const bf1
     const size_t smem = (size_t)(2 * QB + 4 * BLOCK) * (size_t)(D + 8) * sizeof(bf16);
     CUDA_CHECK(cudaFuncSetAttribute(attention_backward_dq_kernel<D, QW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)smem));
-    attention_backward_dq_kernel<D, QW><<<dim3((unsigned)((T + QB - 1) / QB), (unsigned)H, (unsigned)B), QW * 32, smem,
+    attention_backward_dq_kernel<D, QW><<<dim3((unsigned)H, (unsigned)B, (unsigned)((T + QB - 1) / QB)), QW * 32, smem,
                                           stream>>>((int)T, (int)H, (int)KV, q, k, v, dout, lse, delta, dq, scale_log2,
                                                     scale);
     CUDA_CHECK_LAUNCH();
@@ -656,11 +731,11 @@ void backward(int64_t B, int64_t T, int64_t H, int64_t KV, const bf16 *q, const 
     const size_t smem_kv = 6 * tile_bytes(D) + 4 * BLOCK * sizeof(float);
     CUDA_CHECK(cudaFuncSetAttribute(attention_backward_dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)smem_kv));
-    attention_backward_dkdv_kernel<D><<<dim3(nblocks, (unsigned)KV, (unsigned)B), THREADS, smem_kv, stream>>>(
+    attention_backward_dkdv_kernel<D><<<dim3((unsigned)KV, (unsigned)B, nblocks), THREADS, smem_kv, stream>>>(
         (int)T, (int)H, (int)KV, q, k, v, dout, lse, delta, dk, dv, scale_log2, scale);
     CUDA_CHECK_LAUNCH();
 
-    if (attention_qblock() == 128) dq_qw<D, 8>(B, T, H, KV, q, k, v, dout, lse, delta, dq, scale_log2, scale, stream);
+    if (attention_qblock() == QBLOCK_128) dq_qw<D, 8>(B, T, H, KV, q, k, v, dout, lse, delta, dq, scale_log2, scale, stream);
     else dq_qw<D, 4>(B, T, H, KV, q, k, v, dout, lse, delta, dq, scale_log2, scale, stream);
 }
 
