@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 /* The streamed copy of master[o, o+len), in the compute precision. */
 static void write_streamed(int64_t len, const float *master, void *w, mt_dtype dtype)
@@ -194,10 +195,31 @@ static void adamw_confirm_ranged(void *buffers[], mt_adamw_params p, mt_dtype dt
     }
 }
 
-static void adamw_cpu(void *buffers[], void *cl_arg) { adamw_streamed(buffers, cl_arg, true); }
+/* Wall time the CPU workers spent in AdamW tasks, over the process (mt_codelet_adamw_seconds):
+ * what bench divides by the workers and the parameters for AdamW's rate inside the step. */
+static atomic_llong adamw_ns;
+
+int64_t mt_codelet_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+void mt_codelet_adamw_time_add(int64_t ns) { atomic_fetch_add(&adamw_ns, (long long)ns); }
+
+double mt_codelet_adamw_seconds(void) { return (double)atomic_load(&adamw_ns) * 1e-9; }
+
+static void adamw_cpu(void *buffers[], void *cl_arg)
+{
+    const int64_t t0 = mt_codelet_now_ns();
+    adamw_streamed(buffers, cl_arg, true);
+    mt_codelet_adamw_time_add(mt_codelet_now_ns() - t0);
+}
 
 static void adamw_params_cpu(void *buffers[], void *cl_arg)
 {
+    const int64_t t0 = mt_codelet_now_ns();
     mt_adamw_params p;
     mt_dtype dtype;
     int clipped;
@@ -205,12 +227,14 @@ static void adamw_params_cpu(void *buffers[], void *cl_arg)
     if (clipped == MT_ADAMW_RANGED) adamw_params_ranged(buffers, &p, dtype);
     else if (clipped == MT_ADAMW_CONFIRM_RANGED) adamw_confirm_ranged(buffers, p, dtype);
     else adamw_streamed(buffers, cl_arg, false);
+    mt_codelet_adamw_time_add(mt_codelet_now_ns() - t0);
 }
 
 /* The second half: master, m and v in place (the fused kernel, without the streamed copy the
  * first half wrote from the same values). */
 static void adamw_moments_cpu(void *buffers[], void *cl_arg)
 {
+    const int64_t t0 = mt_codelet_now_ns();
     mt_adamw_params p;
     int clipped;
     starpu_codelet_unpack_args(cl_arg, &p, &clipped);
@@ -218,6 +242,7 @@ static void adamw_moments_cpu(void *buffers[], void *cl_arg)
     if (clipped) p.grad_scale *= ((const double *)STARPU_VECTOR_GET_PTR(buffers[4]))[1];
     mt_cpu_adamw_f32(n, (float *)STARPU_VECTOR_GET_PTR(buffers[0]), (const float *)STARPU_VECTOR_GET_PTR(buffers[3]),
                      (float *)STARPU_VECTOR_GET_PTR(buffers[1]), (float *)STARPU_VECTOR_GET_PTR(buffers[2]), &p);
+    mt_codelet_adamw_time_add(mt_codelet_now_ns() - t0);
 }
 
 struct starpu_codelet mt_cl_adamw = {

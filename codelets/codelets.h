@@ -111,6 +111,12 @@ enum mt_adamw_clip {
 size_t mt_codelet_ranged_bitmap_bytes(int64_t n);
 /* Elements ranged speculative runs have checked, and of those flagged, since the process began. */
 void mt_codelet_ranged_counts(int64_t *checked, int64_t *flagged);
+/* Seconds CPU workers spent in AdamW tasks (adamw, adamw_params, adamw_moments,
+ * embedding_update_early) since the process started; mt_codelet_adamw_time_add adds to it,
+ * mt_codelet_now_ns is its clock (CLOCK_MONOTONIC). */
+double mt_codelet_adamw_seconds(void);
+void mt_codelet_adamw_time_add(int64_t ns);
+int64_t mt_codelet_now_ns(void);
 /* The same update split in two (equal to adamw bit for bit when both run on the same inputs):
  * adamw_params: [0] master R, [1] m R, [2] v R, [3] grad R, [4] streamed weights W, [5] clip R
  *   (optional); args as adamw. Writes the weights the next forward needs, and only those.

@@ -81,6 +81,9 @@ typedef struct mt_bench_result {
     double gpu_idle_s;                            /* per step: gpu.idle_s / steps; NAN when not traced */
     mt_gpu_breakdown gpu;                         /* the measured window's GPU time */
     double adamw_standalone_s, adamw_s_per_gparam;
+    double adamw_step_cpu_s;                      /* per step: CPU workers' seconds in AdamW tasks */
+    double adamw_step_s_per_gparam;               /* the same over the CPU workers and 1e9 parameters:
+                                                   * AdamW's rate inside the step, next to the standalone one */
     double adamw_span_s, adamw_tail_s;            /* first to last AdamW end; last AdamW end after the backward */
     double boundary_gap_s;                        /* layer 0's backward end to next forward start */
     double peak_gpu_gib, peak_host_gib;           /* peak GPU: StarPU's buffers, sampled at task ends */

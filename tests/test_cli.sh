@@ -143,6 +143,10 @@ if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
 elif ! grep -q '| GPU busy | GPU idle s/step | AdamW alone' "$out"; then fail "$name" "no 'GPU idle s/step' column"
 elif ! grep -qE '^\| tiny \| 1 x 2 x 64 \| 4 \| 1 \| megatrain \|.* \| - \| [0-9.]+ \(' "$out"; then
     fail "$name" "no row with '-' for GPU idle"
+elif ! grep -q '| AdamW alone s (s/1e9) | AdamW in step CPU s (s/1e9) |' "$out"; then
+    fail "$name" "no 'AdamW in step CPU s (s/1e9)' column"
+elif ! grep -qE '^\| tiny \| 1 x 2 x 64 \|.* \| - \| [0-9.]+ \([0-9.]+\) \| [0-9.]+ \((0\.0*[1-9][0-9]*|[1-9][0-9]*\.[0-9]+)\) \|' "$out"; then
+    fail "$name" "the AdamW in step column is not a positive rate"
 elif ! grep -q '^bench: GPU time, K=4 clip 1, 2 measured steps: no CUDA worker$' "$err"; then
     fail "$name" "no 'GPU time ... no CUDA worker' line"
 else pass "$name"; fi
