@@ -592,10 +592,11 @@ void mt_graph_speculation_counts(const mt_graph *g, int64_t *speculated, int64_t
 /* How this step's update speculates (clip_speculate): not at all, as if the scale were 1 (the
  * last one was), or, when asked (2), for a range of scales around the last one (below 1; bf16
  * streamed weights, whose rounding hides the scale from most elements: MT_ADAMW_RANGED). The
- * range is opt-in until measured on the GPU machine: it adds ~4 ns per parameter of CPU work
- * during the backward, and its redo after the norm covers every 64-element group holding a
- * flagged element, most groups once more than a few percent are flagged (9% on the tiny bench
- * shape at lr 1e-5). */
+ * range stays opt-in: it adds ~4 ns per parameter of CPU work during the backward, and its redo
+ * after the norm covers every 64-element group holding a flagged element, most groups once more
+ * than a few percent are flagged (9% on the tiny bench shape at lr 1e-5). On the H200 at the 3B
+ * shape it flagged 8.1% and took 5.42 s a step against 3.18 s plain (docs/benchmarks.md): the
+ * clipped step's CPU is already near its memory bandwidth there. */
 typedef struct speculation {
     enum { SPEC_NONE, SPEC_UNIT, SPEC_RANGED } mode;
     double lo, hi;

@@ -249,7 +249,8 @@ static int parse_speculate(const char *arg, int *out)
     "                       auto does so while the last norm was within the bound; ranged\n"        \
     "                       (experimental) also speculates for a range of scales around the last\n" \
     "                       one when it was not, redoing only the weights whose bf16 value could\n" \
-    "                       differ within it\n"
+    "                       differ within it; measured slower than off on an H200 at 3B\n"         \
+    "                       (5.4 s against 3.2 s a step: it flagged 8%% of the weights there)\n"
 
 static void train_help(const mt_train_options *d)
 {
