@@ -3,6 +3,7 @@
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, on the GPU machine (device tool, carrying build-gpu and .deps/gpu-runtime):
 #   tools/gpu_check.sh [quick|bench3b|attention3b|ranged3b|sweep3b|ablation|memory|parity]
+#   (attention3b takes QBLOCK=64|128, bench3b CLIPS, RESIDENT and K)
 # Logs go to $OUT (or ./out); the last lines are a short table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -71,9 +72,9 @@ parity)
     run train_gpu "$B/tools/megatrain" train --data runtime --steps 60 --eval-every 30 --sample-bytes 100
     ;;
 attention3b)
-    # The 3B step with the forward's 128-row query blocks (MT_ATTENTION_QBLOCK=128), to compare
-    # with bench3b's rows of the same session.
-    MT_ATTENTION_QBLOCK=128 run bench_3b_qblock128 "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1000,0} --warmup 2 --steps 4
+    # The 3B step with another query-block form (MT_ATTENTION_QBLOCK=64 or 128; the default is
+    # 128w), to compare with bench3b's rows of the same session.
+    MT_ATTENTION_QBLOCK=${QBLOCK:-64} run bench_3b_qblock${QBLOCK:-64} "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1000,0} --warmup 2 --steps 4
     ;;
 ranged3b)
     # Clipping that scales every step (the bench model's norm is ~4), plain and with the

@@ -1,22 +1,25 @@
 // attention: causal grouped-query attention on tensor cores, FlashAttention-2 style. The T x T
-// score matrix only ever exists as 64 x 64 tiles in registers; forward keeps a running max and
+// score matrix only ever exists as tiles of 64 keys in registers; forward keeps a running max and
 // sum per query row (online softmax) and saves the log-sum-exp for backward, which recomputes
 // the probabilities. Backward is deterministic (no float atomics): one kernel owns a key block
 // and writes dK, dV once; a second owns a query block and writes dQ once.
 //
-// Tiles: 64 query rows x 64 keys per step, 4 warps per CTA, each warp owning 16 rows of the
-// tile it produces. Matrix products use mma.sync m16n8k16 (bf16 in, fp32 accumulate) fed by
-// ldmatrix from shared memory; global -> shared copies are cp.async, double buffered, so the
-// next tile streams in while the current one is multiplied.
+// Tiles: 64 keys per step; matrix products use mma.sync m16n8k16 (bf16 in, fp32 accumulate) fed
+// by ldmatrix from shared memory; global -> shared copies are cp.async, double buffered, so the
+// next tile streams in while the current one is multiplied. Every grid launches its longest
+// blocks first (the block index in the slowest grid dimension): the causal blocks' lengths vary
+// 32x at T = 2048, and launched shortest-interleaved the dK/dV pass left SMs idle ~30% of its
+// time in its tail (Nsight Compute, docs/gpu-logs/19-ncu_attention.log).
 //
-// The forward and the dQ pass also have 128-row query blocks (8 warps, each K/V tile feeding
-// twice the query rows), chosen with MT_ATTENTION_QBLOCK=128: written 2026-11-29 after the
-// session's GPU time was spent, compiled without spills and covered by test_cuda_attention, not
-// yet run; the default stays 64 until it is measured. Not done yet (the next steps for speed): 32 rows per
-// warp so each ldmatrix of K/V feeds twice the MMAs (16 rows per warp is bound by shared-memory
-// reads); Hopper wgmma/TMA instead of mma.sync; a dQ pass that does not recompute S and dP (the
-// backward does 7 tile products where FA2 with atomics does 5); staging outputs through shared
-// memory for 16-byte stores.
+// Query-block forms (MT_ATTENTION_QBLOCK, attention_qblock()): the forward runs 128-row blocks of
+// 4 warps x 32 rows by default ("128w": each K/V fragment a warp reads feeds four MMAs); "64" is
+// 4 warps x 16 rows, "128" 8 warps x 16 rows (also for dQ). On an H200 at B=8 T=2048 H=16 KV=2
+// D=128 the forward ran 0.744 / 0.707 / 0.517 ms in those three forms, the backward 1.92 ms
+// (docs/benchmarks.md). The dK/dV kernel keeps 16 keys per warp (32 would need 256 accumulator
+// registers). Not done yet (the next steps for speed): more warps per scheduler (all three
+// kernels run 2 and stall on fixed-latency dependencies); Hopper wgmma/TMA instead of mma.sync;
+// a dQ pass that does not recompute S and dP (the backward does 7 tile products where FA2 with
+// atomics does 5); staging outputs through shared memory for 16-byte stores.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
