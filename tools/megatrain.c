@@ -484,7 +484,11 @@ static void bench_help(const mt_bench_options *d)
            "measured steps after warm-up. Model TFLOP/s = (6 N + 6 L d T) tokens / time, N = all\n"
            "parameters but the embedding table (the LM head counts also when tied); recompute\n"
            "not counted. After each row, stderr shows where the CUDA worker sat idle in the\n"
-           "measured steps (megatrain policy only): idle before each kind of task, the longest gaps.\n\n");
+           "measured steps (megatrain policy only): idle before each kind of task, the longest gaps.\n"
+           "AdamW columns: alone = one fused update of every parameter with nothing else running;\n"
+           "in step = the CPU workers' seconds in AdamW tasks per measured step, and that over the\n"
+           "workers and 1e9 parameters; span = first to last AdamW end of a step; tail = its last\n"
+           "AdamW end after layer 0's backward.\n\n");
     printf("  --shape NAME         qwen2.5-0.5b|1.5b|3b|7b|14b, tiny (default %s)\n", d->shape);
     printf("  --micro-batch B      sequences per micro-batch (default %lld)\n", (long long)d->step.B);
     printf("  --seq-len T          tokens per sequence (default %lld)\n", (long long)d->step.T);
