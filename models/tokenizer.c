@@ -261,8 +261,9 @@ static int spm_piece(const char *token, byte_buf *out, int *fallback)
     out->len = 0;
     unsigned b;
     char tail;
-    if (strlen(token) == 6 && sscanf(token, "<0x%2X%c", &b, &tail) == 2 && tail == '>' &&
-        (token[3] < 'a' || token[3] > 'f') && (token[4] < 'a' || token[4] > 'f')) {
+    const char *hex = "0123456789ABCDEF"; /* the file's spelling: two upper-case digits */
+    if (strlen(token) == 6 && token[3] && strchr(hex, token[3]) && token[4] && strchr(hex, token[4]) &&
+        sscanf(token, "<0x%2X%c", &b, &tail) == 2 && tail == '>') {
         *fallback = (int)b;
         return -2;
     }
