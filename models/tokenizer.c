@@ -1115,23 +1115,12 @@ static void for_each_added_split(const mt_tokenizer *tok, const char *text, size
 typedef struct normalize_ctx {
     const mt_tokenizer *tok;
     byte_buf out;
-    const char *text;
-    bool strip;                   /* SPM_STRIP_FIRST_TOKEN: the output's first byte is a stripped space */
 } normalize_ctx;
 
 static void normalize_text(void *arg, const char *s, size_t n)
 {
     normalize_ctx *c = arg;
-    if (!c->tok->spm) {
-        for_each_stretch(c->tok, s, n, append_stretch, &c->out);
-        return;
-    }
-    size_t before = c->out.len;
-    spm_section(c->tok, s, n, s == c->text, &c->out, NULL, 0);
-    /* the Metaspace decoder strips the first token's leading space: this section's, when it is
-     * the text's first token (the vocabulary always has a piece for a lone space) */
-    if (before == 0 && c->out.len > 0 && c->out.p[0] == ' ' && c->tok->spm_strip == SPM_STRIP_FIRST_TOKEN)
-        c->strip = true;
+    for_each_stretch(c->tok, s, n, append_stretch, &c->out);
 }
 
 static void normalize_added(void *arg, const added_token *t)
@@ -1142,12 +1131,21 @@ static void normalize_added(void *arg, const added_token *t)
 
 char *mt_tokenizer_normalize(const mt_tokenizer *tok, const char *text, size_t len, size_t *out_len)
 {
-    normalize_ctx c = { tok, {0}, text, false };
+    if (tok->spm) {
+        /* What the decoder drops depends on the tokens (the Metaspace decoder drops every space of
+         * the first token), so this is decode(encode(text)) itself; encode's scratch makes it as
+         * thread-unsafe as encode. */
+        size_t n;
+        int32_t *ids = mt_tokenizer_encode((mt_tokenizer *)tok, text, len, &n);
+        char err[64];
+        char *out = mt_tokenizer_decode(tok, ids, n, out_len, err, sizeof err); /* cannot fail: ids are ours */
+        free(ids);
+        return out;
+    }
+    normalize_ctx c = { tok, {0} };
     bytes_append(&c.out, NULL, 0);
     /* Added tokens are not normalised (they are matched on the raw text first). */
     for_each_added_split(tok, text, len, normalize_text, normalize_added, &c);
-    if (tok->spm_strip == SPM_STRIP_FUSED && c.out.len > 0 && c.out.p[0] == ' ') c.strip = true;
-    if (c.strip) memmove(c.out.p, c.out.p + 1, c.out.len--);
     *out_len = c.out.len;
     return c.out.p;
 }
@@ -1227,18 +1225,24 @@ char *mt_tokenizer_decode(const mt_tokenizer *tok, const int32_t *ids, size_t n,
         }
         bytes_append(&out, tok->pieces.p + tok->piece_off[id], (size_t)tok->piece_len[id]);
     }
-    /* SentencePiece-style decoders drop the space the encoder prepended: Strip after Fuse takes
-     * one leading space off the whole text; Metaspace takes it off the first token when that is a
-     * vocabulary piece (not an added token, not a fallback byte, whose "<0x20>" has no "\u2581"). */
-    bool strip = false;
-    if (tok->spm && out.len > 0 && out.p[0] == ' ') {
-        if (tok->spm_strip == SPM_STRIP_FUSED) strip = true;
+    /* SentencePiece-style decoders drop the space the encoder prepended. Strip after Fuse takes
+     * one leading space off the whole text. Metaspace drops every "\u2581" of the first token
+     * (tokenizers' Metaspace::decode_chain) when that is a vocabulary piece, whose spaces all
+     * stand for "\u2581" (not an added token; not a fallback byte, whose "<0x20>" has none). */
+    if (tok->spm && n > 0 && out.len > 0) {
+        if (tok->spm_strip == SPM_STRIP_FUSED && out.p[0] == ' ') memmove(out.p, out.p + 1, out.len--);
         else if (tok->spm_strip == SPM_STRIP_FIRST_TOKEN) {
-            strip = tok->fallback_id[' '] != ids[0];
-            for (int k = 0; k < tok->n_added && strip; k++) strip = tok->added[k].id != ids[0];
+            bool piece = tok->fallback_id[(uint8_t)out.p[0]] != ids[0];
+            for (int k = 0; k < tok->n_added && piece; k++) piece = tok->added[k].id != ids[0];
+            size_t first = (size_t)tok->piece_len[ids[0]], kept = 0;
+            if (piece) {
+                for (size_t i = 0; i < first; i++)
+                    if (out.p[i] != ' ') out.p[kept++] = out.p[i];
+                memmove(out.p + kept, out.p + first, out.len - first + 1);
+                out.len -= first - kept;
+            }
         }
     }
-    if (strip) memmove(out.p, out.p + 1, out.len--);
     *len = out.len;
     return out.p;
 }

@@ -521,26 +521,43 @@ START_TEST(test_spm_forms)
         free(back);
         free(ids);
     }
-    /* Malformed UTF-8 falls back byte by byte too, and decodes to the same bytes. */
-    static const char *const runs[] = {"\x80", "\xc3", "\xe2\x82", "\xff", "\xed\xa0\x80", "a\xffz \xc3 b"};
-    for (int t = 0; t < 2; t++)
-        for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) assert_round_trip_as(toks[t], runs[r], strlen(runs[r]), true);
-    /* Random bytes, with "<s>", "\u2581" and spaces mixed in. */
+    /* Text that starts with neither a space nor an added token comes back as it was, "\u2581"
+     * as a space: the space the encoder prepends is the one the decoder drops. Malformed UTF-8
+     * falls back byte by byte and decodes to the same bytes. */
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 77);
-    static const char *const bits[] = {"<s>", "</s>", "\xE2\x96\x81", " ", "  ", "hello", "\xff", "\xc3\xa9", "\n"};
-    char buf[256];
+    static const char *const bits[] = {"\xE2\x96\x81", " ", "  ", "hello", "\xff", "\xc3\xa9", "\n", "\xe2\x82", "\x80"};
+    char buf[256], want[256];
     for (int iter = 0; iter < 400; iter++) {
-        size_t used = 0;
+        size_t used = 0, wlen = 0;
+        buf[used++] = want[wlen++] = 'x';
         while (used < 200) {
-            if ((int)(mt_test_uniform(&rng) * 3) == 0) buf[used++] = (char)(int)(mt_test_uniform(&rng) * 256);
-            else {
+            if ((int)(mt_test_uniform(&rng) * 3) == 0) {
+                char c = (char)(int)(mt_test_uniform(&rng) * 256);
+                if (c == '<' || c == ' ') c = 'q'; /* no added token, no space after "x" yet */
+                buf[used++] = want[wlen++] = c;
+            } else {
                 const char *b = bits[(size_t)(mt_test_uniform(&rng) * (sizeof bits / sizeof bits[0]))];
+                bool meta = strcmp(b, "\xE2\x96\x81") == 0;
                 memcpy(buf + used, b, strlen(b));
                 used += strlen(b);
+                if (meta) want[wlen++] = ' ';
+                else {
+                    memcpy(want + wlen, b, strlen(b));
+                    wlen += strlen(b);
+                }
             }
         }
-        assert_round_trip_as(toks[iter % 2], buf, used, true);
+        mt_tokenizer *tok = toks[iter % 2];
+        size_t n, len;
+        ids = mt_tokenizer_encode(tok, buf, used, &n);
+        back = mt_tokenizer_decode(tok, ids, n, &len, err, sizeof err);
+        ck_assert_msg(back != NULL, "%s", err);
+        ck_assert_msg(len == wlen && memcmp(back, want, wlen) == 0, "round trip %d (%s) changed the text", iter,
+                      iter % 2 ? "metaspace" : "prepend");
+        free(back);
+        free(ids);
+        assert_round_trip_as(tok, buf, used, true);
     }
 }
 END_TEST
