@@ -44,9 +44,10 @@ int32_t *mt_tokenizer_encode_offsets(mt_tokenizer *tok, const char *text, size_t
 
 /* The bytes of ids, concatenated (added tokens give their content), malloc'd and NUL-terminated
  * for convenience; *len gets the length without the NUL. NULL with a message for an unknown id.
- * SentencePiece-style: "\u2581" decodes to a space and the decoder's leading space is dropped (the
- * whole text's, after Strip; the first token's, after Metaspace); fallback bytes decode to the
- * bytes themselves, also where they do not form UTF-8 (transformers would write U+FFFD there). */
+ * SentencePiece-style: "\u2581" decodes to a space, and the decoder drops the whole text's leading
+ * space (Strip after Fuse) or every space of the first token (Metaspace, as tokenizers does);
+ * fallback bytes decode to the bytes themselves, also where they do not form UTF-8 (transformers
+ * would write U+FFFD there). */
 char *mt_tokenizer_decode(const mt_tokenizer *tok, const int32_t *ids, size_t n, size_t *len,
                           char *err, size_t errlen);
 
@@ -57,9 +58,10 @@ int32_t mt_tokenizer_token_id(const mt_tokenizer *tok, const char *token);
 int32_t mt_tokenizer_vocab_size(const mt_tokenizer *tok);
 
 /* The text as encode sees it, which is decode(encode(text)): the valid UTF-8 stretches normalised
- * (NFC) when the tokenizer has that normalizer, invalid bytes unchanged; SentencePiece-style, the
- * spaces the encoder prepends to sections and "\u2581" as a space, less the leading space the
- * decoder drops. malloc'd, NUL-terminated; *out_len gets its length. */
+ * (NFC) when the tokenizer has that normalizer, invalid bytes unchanged. SentencePiece-style, it
+ * is computed as decode(encode(text)) (the spaces the encoder prepends to sections, "\u2581" as a
+ * space, less what the decoder drops, which depends on the first token), with encode's scratch.
+ * malloc'd, NUL-terminated; *out_len gets its length. */
 char *mt_tokenizer_normalize(const mt_tokenizer *tok, const char *text, size_t len, size_t *out_len);
 
 /* The normalizer tokenizer.json names and this tokenizer applies ("NFC"), or NULL. */
