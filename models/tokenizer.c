@@ -170,8 +170,8 @@ struct mt_tokenizer {
     bool spm_metaspace;           /* the Metaspace pre-tokenizer: no "\u2581" is prepended to text that
                                    * already starts with one (the Prepend normalizer always adds it) */
     enum { SPM_STRIP_NONE, SPM_STRIP_FUSED, SPM_STRIP_FIRST_TOKEN } spm_strip; /* decoder: one leading
-                                   * space off the whole text (Strip after Fuse) or off the first
-                                   * token when it is a vocabulary piece (Metaspace) */
+                                   * space off the whole text (Strip after Fuse) or every space of
+                                   * the first token when it is a vocabulary piece (Metaspace) */
     bool ignore_merges;           /* Llama-3: a word that is a whole token skips the merges */
     added_token *added;           /* sorted by first byte, then longest first */
     int n_added;
