@@ -2,7 +2,7 @@
 # Correctness and a first benchmark on the GPU machine, from binaries built here:
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, on the GPU machine (device tool, carrying build-gpu and .deps/gpu-runtime):
-#   tools/gpu_check.sh [quick|bench3b|attention3b|ranged3b|sweep3b|ablation|memory|parity]
+#   tools/gpu_check.sh [quick|bench3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
 #   (attention3b takes QBLOCK=64|128, bench3b CLIPS, RESIDENT and K)
 # Logs go to $OUT (or ./out); the last lines are a short table.
 set -uo pipefail
@@ -70,6 +70,10 @@ parity)
     [ -d "$dir" ] && run chat_mistral python3 tools/chat_template_check.py "$dir" --family mistral \
         --template tools/chat_templates/mistral-v0.2.jinja --bos "<s>" --eos "</s>" --out "$OUT/chat-mistral.json"
     run train_gpu "$B/tools/megatrain" train --data runtime --steps 60 --eval-every 30 --sample-bytes 100
+    ;;
+spmcheck)
+    # The SentencePiece-style tokenizer fixtures (transformers.js) against Hugging Face's tokenizers.
+    run spm_fixtures_hf python3 tools/spm_fixtures_hf.py
     ;;
 attention3b)
     # The 3B step with another query-block form (MT_ATTENTION_QBLOCK=64 or 128; the default is
