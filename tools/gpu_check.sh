@@ -33,6 +33,7 @@ quick)
     run test_gpu_step "$B/tests/test_gpu_step"
     run bench_05b "$B/tools/megatrain" bench --shape qwen2.5-0.5b --micro-batch 8 --seq-len 2048 --warmup 1 --steps 3
     run torch_attention python3 tools/torch_bench.py --attention-only
+    run spm_fixtures_hf python3 tools/spm_fixtures_hf.py
     ;;
 bench3b)
     # CLIPS: clipping bounds on one host state; 1000 is never reached by this model's norm, as
