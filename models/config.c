@@ -215,6 +215,19 @@ int mt_config_parse(const char *json_text, const char *name, mt_model_config *cf
         if (get_bool(root, name, "attention_bias", false, &c.qkv_bias, err, errlen)) goto out;
     }
     c.qk_norm = c.family == MT_FAMILY_QWEN3;
+    /* Mistral: sliding_window, which MistralConfig defaults to 4096 when the key is absent; null
+     * is full attention (v0.2 and later write null, v0.1 4096). */
+    if (c.family == MT_FAMILY_MISTRAL) {
+        json_t *sw = json_object_get(root, "sliding_window");
+        if (!sw) c.sliding_window = 4096;
+        else if (json_is_null(sw)) c.sliding_window = 0;
+        else if (json_is_integer(sw) && json_integer_value(sw) > 0) c.sliding_window = json_integer_value(sw);
+        else {
+            mt_fail(err, errlen, "%s: key 'sliding_window': expected a positive integer or null, got %s", name,
+                 mt_json_type_name(sw));
+            goto out;
+        }
+    }
 
     json_t *act = lookup(root, "hidden_act");
     if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
@@ -435,9 +448,10 @@ int mt_config_save(const mt_model_config *cfg, const char *path, char *err, size
     } else {
         json_object_set_new(o, "attention_bias", json_boolean(cfg->qkv_bias));
     }
-    /* MistralConfig defaults sliding_window to 4096: write null so transformers attends fully,
-     * as the kernels do. */
-    if (cfg->family == MT_FAMILY_MISTRAL) json_object_set_new(o, "sliding_window", json_null());
+    /* The model's own window, or null (full attention; MistralConfig would read a missing key as
+     * 4096). Training here never passes the window (step.c), where the two agree. */
+    if (cfg->family == MT_FAMILY_MISTRAL)
+        json_object_set_new(o, "sliding_window", cfg->sliding_window > 0 ? json_integer(cfg->sliding_window) : json_null());
     if (cfg->rope_scaling_factor > 0) {
         json_t *rs = json_object();
         json_object_set_new(rs, "rope_type", json_string("llama3"));

@@ -35,6 +35,9 @@ typedef struct mt_model_config {
     double rope_low_freq_factor;
     double rope_high_freq_factor;
     int64_t rope_original_max_positions;
+    /* Mistral's sliding_window (0: none, the key null). Attention here is full causal, which is
+     * the same up to that many tokens, so longer sequences are refused (step.c). */
+    int64_t sliding_window;
 } mt_model_config;
 
 /* Reads and validates a config.json. Returns 0, or -1 with a message in err naming the file and

@@ -109,6 +109,12 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
                  (long long)sc->T, (long long)st->cfg.max_positions);
         return NULL;
     }
+    if (st->cfg.sliding_window > 0 && sc->T > st->cfg.sliding_window) {
+        snprintf(err, errlen, "sequence length %lld exceeds the model's sliding_window %lld: sliding-window attention is "
+                 "not implemented (full causal attention, which is the same up to that length)",
+                 (long long)sc->T, (long long)st->cfg.sliding_window);
+        return NULL;
+    }
     if (starpu_cuda_worker_get_count() > 0 && st->compute_dtype != MT_DTYPE_BF16) {
         snprintf(err, errlen, "the CUDA path streams bf16 weights: use dtype bf16, or run without CUDA workers");
         return NULL;

@@ -131,6 +131,22 @@ START_TEST(test_family_defaults)
     ck_assert(!c.qk_norm && !c.qkv_bias);
     ck_assert_int_eq(c.head_dim, 16);
     ck_assert_int_eq(c.max_positions, 131072);
+    ck_assert_int_eq(c.sliding_window, 0);
+    /* v0.1's 4096, and a missing key, which MistralConfig reads as 4096 too; a string is refused */
+    static const char *const windows[] = {"\"sliding_window\": 4096,", "", "\"sliding_window\": \"4096\","};
+    for (int w = 0; w < 3; w++) {
+        char text[512];
+        snprintf(text, sizeof text, "{\"model_type\": \"mistral\", \"hidden_size\": 128, \"intermediate_size\": 256,"
+                 " \"num_hidden_layers\": 2, \"num_attention_heads\": 8, %s \"vocab_size\": 300}", windows[w]);
+        rc = load_text(text, &c, path, err, sizeof err);
+        if (w < 2) {
+            ck_assert_msg(rc == 0, "%s", err);
+            ck_assert_int_eq(c.sliding_window, 4096);
+        } else {
+            ck_assert_int_eq(rc, -1);
+            ck_assert_msg(strstr(err, "sliding_window") != NULL, "%s", err);
+        }
+    }
 }
 END_TEST
 

@@ -641,6 +641,16 @@ START_TEST(test_bad_step_config)
     ck_assert(mt_graph_create(st, &sc, err, sizeof err) == NULL);
     ck_assert_msg(strstr(err, "max_position_embeddings") != NULL, "%s", err);
     mt_state_destroy(st);
+    cfg.sliding_window = 16; /* as Mistral v0.1's 4096, smaller */
+    st = mt_state_create(&cfg, MT_DTYPE_F32, 0, err, sizeof err);
+    sc.T = 17;
+    ck_assert(mt_graph_create(st, &sc, err, sizeof err) == NULL);
+    ck_assert_msg(strstr(err, "sliding_window 16") != NULL, "%s", err);
+    sc.T = 16; /* up to the window, full causal attention is the window's */
+    mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
+    ck_assert_msg(g != NULL, "%s", err);
+    mt_graph_destroy(g);
+    mt_state_destroy(st);
     mt_runtime_shutdown();
 }
 END_TEST
