@@ -348,12 +348,15 @@ int mt_config_validate(const mt_model_config *cfg, const char *name, char *err, 
     case MT_FAMILY_QWEN3:
         if (!cfg->qk_norm)
             return mt_fail(err, errlen, "%s: key 'model_type': qwen3 always has q/k norms", name);
-        break;
-    case MT_FAMILY_MISTRAL:
-        if (cfg->qkv_bias)
-            return mt_fail(err, errlen, "%s: key 'attention_bias': mistral has no q/k/v biases in transformers", name);
         /* fall through */
+    case MT_FAMILY_MISTRAL:
     case MT_FAMILY_LLAMA:
+        /* transformers' Llama, Mistral and Qwen3 attention give attention_bias to o_proj as well
+         * as q, k and v; only Qwen2's q/k/v-only biases are implemented here */
+        if (cfg->qkv_bias)
+            return mt_fail(err, errlen, "%s: key 'attention_bias': true gives %s biases on q, k, v and o_proj in "
+                        "transformers; the o_proj bias is not implemented", name, cfg->model_type);
+        if (cfg->family == MT_FAMILY_QWEN3) break;
         if (cfg->qk_norm)
             return mt_fail(err, errlen, "%s: key 'model_type': %s has no q/k norm", name, cfg->model_type);
         break;

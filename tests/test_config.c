@@ -87,15 +87,15 @@ START_TEST(test_family_defaults)
     ck_assert(!c.tied && !c.qkv_bias && !c.qk_norm);
     ck_assert(c.rope_scaling_factor == 0);
 
-    /* Llama with attention_bias, explicit head_dim not dividing, nulls treated as absent. */
+    /* Llama with attention_bias false, explicit head_dim not dividing, nulls treated as absent. */
     rc = load_text("{\"model_type\": \"llama\", \"hidden_size\": 100, \"intermediate_size\": 300,"
                    " \"num_hidden_layers\": 1, \"num_attention_heads\": 3, \"num_key_value_heads\": 1,"
-                   " \"head_dim\": 34, \"vocab_size\": 77, \"attention_bias\": true, \"rope_scaling\": null,"
+                   " \"head_dim\": 34, \"vocab_size\": 77, \"attention_bias\": false, \"rope_scaling\": null,"
                    " \"rms_norm_eps\": 1e-5, \"rope_theta\": 500000, \"tie_word_embeddings\": true}",
                    &c, path, err, sizeof err);
     ck_assert_msg(rc == 0, "%s", err);
     ck_assert_int_eq(c.head_dim, 34);
-    ck_assert(c.qkv_bias && c.tied);
+    ck_assert(!c.qkv_bias && c.tied);
     ck_assert(c.rms_eps == 1e-5);
     ck_assert(c.rope_theta == 500000.0);
 
@@ -252,7 +252,7 @@ START_TEST(test_save_load_round_trip)
     round_trip(&c);
     ck_assert_msg(load_text("{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"intermediate_size\": 96,"
                             " \"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"num_key_value_heads\": 1,"
-                            " \"head_dim\": 24, \"vocab_size\": 99, \"attention_bias\": true,"
+                            " \"head_dim\": 24, \"vocab_size\": 99, \"attention_bias\": false,"
                             " \"rms_norm_eps\": 3.3e-7, \"rope_theta\": 12345.678}",
                             &c, path, err, sizeof err) == 0, "%s", err);
     round_trip(&c);
@@ -337,6 +337,11 @@ static const struct bad_case {
      "num_hidden_layers", "absurd"},
     {"{\"model_type\": \"mistral\", \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
      "\"vocab_size\": 50, \"num_attention_heads\": 4, \"attention_bias\": true}", "attention_bias", "mistral"},
+    /* transformers' Llama and Qwen3 then bias o_proj too, which is not implemented */
+    {"{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
+     "\"vocab_size\": 50, \"num_attention_heads\": 4, \"attention_bias\": true}", "attention_bias", "o_proj"},
+    {"{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
+     "\"vocab_size\": 50, \"num_attention_heads\": 4, \"attention_bias\": true}", "attention_bias", "o_proj"},
 };
 
 START_TEST(test_bad_inputs)
@@ -435,8 +440,11 @@ START_TEST(test_layout)
     char err[512] = "", path[4096];
     ck_assert_msg(load_text("{\"model_type\": \"qwen3\", \"hidden_size\": 100, \"intermediate_size\": 300,"
                             " \"num_hidden_layers\": 3, \"num_attention_heads\": 3, \"num_key_value_heads\": 1,"
-                            " \"head_dim\": 34, \"vocab_size\": 77, \"attention_bias\": true}",
+                            " \"head_dim\": 34, \"vocab_size\": 77}",
                             &c, path, err, sizeof err) == 0, "%s", err);
+    /* q/k/v biases next to the q/k norms, so every tensor kind has a place (no config family has
+     * both: the layout does not care) */
+    c.qkv_bias = true;
     mt_layout_build(&c, MT_TILE_LAYER, &l);
     check_layout(&l);
     ck_assert_int_eq(l.kind, MT_TILE_LAYER);
