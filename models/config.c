@@ -204,15 +204,44 @@ int mt_config_parse(const char *json_text, const char *name, mt_model_config *cf
      * attention_bias, default false. Only Qwen3 normalises q and k per head. */
     if (c.family == MT_FAMILY_QWEN2) {
         c.qkv_bias = true;
-        bool sliding = false;
-        if (get_bool(root, name, "use_sliding_window", false, &sliding, err, errlen)) goto out;
-        if (sliding) {
-            mt_fail(err, errlen, "%s: key 'use_sliding_window': sliding-window attention is not implemented "
-                 "(set it to false)", name);
-            goto out;
-        }
     } else {
         if (get_bool(root, name, "attention_bias", false, &c.qkv_bias, err, errlen)) goto out;
+    }
+    /* Keys that change what transformers computes, which this model does not do: refused rather
+     * than ignored (a model trained here would not be the one transformers builds). */
+    bool sliding = false, mlp_bias = false;
+    double dropout = 0;
+    if (get_bool(root, name, "use_sliding_window", false, &sliding, err, errlen) ||
+        get_bool(root, name, "mlp_bias", false, &mlp_bias, err, errlen) ||
+        get_real(root, name, NULL, "attention_dropout", false, 0.0, &dropout, err, errlen))
+        goto out;
+    if (sliding) {
+        mt_fail(err, errlen, "%s: key 'use_sliding_window': sliding-window attention is not implemented "
+             "(set it to false)", name);
+        goto out;
+    }
+    if (mlp_bias) {
+        mt_fail(err, errlen, "%s: key 'mlp_bias': biases on the MLP projections are not implemented", name);
+        goto out;
+    }
+    if (dropout != 0) {
+        mt_fail(err, errlen, "%s: key 'attention_dropout': %g; dropout is not implemented (training here is "
+             "without it: set 0.0)", name, dropout);
+        goto out;
+    }
+    json_t *types = lookup(root, "layer_types");
+    if (types) {
+        size_t i;
+        json_t *t;
+        if (!json_is_array(types)) {
+            mt_fail(err, errlen, "%s: key 'layer_types': expected an array, got %s", name, mt_json_type_name(types));
+            goto out;
+        }
+        json_array_foreach(types, i, t)
+            if (!json_is_string(t) || strcmp(json_string_value(t), "full_attention") != 0) {
+                mt_fail(err, errlen, "%s: key 'layer_types[%zu]': only \"full_attention\" is implemented", name, i);
+                goto out;
+            }
     }
     c.qk_norm = c.family == MT_FAMILY_QWEN3;
     /* Mistral: sliding_window, which MistralConfig defaults to 4096 when the key is absent; null

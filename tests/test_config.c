@@ -337,6 +337,14 @@ static const struct bad_case {
      "num_hidden_layers", "absurd"},
     {"{\"model_type\": \"mistral\", \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
      "\"vocab_size\": 50, \"num_attention_heads\": 4, \"attention_bias\": true}", "attention_bias", "mistral"},
+    /* Keys that change what transformers computes and are not implemented. */
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, \"mlp_bias\": true}", "mlp_bias", "MLP"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, \"attention_dropout\": 0.1}", "attention_dropout",
+     "dropout"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, \"layer_types\": [\"full_attention\", "
+     "\"sliding_attention\"]}", "layer_types[1]", "full_attention"},
+    {"{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
+     "\"vocab_size\": 50, \"num_attention_heads\": 4, \"use_sliding_window\": true}", "use_sliding_window", "sliding-window"},
     /* transformers' Llama and Qwen3 then bias o_proj too, which is not implemented */
     {"{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
      "\"vocab_size\": 50, \"num_attention_heads\": 4, \"attention_bias\": true}", "attention_bias", "o_proj"},
