@@ -23,9 +23,9 @@ static void write_streamed(int64_t len, const float *master, void *w, mt_dtype d
  * AdamW is bound by memory traffic, and a second pass would re-read all of master. */
 enum { BLOCK = 4096 };
 
-/* The fused update (fused: master, m and v in place) or the first half of a split one (master,
- * m and v read; the updated weights go through a block on the stack); both write the streamed
- * copy block by block. The two take the same buffers and arguments. */
+/* The fused update (fused: master, m and v in place, then the streamed copy, block by block) or
+ * the first half of a split one (mt_codelet_adamw_params_range over the chunk: master, m and v
+ * read). The two take the same buffers and arguments. */
 static void adamw_streamed(void *buffers[], void *cl_arg, bool fused)
 {
     mt_adamw_params p;
@@ -43,17 +43,15 @@ static void adamw_streamed(void *buffers[], void *cl_arg, bool fused)
     const float *grad = (const float *)STARPU_VECTOR_GET_PTR(buffers[3]);
     float *m = (float *)STARPU_VECTOR_GET_PTR(buffers[1]), *v = (float *)STARPU_VECTOR_GET_PTR(buffers[2]);
     char *w = (char *)STARPU_VECTOR_GET_PTR(buffers[4]);
+    if (!fused) {
+        mt_codelet_adamw_params_range(0, n, master, grad, m, v, w, dtype, &p);
+        return;
+    }
     const size_t wsz = dtype == MT_DTYPE_BF16 ? sizeof(mt_bf16) : sizeof(float);
-    float updated[BLOCK];
     for (int64_t o = 0; o < n; o += BLOCK) {
         int64_t len = n - o < BLOCK ? n - o : BLOCK;
-        if (fused) {
-            mt_cpu_adamw_f32(len, master + o, grad + o, m + o, v + o, &p);
-            write_streamed(len, master + o, w + (size_t)o * wsz, dtype);
-        } else {
-            mt_cpu_adamw_params_f32(len, master + o, grad + o, m + o, v + o, updated, &p);
-            write_streamed(len, updated, w + (size_t)o * wsz, dtype);
-        }
+        mt_cpu_adamw_f32(len, master + o, grad + o, m + o, v + o, &p);
+        write_streamed(len, master + o, w + (size_t)o * wsz, dtype);
     }
 }
 
