@@ -253,6 +253,8 @@ static int byte_level_decode(const int cp_to_byte[324], const char *token, byte_
     return 0;
 }
 
+static const char METASPACE[] = "\xE2\x96\x81"; /* U+2581, SentencePiece's stand-in for a space */
+
 /* Raw bytes of a SentencePiece-style vocabulary token: "\u2581" becomes a space; "<0xXX>" (a
  * fallback byte) gives -2 with the byte in *fallback and nothing in out. -1 when the token holds a
  * literal space, which would be indistinguishable from "\u2581" here (no such file is known). */
@@ -268,7 +270,7 @@ static int spm_piece(const char *token, byte_buf *out, int *fallback)
         return -2;
     }
     for (const char *p = token; *p;) {
-        if ((uint8_t)p[0] == 0xE2 && (uint8_t)p[1] == 0x96 && (uint8_t)p[2] == 0x81) {
+        if (strncmp(p, METASPACE, 3) == 0) {
             bytes_append(out, " ", 1);
             p += 3;
         } else if (*p == ' ') {
@@ -391,8 +393,6 @@ static int parse_normalizer(mt_tokenizer *tok, const json_t *root, const char *p
 
 /* ---------------------------------------------------------------- SentencePiece-style files */
 
-static const char METASPACE[] = "\xE2\x96\x81"; /* U+2581, SentencePiece's stand-in for a space */
-
 static bool str_is(const json_t *v, const char *s) { return json_is_string(v) && strcmp(json_string_value(v), s) == 0; }
 
 /* The steps of a component: its "Sequence" list under list_key, or the component alone. */
@@ -404,6 +404,14 @@ static json_t *steps_of(json_t *component, const char *list_key, json_t **single
     json_array_append(a, component);
     *single = a;
     return a;
+}
+
+/* Whether a Metaspace pre-tokenizer or decoder step prepends (and its decoder so drops) "\u2581":
+ * not with add_prefix_space false or prepend_scheme "never" (tokenizers reads both spellings). */
+static bool metaspace_prepends(const json_t *step)
+{
+    const char *scheme = json_string_value(lookup(step, "prepend_scheme"));
+    return !json_is_false(lookup(step, "add_prefix_space")) && !(scheme && strcmp(scheme, "never") == 0);
 }
 
 /* normalizer, pre_tokenizer and decoder of a SentencePiece-style tokenizer.json, in the forms
@@ -443,8 +451,7 @@ static int parse_spm(mt_tokenizer *tok, const json_t *root, const char *path, ch
             return mt_fail(err, errlen, "%s: key 'pre_tokenizer': a Metaspace pre-tokenizer after a Prepend "
                         "normalizer is not supported", path);
         const char *scheme = json_string_value(lookup(pre, "prepend_scheme"));
-        json_t *aps = lookup(pre, "add_prefix_space");
-        if (json_is_false(aps) || (scheme && strcmp(scheme, "never") == 0)) tok->spm_prepend = SPM_PREPEND_NEVER;
+        if (!metaspace_prepends(pre)) tok->spm_prepend = SPM_PREPEND_NEVER;
         else if (scheme && strcmp(scheme, "first") == 0) tok->spm_prepend = SPM_PREPEND_FIRST;
         else if (!scheme || strcmp(scheme, "always") == 0) tok->spm_prepend = SPM_PREPEND_ALWAYS;
         else return mt_fail(err, errlen, "%s: key 'pre_tokenizer.prepend_scheme': '%s' is not first, always or never",
@@ -473,9 +480,7 @@ static int parse_spm(mt_tokenizer *tok, const json_t *root, const char *path, ch
             continue;
         }
         if (str_is(type, "Metaspace") && str_is(lookup(st, "replacement"), METASPACE)) {
-            const char *scheme = json_string_value(lookup(st, "prepend_scheme"));
-            if (!json_is_false(lookup(st, "add_prefix_space")) && !(scheme && strcmp(scheme, "never") == 0))
-                tok->spm_strip = SPM_STRIP_FIRST_TOKEN;
+            if (metaspace_prepends(st)) tok->spm_strip = SPM_STRIP_FIRST_TOKEN;
             continue;
         }
         rc = mt_fail(err, errlen, "%s: key 'decoder': step %zu (%s) is not supported with byte_fallback (Replace, "
@@ -1185,28 +1190,30 @@ static void encode_added(void *arg, const added_token *t)
     c->cursor += t->len;
 }
 
-int32_t *mt_tokenizer_encode(mt_tokenizer *tok, const char *text, size_t len, size_t *count)
+/* Both encode entry points: the ids, and each token's start when starts is not NULL. */
+static int32_t *encode_all(mt_tokenizer *tok, const char *text, size_t len, size_t *count, off_buf *starts)
 {
     id_buf out = {0};
     ids_append(&out, NULL, 0);
-    encode_ctx c = { tok, &out, text, NULL, 0 };
+    encode_ctx c = { tok, &out, text, starts, 0 };
     for_each_added_split(tok, text, len, encode_text, encode_added, &c);
     *count = out.len;
     return out.p;
 }
 
+int32_t *mt_tokenizer_encode(mt_tokenizer *tok, const char *text, size_t len, size_t *count)
+{
+    return encode_all(tok, text, len, count, NULL);
+}
+
 int32_t *mt_tokenizer_encode_offsets(mt_tokenizer *tok, const char *text, size_t len, size_t *count, size_t **starts)
 {
-    id_buf out = {0};
     off_buf st = {0};
-    ids_append(&out, NULL, 0);
     offs_append(&st, 0); /* never empty, so the caller always gets an array */
     st.len = 0;
-    encode_ctx c = { tok, &out, text, &st, 0 };
-    for_each_added_split(tok, text, len, encode_text, encode_added, &c);
-    *count = out.len;
+    int32_t *ids = encode_all(tok, text, len, count, &st);
     *starts = st.p;
-    return out.p;
+    return ids;
 }
 
 /* ---------------------------------------------------------------- decoding and lookups */
