@@ -12,6 +12,18 @@
 #include "cpu/ops.h"
 #include "state.h"
 
+#include "mt_build_config.h"
+#if MT_HAVE_CUDA
+#include "cuda/kernels.h"
+
+/* The CUDA backend's precision for a dtype of the streamed weights: bf16 weights compute on the
+ * tensor cores, fp32 weights compute in fp32 throughout. */
+static inline mt_cuda_prec mt_codelet_cuda_prec(mt_dtype weights)
+{
+    return weights == MT_DTYPE_F32 ? MT_CUDA_F32 : MT_CUDA_BF16;
+}
+#endif
+
 /* Arguments shared by the compute codelets (passed by value). The state pointer is used only
  * for the config, the layouts and the dtype, never for tile memory. */
 typedef struct mt_compute_args {
@@ -26,13 +38,13 @@ typedef struct mt_compute_args {
 } mt_compute_args;
 
 /* Bytes of the buffers a codelet needs on the kind of worker that runs it (gpu: the CUDA op's,
- * which keeps bf16 activations; else the CPU op's own fp32 scratch plus, for bf16 weights, an
+ * which keeps activations of the weights' dtype; else the CPU op's own fp32 scratch plus, for bf16 weights, an
  * fp32 copy of the tile). A graph's compute runs on one kind only (step.c), so its buffers are
  * sized for that kind; the memory plan (runtime/plan.c) counts the same numbers. Without CUDA
  * in the build, gpu is ignored. */
 size_t mt_codelet_layer_scratch_bytes(const mt_model_config *cfg, mt_dtype weights, bool gpu, int64_t B, int64_t T);
 size_t mt_codelet_head_scratch_bytes(const mt_model_config *cfg, mt_dtype weights, bool gpu, int64_t chunk);
-size_t mt_codelet_layer_saved_bytes(const mt_model_config *cfg, bool gpu, int64_t B, int64_t T);
+size_t mt_codelet_layer_saved_bytes(const mt_model_config *cfg, mt_dtype weights, bool gpu, int64_t B, int64_t T);
 
 /* Writes the sum of squares of a gradient tile into the task's sumsq buffer (CPU). */
 void mt_codelet_sumsq_cpu(void *grad_buffer, void *sumsq_buffer);

@@ -21,7 +21,7 @@ size_t mt_codelet_layer_scratch_bytes(const mt_model_config *cfg, mt_dtype weigh
 {
 #if MT_HAVE_CUDA
     if (gpu) {
-        size_t layer = mt_cuda_layer_scratch_bytes(cfg, B, T);
+        size_t layer = mt_cuda_layer_scratch_bytes(cfg, mt_codelet_cuda_prec(weights), B, T);
         /* the embedding backward borrows this scratch for its workspace */
         size_t embed = mt_cuda_embedding_workspace_bytes(B * T, cfg->vocab);
         return layer > embed ? layer : embed;
@@ -41,7 +41,7 @@ size_t mt_codelet_layer_scratch_bytes(const mt_model_config *cfg, mt_dtype weigh
 size_t mt_codelet_head_scratch_bytes(const mt_model_config *cfg, mt_dtype weights, bool gpu, int64_t chunk)
 {
 #if MT_HAVE_CUDA
-    if (gpu) return mt_cuda_head_scratch_bytes(cfg, chunk);
+    if (gpu) return mt_cuda_head_scratch_bytes(cfg, mt_codelet_cuda_prec(weights), chunk);
 #else
     (void)gpu;
 #endif
@@ -55,12 +55,13 @@ size_t mt_codelet_head_scratch_bytes(const mt_model_config *cfg, mt_dtype weight
     return (size_t)n * sizeof(float);
 }
 
-size_t mt_codelet_layer_saved_bytes(const mt_model_config *cfg, bool gpu, int64_t B, int64_t T)
+size_t mt_codelet_layer_saved_bytes(const mt_model_config *cfg, mt_dtype weights, bool gpu, int64_t B, int64_t T)
 {
 #if MT_HAVE_CUDA
-    if (gpu) return mt_cuda_layer_saved_bytes(cfg, B, T);
+    if (gpu) return mt_cuda_layer_saved_bytes(cfg, mt_codelet_cuda_prec(weights), B, T);
 #else
     (void)gpu;
+    (void)weights;
 #endif
     return (size_t)mt_layer_saved_numel(cfg, B, T) * sizeof(float);
 }

@@ -165,7 +165,8 @@ static void embedding_forward_cuda(void *buffers[], void *cl_arg)
 {
     mt_compute_args a;
     starpu_codelet_unpack_args(cl_arg, &a);
-    mt_cuda_embedding_forward(a.B * a.T, a.st->cfg.hidden, (const mt_cuda_bf16 *)STARPU_VECTOR_GET_PTR(buffers[0]),
+    mt_cuda_embedding_forward(a.B * a.T, a.st->cfg.hidden, mt_codelet_cuda_prec(a.st->compute_dtype),
+                              (const void *)STARPU_VECTOR_GET_PTR(buffers[0]),
                               (const int32_t *)STARPU_VECTOR_GET_PTR(buffers[1]),
                               (float *)STARPU_VECTOR_GET_PTR(buffers[2]), starpu_cuda_get_local_stream());
 }

@@ -64,8 +64,9 @@ static void head_cuda(void *buffers[], void *cl_arg)
     const bool tied = st->cfg.tied;
     cudaStream_t stream = starpu_cuda_get_local_stream();
     float *dhead = (float *)STARPU_VECTOR_GET_PTR(buffers[4]);
-    mt_cuda_head(mt_cuda_ctx_get(), &st->cfg, &st->layout_head, (const mt_cuda_bf16 *)STARPU_VECTOR_GET_PTR(buffers[0]),
-                 tied ? (const mt_cuda_bf16 *)STARPU_VECTOR_GET_PTR(buffers[7]) : NULL, a.B * a.T,
+    mt_cuda_head(mt_cuda_ctx_get(), &st->cfg, &st->layout_head, mt_codelet_cuda_prec(st->compute_dtype),
+                 (const void *)STARPU_VECTOR_GET_PTR(buffers[0]),
+                 tied ? (const void *)STARPU_VECTOR_GET_PTR(buffers[7]) : NULL, a.B * a.T,
                  (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), (const int32_t *)STARPU_VECTOR_GET_PTR(buffers[2]),
                  a.loss_scale, a.head_chunk, (float *)STARPU_VECTOR_GET_PTR(buffers[3]), dhead,
                  tied ? (float *)STARPU_VECTOR_GET_PTR(buffers[8]) : NULL, a.accumulate,
@@ -81,8 +82,9 @@ static void head_eval_cuda(void *buffers[], void *cl_arg)
     starpu_codelet_unpack_args(cl_arg, &a);
     const mt_host_state *st = a.st;
     const bool tied = st->cfg.tied;
-    mt_cuda_head(mt_cuda_ctx_get(), &st->cfg, &st->layout_head, (const mt_cuda_bf16 *)STARPU_VECTOR_GET_PTR(buffers[0]),
-                 tied ? (const mt_cuda_bf16 *)STARPU_VECTOR_GET_PTR(buffers[5]) : NULL, a.B * a.T,
+    mt_cuda_head(mt_cuda_ctx_get(), &st->cfg, &st->layout_head, mt_codelet_cuda_prec(st->compute_dtype),
+                 (const void *)STARPU_VECTOR_GET_PTR(buffers[0]),
+                 tied ? (const void *)STARPU_VECTOR_GET_PTR(buffers[5]) : NULL, a.B * a.T,
                  (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), (const int32_t *)STARPU_VECTOR_GET_PTR(buffers[2]),
                  0.0, a.head_chunk, NULL, NULL, NULL, false, (double *)STARPU_VECTOR_GET_PTR(buffers[3]),
                  (void *)STARPU_VECTOR_GET_PTR(buffers[4]), starpu_cuda_get_local_stream());

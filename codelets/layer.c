@@ -46,8 +46,8 @@ static void layer_forward_cuda(void *buffers[], void *cl_arg)
     mt_compute_args a;
     starpu_codelet_unpack_args(cl_arg, &a);
     const mt_host_state *st = a.st;
-    mt_cuda_layer_forward(mt_cuda_ctx_get(), &st->cfg, &st->layout_layer,
-                          (const mt_cuda_bf16 *)STARPU_VECTOR_GET_PTR(buffers[0]), a.B, a.T,
+    mt_cuda_layer_forward(mt_cuda_ctx_get(), &st->cfg, &st->layout_layer, mt_codelet_cuda_prec(st->compute_dtype),
+                          (const void *)STARPU_VECTOR_GET_PTR(buffers[0]), a.B, a.T,
                           (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), (float *)STARPU_VECTOR_GET_PTR(buffers[2]),
                           a.save ? (void *)STARPU_VECTOR_GET_PTR(buffers[4]) : NULL,
                           (void *)STARPU_VECTOR_GET_PTR(buffers[3]), starpu_cuda_get_local_stream());
@@ -60,8 +60,8 @@ static void layer_backward_cuda(void *buffers[], void *cl_arg)
     const mt_host_state *st = a.st;
     cudaStream_t stream = starpu_cuda_get_local_stream();
     float *dtile = (float *)STARPU_VECTOR_GET_PTR(buffers[4]);
-    mt_cuda_layer_backward(mt_cuda_ctx_get(), &st->cfg, &st->layout_layer,
-                           (const mt_cuda_bf16 *)STARPU_VECTOR_GET_PTR(buffers[0]), a.B, a.T,
+    mt_cuda_layer_backward(mt_cuda_ctx_get(), &st->cfg, &st->layout_layer, mt_codelet_cuda_prec(st->compute_dtype),
+                           (const void *)STARPU_VECTOR_GET_PTR(buffers[0]), a.B, a.T,
                            (const void *)STARPU_VECTOR_GET_PTR(buffers[1]), (const float *)STARPU_VECTOR_GET_PTR(buffers[2]),
                            (float *)STARPU_VECTOR_GET_PTR(buffers[3]), dtile, a.accumulate,
                            (void *)STARPU_VECTOR_GET_PTR(buffers[5]), stream);

@@ -22,7 +22,8 @@
 mt_bench_options mt_bench_defaults(void)
 {
     mt_bench_options o = { .shape = "qwen2.5-0.5b", .step = mt_step_defaults(), .warmup = 2, .steps = 5,
-                           .resident = false, .prefetch = true, .gpu_limit_mib = 0, .runtime = mt_runtime_defaults() };
+                           .resident = false, .prefetch = true, .gpu_limit_mib = 0, .dtype = MT_DTYPE_BF16,
+                           .runtime = mt_runtime_defaults() };
     o.step.B = 8;
     o.step.T = 2048;
     o.step.K = 4;
@@ -385,7 +386,7 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         pair_of(o, i, &r->K, &r->clip);
         if (r->K > cfg.layers) r->K = (int)cfg.layers;
         mt_plan_params pp = { .micro_batch = o->step.B, .seq_len = o->step.T, .grad_accum = o->step.accum,
-                              .checkpoint_interval = r->K, .compute = MT_DTYPE_BF16, .use_gpu = true,
+                              .checkpoint_interval = r->K, .compute = o->dtype, .use_gpu = true,
                               .head_chunk = o->step.head_chunk };
         mt_plan plan;
         if (mt_plan_compute(&cfg, &pp, &plan)) {
@@ -414,11 +415,11 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
     if (mt_runtime_init(&o->runtime, err, errlen)) return -1;
     int rc = -1;
     double t0 = now();
-    mt_host_state *st = mt_state_create(&cfg, MT_DTYPE_BF16, (int64_t)1 << 22, err, errlen);
+    mt_host_state *st = mt_state_create(&cfg, o->dtype, (int64_t)1 << 22, err, errlen);
     if (!st) goto out;
     mt_state_init_random(st, 1, 0.02);
-    if (log) fprintf(log, "bench: %s (%lld layers), %.3fB parameters, host state in %.1f s, GPU limit %s\n", o->shape,
-                     (long long)cfg.layers, mt_config_param_count(&cfg) / 1e9, now() - t0,
+    if (log) fprintf(log, "bench: %s (%lld layers, %s), %.3fB parameters, host state in %.1f s, GPU limit %s\n", o->shape,
+                     (long long)cfg.layers, mt_dtype_name(o->dtype), mt_config_param_count(&cfg) / 1e9, now() - t0,
                      o->resident ? "none (resident)" : "from the memory plan");
     for (int i = 0; i < count; i++) {
         mt_bench_result *r = &results[i];

@@ -101,7 +101,8 @@ int mt_grads_run(const mt_grads_options *o, double *loss, char *err, size_t errl
     mt_graph *g = NULL;
     mt_st_source *src = NULL;
     float *logits = NULL;
-    mt_host_state *st = mt_state_create(&cfg, mt_runtime_ncuda() > 0 ? MT_DTYPE_BF16 : MT_DTYPE_F32, 0, err, errlen);
+    const mt_dtype dtype = o->dtype_explicit ? o->dtype : mt_runtime_ncuda() > 0 ? MT_DTYPE_BF16 : MT_DTYPE_F32;
+    mt_host_state *st = mt_state_create(&cfg, dtype, 0, err, errlen);
     if (!st || mt_hf_load(o->model_dir, st, err, errlen)) goto out;
     if (o->save_model_dir && mt_hf_save(o->save_model_dir, st, MT_DTYPE_F32, MT_HF_DEFAULT_SHARD_BYTES, err, errlen))
         goto out;

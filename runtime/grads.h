@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dtype.h"
 #include "runtime.h"
 
 typedef struct mt_grads_options {
@@ -20,11 +21,13 @@ typedef struct mt_grads_options {
                                  * whatever computes the gradients */
     const char *save_model_dir; /* when set, the loaded model is also written here as an HF
                                  * directory (fp32, default shards), as train --save-model does */
+    bool dtype_explicit;        /* dtype below was asked for; else bf16 with CUDA workers, fp32 without */
+    mt_dtype dtype;             /* streamed weights and compute: fp32 is exact on CPU and GPU alike */
     mt_runtime_options runtime;
 } mt_grads_options;
 
 /* Runs the forward, loss and backward of one batch (no update) with the graph of a training step
- * and writes the result. On CPU workers everything is fp32; on a GPU the weights stream as bf16.
+ * and writes the result, in o->dtype (by default fp32 on CPU workers, bf16 on a GPU).
  * Returns 0, or -1 with err set, naming the file (bad token file, ids beyond the vocabulary, ...). */
 int mt_grads_run(const mt_grads_options *o, double *loss, char *err, size_t errlen);
 

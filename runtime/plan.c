@@ -126,7 +126,7 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
      * residual stream (checkpoints, activations, their gradients) is fp32 on every worker. */
     const uint64_t mb = (uint64_t)p->grad_accum, hidden = mul(mul(ntok, d, &of), 4, &of);
     work[MT_PLAN_CHECKPOINTS] = mul(mb, mul((uint64_t)plan->num_checkpoints, hidden, &of), &of);
-    work[MT_PLAN_BLOCK_SAVED] = mul(K, mt_codelet_layer_saved_bytes(cfg, p->use_gpu, p->micro_batch, p->seq_len), &of);
+    work[MT_PLAN_BLOCK_SAVED] = mul(K, mt_codelet_layer_saved_bytes(cfg, p->compute, p->use_gpu, p->micro_batch, p->seq_len), &of);
     work[MT_PLAN_ACT_GRADS] = mul(mb, mul(4, hidden, &of), &of);
     work[MT_PLAN_WORKSPACE] = add(mt_codelet_layer_scratch_bytes(cfg, p->compute, p->use_gpu, p->micro_batch, p->seq_len),
                                   mt_codelet_head_scratch_bytes(cfg, p->compute, p->use_gpu, p->head_chunk), &of);

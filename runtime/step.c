@@ -115,14 +115,10 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
                  (long long)sc->T, (long long)st->cfg.sliding_window);
         return NULL;
     }
-    if (starpu_cuda_worker_get_count() > 0 && st->compute_dtype != MT_DTYPE_BF16) {
-        snprintf(err, errlen, "the CUDA path streams bf16 weights: use dtype bf16, or run without CUDA workers");
-        return NULL;
-    }
     /* A StarPU vector is at most 2^32 elements: 16 GiB of floats per buffer. */
     const size_t limit = (size_t)UINT32_MAX * sizeof(float);
     const bool gpu = starpu_cuda_worker_get_count() > 0;
-    const size_t saved_bytes = mt_codelet_layer_saved_bytes(&st->cfg, gpu, sc->B, sc->T);
+    const size_t saved_bytes = mt_codelet_layer_saved_bytes(&st->cfg, st->compute_dtype, gpu, sc->B, sc->T);
     const size_t scratch_bytes = mt_codelet_layer_scratch_bytes(&st->cfg, st->compute_dtype, gpu, sc->B, sc->T);
     const size_t biggest[3] = { saved_bytes, scratch_bytes, (size_t)(sc->B * sc->T) * (size_t)st->cfg.hidden * sizeof(float) };
     for (int i = 0; i < 3; i++)

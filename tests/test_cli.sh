@@ -90,6 +90,10 @@ check_error "plan --shape nope" "'nope'" plan --shape nope
 check_ok "megatrain grads --help" '^usage: megatrain grads' grads --help
 check_error "grads without arguments" "--model" grads
 check_ok "grads --help lists --logits" '--logits' grads --help
+check_ok "grads --help lists --dtype" '--dtype fp32|bf16' grads --help
+check_error "grads --dtype fp8" "--dtype.*'fp8'" grads --dtype fp8
+check_ok "bench --help lists --dtype" '--dtype bf16|fp32' bench --help
+check_error "bench --dtype fp16" "--dtype.*'fp16'" bench --dtype fp16
 check_ok "grads --help lists --save-model" '--save-model DIR' grads --help
 # The token file is checked against the config before any weight is read: a config is enough.
 mkdir -p "$work/grads-model"
@@ -134,6 +138,20 @@ if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
 elif ! grep -q "logits and gradients written to $work/g.safetensors" "$out"; then fail "$name" "no 'logits and gradients written' line"
 elif ! cmp -s "$work/trained/model.safetensors" "$work/resaved/model.safetensors"; then
     fail "$name" "the re-saved model.safetensors differs from the loaded one"
+else pass "$name"; fi
+
+# --dtype is honoured: bf16 weights (rounded from the fp32 masters) give other gradients.
+name="grads --dtype bf16 on CPU workers"
+run grads --model "$work/trained" --tokens "$work/tokens.bin" --batch 2 --seq-len 16 --dtype fp32 \
+    --out "$work/g32.safetensors" --ncuda 0 --ncpu 2
+rc32=$rc
+run grads --model "$work/trained" --tokens "$work/tokens.bin" --batch 2 --seq-len 16 --dtype bf16 \
+    --out "$work/g16.safetensors" --ncuda 0 --ncpu 2
+if [ "$rc" -ne 0 ] || [ "$rc32" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif ! grep -q "gradients written to $work/g16.safetensors" "$out"; then fail "$name" "no 'gradients written' line"
+elif [ "$(stat -c %s "$work/g32.safetensors")" != "$(stat -c %s "$work/g16.safetensors")" ]; then
+    fail "$name" "the fp32 and bf16 files differ in size"
+elif cmp -s "$work/g32.safetensors" "$work/g16.safetensors"; then fail "$name" "same bytes as the fp32 gradients"
 else pass "$name"; fi
 
 # --- bench on CPU workers: the table gains GPU idle, the log says why there is no breakdown ---

@@ -2,7 +2,8 @@
  * layer.cu, head.cu, embedding.cu) against the fp32 CPU reference (backends/cpu) on fresh random
  * bf16-rounded inputs, at sizes that are not multiples of 64: conversions, sum of squares,
  * embedding, attention, decoder layer forward/backward (every gradient tensor, = and +=, padding,
- * bitwise determinism), head (tied/untied, ignored targets, chunk < ntok). Every measured error
+ * bitwise determinism), head (tied/untied, ignored targets, chunk < ntok). The embedding, layer
+ * and head run in both precisions: bf16 (bound 1e-2) and fp32 on fresh fp32 values (bound 1e-5). Every measured error
  * is printed, one line per tensor. MT_CUDA_BENCH=1 adds timings at a Qwen2.5-3B layer shape:
  * TFLOP/s of the layer, attention and head, then GB/s of the memory-bound kernels.
  * Without a CUDA device it prints "no GPU: skipped" and exits 77. */
@@ -18,6 +19,7 @@
 #include "testutil.h"
 
 #define BF16_TOL 1e-2  /* ||gpu - cpu|| / ||cpu|| per tensor where the GPU feeds bf16 to GEMMs */
+#define F32_TOL 1e-5   /* the same on the fp32 path (MT_CUDA_F32): fp32 in another summation order */
 #define LOSS_TOL 1e-3  /* summed cross-entropy: per-row errors are random and average out */
 #define LSE_TOL 1e-4   /* attention log-sum-exp: fp32 from the same bf16 inputs */
 #define SUMSQ_TOL 1e-12 /* double sums in another order */
@@ -150,8 +152,9 @@ static mt_model_config make_cfg(mt_family family, bool qkv_bias, bool qk_norm, i
     return c;
 }
 
-/* Random bf16-valued tile: norm weights near 1 (as trained models have them), the rest N(0, scale). */
-static float *random_tile(mt_test_rng *rng, const mt_tile_layout *lay, float scale)
+/* Random tile: norm weights near 1 (as trained models have them), the rest N(0, scale); values
+ * rounded to bf16 when bf16_valued (for the bf16 path, so the CPU sees the GPU's weights). */
+static float *random_tile(mt_test_rng *rng, const mt_tile_layout *lay, float scale, bool bf16_valued)
 {
     float *tile = falloc(lay->numel);
     for (int s = 0; s < lay->ntensors; s++) {
@@ -162,7 +165,7 @@ static float *random_tile(mt_test_rng *rng, const mt_tile_layout *lay, float sca
         if (is_norm)
             for (int64_t i = 0; i < t->numel; i++) tile[t->offset + i] += 1.0f;
     }
-    round_bf16(tile, lay->numel, NULL);
+    if (bf16_valued) round_bf16(tile, lay->numel, NULL);
     return tile;
 }
 
@@ -243,6 +246,7 @@ END_TEST
 
 /* ---------- embedding ---------- */
 
+/* The table in each precision; the forward is a copy either way, so exact. */
 START_TEST(test_embedding)
 {
     const int64_t ntok = TB * TT, d = TD, V = TV;
@@ -272,11 +276,22 @@ START_TEST(test_embedding)
     float *d_dh0 = gpu_buffer(dh0, (size_t)(ntok * d) * sizeof(float));
     float *d_dtable = gpu_buffer(dtable, (size_t)(V * d) * sizeof(float));
     void *d_ws = gpu_buffer(NULL, mt_cuda_embedding_workspace_bytes(ntok, V));
-    mt_cuda_embedding_forward(ntok, d, d_table, d_tokens, d_h0, (mt_cuda_stream)st);
+    mt_cuda_embedding_forward(ntok, d, MT_CUDA_BF16, d_table, d_tokens, d_h0, (mt_cuda_stream)st);
     mt_cuda_embedding_backward(ntok, d, V, d_tokens, d_dh0, d_dtable, d_ws, (mt_cuda_stream)st);
     CK_CUDA(cudaStreamSynchronize(st));
     float *h0 = download_f32(d_h0, ntok * d), *dt = download_f32(d_dtable, V * d);
     check_bitwise("embedding forward h0 vs CPU", h0, h0_cpu, (size_t)(ntok * d) * sizeof(float));
+    /* fp32 table: values that are not bf16 (so a bf16 read would show), gathered exactly. */
+    float *table32 = frandom(&rng, V * d, 1.0f), *h0_cpu32 = falloc(ntok * d);
+    mt_cpu_embedding_forward_f32(ntok, d, table32, tokens, h0_cpu32);
+    float *d_table32 = gpu_buffer(table32, (size_t)(V * d) * sizeof(float));
+    gpu_fill_nan(d_h0, (size_t)(ntok * d) * sizeof(float), st);
+    mt_cuda_embedding_forward(ntok, d, MT_CUDA_F32, d_table32, d_tokens, d_h0, (mt_cuda_stream)st);
+    CK_CUDA(cudaStreamSynchronize(st));
+    float *h0_32 = download_f32(d_h0, ntok * d);
+    check_bitwise("embedding forward h0 vs CPU (fp32 table)", h0_32, h0_cpu32, (size_t)(ntok * d) * sizeof(float));
+    CK_CUDA(cudaFree(d_table32));
+    free(table32), free(h0_cpu32), free(h0_32);
     /* Same additions in the same (position) order as the CPU loop: exact. */
     check_close("embedding backward dtable (+=) vs CPU", dt, dtable_cpu, V * d, 0.0);
     check_bitwise("embedding backward dtable vs CPU", dt, dtable_cpu, (size_t)(V * d) * sizeof(float));
@@ -350,21 +365,26 @@ END_TEST
 
 /* ---------- decoder layer ---------- */
 
-static void run_layer_case(const char *name, mt_model_config cfg, int64_t B, int64_t T)
+/* One layer in one precision: bf16 (weights rounded to bf16, the CPU given the same values) or
+ * fp32 (the fp32 weights as they are, bound F32_TOL). */
+static void run_layer_prec(const char *name, mt_model_config cfg, int64_t B, int64_t T, mt_cuda_prec prec)
 {
     mt_tile_layout lay;
     mt_layout_build(&cfg, MT_TILE_LAYER, &lay);
     const int64_t n = B * T, d = cfg.hidden;
-    printf("layer %s: B=%lld T=%lld d=%lld H=%lld KV=%lld D=%lld I=%lld bias=%d qk_norm=%d\n", name, (long long)B,
-           (long long)T, (long long)d, (long long)cfg.heads, (long long)cfg.kv_heads, (long long)cfg.head_dim,
-           (long long)cfg.intermediate, cfg.qkv_bias, cfg.qk_norm);
+    const bool f32 = prec == MT_CUDA_F32;
+    const double tol = f32 ? F32_TOL : BF16_TOL;
+    printf("layer %s, %s: B=%lld T=%lld d=%lld H=%lld KV=%lld D=%lld I=%lld bias=%d qk_norm=%d\n", name,
+           f32 ? "fp32" : "bf16", (long long)B, (long long)T, (long long)d, (long long)cfg.heads,
+           (long long)cfg.kv_heads, (long long)cfg.head_dim, (long long)cfg.intermediate, cfg.qkv_bias, cfg.qk_norm);
     mt_test_rng rng;
-    mt_test_rng_seed(&rng, (uint64_t)(1000 + cfg.head_dim * 10 + cfg.kv_heads + cfg.qk_norm * 7 + cfg.qkv_bias * 3));
-    float *tile = random_tile(&rng, &lay, 0.05f);
+    mt_test_rng_seed(&rng, (uint64_t)(1000 + cfg.head_dim * 10 + cfg.kv_heads + cfg.qk_norm * 7 + cfg.qkv_bias * 3 +
+                                      f32 * 500));
+    float *tile = random_tile(&rng, &lay, 0.05f, !f32);
     mt_bf16 *tile_bits = bf16_of(tile, lay.numel);
     float *x = frandom(&rng, n * d, 1.0f), *dy = frandom(&rng, n * d, 1.0f);
 
-    /* CPU reference: fp32 on the same bf16-valued weights. */
+    /* CPU reference: fp32 on the same weights as the GPU's (bf16-valued for bf16). */
     float *saved = falloc(mt_layer_saved_numel(&cfg, B, T)), *scratch = falloc(mt_layer_scratch_numel(&cfg, B, T));
     float *y_cpu = falloc(n * d), *dx_cpu = falloc(n * d), *dtile_cpu = falloc(lay.numel);
     mt_cpu_layer_forward_f32(&cfg, &lay, tile, B, T, x, y_cpu, saved, scratch);
@@ -374,37 +394,38 @@ static void run_layer_case(const char *name, mt_model_config cfg, int64_t B, int
     const mt_cuda_stream s = (mt_cuda_stream)st;
     mt_cuda_ctx *ctx = mt_cuda_ctx_get();
     const size_t vec_bytes = (size_t)(n * d) * sizeof(float), tile_bytes = (size_t)lay.numel * sizeof(float);
-    mt_cuda_bf16 *d_tile = gpu_buffer(tile_bits, (size_t)lay.numel * sizeof(mt_bf16));
+    void *d_tile = f32 ? gpu_buffer(tile, tile_bytes) : gpu_buffer(tile_bits, (size_t)lay.numel * sizeof(mt_bf16));
     float *d_x = gpu_buffer(x, vec_bytes), *d_dy = gpu_buffer(dy, vec_bytes);
     float *d_y = gpu_buffer(NULL, vec_bytes), *d_y2 = gpu_buffer(NULL, vec_bytes), *d_dx = gpu_buffer(NULL, vec_bytes);
-    void *d_saved = gpu_buffer(NULL, mt_cuda_layer_saved_bytes(&cfg, B, T));
-    void *d_scratch = gpu_buffer(NULL, mt_cuda_layer_scratch_bytes(&cfg, B, T));
+    void *d_saved = gpu_buffer(NULL, mt_cuda_layer_saved_bytes(&cfg, prec, B, T));
+    const size_t scratch_bytes = mt_cuda_layer_scratch_bytes(&cfg, prec, B, T);
+    void *d_scratch = gpu_buffer(NULL, scratch_bytes);
     float *d_dtile = gpu_buffer(NULL, tile_bytes), *d_dtile2 = gpu_buffer(NULL, tile_bytes);
 
-    mt_cuda_layer_forward(ctx, &cfg, &lay, d_tile, B, T, d_x, d_y, NULL, d_scratch, s); /* no saved */
-    mt_cuda_layer_forward(ctx, &cfg, &lay, d_tile, B, T, d_x, d_y2, d_saved, d_scratch, s);
-    gpu_fill_nan(d_scratch, mt_cuda_layer_scratch_bytes(&cfg, B, T), st); /* backward may not rely on it */
-    mt_cuda_layer_backward(ctx, &cfg, &lay, d_tile, B, T, d_saved, d_dy, d_dx, d_dtile, false, d_scratch, s);
-    mt_cuda_layer_backward(ctx, &cfg, &lay, d_tile, B, T, d_saved, d_dy, d_dx, d_dtile2, false, d_scratch, s);
+    mt_cuda_layer_forward(ctx, &cfg, &lay, prec, d_tile, B, T, d_x, d_y, NULL, d_scratch, s); /* no saved */
+    mt_cuda_layer_forward(ctx, &cfg, &lay, prec, d_tile, B, T, d_x, d_y2, d_saved, d_scratch, s);
+    gpu_fill_nan(d_scratch, scratch_bytes, st); /* backward may not rely on it */
+    mt_cuda_layer_backward(ctx, &cfg, &lay, prec, d_tile, B, T, d_saved, d_dy, d_dx, d_dtile, false, d_scratch, s);
+    mt_cuda_layer_backward(ctx, &cfg, &lay, prec, d_tile, B, T, d_saved, d_dy, d_dx, d_dtile2, false, d_scratch, s);
     CK_CUDA(cudaStreamSynchronize(st));
     float *y = download_f32(d_y, n * d), *y2 = download_f32(d_y2, n * d), *dx = download_f32(d_dx, n * d);
     float *dtile = download_f32(d_dtile, lay.numel), *dtile2 = download_f32(d_dtile2, lay.numel);
 
-    check_close("forward y", y, y_cpu, n * d, BF16_TOL);
+    check_close("forward y", y, y_cpu, n * d, tol);
     check_bitwise("forward y, saved vs no saved", y, y2, vec_bytes);
-    check_close("backward dx", dx, dx_cpu, n * d, BF16_TOL);
+    check_close("backward dx", dx, dx_cpu, n * d, tol);
     char what[128];
     for (int t = 0; t < lay.ntensors; t++) {
         const mt_tensor_desc *desc = &lay.tensors[t];
         if (desc->numel == 0) continue;
         snprintf(what, sizeof what, "d %s (=)", desc->name);
-        check_close(what, dtile + desc->offset, dtile_cpu + desc->offset, desc->numel, BF16_TOL);
+        check_close(what, dtile + desc->offset, dtile_cpu + desc->offset, desc->numel, tol);
     }
     check_padding_zero("dtile padding (=)", &lay, dtile);
     check_bitwise("dtile, backward run twice", dtile, dtile2, tile_bytes);
 
     /* += on top of the first result: every tensor twice the reference. */
-    mt_cuda_layer_backward(ctx, &cfg, &lay, d_tile, B, T, d_saved, d_dy, d_dx, d_dtile, true, d_scratch, s);
+    mt_cuda_layer_backward(ctx, &cfg, &lay, prec, d_tile, B, T, d_saved, d_dy, d_dx, d_dtile, true, d_scratch, s);
     CK_CUDA(cudaStreamSynchronize(st));
     float *dtile_acc = download_f32(d_dtile, lay.numel), *dx2 = download_f32(d_dx, n * d);
     for (int64_t i = 0; i < lay.numel; i++) dtile_cpu[i] *= 2.0f;
@@ -412,7 +433,7 @@ static void run_layer_case(const char *name, mt_model_config cfg, int64_t B, int
         const mt_tensor_desc *desc = &lay.tensors[t];
         if (desc->numel == 0) continue;
         snprintf(what, sizeof what, "d %s (+=)", desc->name);
-        check_close(what, dtile_acc + desc->offset, dtile_cpu + desc->offset, desc->numel, BF16_TOL);
+        check_close(what, dtile_acc + desc->offset, dtile_cpu + desc->offset, desc->numel, tol);
     }
     check_padding_zero("dtile padding (+=)", &lay, dtile_acc);
     check_bitwise("dx (=) again in += mode", dx2, dx, vec_bytes);
@@ -423,6 +444,12 @@ static void run_layer_case(const char *name, mt_model_config cfg, int64_t B, int
     void *hbufs[] = {tile, tile_bits, x, dy, saved, scratch, y_cpu, dx_cpu, dtile_cpu, y, y2, dx, dtile, dtile2,
                      dtile_acc, dx2};
     for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++) free(hbufs[i]);
+}
+
+static void run_layer_case(const char *name, mt_model_config cfg, int64_t B, int64_t T)
+{
+    run_layer_prec(name, cfg, B, T, MT_CUDA_BF16);
+    run_layer_prec(name, cfg, B, T, MT_CUDA_F32);
 }
 
 START_TEST(test_layer_llama_mqa)
@@ -459,7 +486,7 @@ END_TEST
 
 /* ---------- head ---------- */
 
-static void run_head_case(const char *name, bool tied, bool first_chunk_ignored)
+static void run_head_prec(const char *name, bool tied, bool first_chunk_ignored, mt_cuda_prec prec)
 {
     const mt_model_config cfg = make_cfg(MT_FAMILY_QWEN2, true, false, 5, 1, 64, tied);
     mt_tile_layout hl, el;
@@ -467,11 +494,13 @@ static void run_head_case(const char *name, bool tied, bool first_chunk_ignored)
     mt_layout_build(&cfg, MT_TILE_EMBED, &el);
     const int64_t ntok = TB * TT, d = cfg.hidden, V = cfg.vocab, chunk = 64;
     const double loss_scale = 1.0 / 117.0;
-    printf("head %s: ntok=%lld d=%lld V=%lld chunk=%lld tied=%d\n", name, (long long)ntok, (long long)d, (long long)V,
-           (long long)chunk, tied);
+    const bool f32 = prec == MT_CUDA_F32;
+    const double tol = f32 ? F32_TOL : BF16_TOL, loss_tol = f32 ? F32_TOL : LOSS_TOL;
+    printf("head %s, %s: ntok=%lld d=%lld V=%lld chunk=%lld tied=%d\n", name, f32 ? "fp32" : "bf16", (long long)ntok,
+           (long long)d, (long long)V, (long long)chunk, tied);
     mt_test_rng rng;
-    mt_test_rng_seed(&rng, 77 + tied * 2 + first_chunk_ignored);
-    float *head = random_tile(&rng, &hl, 0.05f), *embed = random_tile(&rng, &el, 0.05f);
+    mt_test_rng_seed(&rng, 77 + tied * 2 + first_chunk_ignored + f32 * 10);
+    float *head = random_tile(&rng, &hl, 0.05f, !f32), *embed = random_tile(&rng, &el, 0.05f, !f32);
     mt_bf16 *head_bits = bf16_of(head, hl.numel), *embed_bits = bf16_of(embed, el.numel);
     float *h = frandom(&rng, ntok * d, 1.0f);
     int32_t *targets = xmalloc((size_t)ntok * sizeof(int32_t));
@@ -489,43 +518,44 @@ static void run_head_case(const char *name, bool tied, bool first_chunk_ignored)
     cudaStream_t st = new_stream();
     const mt_cuda_stream s = (mt_cuda_stream)st;
     mt_cuda_ctx *ctx = mt_cuda_ctx_get();
-    mt_cuda_bf16 *d_head = gpu_buffer(head_bits, (size_t)hl.numel * 2), *d_embed = gpu_buffer(embed_bits, (size_t)el.numel * 2);
+    void *d_head = f32 ? gpu_buffer(head, (size_t)hl.numel * 4) : gpu_buffer(head_bits, (size_t)hl.numel * 2);
+    void *d_embed = f32 ? gpu_buffer(embed, (size_t)el.numel * 4) : gpu_buffer(embed_bits, (size_t)el.numel * 2);
     float *d_h = gpu_buffer(h, (size_t)(ntok * d) * 4), *d_dh = gpu_buffer(NULL, (size_t)(ntok * d) * 4);
     int32_t *d_targets = gpu_buffer(targets, (size_t)ntok * 4);
     float *d_dhead = gpu_buffer(NULL, (size_t)hl.numel * 4), *d_dembed = gpu_buffer(NULL, (size_t)el.numel * 4);
     double *d_loss = gpu_buffer(NULL, 4 * sizeof(double));
-    void *d_scratch = gpu_buffer(NULL, mt_cuda_head_scratch_bytes(&cfg, chunk));
+    void *d_scratch = gpu_buffer(NULL, mt_cuda_head_scratch_bytes(&cfg, prec, chunk));
 
-    mt_cuda_head(ctx, &cfg, &hl, d_head, d_embed, ntok, d_h, d_targets, loss_scale, chunk, NULL, NULL, NULL, false,
-                 d_loss + 2, d_scratch, s); /* loss only */
-    mt_cuda_head(ctx, &cfg, &hl, d_head, d_embed, ntok, d_h, d_targets, loss_scale, chunk, d_dh, d_dhead,
+    mt_cuda_head(ctx, &cfg, &hl, prec, d_head, d_embed, ntok, d_h, d_targets, loss_scale, chunk, NULL, NULL, NULL,
+                 false, d_loss + 2, d_scratch, s); /* loss only */
+    mt_cuda_head(ctx, &cfg, &hl, prec, d_head, d_embed, ntok, d_h, d_targets, loss_scale, chunk, d_dh, d_dhead,
                  tied ? d_dembed : NULL, false, d_loss, d_scratch, s);
     CK_CUDA(cudaStreamSynchronize(st));
     double loss[4];
     CK_CUDA(cudaMemcpy(loss, d_loss, sizeof loss, cudaMemcpyDeviceToHost));
     const double loss_err = fabs(loss[0] - loss_cpu) / fabs(loss_cpu);
-    printf("  %-52s rel err %.3e  (tol %.0e)%s   [gpu %.6f cpu %.6f]\n", "loss sum", loss_err, LOSS_TOL,
-           loss_err <= LOSS_TOL ? "" : "  FAIL", loss[0], loss_cpu);
-    ck_assert_msg(loss_err <= LOSS_TOL, "loss %.9g vs %.9g", loss[0], loss_cpu);
+    printf("  %-52s rel err %.3e  (tol %.0e)%s   [gpu %.6f cpu %.6f]\n", "loss sum", loss_err, loss_tol,
+           loss_err <= loss_tol ? "" : "  FAIL", loss[0], loss_cpu);
+    ck_assert_msg(loss_err <= loss_tol, "loss %.9g vs %.9g", loss[0], loss_cpu);
     printf("  %-52s gpu %.0f cpu %lld\n", "counted rows", loss[1], (long long)counted_cpu);
     ck_assert_msg(loss[1] == (double)counted_cpu, "counted %.0f vs %lld", loss[1], (long long)counted_cpu);
     check_bitwise("loss, with and without backward", &loss[0], &loss[2], 2 * sizeof(double));
 
     float *dh = download_f32(d_dh, ntok * d), *dhead = download_f32(d_dhead, hl.numel);
     float *dembed = download_f32(d_dembed, el.numel);
-    check_close("dh (=)", dh, dh_cpu, ntok * d, BF16_TOL);
+    check_close("dh (=)", dh, dh_cpu, ntok * d, tol);
     const mt_tensor_desc *nt = &hl.tensors[MT_H_NORM], *lt = &hl.tensors[MT_H_LM_HEAD];
-    check_close("d norm.weight (=)", dhead + nt->offset, dhead_cpu + nt->offset, d, BF16_TOL);
+    check_close("d norm.weight (=)", dhead + nt->offset, dhead_cpu + nt->offset, d, tol);
     if (tied) {
-        check_close("d embed_tokens.weight (tied LM head, =)", dembed, dembed_cpu, V * d, BF16_TOL);
+        check_close("d embed_tokens.weight (tied LM head, =)", dembed, dembed_cpu, V * d, tol);
         check_padding_zero("dembed padding (=)", &el, dembed);
     } else {
-        check_close("d lm_head.weight (=)", dhead + lt->offset, dhead_cpu + lt->offset, V * d, BF16_TOL);
+        check_close("d lm_head.weight (=)", dhead + lt->offset, dhead_cpu + lt->offset, V * d, tol);
     }
     check_padding_zero("dhead padding (=)", &hl, dhead);
 
     /* += on top: gradients twice the reference, dh and the loss still =. */
-    mt_cuda_head(ctx, &cfg, &hl, d_head, d_embed, ntok, d_h, d_targets, loss_scale, chunk, d_dh, d_dhead,
+    mt_cuda_head(ctx, &cfg, &hl, prec, d_head, d_embed, ntok, d_h, d_targets, loss_scale, chunk, d_dh, d_dhead,
                  tied ? d_dembed : NULL, true, d_loss, d_scratch, s);
     CK_CUDA(cudaStreamSynchronize(st));
     double loss2[2];
@@ -536,9 +566,9 @@ static void run_head_case(const char *name, bool tied, bool first_chunk_ignored)
     check_bitwise("dh (=) again in += mode", dh2, dh, (size_t)(ntok * d) * 4);
     for (int64_t i = 0; i < hl.numel; i++) dhead_cpu[i] *= 2.0f;
     for (int64_t i = 0; i < el.numel; i++) dembed_cpu[i] *= 2.0f;
-    check_close("d norm.weight (+=)", dhead2 + nt->offset, dhead_cpu + nt->offset, d, BF16_TOL);
-    if (tied) check_close("d embed_tokens.weight (tied LM head, +=)", dembed2, dembed_cpu, V * d, BF16_TOL);
-    else check_close("d lm_head.weight (+=)", dhead2 + lt->offset, dhead_cpu + lt->offset, V * d, BF16_TOL);
+    check_close("d norm.weight (+=)", dhead2 + nt->offset, dhead_cpu + nt->offset, d, tol);
+    if (tied) check_close("d embed_tokens.weight (tied LM head, +=)", dembed2, dembed_cpu, V * d, tol);
+    else check_close("d lm_head.weight (+=)", dhead2 + lt->offset, dhead_cpu + lt->offset, V * d, tol);
 
     void *bufs[] = {d_head, d_embed, d_h, d_dh, d_targets, d_dhead, d_dembed, d_loss, d_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CK_CUDA(cudaFree(bufs[i]));
@@ -546,6 +576,12 @@ static void run_head_case(const char *name, bool tied, bool first_chunk_ignored)
     void *hbufs[] = {head, embed, head_bits, embed_bits, h, targets, scratch, dh_cpu, dhead_cpu, dembed_cpu, dh,
                      dhead, dembed, dh2, dhead2, dembed2};
     for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++) free(hbufs[i]);
+}
+
+static void run_head_case(const char *name, bool tied, bool first_chunk_ignored)
+{
+    run_head_prec(name, tied, first_chunk_ignored, MT_CUDA_BF16);
+    run_head_prec(name, tied, first_chunk_ignored, MT_CUDA_F32);
 }
 
 START_TEST(test_head_untied) { run_head_case("untied", false, false); }
@@ -627,7 +663,7 @@ START_TEST(test_bench)
            (long long)cfg.head_dim, (long long)cfg.intermediate, (long long)V);
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 5);
-    float *tile = random_tile(&rng, &lay, 0.02f);
+    float *tile = random_tile(&rng, &lay, 0.02f, true);
     mt_bf16 *tile_bits = bf16_of(tile, lay.numel);
     float *x = frandom(&rng, n * d, 1.0f);
     float *emb = frandom(&rng, V * d, 0.02f);
@@ -646,23 +682,38 @@ START_TEST(test_bench)
     const size_t vec_bytes = (size_t)(n * d) * 4;
     mt_cuda_bf16 *d_tile = gpu_buffer(tile_bits, (size_t)lay.numel * 2);
     float *d_x = gpu_buffer(x, vec_bytes), *d_y = gpu_buffer(NULL, vec_bytes), *d_dx = gpu_buffer(NULL, vec_bytes);
-    void *d_saved = gpu_buffer(NULL, mt_cuda_layer_saved_bytes(&cfg, B, T));
-    void *d_scratch = gpu_buffer(NULL, mt_cuda_layer_scratch_bytes(&cfg, B, T));
+    void *d_saved = gpu_buffer(NULL, mt_cuda_layer_saved_bytes(&cfg, MT_CUDA_BF16, B, T));
+    void *d_scratch = gpu_buffer(NULL, mt_cuda_layer_scratch_bytes(&cfg, MT_CUDA_BF16, B, T));
     float *d_dtile = gpu_buffer(NULL, (size_t)lay.numel * 4);
-    printf("  saved %.1f MiB, scratch %.1f MiB per layer call\n", mt_cuda_layer_saved_bytes(&cfg, B, T) / 1048576.0,
-           mt_cuda_layer_scratch_bytes(&cfg, B, T) / 1048576.0);
+    printf("  saved %.1f MiB, scratch %.1f MiB per layer call\n", mt_cuda_layer_saved_bytes(&cfg, MT_CUDA_BF16, B, T) / 1048576.0,
+           mt_cuda_layer_scratch_bytes(&cfg, MT_CUDA_BF16, B, T) / 1048576.0);
 
     int64_t layer_params = 0;
     for (int t = 0; t < lay.ntensors; t++) layer_params += lay.tensors[t].numel;
     const double fwd_flops = 2.0 * (double)layer_params * n + 2.0 * d * T * n;
     BENCH("layer forward (saved)", fwd_flops,
-          mt_cuda_layer_forward(ctx, &cfg, &lay, d_tile, B, T, d_x, d_y, d_saved, d_scratch, s));
+          mt_cuda_layer_forward(ctx, &cfg, &lay, MT_CUDA_BF16, d_tile, B, T, d_x, d_y, d_saved, d_scratch, s));
     BENCH("layer forward (no saved)", fwd_flops,
-          mt_cuda_layer_forward(ctx, &cfg, &lay, d_tile, B, T, d_x, d_y, NULL, d_scratch, s));
+          mt_cuda_layer_forward(ctx, &cfg, &lay, MT_CUDA_BF16, d_tile, B, T, d_x, d_y, NULL, d_scratch, s));
     BENCH("layer backward (=)", 2 * fwd_flops,
-          mt_cuda_layer_backward(ctx, &cfg, &lay, d_tile, B, T, d_saved, d_x, d_dx, d_dtile, false, d_scratch, s));
+          mt_cuda_layer_backward(ctx, &cfg, &lay, MT_CUDA_BF16, d_tile, B, T, d_saved, d_x, d_dx, d_dtile, false, d_scratch, s));
     BENCH("layer backward (+=)", 2 * fwd_flops,
-          mt_cuda_layer_backward(ctx, &cfg, &lay, d_tile, B, T, d_saved, d_x, d_dx, d_dtile, true, d_scratch, s));
+          mt_cuda_layer_backward(ctx, &cfg, &lay, MT_CUDA_BF16, d_tile, B, T, d_saved, d_x, d_dx, d_dtile, true, d_scratch, s));
+
+    /* The same layer on the fp32 path (--dtype fp32): fp32 weights, GEMMs and attention. */
+    {
+        float *d_tile32 = gpu_buffer(tile, (size_t)lay.numel * 4);
+        void *d_saved32 = gpu_buffer(NULL, mt_cuda_layer_saved_bytes(&cfg, MT_CUDA_F32, B, T));
+        void *d_scratch32 = gpu_buffer(NULL, mt_cuda_layer_scratch_bytes(&cfg, MT_CUDA_F32, B, T));
+        BENCH("layer forward (saved), fp32", fwd_flops,
+              mt_cuda_layer_forward(ctx, &cfg, &lay, MT_CUDA_F32, d_tile32, B, T, d_x, d_y, d_saved32, d_scratch32, s));
+        BENCH("layer backward (=), fp32", 2 * fwd_flops,
+              mt_cuda_layer_backward(ctx, &cfg, &lay, MT_CUDA_F32, d_tile32, B, T, d_saved32, d_x, d_dx, d_dtile, false,
+                                     d_scratch32, s));
+        CK_CUDA(cudaFree(d_tile32));
+        CK_CUDA(cudaFree(d_saved32));
+        CK_CUDA(cudaFree(d_scratch32));
+    }
 
     /* Attention alone, on the forward's saved q/k/v (the layer's share of it). */
     const int64_t H = cfg.heads, KV = cfg.kv_heads, D = cfg.head_dim;
@@ -685,19 +736,19 @@ START_TEST(test_bench)
     int32_t *d_targets = gpu_buffer(targets, (size_t)n * 4);
     float *d_dhead = gpu_buffer(NULL, (size_t)hl.numel * 4), *d_dembed = gpu_buffer(NULL, (size_t)(V * d) * 4);
     double *d_loss = gpu_buffer(NULL, 2 * sizeof(double));
-    void *d_hscratch = gpu_buffer(NULL, mt_cuda_head_scratch_bytes(&cfg, chunk));
+    void *d_hscratch = gpu_buffer(NULL, mt_cuda_head_scratch_bytes(&cfg, MT_CUDA_BF16, chunk));
     const double head_flops = 2.0 * (double)V * d * n;
     BENCH("head loss only", head_flops,
-          mt_cuda_head(ctx, &cfg, &hl, d_norm, d_emb, n, d_x, d_targets, 1.0 / n, chunk, NULL, NULL, NULL, false,
+          mt_cuda_head(ctx, &cfg, &hl, MT_CUDA_BF16, d_norm, d_emb, n, d_x, d_targets, 1.0 / n, chunk, NULL, NULL, NULL, false,
                        d_loss, d_hscratch, s));
     BENCH("head loss + backward", 3 * head_flops,
-          mt_cuda_head(ctx, &cfg, &hl, d_norm, d_emb, n, d_x, d_targets, 1.0 / n, chunk, d_dx, d_dhead, d_dembed,
+          mt_cuda_head(ctx, &cfg, &hl, MT_CUDA_BF16, d_norm, d_emb, n, d_x, d_targets, 1.0 / n, chunk, d_dx, d_dhead, d_dembed,
                        false, d_loss, d_hscratch, s));
 
     /* Embedding over the same tokens. */
     float *d_dtable = d_dembed;
     void *ews = gpu_buffer(NULL, mt_cuda_embedding_workspace_bytes(n, V));
-    BENCH("embedding forward", 0.0, mt_cuda_embedding_forward(n, d, d_emb, d_targets, d_y, s));
+    BENCH("embedding forward", 0.0, mt_cuda_embedding_forward(n, d, MT_CUDA_BF16, d_emb, d_targets, d_y, s));
     BENCH("embedding backward", 0.0, mt_cuda_embedding_backward(n, d, V, d_targets, d_x, d_dtable, ews, s));
     BENCH("sumsq over the layer gradient", 0.0, mt_cuda_sumsq_f32(d_dtile, lay.numel, d_loss, s));
 

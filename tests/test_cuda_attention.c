@@ -1,8 +1,9 @@
-/* Check suite of the CUDA attention kernels (backends/cuda/attention.cu): forward and backward
- * against the fp32 CPU reference on fresh bf16-rounded random inputs, over tile tails, head dims
- * 32-128 and MHA / GQA / MQA; the = contract (outputs pre-filled with NaN); bitwise-reproducible
- * backward; and, with MT_CUDA_BENCH=1, the timing of a Qwen2.5-3B-shaped attention.
- * Without a CUDA device it prints "no GPU: skipped" and exits 77. */
+/* Check suite of the CUDA attention kernels (backends/cuda/attention.cu, attention_f32.cu):
+ * forward and backward against the fp32 CPU reference on fresh random inputs (bf16-rounded for
+ * the bf16 kernels, plain fp32 for the fp32 ones), over tile tails, head dims 32-128 (and odd
+ * even ones up to 256 for fp32) and MHA / GQA / MQA; the = contract (outputs pre-filled with
+ * NaN); bitwise-reproducible backward; and, with MT_CUDA_BENCH=1, the timing of a
+ * Qwen2.5-3B-shaped attention. Without a CUDA device it prints "no GPU: skipped" and exits 77. */
 #include <check.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -10,11 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/attention_f32.h"
 #include "cuda/kernels.h"
 #include "ops.h"
 #include "testutil.h"
 
 #define TOL 1e-2 /* ||gpu - cpu|| / ||cpu|| per tensor: bf16 operands, P and dS rounded to bf16 */
+#define TOL_F32 1e-5 /* the same for the fp32 kernels: fp32 ~1e-5 relative per the project's bar
+                      * (only the summation order differs from the CPU) */
 
 #define CK_CUDA(call)                                                                           \
     do {                                                                                        \
@@ -58,11 +62,13 @@ static void *dalloc_copy(const void *host, size_t bytes)
     return p;
 }
 
-static void check_err(const char *what, const shape *s, double err)
+static void check_err_tol(const char *what, const shape *s, double err, double tol)
 {
-    ck_assert_msg(err <= TOL, "%s: rel err %.3e > %.1e (B=%d T=%d H=%d KV=%d D=%d)", what, err, TOL, s->B, s->T,
+    ck_assert_msg(err <= tol, "%s: rel err %.3e > %.1e (B=%d T=%d H=%d KV=%d D=%d)", what, err, tol, s->B, s->T,
                   s->H, s->KV, s->D);
 }
+
+static void check_err(const char *what, const shape *s, double err) { check_err_tol(what, s, err, TOL); }
 
 /* Every case under each query-block form (MT_ATTENTION_QBLOCK): 64 rows (the default), 128
  * rows of 8 warps, 128 rows of 4 warps with 32 rows each (forward only). */
@@ -144,6 +150,103 @@ START_TEST(test_attention_vs_cpu)
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) CK_CUDA(cudaFree(dev[i]));
     void *host[] = {qb, kb, vb, dob, outb, q, k, v, dout, out_ref, lse_ref, dq_ref, dk_ref, dv_ref,
                     out, lse, dq, dk, dv, dq2, dk2, dv2};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+}
+END_TEST
+
+/* The fp32 kernels also take any even head dim up to 256: a few that are no multiple of 32 (or
+ * of 4), beyond 128, and the smallest, with tails in every tile size (32 and 64 rows). */
+static const shape cases_f32_extra[] = {
+    {1, 77, 4, 2, 80}, {2, 65, 2, 1, 256}, {1, 33, 2, 2, 2}, {1, 100, 6, 3, 160}, {2, 31, 4, 4, 6},
+};
+#define NEXTRA ((int)(sizeof cases_f32_extra / sizeof cases_f32_extra[0]))
+
+static void copy_back(float *host, const float *dev, int64_t n)
+{
+    CK_CUDA(cudaMemcpy(host, dev, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+/* Every element finite: the outputs start as NaN, so this says each was written. */
+static void check_written(const char *what, const shape *s, const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(isfinite(x[i]), "%s[%lld] = %g: not written (B=%d T=%d H=%d KV=%d D=%d)", what, (long long)i,
+                      x[i], s->B, s->T, s->H, s->KV, s->D);
+}
+
+/* The fp32 kernels against the fp32 CPU reference on the same plain fp32 inputs. */
+START_TEST(test_attention_f32_vs_cpu)
+{
+    const shape *s = _i < NCASES ? &cases[_i] : &cases_f32_extra[_i - NCASES];
+    const int64_t B = s->B, T = s->T, H = s->H, KV = s->KV, D = s->D;
+    const int64_t nq = B * T * H * D, nkv = B * T * KV * D, nl = B * H * T;
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 5000 + (uint64_t)_i);
+
+    float *q = falloc(nq), *k = falloc(nkv), *v = falloc(nkv), *dout = falloc(nq);
+    mt_test_fill_f32(&rng, q, nq, 1.0f);
+    mt_test_fill_f32(&rng, k, nkv, 1.0f);
+    mt_test_fill_f32(&rng, v, nkv, 1.0f);
+    mt_test_fill_f32(&rng, dout, nq, 1.0f);
+
+    float *out_ref = falloc(nq), *lse_ref = falloc(nl);
+    float *dq_ref = falloc(nq), *dk_ref = falloc(nkv), *dv_ref = falloc(nkv);
+    mt_cpu_attention_forward_f32(B, T, H, KV, D, q, k, v, out_ref, lse_ref);
+    mt_cpu_attention_backward_f32(B, T, H, KV, D, q, k, v, out_ref, lse_ref, dout, dq_ref, dk_ref, dv_ref);
+
+    float *d_q = dalloc_copy(q, nq * 4), *d_k = dalloc_copy(k, nkv * 4), *d_v = dalloc_copy(v, nkv * 4);
+    float *d_do = dalloc_copy(dout, nq * 4), *d_out = dalloc_copy(NULL, nq * 4), *d_lse = dalloc_copy(NULL, nl * 4);
+    float *d_dq = dalloc_copy(NULL, nq * 4), *d_dk = dalloc_copy(NULL, nkv * 4), *d_dv = dalloc_copy(NULL, nkv * 4);
+    float *d_dq2 = dalloc_copy(NULL, nq * 4), *d_dk2 = dalloc_copy(NULL, nkv * 4), *d_dv2 = dalloc_copy(NULL, nkv * 4);
+    void *d_ws = dalloc_copy(NULL, mt_cuda_attention_f32_workspace_bytes(B, T, H, KV, D));
+    cudaStream_t stream;
+    CK_CUDA(cudaStreamCreate(&stream));
+
+    mt_cuda_attention_forward_f32(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, (mt_cuda_stream)stream);
+    mt_cuda_attention_backward_f32(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, d_do, d_dq, d_dk, d_dv, d_ws,
+                                   (mt_cuda_stream)stream);
+    /* the same backward again (workspace reused): must match bitwise */
+    mt_cuda_attention_backward_f32(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, d_do, d_dq2, d_dk2, d_dv2, d_ws,
+                                   (mt_cuda_stream)stream);
+    CK_CUDA(cudaStreamSynchronize(stream));
+    CK_CUDA(cudaGetLastError());
+
+    float *out = falloc(nq), *lse = falloc(nl), *dq = falloc(nq), *dk = falloc(nkv), *dv = falloc(nkv);
+    float *dq2 = falloc(nq), *dk2 = falloc(nkv), *dv2 = falloc(nkv);
+    copy_back(out, d_out, nq);
+    copy_back(lse, d_lse, nl);
+    copy_back(dq, d_dq, nq);
+    copy_back(dk, d_dk, nkv);
+    copy_back(dv, d_dv, nkv);
+    copy_back(dq2, d_dq2, nq);
+    copy_back(dk2, d_dk2, nkv);
+    copy_back(dv2, d_dv2, nkv);
+
+    const double e_out = mt_test_rel_err_f32(out, out_ref, nq), e_lse = mt_test_rel_err_f32(lse, lse_ref, nl);
+    const double e_dq = mt_test_rel_err_f32(dq, dq_ref, nq), e_dk = mt_test_rel_err_f32(dk, dk_ref, nkv);
+    const double e_dv = mt_test_rel_err_f32(dv, dv_ref, nkv);
+    const int same = memcmp(dq, dq2, nq * 4) == 0 && memcmp(dk, dk2, nkv * 4) == 0 && memcmp(dv, dv2, nkv * 4) == 0;
+    printf("attention fp32 B=%d T=%3d H=%d KV=%d D=%3d: rel err out %.2e lse %.2e dq %.2e dk %.2e dv %.2e; "
+           "backward twice %s\n",
+           s->B, s->T, s->H, s->KV, s->D, e_out, e_lse, e_dq, e_dk, e_dv, same ? "bitwise equal" : "DIFFERS");
+    fflush(stdout);
+    check_written("out", s, out, nq);
+    check_written("lse", s, lse, nl);
+    check_written("dq", s, dq, nq);
+    check_written("dk", s, dk, nkv);
+    check_written("dv", s, dv, nkv);
+    check_err_tol("fp32 out", s, e_out, TOL_F32);
+    check_err_tol("fp32 lse", s, e_lse, TOL_F32);
+    check_err_tol("fp32 dq", s, e_dq, TOL_F32);
+    check_err_tol("fp32 dk", s, e_dk, TOL_F32);
+    check_err_tol("fp32 dv", s, e_dv, TOL_F32);
+    ck_assert_msg(same, "fp32 backward is not bitwise reproducible (B=%d T=%d H=%d KV=%d D=%d)", s->B, s->T, s->H,
+                  s->KV, s->D);
+
+    CK_CUDA(cudaStreamDestroy(stream));
+    void *dev[] = {d_q, d_k, d_v, d_do, d_out, d_lse, d_dq, d_dk, d_dv, d_dq2, d_dk2, d_dv2, d_ws};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) CK_CUDA(cudaFree(dev[i]));
+    void *host[] = {q, k, v, dout, out_ref, lse_ref, dq_ref, dk_ref, dv_ref, out, lse, dq, dk, dv, dq2, dk2, dv2};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
 }
 END_TEST
@@ -238,13 +341,76 @@ START_TEST(test_attention_bench)
 }
 END_TEST
 
+/* Timing of the fp32 kernels, only with MT_CUDA_BENCH=1: the same shape and convention as
+ * test_attention_bench (median of 10 after 3 warm-up runs). */
+START_TEST(test_attention_f32_bench)
+{
+    const char *env = getenv("MT_CUDA_BENCH");
+    if (!env || strcmp(env, "1") != 0) {
+        printf("attention fp32 bench: skipped (set MT_CUDA_BENCH=1)\n");
+        return;
+    }
+    const int64_t B = 8, T = 2048, H = 16, KV = 2, D = 128;
+    const int64_t nq = B * T * H * D, nkv = B * T * KV * D, nl = B * H * T;
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 8);
+    float *tmp = falloc(nq);
+    mt_test_fill_f32(&rng, tmp, nq, 1.0f);
+    float *d_q = dalloc_copy(tmp, nq * 4), *d_do = dalloc_copy(tmp, nq * 4);
+    float *d_k = dalloc_copy(tmp, nkv * 4), *d_v = dalloc_copy(tmp + nkv, nkv * 4);
+    float *d_out = dalloc_copy(NULL, nq * 4), *d_lse = dalloc_copy(NULL, nl * 4);
+    float *d_dq = dalloc_copy(NULL, nq * 4), *d_dk = dalloc_copy(NULL, nkv * 4), *d_dv = dalloc_copy(NULL, nkv * 4);
+    void *d_ws = dalloc_copy(NULL, mt_cuda_attention_f32_workspace_bytes(B, T, H, KV, D));
+    cudaStream_t stream;
+    CK_CUDA(cudaStreamCreate(&stream));
+    cudaEvent_t start, stop;
+    CK_CUDA(cudaEventCreate(&start));
+    CK_CUDA(cudaEventCreate(&stop));
+    /* the backward reads out and lse: one forward first */
+    mt_cuda_attention_forward_f32(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, (mt_cuda_stream)stream);
+
+    const double fwd_flops = 4.0 * B * H * (double)T * T * D / 2;
+    for (int pass = 0; pass < 2; pass++) {
+        const bool fwd = pass == 0;
+        float ms[10];
+        for (int r = 0; r < 13; r++) {
+            CK_CUDA(cudaEventRecord(start, stream));
+            if (fwd)
+                mt_cuda_attention_forward_f32(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, (mt_cuda_stream)stream);
+            else
+                mt_cuda_attention_backward_f32(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, d_do, d_dq, d_dk, d_dv,
+                                               d_ws, (mt_cuda_stream)stream);
+            CK_CUDA(cudaEventRecord(stop, stream));
+            CK_CUDA(cudaEventSynchronize(stop));
+            if (r >= 3) CK_CUDA(cudaEventElapsedTime(&ms[r - 3], start, stop));
+        }
+        qsort(ms, 10, sizeof ms[0], cmp_float);
+        const double med = 0.5 * (ms[4] + ms[5]), flops = fwd ? fwd_flops : 2.5 * fwd_flops;
+        printf("attention fp32 bench %s B=%lld T=%lld H=%lld KV=%lld D=%lld: median %.3f ms (min %.3f, max %.3f), "
+               "%.1f TFLOP/s (forward = 4 B H T^2 D / 2, backward = 2.5 x forward)\n",
+               fwd ? "forward " : "backward", (long long)B, (long long)T, (long long)H, (long long)KV, (long long)D,
+               med, ms[0], ms[9], flops / (med * 1e-3) / 1e12);
+        fflush(stdout);
+    }
+    CK_CUDA(cudaGetLastError());
+    CK_CUDA(cudaEventDestroy(start));
+    CK_CUDA(cudaEventDestroy(stop));
+    CK_CUDA(cudaStreamDestroy(stream));
+    void *dev[] = {d_q, d_k, d_v, d_do, d_out, d_lse, d_dq, d_dk, d_dv, d_ws};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) CK_CUDA(cudaFree(dev[i]));
+    free(tmp);
+}
+END_TEST
+
 static Suite *cuda_attention_suite(void)
 {
     Suite *s = suite_create("cuda_attention");
     TCase *tc = tcase_create("gpu");
     tcase_set_timeout(tc, 1200);
     if (!bench_profile()) tcase_add_loop_test(tc, test_attention_vs_cpu, 0, NFORMS * NCASES);
+    if (!bench_profile()) tcase_add_loop_test(tc, test_attention_f32_vs_cpu, 0, NCASES + NEXTRA);
     tcase_add_test(tc, test_attention_bench);
+    tcase_add_test(tc, test_attention_f32_bench);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,5 +1,7 @@
-/* The whole training step on the GPU against the same step on CPU workers: same bf16 weights,
- * same batch, every gradient tile within bf16 tolerance. Skips (exit 77) without a GPU. */
+/* The whole training step on the GPU against the same step on CPU workers: same weights, same
+ * batch, every gradient tile within 1e-2 in bf16 (--dtype bf16, the default on a GPU) and within
+ * 1e-5 in fp32 (--dtype fp32: fp32 weights and compute on the GPU too). Skips (exit 77) without
+ * a GPU. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -34,8 +36,8 @@ static mt_model_config config(bool tied)
     return cfg;
 }
 
-/* One step's gradients (no update) with `ncuda` CUDA workers. */
-static result run(bool tied, int ncuda, int K, int accum)
+/* One step's gradients (no update) with `ncuda` CUDA workers, weights and compute in dtype. */
+static result run(bool tied, int ncuda, int K, int accum, mt_dtype dtype)
 {
     mt_runtime_options ro = mt_runtime_defaults();
     ro.sched = "megatrain";
@@ -44,7 +46,7 @@ static result run(bool tied, int ncuda, int K, int accum)
     char err[256];
     ck_assert_msg(mt_runtime_init(&ro, err, sizeof err) == 0, "%s", err);
     mt_model_config cfg = config(tied);
-    mt_host_state *st = mt_state_create(&cfg, MT_DTYPE_BF16, 0, err, sizeof err);
+    mt_host_state *st = mt_state_create(&cfg, dtype, 0, err, sizeof err);
     ck_assert_msg(st != NULL, "%s", err);
     mt_state_init_random(st, 11, 0.05);
     mt_step_config sc = mt_step_defaults();
@@ -53,7 +55,7 @@ static result run(bool tied, int ncuda, int K, int accum)
     ck_assert_msg(g != NULL, "%s", err);
     /* The memory plan counts exactly the buffers the graph registers, on either kind of worker. */
     mt_plan_params pp = { .micro_batch = sc.B, .seq_len = sc.T, .grad_accum = accum, .checkpoint_interval = K,
-                          .compute = MT_DTYPE_BF16, .use_gpu = ncuda > 0, .head_chunk = sc.head_chunk };
+                          .compute = dtype, .use_gpu = ncuda > 0, .head_chunk = sc.head_chunk };
     mt_plan plan;
     ck_assert_msg(mt_plan_compute(&cfg, &pp, &plan) == 0, "%s", plan.error);
     uint64_t planned = mt_plan_activation_bytes(&plan) - (ncuda > 0 ? plan.gpu : plan.host)[MT_PLAN_INPUTS];
@@ -88,17 +90,23 @@ static result run(bool tied, int ncuda, int K, int accum)
     return res;
 }
 
-static void compare(bool tied, int K, int accum)
+/* Bounds per dtype: ||gpu - cpu|| / ||cpu|| per gradient tile, and the loss's relative error. */
+static double grad_tol(mt_dtype dtype) { return dtype == MT_DTYPE_F32 ? 1e-5 : 1e-2; }
+static double loss_tol(mt_dtype dtype) { return dtype == MT_DTYPE_F32 ? 1e-6 : 1e-3; }
+
+static void compare(bool tied, int K, int accum, mt_dtype dtype)
 {
-    result cpu = run(tied, 0, K, accum);
-    result gpu = run(tied, 1, K, accum);
+    result cpu = run(tied, 0, K, accum, dtype);
+    result gpu = run(tied, 1, K, accum, dtype);
     double lrel = fabs(gpu.loss - cpu.loss) / fabs(cpu.loss);
-    printf("tied=%d K=%d accum=%d: loss cpu %.6f gpu %.6f (rel %.2e)\n", tied, K, accum, cpu.loss, gpu.loss, lrel);
-    ck_assert_msg(lrel <= 1e-3, "loss differs: cpu %.6f gpu %.6f", cpu.loss, gpu.loss);
+    printf("%s tied=%d K=%d accum=%d: loss cpu %.8f gpu %.8f (rel %.2e)\n", mt_dtype_name(dtype), tied, K, accum,
+           cpu.loss, gpu.loss, lrel);
+    ck_assert_msg(lrel <= loss_tol(dtype), "loss differs: cpu %.8f gpu %.8f", cpu.loss, gpu.loss);
     for (int i = 0; i < cpu.ntiles; i++) {
         double e = mt_test_rel_err_f32(gpu.grad[i], cpu.grad[i], cpu.numel[i]);
         printf("  tile %d gradient rel err %.3e\n", i, e);
-        ck_assert_msg(e <= 1e-2, "tile %d gradient: ||gpu - cpu|| / ||cpu|| = %.3e > 1e-2", i, e);
+        ck_assert_msg(e <= grad_tol(dtype), "tile %d gradient: ||gpu - cpu|| / ||cpu|| = %.3e > %.0e", i, e,
+                      grad_tol(dtype));
         free(cpu.grad[i]);
         free(gpu.grad[i]);
     }
@@ -110,7 +118,7 @@ static void compare(bool tied, int K, int accum)
  * milliseconds, so the next update's partition of a tile meets the policy's prefetch of it (it
  * aborted StarPU after ~10 steps before the policy held prefetches back during an update).
  * The loss on a repeated batch must fall, and end within 5% of the CPU run's. */
-static double train_steps(int ncuda, int steps, double clip, double *first)
+static double train_steps(int ncuda, int steps, double clip, mt_dtype dtype, double *first)
 {
     mt_runtime_options ro = mt_runtime_defaults();
     ro.sched = "megatrain";
@@ -119,7 +127,7 @@ static double train_steps(int ncuda, int steps, double clip, double *first)
     char err[256];
     ck_assert_msg(mt_runtime_init(&ro, err, sizeof err) == 0, "%s", err);
     mt_model_config cfg = config(true);
-    mt_host_state *st = mt_state_create(&cfg, MT_DTYPE_BF16, 0, err, sizeof err);
+    mt_host_state *st = mt_state_create(&cfg, dtype, 0, err, sizeof err);
     ck_assert_msg(st != NULL, "%s", err);
     mt_state_init_random(st, 5, 0.05);
     mt_step_config sc = mt_step_defaults();
@@ -153,26 +161,37 @@ static double train_steps(int ncuda, int steps, double clip, double *first)
     return loss;
 }
 
-START_TEST(test_pipelined_training_steps)
+/* 40 steps in dtype; the GPU's final loss within `tol` (relative) of the CPU's. */
+static void pipelined(mt_dtype dtype, double tol)
 {
     /* Clipping at 1.0 (plain while the norm is above it, speculative once it is within), and none
      * (the table's update started before its embedding backward every step). */
     const double clips[2] = { 1.0, 0.0 };
     for (int k = 0; k < 2; k++) {
         double first_cpu, first_gpu;
-        double cpu = train_steps(0, 40, clips[k], &first_cpu), gpu = train_steps(1, 40, clips[k], &first_gpu);
-        printf("40 steps, clip %g: loss cpu %.4f -> %.4f, gpu %.4f -> %.4f\n", clips[k], first_cpu, cpu, first_gpu, gpu);
+        double cpu = train_steps(0, 40, clips[k], dtype, &first_cpu), gpu = train_steps(1, 40, clips[k], dtype, &first_gpu);
+        printf("%s, 40 steps, clip %g: loss cpu %.6f -> %.6f, gpu %.6f -> %.6f\n", mt_dtype_name(dtype), clips[k],
+               first_cpu, cpu, first_gpu, gpu);
         ck_assert_msg(isfinite(gpu) && gpu < 0.8 * first_gpu, "clip %g: gpu loss %.4f -> %.4f did not fall", clips[k],
                       first_gpu, gpu);
-        ck_assert_msg(fabs(gpu - cpu) <= 0.05 * cpu + 1e-3, "clip %g, after 40 steps: gpu loss %.4f, cpu %.4f", clips[k],
-                      gpu, cpu);
+        ck_assert_msg(fabs(gpu - cpu) <= tol * cpu + 1e-4, "%s, clip %g, after 40 steps: gpu loss %.6f, cpu %.6f",
+                      mt_dtype_name(dtype), clips[k], gpu, cpu);
     }
 }
+
+START_TEST(test_pipelined_training_steps) { pipelined(MT_DTYPE_BF16, 0.05); }
+END_TEST
+/* fp32 on both: the same arithmetic up to summation order, so the runs stay 10x closer. */
+START_TEST(test_pipelined_training_steps_f32) { pipelined(MT_DTYPE_F32, 0.005); }
 END_TEST
 
-START_TEST(test_step_gradients_untied) { compare(false, 2, 1); }
+START_TEST(test_step_gradients_untied) { compare(false, 2, 1, MT_DTYPE_BF16); }
 END_TEST
-START_TEST(test_step_gradients_tied_accum) { compare(true, 1, 2); }
+START_TEST(test_step_gradients_tied_accum) { compare(true, 1, 2, MT_DTYPE_BF16); }
+END_TEST
+START_TEST(test_step_gradients_untied_f32) { compare(false, 2, 1, MT_DTYPE_F32); }
+END_TEST
+START_TEST(test_step_gradients_tied_accum_f32) { compare(true, 1, 2, MT_DTYPE_F32); }
 END_TEST
 
 int main(void)
@@ -193,7 +212,10 @@ int main(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_step_gradients_untied);
     tcase_add_test(tc, test_step_gradients_tied_accum);
+    tcase_add_test(tc, test_step_gradients_untied_f32);
+    tcase_add_test(tc, test_step_gradients_tied_accum_f32);
     tcase_add_test(tc, test_pipelined_training_steps);
+    tcase_add_test(tc, test_pipelined_training_steps_f32);
     suite_add_tcase(s, tc);
     return mt_test_run(s, true);
 }

@@ -120,7 +120,7 @@ START_TEST(test_qwen05_gpu)
     ck_assert_uint_eq(plan.gpu[MT_PLAN_GRADS], 2ULL * 136134656 * 4);
     ck_assert_int_eq(plan.num_checkpoints, 6);
     ck_assert_uint_eq(plan.gpu[MT_PLAN_CHECKPOINTS], 8 * 6ULL * 4096 * 896 * 4);
-    const uint64_t saved = mt_codelet_layer_saved_bytes(&c, true, 4, 1024);
+    const uint64_t saved = mt_codelet_layer_saved_bytes(&c, MT_DTYPE_BF16, true, 4, 1024);
     const uint64_t scratch = mt_codelet_layer_scratch_bytes(&c, MT_DTYPE_BF16, true, 4, 1024) +
                              mt_codelet_head_scratch_bytes(&c, MT_DTYPE_BF16, true, 1024);
     ck_assert_uint_eq(plan.gpu[MT_PLAN_BLOCK_SAVED], 4 * saved);

@@ -279,8 +279,9 @@ static void train_help(const mt_train_options *d)
     printf("  --weight-decay X     AdamW decoupled weight decay on matrices (default %g)\n", d->step.weight_decay);
     printf("  --clip X             max global gradient norm, 0 = off (default %g)\n", d->step.clip);
     printf(SPECULATE_HELP);
-    printf("  --dtype fp32|bf16    precision of the streamed weights (default: fp32 on CPU workers,\n"
-           "                       bf16 when a GPU computes; the GPU path needs bf16)\n");
+    printf("  --dtype fp32|bf16    precision of the streamed weights and of the compute (default: fp32\n"
+           "                       on CPU workers, bf16 when a GPU computes; fp32 on a GPU is exact\n"
+           "                       fp32, several times slower than bf16)\n");
     printf("  --seed N             initialisation and sampling seed (default %llu)\n", (unsigned long long)d->seed);
     printf("  --eval-every N       validation every N steps, 0 = at the end only (default %lld)\n", (long long)d->eval_every);
     printf("  --log-every N        progress line every N steps (default %lld)\n", (long long)d->log_every);
@@ -506,13 +507,14 @@ static void bench_help(const mt_bench_options *d)
     printf("  --prefetch           the megatrain policy prefetches the next layer's weights (default)\n");
     printf("  --no-prefetch        turn that prefetch off (the ablation)\n");
     printf("  --layers N           override the shape's layer count (memory-bound checks)\n");
+    printf("  --dtype bf16|fp32    weights and compute (default bf16; fp32 is exact fp32, slower)\n");
     printf("  --sched NAME         megatrain (default), dmda, eager, ...\n");
     printf("  --ncpu N, --ncuda N  StarPU workers (default: all)\n");
 }
 
 static int cmd_bench(int argc, char **argv)
 {
-    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS, O_PF, O_MARGIN, O_SPEC };
+    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS, O_PF, O_MARGIN, O_SPEC, O_DTYPE };
     static const struct option opts[] = {
         { "shape", required_argument, 0, O_SHAPE }, { "micro-batch", required_argument, 0, O_B },
         { "seq-len", required_argument, 0, O_T }, { "accum", required_argument, 0, O_ACCUM },
@@ -523,7 +525,7 @@ static int cmd_bench(int argc, char **argv)
         { "sched", required_argument, 0, O_SCHED },
         { "ncpu", required_argument, 0, O_NCPU }, { "ncuda", required_argument, 0, O_NCUDA },
         { "help", no_argument, 0, O_HELP }, { "layers", required_argument, 0, O_LAYERS },
-        { "clip-speculate", required_argument, 0, O_SPEC }, { 0, 0, 0, 0 },
+        { "clip-speculate", required_argument, 0, O_SPEC }, { "dtype", required_argument, 0, O_DTYPE }, { 0, 0, 0, 0 },
     };
     mt_bench_options o = mt_bench_defaults();
     long long v;
@@ -557,6 +559,9 @@ static int cmd_bench(int argc, char **argv)
         case O_PF: o.prefetch = true; break;
         case O_SPEC: if (parse_speculate(optarg, &o.step.clip_speculate)) return 2; break;
         case O_LAYERS: if (parse_int("--layers", optarg, 1, 1 << 16, &v)) return 2; o.layers = v; break;
+        case O_DTYPE:
+            if (mt_dtype_parse(optarg, &o.dtype)) return usage_error("--dtype: '%s' is not bf16 or fp32%s", optarg, "");
+            break;
         case O_SCHED: o.runtime.sched = optarg; break;
         case O_NCPU: if (parse_int("--ncpu", optarg, 1, 1024, &v)) return 2; o.runtime.ncpu = (int)v; break;
         case O_NCUDA: if (parse_int("--ncuda", optarg, 0, 64, &v)) return 2; o.runtime.ncuda = (int)v; break;
@@ -603,19 +608,23 @@ static void grads_help(void)
            "  --save-model DIR     also write the loaded model as an HF directory (fp32 safetensors),\n"
            "                       replacing the model files in DIR as train --save-model does\n"
            "  --checkpoint-every K layers per recompute block (default 2)\n"
+           "  --dtype fp32|bf16    precision of the weights and compute (default: bf16 when a GPU\n"
+           "                       computes, fp32 on CPU workers; fp32 on the GPU agrees with the CPU)\n"
            "  --sched NAME, --ncpu N, --ncuda N   StarPU (--ncuda 0: the exact fp32 CPU path)\n");
 }
 
 static int cmd_grads(int argc, char **argv)
 {
-    enum { O_MODEL = 256, O_TOKENS, O_B, O_T, O_OUT, O_K, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LOGITS, O_SAVE_MODEL };
+    enum { O_MODEL = 256, O_TOKENS, O_B, O_T, O_OUT, O_K, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LOGITS, O_SAVE_MODEL,
+           O_DTYPE };
     static const struct option opts[] = {
         { "model", required_argument, 0, O_MODEL }, { "tokens", required_argument, 0, O_TOKENS },
         { "batch", required_argument, 0, O_B }, { "seq-len", required_argument, 0, O_T },
         { "out", required_argument, 0, O_OUT }, { "checkpoint-every", required_argument, 0, O_K },
         { "sched", required_argument, 0, O_SCHED }, { "ncpu", required_argument, 0, O_NCPU },
         { "ncuda", required_argument, 0, O_NCUDA }, { "help", no_argument, 0, O_HELP },
-        { "logits", no_argument, 0, O_LOGITS }, { "save-model", required_argument, 0, O_SAVE_MODEL }, { 0, 0, 0, 0 },
+        { "logits", no_argument, 0, O_LOGITS }, { "save-model", required_argument, 0, O_SAVE_MODEL },
+        { "dtype", required_argument, 0, O_DTYPE }, { 0, 0, 0, 0 },
     };
     mt_grads_options o = { .K = 2, .runtime = mt_runtime_defaults() };
     long long v;
@@ -629,6 +638,10 @@ static int cmd_grads(int argc, char **argv)
         case O_OUT: o.out_path = optarg; break;
         case O_LOGITS: o.logits = true; break;
         case O_SAVE_MODEL: o.save_model_dir = optarg; break;
+        case O_DTYPE:
+            if (mt_dtype_parse(optarg, &o.dtype)) return usage_error("--dtype: '%s' is not fp32 or bf16%s", optarg, "");
+            o.dtype_explicit = true;
+            break;
         case O_K: if (parse_int("--checkpoint-every", optarg, 1, 1 << 20, &v)) return 2; o.K = (int)v; break;
         case O_SCHED: o.runtime.sched = optarg; break;
         case O_NCPU: if (parse_int("--ncpu", optarg, 1, 1024, &v)) return 2; o.runtime.ncpu = (int)v; break;

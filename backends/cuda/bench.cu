@@ -140,7 +140,7 @@ extern "C" int mt_cuda_bench_memory_kernels(const mt_model_config *cfg, int64_t 
     void *workspace = mt_kernel_bench_alloc(&b, mt_cuda_embedding_workspace_bytes(n, V));
     snprintf(shape, sizeof shape, "%lldx%lld of V %lld", (long long)n, (long long)d, (long long)V);
     mt_kernel_bench_time(&b, "embedding forward (gather)", shape, 4 * n + 2 * d * distinct + 4 * n * d,
-                         [&] { mt_cuda_embedding_forward(n, d, table, tokens, h0, s); });
+                         [&] { mt_cuda_embedding_forward(n, d, MT_CUDA_BF16, table, tokens, h0, s); });
     mt_kernel_bench_time(&b, "embedding backward (scatter-add)", shape, 4 * n + 4 * n * d + 8 * d * distinct,
                          [&] { mt_cuda_embedding_backward(n, d, V, tokens, dh0, dtable, workspace, s); });
 

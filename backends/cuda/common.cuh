@@ -85,6 +85,29 @@ static __device__ __forceinline__ bf16 f2bf(float x) { return __float2bfloat16_r
 
 static inline cudaStream_t as_stream(mt_cuda_stream s) { return (cudaStream_t)s; }
 
+// ---- operand types: kernels that read weights or feed GEMMs are templates on T, the element
+// type of weights and GEMM inputs: bf16 (MT_CUDA_BF16, tensor cores) or float (MT_CUDA_F32, every
+// value fp32). Math is fp32 either way; to_f / from_f<T> are the loads and stores. ----
+
+static __device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
+static __device__ __forceinline__ float to_f(float x) { return x; }
+template <class T> static __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return f2bf(x); }
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+
+// T itself, in a form template argument deduction skips: a parameter spelled `mt_same<T> *`
+// accepts nullptr while T is deduced from the other arguments.
+template <class T> struct mt_same_s { typedef T type; };
+template <class T> using mt_same = typename mt_same_s<T>::type;
+
+// The cuBLASLt / CUDA type of T.
+template <class T> static inline cudaDataType_t mt_cuda_type();
+template <> inline cudaDataType_t mt_cuda_type<bf16>() { return CUDA_R_16BF; }
+template <> inline cudaDataType_t mt_cuda_type<float>() { return CUDA_R_32F; }
+
+// out (n) T = in (n) fp32: the bf16 rounding (as mt_cuda_f32_to_bf16) or a copy.
+template <class T> void mt_cuda_from_f32(const float *in, T *out, int64_t n, cudaStream_t stream);
+
 // ---- the per-thread context ----
 
 struct mt_gemm_cache; // linear.cu: cuBLASLt descriptors and algorithms per GEMM shape

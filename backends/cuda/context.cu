@@ -53,6 +53,16 @@ extern "C" void mt_cuda_bf16_to_f32(const mt_cuda_bf16 *in, float *out, int64_t 
     CUDA_CHECK_LAUNCH();
 }
 
+template <> void mt_cuda_from_f32<bf16>(const float *in, bf16 *out, int64_t n, cudaStream_t stream)
+{
+    mt_cuda_f32_to_bf16(in, reinterpret_cast<mt_cuda_bf16 *>(out), n, stream);
+}
+
+template <> void mt_cuda_from_f32<float>(const float *in, float *out, int64_t n, cudaStream_t stream)
+{
+    if (n > 0 && in != out) CUDA_CHECK(cudaMemcpyAsync(out, in, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+}
+
 // ---- sum of squares: two stages, no atomics, so the result is bitwise repeatable ----
 
 enum { SUMSQ_THREADS = 256 };

@@ -12,12 +12,13 @@ enum {
     SORT_THREADS = SORT_TILE / 2, // one compare-exchange pair per thread
 };
 
-// h0 (ntok, d) fp32 = table (V, d) bf16 [tokens]
-__global__ static void embedding_gather_kernel(int64_t ntok, int64_t d, const bf16 *table, const int32_t *tokens,
+// h0 (ntok, d) fp32 = table (V, d) T [tokens]
+template <class T>
+__global__ static void embedding_gather_kernel(int64_t ntok, int64_t d, const T *table, const int32_t *tokens,
                                                float *h0)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < ntok * d; i += (int64_t)gridDim.x * blockDim.x)
-        h0[i] = bf2f(table[(int64_t)tokens[i / d] * d + i % d]);
+        h0[i] = to_f(table[(int64_t)tokens[i / d] * d + i % d]);
 }
 
 // keys (N) = token << 32 | position for the ntok tokens, then UINT64_MAX padding (sorts last).
@@ -94,12 +95,15 @@ extern "C" size_t mt_cuda_embedding_workspace_bytes(int64_t ntok, int64_t V)
     return (size_t)sort_length(ntok) * sizeof(uint64_t); // keys (N) u64
 }
 
-extern "C" void mt_cuda_embedding_forward(int64_t ntok, int64_t d, const mt_cuda_bf16 *table, const int32_t *tokens,
-                                          float *h0, mt_cuda_stream stream)
+extern "C" void mt_cuda_embedding_forward(int64_t ntok, int64_t d, mt_cuda_prec prec, const void *table,
+                                          const int32_t *tokens, float *h0, mt_cuda_stream stream)
 {
     if (ntok <= 0 || d <= 0) return;
-    embedding_gather_kernel<<<mt_grid_for(ntok * d, 256), 256, 0, as_stream(stream)>>>(ntok, d, as_bf16(table), tokens,
-                                                                                        h0);
+    const unsigned blocks = mt_grid_for(ntok * d, 256);
+    if (prec == MT_CUDA_F32)
+        embedding_gather_kernel<<<blocks, 256, 0, as_stream(stream)>>>(ntok, d, (const float *)table, tokens, h0);
+    else
+        embedding_gather_kernel<<<blocks, 256, 0, as_stream(stream)>>>(ntok, d, (const bf16 *)table, tokens, h0);
     CUDA_CHECK_LAUNCH();
 }
 

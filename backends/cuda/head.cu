@@ -15,48 +15,53 @@ extern "C" { // C header without its own linkage guard: mt_layout_build
 
 enum { CE_THREADS = 512, LOSS_THREADS = 256 };
 
-// Per chunk: hn (chunk,d) bf16, inv_rms (chunk) fp32, logits (chunk,V) fp32, dlogits (chunk,V)
-// bf16 (the GEMMs' input), dhn (chunk,d) fp32, per-row loss (chunk) double and counted flag
-// (chunk) int, column-sum partials for the norm weight (64 x d fp32).
-typedef struct head_scratch {
-    bf16 *hn;
+// Per chunk: hn (chunk,d) T, inv_rms (chunk) fp32, logits (chunk,V) fp32, dlogits (chunk,V) T
+// (the GEMMs' input), dhn (chunk,d) fp32, per-row loss (chunk) double and counted flag (chunk)
+// int, column-sum partials for the norm weight (64 x d fp32). T: the precision's operand type.
+template <class T> struct head_scratch {
+    T *hn;
     float *inv_rms, *logits;
-    bf16 *dlogits;
+    T *dlogits;
     float *dhn;
     double *row_loss;
     int *row_counted;
     float *partials;
-} head_scratch;
+};
 
-static void head_carve(const mt_model_config *cfg, int64_t chunk, mt_carve *c, head_scratch *s)
+template <class T> static void head_carve(const mt_model_config *cfg, int64_t chunk, mt_carve *c, head_scratch<T> *s)
 {
     const int64_t d = cfg->hidden, V = cfg->vocab;
-    s->hn = mt_take<bf16>(c, chunk * d);
+    s->hn = mt_take<T>(c, chunk * d);
     s->inv_rms = mt_take<float>(c, chunk);
     s->logits = mt_take<float>(c, chunk * V);
-    s->dlogits = mt_take<bf16>(c, chunk * V);
+    s->dlogits = mt_take<T>(c, chunk * V);
     s->dhn = mt_take<float>(c, chunk * d);
     s->row_loss = mt_take<double>(c, chunk);
     s->row_counted = mt_take<int>(c, chunk);
     s->partials = (float *)mt_take<char>(c, (int64_t)mt_colsum_partials_bytes(d));
 }
 
-extern "C" size_t mt_cuda_head_scratch_bytes(const mt_model_config *cfg, int64_t chunk)
+extern "C" size_t mt_cuda_head_scratch_bytes(const mt_model_config *cfg, mt_cuda_prec prec, int64_t chunk)
 {
     MT_CUDA_REQUIRE(chunk > 0, "head chunk must be positive");
     mt_carve c = {nullptr, 0};
-    head_scratch s;
-    head_carve(cfg, chunk, &c, &s);
+    if (prec == MT_CUDA_F32) {
+        head_scratch<float> s;
+        head_carve(cfg, chunk, &c, &s);
+    } else {
+        head_scratch<bf16> s;
+        head_carve(cfg, chunk, &c, &s);
+    }
     return mt_carve_size(&c);
 }
 
 // One block per row of logits (rows, V): log-sum-exp by an online max/sum per thread (float exp,
 // double sums), row_loss = lse - logit[target]; with Backward also
-// dlogits = loss_scale (softmax - onehot(target)) in bf16. Rows with target < 0 count nothing and
+// dlogits = loss_scale (softmax - onehot(target)) as T. Rows with target < 0 count nothing and
 // get zero gradient.
-template <bool Backward>
+template <class T, bool Backward>
 __global__ static void cross_entropy_kernel(int64_t V, const float *logits, const int32_t *targets, double loss_scale,
-                                            bf16 *dlogits, double *row_loss, int *row_counted)
+                                            T *dlogits, double *row_loss, int *row_counted)
 {
     __shared__ float shared_max[32];
     __shared__ double shared_sum[32];
@@ -65,7 +70,7 @@ __global__ static void cross_entropy_kernel(int64_t V, const float *logits, cons
     const int32_t target = targets[r];
     if (target < 0) { // uniform over the block
         if (Backward)
-            for (int64_t j = threadIdx.x; j < V; j += blockDim.x) dlogits[r * V + j] = f2bf(0.f);
+            for (int64_t j = threadIdx.x; j < V; j += blockDim.x) dlogits[r * V + j] = from_f<T>(0.f);
         if (threadIdx.x == 0) {
             row_loss[r] = 0;
             row_counted[r] = 0;
@@ -98,19 +103,20 @@ __global__ static void cross_entropy_kernel(int64_t V, const float *logits, cons
     for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
         float g = (float)(loss_scale * (double)expf((float)((double)row[j] - lse)));
         if (j == target) g -= scale;
-        dlogits[r * V + j] = f2bf(g);
+        dlogits[r * V + j] = from_f<T>(g);
     }
 }
 
 // The launch: with dlogits (rows, V) the gradient too, without (NULL) the loss alone.
+template <class T>
 static void cross_entropy(int64_t rows, int64_t V, const float *logits, const int32_t *targets, double loss_scale,
-                          bf16 *dlogits, double *row_loss, int *row_counted, cudaStream_t stream)
+                          T *dlogits, double *row_loss, int *row_counted, cudaStream_t stream)
 {
     if (dlogits)
-        cross_entropy_kernel<true><<<(unsigned)rows, CE_THREADS, 0, stream>>>(V, logits, targets, loss_scale, dlogits,
+        cross_entropy_kernel<T, true><<<(unsigned)rows, CE_THREADS, 0, stream>>>(V, logits, targets, loss_scale, dlogits,
                                                                               row_loss, row_counted);
     else
-        cross_entropy_kernel<false><<<(unsigned)rows, CE_THREADS, 0, stream>>>(V, logits, targets, loss_scale, nullptr,
+        cross_entropy_kernel<T, false><<<(unsigned)rows, CE_THREADS, 0, stream>>>(V, logits, targets, loss_scale, nullptr,
                                                                                row_loss, row_counted);
     CUDA_CHECK_LAUNCH();
 }
@@ -132,10 +138,11 @@ __global__ static void loss_sum_kernel(int64_t rows, const double *row_loss, con
     }
 }
 
-extern "C" void mt_cuda_head(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *head_layout,
-                             const mt_cuda_bf16 *head_tile, const mt_cuda_bf16 *embed_tile, int64_t ntok, const float *h,
-                             const int32_t *targets, double loss_scale, int64_t chunk, float *dh, float *dhead,
-                             float *dembed, bool accumulate, double *loss, void *scratch, mt_cuda_stream stream_)
+template <class T>
+static void head_run(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *head_layout, const T *head_tile,
+                     const T *embed_tile, int64_t ntok, const float *h, const int32_t *targets, double loss_scale,
+                     int64_t chunk, float *dh, float *dhead, float *dembed, bool accumulate, double *loss,
+                     void *scratch, mt_cuda_stream stream_)
 {
     const cudaStream_t stream = as_stream(stream_);
     const int64_t d = cfg->hidden, V = cfg->vocab;
@@ -143,8 +150,8 @@ extern "C" void mt_cuda_head(mt_cuda_ctx *ctx, const mt_model_config *cfg, const
     MT_CUDA_REQUIRE(chunk > 0, "head chunk must be positive");
     MT_CUDA_REQUIRE(cfg->tied || head_layout->tensors[MT_H_LM_HEAD].numel == V * d, "untied head without lm_head");
     const mt_tensor_desc *norm_t = &head_layout->tensors[MT_H_NORM], *lm_t = &head_layout->tensors[MT_H_LM_HEAD];
-    const bf16 *norm_w = as_bf16(head_tile) + norm_t->offset;                        // (d)
-    const bf16 *W = cfg->tied ? as_bf16(embed_tile) : as_bf16(head_tile) + lm_t->offset; // (V, d)
+    const T *norm_w = head_tile + norm_t->offset;                        // (d)
+    const T *W = cfg->tied ? embed_tile : head_tile + lm_t->offset; // (V, d)
 
     float *dW = nullptr, *dnorm = nullptr;
     if (dh) {
@@ -172,7 +179,7 @@ extern "C" void mt_cuda_head(mt_cuda_ctx *ctx, const mt_model_config *cfg, const
     CUDA_CHECK(cudaMemsetAsync(loss, 0, 2 * sizeof(double), stream));
 
     mt_carve c = {(char *)scratch, 0};
-    head_scratch s;
+    head_scratch<T> s;
     head_carve(cfg, chunk, &c, &s);
     for (int64_t r0 = 0; r0 < ntok; r0 += chunk) {
         const int64_t rows = ntok - r0 < chunk ? ntok - r0 : chunk;
@@ -193,6 +200,20 @@ extern "C" void mt_cuda_head(mt_cuda_ctx *ctx, const mt_model_config *cfg, const
     }
 }
 
+extern "C" void mt_cuda_head(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *head_layout,
+                             mt_cuda_prec prec, const void *head_tile, const void *embed_tile, int64_t ntok,
+                             const float *h, const int32_t *targets, double loss_scale, int64_t chunk, float *dh,
+                             float *dhead, float *dembed, bool accumulate, double *loss, void *scratch,
+                             mt_cuda_stream stream)
+{
+    if (prec == MT_CUDA_F32)
+        head_run(ctx, cfg, head_layout, (const float *)head_tile, (const float *)embed_tile, ntok, h, targets,
+                 loss_scale, chunk, dh, dhead, dembed, accumulate, loss, scratch, stream);
+    else
+        head_run(ctx, cfg, head_layout, (const bf16 *)head_tile, (const bf16 *)embed_tile, ntok, h, targets,
+                 loss_scale, chunk, dh, dhead, dembed, accumulate, loss, scratch, stream);
+}
+
 // ---- timings (mt_cuda_bench_memory_kernels, bench.cu) ----
 // The cross-entropy over `rows` rows of random logits, without and with the gradient. The head's
 // norm is the layer's rmsnorm at the same (rows, d), timed there; loss_sum_kernel is one block
@@ -209,7 +230,7 @@ void mt_kernel_bench_head(mt_kernel_bench *b, const mt_model_config *cfg, int64_
     snprintf(shape, sizeof shape, "%lldx%lld", (long long)rows, (long long)V);
     // logits 4 rows V + targets 4 rows read, row_loss 8 rows + row_counted 4 rows written
     mt_kernel_bench_time(b, "cross-entropy (loss)", shape, 4 * rows * V + 16 * rows, [&] {
-        cross_entropy(rows, V, logits, targets, 1.0 / (double)rows, nullptr, row_loss, row_counted, b->stream);
+        cross_entropy<bf16>(rows, V, logits, targets, 1.0 / (double)rows, nullptr, row_loss, row_counted, b->stream);
     });
     // the same + dlogits 2 rows V written
     mt_kernel_bench_time(b, "cross-entropy (loss + gradient)", shape, 6 * rows * V + 16 * rows, [&] {

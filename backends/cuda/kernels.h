@@ -1,9 +1,11 @@
 /* The CUDA backend, callable from C. Every launcher enqueues on the given stream (StarPU's local
  * stream inside a codelet) and never synchronises the device. Formats on the GPU:
- *   weights        bf16, the host tile's layout (models/layout.h offsets)
+ *   weights        the precision's type (mt_cuda_prec: bf16 or fp32), the host tile's layout
+ *                  (models/layout.h offsets)
  *   weight grads   fp32, same layout; `accumulate` false writes (=), true adds (+=)
  *   hidden states  fp32 (B*T, d): layer inputs/outputs, checkpoints and their gradients
- *   saved          an opaque per-layer buffer of mt_cuda_layer_saved_bytes (bf16 and fp32 parts)
+ *   saved          an opaque per-layer buffer of mt_cuda_layer_saved_bytes (fp32 parts and parts
+ *                  of the precision's type)
  * ntok = B * T rows, row r = b * T + t. Contracts mirror backends/cpu/ops.h. */
 #ifndef MT_BACKENDS_CUDA_KERNELS_H
 #define MT_BACKENDS_CUDA_KERNELS_H
@@ -21,6 +23,13 @@ extern "C" {
 
 typedef struct CUstream_st *mt_cuda_stream;
 typedef uint16_t mt_cuda_bf16; /* bfloat16 bits, as on the host */
+
+/* The precision of the model code (layer, head, embedding): the type of the weights and of every
+ * GEMM input. Accumulation, the residual stream, norm statistics and gradients are fp32 in both.
+ *   MT_CUDA_BF16  bf16 operands on the tensor cores: the fast path (--dtype bf16).
+ *   MT_CUDA_F32   fp32 operands and fp32 GEMMs (no TF32), attention in fp32: agrees with the CPU
+ *                 path to fp32 rounding, several times slower (--dtype fp32). */
+typedef enum mt_cuda_prec { MT_CUDA_BF16, MT_CUDA_F32 } mt_cuda_prec;
 
 /* Per-thread GPU context (cuBLASLt handle and workspace), created on first use on the calling
  * thread's current device. StarPU runs each CUDA worker on its own thread. */
@@ -54,33 +63,34 @@ void mt_cuda_attention_backward(int64_t B, int64_t T, int64_t H, int64_t KV, int
                                 float *dq, float *dk, float *dv, void *workspace, mt_cuda_stream stream);
 
 /* ---- model pieces (backends/cuda/layer.cu, head.cu, embedding.cu) ---- */
-/* h0 (ntok, d) fp32 = rows of the bf16 table */
-void mt_cuda_embedding_forward(int64_t ntok, int64_t d, const mt_cuda_bf16 *table, const int32_t *tokens,
+/* h0 (ntok, d) fp32 = rows of the table (V, d) of the precision's type */
+void mt_cuda_embedding_forward(int64_t ntok, int64_t d, mt_cuda_prec prec, const void *table, const int32_t *tokens,
                                float *h0, mt_cuda_stream stream);
 /* dtable (V, d) fp32 += scatter of dh0 (deterministic: no float atomics) */
 void mt_cuda_embedding_backward(int64_t ntok, int64_t d, int64_t V, const int32_t *tokens, const float *dh0,
                                 float *dtable, void *workspace, mt_cuda_stream stream);
 size_t mt_cuda_embedding_workspace_bytes(int64_t ntok, int64_t V);
 
-size_t mt_cuda_layer_saved_bytes(const mt_model_config *cfg, int64_t B, int64_t T);
-size_t mt_cuda_layer_scratch_bytes(const mt_model_config *cfg, int64_t B, int64_t T);
-/* One decoder layer (as mt_cpu_layer_forward): x, y (ntok, d) fp32; saved may be NULL. */
+size_t mt_cuda_layer_saved_bytes(const mt_model_config *cfg, mt_cuda_prec prec, int64_t B, int64_t T);
+size_t mt_cuda_layer_scratch_bytes(const mt_model_config *cfg, mt_cuda_prec prec, int64_t B, int64_t T);
+/* One decoder layer (as mt_cpu_layer_forward): tile of prec's type; x, y (ntok, d) fp32; saved
+ * may be NULL. */
 void mt_cuda_layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
-                           const mt_cuda_bf16 *tile, int64_t B, int64_t T, const float *x, float *y,
+                           mt_cuda_prec prec, const void *tile, int64_t B, int64_t T, const float *x, float *y,
                            void *saved, void *scratch, mt_cuda_stream stream);
-/* dx (ntok, d) fp32 =; dtile fp32 = or += (accumulate) */
+/* dx (ntok, d) fp32 =; dtile fp32 = or += (accumulate); saved from a forward of the same prec */
 void mt_cuda_layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
-                            const mt_cuda_bf16 *tile, int64_t B, int64_t T, const void *saved,
+                            mt_cuda_prec prec, const void *tile, int64_t B, int64_t T, const void *saved,
                             const float *dy, float *dx, float *dtile, bool accumulate, void *scratch,
                             mt_cuda_stream stream);
 
-size_t mt_cuda_head_scratch_bytes(const mt_model_config *cfg, int64_t chunk);
+size_t mt_cuda_head_scratch_bytes(const mt_model_config *cfg, mt_cuda_prec prec, int64_t chunk);
 /* Final norm + LM head + cross-entropy, `chunk` rows at a time (as mt_cpu_head). loss (device,
  * 2 doubles) = { sum of -log p over counted rows, counted }. With dh != NULL also the backward
  * of loss_scale * sum: dh =, dhead (norm, untied LM head) and dembed (tied) = or += per
- * accumulate. embed_tile is the LM head when cfg->tied. */
+ * accumulate. embed_tile is the LM head when cfg->tied. Both tiles of prec's type. */
 void mt_cuda_head(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *head_layout,
-                  const mt_cuda_bf16 *head_tile, const mt_cuda_bf16 *embed_tile, int64_t ntok,
+                  mt_cuda_prec prec, const void *head_tile, const void *embed_tile, int64_t ntok,
                   const float *h, const int32_t *targets, double loss_scale, int64_t chunk,
                   float *dh, float *dhead, float *dembed, bool accumulate, double *loss,
                   void *scratch, mt_cuda_stream stream);

@@ -1,12 +1,14 @@
 // One pre-norm decoder layer on the GPU (Llama, Mistral, Qwen2 with q/k/v bias, Qwen3 with q/k
 // RMSNorm), forward and backward, mirroring backends/cpu/layer.inc step by step. The residual
-// stream is fp32; every GEMM input is bf16 (fp32 accumulation); norm statistics are fp32.
-// Fused here: q/k-norm + RoPE on q and k in one launch (and their backward with the bf16 cast);
-// rmsnorm + bf16 cast; the residual adds ride in the o/down GEMM epilogues; bias adds in q/k/v's.
+// stream is fp32; every GEMM input is of the operand type E (bf16, or float on the fp32 path;
+// fp32 accumulation either way); norm statistics are fp32. Each step is a template on E.
+// Fused here: q/k-norm + RoPE on q and k in one launch (and their backward with the cast to E);
+// rmsnorm + cast to E; the residual adds ride in the o/down GEMM epilogues; bias adds in q/k/v's.
 extern "C" { // C headers without their own linkage guards
 #include "ops.h" // mt_rope_inv_freq: the same double frequencies as the CPU path
 }
 
+#include "attention_f32.h"
 #include "bench.cuh"
 #include "colsum.cuh"
 #include "linear.cuh"
@@ -46,11 +48,11 @@ static void layer_check(const mt_model_config *cfg, const mt_tile_layout *layout
     MT_CUDA_REQUIRE(!cfg->qk_norm || layout->tensors[MT_L_Q_NORM].numel == m->D, "q_norm size != head_dim");
 }
 
-// Parameter `slot` of a bf16 tile, NULL when absent.
-static const bf16 *weight(const mt_tile_layout *layout, const mt_cuda_bf16 *tile, int slot)
+// Parameter `slot` of a tile of E, NULL when absent.
+template <class E> static const E *weight(const mt_tile_layout *layout, const E *tile, int slot)
 {
     const mt_tensor_desc *t = &layout->tensors[slot];
-    return t->numel > 0 ? as_bf16(tile) + t->offset : nullptr;
+    return t->numel > 0 ? tile + t->offset : nullptr;
 }
 
 // Gradient slot of an fp32 gradient tile, NULL when absent.
@@ -60,17 +62,61 @@ static float *grad(const mt_tile_layout *layout, float *dtile, int slot)
     return t->numel > 0 ? dtile + t->offset : nullptr;
 }
 
+// ---- attention of each precision: the bf16 tensor-core kernels (attention.cu) or fp32 (attention_f32.cu) ----
+
+template <class E> static size_t attention_workspace_bytes(const layer_dims *m);
+template <> size_t attention_workspace_bytes<bf16>(const layer_dims *m)
+{
+    return mt_cuda_attention_workspace_bytes(m->B, m->T, m->H, m->KV, m->D);
+}
+template <> size_t attention_workspace_bytes<float>(const layer_dims *m)
+{
+    return mt_cuda_attention_f32_workspace_bytes(m->B, m->T, m->H, m->KV, m->D);
+}
+
+static void attention_forward(const layer_dims *m, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *a, float *lse,
+                              mt_cuda_stream stream)
+{
+    mt_cuda_attention_forward(m->B, m->T, m->H, m->KV, m->D, reinterpret_cast<const mt_cuda_bf16 *>(q),
+                              reinterpret_cast<const mt_cuda_bf16 *>(k), reinterpret_cast<const mt_cuda_bf16 *>(v),
+                              reinterpret_cast<mt_cuda_bf16 *>(a), lse, stream);
+}
+
+static void attention_forward(const layer_dims *m, const float *q, const float *k, const float *v, float *a,
+                              float *lse, mt_cuda_stream stream)
+{
+    mt_cuda_attention_forward_f32(m->B, m->T, m->H, m->KV, m->D, q, k, v, a, lse, stream);
+}
+
+static void attention_backward(const layer_dims *m, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *a,
+                               const float *lse, const bf16 *da, float *dq, float *dk, float *dv, void *workspace,
+                               mt_cuda_stream stream)
+{
+    mt_cuda_attention_backward(m->B, m->T, m->H, m->KV, m->D, reinterpret_cast<const mt_cuda_bf16 *>(q),
+                               reinterpret_cast<const mt_cuda_bf16 *>(k), reinterpret_cast<const mt_cuda_bf16 *>(v),
+                               reinterpret_cast<const mt_cuda_bf16 *>(a), lse,
+                               reinterpret_cast<const mt_cuda_bf16 *>(da), dq, dk, dv, workspace, stream);
+}
+
+static void attention_backward(const layer_dims *m, const float *q, const float *k, const float *v, const float *a,
+                               const float *lse, const float *da, float *dq, float *dk, float *dv, void *workspace,
+                               mt_cuda_stream stream)
+{
+    mt_cuda_attention_backward_f32(m->B, m->T, m->H, m->KV, m->D, q, k, v, a, lse, da, dq, dk, dv, workspace, stream);
+}
+
 // ---- saved: what backward needs, written by a forward given `saved` ----
 // fp32: x (n,d) h (n,d) rms1 (n) rms2 (n) lse (B,H,T) [qk_norm: qrms (n*H) krms (n*KV)]
-// bf16: q k (after RoPE) (n,H*D) (n,KV*D), v (n,KV*D), a (n,H*D), g u (n,I)
+// E (the operand type): q k (after RoPE) (n,H*D) (n,KV*D), v (n,KV*D), a (n,H*D), g u (n,I)
 //       [qk_norm: qpre (n,H*D) kpre (n,KV*D), the projections before the norm]
 // xn and hn are recomputed from x, h and the saved inv_rms; s = swiglu(g, u) likewise.
-typedef struct layer_saved {
+template <class E> struct layer_saved {
     float *x, *h, *rms1, *rms2, *lse, *qrms, *krms;
-    bf16 *q, *k, *v, *a, *g, *u, *qpre, *kpre;
-} layer_saved;
+    E *q, *k, *v, *a, *g, *u, *qpre, *kpre;
+};
 
-static void saved_carve(const mt_model_config *cfg, const layer_dims *m, mt_carve *c, layer_saved *s)
+template <class E>
+static void saved_carve(const mt_model_config *cfg, const layer_dims *m, mt_carve *c, layer_saved<E> *s)
 {
     const int64_t n = m->n;
     s->x = mt_take<float>(c, n * m->d);
@@ -80,100 +126,111 @@ static void saved_carve(const mt_model_config *cfg, const layer_dims *m, mt_carv
     s->lse = mt_take<float>(c, n * m->H);
     s->qrms = cfg->qk_norm ? mt_take<float>(c, n * m->H) : nullptr;
     s->krms = cfg->qk_norm ? mt_take<float>(c, n * m->KV) : nullptr;
-    s->q = mt_take<bf16>(c, n * m->qd);
-    s->k = mt_take<bf16>(c, n * m->kvd);
-    s->v = mt_take<bf16>(c, n * m->kvd);
-    s->a = mt_take<bf16>(c, n * m->qd);
-    s->g = mt_take<bf16>(c, n * m->inter);
-    s->u = mt_take<bf16>(c, n * m->inter);
-    s->qpre = cfg->qk_norm ? mt_take<bf16>(c, n * m->qd) : nullptr;
-    s->kpre = cfg->qk_norm ? mt_take<bf16>(c, n * m->kvd) : nullptr;
+    s->q = mt_take<E>(c, n * m->qd);
+    s->k = mt_take<E>(c, n * m->kvd);
+    s->v = mt_take<E>(c, n * m->kvd);
+    s->a = mt_take<E>(c, n * m->qd);
+    s->g = mt_take<E>(c, n * m->inter);
+    s->u = mt_take<E>(c, n * m->inter);
+    s->qpre = cfg->qk_norm ? mt_take<E>(c, n * m->qd) : nullptr;
+    s->kpre = cfg->qk_norm ? mt_take<E>(c, n * m->kvd) : nullptr;
 }
 
 // ---- scratch of forward: [the saved set, used only when the caller passes none] xn/hn, s, rope
 // ---- scratch of backward: norm_out, dnorm, dres, rope, partials, then the MLP gradients overlaid
 //      by the attention gradients (the MLP ones are dead before attention backward starts).
-typedef struct layer_fwd_scratch {
-    layer_saved keep; // stands in for `saved` when it is NULL
-    bf16 *xn;         // (n, d) normed x, later normed h (hn)
-    bf16 *s;          // (n, I) swiglu output
+template <class E> struct layer_fwd_scratch {
+    layer_saved<E> keep; // stands in for `saved` when it is NULL
+    E *xn;         // (n, d) normed x, later normed h (hn)
+    E *s;          // (n, I) swiglu output
     float *cos_t, *sin_t; // (T, D/2) RoPE tables
-} layer_fwd_scratch;
+};
 
-typedef struct layer_bwd_scratch {
-    bf16 *norm_out;       // (n, d) hn, later xn (recomputed)
+template <class E> struct layer_bwd_scratch {
+    E *norm_out;       // (n, d) hn, later xn (recomputed)
     float *dnorm;         // (n, d) gradient at the norm output: dhn, later dxn
-    bf16 *dres;           // (n, d) bf16 of the residual-stream gradient: dy, later dh
+    E *dres;           // (n, d) the residual-stream gradient as E: dy, later dh
     float *cos_t, *sin_t; // (T, D/2)
     float *partials;      // column-sum partials, widest of d and H*D
     // MLP phase
-    bf16 *s_dg; // (n, I) s (recomputed), then dg
-    bf16 *du;   // (n, I)
+    E *s_dg; // (n, I) s (recomputed), then dg
+    E *du;   // (n, I)
     float *ds;  // (n, I) gradient at the swiglu output
     // attention phase, overlaying the MLP phase
-    bf16 *da_dqp;          // (n, H*D) gradient at the attention output, then at q's projection
-    bf16 *dkp, *dvb;       // (n, KV*D) gradients at k's projection and v, bf16 for the GEMMs
+    E *da_dqp;          // (n, H*D) gradient at the attention output, then at q's projection
+    E *dkp, *dvb;       // (n, KV*D) gradients at k's projection and v, E for the GEMMs
     float *dq, *dk, *dv;   // (n, H*D) (n, KV*D) (n, KV*D) from attention backward
     float *dqp32, *dkp32;  // (n, H*D) (n, KV*D) fp32 gradients at q's and k's projections: the
                            // bias gradients sum them (bf16 would lose the cancelling sums' digits)
     void *attn_workspace;  // mt_cuda_attention_workspace_bytes
-} layer_bwd_scratch;
+};
 
-static void fwd_carve(const mt_model_config *cfg, const layer_dims *m, mt_carve *c, layer_fwd_scratch *s)
+template <class E>
+static void fwd_carve(const mt_model_config *cfg, const layer_dims *m, mt_carve *c, layer_fwd_scratch<E> *s)
 {
     saved_carve(cfg, m, c, &s->keep);
-    s->xn = mt_take<bf16>(c, m->n * m->d);
-    s->s = mt_take<bf16>(c, m->n * m->inter);
+    s->xn = mt_take<E>(c, m->n * m->d);
+    s->s = mt_take<E>(c, m->n * m->inter);
     s->cos_t = mt_take<float>(c, m->T * m->half);
     s->sin_t = mt_take<float>(c, m->T * m->half);
 }
 
-static void bwd_carve(const layer_dims *m, mt_carve *c, layer_bwd_scratch *s)
+template <class E> static void bwd_carve(const layer_dims *m, mt_carve *c, layer_bwd_scratch<E> *s)
 {
     const int64_t n = m->n;
-    s->norm_out = mt_take<bf16>(c, n * m->d);
+    s->norm_out = mt_take<E>(c, n * m->d);
     s->dnorm = mt_take<float>(c, n * m->d);
-    s->dres = mt_take<bf16>(c, n * m->d);
+    s->dres = mt_take<E>(c, n * m->d);
     s->cos_t = mt_take<float>(c, m->T * m->half);
     s->sin_t = mt_take<float>(c, m->T * m->half);
     s->partials = (float *)mt_take<char>(c, (int64_t)mt_colsum_partials_bytes(m->d > m->qd ? m->d : m->qd));
     const size_t region = c->offset;
-    s->s_dg = mt_take<bf16>(c, n * m->inter);
-    s->du = mt_take<bf16>(c, n * m->inter);
+    s->s_dg = mt_take<E>(c, n * m->inter);
+    s->du = mt_take<E>(c, n * m->inter);
     s->ds = mt_take<float>(c, n * m->inter);
     const size_t mlp_end = c->offset;
     c->offset = region;
-    s->da_dqp = mt_take<bf16>(c, n * m->qd);
-    s->dkp = mt_take<bf16>(c, n * m->kvd);
-    s->dvb = mt_take<bf16>(c, n * m->kvd);
+    s->da_dqp = mt_take<E>(c, n * m->qd);
+    s->dkp = mt_take<E>(c, n * m->kvd);
+    s->dvb = mt_take<E>(c, n * m->kvd);
     s->dq = mt_take<float>(c, n * m->qd);
     s->dk = mt_take<float>(c, n * m->kvd);
     s->dv = mt_take<float>(c, n * m->kvd);
     s->dqp32 = mt_take<float>(c, n * m->qd);
     s->dkp32 = mt_take<float>(c, n * m->kvd);
-    s->attn_workspace = mt_take<char>(c, (int64_t)mt_cuda_attention_workspace_bytes(m->B, m->T, m->H, m->KV, m->D));
+    s->attn_workspace = mt_take<char>(c, (int64_t)attention_workspace_bytes<E>(m));
     if (mlp_end > c->offset) c->offset = mlp_end;
 }
 
-extern "C" size_t mt_cuda_layer_saved_bytes(const mt_model_config *cfg, int64_t B, int64_t T)
+template <class E> static size_t saved_bytes(const mt_model_config *cfg, int64_t B, int64_t T)
 {
     const layer_dims m = layer_dims_of(cfg, B, T);
     mt_carve c = {nullptr, 0};
-    layer_saved s;
+    layer_saved<E> s;
     saved_carve(cfg, &m, &c, &s);
     return mt_carve_size(&c);
 }
 
-extern "C" size_t mt_cuda_layer_scratch_bytes(const mt_model_config *cfg, int64_t B, int64_t T)
+template <class E> static size_t scratch_bytes(const mt_model_config *cfg, int64_t B, int64_t T)
 {
     const layer_dims m = layer_dims_of(cfg, B, T);
     mt_carve f = {nullptr, 0}, b = {nullptr, 0};
-    layer_fwd_scratch fs;
-    layer_bwd_scratch bs;
+    layer_fwd_scratch<E> fs;
+    layer_bwd_scratch<E> bs;
     fwd_carve(cfg, &m, &f, &fs);
     bwd_carve(&m, &b, &bs);
     const size_t fb = mt_carve_size(&f), bb = mt_carve_size(&b);
     return fb > bb ? fb : bb;
+}
+
+extern "C" size_t mt_cuda_layer_saved_bytes(const mt_model_config *cfg, mt_cuda_prec prec, int64_t B, int64_t T)
+{
+    return prec == MT_CUDA_F32 ? saved_bytes<float>(cfg, B, T) : saved_bytes<bf16>(cfg, B, T);
+}
+
+extern "C" size_t mt_cuda_layer_scratch_bytes(const mt_model_config *cfg, mt_cuda_prec prec, int64_t B, int64_t T)
+{
+    return prec == MT_CUDA_F32 ? scratch_bytes<float>(cfg, B, T) : scratch_bytes<bf16>(cfg, B, T);
 }
 
 // ---- RoPE tables: cos/sin of t * inv_freq[j], computed in double and rounded as the CPU does ----
@@ -219,10 +276,10 @@ static __device__ __forceinline__ qk_vector qk_vector_of(int64_t vec, int64_t n,
 }
 
 // q (n, H*D) and k (n, KV*D): [QKNorm: per-head RMSNorm of the projection, inv_rms saved] then
-// the rotation, written as bf16. src == dst allowed (each lane reads its own pairs first).
-template <bool QKNorm>
-__global__ static void qk_rope_forward_kernel(int64_t n, int64_t T, int64_t H, int64_t KV, int D, const bf16 *qsrc,
-                                              const bf16 *ksrc, bf16 *qdst, bf16 *kdst, const bf16 *qw, const bf16 *kw,
+// the rotation, written as E. src == dst allowed (each lane reads its own pairs first).
+template <class E, bool QKNorm>
+__global__ static void qk_rope_forward_kernel(int64_t n, int64_t T, int64_t H, int64_t KV, int D, const E *qsrc,
+                                              const E *ksrc, E *qdst, E *kdst, const E *qw, const E *kw,
                                               float *qrms, float *krms, double eps, const float *cos_t,
                                               const float *sin_t)
 {
@@ -231,14 +288,14 @@ __global__ static void qk_rope_forward_kernel(int64_t n, int64_t T, int64_t H, i
     if (vec >= n * (H + KV)) return;
     const qk_vector v = qk_vector_of(vec, n, T, H, KV);
     const int half = D / 2;
-    const bf16 *src = (v.is_q ? qsrc : ksrc) + v.index * D;
-    bf16 *dst = (v.is_q ? qdst : kdst) + v.index * D;
+    const E *src = (v.is_q ? qsrc : ksrc) + v.index * D;
+    E *dst = (v.is_q ? qdst : kdst) + v.index * D;
     float x1[ROPE_PAIRS_PER_LANE], x2[ROPE_PAIRS_PER_LANE];
 #pragma unroll
     for (int p = 0; p < ROPE_PAIRS_PER_LANE; p++) {
         const int j = lane + 32 * p;
-        x1[p] = j < half ? bf2f(src[j]) : 0.f;
-        x2[p] = j < half ? bf2f(src[j + half]) : 0.f;
+        x1[p] = j < half ? to_f(src[j]) : 0.f;
+        x2[p] = j < half ? to_f(src[j + half]) : 0.f;
     }
     if (QKNorm) {
         double ss = 0;
@@ -246,13 +303,13 @@ __global__ static void qk_rope_forward_kernel(int64_t n, int64_t T, int64_t H, i
         for (int p = 0; p < ROPE_PAIRS_PER_LANE; p++) ss += (double)x1[p] * x1[p] + (double)x2[p] * x2[p];
         ss = mt_warp_sum(ss);
         const float s = (float)(1.0 / sqrt(ss / (double)D + eps));
-        const bf16 *w = v.is_q ? qw : kw;
+        const E *w = v.is_q ? qw : kw;
 #pragma unroll
         for (int p = 0; p < ROPE_PAIRS_PER_LANE; p++) {
             const int j = lane + 32 * p;
             if (j < half) {
-                x1[p] = x1[p] * s * bf2f(w[j]);
-                x2[p] = x2[p] * s * bf2f(w[j + half]);
+                x1[p] = x1[p] * s * to_f(w[j]);
+                x2[p] = x2[p] * s * to_f(w[j + half]);
             }
         }
         float *rms = v.is_q ? qrms : krms;
@@ -264,20 +321,20 @@ __global__ static void qk_rope_forward_kernel(int64_t n, int64_t T, int64_t H, i
         const int j = lane + 32 * p;
         if (j < half) {
             const float c = ct[j], s = st[j];
-            dst[j] = f2bf(x1[p] * c - x2[p] * s);
-            dst[j + half] = f2bf(x2[p] * c + x1[p] * s);
+            dst[j] = from_f<E>(x1[p] * c - x2[p] * s);
+            dst[j + half] = from_f<E>(x2[p] * c + x1[p] * s);
         }
     }
 }
 
 // Backward of the above on dq (n, H*D), dk (n, KV*D) fp32 from attention: the inverse rotation,
 // [QKNorm: the norm's input gradient, and dq/dk overwritten with the norm weight's summands
-// dy * x * inv_rms for a column sum], written as bf16 gradients at the projections' outputs, and
+// dy * x * inv_rms for a column sum], written as E gradients at the projections' outputs, and
 // as fp32 into dq32/dk32 when those are given (for the bias gradients).
-template <bool QKNorm>
+template <class E, bool QKNorm>
 __global__ static void qk_rope_backward_kernel(int64_t n, int64_t T, int64_t H, int64_t KV, int D, float *dq, float *dk,
-                                               const bf16 *qpre, const bf16 *kpre, const bf16 *qw, const bf16 *kw,
-                                               const float *qrms, const float *krms, bf16 *dq_proj, bf16 *dk_proj,
+                                               const E *qpre, const E *kpre, const E *qw, const E *kw,
+                                               const float *qrms, const float *krms, E *dq_proj, E *dk_proj,
                                                const float *cos_t, const float *sin_t, float *dq32, float *dk32)
 {
     const int64_t vec = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
@@ -286,7 +343,7 @@ __global__ static void qk_rope_backward_kernel(int64_t n, int64_t T, int64_t H, 
     const qk_vector v = qk_vector_of(vec, n, T, H, KV);
     const int half = D / 2;
     float *g = (v.is_q ? dq : dk) + v.index * D;
-    bf16 *dst = (v.is_q ? dq_proj : dk_proj) + v.index * D;
+    E *dst = (v.is_q ? dq_proj : dk_proj) + v.index * D;
     float *dst32 = v.is_q ? dq32 : dk32;
     if (dst32) dst32 += v.index * D;
     const float *ct = cos_t + v.t * half, *st = sin_t + v.t * half;
@@ -306,8 +363,8 @@ __global__ static void qk_rope_backward_kernel(int64_t n, int64_t T, int64_t H, 
         for (int p = 0; p < ROPE_PAIRS_PER_LANE; p++) {
             const int j = lane + 32 * p;
             if (j < half) {
-                dst[j] = f2bf(y1[p]);
-                dst[j + half] = f2bf(y2[p]);
+                dst[j] = from_f<E>(y1[p]);
+                dst[j + half] = from_f<E>(y2[p]);
                 if (dst32) {
                     dst32[j] = y1[p];
                     dst32[j + half] = y2[p];
@@ -316,8 +373,8 @@ __global__ static void qk_rope_backward_kernel(int64_t n, int64_t T, int64_t H, 
         }
         return;
     }
-    const bf16 *x = (v.is_q ? qpre : kpre) + v.index * D;
-    const bf16 *w = v.is_q ? qw : kw;
+    const E *x = (v.is_q ? qpre : kpre) + v.index * D;
+    const E *w = v.is_q ? qw : kw;
     const float s = (v.is_q ? qrms : krms)[v.index];
     float x1[ROPE_PAIRS_PER_LANE], x2[ROPE_PAIRS_PER_LANE], w1[ROPE_PAIRS_PER_LANE], w2[ROPE_PAIRS_PER_LANE];
     double dot = 0;
@@ -326,10 +383,10 @@ __global__ static void qk_rope_backward_kernel(int64_t n, int64_t T, int64_t H, 
         const int j = lane + 32 * p;
         x1[p] = x2[p] = w1[p] = w2[p] = 0.f;
         if (j < half) {
-            x1[p] = bf2f(x[j]);
-            x2[p] = bf2f(x[j + half]);
-            w1[p] = bf2f(w[j]);
-            w2[p] = bf2f(w[j + half]);
+            x1[p] = to_f(x[j]);
+            x2[p] = to_f(x[j + half]);
+            w1[p] = to_f(w[j]);
+            w2[p] = to_f(w[j + half]);
         }
         dot += (double)(w1[p] * y1[p]) * (double)x1[p] + (double)(w2[p] * y2[p]) * (double)x2[p];
     }
@@ -340,8 +397,8 @@ __global__ static void qk_rope_backward_kernel(int64_t n, int64_t T, int64_t H, 
         const int j = lane + 32 * p;
         if (j < half) {
             const float g1 = s * (w1[p] * y1[p] - x1[p] * c), g2 = s * (w2[p] * y2[p] - x2[p] * c);
-            dst[j] = f2bf(g1);
-            dst[j + half] = f2bf(g2);
+            dst[j] = from_f<E>(g1);
+            dst[j + half] = from_f<E>(g2);
             if (dst32) {
                 dst32[j] = g1;
                 dst32[j + half] = g2;
@@ -360,33 +417,35 @@ static unsigned qk_blocks(const layer_dims *m)
 
 // The forward launch: with cfg->qk_norm the per-head norm (qw kw (D), qrms (n*H) krms (n*KV)
 // written), else the rotation alone (those four unused).
-static void qk_rope_forward(const mt_model_config *cfg, const layer_dims *m, const bf16 *qsrc, const bf16 *ksrc,
-                            bf16 *qdst, bf16 *kdst, const bf16 *qw, const bf16 *kw, float *qrms, float *krms,
+template <class E>
+static void qk_rope_forward(const mt_model_config *cfg, const layer_dims *m, const E *qsrc, const E *ksrc,
+                            E *qdst, E *kdst, const E *qw, const E *kw, float *qrms, float *krms,
                             const float *cos_t, const float *sin_t, cudaStream_t stream)
 {
     if (cfg->qk_norm)
-        qk_rope_forward_kernel<true><<<qk_blocks(m), 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, qsrc, ksrc,
+        qk_rope_forward_kernel<E, true><<<qk_blocks(m), 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, qsrc, ksrc,
                                                                         qdst, kdst, qw, kw, qrms, krms, cfg->rms_eps,
                                                                         cos_t, sin_t);
     else
-        qk_rope_forward_kernel<false><<<qk_blocks(m), 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, qsrc,
+        qk_rope_forward_kernel<E, false><<<qk_blocks(m), 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, qsrc,
                                                                          ksrc, qdst, kdst, nullptr, nullptr, nullptr,
                                                                          nullptr, cfg->rms_eps, cos_t, sin_t);
     CUDA_CHECK_LAUNCH();
 }
 
 // The backward launch, same variants: qpre kpre qw kw qrms krms used only with cfg->qk_norm.
-static void qk_rope_backward(const mt_model_config *cfg, const layer_dims *m, float *dq, float *dk, const bf16 *qpre,
-                             const bf16 *kpre, const bf16 *qw, const bf16 *kw, const float *qrms, const float *krms,
-                             bf16 *dq_proj, bf16 *dk_proj, const float *cos_t, const float *sin_t, float *dq32,
+template <class E>
+static void qk_rope_backward(const mt_model_config *cfg, const layer_dims *m, float *dq, float *dk, const E *qpre,
+                             const E *kpre, const E *qw, const E *kw, const float *qrms, const float *krms,
+                             E *dq_proj, E *dk_proj, const float *cos_t, const float *sin_t, float *dq32,
                              float *dk32, cudaStream_t stream)
 {
     if (cfg->qk_norm)
-        qk_rope_backward_kernel<true><<<qk_blocks(m), 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, dq, dk,
+        qk_rope_backward_kernel<E, true><<<qk_blocks(m), 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, dq, dk,
                                                                          qpre, kpre, qw, kw, qrms, krms, dq_proj,
                                                                          dk_proj, cos_t, sin_t, dq32, dk32);
     else
-        qk_rope_backward_kernel<false><<<qk_blocks(m), 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, dq, dk,
+        qk_rope_backward_kernel<E, false><<<qk_blocks(m), 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, dq, dk,
                                                                           nullptr, nullptr, nullptr, nullptr, nullptr,
                                                                           nullptr, dq_proj, dk_proj, cos_t, sin_t,
                                                                           dq32, dk32);
@@ -395,36 +454,39 @@ static void qk_rope_backward(const mt_model_config *cfg, const layer_dims *m, fl
 
 // ---- SwiGLU ----
 
-// s (len) = silu(g) * u, bf16 in and out, fp32 math with expf as the CPU's float path.
-__global__ static void swiglu_forward_kernel(int64_t len, const bf16 *gate, const bf16 *up, bf16 *out)
+// s (len) = silu(g) * u, E in and out, fp32 math with expf as the CPU's float path.
+template <class E>
+__global__ static void swiglu_forward_kernel(int64_t len, const E *gate, const E *up, E *out)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < len; i += (int64_t)gridDim.x * blockDim.x) {
-        const float g = bf2f(gate[i]);
+        const float g = to_f(gate[i]);
         const float sig = 1.f / (1.f + expf(-g));
-        out[i] = f2bf(g * sig * bf2f(up[i]));
+        out[i] = from_f<E>(g * sig * to_f(up[i]));
     }
 }
 
-// dgate = ds u sig (1 + g (1 - sig)), dup = ds silu(g): bf16 out for the gate/up GEMMs.
-// dgate may alias the bf16 buffer s was in (dead by then); ds is fp32.
-__global__ static void swiglu_backward_kernel(int64_t len, const bf16 *gate, const bf16 *up, const float *dout,
-                                              bf16 *dgate, bf16 *dup)
+// dgate = ds u sig (1 + g (1 - sig)), dup = ds silu(g): E out for the gate/up GEMMs.
+// dgate may alias the E buffer s was in (dead by then); ds is fp32.
+template <class E>
+__global__ static void swiglu_backward_kernel(int64_t len, const E *gate, const E *up, const float *dout,
+                                              E *dgate, E *dup)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < len; i += (int64_t)gridDim.x * blockDim.x) {
-        const float g = bf2f(gate[i]), u = bf2f(up[i]), d = dout[i];
+        const float g = to_f(gate[i]), u = to_f(up[i]), d = dout[i];
         const float sig = 1.f / (1.f + expf(-g));
-        dgate[i] = f2bf(d * u * sig * (1.f + g * (1.f - sig)));
-        dup[i] = f2bf(d * g * sig);
+        dgate[i] = from_f<E>(d * u * sig * (1.f + g * (1.f - sig)));
+        dup[i] = from_f<E>(d * g * sig);
     }
 }
 
-static void swiglu_forward(int64_t len, const bf16 *gate, const bf16 *up, bf16 *out, cudaStream_t stream)
+template <class E> static void swiglu_forward(int64_t len, const E *gate, const E *up, E *out, cudaStream_t stream)
 {
     swiglu_forward_kernel<<<mt_grid_for(len, 256), 256, 0, stream>>>(len, gate, up, out);
     CUDA_CHECK_LAUNCH();
 }
 
-static void swiglu_backward(int64_t len, const bf16 *gate, const bf16 *up, const float *dout, bf16 *dgate, bf16 *dup,
+template <class E>
+static void swiglu_backward(int64_t len, const E *gate, const E *up, const float *dout, E *dgate, E *dup,
                             cudaStream_t stream)
 {
     swiglu_backward_kernel<<<mt_grid_for(len, 256), 256, 0, stream>>>(len, gate, up, dout, dgate, dup);
@@ -459,9 +521,10 @@ static void qkv_bias_grads(const layer_dims *m, const float *dq32, const float *
 
 // ---- forward ----
 
-extern "C" void mt_cuda_layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
-                                      const mt_cuda_bf16 *tile, int64_t B, int64_t T, const float *x, float *y,
-                                      void *saved, void *scratch, mt_cuda_stream stream_)
+template <class E>
+static void layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout, const E *tile,
+                          int64_t B, int64_t T, const float *x, float *y, void *saved, void *scratch,
+                          mt_cuda_stream stream_)
 {
     const cudaStream_t stream = as_stream(stream_);
     const layer_dims m = layer_dims_of(cfg, B, T);
@@ -470,9 +533,9 @@ extern "C" void mt_cuda_layer_forward(mt_cuda_ctx *ctx, const mt_model_config *c
     if (n <= 0) return;
 
     mt_carve sc = {(char *)scratch, 0};
-    layer_fwd_scratch fs;
+    layer_fwd_scratch<E> fs;
     fwd_carve(cfg, &m, &sc, &fs);
-    layer_saved sv = fs.keep;
+    layer_saved<E> sv = fs.keep;
     if (saved) {
         mt_carve c = {(char *)saved, 0};
         saved_carve(cfg, &m, &c, &sv);
@@ -481,37 +544,35 @@ extern "C" void mt_cuda_layer_forward(mt_cuda_ctx *ctx, const mt_model_config *c
 
     // Attention block: h = x + attn(rope(q), rope(k), v) Wo^T.
     mt_rmsnorm_forward(n, m.d, x, weight(layout, tile, MT_L_ATTN_NORM), cfg->rms_eps, fs.xn, sv.rms1, stream);
-    bf16 *q_proj = cfg->qk_norm ? sv.qpre : sv.q; // (n, H*D)
-    bf16 *k_proj = cfg->qk_norm ? sv.kpre : sv.k; // (n, KV*D)
+    E *q_proj = cfg->qk_norm ? sv.qpre : sv.q; // (n, H*D)
+    E *k_proj = cfg->qk_norm ? sv.kpre : sv.k; // (n, KV*D)
     mt_linear_forward(ctx, n, m.d, m.qd, fs.xn, weight(layout, tile, MT_L_Q_W), weight(layout, tile, MT_L_Q_B),
-                      q_proj, CUDA_R_16BF, stream);
+                      q_proj, mt_cuda_type<E>(), stream);
     mt_linear_forward(ctx, n, m.d, m.kvd, fs.xn, weight(layout, tile, MT_L_K_W), weight(layout, tile, MT_L_K_B),
-                      k_proj, CUDA_R_16BF, stream);
+                      k_proj, mt_cuda_type<E>(), stream);
     mt_linear_forward(ctx, n, m.d, m.kvd, fs.xn, weight(layout, tile, MT_L_V_W), weight(layout, tile, MT_L_V_B),
-                      sv.v, CUDA_R_16BF, stream);
+                      sv.v, mt_cuda_type<E>(), stream);
     rope_tables(cfg, &m, fs.cos_t, fs.sin_t, stream);
     qk_rope_forward(cfg, &m, q_proj, k_proj, sv.q, sv.k, weight(layout, tile, MT_L_Q_NORM),
                     weight(layout, tile, MT_L_K_NORM), sv.qrms, sv.krms, fs.cos_t, fs.sin_t, stream);
-    mt_cuda_attention_forward(B, T, m.H, m.KV, m.D, reinterpret_cast<const mt_cuda_bf16 *>(sv.q),
-                              reinterpret_cast<const mt_cuda_bf16 *>(sv.k), reinterpret_cast<const mt_cuda_bf16 *>(sv.v),
-                              reinterpret_cast<mt_cuda_bf16 *>(sv.a), sv.lse, stream_); // a (n, H*D)
+    attention_forward(&m, sv.q, sv.k, sv.v, sv.a, sv.lse, stream_); // a (n, H*D)
     mt_linear_forward_residual(ctx, n, m.qd, m.d, sv.a, weight(layout, tile, MT_L_O_W), x, sv.h, stream);
 
     // MLP block: y = h + swiglu(hn Wg^T, hn Wu^T) Wd^T.
-    bf16 *hn = fs.xn; // xn is dead once q/k/v are projected
+    E *hn = fs.xn; // xn is dead once q/k/v are projected
     mt_rmsnorm_forward(n, m.d, sv.h, weight(layout, tile, MT_L_MLP_NORM), cfg->rms_eps, hn, sv.rms2, stream);
-    mt_linear_forward(ctx, n, m.d, m.inter, hn, weight(layout, tile, MT_L_GATE_W), nullptr, sv.g, CUDA_R_16BF, stream);
-    mt_linear_forward(ctx, n, m.d, m.inter, hn, weight(layout, tile, MT_L_UP_W), nullptr, sv.u, CUDA_R_16BF, stream);
+    mt_linear_forward(ctx, n, m.d, m.inter, hn, weight(layout, tile, MT_L_GATE_W), nullptr, sv.g, mt_cuda_type<E>(), stream);
+    mt_linear_forward(ctx, n, m.d, m.inter, hn, weight(layout, tile, MT_L_UP_W), nullptr, sv.u, mt_cuda_type<E>(), stream);
     swiglu_forward(n * m.inter, sv.g, sv.u, fs.s, stream);
     mt_linear_forward_residual(ctx, n, m.inter, m.d, fs.s, weight(layout, tile, MT_L_DOWN_W), sv.h, y, stream);
 }
 
 // ---- backward ----
 
-extern "C" void mt_cuda_layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
-                                       const mt_cuda_bf16 *tile, int64_t B, int64_t T, const void *saved,
-                                       const float *dy, float *dx, float *dtile, bool accumulate, void *scratch,
-                                       mt_cuda_stream stream_)
+template <class E>
+static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout, const E *tile,
+                           int64_t B, int64_t T, const void *saved, const float *dy, float *dx, float *dtile,
+                           bool accumulate, void *scratch, mt_cuda_stream stream_)
 {
     const cudaStream_t stream = as_stream(stream_);
     const layer_dims m = layer_dims_of(cfg, B, T);
@@ -523,18 +584,18 @@ extern "C" void mt_cuda_layer_backward(mt_cuda_ctx *ctx, const mt_model_config *
     if (!accumulate) CUDA_CHECK(cudaMemsetAsync(dtile, 0, (size_t)layout->numel * sizeof(float), stream));
     if (n <= 0) return;
 
-    layer_saved sv;
+    layer_saved<E> sv;
     mt_carve c = {(char *)saved, 0};
     saved_carve(cfg, &m, &c, &sv);
     mt_carve sc = {(char *)scratch, 0};
-    layer_bwd_scratch s;
+    layer_bwd_scratch<E> s;
     bwd_carve(&m, &sc, &s);
 
     // MLP block.
-    const bf16 *mlp_norm_w = weight(layout, tile, MT_L_MLP_NORM);
+    const E *mlp_norm_w = weight(layout, tile, MT_L_MLP_NORM);
     mt_rmsnorm_apply(n, m.d, sv.h, mlp_norm_w, sv.rms2, s.norm_out, stream); // hn (n, d)
     swiglu_forward(n * m.inter, sv.g, sv.u, s.s_dg, stream);
-    mt_cuda_f32_to_bf16(dy, reinterpret_cast<mt_cuda_bf16 *>(s.dres), n * m.d, stream_); // dy bf16 (n, d)
+    mt_cuda_from_f32(dy, s.dres, n * m.d, stream); // dy as E (n, d)
     mt_linear_backward_weight(ctx, n, m.inter, m.d, s.s_dg, s.dres, grad(layout, dtile, MT_L_DOWN_W), true, stream);
     mt_linear_backward_input(ctx, n, m.inter, m.d, s.dres, weight(layout, tile, MT_L_DOWN_W), s.ds, CUDA_R_32F, false,
                              stream); // ds (n, I)
@@ -545,34 +606,29 @@ extern "C" void mt_cuda_layer_backward(mt_cuda_ctx *ctx, const mt_model_config *
                              false, stream);
     mt_linear_backward_input(ctx, n, m.d, m.inter, s.du, weight(layout, tile, MT_L_UP_W), s.dnorm, CUDA_R_32F, true,
                              stream); // dhn (n, d)
-    // dx holds dh = dy + the norm's share (and dres its bf16 copy for the o_proj GEMMs).
+    // dx holds dh = dy + the norm's share (and dres its copy as E for the o_proj GEMMs).
     mt_rmsnorm_backward(n, m.d, sv.h, mlp_norm_w, sv.rms2, s.dnorm, dy, dx, s.dres, stream);
     mt_rmsnorm_backward_weight(n, m.d, sv.h, sv.rms2, s.dnorm, grad(layout, dtile, MT_L_MLP_NORM), true, s.partials,
                                stream);
 
     // Attention block.
     mt_linear_backward_weight(ctx, n, m.qd, m.d, sv.a, s.dres, grad(layout, dtile, MT_L_O_W), true, stream);
-    mt_linear_backward_input(ctx, n, m.qd, m.d, s.dres, weight(layout, tile, MT_L_O_W), s.da_dqp, CUDA_R_16BF, false,
+    mt_linear_backward_input(ctx, n, m.qd, m.d, s.dres, weight(layout, tile, MT_L_O_W), s.da_dqp, mt_cuda_type<E>(), false,
                              stream); // da (n, H*D)
-    mt_cuda_attention_backward(B, T, m.H, m.KV, m.D, reinterpret_cast<const mt_cuda_bf16 *>(sv.q),
-                               reinterpret_cast<const mt_cuda_bf16 *>(sv.k),
-                               reinterpret_cast<const mt_cuda_bf16 *>(sv.v),
-                               reinterpret_cast<const mt_cuda_bf16 *>(sv.a), sv.lse,
-                               reinterpret_cast<const mt_cuda_bf16 *>(s.da_dqp), s.dq, s.dk, s.dv, s.attn_workspace,
-                               stream_);
+    attention_backward(&m, sv.q, sv.k, sv.v, sv.a, sv.lse, s.da_dqp, s.dq, s.dk, s.dv, s.attn_workspace, stream_);
     rope_tables(cfg, &m, s.cos_t, s.sin_t, stream);
-    bf16 *dq_proj = s.da_dqp; // da is dead once attention backward has run
+    E *dq_proj = s.da_dqp; // da is dead once attention backward has run
     qk_rope_backward(cfg, &m, s.dq, s.dk, sv.qpre, sv.kpre, weight(layout, tile, MT_L_Q_NORM),
                      weight(layout, tile, MT_L_K_NORM), sv.qrms, sv.krms, dq_proj, s.dkp, s.cos_t, s.sin_t,
                      cfg->qkv_bias ? s.dqp32 : nullptr, cfg->qkv_bias ? s.dkp32 : nullptr, stream);
     if (cfg->qk_norm)
         qk_norm_weight_grads(&m, s.dq, s.dk, grad(layout, dtile, MT_L_Q_NORM), grad(layout, dtile, MT_L_K_NORM),
                              s.partials, stream);
-    mt_cuda_f32_to_bf16(s.dv, reinterpret_cast<mt_cuda_bf16 *>(s.dvb), n * m.kvd, stream_);
+    mt_cuda_from_f32(s.dv, s.dvb, n * m.kvd, stream);
     if (cfg->qkv_bias)
         qkv_bias_grads(&m, s.dqp32, s.dkp32, s.dv, grad(layout, dtile, MT_L_Q_B), grad(layout, dtile, MT_L_K_B),
                        grad(layout, dtile, MT_L_V_B), s.partials, stream);
-    const bf16 *attn_norm_w = weight(layout, tile, MT_L_ATTN_NORM);
+    const E *attn_norm_w = weight(layout, tile, MT_L_ATTN_NORM);
     mt_rmsnorm_apply(n, m.d, sv.x, attn_norm_w, sv.rms1, s.norm_out, stream); // xn (n, d)
     mt_linear_backward_weight(ctx, n, m.d, m.qd, s.norm_out, dq_proj, grad(layout, dtile, MT_L_Q_W), true, stream);
     mt_linear_backward_weight(ctx, n, m.d, m.kvd, s.norm_out, s.dkp, grad(layout, dtile, MT_L_K_W), true, stream);
@@ -588,6 +644,28 @@ extern "C" void mt_cuda_layer_backward(mt_cuda_ctx *ctx, const mt_model_config *
     mt_rmsnorm_backward_weight(n, m.d, sv.x, sv.rms1, s.dnorm, grad(layout, dtile, MT_L_ATTN_NORM), true, s.partials,
                                stream);
 }
+// ---- the entry points: one instantiation per precision ----
+
+extern "C" void mt_cuda_layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
+                                      mt_cuda_prec prec, const void *tile, int64_t B, int64_t T, const float *x,
+                                      float *y, void *saved, void *scratch, mt_cuda_stream stream)
+{
+    if (prec == MT_CUDA_F32)
+        layer_forward(ctx, cfg, layout, (const float *)tile, B, T, x, y, saved, scratch, stream);
+    else
+        layer_forward(ctx, cfg, layout, (const bf16 *)tile, B, T, x, y, saved, scratch, stream);
+}
+
+extern "C" void mt_cuda_layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
+                                       mt_cuda_prec prec, const void *tile, int64_t B, int64_t T, const void *saved,
+                                       const float *dy, float *dx, float *dtile, bool accumulate, void *scratch,
+                                       mt_cuda_stream stream)
+{
+    if (prec == MT_CUDA_F32)
+        layer_backward(ctx, cfg, layout, (const float *)tile, B, T, saved, dy, dx, dtile, accumulate, scratch, stream);
+    else
+        layer_backward(ctx, cfg, layout, (const bf16 *)tile, B, T, saved, dy, dx, dtile, accumulate, scratch, stream);
+}
 
 // ---- timings (mt_cuda_bench_memory_kernels, bench.cu) ----
 // The layer's memory-bound kernels through the helpers its own code calls, on random buffers of
@@ -602,7 +680,7 @@ void mt_kernel_bench_layer(mt_kernel_bench *b, const mt_model_config *cfg, const
     layer_check(cfg, layout, &m);
     const int64_t n = m.n, d = m.d, I = m.inter, qk = m.qd + m.kvd, heads = m.H + m.KV;
     const cudaStream_t st = b->stream;
-    const mt_cuda_bf16 *tile = reinterpret_cast<const mt_cuda_bf16 *>(mt_kernel_bench_random_bf16(b, layout->numel));
+    const bf16 *tile = mt_kernel_bench_random_bf16(b, layout->numel);
     const bf16 *norm_w = weight(layout, tile, MT_L_MLP_NORM);                                    // (d)
     const bf16 *qw = weight(layout, tile, MT_L_Q_NORM), *kw = weight(layout, tile, MT_L_K_NORM); // (D), qk_norm
     // RMSNorm: x (n, d) its input, dy (n, d) the gradient at its output, resid (n, d) the residual

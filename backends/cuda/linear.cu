@@ -16,8 +16,9 @@ struct gemm_key {
     int32_t transa, transb; // op on the stored A / B
     int64_t m, n, k;        // column-major GEMM dimensions: D (m, n) = op(A) (m, k) op(B) (k, n)
     int64_t lda, ldb, ldd;  // leading dimensions of the stored matrices (C shares D's)
-    int32_t dtype;          // cudaDataType_t of C and D (A and B are bf16)
-    int32_t bias;           // CUBLASLT_EPILOGUE_BIAS with a bf16 vector of m
+    int32_t abtype;         // cudaDataType_t of A and B (bf16 or fp32)
+    int32_t dtype;          // cudaDataType_t of C and D
+    int32_t bias;           // CUBLASLT_EPILOGUE_BIAS with a vector of m in D's type
     uint32_t align_a, align_b, align_c, align_d, align_bias;
 };
 
@@ -66,7 +67,7 @@ static void plan_create(mt_cuda_ctx *ctx, const gemm_key *key, const void *bias,
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     if (key->bias) {
         const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-        const int32_t bias_type = CUDA_R_16BF; // D's type, the default: said explicitly
+        const int32_t bias_type = key->dtype; // D's type, the default: said explicitly
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                     sizeof bias_type));
@@ -75,8 +76,8 @@ static void plan_create(mt_cuda_ctx *ctx, const gemm_key *key, const void *bias,
     // Stored shapes: op_T(A) is (m, k), so a transposed A is stored (k, m).
     const uint64_t a_rows = key->transa ? key->k : key->m, a_cols = key->transa ? key->m : key->k;
     const uint64_t b_rows = key->transb ? key->n : key->k, b_cols = key->transb ? key->k : key->n;
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, a_rows, a_cols, key->lda));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, b_rows, b_cols, key->ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, (cudaDataType_t)key->abtype, a_rows, a_cols, key->lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, (cudaDataType_t)key->abtype, b_rows, b_cols, key->ldb));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->cd, (cudaDataType_t)key->dtype, (uint64_t)key->m,
                                             (uint64_t)key->n, key->ldd));
 
@@ -96,9 +97,9 @@ static void plan_create(mt_cuda_ctx *ctx, const gemm_key *key, const void *bias,
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
         fprintf(stderr,
                 "cuBLASLt found no algorithm for D(%lld,%lld) = op%s(A) op%s(B), k=%lld, lda=%lld ldb=%lld "
-                "ldd=%lld, D type %d, bias %d, alignments A%u B%u C%u D%u bias%u\n",
+                "ldd=%lld, A/B type %d, D type %d, bias %d, alignments A%u B%u C%u D%u bias%u\n",
                 (long long)key->m, (long long)key->n, key->transa ? "T" : "N", key->transb ? "T" : "N",
-                (long long)key->k, (long long)key->lda, (long long)key->ldb, (long long)key->ldd, key->dtype,
+                (long long)key->k, (long long)key->lda, (long long)key->ldb, (long long)key->ldd, key->abtype, key->dtype,
                 key->bias, key->align_a, key->align_b, key->align_c, key->align_d, key->align_bias);
         CUBLAS_CHECK(st != CUBLAS_STATUS_SUCCESS ? st : CUBLAS_STATUS_NOT_SUPPORTED);
     }
@@ -125,11 +126,12 @@ static gemm_plan *plan_get(mt_cuda_ctx *ctx, const gemm_key *key, const void *bi
 }
 
 // Column-major D (m, n) = op(A) op(B) + beta C, C == D's buffer unless given (residual form).
-static void gemm(mt_cuda_ctx *ctx, bool transa, bool transb, int64_t m, int64_t n, int64_t k, const bf16 *A,
-                 int64_t lda, const bf16 *B, int64_t ldb, const void *C, void *D, int64_t ldd,
-                 cudaDataType_t dtype, float beta, const bf16 *bias, cudaStream_t stream)
+// A and B are of type abtype; a bias is of D's type, which must then be abtype.
+static void gemm(mt_cuda_ctx *ctx, bool transa, bool transb, int64_t m, int64_t n, int64_t k, cudaDataType_t abtype,
+                 const void *A, int64_t lda, const void *B, int64_t ldb, const void *C, void *D, int64_t ldd,
+                 cudaDataType_t dtype, float beta, const void *bias, cudaStream_t stream)
 {
-    MT_CUDA_REQUIRE(!bias || dtype == CUDA_R_16BF, "a bias epilogue needs a bf16 output");
+    MT_CUDA_REQUIRE(!bias || dtype == abtype, "a bias epilogue needs an output of the inputs' type");
     if (m <= 0 || n <= 0) return;
     if (!C) C = D;
     const size_t esize = dtype == CUDA_R_32F ? 4 : 2;
@@ -148,6 +150,7 @@ static void gemm(mt_cuda_ctx *ctx, bool transa, bool transb, int64_t m, int64_t 
     key.lda = lda;
     key.ldb = ldb;
     key.ldd = ldd;
+    key.abtype = (int32_t)abtype;
     key.dtype = (int32_t)dtype;
     key.bias = bias != nullptr;
     key.align_a = alignment_of(A);
@@ -163,36 +166,53 @@ static void gemm(mt_cuda_ctx *ctx, bool transa, bool transb, int64_t m, int64_t 
                                 ctx->gemm_workspace, ctx->gemm_workspace_bytes, stream));
 }
 
-void mt_linear_forward(mt_cuda_ctx *ctx, int64_t n, int64_t in, int64_t out, const bf16 *x, const bf16 *W,
-                       const bf16 *bias, void *y, cudaDataType_t ytype, cudaStream_t stream)
+template <class T>
+void mt_linear_forward(mt_cuda_ctx *ctx, int64_t n, int64_t in, int64_t out, const T *x, const T *W,
+                       const mt_same<T> *bias, void *y, cudaDataType_t ytype, cudaStream_t stream)
 {
     // y^T (out, n) = op_T(W stored (in, out)) * x stored (in, n)
-    gemm(ctx, true, false, out, n, in, W, in, x, in, nullptr, y, out, ytype, 0.f, bias, stream);
+    gemm(ctx, true, false, out, n, in, mt_cuda_type<T>(), W, in, x, in, nullptr, y, out, ytype, 0.f, bias, stream);
 }
 
-void mt_linear_forward_residual(mt_cuda_ctx *ctx, int64_t n, int64_t in, int64_t out, const bf16 *x,
-                                const bf16 *W, const float *resid, float *y, cudaStream_t stream)
+template <class T>
+void mt_linear_forward_residual(mt_cuda_ctx *ctx, int64_t n, int64_t in, int64_t out, const T *x, const T *W,
+                                const float *resid, float *y, cudaStream_t stream)
 {
-    gemm(ctx, true, false, out, n, in, W, in, x, in, resid, y, out, CUDA_R_32F, 1.f, nullptr, stream);
+    gemm(ctx, true, false, out, n, in, mt_cuda_type<T>(), W, in, x, in, resid, y, out, CUDA_R_32F, 1.f, nullptr,
+         stream);
 }
 
-void mt_linear_backward_input(mt_cuda_ctx *ctx, int64_t n, int64_t in, int64_t out, const bf16 *dy,
-                              const bf16 *W, void *dx, cudaDataType_t dxtype, bool accumulate,
-                              cudaStream_t stream)
+template <class T>
+void mt_linear_backward_input(mt_cuda_ctx *ctx, int64_t n, int64_t in, int64_t out, const T *dy, const T *W,
+                              void *dx, cudaDataType_t dxtype, bool accumulate, cudaStream_t stream)
 {
     MT_CUDA_REQUIRE(!accumulate || dxtype == CUDA_R_32F, "dx += needs an fp32 dx");
     // dx^T (in, n) = W stored (in, out) * dy stored (out, n)
-    gemm(ctx, false, false, in, n, out, W, in, dy, out, nullptr, dx, in, dxtype, accumulate ? 1.f : 0.f,
-         nullptr, stream);
+    gemm(ctx, false, false, in, n, out, mt_cuda_type<T>(), W, in, dy, out, nullptr, dx, in, dxtype,
+         accumulate ? 1.f : 0.f, nullptr, stream);
 }
 
-void mt_linear_backward_weight(mt_cuda_ctx *ctx, int64_t n, int64_t in, int64_t out, const bf16 *x,
-                               const bf16 *dy, float *dW, bool accumulate, cudaStream_t stream)
+template <class T>
+void mt_linear_backward_weight(mt_cuda_ctx *ctx, int64_t n, int64_t in, int64_t out, const T *x, const T *dy,
+                               float *dW, bool accumulate, cudaStream_t stream)
 {
     // dW^T (in, out) = x stored (in, n) * op_T(dy stored (out, n))
-    gemm(ctx, false, true, in, out, n, x, in, dy, out, nullptr, dW, in, CUDA_R_32F, accumulate ? 1.f : 0.f,
-         nullptr, stream);
+    gemm(ctx, false, true, in, out, n, mt_cuda_type<T>(), x, in, dy, out, nullptr, dW, in, CUDA_R_32F,
+         accumulate ? 1.f : 0.f, nullptr, stream);
 }
+
+// The two operand types the backend builds.
+#define LINEAR_INSTANTIATE(T)                                                                                    \
+    template void mt_linear_forward<T>(mt_cuda_ctx *, int64_t, int64_t, int64_t, const T *, const T *,           \
+                                       const mt_same<T> *, void *, cudaDataType_t, cudaStream_t);               \
+    template void mt_linear_forward_residual<T>(mt_cuda_ctx *, int64_t, int64_t, int64_t, const T *, const T *,  \
+                                                const float *, float *, cudaStream_t);                           \
+    template void mt_linear_backward_input<T>(mt_cuda_ctx *, int64_t, int64_t, int64_t, const T *, const T *,   \
+                                              void *, cudaDataType_t, bool, cudaStream_t);                       \
+    template void mt_linear_backward_weight<T>(mt_cuda_ctx *, int64_t, int64_t, int64_t, const T *, const T *,  \
+                                               float *, bool, cudaStream_t);
+LINEAR_INSTANTIATE(bf16)
+LINEAR_INSTANTIATE(float)
 
 // Element (r, j) of a row-major bf16 (R, C) matrix, as fp32: the bias gradient's summand.
 struct bf16_element {

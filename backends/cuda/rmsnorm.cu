@@ -1,14 +1,14 @@
 // RMSNorm forward and backward on the GPU, mirroring backends/cpu/rmsnorm.inc operation by
 // operation (double sums, the same float products) so the two differ only by summation order
-// and the bf16 rounding of the outputs the GEMMs consume.
+// and, on the bf16 path, the rounding of the outputs the GEMMs consume.
 #include "colsum.cuh"
 #include "rmsnorm.cuh"
 
 enum { NORM_THREADS = 256 };
 
 // One block per row: sum of squares in double, then y = (x s) w.
-__global__ static void rmsnorm_forward_kernel(int64_t d, const float *x, const bf16 *w, double eps, bf16 *y,
-                                              float *inv_rms)
+template <class T>
+__global__ static void rmsnorm_forward_kernel(int64_t d, const float *x, const T *w, double eps, T *y, float *inv_rms)
 {
     __shared__ double shared[32];
     const int64_t r = blockIdx.x;
@@ -17,40 +17,43 @@ __global__ static void rmsnorm_forward_kernel(int64_t d, const float *x, const b
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) ss += (double)xr[j] * (double)xr[j];
     ss = mt_block_sum(ss, shared);
     const float s = (float)(1.0 / sqrt(ss / (double)d + eps));
-    bf16 *yr = y + r * d;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) yr[j] = f2bf(xr[j] * s * bf2f(w[j]));
+    T *yr = y + r * d;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) yr[j] = from_f<T>(xr[j] * s * to_f(w[j]));
     if (inv_rms && threadIdx.x == 0) inv_rms[r] = s;
 }
 
-__global__ static void rmsnorm_apply_kernel(int64_t n, int64_t d, const float *x, const bf16 *w,
-                                            const float *inv_rms, bf16 *y)
+template <class T>
+__global__ static void rmsnorm_apply_kernel(int64_t n, int64_t d, const float *x, const T *w, const float *inv_rms,
+                                            T *y)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * d; i += (int64_t)gridDim.x * blockDim.x)
-        y[i] = f2bf(x[i] * inv_rms[i / d] * bf2f(w[i % d]));
+        y[i] = from_f<T>(x[i] * inv_rms[i / d] * to_f(w[i % d]));
 }
 
 // One block per row: dot = sum (w dy) x in double; dx = resid + s (w dy - x c), c = dot/d s^2.
-__global__ static void rmsnorm_backward_kernel(int64_t d, const float *x, const bf16 *w, const float *inv_rms,
-                                               const float *dy, const float *resid, float *dx, bf16 *dx_bf16)
+template <class T>
+__global__ static void rmsnorm_backward_kernel(int64_t d, const float *x, const T *w, const float *inv_rms,
+                                               const float *dy, const float *resid, float *dx, T *dx_low)
 {
     __shared__ double shared[32];
     const int64_t r = blockIdx.x;
     const float *xr = x + r * d, *dyr = dy + r * d;
     const float s = inv_rms[r];
     double dot = 0;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dot += (double)(bf2f(w[j]) * dyr[j]) * (double)xr[j];
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dot += (double)(to_f(w[j]) * dyr[j]) * (double)xr[j];
     dot = mt_block_sum(dot, shared);
     const float c = (float)(dot / (double)d) * s * s;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-        const float g = s * (bf2f(w[j]) * dyr[j] - xr[j] * c);
+        const float g = s * (to_f(w[j]) * dyr[j] - xr[j] * c);
         const float v = resid ? resid[r * d + j] + g : g;
         dx[r * d + j] = v;
-        if (dx_bf16) dx_bf16[r * d + j] = f2bf(v);
+        if (dx_low) dx_low[r * d + j] = from_f<T>(v);
     }
 }
 
-void mt_rmsnorm_forward(int64_t n, int64_t d, const float *x, const bf16 *w, double eps, bf16 *y,
-                        float *inv_rms, cudaStream_t stream)
+template <class T>
+void mt_rmsnorm_forward(int64_t n, int64_t d, const float *x, const T *w, double eps, T *y, float *inv_rms,
+                        cudaStream_t stream)
 {
     if (n <= 0) return;
     MT_CUDA_REQUIRE(n < (1ll << 31), "rows %lld exceed the grid", (long long)n);
@@ -58,7 +61,8 @@ void mt_rmsnorm_forward(int64_t n, int64_t d, const float *x, const bf16 *w, dou
     CUDA_CHECK_LAUNCH();
 }
 
-void mt_rmsnorm_apply(int64_t n, int64_t d, const float *x, const bf16 *w, const float *inv_rms, bf16 *y,
+template <class T>
+void mt_rmsnorm_apply(int64_t n, int64_t d, const float *x, const T *w, const float *inv_rms, T *y,
                       cudaStream_t stream)
 {
     if (n <= 0) return;
@@ -66,14 +70,25 @@ void mt_rmsnorm_apply(int64_t n, int64_t d, const float *x, const bf16 *w, const
     CUDA_CHECK_LAUNCH();
 }
 
-void mt_rmsnorm_backward(int64_t n, int64_t d, const float *x, const bf16 *w, const float *inv_rms,
-                         const float *dy, const float *resid, float *dx, bf16 *dx_bf16, cudaStream_t stream)
+template <class T>
+void mt_rmsnorm_backward(int64_t n, int64_t d, const float *x, const T *w, const float *inv_rms, const float *dy,
+                         const float *resid, float *dx, mt_same<T> *dx_low, cudaStream_t stream)
 {
     if (n <= 0) return;
     MT_CUDA_REQUIRE(n < (1ll << 31), "rows %lld exceed the grid", (long long)n);
-    rmsnorm_backward_kernel<<<(unsigned)n, NORM_THREADS, 0, stream>>>(d, x, w, inv_rms, dy, resid, dx, dx_bf16);
+    rmsnorm_backward_kernel<<<(unsigned)n, NORM_THREADS, 0, stream>>>(d, x, w, inv_rms, dy, resid, dx, dx_low);
     CUDA_CHECK_LAUNCH();
 }
+
+// The two operand types the backend builds.
+#define RMSNORM_INSTANTIATE(T)                                                                                     \
+    template void mt_rmsnorm_forward<T>(int64_t, int64_t, const float *, const T *, double, T *, float *,          \
+                                        cudaStream_t);                                                             \
+    template void mt_rmsnorm_apply<T>(int64_t, int64_t, const float *, const T *, const float *, T *, cudaStream_t); \
+    template void mt_rmsnorm_backward<T>(int64_t, int64_t, const float *, const T *, const float *, const float *, \
+                                         const float *, float *, mt_same<T> *, cudaStream_t);
+RMSNORM_INSTANTIATE(bf16)
+RMSNORM_INSTANTIATE(float)
 
 // The weight gradient's summand dy * x * s (the CPU's float order).
 struct rmsnorm_dw_element {
