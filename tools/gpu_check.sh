@@ -2,7 +2,7 @@
 # Correctness and a first benchmark on the GPU machine, from binaries built here:
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, on the GPU machine (device tool, carrying build-gpu and .deps/gpu-runtime):
-#   tools/gpu_check.sh [quick|fp32|bench3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
+#   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
 #   (attention3b takes QBLOCK=64|128, bench3b CLIPS, RESIDENT and K)
 # Logs go to $OUT (or ./out); the last lines are a short table.
 set -uo pipefail
@@ -76,15 +76,17 @@ fp32)
     # The fp32 GPU path (--dtype fp32): kernels and the whole step against the CPU at 1e-5, parity
     # with transformers (GPU fp32 and bf16 next to HF autocast), and its speed next to bf16.
     run test_cuda "$B/tests/test_cuda"
-    run test_cuda_attention "$B/tests/test_cuda_attention"
     run test_gpu_step "$B/tests/test_gpu_step"
     run parity_suite python3 tools/parity_suite.py --megatrain "$B/tools/megatrain" --out "$OUT"
     run parity_w480 python3 tools/parity_suite.py --megatrain "$B/tools/megatrain" --width 480 --batch 4 --seq-len 120 --no-export
+    run spm_fixtures_hf python3 tools/spm_fixtures_hf.py
+    ;;
+fp32bench)
+    # The fp32 path's speed next to bf16: kernels, attention, the 0.5B step.
     MT_CUDA_BENCH=1 run kernel_bench "$B/tests/test_cuda"
     MT_CUDA_BENCH=1 run attention_bench "$B/tests/test_cuda_attention"
     run bench_05b_fp32 "$B/tools/megatrain" bench --shape qwen2.5-0.5b --micro-batch 8 --seq-len 2048 --dtype fp32 --warmup 1 --steps 3
     run bench_05b_bf16 "$B/tools/megatrain" bench --shape qwen2.5-0.5b --micro-batch 8 --seq-len 2048 --warmup 1 --steps 3
-    run spm_fixtures_hf python3 tools/spm_fixtures_hf.py
     ;;
 spmcheck)
     # The SentencePiece-style tokenizer fixtures (transformers.js) against Hugging Face's tokenizers.
