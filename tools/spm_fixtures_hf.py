@@ -13,7 +13,7 @@ root = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "tokenize
 bad = 0
 for form in ("spm", "spm-metaspace"):
     tok = Tokenizer.from_file(str(root / form / "tokenizer.json"))
-    recs = [json.loads(line) for line in (root / form / "fixtures.jsonl").read_text(encoding="utf-8").splitlines()]
+    recs = [json.loads(line) for line in (root / form / "fixtures.jsonl").read_text(encoding="utf-8").split("\n") if line]
     ids_bad = dec_bad = 0
     for r in recs:
         ids = tok.encode(r["text"], add_special_tokens=False).ids
