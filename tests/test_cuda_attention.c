@@ -68,7 +68,51 @@ static void check_err_tol(const char *what, const shape *s, double err, double t
                   s->H, s->KV, s->D);
 }
 
-static void check_err(const char *what, const shape *s, double err) { check_err_tol(what, s, err, TOL); }
+static void copy_back(float *host, const float *dev, int64_t n)
+{
+    CK_CUDA(cudaMemcpy(host, dev, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+/* Every element finite: the outputs start as NaN, so this says each was written. */
+static void check_written(const char *what, const shape *s, const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(isfinite(x[i]), "%s[%lld] = %g: not written (B=%d T=%d H=%d KV=%d D=%d)", what, (long long)i,
+                      x[i], s->B, s->T, s->H, s->KV, s->D);
+}
+
+/* One run's results on the host as fp32: out lse dq dk dv, and dq2 dk2 dv2 of the backward run
+ * a second time (the reference leaves those NULL). */
+typedef struct attn_results { float *out, *lse, *dq, *dk, *dv, *dq2, *dk2, *dv2; } attn_results;
+
+/* A GPU run against the CPU reference: every element written, each tensor's relative error
+ * within tol, the second backward bitwise equal to the first; one line printed, under label. */
+static void check_run(const char *label, const shape *s, const attn_results *gpu, const attn_results *ref, double tol)
+{
+    const int64_t nq = (int64_t)s->B * s->T * s->H * s->D, nkv = (int64_t)s->B * s->T * s->KV * s->D;
+    const int64_t nl = (int64_t)s->B * s->H * s->T;
+    const double e_out = mt_test_rel_err_f32(gpu->out, ref->out, nq), e_lse = mt_test_rel_err_f32(gpu->lse, ref->lse, nl);
+    const double e_dq = mt_test_rel_err_f32(gpu->dq, ref->dq, nq), e_dk = mt_test_rel_err_f32(gpu->dk, ref->dk, nkv);
+    const double e_dv = mt_test_rel_err_f32(gpu->dv, ref->dv, nkv);
+    const int same = memcmp(gpu->dq, gpu->dq2, nq * 4) == 0 && memcmp(gpu->dk, gpu->dk2, nkv * 4) == 0 &&
+                     memcmp(gpu->dv, gpu->dv2, nkv * 4) == 0;
+    printf("attention %s B=%d T=%3d H=%d KV=%d D=%3d: rel err out %.2e lse %.2e dq %.2e dk %.2e dv %.2e; "
+           "backward twice %s\n",
+           label, s->B, s->T, s->H, s->KV, s->D, e_out, e_lse, e_dq, e_dk, e_dv, same ? "bitwise equal" : "DIFFERS");
+    fflush(stdout);
+    check_written("out", s, gpu->out, nq);
+    check_written("lse", s, gpu->lse, nl);
+    check_written("dq", s, gpu->dq, nq);
+    check_written("dk", s, gpu->dk, nkv);
+    check_written("dv", s, gpu->dv, nkv);
+    check_err_tol("out", s, e_out, tol);
+    check_err_tol("lse", s, e_lse, tol);
+    check_err_tol("dq", s, e_dq, tol);
+    check_err_tol("dk", s, e_dk, tol);
+    check_err_tol("dv", s, e_dv, tol);
+    ck_assert_msg(same, "%s: backward is not bitwise reproducible (B=%d T=%d H=%d KV=%d D=%d)", label, s->B, s->T,
+                  s->H, s->KV, s->D);
+}
 
 /* Every case under each query-block form (MT_ATTENTION_QBLOCK): 64 rows (the default), 128
  * rows of 8 warps, 128 rows of 4 warps with 32 rows each (forward only). */
@@ -121,29 +165,19 @@ START_TEST(test_attention_vs_cpu)
     float *dq2 = falloc(nq), *dk2 = falloc(nkv), *dv2 = falloc(nkv);
     CK_CUDA(cudaMemcpy(outb, d_out, nq * 2, cudaMemcpyDeviceToHost));
     mt_cpu_bf16_to_f32(nq, outb, out);
-    CK_CUDA(cudaMemcpy(lse, d_lse, nl * 4, cudaMemcpyDeviceToHost));
-    CK_CUDA(cudaMemcpy(dq, d_dq, nq * 4, cudaMemcpyDeviceToHost));
-    CK_CUDA(cudaMemcpy(dk, d_dk, nkv * 4, cudaMemcpyDeviceToHost));
-    CK_CUDA(cudaMemcpy(dv, d_dv, nkv * 4, cudaMemcpyDeviceToHost));
-    CK_CUDA(cudaMemcpy(dq2, d_dq2, nq * 4, cudaMemcpyDeviceToHost));
-    CK_CUDA(cudaMemcpy(dk2, d_dk2, nkv * 4, cudaMemcpyDeviceToHost));
-    CK_CUDA(cudaMemcpy(dv2, d_dv2, nkv * 4, cudaMemcpyDeviceToHost));
+    copy_back(lse, d_lse, nl);
+    copy_back(dq, d_dq, nq);
+    copy_back(dk, d_dk, nkv);
+    copy_back(dv, d_dv, nkv);
+    copy_back(dq2, d_dq2, nq);
+    copy_back(dk2, d_dk2, nkv);
+    copy_back(dv2, d_dv2, nkv);
 
-    const double e_out = mt_test_rel_err_f32(out, out_ref, nq), e_lse = mt_test_rel_err_f32(lse, lse_ref, nl);
-    const double e_dq = mt_test_rel_err_f32(dq, dq_ref, nq), e_dk = mt_test_rel_err_f32(dk, dk_ref, nkv);
-    const double e_dv = mt_test_rel_err_f32(dv, dv_ref, nkv);
-    const int same = memcmp(dq, dq2, nq * 4) == 0 && memcmp(dk, dk2, nkv * 4) == 0 && memcmp(dv, dv2, nkv * 4) == 0;
-    printf("attention (query block %s) B=%d T=%3d H=%d KV=%d D=%3d: rel err out %.2e lse %.2e dq %.2e dk %.2e dv %.2e; "
-           "backward twice %s\n",
-           qblock, s->B, s->T, s->H, s->KV, s->D, e_out, e_lse, e_dq, e_dk, e_dv, same ? "bitwise equal" : "DIFFERS");
-    fflush(stdout);
-    check_err("out", s, e_out);
-    check_err("lse", s, e_lse);
-    check_err("dq", s, e_dq);
-    check_err("dk", s, e_dk);
-    check_err("dv", s, e_dv);
-    ck_assert_msg(same, "backward is not bitwise reproducible (B=%d T=%d H=%d KV=%d D=%d)", s->B, s->T, s->H,
-                  s->KV, s->D);
+    char label[64];
+    snprintf(label, sizeof label, "(query block %s)", qblock);
+    const attn_results gpu = {out, lse, dq, dk, dv, dq2, dk2, dv2};
+    const attn_results ref = {out_ref, lse_ref, dq_ref, dk_ref, dv_ref, NULL, NULL, NULL};
+    check_run(label, s, &gpu, &ref, TOL);
 
     CK_CUDA(cudaStreamDestroy(stream));
     void *dev[] = {d_q, d_k, d_v, d_do, d_out, d_lse, d_dq, d_dk, d_dv, d_dq2, d_dk2, d_dv2, d_ws};
@@ -160,19 +194,6 @@ static const shape cases_f32_extra[] = {
     {1, 77, 4, 2, 80}, {2, 65, 2, 1, 256}, {1, 33, 2, 2, 2}, {1, 100, 6, 3, 160}, {2, 31, 4, 4, 6},
 };
 #define NEXTRA ((int)(sizeof cases_f32_extra / sizeof cases_f32_extra[0]))
-
-static void copy_back(float *host, const float *dev, int64_t n)
-{
-    CK_CUDA(cudaMemcpy(host, dev, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
-}
-
-/* Every element finite: the outputs start as NaN, so this says each was written. */
-static void check_written(const char *what, const shape *s, const float *x, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++)
-        ck_assert_msg(isfinite(x[i]), "%s[%lld] = %g: not written (B=%d T=%d H=%d KV=%d D=%d)", what, (long long)i,
-                      x[i], s->B, s->T, s->H, s->KV, s->D);
-}
 
 /* The fp32 kernels against the fp32 CPU reference on the same plain fp32 inputs. */
 START_TEST(test_attention_f32_vs_cpu)
@@ -222,26 +243,9 @@ START_TEST(test_attention_f32_vs_cpu)
     copy_back(dk2, d_dk2, nkv);
     copy_back(dv2, d_dv2, nkv);
 
-    const double e_out = mt_test_rel_err_f32(out, out_ref, nq), e_lse = mt_test_rel_err_f32(lse, lse_ref, nl);
-    const double e_dq = mt_test_rel_err_f32(dq, dq_ref, nq), e_dk = mt_test_rel_err_f32(dk, dk_ref, nkv);
-    const double e_dv = mt_test_rel_err_f32(dv, dv_ref, nkv);
-    const int same = memcmp(dq, dq2, nq * 4) == 0 && memcmp(dk, dk2, nkv * 4) == 0 && memcmp(dv, dv2, nkv * 4) == 0;
-    printf("attention fp32 B=%d T=%3d H=%d KV=%d D=%3d: rel err out %.2e lse %.2e dq %.2e dk %.2e dv %.2e; "
-           "backward twice %s\n",
-           s->B, s->T, s->H, s->KV, s->D, e_out, e_lse, e_dq, e_dk, e_dv, same ? "bitwise equal" : "DIFFERS");
-    fflush(stdout);
-    check_written("out", s, out, nq);
-    check_written("lse", s, lse, nl);
-    check_written("dq", s, dq, nq);
-    check_written("dk", s, dk, nkv);
-    check_written("dv", s, dv, nkv);
-    check_err_tol("fp32 out", s, e_out, TOL_F32);
-    check_err_tol("fp32 lse", s, e_lse, TOL_F32);
-    check_err_tol("fp32 dq", s, e_dq, TOL_F32);
-    check_err_tol("fp32 dk", s, e_dk, TOL_F32);
-    check_err_tol("fp32 dv", s, e_dv, TOL_F32);
-    ck_assert_msg(same, "fp32 backward is not bitwise reproducible (B=%d T=%d H=%d KV=%d D=%d)", s->B, s->T, s->H,
-                  s->KV, s->D);
+    const attn_results gpu = {out, lse, dq, dk, dv, dq2, dk2, dv2};
+    const attn_results ref = {out_ref, lse_ref, dq_ref, dk_ref, dv_ref, NULL, NULL, NULL};
+    check_run("fp32", s, &gpu, &ref, TOL_F32);
 
     CK_CUDA(cudaStreamDestroy(stream));
     void *dev[] = {d_q, d_k, d_v, d_do, d_out, d_lse, d_dq, d_dk, d_dv, d_dq2, d_dk2, d_dv2, d_ws};

@@ -1,6 +1,8 @@
 // attention_f32: causal grouped-query attention in fp32 on CUDA cores (no tensor cores), for the
 // --dtype fp32 path; FlashAttention-2 in structure, so the T x T scores only exist as 32-column
 // tiles. Math as the CPU reference: expf, IEEE division, log in double for the lse.
+// Hand-written because no library does it: cuDNN's fused attention and torch's flash kernels
+// take fp16/bf16 (or fp8) operands only, and an unfused fp32 path would hold the T x T matrix.
 //
 // Every kernel is a 256-thread block over a tile of RB rows (queries, or keys for dK dV) that
 // streams 32-column tiles (keys, or queries) through shared memory. Thread (rg, cg) = (tid / 16,
