@@ -7,7 +7,6 @@
 // Descriptors and the heuristic's algorithm are cached per shape in the thread's context.
 #include <string.h>
 
-#include "colsum.cuh"
 #include "linear.cuh"
 
 // Everything that makes two GEMM calls interchangeable for one cached plan. Pointer alignments
@@ -213,16 +212,3 @@ void mt_linear_backward_weight(mt_cuda_ctx *ctx, int64_t n, int64_t in, int64_t 
                                                float *, bool, cudaStream_t);
 LINEAR_INSTANTIATE(bf16)
 LINEAR_INSTANTIATE(float)
-
-// Element (r, j) of a row-major bf16 (R, C) matrix, as fp32: the bias gradient's summand.
-struct bf16_element {
-    const bf16 *m;
-    int64_t C;
-    __device__ float operator()(int64_t r, int64_t j) const { return bf2f(m[r * C + j]); }
-};
-
-void mt_linear_backward_bias(int64_t n, int64_t out, const bf16 *dy, float *db, bool accumulate, float *partials,
-                             cudaStream_t stream)
-{
-    mt_colsum(bf16_element{dy, out}, n, out, db, accumulate, partials, stream);
-}

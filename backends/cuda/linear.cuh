@@ -28,8 +28,4 @@ template <class T>
 void mt_linear_backward_weight(mt_cuda_ctx *ctx, int64_t n, int64_t in, int64_t out, const T *x, const T *dy,
                                float *dW, bool accumulate, cudaStream_t stream);
 
-// db (out) fp32 = or += column sums of dy (n, out) bf16; partials: mt_colsum_partials_bytes(out).
-void mt_linear_backward_bias(int64_t n, int64_t out, const bf16 *dy, float *db, bool accumulate, float *partials,
-                             cudaStream_t stream);
-
 #endif
