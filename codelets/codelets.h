@@ -38,8 +38,8 @@ typedef struct mt_compute_args {
 } mt_compute_args;
 
 /* Bytes of the buffers a codelet needs on the kind of worker that runs it (gpu: the CUDA op's,
- * which keeps activations of the weights' dtype; else the CPU op's own fp32 scratch plus, for bf16 weights, an
- * fp32 copy of the tile). A graph's compute runs on one kind only (step.c), so its buffers are
+ * which keeps activations of the weights' dtype; else the CPU op's own fp32 scratch plus, for
+ * bf16 weights, an fp32 copy of the tile). A graph's compute runs on one kind only (step.c), so its buffers are
  * sized for that kind; the memory plan (runtime/plan.c) counts the same numbers. Without CUDA
  * in the build, gpu is ignored. */
 size_t mt_codelet_layer_scratch_bytes(const mt_model_config *cfg, mt_dtype weights, bool gpu, int64_t B, int64_t T);

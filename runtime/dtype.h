@@ -5,8 +5,8 @@
 #include <stddef.h>
 
 typedef enum mt_dtype {
-    MT_DTYPE_F32,   /* 4 bytes: the exact CPU path */
-    MT_DTYPE_BF16,  /* 2 bytes: what streams to the GPU */
+    MT_DTYPE_F32,   /* 4 bytes: the exact path, on CPU workers and (slower) on the GPU */
+    MT_DTYPE_BF16,  /* 2 bytes: the GPU's fast path (tensor cores) */
 } mt_dtype;
 
 size_t mt_dtype_size(mt_dtype t);

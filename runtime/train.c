@@ -182,7 +182,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         mt_dataset_close(&dataset);
         return -1;
     }
-    /* The GPU path streams bf16 weights: without an explicit --dtype, follow the workers. */
+    /* Without an explicit --dtype: bf16 when a GPU computes (the fast path), fp32 on CPU workers. */
     if (!o->dtype_explicit) run.dtype = mt_runtime_ncuda() > 0 ? MT_DTYPE_BF16 : MT_DTYPE_F32;
     int rc = -1;
     mt_host_state *st = mt_state_create(&cfg, o->dtype, 0, err, errlen);
