@@ -36,57 +36,84 @@ static mt_model_config config(bool tied)
     return cfg;
 }
 
-/* One step's gradients (no update) with `ncuda` CUDA workers, weights and compute in dtype. */
-static result run(bool tied, int ncuda, int K, int accum, mt_dtype dtype)
+/* What both kinds of test start from: StarPU with the megatrain policy, ncpu CPU and ncuda CUDA
+ * workers; a state in dtype with random weights; a graph for 2 x 77 tokens per micro-batch; and
+ * accum micro-batches of random tokens and targets (a tenth of the targets ignored when asked). */
+typedef struct fixture {
+    mt_model_config cfg;
+    mt_step_config sc;
+    mt_host_state *st;
+    mt_graph *g;
+    int32_t *tok, *tgt;
+} fixture;
+
+static fixture fixture_open(bool tied, int ncpu, int ncuda, mt_dtype dtype, uint64_t weight_seed, int K, int accum,
+                            double clip, uint64_t data_seed, bool ignore_some)
 {
+    fixture f;
     mt_runtime_options ro = mt_runtime_defaults();
     ro.sched = "megatrain";
-    ro.ncpu = 2;
+    ro.ncpu = ncpu;
     ro.ncuda = ncuda;
     char err[256];
     ck_assert_msg(mt_runtime_init(&ro, err, sizeof err) == 0, "%s", err);
-    mt_model_config cfg = config(tied);
-    mt_host_state *st = mt_state_create(&cfg, dtype, 0, err, sizeof err);
-    ck_assert_msg(st != NULL, "%s", err);
-    mt_state_init_random(st, 11, 0.05);
-    mt_step_config sc = mt_step_defaults();
-    sc.B = 2; sc.T = 77; sc.K = K; sc.accum = accum; sc.head_chunk = 50;
-    mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
-    ck_assert_msg(g != NULL, "%s", err);
-    /* The memory plan counts exactly the buffers the graph registers, on either kind of worker. */
-    mt_plan_params pp = { .micro_batch = sc.B, .seq_len = sc.T, .grad_accum = accum, .checkpoint_interval = K,
-                          .compute = dtype, .use_gpu = ncuda > 0, .head_chunk = sc.head_chunk };
-    mt_plan plan;
-    ck_assert_msg(mt_plan_compute(&cfg, &pp, &plan) == 0, "%s", plan.error);
-    uint64_t planned = mt_plan_activation_bytes(&plan) - (ncuda > 0 ? plan.gpu : plan.host)[MT_PLAN_INPUTS];
-    ck_assert_msg(mt_graph_working_bytes(g) == planned, "ncuda %d: graph %llu bytes, plan %llu", ncuda,
-                  (unsigned long long)mt_graph_working_bytes(g), (unsigned long long)planned);
-    int64_t n = accum * sc.B * sc.T;
-    int32_t *tok = malloc(sizeof *tok * n), *tgt = malloc(sizeof *tgt * n);
+    f.cfg = config(tied);
+    f.st = mt_state_create(&f.cfg, dtype, 0, err, sizeof err);
+    ck_assert_msg(f.st != NULL, "%s", err);
+    mt_state_init_random(f.st, weight_seed, 0.05);
+    f.sc = mt_step_defaults();
+    f.sc.B = 2; f.sc.T = 77; f.sc.K = K; f.sc.accum = accum; f.sc.head_chunk = 50; f.sc.clip = clip;
+    f.g = mt_graph_create(f.st, &f.sc, err, sizeof err);
+    ck_assert_msg(f.g != NULL, "%s", err);
+    const int64_t n = accum * f.sc.B * f.sc.T;
+    f.tok = malloc(sizeof *f.tok * n);
+    f.tgt = malloc(sizeof *f.tgt * n);
     mt_test_rng r;
-    mt_test_rng_seed(&r, 99);
+    mt_test_rng_seed(&r, data_seed);
     for (int64_t i = 0; i < n; i++) {
-        tok[i] = (int32_t)(mt_test_uniform(&r) * cfg.vocab);
-        tgt[i] = mt_test_uniform(&r) < 0.1 ? -1 : (int32_t)(mt_test_uniform(&r) * cfg.vocab);
+        f.tok[i] = (int32_t)(mt_test_uniform(&r) * f.cfg.vocab);
+        f.tgt[i] = ignore_some && mt_test_uniform(&r) < 0.1 ? -1 : (int32_t)(mt_test_uniform(&r) * f.cfg.vocab);
     }
-    int slot = mt_graph_submit_compute(g, 1, tok, tgt);
-    result res = { .ntiles = st->ntiles };
-    res.loss = mt_graph_wait_loss(g, slot, NULL);
+    return f;
+}
+
+static void fixture_close(fixture *f)
+{
     starpu_task_wait_for_all();
-    res.numel = calloc(st->ntiles, sizeof *res.numel);
-    res.grad = calloc(st->ntiles, sizeof *res.grad);
-    for (int i = 0; i < st->ntiles; i++) {
-        mt_tile *t = &st->tiles[i];
+    free(f->tok);
+    free(f->tgt);
+    mt_graph_destroy(f->g);
+    mt_state_destroy(f->st);
+    mt_runtime_shutdown();
+}
+
+/* One step's gradients (no update) with `ncuda` CUDA workers, weights and compute in dtype. */
+static result run(bool tied, int ncuda, int K, int accum, mt_dtype dtype)
+{
+    fixture f = fixture_open(tied, 2, ncuda, dtype, 11, K, accum, mt_step_defaults().clip, 99, true);
+    /* The memory plan counts exactly the buffers the graph registers, on either kind of worker. */
+    mt_plan_params pp = { .micro_batch = f.sc.B, .seq_len = f.sc.T, .grad_accum = accum, .checkpoint_interval = K,
+                          .compute = dtype, .use_gpu = ncuda > 0, .head_chunk = f.sc.head_chunk };
+    mt_plan plan;
+    ck_assert_msg(mt_plan_compute(&f.cfg, &pp, &plan) == 0, "%s", plan.error);
+    uint64_t planned = mt_plan_activation_bytes(&plan) - (ncuda > 0 ? plan.gpu : plan.host)[MT_PLAN_INPUTS];
+    ck_assert_msg(mt_graph_working_bytes(f.g) == planned, "ncuda %d: graph %llu bytes, plan %llu", ncuda,
+                  (unsigned long long)mt_graph_working_bytes(f.g), (unsigned long long)planned);
+    int slot = mt_graph_submit_compute(f.g, 1, f.tok, f.tgt);
+    result res = { .ntiles = f.st->ntiles };
+    res.loss = mt_graph_wait_loss(f.g, slot, NULL);
+    starpu_task_wait_for_all();
+    res.numel = calloc(f.st->ntiles, sizeof *res.numel);
+    res.grad = calloc(f.st->ntiles, sizeof *res.grad);
+    for (int i = 0; i < f.st->ntiles; i++) {
+        mt_tile *t = &f.st->tiles[i];
         res.numel[i] = t->numel;
         res.grad[i] = malloc(sizeof(float) * t->numel);
         starpu_data_acquire(t->h_grad, STARPU_R);
         memcpy(res.grad[i], t->grad, sizeof(float) * t->numel);
         starpu_data_release(t->h_grad);
     }
-    free(tok); free(tgt);
-    mt_graph_destroy(g);
-    mt_state_destroy(st);
-    mt_runtime_shutdown();
+    fixture_close(&f);
     return res;
 }
 
@@ -120,44 +147,19 @@ static void compare(bool tied, int K, int accum, mt_dtype dtype)
  * The loss on a repeated batch must fall, and end within 5% of the CPU run's. */
 static double train_steps(int ncuda, int steps, double clip, mt_dtype dtype, double *first)
 {
-    mt_runtime_options ro = mt_runtime_defaults();
-    ro.sched = "megatrain";
-    ro.ncpu = 4;
-    ro.ncuda = ncuda;
-    char err[256];
-    ck_assert_msg(mt_runtime_init(&ro, err, sizeof err) == 0, "%s", err);
-    mt_model_config cfg = config(true);
-    mt_host_state *st = mt_state_create(&cfg, dtype, 0, err, sizeof err);
-    ck_assert_msg(st != NULL, "%s", err);
-    mt_state_init_random(st, 5, 0.05);
-    mt_step_config sc = mt_step_defaults();
-    sc.B = 2; sc.T = 77; sc.K = 2; sc.head_chunk = 50; sc.clip = clip;
-    mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
-    ck_assert_msg(g != NULL, "%s", err);
-    int64_t n = sc.B * sc.T;
-    int32_t *tok = malloc(sizeof *tok * n), *tgt = malloc(sizeof *tgt * n);
-    mt_test_rng r;
-    mt_test_rng_seed(&r, 7);
-    for (int64_t i = 0; i < n; i++) {
-        tok[i] = (int32_t)(mt_test_uniform(&r) * cfg.vocab);
-        tgt[i] = (int32_t)(mt_test_uniform(&r) * cfg.vocab);
-    }
+    fixture f = fixture_open(true, 4, ncuda, dtype, 5, 2, 1, clip, 7, false);
     double loss = 0;
     int prev = -1;
     for (int s = 1; s <= steps; s++) {
-        int slot = mt_graph_submit_step(g, s, tok, tgt, 1e-3);
+        int slot = mt_graph_submit_step(f.g, s, f.tok, f.tgt, 1e-3);
         if (prev >= 0) {
-            loss = mt_graph_wait_loss(g, prev, NULL);
+            loss = mt_graph_wait_loss(f.g, prev, NULL);
             if (s == 2) *first = loss;
         }
         prev = slot;
     }
-    loss = mt_graph_wait_loss(g, prev, NULL);
-    starpu_task_wait_for_all();
-    free(tok); free(tgt);
-    mt_graph_destroy(g);
-    mt_state_destroy(st);
-    mt_runtime_shutdown();
+    loss = mt_graph_wait_loss(f.g, prev, NULL);
+    fixture_close(&f);
     return loss;
 }
 

@@ -8,6 +8,8 @@ extern "C" { // C headers without their own linkage guards
 #include "ops.h" // mt_rope_inv_freq: the same double frequencies as the CPU path
 }
 
+#include <type_traits>
+
 #include "attention_f32.h"
 #include "bench.cuh"
 #include "colsum.cuh"
@@ -161,7 +163,8 @@ template <class E> struct layer_bwd_scratch {
     E *dkp, *dvb;       // (n, KV*D) gradients at k's projection and v, E for the GEMMs
     float *dq, *dk, *dv;   // (n, H*D) (n, KV*D) (n, KV*D) from attention backward
     float *dqp32, *dkp32;  // (n, H*D) (n, KV*D) fp32 gradients at q's and k's projections: the
-                           // bias gradients sum them (bf16 would lose the cancelling sums' digits)
+                           // bias gradients sum them (bf16 would lose the cancelling sums' digits);
+                           // empty when E is float: da_dqp and dkp are those gradients already
     void *attn_workspace;  // mt_cuda_attention_workspace_bytes
 };
 
@@ -196,8 +199,9 @@ template <class E> static void bwd_carve(const layer_dims *m, mt_carve *c, layer
     s->dq = mt_take<float>(c, n * m->qd);
     s->dk = mt_take<float>(c, n * m->kvd);
     s->dv = mt_take<float>(c, n * m->kvd);
-    s->dqp32 = mt_take<float>(c, n * m->qd);
-    s->dkp32 = mt_take<float>(c, n * m->kvd);
+    const bool e_is_f32 = std::is_same<E, float>::value;
+    s->dqp32 = mt_take<float>(c, e_is_f32 ? 0 : n * m->qd);
+    s->dkp32 = mt_take<float>(c, e_is_f32 ? 0 : n * m->kvd);
     s->attn_workspace = mt_take<char>(c, (int64_t)attention_workspace_bytes<E>(m));
     if (mlp_end > c->offset) c->offset = mlp_end;
 }
@@ -618,15 +622,19 @@ static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const m
     attention_backward(&m, sv.q, sv.k, sv.v, sv.a, sv.lse, s.da_dqp, s.dq, s.dk, s.dv, s.attn_workspace, stream_);
     rope_tables(cfg, &m, s.cos_t, s.sin_t, stream);
     E *dq_proj = s.da_dqp; // da is dead once attention backward has run
+    // The bias gradients' fp32 inputs: dq_proj and dkp themselves when E is float, else copies.
+    const bool e_is_f32 = std::is_same<E, float>::value, copies = cfg->qkv_bias && !e_is_f32;
+    const float *dq_bias = e_is_f32 ? reinterpret_cast<const float *>(dq_proj) : s.dqp32;
+    const float *dk_bias = e_is_f32 ? reinterpret_cast<const float *>(s.dkp) : s.dkp32;
     qk_rope_backward(cfg, &m, s.dq, s.dk, sv.qpre, sv.kpre, weight(layout, tile, MT_L_Q_NORM),
                      weight(layout, tile, MT_L_K_NORM), sv.qrms, sv.krms, dq_proj, s.dkp, s.cos_t, s.sin_t,
-                     cfg->qkv_bias ? s.dqp32 : nullptr, cfg->qkv_bias ? s.dkp32 : nullptr, stream);
+                     copies ? s.dqp32 : nullptr, copies ? s.dkp32 : nullptr, stream);
     if (cfg->qk_norm)
         qk_norm_weight_grads(&m, s.dq, s.dk, grad(layout, dtile, MT_L_Q_NORM), grad(layout, dtile, MT_L_K_NORM),
                              s.partials, stream);
     mt_cuda_from_f32(s.dv, s.dvb, n * m.kvd, stream);
     if (cfg->qkv_bias)
-        qkv_bias_grads(&m, s.dqp32, s.dkp32, s.dv, grad(layout, dtile, MT_L_Q_B), grad(layout, dtile, MT_L_K_B),
+        qkv_bias_grads(&m, dq_bias, dk_bias, s.dv, grad(layout, dtile, MT_L_Q_B), grad(layout, dtile, MT_L_K_B),
                        grad(layout, dtile, MT_L_V_B), s.partials, stream);
     const E *attn_norm_w = weight(layout, tile, MT_L_ATTN_NORM);
     mt_rmsnorm_apply(n, m.d, sv.x, attn_norm_w, sv.rms1, s.norm_out, stream); // xn (n, d)
