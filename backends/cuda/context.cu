@@ -60,7 +60,8 @@ template <> void mt_cuda_from_f32<bf16>(const float *in, bf16 *out, int64_t n, c
 
 template <> void mt_cuda_from_f32<float>(const float *in, float *out, int64_t n, cudaStream_t stream)
 {
-    if (n > 0 && in != out) CUDA_CHECK(cudaMemcpyAsync(out, in, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    if (n > 0 && in != out)
+        CUDA_CHECK(cudaMemcpyAsync(out, in, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
 }
 
 // ---- sum of squares: two stages, no atomics, so the result is bitwise repeatable ----

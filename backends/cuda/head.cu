@@ -113,11 +113,11 @@ static void cross_entropy(int64_t rows, int64_t V, const float *logits, const in
                           T *dlogits, double *row_loss, int *row_counted, cudaStream_t stream)
 {
     if (dlogits)
-        cross_entropy_kernel<T, true><<<(unsigned)rows, CE_THREADS, 0, stream>>>(V, logits, targets, loss_scale, dlogits,
-                                                                              row_loss, row_counted);
+        cross_entropy_kernel<T, true><<<(unsigned)rows, CE_THREADS, 0, stream>>>(V, logits, targets, loss_scale,
+                                                                                 dlogits, row_loss, row_counted);
     else
-        cross_entropy_kernel<T, false><<<(unsigned)rows, CE_THREADS, 0, stream>>>(V, logits, targets, loss_scale, nullptr,
-                                                                               row_loss, row_counted);
+        cross_entropy_kernel<T, false><<<(unsigned)rows, CE_THREADS, 0, stream>>>(V, logits, targets, loss_scale,
+                                                                                  nullptr, row_loss, row_counted);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -139,8 +139,8 @@ __global__ static void loss_sum_kernel(int64_t rows, const double *row_loss, con
 }
 
 template <class T>
-static void head_run(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *head_layout, const T *head_tile,
-                     const T *embed_tile, int64_t ntok, const float *h, const int32_t *targets, double loss_scale,
+static void head_run(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *head_layout,
+                     const T *head_tile, const T *embed_tile, int64_t ntok, const float *h, const int32_t *targets, double loss_scale,
                      int64_t chunk, float *dh, float *dhead, float *dembed, bool accumulate, double *loss,
                      void *scratch, mt_cuda_stream stream_)
 {
@@ -150,7 +150,7 @@ static void head_run(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile
     MT_CUDA_REQUIRE(chunk > 0, "head chunk must be positive");
     MT_CUDA_REQUIRE(cfg->tied || head_layout->tensors[MT_H_LM_HEAD].numel == V * d, "untied head without lm_head");
     const mt_tensor_desc *norm_t = &head_layout->tensors[MT_H_NORM], *lm_t = &head_layout->tensors[MT_H_LM_HEAD];
-    const T *norm_w = head_tile + norm_t->offset;                        // (d)
+    const T *norm_w = head_tile + norm_t->offset;                    // (d)
     const T *W = cfg->tied ? embed_tile : head_tile + lm_t->offset; // (V, d)
 
     float *dW = nullptr, *dnorm = nullptr;

@@ -427,9 +427,9 @@ static void qk_rope_forward(const mt_model_config *cfg, const layer_dims *m, con
                             const float *cos_t, const float *sin_t, cudaStream_t stream)
 {
     if (cfg->qk_norm)
-        qk_rope_forward_kernel<E, true><<<qk_blocks(m), 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, qsrc, ksrc,
-                                                                        qdst, kdst, qw, kw, qrms, krms, cfg->rms_eps,
-                                                                        cos_t, sin_t);
+        qk_rope_forward_kernel<E, true><<<qk_blocks(m), 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, qsrc,
+                                                                           ksrc, qdst, kdst, qw, kw, qrms, krms,
+                                                                           cfg->rms_eps, cos_t, sin_t);
     else
         qk_rope_forward_kernel<E, false><<<qk_blocks(m), 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, qsrc,
                                                                          ksrc, qdst, kdst, nullptr, nullptr, nullptr,
@@ -565,8 +565,9 @@ static void layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt
     // MLP block: y = h + swiglu(hn Wg^T, hn Wu^T) Wd^T.
     E *hn = fs.xn; // xn is dead once q/k/v are projected
     mt_rmsnorm_forward(n, m.d, sv.h, weight(layout, tile, MT_L_MLP_NORM), cfg->rms_eps, hn, sv.rms2, stream);
-    mt_linear_forward(ctx, n, m.d, m.inter, hn, weight(layout, tile, MT_L_GATE_W), nullptr, sv.g, mt_cuda_type<E>(), stream);
-    mt_linear_forward(ctx, n, m.d, m.inter, hn, weight(layout, tile, MT_L_UP_W), nullptr, sv.u, mt_cuda_type<E>(), stream);
+    const cudaDataType_t e_type = mt_cuda_type<E>();
+    mt_linear_forward(ctx, n, m.d, m.inter, hn, weight(layout, tile, MT_L_GATE_W), nullptr, sv.g, e_type, stream);
+    mt_linear_forward(ctx, n, m.d, m.inter, hn, weight(layout, tile, MT_L_UP_W), nullptr, sv.u, e_type, stream);
     swiglu_forward(n * m.inter, sv.g, sv.u, fs.s, stream);
     mt_linear_forward_residual(ctx, n, m.inter, m.d, fs.s, weight(layout, tile, MT_L_DOWN_W), sv.h, y, stream);
 }
@@ -617,8 +618,8 @@ static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const m
 
     // Attention block.
     mt_linear_backward_weight(ctx, n, m.qd, m.d, sv.a, s.dres, grad(layout, dtile, MT_L_O_W), true, stream);
-    mt_linear_backward_input(ctx, n, m.qd, m.d, s.dres, weight(layout, tile, MT_L_O_W), s.da_dqp, mt_cuda_type<E>(), false,
-                             stream); // da (n, H*D)
+    mt_linear_backward_input(ctx, n, m.qd, m.d, s.dres, weight(layout, tile, MT_L_O_W), s.da_dqp, mt_cuda_type<E>(),
+                             false, stream); // da (n, H*D)
     attention_backward(&m, sv.q, sv.k, sv.v, sv.a, sv.lse, s.da_dqp, s.dq, s.dk, s.dv, s.attn_workspace, stream_);
     rope_tables(cfg, &m, s.cos_t, s.sin_t, stream);
     E *dq_proj = s.da_dqp; // da is dead once attention backward has run
