@@ -176,5 +176,12 @@ elif ! grep -q '^bench: GPU time, K=4 clip 1, 1 measured step: not available (po
     fail "$name" "no 'GPU time ... not available (policy eager)' line"
 else pass "$name"; fi
 
+name="bench --dtype fp32"
+run bench --shape tiny --micro-batch 2 --seq-len 64 --warmup 1 --steps 1 --ncpu 2 --ncuda 0 --dtype fp32
+if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif ! grep -qE '^bench: tiny \([0-9]+ layers, fp32\)' "$err"; then fail "$name" "no 'bench: tiny (N layers, fp32)' line"
+elif ! grep -qE '^\| tiny \| 1 x 2 x 64 \|' "$out"; then fail "$name" "no result row"
+else pass "$name"; fi
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -132,6 +132,21 @@ START_TEST(test_qwen05_gpu)
 #if MT_HAVE_CUDA
     /* The CUDA layer keeps bf16 activations: less than the CPU op's fp32 saved buffer. */
     ck_assert_uint_lt(saved, (uint64_t)mt_layer_saved_numel(&c, 4, 1024) * 4);
+    /* On the fp32 GPU path (--dtype fp32) the weights stream as fp32 and the layer keeps fp32
+     * copies of what it kept as bf16: twice the weight buffers, more saved bytes and workspace. */
+    {
+        mt_plan_params p32 = p;
+        p32.compute = MT_DTYPE_F32;
+        mt_plan plan32;
+        ck_assert_int_eq(mt_plan_compute(&c, &p32, &plan32), 0);
+        ck_assert_uint_eq(plan32.gpu[MT_PLAN_WEIGHTS], 2 * plan.gpu[MT_PLAN_WEIGHTS]);
+        ck_assert_uint_eq(plan32.gpu[MT_PLAN_GRADS], plan.gpu[MT_PLAN_GRADS]);
+        const uint64_t saved32 = mt_codelet_layer_saved_bytes(&c, MT_DTYPE_F32, true, 4, 1024);
+        ck_assert_uint_gt(saved32, saved);
+        ck_assert_uint_eq(plan32.gpu[MT_PLAN_BLOCK_SAVED], 4 * saved32);
+        ck_assert_uint_gt(plan32.gpu[MT_PLAN_WORKSPACE], plan.gpu[MT_PLAN_WORKSPACE]);
+        ck_assert_uint_eq(plan32.gpu[MT_PLAN_CHECKPOINTS], plan.gpu[MT_PLAN_CHECKPOINTS]);
+    }
 #endif
 
     char err[1024];
