@@ -25,13 +25,9 @@ enum { BLOCK = 4096 };
 
 /* The fused update (fused: master, m and v in place, then the streamed copy, block by block) or
  * the first half of a split one (mt_codelet_adamw_params_range over the chunk: master, m and v
- * read). The two take the same buffers and arguments. */
-static void adamw_streamed(void *buffers[], void *cl_arg, bool fused)
+ * read). The two take the same buffers and arguments, unpacked by the caller. */
+static void adamw_streamed(void *buffers[], mt_adamw_params p, mt_dtype dtype, int clipped, bool fused)
 {
-    mt_adamw_params p;
-    mt_dtype dtype;
-    int clipped;
-    starpu_codelet_unpack_args(cl_arg, &p, &dtype, &clipped);
     int64_t n = (int64_t)STARPU_VECTOR_GET_NX(buffers[0]);
     float *master = (float *)STARPU_VECTOR_GET_PTR(buffers[0]);
     if (clipped) {
@@ -211,7 +207,11 @@ double mt_codelet_adamw_seconds(void) { return (double)atomic_load(&adamw_ns) * 
 static void adamw_cpu(void *buffers[], void *cl_arg)
 {
     const int64_t t0 = mt_codelet_now_ns();
-    adamw_streamed(buffers, cl_arg, true);
+    mt_adamw_params p;
+    mt_dtype dtype;
+    int clipped;
+    starpu_codelet_unpack_args(cl_arg, &p, &dtype, &clipped);
+    adamw_streamed(buffers, p, dtype, clipped, true);
     mt_codelet_adamw_time_add(mt_codelet_now_ns() - t0);
 }
 
@@ -224,7 +224,7 @@ static void adamw_params_cpu(void *buffers[], void *cl_arg)
     starpu_codelet_unpack_args(cl_arg, &p, &dtype, &clipped);
     if (clipped == MT_ADAMW_RANGED) adamw_params_ranged(buffers, &p, dtype);
     else if (clipped == MT_ADAMW_CONFIRM_RANGED) adamw_confirm_ranged(buffers, p, dtype);
-    else adamw_streamed(buffers, cl_arg, false);
+    else adamw_streamed(buffers, p, dtype, clipped, false);
     mt_codelet_adamw_time_add(mt_codelet_now_ns() - t0);
 }
 
