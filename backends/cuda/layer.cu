@@ -142,30 +142,30 @@ static void saved_carve(const mt_model_config *cfg, const layer_dims *m, mt_carv
 // ---- scratch of backward: norm_out, dnorm, dres, rope, partials, then the MLP gradients overlaid
 //      by the attention gradients (the MLP ones are dead before attention backward starts).
 template <class E> struct layer_fwd_scratch {
-    layer_saved<E> keep; // stands in for `saved` when it is NULL
-    E *xn;         // (n, d) normed x, later normed h (hn)
-    E *s;          // (n, I) swiglu output
+    layer_saved<E> keep;  // stands in for `saved` when it is NULL
+    E *xn;                // (n, d) normed x, later normed h (hn)
+    E *s;                 // (n, I) swiglu output
     float *cos_t, *sin_t; // (T, D/2) RoPE tables
 };
 
 template <class E> struct layer_bwd_scratch {
-    E *norm_out;       // (n, d) hn, later xn (recomputed)
+    E *norm_out;          // (n, d) hn, later xn (recomputed)
     float *dnorm;         // (n, d) gradient at the norm output: dhn, later dxn
-    E *dres;           // (n, d) the residual-stream gradient as E: dy, later dh
+    E *dres;              // (n, d) the residual-stream gradient as E: dy, later dh
     float *cos_t, *sin_t; // (T, D/2)
     float *partials;      // column-sum partials, widest of d and H*D
     // MLP phase
-    E *s_dg; // (n, I) s (recomputed), then dg
-    E *du;   // (n, I)
-    float *ds;  // (n, I) gradient at the swiglu output
+    E *s_dg;   // (n, I) s (recomputed), then dg
+    E *du;     // (n, I)
+    float *ds; // (n, I) gradient at the swiglu output
     // attention phase, overlaying the MLP phase
-    E *da_dqp;          // (n, H*D) gradient at the attention output, then at q's projection
-    E *dkp, *dvb;       // (n, KV*D) gradients at k's projection and v, E for the GEMMs
-    float *dq, *dk, *dv;   // (n, H*D) (n, KV*D) (n, KV*D) from attention backward
-    float *dqp32, *dkp32;  // (n, H*D) (n, KV*D) fp32 gradients at q's and k's projections: the
-                           // bias gradients sum them (bf16 would lose the cancelling sums' digits);
-                           // empty when E is float: da_dqp and dkp are those gradients already
-    void *attn_workspace;  // mt_cuda_attention_workspace_bytes
+    E *da_dqp;            // (n, H*D) gradient at the attention output, then at q's projection
+    E *dkp, *dvb;         // (n, KV*D) gradients at k's projection and v, E for the GEMMs
+    float *dq, *dk, *dv;  // (n, H*D) (n, KV*D) (n, KV*D) from attention backward
+    float *dqp32, *dkp32; // (n, H*D) (n, KV*D) fp32 gradients at q's and k's projections: the
+                          // bias gradients sum them (bf16 would lose the cancelling sums' digits);
+                          // empty when E is float: da_dqp and dkp are those gradients already
+    void *attn_workspace; // attention_workspace_bytes<E>
 };
 
 template <class E>
