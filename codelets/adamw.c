@@ -123,43 +123,148 @@ static void ranged_flags(int64_t n, const float *restrict master, const float *r
     }
 }
 
-size_t mt_codelet_ranged_bitmap_bytes(int64_t n) { return (size_t)(n + 63) / 64 * sizeof(uint64_t); }
+/* A ranged run's flags buffer: the range it used (decided when it ran), then the bitmap. */
+typedef struct ranged_header {
+    float cl, ch;          /* the scales (gradient multipliers, as the kernel forms them) checked */
+    int32_t skipped;       /* the range was too wide: nothing written, the confirm does all */
+    int32_t pad;
+} ranged_header;
 
-/* Elements the ranged runs checked and flagged, over the process (mt_codelet_ranged_counts). */
-static atomic_llong ranged_checked, ranged_flagged;
-
-void mt_codelet_ranged_counts(int64_t *checked, int64_t *flagged)
+size_t mt_codelet_ranged_bitmap_bytes(int64_t n)
 {
-    *checked = atomic_load(&ranged_checked);
-    *flagged = atomic_load(&ranged_flagged);
+    return sizeof(ranged_header) + (size_t)(n + 63) / 64 * sizeof(uint64_t);
 }
 
-/* adamw_params, MT_ADAMW_RANGED: the weights at the range's top scale, and the bitmap. */
-static void adamw_params_ranged(void *buffers[], const mt_adamw_params *p, mt_dtype dtype)
+/* Over the process (mt_codelet_ranged_counts). */
+static atomic_llong ranged_checked, ranged_flagged, ranged_skipped, ranged_outside;
+
+mt_ranged_counts mt_codelet_ranged_counts(void)
+{
+    return (mt_ranged_counts){ atomic_load(&ranged_checked), atomic_load(&ranged_flagged),
+                               atomic_load(&ranged_skipped), atomic_load(&ranged_outside) };
+}
+
+/* The clip task's scale for a norm (clip.c: torch's max_norm / (norm + 1e-6), at most 1). */
+static double scale_of(double clip, double norm)
+{
+    const double s = clip / (norm + 1e-6);
+    return s < 1.0 ? s : 1.0;
+}
+
+/* The range of a ranged run (mt_ranged_args), as gradient multipliers [*lo, *hi]; false when it
+ * is wider than max_ratio. `known`: the sums of squares in [6..6+nknown). */
+static bool ranged_range(void *buffers[], unsigned nknown, const mt_ranged_args *a, double grad_scale,
+                         double *lo, double *hi)
+{
+    double known = 0;
+    for (unsigned j = 0; j < nknown; j++) known += ((const double *)STARPU_VECTOR_GET_PTR(buffers[6 + j]))[0];
+    /* every tile's sum adds to the norm: it is at least sqrt(known), the scale at most this */
+    double c_hi = scale_of(a->clip, sqrt(known)), c_lo;
+    const int64_t prev = a->seq - 1;
+    const mt_norm_history *h = a->hist;
+    if (h && prev >= 1 && h->seq[prev % 2] == prev) {
+        const double *hs = h->sumsq[prev % 2];
+        double same = 0, other = 0;
+        for (int j = 0; j < h->ntiles; j++) {
+            if (j >= a->first_tile) same += hs[j];
+            else other += hs[j];
+        }
+        const double rest = same > 0 ? other * (known / same) : other;
+        c_hi = scale_of(a->clip, sqrt(known + rest / a->spread));
+        c_lo = scale_of(a->clip, sqrt(known + rest * a->spread));
+    } else {
+        c_hi = fmin(c_hi, a->hi);
+        c_lo = fmin(a->lo, c_hi);
+    }
+    /* Widened past the float rounding of (float)(grad_scale * scale) and the order of the sums:
+     * inside the range whenever the prediction held. */
+    *lo = grad_scale * c_lo * (1 - 1e-6);
+    *hi = grad_scale * c_hi * (1 + 1e-6);
+    return c_hi <= c_lo * a->max_ratio;
+}
+
+/* adamw_params, MT_ADAMW_RANGED: the weights at the range's top scale, and the flags. */
+static void adamw_params_ranged(void *buffers[], mt_adamw_params p, mt_dtype dtype, const mt_ranged_args *a)
 {
     int64_t n = (int64_t)STARPU_VECTOR_GET_NX(buffers[0]);
     const float *master = (const float *)STARPU_VECTOR_GET_PTR(buffers[0]);
     const float *m = (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), *v = (const float *)STARPU_VECTOR_GET_PTR(buffers[2]);
     const float *grad = (const float *)STARPU_VECTOR_GET_PTR(buffers[3]);
     void *w = (void *)STARPU_VECTOR_GET_PTR(buffers[4]);
-    unsigned char *flags = (unsigned char *)STARPU_VECTOR_GET_PTR(buffers[5]);
-    const ranged_consts k = ranged_consts_of(p);
+    ranged_header *hd = (ranged_header *)STARPU_VECTOR_GET_PTR(buffers[5]);
+    uint64_t *bits = (uint64_t *)(hd + 1);
+    const unsigned nknown = STARPU_TASK_GET_NBUFFERS(starpu_task_get_current()) - 6;
+    double lo, hi;
+    const bool narrow = ranged_range(buffers, nknown, a, p.grad_scale, &lo, &hi);
+    *hd = (ranged_header){ .cl = (float)lo, .ch = (float)hi, .skipped = !narrow };
+    if (!narrow) {
+        atomic_fetch_add(&ranged_skipped, (long long)n);
+        return;
+    }
+    p.grad_scale = hi;
+    p.grad_scale_lo = lo;
+    const ranged_consts k = ranged_consts_of(&p);
     int32_t may[BLOCK];
     long long nflagged = 0;
-    memset(flags, 0, mt_codelet_ranged_bitmap_bytes(n));
-    /* block by block, as adamw_streamed, each block's inputs still in cache for the bounds */
+    /* block by block, as adamw_streamed, each block's inputs still in cache for the bounds;
+     * BLOCK is a multiple of 64, so each block fills whole words */
     for (int64_t o = 0; o < n; o += BLOCK) {
         int64_t len = n - o < BLOCK ? n - o : BLOCK;
-        mt_codelet_adamw_params_range(o, len, master, grad, m, v, w, dtype, p);
+        mt_codelet_adamw_params_range(o, len, master, grad, m, v, w, dtype, &p);
         ranged_flags(len, master + o, grad + o, m + o, v + o, &k, may);
-        for (int64_t i = 0; i < len; i++)
-            if (may[i]) {
-                flags[(o + i) >> 3] |= (unsigned char)(1u << ((o + i) & 7));
-                nflagged++;
-            }
+        for (int64_t i0 = 0; i0 < len; i0 += 64) {
+            uint64_t word = 0;
+            for (int64_t i = i0; i < len && i < i0 + 64; i++) word |= (uint64_t)(may[i] != 0) << (i - i0);
+            bits[(o + i0) / 64] = word;
+            nflagged += __builtin_popcountll(word);
+        }
     }
     atomic_fetch_add(&ranged_checked, (long long)n);
     atomic_fetch_add(&ranged_flagged, nflagged);
+}
+
+enum { GATHER = 1024 };
+
+/* The weights half of elements idx[0..k) (gathered, bf16 streamed weights). */
+static void redo_gathered(int k, const int64_t *idx, const float *master, const float *grad, const float *m,
+                          const float *v, mt_bf16 *w, const mt_adamw_params *p)
+{
+    float gp[GATHER], gg[GATHER], gm[GATHER], gv[GATHER], out[GATHER];
+    mt_bf16 ob[GATHER];
+    for (int j = 0; j < k; j++) {
+        gp[j] = master[idx[j]]; gg[j] = grad[idx[j]]; gm[j] = m[idx[j]]; gv[j] = v[idx[j]];
+    }
+    mt_cpu_adamw_params_f32(k, gp, gg, gm, gv, out, p);
+    mt_cpu_f32_to_bf16(k, out, ob);
+    for (int j = 0; j < k; j++) w[idx[j]] = ob[j];
+}
+
+/* The weights half of the elements whose bit is set. Words with many set bits are redone whole
+ * (contiguous, vectorised); the few bits of the others are gathered into contiguous arrays for
+ * the same kernel (each element's result depends on its own inputs only, so gathered it gives
+ * the same bits), then scattered back. */
+static void redo_flagged(int64_t n, const uint64_t *bits, const float *master, const float *grad, const float *m,
+                         const float *v, mt_bf16 *w, const mt_adamw_params *p)
+{
+    enum { DENSE = 16 };
+    int64_t idx[GATHER];
+    int k = 0;
+    for (int64_t o = 0; o < n; o += 64) {
+        uint64_t word = bits[o / 64];
+        if (!word) continue;
+        if (__builtin_popcountll(word) >= DENSE) {
+            mt_codelet_adamw_params_range(o, n - o < 64 ? n - o : 64, master, grad, m, v, w, MT_DTYPE_BF16, p);
+            continue;
+        }
+        for (; word; word &= word - 1) {
+            idx[k++] = o + __builtin_ctzll(word);
+            if (k == GATHER) {
+                redo_gathered(k, idx, master, grad, m, v, w, p);
+                k = 0;
+            }
+        }
+    }
+    if (k) redo_gathered(k, idx, master, grad, m, v, w, p);
 }
 
 /* adamw_params, MT_ADAMW_CONFIRM_RANGED. */
@@ -171,22 +276,16 @@ static void adamw_confirm_ranged(void *buffers[], mt_adamw_params p, mt_dtype dt
     const float *grad = (const float *)STARPU_VECTOR_GET_PTR(buffers[3]);
     void *w = (void *)STARPU_VECTOR_GET_PTR(buffers[4]);
     const double scale = ((const double *)STARPU_VECTOR_GET_PTR(buffers[5]))[1];
-    const unsigned char *flags = (const unsigned char *)STARPU_VECTOR_GET_PTR(buffers[6]);
-    const float cl = (float)p.grad_scale_lo, ch = (float)p.grad_scale;
-    p.grad_scale = 1.0 * scale; /* as adamw_streamed forms it */
+    const ranged_header *hd = (const ranged_header *)STARPU_VECTOR_GET_PTR(buffers[6]);
+    p.grad_scale *= scale; /* as adamw_streamed forms it */
     p.grad_scale_lo = 0;
     const float c = (float)p.grad_scale;
-    if (!(c >= cl && c <= ch)) {
+    if (hd->skipped || !(c >= hd->cl && c <= hd->ch)) {
+        if (!hd->skipped) atomic_fetch_add(&ranged_outside, (long long)n);
         mt_codelet_adamw_params_range(0, n, master, grad, m, v, w, dtype, &p);
         return;
     }
-    /* By 64-element word of the bitmap: one kernel call per word holding a flagged element
-     * (the kernel's per-call set-up amortised; the word's other elements come out as they were). */
-    for (int64_t o = 0; o < n; o += 64) {
-        uint64_t word;
-        memcpy(&word, flags + o / 8, sizeof word);
-        if (word) mt_codelet_adamw_params_range(o, n - o < 64 ? n - o : 64, master, grad, m, v, w, dtype, &p);
-    }
+    redo_flagged(n, (const uint64_t *)(hd + 1), master, grad, m, v, (mt_bf16 *)w, &p);
 }
 
 /* Wall time the CPU workers spent in AdamW tasks, over the process (mt_codelet_adamw_seconds):
@@ -222,8 +321,11 @@ static void adamw_params_cpu(void *buffers[], void *cl_arg)
     mt_dtype dtype;
     int clipped;
     starpu_codelet_unpack_args(cl_arg, &p, &dtype, &clipped);
-    if (clipped == MT_ADAMW_RANGED) adamw_params_ranged(buffers, &p, dtype);
-    else if (clipped == MT_ADAMW_CONFIRM_RANGED) adamw_confirm_ranged(buffers, p, dtype);
+    if (clipped == MT_ADAMW_RANGED) {
+        mt_ranged_args a;
+        starpu_codelet_unpack_args(cl_arg, &p, &dtype, &clipped, &a);
+        adamw_params_ranged(buffers, p, dtype, &a);
+    } else if (clipped == MT_ADAMW_CONFIRM_RANGED) adamw_confirm_ranged(buffers, p, dtype);
     else adamw_streamed(buffers, p, dtype, clipped, false);
     mt_codelet_adamw_time_add(mt_codelet_now_ns() - t0);
 }

@@ -1,6 +1,6 @@
 /* Global gradient-norm clipping: the last backward task of each tile leaves the sum of squares
  * of its gradient; this task turns them into the norm and the scale every AdamW task of the
- * step reads. */
+ * step reads, and keeps the partials for the next step's ranged speculation (adamw.c). */
 #include "codelets.h"
 
 #include <math.h>
@@ -8,11 +8,19 @@
 static void clip_cpu(void *buffers[], void *cl_arg)
 {
     double max_norm;
-    starpu_codelet_unpack_args(cl_arg, &max_norm);
+    mt_norm_history *hist;
+    int64_t seq;
+    starpu_codelet_unpack_args(cl_arg, &max_norm, &hist, &seq);
     struct starpu_task *task = starpu_task_get_current();
     unsigned n = STARPU_TASK_GET_NBUFFERS(task) - 1;
     double sum = 0;
     for (unsigned i = 0; i < n; i++) sum += ((const double *)STARPU_VECTOR_GET_PTR(buffers[i]))[0];
+    if (hist && (int)n == hist->ntiles) {
+        /* the ranged runs of norm seq + 1 read these (mt_ranged_args) */
+        double *h = hist->sumsq[seq % 2];
+        for (unsigned i = 0; i < n; i++) h[i] = ((const double *)STARPU_VECTOR_GET_PTR(buffers[i]))[0];
+        hist->seq[seq % 2] = seq;
+    }
     double *out = (double *)STARPU_VECTOR_GET_PTR(buffers[n]);
     out[0] = sqrt(sum);
     /* torch.nn.utils.clip_grad_norm_: scale = max_norm / (norm + 1e-6), applied when < 1 */

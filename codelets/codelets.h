@@ -95,7 +95,8 @@ extern struct starpu_codelet mt_cl_head;
 /* head_eval (loss only): [0] head weights R, [1] h_L R, [2] targets R, [3] loss W,
  *   [4] scratch SCRATCH, [5] embed weights R when tied */
 extern struct starpu_codelet mt_cl_head_eval;
-/* clip: [0..n-1] partials R, [n] clip (2 doubles: global norm, scale) W; arg: double max_norm */
+/* clip: [0..n-1] partials R, [n] clip (2 doubles: global norm, scale) W; args: double max_norm,
+ *   mt_norm_history * (or NULL), int64_t seq (the slot it records the partials in) */
 extern struct starpu_codelet mt_cl_clip;
 /* adamw: [0] master RW, [1] m RW, [2] v RW, [3] grad R, [4] streamed weights W,
  *   [5] clip R (when clipped); args: mt_adamw_params, mt_dtype, int clipped (mt_adamw_clip) */
@@ -108,21 +109,51 @@ enum mt_adamw_clip {
      * the weights, so [4] is RW): does nothing when the scale is 1 (that run was exact: the
      * clipped kernel multiplies by 1.0), else writes the clipped result over it. */
     MT_ADAMW_CONFIRM = 2,
-    /* adamw_params only, bf16 streamed weights: a speculative run for every scale in
-     * [p.grad_scale_lo, p.grad_scale]; [5] is then a bitmap (one bit per element, W) of the
-     * elements whose bf16 weight could differ within that range (the rest round to the same
-     * bf16 value for any of those scales: the fp32 result is bounded over the range, with a
-     * margin for its rounding, and both bounds round alike). */
+    /* adamw_params only, bf16 streamed weights: a speculative run for a range of scales
+     * [cl, ch] decided when it runs (mt_ranged_args); [5] is then the flags buffer (W): the
+     * range used and a bitmap (one bit per element) of the elements whose bf16 weight could
+     * differ within it (the rest round to the same bf16 value for any of those scales: the fp32
+     * result is bounded over the range, with a margin for its rounding, and both bounds round
+     * alike); [6..] the sums of squares of the tiles mt_ranged_args names (R). */
     MT_ADAMW_RANGED = 3,
-    /* adamw_params only: confirms a ranged run: [4] weights RW, [5] clip R, [6] the bitmap R.
-     * Scale inside the range: redoes each 64-element group holding a flagged element with it;
-     * outside: the whole chunk. */
+    /* adamw_params only: confirms a ranged run: [4] weights RW, [5] clip R, [6] the flags R.
+     * Scale inside the range: redoes the flagged elements with it; outside: the whole chunk. */
     MT_ADAMW_CONFIRM_RANGED = 4,
 };
-/* Bytes of a ranged run's bitmap for a chunk of n elements (whole 64-bit words). */
+/* The gradient's sum of squares per tile over the last norms, written by the clip task (when
+ * given one) and read by ranged runs to predict the norm of the step they belong to. Two
+ * slots, by norm sequence number: the clip task of norm s writes slot s % 2 while ranged runs
+ * of norm s read slot (s - 1) % 2. */
+typedef struct mt_norm_history {
+    int ntiles;
+    int64_t seq[2];        /* the norm each slot holds; 0: none */
+    double *sumsq[2];      /* (ntiles) each */
+} mt_norm_history;
+/* The extra argument of a MT_ADAMW_RANGED run, after `clipped`. Its range comes from the sums
+ * of squares already in when it runs: [6..] holds those of tiles first_tile..ntiles-1 (the
+ * backward's order puts them all before this chunk's tile, or is this tile), S_known. Their
+ * sum bounds the norm from below, so the scale from above; the rest of the norm is predicted
+ * from norm seq - 1 (hist): rest = (that norm's other tiles) * S_known / (its same tiles), and
+ * the range covers a rest between rest / spread and rest * spread. Without that history the
+ * range is [lo, hi] (given), capped by the bound. A range wider than max_ratio (hi / lo)
+ * would flag too much to pay: the run then writes nothing and its confirm does the whole
+ * chunk. */
+typedef struct mt_ranged_args {
+    mt_norm_history *hist;
+    int64_t seq;           /* this step's norm (>= 1) */
+    int first_tile;
+    double clip, spread, max_ratio;
+    double lo, hi;
+} mt_ranged_args;
+/* Bytes of a ranged run's flags buffer for a chunk of n elements (the range, whole 64-bit
+ * words of bitmap). */
 size_t mt_codelet_ranged_bitmap_bytes(int64_t n);
-/* Elements ranged speculative runs have checked, and of those flagged, since the process began. */
-void mt_codelet_ranged_counts(int64_t *checked, int64_t *flagged);
+/* Elements, since the process began: ranged runs have checked, and of those flagged; ranged
+ * runs skipped (range too wide); confirms redid whole because the scale was outside the range. */
+typedef struct mt_ranged_counts {
+    int64_t checked, flagged, skipped, outside;
+} mt_ranged_counts;
+mt_ranged_counts mt_codelet_ranged_counts(void);
 /* Seconds CPU workers spent in AdamW tasks (adamw, adamw_params, adamw_moments,
  * embedding_update_early) since the process started; mt_codelet_adamw_time_add adds to it,
  * mt_codelet_now_ns is its clock (CLOCK_MONOTONIC). */

@@ -248,8 +248,7 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
         tgt[i] = (int32_t)((s >> 33) % (uint64_t)cfg->vocab);
     }
     int *slots = calloc(total + 1, sizeof(int));
-    int64_t ranged_checked0, ranged_flagged0;
-    mt_codelet_ranged_counts(&ranged_checked0, &ranged_flagged0);
+    mt_ranged_counts rc0 = mt_codelet_ranged_counts();
     double measure_start = 0, adamw_cpu0 = 0;
     bool traced = false;
     for (int step = 1; step <= total; step++) {
@@ -263,6 +262,7 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
             pthread_mutex_unlock(&tl.lock);
             traced = mt_policy_trace_begin(trace_capacity(o, sc, cfg)) == 0;
             adamw_cpu0 = mt_codelet_adamw_seconds();
+            rc0 = mt_codelet_ranged_counts();
             measure_start = now();
         }
         slots[step] = mt_graph_submit_step(g, step, tok, tgt, 1e-5);
@@ -276,12 +276,14 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
     r->loss_last = mt_graph_wait_loss(g, slots[total], NULL);
     starpu_task_wait_for_all();
     mt_graph_speculation_counts(g, &r->speculated, &r->speculation_held);
-    int64_t ranged_checked, ranged_flagged;
-    mt_codelet_ranged_counts(&ranged_checked, &ranged_flagged);
-    if (log && ranged_checked > ranged_checked0)
-        fprintf(log, "bench: K=%d clip %g: ranged speculation flagged %.2f%% of the %lld parameter updates it checked\n",
-                sc->K, sc->clip, 100.0 * (double)(ranged_flagged - ranged_flagged0) / (double)(ranged_checked - ranged_checked0),
-                (long long)(ranged_checked - ranged_checked0));
+    const mt_ranged_counts rc = mt_codelet_ranged_counts();
+    const int64_t rchecked = rc.checked - rc0.checked, rskipped = rc.skipped - rc0.skipped;
+    if (log && rchecked + rskipped > 0)
+        fprintf(log, "bench: K=%d clip %g: ranged speculation checked %lld parameter updates and flagged %.3f%% of them; "
+                     "%lld not speculated (range too wide), %lld redone whole (scale outside the range)\n",
+                sc->K, sc->clip, (long long)rchecked,
+                rchecked ? 100.0 * (double)(rc.flagged - rc0.flagged) / (double)rchecked : 0.0,
+                (long long)rskipped, (long long)(rc.outside - rc0.outside));
     double window = now() - measure_start;
     gpu_time(o, traced, &tl, r);
     /* The measured steps' AdamW tasks, all of them (the warm-up's drained before the window). */

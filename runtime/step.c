@@ -30,7 +30,6 @@ typedef struct slot {
     double clip_result[2];
     starpu_data_handle_t h_clip_copy;
     bool updated, speculated;                /* an update of this slot's step was submitted; speculatively */
-    double spec_lo, spec_hi;                 /* the scales a speculative update holds for: [1, 1] or a range */
 } slot;
 
 struct mt_graph {
@@ -63,6 +62,8 @@ struct mt_graph {
     struct ready_note { mt_graph *g; int tile; int64_t step; } *ready_notes; /* (READY_RING * ntiles) */
     double last_scale;                        /* clip scale of the last step read back; 0 before */
     starpu_data_handle_t **flags;             /* (ntiles)(nchunks) bitmaps of ranged speculation, or NULL */
+    mt_norm_history hist;                     /* per-tile sums of squares of the last norms */
+    int64_t norm_seq;                         /* norms submitted */
     int64_t speculated, speculation_held;     /* mt_graph_speculation_counts */
 };
 
@@ -170,6 +171,8 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
             for (int c = 0; c < t->nchunks; c++) g->flags[i][c] = new_bytes(mt_codelet_ranged_bitmap_bytes(t->chunks[c].numel));
         }
     }
+    g->hist.ntiles = st->ntiles;
+    for (int k = 0; k < 2; k++) g->hist.sumsq[k] = calloc(st->ntiles, sizeof(double));
     g->embed_rows = calloc(nc0, sizeof *g->embed_rows);
     g->embed_rows_mem = calloc(nc0, sizeof *g->embed_rows_mem);
     for (int c = 0; c < nc0; c++) {
@@ -236,6 +239,8 @@ void mt_graph_destroy(mt_graph *g)
         free(g->flags[i]);
     }
     free(g->flags);
+    free(g->hist.sumsq[0]);
+    free(g->hist.sumsq[1]);
     for (int c = 0; c < mt_state_embed(g->st)->nchunks; c++) {
         starpu_data_unregister(g->embed_partial[c]);
         starpu_data_unregister(g->embed_rows[c]);
@@ -543,8 +548,11 @@ void mt_graph_submit_norm(mt_graph *g)
     for (int i = 0; i < st->ntiles; i++) cd[i] = (struct starpu_data_descr){ g->partial[i], STARPU_R };
     cd[st->ntiles] = (struct starpu_data_descr){ g->clip, STARPU_W };
     double max_norm = g->sc.clip;
+    mt_norm_history *hist = &g->hist;
+    int64_t seq = ++g->norm_seq;
     check_insert(starpu_task_insert(&mt_cl_clip, STARPU_DATA_MODE_ARRAY, cd, st->ntiles + 1,
-                                    STARPU_VALUE, &max_norm, sizeof max_norm, STARPU_NAME, "clip",
+                                    STARPU_VALUE, &max_norm, sizeof max_norm, STARPU_VALUE, &hist, sizeof hist,
+                                    STARPU_VALUE, &seq, sizeof seq, STARPU_NAME, "clip",
                                     STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_PRIORITY, STARPU_MAX_PRIO, 0), "clip");
     free(cd);
 }
@@ -592,13 +600,10 @@ void mt_graph_speculation_counts(const mt_graph *g, int64_t *speculated, int64_t
 }
 
 /* How this step's update speculates (clip_speculate): not at all, as if the scale were 1 (the
- * last one was), or, when asked (2), for a range of scales around the last one (below 1; bf16
- * streamed weights, whose rounding hides the scale from most elements: MT_ADAMW_RANGED). The
- * range stays opt-in: it adds ~4 ns per parameter of CPU work during the backward, and its redo
- * after the norm covers every 64-element group holding a flagged element, most groups once more
- * than a few percent are flagged (9% on the tiny bench shape at lr 1e-5). On the H200 at the 3B
- * shape it flagged 8.1% and took 5.42 s a step against 3.18 s plain (docs/benchmarks.md): the
- * clipped step's CPU is already near its memory bandwidth there. */
+ * last one was), or, when asked (2), for a range of scales (bf16 streamed weights, whose rounding
+ * hides the scale from most elements: MT_ADAMW_RANGED). Each chunk's range is decided when its
+ * weights half runs (mt_ranged_args); [lo, hi] here is its fallback without a last norm: the
+ * last scale read back, times or over 1.25. */
 typedef struct speculation {
     enum { SPEC_NONE, SPEC_UNIT, SPEC_RANGED } mode;
     double lo, hi;
@@ -608,28 +613,43 @@ static speculation speculate_update(const mt_graph *g)
 {
     if (g->sc.clip <= 0 || g->sc.clip_speculate == 0) return (speculation){ SPEC_NONE, 0, 0 };
     if (g->sc.clip_speculate == 1 || g->last_scale == 1.0) return (speculation){ SPEC_UNIT, 1.0, 1.0 };
-    if (g->sc.clip_speculate == 2 && g->last_scale > 0 && g->flags) {
-        const double r = g->sc.clip_range > 1 ? g->sc.clip_range : 1.25;
-        return (speculation){ SPEC_RANGED, g->last_scale / r, fmin(1.0, g->last_scale * r) };
+    if (g->sc.clip_speculate == 2 && g->flags) {
+        if (g->last_scale <= 0) return (speculation){ SPEC_RANGED, 0, 1.0 };
+        return (speculation){ SPEC_RANGED, g->last_scale / 1.25, fmin(1.0, g->last_scale * 1.25) };
     }
     return (speculation){ SPEC_NONE, 0, 0 };
 }
 
 /* One AdamW task on chunk c of tile t: the fused update, the weights half or the moments half
- * (clip: mt_adamw_clip). */
+ * (clip: mt_adamw_clip). A ranged run (`sp`: the fallback range) also reads the sums of squares
+ * of the tiles whose backward comes before its own or is it (mt_ranged_args). */
 static void insert_adamw(mt_graph *g, mt_tile *t, int c, struct starpu_codelet *cl, int clip, int prio,
-                         const mt_adamw_params *p, int64_t step, bool observe)
+                         const mt_adamw_params *p, int64_t step, bool observe, const speculation *sp)
 {
     const bool moments = cl == &mt_cl_adamw_moments;
     const enum starpu_data_access_mode state = cl == &mt_cl_adamw || moments ? STARPU_RW : STARPU_R;
     const bool confirm = clip == MT_ADAMW_CONFIRM || clip == MT_ADAMW_CONFIRM_RANGED;
     const enum starpu_data_access_mode weights = confirm ? STARPU_RW : STARPU_W;
-    struct starpu_data_descr d[7] = {
-        { t->h_master_chunk[c], state }, { t->h_m_chunk[c], state }, { t->h_v_chunk[c], state },
-        { t->h_grad_chunk[c], STARPU_R }, { t->h_weights_chunk[c], weights }, { g->clip, STARPU_R },
-    };
+    const int ntiles = g->st->ntiles;
+    struct starpu_data_descr *d = calloc(7 + ntiles, sizeof *d);
+    d[0] = (struct starpu_data_descr){ t->h_master_chunk[c], state };
+    d[1] = (struct starpu_data_descr){ t->h_m_chunk[c], state };
+    d[2] = (struct starpu_data_descr){ t->h_v_chunk[c], state };
+    d[3] = (struct starpu_data_descr){ t->h_grad_chunk[c], STARPU_R };
+    d[4] = (struct starpu_data_descr){ t->h_weights_chunk[c], weights };
+    d[5] = (struct starpu_data_descr){ g->clip, STARPU_R };
     int nbuf = clip ? 6 : 5;
-    if (clip == MT_ADAMW_RANGED) d[5] = (struct starpu_data_descr){ g->flags[t->index][c], STARPU_W };
+    mt_ranged_args ra = { 0 };
+    if (clip == MT_ADAMW_RANGED) {
+        d[5] = (struct starpu_data_descr){ g->flags[t->index][c], STARPU_W };
+        for (int j = t->index; j < ntiles; j++) d[nbuf++] = (struct starpu_data_descr){ g->partial[j], STARPU_R };
+        ra = (mt_ranged_args){
+            .hist = &g->hist, .seq = g->norm_seq, .first_tile = t->index, .clip = g->sc.clip,
+            .spread = g->sc.clip_range > 1 ? g->sc.clip_range : MT_CLIP_SPREAD_DEFAULT,
+            .max_ratio = g->sc.clip_range_max > 1 ? g->sc.clip_range_max : MT_CLIP_RANGE_MAX_DEFAULT,
+            .lo = sp ? sp->lo : 0, .hi = sp ? sp->hi : 1,
+        };
+    }
     if (clip == MT_ADAMW_CONFIRM_RANGED) d[nbuf++] = (struct starpu_data_descr){ g->flags[t->index][c], STARPU_R };
     mt_dtype dtype = g->st->compute_dtype;
     int ret;
@@ -641,10 +661,12 @@ static void insert_adamw(mt_graph *g, mt_tile *t, int c, struct starpu_codelet *
     } else {
         ret = starpu_task_insert(cl, STARPU_DATA_MODE_ARRAY, d, nbuf, STARPU_VALUE, p, sizeof *p,
                                  STARPU_VALUE, &dtype, sizeof dtype, STARPU_VALUE, &clip, sizeof clip,
+                                 STARPU_VALUE, &ra, sizeof ra,
                                  STARPU_PRIORITY, prio, STARPU_EXECUTE_WHERE, STARPU_CPU,
-                                 STARPU_NAME, confirm ? "adamw_confirm" : cl->name,
+                                 STARPU_NAME, confirm ? "adamw_confirm" : clip == MT_ADAMW_RANGED ? "adamw_ranged" : cl->name,
                                  OBSERVE_END(g, observe, MT_EV_ADAMW, step, t->index), 0);
     }
+    free(d);
     check_insert(ret, cl->name);
 }
 
@@ -745,8 +767,6 @@ static void submit_update(mt_graph *g, int64_t step, double lr, speculation sp, 
     int slot_id = (g->next_slot + NSLOTS - 1) % NSLOTS;
     g->slots[slot_id].updated = true;
     g->slots[slot_id].speculated = speculate;
-    g->slots[slot_id].spec_lo = sp.lo;
-    g->slots[slot_id].spec_hi = sp.hi;
     if (clipped) {
         /* Keep this step's norm for mt_graph_wait_loss before the next step overwrites it. */
         check_insert(starpu_data_cpy(g->slots[slot_id].h_clip_copy, g->clip, 1, NULL, NULL), "clip copy");
@@ -766,21 +786,18 @@ static void submit_update(mt_graph *g, int64_t step, double lr, speculation sp, 
         for (int c = 0; c < t->nchunks; c++) {
             mt_adamw_params p = adamw_params_of(g, &t->chunks[c], step, lr);
             if (started) {
-                if (clipped) insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_CONFIRM, prio, &p, step, true);
+                if (clipped) insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_CONFIRM, prio, &p, step, true, NULL);
             } else if (sp.mode == SPEC_UNIT) {
                 /* As the gradient lands (no wait for the norm), then confirmed after it. */
-                insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_UNCLIPPED, prio, &p, step, false);
-                insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_CONFIRM, prio, &p, step, true);
+                insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_UNCLIPPED, prio, &p, step, false, NULL);
+                insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_CONFIRM, prio, &p, step, true, NULL);
             } else if (sp.mode == SPEC_RANGED) {
-                mt_adamw_params pr = p;
-                pr.grad_scale = sp.hi;
-                pr.grad_scale_lo = sp.lo;
-                insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_RANGED, prio, &pr, step, false);
-                insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_CONFIRM_RANGED, prio, &pr, step, true);
+                insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_RANGED, prio, &p, step, false, &sp);
+                insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_CONFIRM_RANGED, prio, &p, step, true, NULL);
             } else {
-                insert_adamw(g, t, c, split ? &mt_cl_adamw_params : &mt_cl_adamw, clipped, prio, &p, step, true);
+                insert_adamw(g, t, c, split ? &mt_cl_adamw_params : &mt_cl_adamw, clipped, prio, &p, step, true, NULL);
             }
-            if (split) insert_adamw(g, t, c, &mt_cl_adamw_moments, clipped, moments_priority(st, i), &p, step, false);
+            if (split) insert_adamw(g, t, c, &mt_cl_adamw_moments, clipped, moments_priority(st, i), &p, step, false, NULL);
         }
         /* Gather back in host memory, where the next forward's transfer starts; then tell the
          * policy, which may be waiting to prefetch this tile. */
@@ -831,10 +848,10 @@ double mt_graph_wait_loss(mt_graph *g, int slot_id, double *grad_norm)
         g->last_scale = sl->clip_result[1];
         starpu_data_release(sl->h_clip_copy);
         if (sl->speculated) {
-            /* held: the scale the kernel used ((float)scale) was inside the speculated range */
-            const float c = (float)g->last_scale;
+            /* held: the scale was 1, what a unit speculation assumed (a ranged one's chunks count
+             * their own: mt_codelet_ranged_counts) */
             g->speculated++;
-            g->speculation_held += c >= (float)sl->spec_lo && c <= (float)sl->spec_hi;
+            g->speculation_held += (float)g->last_scale == 1.0f;
         }
         sl->updated = false;
     }

@@ -27,13 +27,20 @@ typedef struct mt_step_config {
                             * scale is below 1 (exact either way: the clipped kernel multiplies
                             * by 1.0). The update then overlaps the backward as without clipping.
                             * -1: when the last scale read (mt_graph_wait_loss) was 1; 0 never;
-                            * 1 always, as if 1; 2 (experimental, not yet measured on a GPU): as
-                            * -1, and with bf16 streamed weights and a last scale below 1, for
-                            * the range of scales [last / clip_range, min(1, last * clip_range)]:
-                            * after the norm only the elements whose bf16 weight could differ
-                            * within the range are redone (all when the scale falls outside). */
-    double clip_range;     /* ranged speculation's factor, > 1 (0: the default, 1.25) */
+                            * 1 always, as if 1; 2 (ranged): as -1, and with bf16 streamed
+                            * weights and a last scale below 1, for a range of scales: the
+                            * bound the gradients already in put on the norm, and the rest of it
+                            * predicted from the last norm (mt_ranged_args, codelets.h); after the
+                            * norm only the elements whose bf16 weight could differ within the
+                            * range are redone (all when the scale falls outside). */
+    double clip_range;     /* ranged: the rest of the norm's square is taken to lie within
+                            * [predicted / clip_range, predicted * clip_range]; > 1 (0: default) */
+    double clip_range_max; /* ranged: a chunk whose range of scales is wider than this ratio is
+                            * not speculated (too many flagged to pay); > 1 (0: default) */
 } mt_step_config;
+
+#define MT_CLIP_SPREAD_DEFAULT 1.5
+#define MT_CLIP_RANGE_MAX_DEFAULT 1.25
 
 /* Defaults: accum 1, K 4, clip 1.0, head_chunk 1024, betas (0.9, 0.999), eps 1e-8, wd 0,
  * adamw_split -1, clip_speculate -1. */
@@ -66,7 +73,8 @@ void mt_graph_set_adamw_split(mt_graph *g, int split);
 /* Changes clip_speculate (mt_step_config) for the updates submitted from now on. */
 void mt_graph_set_clip_speculate(mt_graph *g, int speculate);
 /* Of the steps whose loss mt_graph_wait_loss has returned: how many were submitted with a
- * speculative update, and in how many of those the scale was 1 (the speculation held). */
+ * speculative update, and in how many of those the scale was 1 (a unit speculation held; how
+ * ranged ones fared, chunk by chunk: mt_codelet_ranged_counts). */
 void mt_graph_speculation_counts(const mt_graph *g, int64_t *speculated, int64_t *held);
 
 /* Called from StarPU callbacks at the end of each forward/backward/AdamW task (for tests and
