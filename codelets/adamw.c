@@ -152,12 +152,9 @@ static double scale_of(double clip, double norm)
 }
 
 /* The range of a ranged run (mt_ranged_args), as gradient multipliers [*lo, *hi]; false when it
- * is wider than max_ratio. `known`: the sums of squares in [6..6+nknown). */
-static bool ranged_range(void *buffers[], unsigned nknown, const mt_ranged_args *a, double grad_scale,
-                         double *lo, double *hi)
+ * is wider than max_ratio. `known`: the sums of squares of the tiles in. */
+static bool ranged_range(double known, const mt_ranged_args *a, double grad_scale, double *lo, double *hi)
 {
-    double known = 0;
-    for (unsigned j = 0; j < nknown; j++) known += ((const double *)STARPU_VECTOR_GET_PTR(buffers[6 + j]))[0];
     /* every tile's sum adds to the norm: it is at least sqrt(known), the scale at most this */
     double c_hi = scale_of(a->clip, sqrt(known)), c_lo;
     const int64_t prev = a->seq - 1;
@@ -183,6 +180,58 @@ static bool ranged_range(void *buffers[], unsigned nknown, const mt_ranged_args 
     return c_hi <= c_lo * a->max_ratio;
 }
 
+bool mt_codelet_ranged_begin(void *flags, int64_t n, double known, const mt_ranged_args *a, mt_adamw_params *p)
+{
+    ranged_header *hd = (ranged_header *)flags;
+    double lo, hi;
+    const bool narrow = ranged_range(known, a, p->grad_scale, &lo, &hi);
+    *hd = (ranged_header){ .cl = (float)lo, .ch = (float)hi, .skipped = !narrow };
+    if (!narrow) {
+        atomic_fetch_add(&ranged_skipped, (long long)n);
+        return false;
+    }
+    memset(hd + 1, 0, mt_codelet_ranged_bitmap_bytes(n) - sizeof *hd);
+    p->grad_scale = hi;
+    p->grad_scale_lo = lo;
+    atomic_fetch_add(&ranged_checked, (long long)n);
+    return true;
+}
+
+void mt_codelet_ranged_pass(int64_t o, int64_t n, const float *master, const float *grad, const float *m,
+                            const float *v, void *weights, mt_dtype dtype, const mt_adamw_params *p, void *flags)
+{
+    uint64_t *bits = (uint64_t *)((ranged_header *)flags + 1);
+    const ranged_consts k = ranged_consts_of(p);
+    int32_t may[BLOCK];
+    long long nflagged = 0;
+    /* block by block, as adamw_streamed, each block's inputs still in cache for the bounds */
+    for (int64_t e = o; e < o + n; e += BLOCK) {
+        int64_t len = o + n - e < BLOCK ? o + n - e : BLOCK;
+        mt_codelet_adamw_params_range(e, len, master, grad, m, v, weights, dtype, p);
+        ranged_flags(len, master + e, grad + e, m + e, v + e, &k, may);
+        for (int64_t i = 0; i < len; i++)
+            if (may[i]) {
+                bits[(e + i) / 64] |= (uint64_t)1 << ((e + i) % 64);
+                nflagged++;
+            }
+    }
+    atomic_fetch_add(&ranged_flagged, nflagged);
+}
+
+void mt_codelet_ranged_flag(int64_t o, int64_t n, void *flags)
+{
+    uint64_t *bits = (uint64_t *)((ranged_header *)flags + 1);
+    for (int64_t i = o; i < o + n;) {
+        if (i % 64 == 0 && o + n - i >= 64) {
+            bits[i / 64] = ~(uint64_t)0;
+            i += 64;
+        } else {
+            bits[i / 64] |= (uint64_t)1 << (i % 64);
+            i++;
+        }
+    }
+}
+
 /* adamw_params, MT_ADAMW_RANGED: the weights at the range's top scale, and the flags. */
 static void adamw_params_ranged(void *buffers[], mt_adamw_params p, mt_dtype dtype, const mt_ranged_args *a)
 {
@@ -191,36 +240,11 @@ static void adamw_params_ranged(void *buffers[], mt_adamw_params p, mt_dtype dty
     const float *m = (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), *v = (const float *)STARPU_VECTOR_GET_PTR(buffers[2]);
     const float *grad = (const float *)STARPU_VECTOR_GET_PTR(buffers[3]);
     void *w = (void *)STARPU_VECTOR_GET_PTR(buffers[4]);
-    ranged_header *hd = (ranged_header *)STARPU_VECTOR_GET_PTR(buffers[5]);
-    uint64_t *bits = (uint64_t *)(hd + 1);
-    const unsigned nknown = STARPU_TASK_GET_NBUFFERS(starpu_task_get_current()) - 6;
-    double lo, hi;
-    const bool narrow = ranged_range(buffers, nknown, a, p.grad_scale, &lo, &hi);
-    *hd = (ranged_header){ .cl = (float)lo, .ch = (float)hi, .skipped = !narrow };
-    if (!narrow) {
-        atomic_fetch_add(&ranged_skipped, (long long)n);
-        return;
-    }
-    p.grad_scale = hi;
-    p.grad_scale_lo = lo;
-    const ranged_consts k = ranged_consts_of(&p);
-    int32_t may[BLOCK];
-    long long nflagged = 0;
-    /* block by block, as adamw_streamed, each block's inputs still in cache for the bounds;
-     * BLOCK is a multiple of 64, so each block fills whole words */
-    for (int64_t o = 0; o < n; o += BLOCK) {
-        int64_t len = n - o < BLOCK ? n - o : BLOCK;
-        mt_codelet_adamw_params_range(o, len, master, grad, m, v, w, dtype, &p);
-        ranged_flags(len, master + o, grad + o, m + o, v + o, &k, may);
-        for (int64_t i0 = 0; i0 < len; i0 += 64) {
-            uint64_t word = 0;
-            for (int64_t i = i0; i < len && i < i0 + 64; i++) word |= (uint64_t)(may[i] != 0) << (i - i0);
-            bits[(o + i0) / 64] = word;
-            nflagged += __builtin_popcountll(word);
-        }
-    }
-    atomic_fetch_add(&ranged_checked, (long long)n);
-    atomic_fetch_add(&ranged_flagged, nflagged);
+    void *flags = (void *)STARPU_VECTOR_GET_PTR(buffers[5]);
+    const unsigned nbuf = STARPU_TASK_GET_NBUFFERS(starpu_task_get_current());
+    double known = 0;
+    for (unsigned j = 6; j < nbuf; j++) known += ((const double *)STARPU_VECTOR_GET_PTR(buffers[j]))[0];
+    if (mt_codelet_ranged_begin(flags, n, known, a, &p)) mt_codelet_ranged_pass(0, n, master, grad, m, v, w, dtype, &p, flags);
 }
 
 enum { GATHER = 1024 };

@@ -53,6 +53,32 @@ void mt_codelet_sumsq_cpu(void *grad_buffer, void *sumsq_buffer);
  * its conversion into tmp (numel floats) for bf16. */
 const float *mt_codelet_weights_f32(const mt_host_state *st, void *buffer, float *tmp);
 
+/* The gradient's sum of squares per tile over the last norms, written by the clip task (when
+ * given one) and read by ranged runs to predict the norm of the step they belong to. Two
+ * slots, by norm sequence number: the clip task of norm s writes slot s % 2 while ranged runs
+ * of norm s read slot (s - 1) % 2. */
+typedef struct mt_norm_history {
+    int ntiles;
+    int64_t seq[2];        /* the norm each slot holds; 0: none */
+    double *sumsq[2];      /* (ntiles) each */
+} mt_norm_history;
+/* The extra argument of a MT_ADAMW_RANGED run, after `clipped`. Its range comes from the sums
+ * of squares already in when it runs: [6..] holds those of tiles first_tile..ntiles-1 (the
+ * backward's order puts them all before this chunk's tile, or is this tile), S_known. Their
+ * sum bounds the norm from below, so the scale from above; the rest of the norm is predicted
+ * from norm seq - 1 (hist): rest = (that norm's other tiles) * S_known / (its same tiles), and
+ * the range covers a rest between rest / spread and rest * spread. Without that history the
+ * range is [lo, hi] (given), capped by the bound. A range wider than max_ratio (hi / lo)
+ * would flag too much to pay: the run then writes nothing and its confirm does the whole
+ * chunk. */
+typedef struct mt_ranged_args {
+    mt_norm_history *hist;
+    int64_t seq;           /* this step's norm (>= 1) */
+    int first_tile;
+    double clip, spread, max_ratio;
+    double lo, hi;
+} mt_ranged_args;
+
 /* embedding_forward: [0] embed weights R, [1] tokens (int32, ntok) R, [2] h0 (ntok, d) W */
 extern struct starpu_codelet mt_cl_embedding_forward;
 /* embedding_backward: [0] tokens R, [1] dh0 (ntok, d) R, [2] embed grad W|RW (accumulate),
@@ -76,6 +102,11 @@ typedef struct mt_embed_chunk_args {
     bool sumsq;
     mt_adamw_params p;       /* unclipped: the weights half as if the clip scale were 1 */
     mt_dtype dtype;          /* of the streamed weights */
+    bool ranged;             /* ranged speculation instead (bf16): embedding_update_early runs
+                              * it with `ra` (its flags buffer W and the head tile's sum of
+                              * squares R after [5]); embedding_backward_chunk flags the rows the
+                              * tokens touch instead of redoing them (the flags buffer RW last) */
+    mt_ranged_args ra;
 } mt_embed_chunk_args;
 extern struct starpu_codelet mt_cl_embedding_update_early;
 extern struct starpu_codelet mt_cl_embedding_backward_chunk;
@@ -120,34 +151,19 @@ enum mt_adamw_clip {
      * Scale inside the range: redoes the flagged elements with it; outside: the whole chunk. */
     MT_ADAMW_CONFIRM_RANGED = 4,
 };
-/* The gradient's sum of squares per tile over the last norms, written by the clip task (when
- * given one) and read by ranged runs to predict the norm of the step they belong to. Two
- * slots, by norm sequence number: the clip task of norm s writes slot s % 2 while ranged runs
- * of norm s read slot (s - 1) % 2. */
-typedef struct mt_norm_history {
-    int ntiles;
-    int64_t seq[2];        /* the norm each slot holds; 0: none */
-    double *sumsq[2];      /* (ntiles) each */
-} mt_norm_history;
-/* The extra argument of a MT_ADAMW_RANGED run, after `clipped`. Its range comes from the sums
- * of squares already in when it runs: [6..] holds those of tiles first_tile..ntiles-1 (the
- * backward's order puts them all before this chunk's tile, or is this tile), S_known. Their
- * sum bounds the norm from below, so the scale from above; the rest of the norm is predicted
- * from norm seq - 1 (hist): rest = (that norm's other tiles) * S_known / (its same tiles), and
- * the range covers a rest between rest / spread and rest * spread. Without that history the
- * range is [lo, hi] (given), capped by the bound. A range wider than max_ratio (hi / lo)
- * would flag too much to pay: the run then writes nothing and its confirm does the whole
- * chunk. */
-typedef struct mt_ranged_args {
-    mt_norm_history *hist;
-    int64_t seq;           /* this step's norm (>= 1) */
-    int first_tile;
-    double clip, spread, max_ratio;
-    double lo, hi;
-} mt_ranged_args;
 /* Bytes of a ranged run's flags buffer for a chunk of n elements (the range, whole 64-bit
  * words of bitmap). */
 size_t mt_codelet_ranged_bitmap_bytes(int64_t n);
+/* The pieces of a ranged run, for the table's early path (embedding.c) too. ranged_begin: decides
+ * the range of a chunk of n elements from `known` (mt_ranged_args) and writes it at the head of
+ * its flags buffer; when narrow enough, clears the bitmap, sets p's grad_scale and grad_scale_lo
+ * to the range and returns true; else marks the chunk for its confirm to do whole. ranged_pass:
+ * over elements [o, o + n) of the chunk, the weights at the range's top and their flags. ranged_flag:
+ * flags elements [o, o + n) (their gradient is still to change: the confirm redoes them). */
+bool mt_codelet_ranged_begin(void *flags, int64_t n, double known, const mt_ranged_args *a, mt_adamw_params *p);
+void mt_codelet_ranged_pass(int64_t o, int64_t n, const float *master, const float *grad, const float *m,
+                            const float *v, void *weights, mt_dtype dtype, const mt_adamw_params *p, void *flags);
+void mt_codelet_ranged_flag(int64_t o, int64_t n, void *flags);
 /* Elements, since the process began: ranged runs have checked, and of those flagged; ranged
  * runs skipped (range too wide); confirms redid whole because the scale was outside the range. */
 typedef struct mt_ranged_counts {

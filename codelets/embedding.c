@@ -114,11 +114,13 @@ static void embedding_backward_chunk_cpu(void *buffers[], void *cl_arg)
     const float *v = (const float *)STARPU_VECTOR_GET_PTR(buffers[3 + 2 * a.micro_batches]);
     void *w = (void *)STARPU_VECTOR_GET_PTR(buffers[4 + 2 * a.micro_batches]);
     double *rows = a.sumsq ? (double *)STARPU_VECTOR_GET_PTR(buffers[5 + 2 * a.micro_batches]) : NULL;
+    void *flags = a.ranged ? (void *)STARPU_VECTOR_GET_PTR(buffers[STARPU_TASK_GET_NBUFFERS(starpu_task_get_current()) - 1]) : NULL;
     for (int64_t row = lo; row <= hi; row++) {
         if (!touched[row - lo]) continue;
         int64_t b, e;
         row_part(row, d, off, n, &b, &e);
-        mt_codelet_adamw_params_range(b - off, e - b, master, g, m, v, w, a.dtype, &a.p);
+        if (flags) mt_codelet_ranged_flag(b - off, e - b, flags);
+        else mt_codelet_adamw_params_range(b - off, e - b, master, g, m, v, w, a.dtype, &a.p);
         if (rows) rows[row - lo] = row_part_sumsq(g, off, b, e);
     }
     free(touched);
@@ -140,12 +142,17 @@ static void embedding_update_early_cpu(void *buffers[], void *cl_arg)
     const float *g = (const float *)STARPU_VECTOR_GET_PTR(buffers[3]);
     void *w = (void *)STARPU_VECTOR_GET_PTR(buffers[4]);
     double *rows = (double *)STARPU_VECTOR_GET_PTR(buffers[5]);
+    /* Ranged: the range from the head tile's sum of squares, the one in (mt_ranged_args) */
+    void *flags = a.ranged ? (void *)STARPU_VECTOR_GET_PTR(buffers[6]) : NULL;
+    const bool weights = !flags || mt_codelet_ranged_begin(flags, n, *(const double *)STARPU_VECTOR_GET_PTR(buffers[7]),
+                                                           &a.ra, &a.p);
     /* Row by row, so each row's gradient is summed while it is in cache (per element, AdamW
      * does not depend on how the chunk is cut). */
     for (int64_t r = off / d; r <= (off + n - 1) / d; r++) {
         int64_t b, e;
         row_part(r, d, off, n, &b, &e);
-        mt_codelet_adamw_params_range(b - off, e - b, master, g, m, v, w, a.dtype, &a.p);
+        if (flags && weights) mt_codelet_ranged_pass(b - off, e - b, master, g, m, v, w, a.dtype, &a.p, flags);
+        else if (weights) mt_codelet_adamw_params_range(b - off, e - b, master, g, m, v, w, a.dtype, &a.p);
         rows[r - off / d] = row_part_sumsq(g, off, b, e);
     }
     mt_codelet_adamw_time_add(mt_codelet_now_ns() - t0); /* counted as AdamW (its row sums ride along) */
@@ -207,8 +214,7 @@ struct starpu_codelet mt_cl_embedding_backward_chunk = {
 struct starpu_codelet mt_cl_embedding_update_early = {
     .name = "embedding_update_early",
     .cpu_funcs = { embedding_update_early_cpu },
-    .nbuffers = 6,
-    .modes = { STARPU_R, STARPU_R, STARPU_R, STARPU_R, STARPU_W, STARPU_W },
+    .nbuffers = STARPU_VARIABLE_NBUFFERS,
 };
 
 struct starpu_codelet mt_cl_sum_partials = {

@@ -620,6 +620,18 @@ static speculation speculate_update(const mt_graph *g)
     return (speculation){ SPEC_NONE, 0, 0 };
 }
 
+/* The ranged run of a chunk of tile `first_tile`, of the step whose norm is number `seq`, knowing
+ * the sums of squares of tiles first_tile..ntiles-1. */
+static mt_ranged_args ranged_args_of(const mt_graph *g, int first_tile, speculation sp, int64_t seq)
+{
+    return (mt_ranged_args){
+        .hist = (mt_norm_history *)&g->hist, .seq = seq, .first_tile = first_tile, .clip = g->sc.clip,
+        .spread = g->sc.clip_range > 1 ? g->sc.clip_range : MT_CLIP_SPREAD_DEFAULT,
+        .max_ratio = g->sc.clip_range_max > 1 ? g->sc.clip_range_max : MT_CLIP_RANGE_MAX_DEFAULT,
+        .lo = sp.lo, .hi = sp.hi,
+    };
+}
+
 /* One AdamW task on chunk c of tile t: the fused update, the weights half or the moments half
  * (clip: mt_adamw_clip). A ranged run (`sp`: the fallback range) also reads the sums of squares
  * of the tiles whose backward comes before its own or is it (mt_ranged_args). */
@@ -643,12 +655,7 @@ static void insert_adamw(mt_graph *g, mt_tile *t, int c, struct starpu_codelet *
     if (clip == MT_ADAMW_RANGED) {
         d[5] = (struct starpu_data_descr){ g->flags[t->index][c], STARPU_W };
         for (int j = t->index; j < ntiles; j++) d[nbuf++] = (struct starpu_data_descr){ g->partial[j], STARPU_R };
-        ra = (mt_ranged_args){
-            .hist = &g->hist, .seq = g->norm_seq, .first_tile = t->index, .clip = g->sc.clip,
-            .spread = g->sc.clip_range > 1 ? g->sc.clip_range : MT_CLIP_SPREAD_DEFAULT,
-            .max_ratio = g->sc.clip_range_max > 1 ? g->sc.clip_range_max : MT_CLIP_RANGE_MAX_DEFAULT,
-            .lo = sp ? sp->lo : 0, .hi = sp ? sp->hi : 1,
-        };
+        ra = ranged_args_of(g, t->index, *sp, g->norm_seq); /* after the step's norm was submitted */
     }
     if (clip == MT_ADAMW_CONFIRM_RANGED) d[nbuf++] = (struct starpu_data_descr){ g->flags[t->index][c], STARPU_R };
     mt_dtype dtype = g->st->compute_dtype;
@@ -683,7 +690,7 @@ static mt_adamw_params adamw_params_of(const mt_graph *g, const mt_chunk *c, int
  * in, i.e. split, and without clipping or speculatively. */
 static bool early_embedding(const mt_graph *g, speculation sp)
 {
-    return g->sc.clip > 0 ? sp.mode == SPEC_UNIT : split_update(g, 0);
+    return g->sc.clip > 0 ? sp.mode != SPEC_NONE : split_update(g, 0);
 }
 
 /* The table's update, started before its embedding backward. The tied head wrote the table's
@@ -696,7 +703,7 @@ static bool early_embedding(const mt_graph *g, speculation sp)
  * same weights and gradient as the plain path; the sum of squares for clipping too (per row,
  * as mt_codelet_tile_sumsq: the head's rows summed during the backward, only the touched ones
  * again at its end). */
-static void submit_embedding_early(mt_graph *g, int slot_id, int64_t step, double lr)
+static void submit_embedding_early(mt_graph *g, int slot_id, int64_t step, double lr, speculation sp)
 {
     mt_host_state *st = g->st;
     mt_tile *t = mt_state_embed(st);
@@ -705,7 +712,7 @@ static void submit_embedding_early(mt_graph *g, int slot_id, int64_t step, doubl
     mt_policy_tile_submitting(0, true);
     starpu_data_partition_submit(t->h_weights, t->nchunks, t->h_weights_chunk);
     starpu_data_partition_submit(t->h_grad, t->nchunks, t->h_grad_chunk);
-    const int nbuf = 1 + 2 * M + 4 + 2 * clipped;
+    const int nbuf = 1 + 2 * M + 4 + 2 * clipped + 1;
     struct starpu_data_descr *d = calloc(nbuf, sizeof *d);
     for (int c = 0; c < t->nchunks; c++) {
         mt_adamw_params p = adamw_params_of(g, &t->chunks[c], step, lr);
@@ -716,10 +723,17 @@ static void submit_embedding_early(mt_graph *g, int slot_id, int64_t step, doubl
                          "fill");
         }
         mt_embed_chunk_args a = { .offset = t->chunks[c].offset, .d = st->cfg.hidden, .ntok = g->ntok,
-                                  .micro_batches = M, .sumsq = clipped, .p = p, .dtype = st->compute_dtype };
-        check_insert(starpu_task_insert(&mt_cl_embedding_update_early, STARPU_R, t->h_master_chunk[c], STARPU_R,
-                                        t->h_m_chunk[c], STARPU_R, t->h_v_chunk[c], STARPU_R, t->h_grad_chunk[c],
-                                        STARPU_W, t->h_weights_chunk[c], STARPU_W, g->embed_rows[c],
+                                  .micro_batches = M, .sumsq = clipped, .p = p, .dtype = st->compute_dtype,
+                                  .ranged = sp.mode == SPEC_RANGED };
+        /* ranged: its range from the head tile's sum of squares, in by then (before the step's
+         * norm is submitted) */
+        if (a.ranged) a.ra = ranged_args_of(g, st->ntiles - 1, sp, g->norm_seq + 1);
+        struct starpu_data_descr ud[8] = {
+            { t->h_master_chunk[c], STARPU_R }, { t->h_m_chunk[c], STARPU_R }, { t->h_v_chunk[c], STARPU_R },
+            { t->h_grad_chunk[c], STARPU_R }, { t->h_weights_chunk[c], STARPU_W }, { g->embed_rows[c], STARPU_W },
+            { a.ranged ? g->flags[0][c] : NULL, STARPU_W }, { g->partial[st->ntiles - 1], STARPU_R },
+        };
+        check_insert(starpu_task_insert(&mt_cl_embedding_update_early, STARPU_DATA_MODE_ARRAY, ud, a.ranged ? 8 : 6,
                                         STARPU_VALUE, &a, sizeof a, STARPU_EXECUTE_WHERE, STARPU_CPU,
                                         STARPU_PRIORITY, STARPU_MAX_PRIO, 0),
                      "embedding_update_early");
@@ -737,6 +751,7 @@ static void submit_embedding_early(mt_graph *g, int slot_id, int64_t step, doubl
             d[k++] = (struct starpu_data_descr){ g->embed_rows[c], STARPU_RW };
             d[k++] = (struct starpu_data_descr){ g->embed_partial[c], STARPU_W };
         }
+        if (a.ranged) d[k++] = (struct starpu_data_descr){ g->flags[0][c], STARPU_RW };
         check_insert(starpu_task_insert(&mt_cl_embedding_backward_chunk, STARPU_DATA_MODE_ARRAY, d, k,
                                         STARPU_VALUE, &a, sizeof a, STARPU_EXECUTE_WHERE, STARPU_CPU,
                                         STARPU_PRIORITY, STARPU_MAX_PRIO, STARPU_NAME, "embedding_backward_chunk",
@@ -786,7 +801,10 @@ static void submit_update(mt_graph *g, int64_t step, double lr, speculation sp, 
         for (int c = 0; c < t->nchunks; c++) {
             mt_adamw_params p = adamw_params_of(g, &t->chunks[c], step, lr);
             if (started) {
-                if (clipped) insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_CONFIRM, prio, &p, step, true, NULL);
+                if (clipped)
+                    insert_adamw(g, t, c, &mt_cl_adamw_params,
+                                 sp.mode == SPEC_RANGED ? MT_ADAMW_CONFIRM_RANGED : MT_ADAMW_CONFIRM, prio, &p, step,
+                                 true, NULL);
             } else if (sp.mode == SPEC_UNIT) {
                 /* As the gradient lands (no wait for the norm), then confirmed after it. */
                 insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_UNCLIPPED, prio, &p, step, false, NULL);
@@ -823,7 +841,7 @@ int mt_graph_submit_step(mt_graph *g, int64_t step, const int32_t *tokens, const
     const speculation sp = speculate_update(g);
     const bool early = early_embedding(g, sp);
     int s = submit_compute(g, step, tokens, targets, early);
-    if (early) submit_embedding_early(g, s, step, lr);
+    if (early) submit_embedding_early(g, s, step, lr, sp);
     mt_graph_submit_norm(g);
     submit_update(g, step, lr, sp, early);
     return s;

@@ -343,6 +343,15 @@ START_TEST(test_clip_ranged_speculation_bitwise)
         outcome_free(&spec);
     }
     outcome_free(&plain);
+    /* untied head, two micro-batches, the defaults */
+    speculate_mode = 0;
+    plain = run_steps("megatrain", false, 2, 2, 6, 0.05);
+    speculate_mode = 2;
+    outcome spec = run_steps("megatrain", false, 2, 2, 6, 0.05);
+    speculate_mode = -1;
+    assert_bitwise(&plain, &spec, 6, "ranged speculation vs plain clipping, untied, 2 micro-batches");
+    outcome_free(&spec);
+    outcome_free(&plain);
     state_dtype = MT_DTYPE_F32;
 }
 END_TEST

@@ -242,15 +242,27 @@ static int parse_speculate(const char *arg, int *out)
     return 0;
 }
 
+/* A factor above 1 (--clip-range, --clip-range-max). */
+static int parse_ratio(const char *flag, const char *arg, double *out)
+{
+    if (parse_double(flag, arg, 1, 1e6, out)) return -1;
+    if (*out > 1) return 0;
+    usage_error("%s: '%s' must be above 1", flag, arg);
+    return -1;
+}
+
 #define SPECULATE_HELP                                                                              \
     "  --clip-speculate M   auto|on|off|ranged (default auto): with clipping, run each layer's\n"     \
     "                       update as its gradient lands, as if the norm were within the bound,\n"  \
     "                       and redo it after the norm only when it was not (exact either way);\n"  \
-    "                       auto does so while the last norm was within the bound; ranged\n"        \
-    "                       (experimental) also speculates for a range of scales around the last\n" \
-    "                       one when it was not, redoing only the weights whose bf16 value could\n" \
-    "                       differ within it; measured slower than off on an H200 at 3B\n"         \
-    "                       (5.4 s against 3.2 s a step: it flagged 8%% of the weights there)\n"
+    "                       auto does so while the last norm was within the bound; ranged also\n"  \
+    "                       speculates when it was not, for the range of scales the gradients\n"   \
+    "                       already in and the last norm allow, redoing after the norm only the\n" \
+    "                       weights whose bf16 value could differ within it (bf16 only)\n"          \
+    "  --clip-range F       ranged: the part of the norm still to come is taken to be within F\n"  \
+    "                       times of its prediction from the last norm (default 1.5, > 1)\n"      \
+    "  --clip-range-max R   ranged: a chunk whose range of scales is wider than R times is not\n"  \
+    "                       speculated (default 1.25, > 1)\n"
 
 static void train_help(const mt_train_options *d)
 {
@@ -300,7 +312,8 @@ static int cmd_train(int argc, char **argv)
 {
     enum { O_CONFIG = 256, O_DATA, O_STEPS, O_B, O_T, O_ACCUM, O_K, O_LR, O_SCHED_LR, O_WARMUP, O_WD, O_CLIP,
            O_DTYPE, O_SEED, O_EVAL, O_LOG, O_SAMPLE, O_TIME, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_TPS, O_BUDGET,
-           O_CKPT, O_SAVE_EVERY, O_RESUME, O_STOP, O_MODEL, O_SAVE_MODEL, O_DATA_ORDER, O_SPEC };
+           O_CKPT, O_SAVE_EVERY, O_RESUME, O_STOP, O_MODEL, O_SAVE_MODEL, O_DATA_ORDER, O_SPEC,
+           O_CRANGE, O_CRANGE_MAX };
     static const struct option opts[] = {
         { "config", required_argument, 0, O_CONFIG }, { "data", required_argument, 0, O_DATA },
         { "steps", required_argument, 0, O_STEPS }, { "micro-batch", required_argument, 0, O_B },
@@ -318,6 +331,7 @@ static int cmd_train(int argc, char **argv)
         { "resume", required_argument, 0, O_RESUME }, { "stop-after", required_argument, 0, O_STOP },
         { "model", required_argument, 0, O_MODEL }, { "save-model", required_argument, 0, O_SAVE_MODEL },
         { "data-order", required_argument, 0, O_DATA_ORDER }, { "clip-speculate", required_argument, 0, O_SPEC },
+        { "clip-range", required_argument, 0, O_CRANGE }, { "clip-range-max", required_argument, 0, O_CRANGE_MAX },
         { 0, 0, 0, 0 },
     };
     mt_train_options o = mt_train_defaults();
@@ -348,6 +362,8 @@ static int cmd_train(int argc, char **argv)
         case O_WARMUP: if (parse_int("--warmup", optarg, 0, 1LL << 40, &v)) return 2; o.warmup = v; break;
         case O_WD: if (parse_double("--weight-decay", optarg, 0, 10, &o.step.weight_decay)) return 2; break;
         case O_SPEC: if (parse_speculate(optarg, &o.step.clip_speculate)) return 2; break;
+        case O_CRANGE: if (parse_ratio("--clip-range", optarg, &o.step.clip_range)) return 2; break;
+        case O_CRANGE_MAX: if (parse_ratio("--clip-range-max", optarg, &o.step.clip_range_max)) return 2; break;
         case O_CLIP: if (parse_double("--clip", optarg, 0, 1e30, &o.step.clip)) return 2; break;
         case O_DTYPE:
             if (mt_dtype_parse(optarg, &o.dtype)) return usage_error("--dtype: '%s' is not fp32 or bf16%s", optarg, "");
@@ -514,7 +530,7 @@ static void bench_help(const mt_bench_options *d)
 
 static int cmd_bench(int argc, char **argv)
 {
-    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS, O_PF, O_MARGIN, O_SPEC, O_DTYPE };
+    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS, O_PF, O_MARGIN, O_SPEC, O_DTYPE, O_CRANGE, O_CRANGE_MAX };
     static const struct option opts[] = {
         { "shape", required_argument, 0, O_SHAPE }, { "micro-batch", required_argument, 0, O_B },
         { "seq-len", required_argument, 0, O_T }, { "accum", required_argument, 0, O_ACCUM },
@@ -525,7 +541,8 @@ static int cmd_bench(int argc, char **argv)
         { "sched", required_argument, 0, O_SCHED },
         { "ncpu", required_argument, 0, O_NCPU }, { "ncuda", required_argument, 0, O_NCUDA },
         { "help", no_argument, 0, O_HELP }, { "layers", required_argument, 0, O_LAYERS },
-        { "clip-speculate", required_argument, 0, O_SPEC }, { "dtype", required_argument, 0, O_DTYPE }, { 0, 0, 0, 0 },
+        { "clip-speculate", required_argument, 0, O_SPEC }, { "dtype", required_argument, 0, O_DTYPE },
+        { "clip-range", required_argument, 0, O_CRANGE }, { "clip-range-max", required_argument, 0, O_CRANGE_MAX }, { 0, 0, 0, 0 },
     };
     mt_bench_options o = mt_bench_defaults();
     long long v;
@@ -558,6 +575,8 @@ static int cmd_bench(int argc, char **argv)
         case O_NOPF: o.prefetch = false; break;
         case O_PF: o.prefetch = true; break;
         case O_SPEC: if (parse_speculate(optarg, &o.step.clip_speculate)) return 2; break;
+        case O_CRANGE: if (parse_ratio("--clip-range", optarg, &o.step.clip_range)) return 2; break;
+        case O_CRANGE_MAX: if (parse_ratio("--clip-range-max", optarg, &o.step.clip_range_max)) return 2; break;
         case O_LAYERS: if (parse_int("--layers", optarg, 1, 1 << 16, &v)) return 2; o.layers = v; break;
         case O_DTYPE:
             if (mt_dtype_parse(optarg, &o.dtype)) return usage_error("--dtype: '%s' is not bf16 or fp32%s", optarg, "");
