@@ -136,12 +136,13 @@ size_t mt_codelet_ranged_bitmap_bytes(int64_t n)
 }
 
 /* Over the process (mt_codelet_ranged_counts). */
-static atomic_llong ranged_checked, ranged_flagged, ranged_skipped, ranged_outside;
+static atomic_llong ranged_checked, ranged_flagged, ranged_skipped, ranged_outside, ranged_below;
 
 mt_ranged_counts mt_codelet_ranged_counts(void)
 {
+    const long long below = atomic_load(&ranged_below);
     return (mt_ranged_counts){ atomic_load(&ranged_checked), atomic_load(&ranged_flagged),
-                               atomic_load(&ranged_skipped), atomic_load(&ranged_outside) };
+                               atomic_load(&ranged_skipped), atomic_load(&ranged_outside) + below, below };
 }
 
 /* The clip task's scale for a norm (clip.c: torch's max_norm / (norm + 1e-6), at most 1). */
@@ -153,7 +154,8 @@ static double scale_of(double clip, double norm)
 
 /* The range of a ranged run (mt_ranged_args), as gradient multipliers [*lo, *hi]; false when it
  * is wider than max_ratio. `known`: the sums of squares of the tiles in. */
-static bool ranged_range(double known, const mt_ranged_args *a, double grad_scale, double *lo, double *hi)
+static bool ranged_range(double known, double head_table, const mt_ranged_args *a, double grad_scale, double *lo,
+                         double *hi)
 {
     /* every tile's sum adds to the norm: it is at least sqrt(known), the scale at most this */
     double c_hi = scale_of(a->clip, sqrt(known)), c_lo;
@@ -161,12 +163,13 @@ static bool ranged_range(double known, const mt_ranged_args *a, double grad_scal
     const mt_norm_history *h = a->hist;
     if (h && prev >= 1 && h->seq[prev % 2] == prev) {
         const double *hs = h->sumsq[prev % 2];
-        double same = 0, other = 0;
+        double same = a->head_table ? hs[h->ntiles] : 0, other = 0;
         for (int j = 0; j < h->ntiles; j++) {
             if (j >= a->first_tile) same += hs[j];
             else other += hs[j];
         }
-        const double rest = same > 0 ? other * (known / same) : other;
+        const double seen = known + (a->head_table ? head_table : 0);
+        const double rest = same > 0 ? other * (seen / same) : other;
         c_hi = scale_of(a->clip, sqrt(known + rest / a->spread));
         c_lo = scale_of(a->clip, sqrt(known + rest * a->spread));
     } else {
@@ -180,11 +183,12 @@ static bool ranged_range(double known, const mt_ranged_args *a, double grad_scal
     return c_hi <= c_lo * a->max_ratio;
 }
 
-bool mt_codelet_ranged_begin(void *flags, int64_t n, double known, const mt_ranged_args *a, mt_adamw_params *p)
+bool mt_codelet_ranged_begin(void *flags, int64_t n, double known, double head_table, const mt_ranged_args *a,
+                             mt_adamw_params *p)
 {
     ranged_header *hd = (ranged_header *)flags;
     double lo, hi;
-    const bool narrow = ranged_range(known, a, p->grad_scale, &lo, &hi);
+    const bool narrow = ranged_range(known, head_table, a, p->grad_scale, &lo, &hi);
     *hd = (ranged_header){ .cl = (float)lo, .ch = (float)hi, .skipped = !narrow };
     if (!narrow) {
         atomic_fetch_add(&ranged_skipped, (long long)n);
@@ -241,10 +245,11 @@ static void adamw_params_ranged(void *buffers[], mt_adamw_params p, mt_dtype dty
     const float *grad = (const float *)STARPU_VECTOR_GET_PTR(buffers[3]);
     void *w = (void *)STARPU_VECTOR_GET_PTR(buffers[4]);
     void *flags = (void *)STARPU_VECTOR_GET_PTR(buffers[5]);
-    const unsigned nbuf = STARPU_TASK_GET_NBUFFERS(starpu_task_get_current());
+    const unsigned nbuf = STARPU_TASK_GET_NBUFFERS(starpu_task_get_current()) - (a->head_table ? 1 : 0);
     double known = 0;
     for (unsigned j = 6; j < nbuf; j++) known += ((const double *)STARPU_VECTOR_GET_PTR(buffers[j]))[0];
-    if (mt_codelet_ranged_begin(flags, n, known, a, &p)) mt_codelet_ranged_pass(0, n, master, grad, m, v, w, dtype, &p, flags);
+    const double head_table = a->head_table ? ((const double *)STARPU_VECTOR_GET_PTR(buffers[nbuf]))[0] : 0;
+    if (mt_codelet_ranged_begin(flags, n, known, head_table, a, &p)) mt_codelet_ranged_pass(0, n, master, grad, m, v, w, dtype, &p, flags);
 }
 
 enum { GATHER = 1024 };
@@ -305,7 +310,7 @@ static void adamw_confirm_ranged(void *buffers[], mt_adamw_params p, mt_dtype dt
     p.grad_scale_lo = 0;
     const float c = (float)p.grad_scale;
     if (hd->skipped || !(c >= hd->cl && c <= hd->ch)) {
-        if (!hd->skipped) atomic_fetch_add(&ranged_outside, (long long)n);
+        if (!hd->skipped) atomic_fetch_add(c < hd->cl ? &ranged_below : &ranged_outside, (long long)n);
         mt_codelet_adamw_params_range(0, n, master, grad, m, v, w, dtype, &p);
         return;
     }

@@ -12,13 +12,16 @@ static void clip_cpu(void *buffers[], void *cl_arg)
     int64_t seq;
     starpu_codelet_unpack_args(cl_arg, &max_norm, &hist, &seq);
     struct starpu_task *task = starpu_task_get_current();
-    unsigned n = STARPU_TASK_GET_NBUFFERS(task) - 1;
+    const unsigned nbuf = STARPU_TASK_GET_NBUFFERS(task);
+    const bool extra = hist && (int)nbuf == hist->ntiles + 2; /* the table's head part after the output */
+    const unsigned n = extra ? nbuf - 2 : nbuf - 1;
     double sum = 0;
     for (unsigned i = 0; i < n; i++) sum += ((const double *)STARPU_VECTOR_GET_PTR(buffers[i]))[0];
-    if (hist && (int)n == hist->ntiles) {
+    if (hist) {
         /* the ranged runs of norm seq + 1 read these (mt_ranged_args) */
         double *h = hist->sumsq[seq % 2];
-        for (unsigned i = 0; i < n; i++) h[i] = ((const double *)STARPU_VECTOR_GET_PTR(buffers[i]))[0];
+        for (unsigned i = 0; i < n && (int)i < hist->ntiles; i++) h[i] = ((const double *)STARPU_VECTOR_GET_PTR(buffers[i]))[0];
+        h[hist->ntiles] = extra ? ((const double *)STARPU_VECTOR_GET_PTR(buffers[n + 1]))[0] : 0;
         hist->seq[seq % 2] = seq;
     }
     double *out = (double *)STARPU_VECTOR_GET_PTR(buffers[n]);

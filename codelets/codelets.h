@@ -35,6 +35,9 @@ typedef struct mt_compute_args {
     int64_t head_chunk;      /* head: rows per chunk */
     bool sumsq;              /* backward/head: a last buffer (1 double, W) receives the sum of
                               * squares of the gradient tile just written (for clipping) */
+    bool table_sumsq;        /* head, tied, with sumsq: one more buffer after it (1 double, W)
+                              * receives that of the table's gradient as the head leaves it (a
+                              * predictor for ranged speculation: mt_ranged_args) */
 } mt_compute_args;
 
 /* Bytes of the buffers a codelet needs on the kind of worker that runs it (gpu: the CUDA op's,
@@ -60,21 +63,24 @@ const float *mt_codelet_weights_f32(const mt_host_state *st, void *buffer, float
 typedef struct mt_norm_history {
     int ntiles;
     int64_t seq[2];        /* the norm each slot holds; 0: none */
-    double *sumsq[2];      /* (ntiles) each */
+    double *sumsq[2];      /* (ntiles + 1) each: the tiles', then (tied, ranged) that of the table's
+                            * gradient as the head left it (mt_compute_args.table_sumsq), else 0 */
 } mt_norm_history;
 /* The extra argument of a MT_ADAMW_RANGED run, after `clipped`. Its range comes from the sums
  * of squares already in when it runs: [6..] holds those of tiles first_tile..ntiles-1 (the
- * backward's order puts them all before this chunk's tile, or is this tile), S_known. Their
- * sum bounds the norm from below, so the scale from above; the rest of the norm is predicted
- * from norm seq - 1 (hist): rest = (that norm's other tiles) * S_known / (its same tiles), and
- * the range covers a rest between rest / spread and rest * spread. Without that history the
- * range is [lo, hi] (given), capped by the bound. A range wider than max_ratio (hi / lo)
- * would flag too much to pay: the run then writes nothing and its confirm does the whole
- * chunk. */
+ * backward's order puts them all before this chunk's tile, or is this tile), S_known, then with
+ * head_table that of the table's gradient as the head left it, H. S_known bounds the norm from
+ * below, so the scale from above. The rest of the norm is predicted from norm seq - 1 (hist):
+ * its other tiles, times the ratio of (S_known + H) to the same sums then; the range covers a
+ * rest between rest / spread and rest * spread. Without that history the range is [lo, hi]
+ * (given), capped by the bound. A range wider than max_ratio (hi / lo) would flag too much to
+ * pay: the run then writes nothing and its confirm does the whole chunk. The range only
+ * decides the work: the confirm checks the scale against it. */
 typedef struct mt_ranged_args {
     mt_norm_history *hist;
     int64_t seq;           /* this step's norm (>= 1) */
     int first_tile;
+    bool head_table;
     double clip, spread, max_ratio;
     double lo, hi;
 } mt_ranged_args;
@@ -121,12 +127,13 @@ extern struct starpu_codelet mt_cl_layer_backward;
 /* head (loss anchor, forward + backward): [0] head weights R, [1] h_L R, [2] targets R,
  *   [3] dh_L W, [4] head grad W|RW, [5] loss (2 doubles: sum, count) W, [6] scratch SCRATCH,
  *   and when tied: [7] embed weights R, [8] embed grad (same W|RW as [4]); then the sumsq
- *   buffer of the head tile when args.sumsq */
+ *   buffer of the head tile when args.sumsq, then the table's when args.table_sumsq */
 extern struct starpu_codelet mt_cl_head;
 /* head_eval (loss only): [0] head weights R, [1] h_L R, [2] targets R, [3] loss W,
  *   [4] scratch SCRATCH, [5] embed weights R when tied */
 extern struct starpu_codelet mt_cl_head_eval;
-/* clip: [0..n-1] partials R, [n] clip (2 doubles: global norm, scale) W; args: double max_norm,
+/* clip: [0..n-1] partials R, [n] clip (2 doubles: global norm, scale) W, then optionally the
+ *   table's head-part sum of squares R (recorded, not summed); args: double max_norm,
  *   mt_norm_history * (or NULL), int64_t seq (the slot it records the partials in) */
 extern struct starpu_codelet mt_cl_clip;
 /* adamw: [0] master RW, [1] m RW, [2] v RW, [3] grad R, [4] streamed weights W,
@@ -156,18 +163,20 @@ enum mt_adamw_clip {
 size_t mt_codelet_ranged_bitmap_bytes(int64_t n);
 /* The pieces of a ranged run, for the table's early path (embedding.c) too. ranged_begin: decides
  * the range of a chunk of n elements from `known` (mt_ranged_args) and writes it at the head of
- * its flags buffer; when narrow enough, clears the bitmap, sets p's grad_scale and grad_scale_lo
+ * its flags buffer (head_table: mt_ranged_args); when narrow enough, clears the bitmap, sets p's grad_scale and grad_scale_lo
  * to the range and returns true; else marks the chunk for its confirm to do whole. ranged_pass:
  * over elements [o, o + n) of the chunk, the weights at the range's top and their flags. ranged_flag:
  * flags elements [o, o + n) (their gradient is still to change: the confirm redoes them). */
-bool mt_codelet_ranged_begin(void *flags, int64_t n, double known, const mt_ranged_args *a, mt_adamw_params *p);
+bool mt_codelet_ranged_begin(void *flags, int64_t n, double known, double head_table, const mt_ranged_args *a,
+                             mt_adamw_params *p);
 void mt_codelet_ranged_pass(int64_t o, int64_t n, const float *master, const float *grad, const float *m,
                             const float *v, void *weights, mt_dtype dtype, const mt_adamw_params *p, void *flags);
 void mt_codelet_ranged_flag(int64_t o, int64_t n, void *flags);
 /* Elements, since the process began: ranged runs have checked, and of those flagged; ranged
- * runs skipped (range too wide); confirms redid whole because the scale was outside the range. */
+ * runs skipped (range too wide); confirms redid whole because the scale was outside the range,
+ * and of those, below it (the rest of the norm came out larger than predicted). */
 typedef struct mt_ranged_counts {
-    int64_t checked, flagged, skipped, outside;
+    int64_t checked, flagged, skipped, outside, below;
 } mt_ranged_counts;
 mt_ranged_counts mt_codelet_ranged_counts(void);
 /* Seconds CPU workers spent in AdamW tasks (adamw, adamw_params, adamw_moments,

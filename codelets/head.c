@@ -34,6 +34,7 @@ static void head_cpu(void *buffers[], void *cl_arg)
                               dembed, scratch, &counted);
     loss[1] = (double)counted;
     if (a.sumsq) mt_codelet_sumsq_cpu(buffers[4], buffers[tied ? 9 : 7]);
+    if (a.sumsq && tied && a.table_sumsq) mt_codelet_sumsq_cpu(buffers[8], buffers[10]);
 }
 
 static void head_eval_cpu(void *buffers[], void *cl_arg)
@@ -74,6 +75,9 @@ static void head_cuda(void *buffers[], void *cl_arg)
     if (a.sumsq)
         mt_cuda_sumsq_f32(dhead, (int64_t)STARPU_VECTOR_GET_NX(buffers[4]),
                           (double *)STARPU_VECTOR_GET_PTR(buffers[tied ? 9 : 7]), stream);
+    if (a.sumsq && tied && a.table_sumsq)
+        mt_cuda_sumsq_f32((const float *)STARPU_VECTOR_GET_PTR(buffers[8]), (int64_t)STARPU_VECTOR_GET_NX(buffers[8]),
+                          (double *)STARPU_VECTOR_GET_PTR(buffers[10]), stream);
 }
 
 static void head_eval_cuda(void *buffers[], void *cl_arg)

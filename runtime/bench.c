@@ -278,12 +278,17 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
     mt_graph_speculation_counts(g, &r->speculated, &r->speculation_held);
     const mt_ranged_counts rc = mt_codelet_ranged_counts();
     const int64_t rchecked = rc.checked - rc0.checked, rskipped = rc.skipped - rc0.skipped;
+    if (rchecked + rskipped > 0) {
+        r->ranged_spec = (double)rchecked / (double)(rchecked + rskipped);
+        r->ranged_in = rchecked ? 1.0 - (double)(rc.outside - rc0.outside) / (double)rchecked : 0;
+        r->ranged_flagged = rchecked ? (double)(rc.flagged - rc0.flagged) / (double)rchecked : 0;
+    }
     if (log && rchecked + rskipped > 0)
         fprintf(log, "bench: K=%d clip %g: ranged speculation checked %lld parameter updates and flagged %.3f%% of them; "
-                     "%lld not speculated (range too wide), %lld redone whole (scale outside the range)\n",
+                     "%lld not speculated (range too wide), %lld redone whole (scale outside the range; below it: %lld)\n",
                 sc->K, sc->clip, (long long)rchecked,
                 rchecked ? 100.0 * (double)(rc.flagged - rc0.flagged) / (double)rchecked : 0.0,
-                (long long)rskipped, (long long)(rc.outside - rc0.outside));
+                (long long)rskipped, (long long)(rc.outside - rc0.outside), (long long)(rc.below - rc0.below));
     double window = now() - measure_start;
     gpu_time(o, traced, &tl, r);
     /* The measured steps' AdamW tasks, all of them (the warm-up's drained before the window). */
@@ -448,8 +453,11 @@ void mt_bench_print(const mt_bench_options *o, const mt_bench_result *r, bool he
     if (header)
         fprintf(out, "| shape | tokens/step | K | clip | policy | prefetch | GPU limit | step s | tok/s | model TFLOP/s | H2D GB/step (GB/s) | D2H GB/step (GB/s) | GPU busy | GPU idle s/step | AdamW alone s (s/1e9) | AdamW in step CPU s (s/1e9) | AdamW span s | AdamW tail s | boundary gap s | peak GPU GiB (plan) | peak host GiB | clip speculation held |\n"
                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    char idle[32] = "-", spec[32] = "-";
+    char idle[32] = "-", spec[64] = "-";
     if (r->speculated) snprintf(spec, sizeof spec, "%lld of %lld steps", (long long)r->speculation_held, (long long)r->speculated);
+    if (r->ranged_spec > 0)
+        snprintf(spec, sizeof spec, "ranged %.0f%%, in range %.0f%%, %.2f%% flagged", 100 * r->ranged_spec,
+                 100 * r->ranged_in, 100 * r->ranged_flagged);
     if (!isnan(r->gpu_idle_s)) snprintf(idle, sizeof idle, "%.3f", r->gpu_idle_s);
     fprintf(out, "| %s | %d x %lld x %lld | %d | %g | %s | %s | %s | %.3f | %.0f | %.1f | %.2f (%.1f) | %.2f (%.1f) | %.2f | %s | %.2f (%.3f) | %.2f (%.3f) | %.3f | %.3f | %.3f | %.2f (%.2f) | %.1f | %s |\n",
             o->shape, o->step.accum, (long long)o->step.B, (long long)o->step.T, r->K, r->clip,

@@ -98,6 +98,9 @@ typedef struct mt_bench_result {
     int K;                                        /* the pair this result measured */
     double clip;
     int64_t speculated, speculation_held;         /* steps with a speculative clipped update; of those, held */
+    double ranged_spec, ranged_in, ranged_flagged; /* ranged speculation, measured steps: the share of the
+                                                    * parameter updates speculated, the share of those
+                                                    * whose scale was in range, of those flagged */
 } mt_bench_result;
 
 mt_bench_options mt_bench_defaults(void);

@@ -63,6 +63,8 @@ struct mt_graph {
     double last_scale;                        /* clip scale of the last step read back; 0 before */
     starpu_data_handle_t **flags;             /* (ntiles)(nchunks) bitmaps of ranged speculation, or NULL */
     mt_norm_history hist;                     /* per-tile sums of squares of the last norms */
+    starpu_data_handle_t head_table;          /* tied, ranged: the table gradient's head part, sum of squares */
+    double head_table_mem;
     int64_t norm_seq;                         /* norms submitted */
     int64_t speculated, speculation_held;     /* mt_graph_speculation_counts */
 };
@@ -172,7 +174,8 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
         }
     }
     g->hist.ntiles = st->ntiles;
-    for (int k = 0; k < 2; k++) g->hist.sumsq[k] = calloc(st->ntiles, sizeof(double));
+    for (int k = 0; k < 2; k++) g->hist.sumsq[k] = calloc(st->ntiles + 1, sizeof(double));
+    if (g->flags && st->cfg.tied) g->head_table = host_vector(&g->head_table_mem, 1, sizeof(double));
     g->embed_rows = calloc(nc0, sizeof *g->embed_rows);
     g->embed_rows_mem = calloc(nc0, sizeof *g->embed_rows_mem);
     for (int c = 0; c < nc0; c++) {
@@ -239,6 +242,7 @@ void mt_graph_destroy(mt_graph *g)
         free(g->flags[i]);
     }
     free(g->flags);
+    if (g->head_table) starpu_data_unregister(g->head_table);
     free(g->hist.sumsq[0]);
     free(g->hist.sumsq[1]);
     for (int c = 0; c < mt_state_embed(g->st)->nchunks; c++) {
@@ -423,14 +427,16 @@ static void submit_micro_batches(mt_graph *g, slot *sl, int64_t step, double los
         const bool first = u == 0, sumsq = u == M - 1 && g->sc.clip > 0;
         const enum starpu_data_access_mode gmode = first ? STARPU_W : STARPU_RW;
         mt_compute_args a = { .st = st, .B = g->sc.B, .T = g->sc.T, .accumulate = !first,
-                              .loss_scale = loss_scale, .head_chunk = g->sc.head_chunk, .sumsq = sumsq };
-        struct starpu_data_descr hd[10] = {
+                              .loss_scale = loss_scale, .head_chunk = g->sc.head_chunk, .sumsq = sumsq,
+                              .table_sumsq = sumsq && g->head_table };
+        struct starpu_data_descr hd[11] = {
             { head->h_weights, STARPU_R }, { g->act[u][L % 2], STARPU_R }, { sl->h_targets[u], STARPU_R },
             { g->grad[u][L % 2], STARPU_W }, { head->h_grad, gmode }, { sl->h_loss[u], STARPU_W },
             { g->scratch_head, STARPU_SCRATCH }, { embed->h_weights, STARPU_R }, { embed->h_grad, gmode },
         };
         int nhd = st->cfg.tied ? 9 : 7;
         if (sumsq) hd[nhd++] = (struct starpu_data_descr){ g->partial[head_tile], STARPU_W };
+        if (a.table_sumsq) hd[nhd++] = (struct starpu_data_descr){ g->head_table, STARPU_W };
         check_insert(starpu_task_insert(&mt_cl_head, STARPU_DATA_MODE_ARRAY, hd, nhd, STARPU_VALUE, &a, sizeof a,
                                         STARPU_NAME, "head", STARPU_EXECUTE_WHERE, g->where,
                                         STARPU_TASK_SCHED_DATA, first ? hint_for(g, last_block * K + 1, 0) : NULL, 0),
@@ -544,13 +550,15 @@ void mt_graph_submit_norm(mt_graph *g)
     if (g->sc.clip <= 0) return;
     mt_host_state *st = g->st;
     /* The partial sums were left by each tile's last backward task of the step. */
-    struct starpu_data_descr *cd = calloc(st->ntiles + 1, sizeof *cd);
+    struct starpu_data_descr *cd = calloc(st->ntiles + 2, sizeof *cd);
     for (int i = 0; i < st->ntiles; i++) cd[i] = (struct starpu_data_descr){ g->partial[i], STARPU_R };
     cd[st->ntiles] = (struct starpu_data_descr){ g->clip, STARPU_W };
+    /* recorded for the next step's ranged runs */
+    if (g->head_table) cd[st->ntiles + 1] = (struct starpu_data_descr){ g->head_table, STARPU_R };
     double max_norm = g->sc.clip;
     mt_norm_history *hist = &g->hist;
     int64_t seq = ++g->norm_seq;
-    check_insert(starpu_task_insert(&mt_cl_clip, STARPU_DATA_MODE_ARRAY, cd, st->ntiles + 1,
+    check_insert(starpu_task_insert(&mt_cl_clip, STARPU_DATA_MODE_ARRAY, cd, st->ntiles + 1 + (g->head_table != NULL),
                                     STARPU_VALUE, &max_norm, sizeof max_norm, STARPU_VALUE, &hist, sizeof hist,
                                     STARPU_VALUE, &seq, sizeof seq, STARPU_NAME, "clip",
                                     STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_PRIORITY, STARPU_MAX_PRIO, 0), "clip");
@@ -626,6 +634,7 @@ static mt_ranged_args ranged_args_of(const mt_graph *g, int first_tile, speculat
 {
     return (mt_ranged_args){
         .hist = (mt_norm_history *)&g->hist, .seq = seq, .first_tile = first_tile, .clip = g->sc.clip,
+        .head_table = g->head_table != NULL,
         .spread = g->sc.clip_range > 1 ? g->sc.clip_range : MT_CLIP_SPREAD_DEFAULT,
         .max_ratio = g->sc.clip_range_max > 1 ? g->sc.clip_range_max : MT_CLIP_RANGE_MAX_DEFAULT,
         .lo = sp.lo, .hi = sp.hi,
@@ -643,7 +652,7 @@ static void insert_adamw(mt_graph *g, mt_tile *t, int c, struct starpu_codelet *
     const bool confirm = clip == MT_ADAMW_CONFIRM || clip == MT_ADAMW_CONFIRM_RANGED;
     const enum starpu_data_access_mode weights = confirm ? STARPU_RW : STARPU_W;
     const int ntiles = g->st->ntiles;
-    struct starpu_data_descr *d = calloc(7 + ntiles, sizeof *d);
+    struct starpu_data_descr *d = calloc(8 + ntiles, sizeof *d);
     d[0] = (struct starpu_data_descr){ t->h_master_chunk[c], state };
     d[1] = (struct starpu_data_descr){ t->h_m_chunk[c], state };
     d[2] = (struct starpu_data_descr){ t->h_v_chunk[c], state };
@@ -655,6 +664,7 @@ static void insert_adamw(mt_graph *g, mt_tile *t, int c, struct starpu_codelet *
     if (clip == MT_ADAMW_RANGED) {
         d[5] = (struct starpu_data_descr){ g->flags[t->index][c], STARPU_W };
         for (int j = t->index; j < ntiles; j++) d[nbuf++] = (struct starpu_data_descr){ g->partial[j], STARPU_R };
+        if (g->head_table) d[nbuf++] = (struct starpu_data_descr){ g->head_table, STARPU_R };
         ra = ranged_args_of(g, t->index, *sp, g->norm_seq); /* after the step's norm was submitted */
     }
     if (clip == MT_ADAMW_CONFIRM_RANGED) d[nbuf++] = (struct starpu_data_descr){ g->flags[t->index][c], STARPU_R };
@@ -728,12 +738,14 @@ static void submit_embedding_early(mt_graph *g, int slot_id, int64_t step, doubl
         /* ranged: its range from the head tile's sum of squares, in by then (before the step's
          * norm is submitted) */
         if (a.ranged) a.ra = ranged_args_of(g, st->ntiles - 1, sp, g->norm_seq + 1);
-        struct starpu_data_descr ud[8] = {
+        struct starpu_data_descr ud[9] = {
             { t->h_master_chunk[c], STARPU_R }, { t->h_m_chunk[c], STARPU_R }, { t->h_v_chunk[c], STARPU_R },
             { t->h_grad_chunk[c], STARPU_R }, { t->h_weights_chunk[c], STARPU_W }, { g->embed_rows[c], STARPU_W },
             { a.ranged ? g->flags[0][c] : NULL, STARPU_W }, { g->partial[st->ntiles - 1], STARPU_R },
+            { g->head_table, STARPU_R },
         };
-        check_insert(starpu_task_insert(&mt_cl_embedding_update_early, STARPU_DATA_MODE_ARRAY, ud, a.ranged ? 8 : 6,
+        check_insert(starpu_task_insert(&mt_cl_embedding_update_early, STARPU_DATA_MODE_ARRAY, ud,
+                                        a.ranged ? (g->head_table ? 9 : 8) : 6,
                                         STARPU_VALUE, &a, sizeof a, STARPU_EXECUTE_WHERE, STARPU_CPU,
                                         STARPU_PRIORITY, STARPU_MAX_PRIO, 0),
                      "embedding_update_early");
