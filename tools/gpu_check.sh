@@ -98,10 +98,14 @@ attention3b)
     MT_ATTENTION_QBLOCK=${QBLOCK:-64} run bench_3b_qblock${QBLOCK:-64} "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1000,0} --warmup 2 --steps 4
     ;;
 ranged3b)
-    # Clipping that scales every step (the bench model's norm is ~4), plain and with the
-    # experimental ranged speculation, on one host state each.
-    run bench_3b_clip1 "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --clip-speculate auto --warmup 2 --steps 4
-    run bench_3b_clip1_ranged "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --clip-speculate ranged --warmup 2 --steps 4
+    # Clipping that scales every step (the bench model's norm is ~4): plain, then with ranged
+    # speculation for each spread in SPREADS (--clip-range), one host state each; TORCH=1 adds
+    # the torch reference of the same shape.
+    run bench_3b_clip1_off "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --clip-speculate off --warmup 2 --steps ${STEPS:-8}
+    for sp in ${SPREADS:-1.25}; do
+        run bench_3b_clip1_ranged_$sp "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --clip-speculate ranged --clip-range $sp ${RANGE_MAX:+--clip-range-max $RANGE_MAX} --warmup 2 --steps ${STEPS:-8}
+    done
+    [ "${TORCH:-0}" = 1 ] && run torch_3b python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
     ;;
 sweep3b)
     # K and clip on one host state (one set-up), then the torch reference of the same shape.
