@@ -245,11 +245,8 @@ static void adamw_params_ranged(void *buffers[], mt_adamw_params p, mt_dtype dty
     const float *grad = (const float *)STARPU_VECTOR_GET_PTR(buffers[3]);
     void *w = (void *)STARPU_VECTOR_GET_PTR(buffers[4]);
     void *flags = (void *)STARPU_VECTOR_GET_PTR(buffers[5]);
-    const unsigned nbuf = STARPU_TASK_GET_NBUFFERS(starpu_task_get_current()) - (a->head_table ? 1 : 0);
-    double known = 0;
-    for (unsigned j = 6; j < nbuf; j++) known += ((const double *)STARPU_VECTOR_GET_PTR(buffers[j]))[0];
-    const double head_table = a->head_table ? ((const double *)STARPU_VECTOR_GET_PTR(buffers[nbuf]))[0] : 0;
-    if (mt_codelet_ranged_begin(flags, n, known, head_table, a, &p)) mt_codelet_ranged_pass(0, n, master, grad, m, v, w, dtype, &p, flags);
+    const double *known = (const double *)STARPU_VECTOR_GET_PTR(buffers[6]);
+    if (mt_codelet_ranged_begin(flags, n, known[0], known[1], a, &p)) mt_codelet_ranged_pass(0, n, master, grad, m, v, w, dtype, &p, flags);
 }
 
 enum { GATHER = 1024 };

@@ -36,3 +36,28 @@ struct starpu_codelet mt_cl_clip = {
     .cpu_funcs = { clip_cpu },
     .nbuffers = STARPU_VARIABLE_NBUFFERS,
 };
+
+/* The sums of squares in when a tile's backward ends, for ranged speculation (mt_ranged_args):
+ * {the tile's and every tile's whose backward came before, the table's head part}. */
+static void known_cpu(void *buffers[], void *cl_arg)
+{
+    int from_head;
+    starpu_codelet_unpack_args(cl_arg, &from_head);
+    const unsigned nbuf = STARPU_TASK_GET_NBUFFERS(starpu_task_get_current());
+    const double partial = ((const double *)STARPU_VECTOR_GET_PTR(buffers[0]))[0];
+    double *out = (double *)STARPU_VECTOR_GET_PTR(buffers[nbuf - 1]);
+    if (from_head) {
+        out[0] = partial;
+        out[1] = nbuf == 3 ? ((const double *)STARPU_VECTOR_GET_PTR(buffers[1]))[0] : 0;
+    } else {
+        const double *next = (const double *)STARPU_VECTOR_GET_PTR(buffers[1]);
+        out[0] = partial + next[0];
+        out[1] = next[1];
+    }
+}
+
+struct starpu_codelet mt_cl_known = {
+    .name = "known",
+    .cpu_funcs = { known_cpu },
+    .nbuffers = STARPU_VARIABLE_NBUFFERS,
+};

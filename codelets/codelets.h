@@ -67,15 +67,16 @@ typedef struct mt_norm_history {
                             * gradient as the head left it (mt_compute_args.table_sumsq), else 0 */
 } mt_norm_history;
 /* The extra argument of a MT_ADAMW_RANGED run, after `clipped`. Its range comes from the sums
- * of squares already in when it runs: [6..] holds those of tiles first_tile..ntiles-1 (the
- * backward's order puts them all before this chunk's tile, or is this tile), S_known, then with
- * head_table that of the table's gradient as the head left it, H. S_known bounds the norm from
- * below, so the scale from above. The rest of the norm is predicted from norm seq - 1 (hist):
- * its other tiles, times the ratio of (S_known + H) to the same sums then; the range covers a
- * rest between rest / spread and rest * spread. Without that history the range is [lo, hi]
- * (given), capped by the bound. A range wider than max_ratio (hi / lo) would flag too much to
- * pay: the run then writes nothing and its confirm does the whole chunk. The range only
- * decides the work: the confirm checks the scale against it. */
+ * of squares already in when it runs: [6] is the known buffer (mt_cl_known) of its tile,
+ * first_tile: S_known, the sum of those of tiles first_tile..ntiles-1 (the backward's order puts
+ * them all before this chunk's tile, or is this tile), then with head_table that of the table's
+ * gradient as the head left it, H. S_known bounds the norm from below, so the scale from above.
+ * The rest of the norm is predicted from norm seq - 1 (hist): its other tiles, times the ratio
+ * of (S_known + H) to the same sums then; the range covers a rest between rest / spread and
+ * rest * spread. Without that history the range is [lo, hi] (given), capped by the bound. A
+ * range wider than max_ratio (hi / lo) would flag too much to pay: the run then writes nothing
+ * and its confirm does the whole chunk. The range only decides the work: the confirm checks the
+ * scale against it. */
 typedef struct mt_ranged_args {
     mt_norm_history *hist;
     int64_t seq;           /* this step's norm (>= 1) */
@@ -109,8 +110,8 @@ typedef struct mt_embed_chunk_args {
     mt_adamw_params p;       /* unclipped: the weights half as if the clip scale were 1 */
     mt_dtype dtype;          /* of the streamed weights */
     bool ranged;             /* ranged speculation instead (bf16): embedding_update_early runs
-                              * it with `ra` (its flags buffer W and the head tile's sum of
-                              * squares R after [5]); embedding_backward_chunk flags the rows the
+                              * it with `ra` (its flags buffer W and the head tile's known buffer
+                              * R after [5]: mt_cl_known); embedding_backward_chunk flags the rows the
                               * tokens touch instead of redoing them (the flags buffer RW last) */
     mt_ranged_args ra;
 } mt_embed_chunk_args;
@@ -136,6 +137,12 @@ extern struct starpu_codelet mt_cl_head_eval;
  *   table's head-part sum of squares R (recorded, not summed); args: double max_norm,
  *   mt_norm_history * (or NULL), int64_t seq (the slot it records the partials in) */
 extern struct starpu_codelet mt_cl_clip;
+/* known (ranged speculation, mt_ranged_args), when a tile's backward ends: [0] its partial R, then
+ *   the known buffer of the tile whose backward came just before R (arg int from_head = 0), or
+ *   for the first tile (from_head = 1) optionally the table's head-part sum of squares R; last
+ *   the tile's known buffer W (2 doubles: the sums of squares of this tile and of those whose
+ *   backward came before it; the table's head part) */
+extern struct starpu_codelet mt_cl_known;
 /* adamw: [0] master RW, [1] m RW, [2] v RW, [3] grad R, [4] streamed weights W,
  *   [5] clip R (when clipped); args: mt_adamw_params, mt_dtype, int clipped (mt_adamw_clip) */
 extern struct starpu_codelet mt_cl_adamw;

@@ -145,9 +145,8 @@ static void embedding_update_early_cpu(void *buffers[], void *cl_arg)
     /* Ranged: the range from the head tile's sum of squares, the one in, and the table's as the
      * head left it (mt_ranged_args) */
     void *flags = a.ranged ? (void *)STARPU_VECTOR_GET_PTR(buffers[6]) : NULL;
-    const bool weights = !flags || mt_codelet_ranged_begin(flags, n, *(const double *)STARPU_VECTOR_GET_PTR(buffers[7]),
-                                                           a.ra.head_table ? *(const double *)STARPU_VECTOR_GET_PTR(buffers[8]) : 0,
-                                                           &a.ra, &a.p);
+    const double *known = flags ? (const double *)STARPU_VECTOR_GET_PTR(buffers[7]) : NULL;
+    const bool weights = !flags || mt_codelet_ranged_begin(flags, n, known[0], known[1], &a.ra, &a.p);
     /* Row by row, so each row's gradient is summed while it is in cache (per element, AdamW
      * does not depend on how the chunk is cut). */
     for (int64_t r = off / d; r <= (off + n - 1) / d; r++) {

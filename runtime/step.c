@@ -65,6 +65,8 @@ struct mt_graph {
     mt_norm_history hist;                     /* per-tile sums of squares of the last norms */
     starpu_data_handle_t head_table;          /* tied, ranged: the table gradient's head part, sum of squares */
     double head_table_mem;
+    starpu_data_handle_t *known;              /* ranged: (ntiles) mt_cl_known's buffers, or NULL */
+    double (*known_mem)[2];
     int64_t norm_seq;                         /* norms submitted */
     int64_t speculated, speculation_held;     /* mt_graph_speculation_counts */
 };
@@ -176,6 +178,11 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
     g->hist.ntiles = st->ntiles;
     for (int k = 0; k < 2; k++) g->hist.sumsq[k] = calloc(st->ntiles + 1, sizeof(double));
     if (g->flags && st->cfg.tied) g->head_table = host_vector(&g->head_table_mem, 1, sizeof(double));
+    if (g->flags) {
+        g->known_mem = calloc(st->ntiles, sizeof *g->known_mem);
+        g->known = calloc(st->ntiles, sizeof *g->known);
+        for (int i = 0; i < st->ntiles; i++) g->known[i] = host_vector(g->known_mem[i], 2, sizeof(double));
+    }
     g->embed_rows = calloc(nc0, sizeof *g->embed_rows);
     g->embed_rows_mem = calloc(nc0, sizeof *g->embed_rows_mem);
     for (int c = 0; c < nc0; c++) {
@@ -243,6 +250,9 @@ void mt_graph_destroy(mt_graph *g)
     }
     free(g->flags);
     if (g->head_table) starpu_data_unregister(g->head_table);
+    for (int i = 0; g->known && i < g->st->ntiles; i++) starpu_data_unregister(g->known[i]);
+    free(g->known);
+    free(g->known_mem);
     free(g->hist.sumsq[0]);
     free(g->hist.sumsq[1]);
     for (int c = 0; c < mt_state_embed(g->st)->nchunks; c++) {
@@ -410,6 +420,23 @@ static void *hint_after_backward(mt_graph *g, int i)
     return hint_for(g, (i / K - 1) * K + 1, 0);                    /* first layer of block i/K - 1 */
 }
 
+/* Ranged speculation: tile i's known buffer, once its gradient is whole (mt_cl_known). */
+static void submit_known(mt_graph *g, int i)
+{
+    if (!g->known) return;
+    const int head_tile = g->st->ntiles - 1;
+    int from_head = i == head_tile, n = 0;
+    struct starpu_data_descr d[3];
+    d[n++] = (struct starpu_data_descr){ g->partial[i], STARPU_R };
+    if (!from_head) d[n++] = (struct starpu_data_descr){ g->known[i + 1], STARPU_R };
+    else if (g->head_table) d[n++] = (struct starpu_data_descr){ g->head_table, STARPU_R };
+    d[n++] = (struct starpu_data_descr){ g->known[i], STARPU_W };
+    check_insert(starpu_task_insert(&mt_cl_known, STARPU_DATA_MODE_ARRAY, d, n, STARPU_VALUE, &from_head, sizeof from_head,
+                                    STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_PRIORITY, STARPU_MAX_PRIO,
+                                    STARPU_NAME, "known", 0),
+                 "known");
+}
+
 /* Forward, loss anchor and block-wise backward of every micro-batch of a step. Gradients of a
  * tile are written (=) by micro-batch 0 and accumulated (+=) by the others, in micro-batch
  * order; the last writer of each tile also leaves its sum of squares when clipping. */
@@ -441,6 +468,7 @@ static void submit_micro_batches(mt_graph *g, slot *sl, int64_t step, double los
                                         STARPU_NAME, "head", STARPU_EXECUTE_WHERE, g->where,
                                         STARPU_TASK_SCHED_DATA, first ? hint_for(g, last_block * K + 1, 0) : NULL, 0),
                      "head");
+        if (sumsq) submit_known(g, head_tile);
         /* The forward's hidden states are dead now (the recompute rewrites them): dropped, so
          * that making room on the GPU never copies them back to the host. */
         drop(g->act[u][0]);
@@ -480,6 +508,7 @@ static void submit_micro_batches(mt_graph *g, slot *sl, int64_t step, double los
                                                 STARPU_EXECUTE_WHERE, g->where, STARPU_TASK_SCHED_DATA, hint,
                                                 OBSERVE_END(g, last, MT_EV_BACKWARD, step, t->index), 0),
                              "layer_backward");
+                if (sumsq) submit_known(g, t->index);
                 drop(g->saved[i - lo]);
             }
             drop(g->act[u][0]);
@@ -651,8 +680,7 @@ static void insert_adamw(mt_graph *g, mt_tile *t, int c, struct starpu_codelet *
     const enum starpu_data_access_mode state = cl == &mt_cl_adamw || moments ? STARPU_RW : STARPU_R;
     const bool confirm = clip == MT_ADAMW_CONFIRM || clip == MT_ADAMW_CONFIRM_RANGED;
     const enum starpu_data_access_mode weights = confirm ? STARPU_RW : STARPU_W;
-    const int ntiles = g->st->ntiles;
-    struct starpu_data_descr *d = calloc(8 + ntiles, sizeof *d);
+    struct starpu_data_descr d[7];
     d[0] = (struct starpu_data_descr){ t->h_master_chunk[c], state };
     d[1] = (struct starpu_data_descr){ t->h_m_chunk[c], state };
     d[2] = (struct starpu_data_descr){ t->h_v_chunk[c], state };
@@ -663,8 +691,8 @@ static void insert_adamw(mt_graph *g, mt_tile *t, int c, struct starpu_codelet *
     mt_ranged_args ra = { 0 };
     if (clip == MT_ADAMW_RANGED) {
         d[5] = (struct starpu_data_descr){ g->flags[t->index][c], STARPU_W };
-        for (int j = t->index; j < ntiles; j++) d[nbuf++] = (struct starpu_data_descr){ g->partial[j], STARPU_R };
-        if (g->head_table) d[nbuf++] = (struct starpu_data_descr){ g->head_table, STARPU_R };
+        /* tile 0's update is ranged on the early path only (submit_embedding_early) */
+        d[nbuf++] = (struct starpu_data_descr){ g->known[t->index], STARPU_R };
         ra = ranged_args_of(g, t->index, *sp, g->norm_seq); /* after the step's norm was submitted */
     }
     if (clip == MT_ADAMW_CONFIRM_RANGED) d[nbuf++] = (struct starpu_data_descr){ g->flags[t->index][c], STARPU_R };
@@ -683,7 +711,6 @@ static void insert_adamw(mt_graph *g, mt_tile *t, int c, struct starpu_codelet *
                                  STARPU_NAME, confirm ? "adamw_confirm" : clip == MT_ADAMW_RANGED ? "adamw_ranged" : cl->name,
                                  OBSERVE_END(g, observe, MT_EV_ADAMW, step, t->index), 0);
     }
-    free(d);
     check_insert(ret, cl->name);
 }
 
@@ -738,14 +765,12 @@ static void submit_embedding_early(mt_graph *g, int slot_id, int64_t step, doubl
         /* ranged: its range from the head tile's sum of squares, in by then (before the step's
          * norm is submitted) */
         if (a.ranged) a.ra = ranged_args_of(g, st->ntiles - 1, sp, g->norm_seq + 1);
-        struct starpu_data_descr ud[9] = {
+        struct starpu_data_descr ud[8] = {
             { t->h_master_chunk[c], STARPU_R }, { t->h_m_chunk[c], STARPU_R }, { t->h_v_chunk[c], STARPU_R },
             { t->h_grad_chunk[c], STARPU_R }, { t->h_weights_chunk[c], STARPU_W }, { g->embed_rows[c], STARPU_W },
-            { a.ranged ? g->flags[0][c] : NULL, STARPU_W }, { g->partial[st->ntiles - 1], STARPU_R },
-            { g->head_table, STARPU_R },
+            { a.ranged ? g->flags[0][c] : NULL, STARPU_W }, { a.ranged ? g->known[st->ntiles - 1] : NULL, STARPU_R },
         };
-        check_insert(starpu_task_insert(&mt_cl_embedding_update_early, STARPU_DATA_MODE_ARRAY, ud,
-                                        a.ranged ? (g->head_table ? 9 : 8) : 6,
+        check_insert(starpu_task_insert(&mt_cl_embedding_update_early, STARPU_DATA_MODE_ARRAY, ud, a.ranged ? 8 : 6,
                                         STARPU_VALUE, &a, sizeof a, STARPU_EXECUTE_WHERE, STARPU_CPU,
                                         STARPU_PRIORITY, STARPU_MAX_PRIO, 0),
                      "embedding_update_early");
