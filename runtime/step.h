@@ -39,7 +39,7 @@ typedef struct mt_step_config {
                             * not speculated (too many flagged to pay); > 1 (0: default) */
 } mt_step_config;
 
-#define MT_CLIP_SPREAD_DEFAULT 1.5
+#define MT_CLIP_SPREAD_DEFAULT 1.1
 #define MT_CLIP_RANGE_MAX_DEFAULT 1.25
 
 /* Defaults: accum 1, K 4, clip 1.0, head_chunk 1024, betas (0.9, 0.999), eps 1e-8, wd 0,

@@ -80,6 +80,9 @@ check_error "train --steps abc" "--steps.*'abc'" train --steps abc
 check_error "train --clip-speculate maybe" "--clip-speculate: 'maybe' is not auto, on, off or ranged" train --clip-speculate maybe
 check_error "bench --clip-speculate 1" "--clip-speculate: '1' is not auto, on, off or ranged" bench --clip-speculate 1
 check_ok "train --help lists --clip-speculate" '--clip-speculate M' train --help
+check_error "train --clip-range 1" "--clip-range: '1' must be above 1" train --clip-range 1
+check_error "bench --clip-range-max x" "--clip-range-max: 'x' is not a number" bench --clip-range-max x
+check_ok "bench --help lists --clip-range-max" '--clip-range-max R' bench --help
 check_error "train --steps 0" "--steps.*0" train --steps 0
 check_error "train --lr -1" "--lr.*-1" train --lr -1
 check_error "train --lr nan" "--lr.*nan" train --lr nan
@@ -181,6 +184,17 @@ run bench --shape tiny --micro-batch 2 --seq-len 64 --warmup 1 --steps 1 --ncpu 
 if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
 elif ! grep -qE '^bench: tiny \([0-9]+ layers, fp32\)' "$err"; then fail "$name" "no 'bench: tiny (N layers, fp32)' line"
 elif ! grep -qE '^\| tiny \| 1 x 2 x 64 \|' "$out"; then fail "$name" "no result row"
+else pass "$name"; fi
+
+# Ranged speculation on CPU workers (bf16 streamed weights, clip below the tiny model's norm): the
+# log counts what it speculated, and the table's last column says how it fared.
+name="bench --clip-speculate ranged"
+run bench --shape tiny --micro-batch 2 --seq-len 64 --clip 0.01 --warmup 1 --steps 2 --ncpu 2 --ncuda 0 \
+    --clip-speculate ranged --clip-range 1.2 --clip-range-max 2
+if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif ! grep -qE '^bench: K=4 clip 0.01: ranged speculation checked [1-9][0-9]* parameter updates' "$err"; then
+    fail "$name" "no 'ranged speculation checked N' line"
+elif ! grep -qE '\| ranged [0-9]+%, in range [0-9]+%, [0-9.]+% flagged \|$' "$out"; then fail "$name" "no ranged column"
 else pass "$name"; fi
 
 echo "$passed passed, $failed failed"

@@ -258,9 +258,11 @@ static int parse_ratio(const char *flag, const char *arg, double *out)
     "                       auto does so while the last norm was within the bound; ranged also\n"  \
     "                       speculates when it was not, for the range of scales the gradients\n"   \
     "                       already in and the last norm allow, redoing after the norm only the\n" \
-    "                       weights whose bf16 value could differ within it (bf16 only)\n"          \
+    "                       weights whose bf16 value could differ within it (bf16 only); it costs\n"\
+    "                       more CPU time than it saves: 3.09 s a step against 2.29 s with off on\n"\
+    "                       an H200 at 3B (docs/benchmarks.md)\n"                                  \
     "  --clip-range F       ranged: the part of the norm still to come is taken to be within F\n"  \
-    "                       times of its prediction from the last norm (default 1.5, > 1)\n"      \
+    "                       times of its prediction from the last norm (default 1.1, > 1)\n"      \
     "  --clip-range-max R   ranged: a chunk whose range of scales is wider than R times is not\n"  \
     "                       speculated (default 1.25, > 1)\n"
 
