@@ -114,6 +114,74 @@ static void check_run(const char *label, const shape *s, const attn_results *gpu
                   s->H, s->KV, s->D);
 }
 
+/* The fp32 CPU reference on the inputs as the GPU sees them (bf16-rounded for the bf16 kernels):
+ * its own out and lse, then the backward from them. */
+static attn_results cpu_reference(const shape *s, const float *q, const float *k, const float *v, const float *dout)
+{
+    const int64_t B = s->B, T = s->T, H = s->H, KV = s->KV, D = s->D;
+    const int64_t nq = B * T * H * D, nkv = B * T * KV * D, nl = B * H * T;
+    attn_results r = { .out = falloc(nq), .lse = falloc(nl), .dq = falloc(nq), .dk = falloc(nkv), .dv = falloc(nkv) };
+    mt_cpu_attention_forward_f32(B, T, H, KV, D, q, k, v, r.out, r.lse);
+    mt_cpu_attention_backward_f32(B, T, H, KV, D, q, k, v, r.out, r.lse, dout, r.dq, r.dk, r.dv);
+    return r;
+}
+
+static void results_free(attn_results *r)
+{
+    float *p[] = {r->out, r->lse, r->dq, r->dk, r->dv, r->dq2, r->dk2, r->dv2};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
+}
+
+/* One GPU run's device buffers: inputs and out of esize bytes per element (2: bf16, 4: fp32),
+ * everything else fp32; the outputs start as NaN. */
+typedef struct attn_dev { void *q, *k, *v, *dout, *out, *ws; float *lse, *dq, *dk, *dv, *dq2, *dk2, *dv2; } attn_dev;
+
+static attn_dev dev_alloc(const shape *s, size_t esize, const void *q, const void *k, const void *v, const void *dout,
+                          size_t ws_bytes)
+{
+    const int64_t nq = (int64_t)s->B * s->T * s->H * s->D, nkv = (int64_t)s->B * s->T * s->KV * s->D;
+    const int64_t nl = (int64_t)s->B * s->H * s->T;
+    return (attn_dev){
+        .q = dalloc_copy(q, nq * esize), .k = dalloc_copy(k, nkv * esize), .v = dalloc_copy(v, nkv * esize),
+        .dout = dalloc_copy(dout, nq * esize), .out = dalloc_copy(NULL, nq * esize), .ws = dalloc_copy(NULL, ws_bytes),
+        .lse = dalloc_copy(NULL, nl * 4), .dq = dalloc_copy(NULL, nq * 4), .dk = dalloc_copy(NULL, nkv * 4),
+        .dv = dalloc_copy(NULL, nkv * 4), .dq2 = dalloc_copy(NULL, nq * 4), .dk2 = dalloc_copy(NULL, nkv * 4),
+        .dv2 = dalloc_copy(NULL, nkv * 4),
+    };
+}
+
+static void dev_free(attn_dev *d)
+{
+    void *p[] = {d->q, d->k, d->v, d->dout, d->out, d->ws, d->lse, d->dq, d->dk, d->dv, d->dq2, d->dk2, d->dv2};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) CK_CUDA(cudaFree(p[i]));
+}
+
+/* The run's results on the host as fp32 (out converted from bf16 when esize is 2). */
+static attn_results fetch_results(const shape *s, const attn_dev *d, size_t esize)
+{
+    const int64_t nq = (int64_t)s->B * s->T * s->H * s->D, nkv = (int64_t)s->B * s->T * s->KV * s->D;
+    const int64_t nl = (int64_t)s->B * s->H * s->T;
+    attn_results r = { .out = falloc(nq), .lse = falloc(nl), .dq = falloc(nq), .dk = falloc(nkv), .dv = falloc(nkv),
+                       .dq2 = falloc(nq), .dk2 = falloc(nkv), .dv2 = falloc(nkv) };
+    if (esize == 2) {
+        mt_bf16 *outb = malloc(nq * 2);
+        ck_assert_ptr_nonnull(outb);
+        CK_CUDA(cudaMemcpy(outb, d->out, nq * 2, cudaMemcpyDeviceToHost));
+        mt_cpu_bf16_to_f32(nq, outb, r.out);
+        free(outb);
+    } else {
+        copy_back(r.out, d->out, nq);
+    }
+    copy_back(r.lse, d->lse, nl);
+    copy_back(r.dq, d->dq, nq);
+    copy_back(r.dk, d->dk, nkv);
+    copy_back(r.dv, d->dv, nkv);
+    copy_back(r.dq2, d->dq2, nq);
+    copy_back(r.dk2, d->dk2, nkv);
+    copy_back(r.dv2, d->dv2, nkv);
+    return r;
+}
+
 /* Every case under each query-block form (MT_ATTENTION_QBLOCK): 64 rows (the default), 128
  * rows of 8 warps, 128 rows of 4 warps with 32 rows each (forward only). */
 static const char *const forms[] = {"64", "128", "128w"};
@@ -124,66 +192,40 @@ START_TEST(test_attention_vs_cpu)
     const char *qblock = forms[_i / NCASES];
     setenv("MT_ATTENTION_QBLOCK", qblock, 1);
     const int64_t B = s->B, T = s->T, H = s->H, KV = s->KV, D = s->D;
-    const int64_t nq = B * T * H * D, nkv = B * T * KV * D, nl = B * H * T;
+    const int64_t nq = B * T * H * D, nkv = B * T * KV * D;
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 1000 + (uint64_t)_i);
 
     mt_bf16 *qb = malloc(nq * 2), *kb = malloc(nkv * 2), *vb = malloc(nkv * 2), *dob = malloc(nq * 2);
-    mt_bf16 *outb = malloc(nq * 2);
     float *q = falloc(nq), *k = falloc(nkv), *v = falloc(nkv), *dout = falloc(nq);
     random_bf16(&rng, nq, qb, q);
     random_bf16(&rng, nkv, kb, k);
     random_bf16(&rng, nkv, vb, v);
     random_bf16(&rng, nq, dob, dout);
+    attn_results ref = cpu_reference(s, q, k, v, dout);
 
-    /* CPU reference in fp32 on the same (bf16-rounded) values, its own out and lse */
-    float *out_ref = falloc(nq), *lse_ref = falloc(nl);
-    float *dq_ref = falloc(nq), *dk_ref = falloc(nkv), *dv_ref = falloc(nkv);
-    mt_cpu_attention_forward_f32(B, T, H, KV, D, q, k, v, out_ref, lse_ref);
-    mt_cpu_attention_backward_f32(B, T, H, KV, D, q, k, v, out_ref, lse_ref, dout, dq_ref, dk_ref, dv_ref);
-
-    /* GPU */
-    void *d_q = dalloc_copy(qb, nq * 2), *d_k = dalloc_copy(kb, nkv * 2), *d_v = dalloc_copy(vb, nkv * 2);
-    void *d_do = dalloc_copy(dob, nq * 2), *d_out = dalloc_copy(NULL, nq * 2);
-    float *d_lse = dalloc_copy(NULL, nl * 4);
-    float *d_dq = dalloc_copy(NULL, nq * 4), *d_dk = dalloc_copy(NULL, nkv * 4), *d_dv = dalloc_copy(NULL, nkv * 4);
-    float *d_dq2 = dalloc_copy(NULL, nq * 4), *d_dk2 = dalloc_copy(NULL, nkv * 4), *d_dv2 = dalloc_copy(NULL, nkv * 4);
-    void *d_ws = dalloc_copy(NULL, mt_cuda_attention_workspace_bytes(B, T, H, KV, D));
+    attn_dev d = dev_alloc(s, 2, qb, kb, vb, dob, mt_cuda_attention_workspace_bytes(B, T, H, KV, D));
     cudaStream_t stream;
     CK_CUDA(cudaStreamCreate(&stream));
-
-    mt_cuda_attention_forward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, (mt_cuda_stream)stream);
-    mt_cuda_attention_backward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, d_do, d_dq, d_dk, d_dv, d_ws,
+    mt_cuda_attention_forward(B, T, H, KV, D, d.q, d.k, d.v, d.out, d.lse, (mt_cuda_stream)stream);
+    mt_cuda_attention_backward(B, T, H, KV, D, d.q, d.k, d.v, d.out, d.lse, d.dout, d.dq, d.dk, d.dv, d.ws,
                                (mt_cuda_stream)stream);
     /* the same backward again (workspace reused): must match bitwise */
-    mt_cuda_attention_backward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, d_do, d_dq2, d_dk2, d_dv2, d_ws,
+    mt_cuda_attention_backward(B, T, H, KV, D, d.q, d.k, d.v, d.out, d.lse, d.dout, d.dq2, d.dk2, d.dv2, d.ws,
                                (mt_cuda_stream)stream);
     CK_CUDA(cudaStreamSynchronize(stream));
     CK_CUDA(cudaGetLastError());
-
-    float *out = falloc(nq), *lse = falloc(nl), *dq = falloc(nq), *dk = falloc(nkv), *dv = falloc(nkv);
-    float *dq2 = falloc(nq), *dk2 = falloc(nkv), *dv2 = falloc(nkv);
-    CK_CUDA(cudaMemcpy(outb, d_out, nq * 2, cudaMemcpyDeviceToHost));
-    mt_cpu_bf16_to_f32(nq, outb, out);
-    copy_back(lse, d_lse, nl);
-    copy_back(dq, d_dq, nq);
-    copy_back(dk, d_dk, nkv);
-    copy_back(dv, d_dv, nkv);
-    copy_back(dq2, d_dq2, nq);
-    copy_back(dk2, d_dk2, nkv);
-    copy_back(dv2, d_dv2, nkv);
+    CK_CUDA(cudaStreamDestroy(stream));
+    attn_results gpu = fetch_results(s, &d, 2);
 
     char label[64];
     snprintf(label, sizeof label, "(query block %s)", qblock);
-    const attn_results gpu = {out, lse, dq, dk, dv, dq2, dk2, dv2};
-    const attn_results ref = {out_ref, lse_ref, dq_ref, dk_ref, dv_ref, NULL, NULL, NULL};
     check_run(label, s, &gpu, &ref, TOL);
 
-    CK_CUDA(cudaStreamDestroy(stream));
-    void *dev[] = {d_q, d_k, d_v, d_do, d_out, d_lse, d_dq, d_dk, d_dv, d_dq2, d_dk2, d_dv2, d_ws};
-    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) CK_CUDA(cudaFree(dev[i]));
-    void *host[] = {qb, kb, vb, dob, outb, q, k, v, dout, out_ref, lse_ref, dq_ref, dk_ref, dv_ref,
-                    out, lse, dq, dk, dv, dq2, dk2, dv2};
+    dev_free(&d);
+    results_free(&gpu);
+    results_free(&ref);
+    void *host[] = {qb, kb, vb, dob, q, k, v, dout};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
 }
 END_TEST
@@ -200,7 +242,7 @@ START_TEST(test_attention_f32_vs_cpu)
 {
     const shape *s = _i < NCASES ? &cases[_i] : &cases_f32_extra[_i - NCASES];
     const int64_t B = s->B, T = s->T, H = s->H, KV = s->KV, D = s->D;
-    const int64_t nq = B * T * H * D, nkv = B * T * KV * D, nl = B * H * T;
+    const int64_t nq = B * T * H * D, nkv = B * T * KV * D;
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 5000 + (uint64_t)_i);
 
@@ -209,48 +251,28 @@ START_TEST(test_attention_f32_vs_cpu)
     mt_test_fill_f32(&rng, k, nkv, 1.0f);
     mt_test_fill_f32(&rng, v, nkv, 1.0f);
     mt_test_fill_f32(&rng, dout, nq, 1.0f);
+    attn_results ref = cpu_reference(s, q, k, v, dout);
 
-    float *out_ref = falloc(nq), *lse_ref = falloc(nl);
-    float *dq_ref = falloc(nq), *dk_ref = falloc(nkv), *dv_ref = falloc(nkv);
-    mt_cpu_attention_forward_f32(B, T, H, KV, D, q, k, v, out_ref, lse_ref);
-    mt_cpu_attention_backward_f32(B, T, H, KV, D, q, k, v, out_ref, lse_ref, dout, dq_ref, dk_ref, dv_ref);
-
-    float *d_q = dalloc_copy(q, nq * 4), *d_k = dalloc_copy(k, nkv * 4), *d_v = dalloc_copy(v, nkv * 4);
-    float *d_do = dalloc_copy(dout, nq * 4), *d_out = dalloc_copy(NULL, nq * 4), *d_lse = dalloc_copy(NULL, nl * 4);
-    float *d_dq = dalloc_copy(NULL, nq * 4), *d_dk = dalloc_copy(NULL, nkv * 4), *d_dv = dalloc_copy(NULL, nkv * 4);
-    float *d_dq2 = dalloc_copy(NULL, nq * 4), *d_dk2 = dalloc_copy(NULL, nkv * 4), *d_dv2 = dalloc_copy(NULL, nkv * 4);
-    void *d_ws = dalloc_copy(NULL, mt_cuda_attention_f32_workspace_bytes(B, T, H, KV, D));
+    attn_dev d = dev_alloc(s, 4, q, k, v, dout, mt_cuda_attention_f32_workspace_bytes(B, T, H, KV, D));
     cudaStream_t stream;
     CK_CUDA(cudaStreamCreate(&stream));
-
-    mt_cuda_attention_forward_f32(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, (mt_cuda_stream)stream);
-    mt_cuda_attention_backward_f32(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, d_do, d_dq, d_dk, d_dv, d_ws,
+    mt_cuda_attention_forward_f32(B, T, H, KV, D, d.q, d.k, d.v, d.out, d.lse, (mt_cuda_stream)stream);
+    mt_cuda_attention_backward_f32(B, T, H, KV, D, d.q, d.k, d.v, d.out, d.lse, d.dout, d.dq, d.dk, d.dv, d.ws,
                                    (mt_cuda_stream)stream);
     /* the same backward again (workspace reused): must match bitwise */
-    mt_cuda_attention_backward_f32(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, d_do, d_dq2, d_dk2, d_dv2, d_ws,
+    mt_cuda_attention_backward_f32(B, T, H, KV, D, d.q, d.k, d.v, d.out, d.lse, d.dout, d.dq2, d.dk2, d.dv2, d.ws,
                                    (mt_cuda_stream)stream);
     CK_CUDA(cudaStreamSynchronize(stream));
     CK_CUDA(cudaGetLastError());
+    CK_CUDA(cudaStreamDestroy(stream));
+    attn_results gpu = fetch_results(s, &d, 4);
 
-    float *out = falloc(nq), *lse = falloc(nl), *dq = falloc(nq), *dk = falloc(nkv), *dv = falloc(nkv);
-    float *dq2 = falloc(nq), *dk2 = falloc(nkv), *dv2 = falloc(nkv);
-    copy_back(out, d_out, nq);
-    copy_back(lse, d_lse, nl);
-    copy_back(dq, d_dq, nq);
-    copy_back(dk, d_dk, nkv);
-    copy_back(dv, d_dv, nkv);
-    copy_back(dq2, d_dq2, nq);
-    copy_back(dk2, d_dk2, nkv);
-    copy_back(dv2, d_dv2, nkv);
-
-    const attn_results gpu = {out, lse, dq, dk, dv, dq2, dk2, dv2};
-    const attn_results ref = {out_ref, lse_ref, dq_ref, dk_ref, dv_ref, NULL, NULL, NULL};
     check_run("fp32", s, &gpu, &ref, TOL_F32);
 
-    CK_CUDA(cudaStreamDestroy(stream));
-    void *dev[] = {d_q, d_k, d_v, d_do, d_out, d_lse, d_dq, d_dk, d_dv, d_dq2, d_dk2, d_dv2, d_ws};
-    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) CK_CUDA(cudaFree(dev[i]));
-    void *host[] = {q, k, v, dout, out_ref, lse_ref, dq_ref, dk_ref, dv_ref, out, lse, dq, dk, dv, dq2, dk2, dv2};
+    dev_free(&d);
+    results_free(&gpu);
+    results_free(&ref);
+    void *host[] = {q, k, v, dout};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
 }
 END_TEST

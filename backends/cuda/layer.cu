@@ -160,7 +160,8 @@ template <class E> struct layer_bwd_scratch {
     float *ds; // (n, I) gradient at the swiglu output
     // attention phase, overlaying the MLP phase
     E *da_dqp;            // (n, H*D) gradient at the attention output, then at q's projection
-    E *dkp, *dvb;         // (n, KV*D) gradients at k's projection and v, E for the GEMMs
+    E *dkp, *dvb;         // (n, KV*D) gradients at k's projection and v, E for the GEMMs (dvb
+                          // empty when E is float: dv is that already)
     float *dq, *dk, *dv;  // (n, H*D) (n, KV*D) (n, KV*D) from attention backward
     float *dqp32, *dkp32; // (n, H*D) (n, KV*D) fp32 gradients at q's and k's projections: the
                           // bias gradients sum them (bf16 would lose the cancelling sums' digits);
@@ -195,11 +196,11 @@ template <class E> static void bwd_carve(const layer_dims *m, mt_carve *c, layer
     c->offset = region;
     s->da_dqp = mt_take<E>(c, n * m->qd);
     s->dkp = mt_take<E>(c, n * m->kvd);
-    s->dvb = mt_take<E>(c, n * m->kvd);
+    const bool e_is_f32 = std::is_same<E, float>::value;
+    s->dvb = mt_take<E>(c, e_is_f32 ? 0 : n * m->kvd);
     s->dq = mt_take<float>(c, n * m->qd);
     s->dk = mt_take<float>(c, n * m->kvd);
     s->dv = mt_take<float>(c, n * m->kvd);
-    const bool e_is_f32 = std::is_same<E, float>::value;
     s->dqp32 = mt_take<float>(c, e_is_f32 ? 0 : n * m->qd);
     s->dkp32 = mt_take<float>(c, e_is_f32 ? 0 : n * m->kvd);
     s->attn_workspace = mt_take<char>(c, (int64_t)attention_workspace_bytes<E>(m));
@@ -633,7 +634,9 @@ static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const m
     if (cfg->qk_norm)
         qk_norm_weight_grads(&m, s.dq, s.dk, grad(layout, dtile, MT_L_Q_NORM), grad(layout, dtile, MT_L_K_NORM),
                              s.partials, stream);
-    mt_cuda_from_f32(s.dv, s.dvb, n * m.kvd, stream);
+    // dv as E for the GEMMs: dv itself when E is float
+    const E *dv_e = e_is_f32 ? reinterpret_cast<const E *>(s.dv) : s.dvb;
+    if (!e_is_f32) mt_cuda_from_f32(s.dv, s.dvb, n * m.kvd, stream);
     if (cfg->qkv_bias)
         qkv_bias_grads(&m, dq_bias, dk_bias, s.dv, grad(layout, dtile, MT_L_Q_B), grad(layout, dtile, MT_L_K_B),
                        grad(layout, dtile, MT_L_V_B), s.partials, stream);
@@ -641,12 +644,12 @@ static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const m
     mt_rmsnorm_apply(n, m.d, sv.x, attn_norm_w, sv.rms1, s.norm_out, stream); // xn (n, d)
     mt_linear_backward_weight(ctx, n, m.d, m.qd, s.norm_out, dq_proj, grad(layout, dtile, MT_L_Q_W), true, stream);
     mt_linear_backward_weight(ctx, n, m.d, m.kvd, s.norm_out, s.dkp, grad(layout, dtile, MT_L_K_W), true, stream);
-    mt_linear_backward_weight(ctx, n, m.d, m.kvd, s.norm_out, s.dvb, grad(layout, dtile, MT_L_V_W), true, stream);
+    mt_linear_backward_weight(ctx, n, m.d, m.kvd, s.norm_out, dv_e, grad(layout, dtile, MT_L_V_W), true, stream);
     mt_linear_backward_input(ctx, n, m.d, m.qd, dq_proj, weight(layout, tile, MT_L_Q_W), s.dnorm, CUDA_R_32F, false,
                              stream);
     mt_linear_backward_input(ctx, n, m.d, m.kvd, s.dkp, weight(layout, tile, MT_L_K_W), s.dnorm, CUDA_R_32F, true,
                              stream);
-    mt_linear_backward_input(ctx, n, m.d, m.kvd, s.dvb, weight(layout, tile, MT_L_V_W), s.dnorm, CUDA_R_32F, true,
+    mt_linear_backward_input(ctx, n, m.d, m.kvd, dv_e, weight(layout, tile, MT_L_V_W), s.dnorm, CUDA_R_32F, true,
                              stream); // dxn (n, d)
     // dx = dh (residual) + the attention norm's share, in place.
     mt_rmsnorm_backward(n, m.d, sv.x, attn_norm_w, sv.rms1, s.dnorm, dx, dx, nullptr, stream);
