@@ -144,7 +144,10 @@ extern struct starpu_codelet mt_cl_clip;
  *   backward came before it; the table's head part) */
 extern struct starpu_codelet mt_cl_known;
 /* adamw: [0] master RW, [1] m RW, [2] v RW, [3] grad R, [4] streamed weights W,
- *   [5] clip R (when clipped); args: mt_adamw_params, mt_dtype, int clipped (mt_adamw_clip) */
+ *   [5] clip R (when clipped); args: mt_adamw_params, mt_dtype, int clipped (mt_adamw_clip).
+ *   Out of place (double-buffered state) with three more buffers after those: the new master,
+ *   m and v (W); [0..2] are then R. With MT_ADAMW_CONFIRM (weights and the new state RW) it does
+ *   nothing when the scale is 1, else the update again with it. */
 extern struct starpu_codelet mt_cl_adamw;
 /* The `clipped` argument of the AdamW codelets. */
 enum mt_adamw_clip {

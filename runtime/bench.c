@@ -219,6 +219,9 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
 {
     mt_graph *g = mt_graph_create(st, sc, err, errlen);
     if (!g) return -1;
+    if (log && st->ntiles > 2 && st->tiles[2].master_spare)
+        fprintf(log, "bench: K=%d clip %g: AdamW state double-buffered (spare master, m and v of layers 1..L-1 and the head)\n",
+                sc->K, sc->clip);
     mt_policy_set_prefetch(o->prefetch);
     r->layers = cfg->layers;
     r->checkpoints = (cfg->layers + sc->K - 1) / sc->K;

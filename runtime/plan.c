@@ -100,6 +100,9 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
     plan->host[MT_PLAN_ADAM_M] = host_state_bytes(plan, 4);
     plan->host[MT_PLAN_ADAM_V] = host_state_bytes(plan, 4);
     for (int k = MT_PLAN_WEIGHTS; k <= MT_PLAN_ADAM_V; k++) plan->host_pinned[k] = p->use_gpu;
+    /* state.c allocates the spare state per tile, unpinned, the same way (step.c: from tile 2) */
+    plan->host_spare = 3 * (host_state_bytes(plan, 4) - round_up_u64((uint64_t)plan->tile_numel[MT_TILE_EMBED] * 4, MT_PLAN_TILE_BYTES_ALIGN) -
+                            round_up_u64((uint64_t)plan->tile_numel[MT_TILE_LAYER] * 4, MT_PLAN_TILE_BYTES_ALIGN));
 
     /* Working set: where the layers compute, one entry per buffer the step graph registers
      * (step.c), sized by the same functions for the kind of worker that computes. A CPU-only
@@ -213,6 +216,8 @@ void mt_plan_print(const mt_plan *plan, FILE *out)
     fprintf(out, "  host: %s pinned; training state %.2f bytes per parameter\n",
             mt_format_bytes(plan->host_pinned_total, a, sizeof a),
             plan->param_count ? (double)state / (double)plan->param_count : 0.0);
+    fprintf(out, "  with clipping, when it fits: + %s of spare AdamW state (double-buffered, not pinned; --adamw-spare)\n",
+            mt_format_bytes(plan->host_spare, a, sizeof a));
 }
 
 int mt_plan_check_host(const mt_plan *plan, uint64_t available_bytes, char *err, size_t errlen)

@@ -191,11 +191,103 @@ mt_host_state *mt_state_create(const mt_model_config *cfg, mt_dtype compute_dtyp
     return st;
 }
 
+/* The spare state is never read by a GPU: plain pageable memory (pinning tens of GB costs time
+ * and locks memory for nothing), its pages touched up front in parallel (touch_spare) so that
+ * the first steps do not pay the page faults. */
+static void *alloc_spare(size_t bytes)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, TILE_ALIGN_BYTES, round_up(bytes, TILE_ALIGN_BYTES)) != 0) return NULL;
+    return p;
+}
+
+static void touch_spare(mt_host_state *st, int i, void *arg)
+{
+    const int first = *(const int *)arg;
+    mt_tile *t = &st->tiles[i];
+    if (i < first || !t->master_spare) return;
+    const size_t fbytes = (size_t)t->numel * sizeof(float);
+    memset(t->master_spare, 0, fbytes);
+    memset(t->m_spare, 0, fbytes);
+    memset(t->v_spare, 0, fbytes);
+}
+
+static void drop_spare(mt_tile *t)
+{
+    for (int c = 0; t->h_master_spare_chunk && c < t->nchunks; c++) {
+        if (t->h_master_spare_chunk[c]) starpu_data_unregister(t->h_master_spare_chunk[c]);
+        if (t->h_m_spare_chunk[c]) starpu_data_unregister(t->h_m_spare_chunk[c]);
+        if (t->h_v_spare_chunk[c]) starpu_data_unregister(t->h_v_spare_chunk[c]);
+    }
+    free(t->h_master_spare_chunk);
+    free(t->h_m_spare_chunk);
+    free(t->h_v_spare_chunk);
+    free(t->master_spare);
+    free(t->m_spare);
+    free(t->v_spare);
+    t->master_spare = t->m_spare = t->v_spare = NULL;
+    t->h_master_spare_chunk = t->h_m_spare_chunk = t->h_v_spare_chunk = NULL;
+}
+
+uint64_t mt_state_spare_bytes(const mt_host_state *st, int first)
+{
+    uint64_t b = 0;
+    for (int i = first; i < st->ntiles; i++) b += 3 * (uint64_t)st->tiles[i].numel * sizeof(float);
+    return b;
+}
+
+int mt_state_enable_spare(mt_host_state *st, int first, char *err, size_t errlen)
+{
+    for (int i = first; i < st->ntiles; i++) {
+        mt_tile *t = &st->tiles[i];
+        if (t->master_spare) continue;
+        const size_t fbytes = (size_t)t->numel * sizeof(float);
+        t->master_spare = alloc_spare(fbytes);
+        t->m_spare = alloc_spare(fbytes);
+        t->v_spare = alloc_spare(fbytes);
+        if (!t->master_spare || !t->m_spare || !t->v_spare) {
+            snprintf(err, errlen, "out of host memory allocating the spare AdamW state of tile %d (%zu bytes per kind)",
+                     i, fbytes);
+            for (int j = first; j <= i; j++) drop_spare(&st->tiles[j]);
+            return -1;
+        }
+        t->h_master_spare_chunk = calloc(t->nchunks, sizeof(starpu_data_handle_t));
+        t->h_m_spare_chunk = calloc(t->nchunks, sizeof(starpu_data_handle_t));
+        t->h_v_spare_chunk = calloc(t->nchunks, sizeof(starpu_data_handle_t));
+        for (int c = 0; c < t->nchunks; c++) {
+            const int64_t o = t->chunks[c].offset, n = t->chunks[c].numel;
+            starpu_vector_data_register(&t->h_master_spare_chunk[c], STARPU_MAIN_RAM, (uintptr_t)(t->master_spare + o),
+                                        (uint32_t)n, sizeof(float));
+            starpu_vector_data_register(&t->h_m_spare_chunk[c], STARPU_MAIN_RAM, (uintptr_t)(t->m_spare + o), (uint32_t)n,
+                                        sizeof(float));
+            starpu_vector_data_register(&t->h_v_spare_chunk[c], STARPU_MAIN_RAM, (uintptr_t)(t->v_spare + o), (uint32_t)n,
+                                        sizeof(float));
+        }
+    }
+    for_each_tile(st, touch_spare, &first);
+    return 0;
+}
+
+void mt_tile_swap_state(mt_tile *t)
+{
+#define SWAP(a, b) do { __typeof__(a) tmp_ = (a); (a) = (b); (b) = tmp_; } while (0)
+    SWAP(t->master, t->master_spare);
+    SWAP(t->adam_m, t->m_spare);
+    SWAP(t->adam_v, t->v_spare);
+    SWAP(t->h_master_chunk, t->h_master_spare_chunk);
+    SWAP(t->h_m_chunk, t->h_m_spare_chunk);
+    SWAP(t->h_v_chunk, t->h_v_spare_chunk);
+#undef SWAP
+    t->spare_current = !t->spare_current;
+}
+
 void mt_state_destroy(mt_host_state *st)
 {
     if (!st) return;
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
+        if (t->spare_current) mt_tile_swap_state(t); /* each allocation back with its own kind */
+        drop_spare(t);
         if (t->h_weights) {
             for (int c = 0; c < t->nchunks; c++) {
                 starpu_data_unregister(t->h_master_chunk[c]);

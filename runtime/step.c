@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "codelets.h"
+#include "plan.h"
 #include "policy.h"
 
 #define NSLOTS 2
@@ -76,7 +77,7 @@ mt_step_config mt_step_defaults(void)
     mt_step_config c = {
         .B = 8, .T = 128, .accum = 1, .K = 4, .clip = 1.0, .head_chunk = 1024,
         .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0, .adamw_split = -1,
-        .clip_speculate = -1,
+        .clip_speculate = -1, .adamw_spare = -1,
     };
     return c;
 }
@@ -133,6 +134,15 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
                      (long long)sc->B, (long long)sc->T, biggest[i]);
             return NULL;
         }
+    /* Double-buffered AdamW state for the speculated update (tiles from layer 1 on: the table and
+     * layer 0 stay split, their updates being the step boundary's). Auto: with clipping and
+     * speculation allowed, when it takes at most 80% of the host memory available now. */
+    const int first_spare = 2;
+    const bool may_speculate = sc->clip > 0 && sc->clip_speculate != 0;
+    if (sc->adamw_spare > 0 || (sc->adamw_spare < 0 && may_speculate &&
+                                mt_state_spare_bytes(st, first_spare) <= mt_host_memory_available() / 10 * 8)) {
+        if (mt_state_enable_spare(st, first_spare, err, errlen)) return NULL;
+    }
     mt_graph *g = calloc(1, sizeof *g);
     g->st = st;
     g->where = gpu ? STARPU_CUDA : STARPU_CPU; /* every compute task runs there: buffers are sized for it */
@@ -677,10 +687,12 @@ static void insert_adamw(mt_graph *g, mt_tile *t, int c, struct starpu_codelet *
                          const mt_adamw_params *p, int64_t step, bool observe, const speculation *sp)
 {
     const bool moments = cl == &mt_cl_adamw_moments;
-    const enum starpu_data_access_mode state = cl == &mt_cl_adamw || moments ? STARPU_RW : STARPU_R;
+    /* the fused update out of place: the tile's spare master, m and v (pingpong_update) */
+    const bool spare = cl == &mt_cl_adamw && t->master_spare && sp && sp->mode == SPEC_UNIT;
+    const enum starpu_data_access_mode state = (cl == &mt_cl_adamw && !spare) || moments ? STARPU_RW : STARPU_R;
     const bool confirm = clip == MT_ADAMW_CONFIRM || clip == MT_ADAMW_CONFIRM_RANGED;
     const enum starpu_data_access_mode weights = confirm ? STARPU_RW : STARPU_W;
-    struct starpu_data_descr d[7];
+    struct starpu_data_descr d[9];
     d[0] = (struct starpu_data_descr){ t->h_master_chunk[c], state };
     d[1] = (struct starpu_data_descr){ t->h_m_chunk[c], state };
     d[2] = (struct starpu_data_descr){ t->h_v_chunk[c], state };
@@ -696,6 +708,12 @@ static void insert_adamw(mt_graph *g, mt_tile *t, int c, struct starpu_codelet *
         ra = ranged_args_of(g, t->index, *sp, g->norm_seq); /* after the step's norm was submitted */
     }
     if (clip == MT_ADAMW_CONFIRM_RANGED) d[nbuf++] = (struct starpu_data_descr){ g->flags[t->index][c], STARPU_R };
+    if (spare) {
+        const enum starpu_data_access_mode out = confirm ? STARPU_RW : STARPU_W;
+        d[nbuf++] = (struct starpu_data_descr){ t->h_master_spare_chunk[c], out };
+        d[nbuf++] = (struct starpu_data_descr){ t->h_m_spare_chunk[c], out };
+        d[nbuf++] = (struct starpu_data_descr){ t->h_v_spare_chunk[c], out };
+    }
     mt_dtype dtype = g->st->compute_dtype;
     int ret;
     if (moments) {
@@ -708,7 +726,7 @@ static void insert_adamw(mt_graph *g, mt_tile *t, int c, struct starpu_codelet *
                                  STARPU_VALUE, &dtype, sizeof dtype, STARPU_VALUE, &clip, sizeof clip,
                                  STARPU_VALUE, &ra, sizeof ra,
                                  STARPU_PRIORITY, prio, STARPU_EXECUTE_WHERE, STARPU_CPU,
-                                 STARPU_NAME, confirm ? "adamw_confirm" : clip == MT_ADAMW_RANGED ? "adamw_ranged" : cl->name,
+                                 STARPU_NAME, confirm ? "adamw_confirm" : clip == MT_ADAMW_RANGED ? "adamw_ranged" : spare ? "adamw_spare" : cl->name,
                                  OBSERVE_END(g, observe, MT_EV_ADAMW, step, t->index), 0);
     }
     check_insert(ret, cl->name);
@@ -825,11 +843,15 @@ static void submit_update(mt_graph *g, int64_t step, double lr, speculation sp, 
     }
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
-        const bool split = speculate || split_update(g, i);
+        const bool started = embed_started && i == 0;
+        /* Double-buffered state, speculating a scale of 1: the fused update (30 bytes per
+         * parameter, against the split one's 46) as the gradient lands, into the spare master, m
+         * and v, the current ones kept for the redo if the scale is not 1. */
+        const bool pingpong = sp.mode == SPEC_UNIT && t->master_spare && !started;
+        const bool split = !pingpong && (speculate || split_update(g, i));
         /* The next forward needs tile 0 first: earlier tiles get higher priority. */
         int prio = STARPU_MAX_PRIO - i;
         if (prio < STARPU_MIN_PRIO) prio = STARPU_MIN_PRIO;
-        const bool started = embed_started && i == 0;
         if (!started) {
             mt_policy_tile_submitting(i, true);
             starpu_data_partition_submit(t->h_weights, t->nchunks, t->h_weights_chunk);
@@ -842,6 +864,9 @@ static void submit_update(mt_graph *g, int64_t step, double lr, speculation sp, 
                     insert_adamw(g, t, c, &mt_cl_adamw_params,
                                  sp.mode == SPEC_RANGED ? MT_ADAMW_CONFIRM_RANGED : MT_ADAMW_CONFIRM, prio, &p, step,
                                  true, NULL);
+            } else if (pingpong) {
+                insert_adamw(g, t, c, &mt_cl_adamw, MT_ADAMW_UNCLIPPED, prio, &p, step, false, &sp);
+                insert_adamw(g, t, c, &mt_cl_adamw, MT_ADAMW_CONFIRM, prio, &p, step, true, &sp);
             } else if (sp.mode == SPEC_UNIT) {
                 /* As the gradient lands (no wait for the norm), then confirmed after it. */
                 insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_UNCLIPPED, prio, &p, step, false, NULL);
@@ -863,6 +888,7 @@ static void submit_update(mt_graph *g, int64_t step, double lr, speculation sp, 
         starpu_data_unpartition_submit_sequential_consistency_cb(t->h_weights, t->nchunks, t->h_weights_chunk,
                                                                  STARPU_MAIN_RAM, 1, tile_updated, note);
         starpu_data_unpartition_submit(t->h_grad, t->nchunks, t->h_grad_chunk, STARPU_MAIN_RAM);
+        if (pingpong) mt_tile_swap_state(t); /* what comes next reads the new state */
         mt_policy_tile_submitting(i, false);
         g->updates_submitted[i]++;
     }

@@ -37,13 +37,21 @@ typedef struct mt_step_config {
                             * [predicted / clip_range, predicted * clip_range]; > 1 (0: default) */
     double clip_range_max; /* ranged: a chunk whose range of scales is wider than this ratio is
                             * not speculated (too many flagged to pay); > 1 (0: default) */
+    int adamw_spare;       /* Double-buffered AdamW state (12 more bytes per parameter of layers
+                            * 1..L-1 and the head, in host memory): a speculated update (scale 1)
+                            * then runs fused, 30 bytes per parameter, into the spare master, m and
+                            * v, the current ones kept for a redo, instead of split (46 bytes).
+                            * Bitwise the same results. -1: with clipping and speculation allowed,
+                            * when it takes at most 80% of the host memory available when the
+                            * graph is created; 0 never; 1 always (mt_graph_create fails when the
+                            * memory cannot be had). */
 } mt_step_config;
 
 #define MT_CLIP_SPREAD_DEFAULT 1.1
 #define MT_CLIP_RANGE_MAX_DEFAULT 1.25
 
 /* Defaults: accum 1, K 4, clip 1.0, head_chunk 1024, betas (0.9, 0.999), eps 1e-8, wd 0,
- * adamw_split -1, clip_speculate -1. */
+ * adamw_split -1, clip_speculate -1, adamw_spare -1. */
 mt_step_config mt_step_defaults(void);
 
 /* What an observer hears: a compute task of a training step ended. */

@@ -83,6 +83,9 @@ check_ok "train --help lists --clip-speculate" '--clip-speculate M' train --help
 check_error "train --clip-range 1" "--clip-range: '1' must be above 1" train --clip-range 1
 check_error "bench --clip-range-max x" "--clip-range-max: 'x' is not a number" bench --clip-range-max x
 check_ok "bench --help lists --clip-range-max" '--clip-range-max R' bench --help
+check_error "train --adamw-spare twice" "--adamw-spare: 'twice' is not auto, on or off" train --adamw-spare twice
+check_ok "train --help lists --adamw-spare" '--adamw-spare M' train --help
+check_ok "plan shows the spare AdamW state" 'spare AdamW state' plan --shape qwen2.5-0.5b
 check_error "train --steps 0" "--steps.*0" train --steps 0
 check_error "train --lr -1" "--lr.*-1" train --lr -1
 check_error "train --lr nan" "--lr.*nan" train --lr nan
@@ -196,6 +199,18 @@ elif ! grep -qE '^bench: K=4 clip 0.01: ranged speculation checked [1-9][0-9]* p
     fail "$name" "no 'ranged speculation checked N' line"
 elif ! grep -qE '\| ranged [0-9]+%, in range [0-9]+%, [0-9.]+% flagged \|$' "$out"; then fail "$name" "no ranged column"
 else pass "$name"; fi
+
+# The spare AdamW state on CPU workers: bench says it is on, and off when asked.
+name="bench --adamw-spare on/off"
+run bench --shape tiny --micro-batch 2 --seq-len 64 --clip 100 --warmup 1 --steps 2 --ncpu 2 --ncuda 0 --adamw-spare on
+if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0 with on"
+elif ! grep -q '^bench: K=4 clip 100: AdamW state double-buffered' "$err"; then fail "$name" "no 'double-buffered' line with on"
+else
+    run bench --shape tiny --micro-batch 2 --seq-len 64 --clip 100 --warmup 1 --steps 2 --ncpu 2 --ncuda 0 --adamw-spare off
+    if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0 with off"
+    elif grep -q 'double-buffered' "$err"; then fail "$name" "'double-buffered' with off"
+    else pass "$name"; fi
+fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -62,6 +62,7 @@ typedef struct outcome {
     float **master, **grad, **m, **v;
     double loss[8];
     int64_t speculated, held;  /* mt_graph_speculation_counts at the end */
+    bool spare;                /* the graph ran with double-buffered AdamW state */
 } outcome;
 
 /* adamw_split of the runs below (-1: the default, split when clipping). */
@@ -70,6 +71,8 @@ static int split_mode = -1;
  * compute precision. */
 static int speculate_mode = -1;
 static double speculate_range = 0, speculate_range_max = 0;
+/* adamw_spare of the runs below (-1: the default). */
+static int spare_mode = -1;
 static mt_dtype state_dtype = MT_DTYPE_F32;
 
 static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int nsteps, double clip, int64_t B);
@@ -94,6 +97,7 @@ static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int n
     sc.weight_decay = 0.1;
     sc.adamw_split = split_mode;
     sc.clip_speculate = speculate_mode;
+    sc.adamw_spare = spare_mode;
     mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
     ck_assert_msg(g != NULL, "%s", err);
     int64_t n = accum * sc.B * sc.T;
@@ -111,6 +115,7 @@ static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int n
     o.loss[nsteps - 1] = mt_graph_wait_loss(g, slots[nsteps - 1], NULL);
     starpu_task_wait_for_all();
     mt_graph_speculation_counts(g, &o.speculated, &o.held);
+    o.spare = st->tiles[2].master_spare != NULL;
     o.numel = calloc(st->ntiles, sizeof *o.numel);
     o.master = calloc(st->ntiles, sizeof *o.master);
     o.grad = calloc(st->ntiles, sizeof *o.grad);
@@ -294,6 +299,41 @@ START_TEST(test_clip_speculation_bitwise)
     ck_assert_msg(autom.speculated == 1 && autom.held == 1, "auto: speculated %lld, held %lld",
                   (long long)autom.speculated, (long long)autom.held);
     outcome_free(&autom);
+}
+END_TEST
+
+/* Double-buffered AdamW state: the speculated update runs fused into the spare master, m and v,
+ * and is redone from the kept ones when the scale is not 1. Bitwise the split update, with the
+ * speculation holding (bound 1e3) and failing (1e-3) every step, tied and untied, over 7 steps
+ * (an odd number of swaps: the state read back is the spare allocation); and the default turns
+ * it on here (a tiny model) with clipping, not without. */
+START_TEST(test_spare_state_bitwise)
+{
+    const double bounds[] = { 1e3, 1e-3 };
+    for (int tied = 0; tied < 2; tied++)
+        for (int b = 0; b < 2; b++) {
+            speculate_mode = 1;
+            spare_mode = 0;
+            outcome split = run_steps("megatrain", tied, 2, tied ? 1 : 2, 7, bounds[b]);
+            spare_mode = 1;
+            outcome spare = run_steps("megatrain", tied, 2, tied ? 1 : 2, 7, bounds[b]);
+            spare_mode = -1;
+            speculate_mode = -1;
+            char what[80];
+            snprintf(what, sizeof what, "spare vs split state, clip %g, %s", bounds[b], tied ? "tied" : "untied");
+            ck_assert(!split.spare && spare.spare);
+            assert_bitwise(&split, &spare, 7, what);
+            ck_assert_int_eq(spare.speculated, 7);
+            ck_assert_int_eq(spare.held, b == 0 ? 7 : 0);
+            outcome_free(&spare);
+            outcome_free(&split);
+        }
+    outcome autom = run_steps("megatrain", true, 2, 1, 3, 1e3);
+    ck_assert_msg(autom.spare, "the default did not double the AdamW state of a tiny model with clipping");
+    outcome_free(&autom);
+    outcome none = run_steps("megatrain", true, 2, 1, 3, 0.0);
+    ck_assert_msg(!none.spare, "the default doubled the AdamW state without clipping");
+    outcome_free(&none);
 }
 END_TEST
 
@@ -689,6 +729,7 @@ int main(void)
     tcase_add_test(tc, test_adamw_split_bitwise);
     tcase_add_test(tc, test_clip_speculation_bitwise);
     tcase_add_test(tc, test_clip_ranged_speculation_bitwise);
+    tcase_add_test(tc, test_spare_state_bitwise);
     tcase_add_test(tc, test_gate_adamw_no_clip);
     tcase_add_test(tc, test_gate_adamw_clip);
     tcase_add_test(tc, test_gate_norm_task);
