@@ -216,7 +216,7 @@ void mt_plan_print(const mt_plan *plan, FILE *out)
     fprintf(out, "  host: %s pinned; training state %.2f bytes per parameter\n",
             mt_format_bytes(plan->host_pinned_total, a, sizeof a),
             plan->param_count ? (double)state / (double)plan->param_count : 0.0);
-    fprintf(out, "  with clipping, when it fits: + %s of spare AdamW state (double-buffered, not pinned; --adamw-spare)\n",
+    fprintf(out, "  with --adamw-spare on (or auto, with clipping, when it fits): + %s of spare AdamW state (not pinned)\n",
             mt_format_bytes(plan->host_spare, a, sizeof a));
 }
 

@@ -62,7 +62,7 @@ typedef struct mt_plan {
     uint64_t gpu[MT_PLAN_KIND_COUNT];
     bool host_pinned[MT_PLAN_KIND_COUNT];
     uint64_t host_total, host_pinned_total, gpu_total;
-    /* Not in the totals: the spare (double-buffered) AdamW state a clipped run adds when it fits
+    /* Not in the totals: the spare (double-buffered) AdamW state a run adds when asked
      * (mt_step_config.adamw_spare): master, m and v again for layers 1..L-1 and the head. */
     uint64_t host_spare;
     char error[256];           /* why mt_plan_compute failed */

@@ -43,15 +43,16 @@ typedef struct mt_step_config {
                             * v, the current ones kept for a redo, instead of split (46 bytes).
                             * Bitwise the same results. -1: with clipping and speculation allowed,
                             * when it takes at most 80% of the host memory available when the
-                            * graph is created; 0 never; 1 always (mt_graph_create fails when the
-                            * memory cannot be had). */
+                            * graph is created; 0 never (the default: on an H200 at 3B it saved
+                            * no measurable CPU time, docs/benchmarks.md); 1 always
+                            * (mt_graph_create fails when the memory cannot be had). */
 } mt_step_config;
 
 #define MT_CLIP_SPREAD_DEFAULT 1.1
 #define MT_CLIP_RANGE_MAX_DEFAULT 1.25
 
 /* Defaults: accum 1, K 4, clip 1.0, head_chunk 1024, betas (0.9, 0.999), eps 1e-8, wd 0,
- * adamw_split -1, clip_speculate -1, adamw_spare -1. */
+ * adamw_split -1, clip_speculate -1, adamw_spare 0. */
 mt_step_config mt_step_defaults(void);
 
 /* What an observer hears: a compute task of a training step ended. */

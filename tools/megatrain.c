@@ -278,12 +278,13 @@ static int parse_ratio(const char *flag, const char *arg, double *out)
     "                       times of its prediction from the last norm (default 1.1, > 1)\n"      \
     "  --clip-range-max R   ranged: a chunk whose range of scales is wider than R times is not\n"  \
     "                       speculated (default 1.25, > 1)\n"                                     \
-    "  --adamw-spare M      auto|on|off (default auto): keep a spare master, m and v (12 bytes\n"  \
+    "  --adamw-spare M      auto|on|off (default off): keep a spare master, m and v (12 bytes\n"   \
     "                       per parameter more host memory, not pinned) so that a speculated\n"   \
-    "                       update runs fused into them (30 bytes of memory traffic per\n"       \
+    "                       update runs fused into them (32 bytes of memory traffic per\n"       \
     "                       parameter instead of 46), the current ones kept for a redo; bitwise\n"\
     "                       the same results; auto: with clipping, when it takes at most 80%%\n"  \
-    "                       of the memory available (megatrain plan shows its size)\n"
+    "                       of the memory available (megatrain plan shows its size); on an H200\n"\
+    "                       at 3B it saved no measurable CPU time (docs/benchmarks.md)\n"
 
 static void train_help(const mt_train_options *d)
 {
