@@ -24,9 +24,17 @@ float mt_float_from_bf16(mt_bf16 x)
     return f;
 }
 
-void mt_cpu_f32_to_bf16(int64_t n, const float *in, mt_bf16 *out)
+/* mt_bf16_from_float over an array, written branch-free (the NaN case a select) so that the
+ * compiler vectorises it: called on every streamed weight of every AdamW update, the scalar
+ * form cost ~1.4 ns an element, as much as the update's own arithmetic. */
+void mt_cpu_f32_to_bf16(int64_t n, const float *restrict in, mt_bf16 *restrict out)
 {
-    for (int64_t i = 0; i < n; i++) out[i] = mt_bf16_from_float(in[i]);
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &in[i], sizeof u);
+        const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x0040u;
+        out[i] = (mt_bf16)((u & 0x7FFFFFFFu) > 0x7F800000u ? quiet : rounded);
+    }
 }
 
 void mt_cpu_bf16_to_f32(int64_t n, const mt_bf16 *in, float *out)
