@@ -711,6 +711,16 @@ START_TEST(test_bf16)
         }
     }
     ck_assert_int_eq(checked, 65536 - 2 * 127);
+    /* the array version (vectorised, branch-free) on the special cases and NaNs: the scalar's bits */
+    enum { NS = sizeof cases / sizeof cases[0], NN = sizeof nans / sizeof nans[0] };
+    float special[NS + NN];
+    mt_bf16 special_out[NS + NN];
+    for (size_t i = 0; i < NS; i++) special[i] = f_bits(cases[i].in);
+    for (size_t i = 0; i < NN; i++) special[NS + i] = f_bits(nans[i]);
+    mt_cpu_f32_to_bf16(NS + NN, special, special_out);
+    for (size_t i = 0; i < NS + NN; i++)
+        ck_assert_msg(special_out[i] == mt_bf16_from_float(special[i]), "array bf16(0x%08x) = 0x%04x, scalar 0x%04x",
+                      bits_f(special[i]), special_out[i], mt_bf16_from_float(special[i]));
     /* the array versions agree with the scalar ones; rounding error within half a bf16 ulp */
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 19);
