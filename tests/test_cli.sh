@@ -212,5 +212,15 @@ else
     else pass "$name"; fi
 fi
 
+# tools/adamw_bw, the AdamW traffic diagnostic next to megatrain: --help, a bad count, a tiny run.
+adamw_bw="$(dirname "$megatrain")/adamw_bw"
+name="adamw_bw --help, bad count, tiny run"
+if ! "$adamw_bw" --help >"$out" 2>"$err" || ! grep -q '^usage: adamw_bw' "$out"; then rc=$?; fail "$name" "no usage from --help"
+elif "$adamw_bw" --threads 0 >"$out" 2>"$err" || ! grep -q "threads: '0' is not a count in range" "$err"; then
+    rc=$?; fail "$name" "--threads 0 not refused"
+elif ! "$adamw_bw" --params 100000 --threads 2 >"$out" 2>"$err" || [ "$(grep -c 'GB/s at' "$out")" -ne 5 ]; then
+    rc=$?; fail "$name" "no five result rows"
+else pass "$name"; fi
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,0 +1,165 @@
+/* adamw_bw: the memory traffic of the AdamW variants the step runs, on the CPU alone: T threads
+ * over N parameters, each variant timed three times (best kept), in seconds per 1e9 parameters
+ * and GB/s at its nominal bytes per parameter. Variants: the fused update in place with its bf16
+ * streamed copy (30 B), the same out of place into a second master, m and v with plain or
+ * non-temporal stores (--adamw-spare; 30 B nominal, plus the reads of the target lines that
+ * plain stores cause), and the split update's halves (18 and 28 B). A diagnostic, not the
+ * benchmark: `megatrain bench` measures AdamW alone and inside the step. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "cpu/ops.h"
+
+enum { BLOCK = 4096, MAX_THREADS = 256 };
+
+typedef struct bench {
+    int64_t n;
+    int threads, mode;
+    float *p, *g, *m, *v, *p2, *m2, *v2;
+    mt_bf16 *w;
+    mt_adamw_params prm;
+} bench;
+
+typedef struct job { bench *b; int t; } job;
+
+/* dst = src, non-temporal where the target has it (as codelets/adamw.c stores the spare state) */
+static void store_nt(int64_t n, const float *src, float *dst)
+{
+    int64_t i = 0;
+#if defined(__SSE2__)
+    while (i < n && ((uintptr_t)(dst + i) & 15u)) { dst[i] = src[i]; i++; }
+    for (; i + 4 <= n; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
+#endif
+    for (; i < n; i++) dst[i] = src[i];
+}
+
+static void *run(void *arg)
+{
+    const job *j = arg;
+    bench *b = j->b;
+    const int64_t lo = b->n * j->t / b->threads, hi = b->n * (j->t + 1) / b->threads;
+    float *a = malloc(3 * BLOCK * sizeof(float)), *c1 = a + BLOCK, *c2 = a + 2 * BLOCK;
+    for (int64_t o = lo; o < hi; o += BLOCK) {
+        const int64_t n = hi - o < BLOCK ? hi - o : BLOCK;
+        switch (b->mode) {
+        case 0: mt_cpu_adamw_f32(n, b->p + o, b->g + o, b->m + o, b->v + o, &b->prm);
+                mt_cpu_f32_to_bf16(n, b->p + o, b->w + o); break;
+        case 1: mt_cpu_adamw_to_f32(n, b->p + o, b->g + o, b->m + o, b->v + o, b->p2 + o, b->m2 + o, b->v2 + o, &b->prm);
+                mt_cpu_f32_to_bf16(n, b->p2 + o, b->w + o); break;
+        case 2: mt_cpu_adamw_to_f32(n, b->p + o, b->g + o, b->m + o, b->v + o, a, c1, c2, &b->prm);
+                mt_cpu_f32_to_bf16(n, a, b->w + o);
+                store_nt(n, a, b->p2 + o); store_nt(n, c1, b->m2 + o); store_nt(n, c2, b->v2 + o); break;
+        case 3: mt_cpu_adamw_params_f32(n, b->p + o, b->g + o, b->m + o, b->v + o, a, &b->prm);
+                mt_cpu_f32_to_bf16(n, a, b->w + o); break;
+        default: mt_cpu_adamw_f32(n, b->p + o, b->g + o, b->m + o, b->v + o, &b->prm); break;
+        }
+    }
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
+    free(a);
+    return NULL;
+}
+
+/* mode < 0: first touch of every array, in parallel, with values that keep AdamW finite */
+static void *touch(void *arg)
+{
+    const job *j = arg;
+    bench *b = j->b;
+    const int64_t lo = b->n * j->t / b->threads, hi = b->n * (j->t + 1) / b->threads;
+    for (int64_t i = lo; i < hi; i++) {
+        b->p[i] = b->p2[i] = 0.01f;
+        b->g[i] = 1e-3f * (float)((i * 7) % 13 - 6);
+        b->m[i] = b->m2[i] = 0;
+        b->v[i] = b->v2[i] = 1e-6f;
+        b->w[i] = 0;
+    }
+    return NULL;
+}
+
+static double now(void)
+{
+    struct timespec s;
+    clock_gettime(CLOCK_MONOTONIC, &s);
+    return s.tv_sec + s.tv_nsec * 1e-9;
+}
+
+static double parallel(bench *b, void *(*fn)(void *))
+{
+    pthread_t th[MAX_THREADS];
+    job jobs[MAX_THREADS];
+    const double t0 = now();
+    for (int t = 0; t < b->threads; t++) {
+        jobs[t] = (job){ b, t };
+        pthread_create(&th[t], NULL, fn, &jobs[t]);
+    }
+    for (int t = 0; t < b->threads; t++) pthread_join(th[t], NULL);
+    return now() - t0;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: adamw_bw [--params N] [--threads T]\n"
+               "  The memory traffic of the AdamW variants megatrain runs, CPU only (see the source).\n"
+               "  --params N    parameters (default 300000000: 7 fp32 arrays and a bf16 one, 8.4 GB)\n"
+               "  --threads T   threads (default: online CPUs - 1, as the StarPU CPU workers)\n");
+}
+
+int main(int argc, char **argv)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    bench b = { .n = 300000000, .threads = cpus > 1 ? (int)cpus - 1 : 1,
+                .prm = { .lr = 1e-5, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1, .step = 10,
+                         .grad_scale = 1.0 } };
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 0; }
+        const bool params = !strcmp(argv[i], "--params"), threads = !strcmp(argv[i], "--threads");
+        if ((!params && !threads) || i + 1 >= argc) {
+            fprintf(stderr, "adamw_bw: unexpected argument '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+        char *end;
+        errno = 0;
+        const long long x = strtoll(argv[++i], &end, 10);
+        if (errno || *end || x < 1 || (threads && x > MAX_THREADS) || (params && x > ((long long)1 << 34))) {
+            fprintf(stderr, "adamw_bw: %s: '%s' is not a count in range\n", argv[i - 1], argv[i]);
+            return 2;
+        }
+        if (params) b.n = x;
+        else b.threads = (int)x;
+    }
+    const size_t fb = ((size_t)b.n * sizeof(float) + 4095) / 4096 * 4096, wb = ((size_t)b.n * 2 + 4095) / 4096 * 4096;
+    float **arrays[] = { &b.p, &b.g, &b.m, &b.v, &b.p2, &b.m2, &b.v2 };
+    for (size_t k = 0; k < sizeof arrays / sizeof arrays[0]; k++)
+        if (!(*arrays[k] = aligned_alloc(4096, fb))) { fprintf(stderr, "adamw_bw: out of memory\n"); return 1; }
+    if (!(b.w = aligned_alloc(4096, wb))) { fprintf(stderr, "adamw_bw: out of memory\n"); return 1; }
+    parallel(&b, touch);
+    printf("adamw_bw: %lld parameters, %d threads\n", (long long)b.n, b.threads);
+    static const struct { const char *name; double bytes; } modes[] = {
+        { "fused, in place, + bf16 copy", 30 }, { "out of place, plain stores", 30 },
+        { "out of place, non-temporal stores", 30 }, { "split: weights half", 18 }, { "split: moments half", 28 },
+    };
+    for (int mode = 0; mode < 5; mode++) {
+        b.mode = mode;
+        double best = 1e30;
+        for (int r = 0; r < 3; r++) {
+            const double dt = parallel(&b, run);
+            if (dt < best) best = dt;
+        }
+        printf("| %-34s | %.3f s per 1e9 parameters | %6.1f GB/s at %2.0f B per parameter |\n", modes[mode].name,
+               best * 1e9 / (double)b.n, modes[mode].bytes * (double)b.n / best / 1e9, modes[mode].bytes);
+    }
+    for (size_t k = 0; k < sizeof arrays / sizeof arrays[0]; k++) free(*arrays[k]);
+    free(b.w);
+    return 0;
+}
