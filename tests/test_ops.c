@@ -643,6 +643,58 @@ static void check_adamw(bool single)
 START_TEST(test_adamw_f32) { check_adamw(true); }
 END_TEST
 
+/* The f32 kernels the step runs (whichever build of them this machine picks: MT_CPU_CLONES in
+ * ops.h) against the same float operations written as a plain scalar loop, bit for bit: the
+ * in-place update, the out-of-place one, the weights half and the bf16 conversion. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-tree-vectorize")))
+#endif
+static void adamw_scalar_f32(int64_t n, const float *p, const float *grad, const float *m, const float *v, float *p_out,
+                             float *m_out, float *v_out, const mt_adamw_params *a)
+{
+    const double bc1 = 1.0 - pow(a->beta1, (double)a->step), bc2 = 1.0 - pow(a->beta2, (double)a->step);
+    const float gs = (float)a->grad_scale, decay = (float)(1.0 - a->lr * a->weight_decay), b1 = (float)a->beta1,
+                one_b1 = (float)(1.0 - a->beta1), b2 = (float)a->beta2, one_b2 = (float)(1.0 - a->beta2),
+                step_size = (float)(a->lr / bc1), sqrt_bc2 = (float)sqrt(bc2), eps = (float)a->eps;
+    for (int64_t i = 0; i < n; i++) {
+        const float g = grad[i] * gs;
+        const float mi = b1 * m[i] + one_b1 * g, vi = b2 * v[i] + one_b2 * g * g;
+        m_out[i] = mi;
+        v_out[i] = vi;
+        p_out[i] = p[i] * decay - step_size * (mi / (sqrtf(vi) / sqrt_bc2 + eps));
+    }
+}
+
+START_TEST(test_adamw_f32_bitwise_scalar)
+{
+    enum { N = 1003 };
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 23);
+    float p[N], g[N], m[N], v[N], rp[N], rm[N], rv[N], kp[N], km[N], kv[N], op[N], om[N], ov[N], half[N];
+    mt_test_fill_f32(&rng, p, N, 0.05f);
+    mt_test_fill_f32(&rng, g, N, 1e-2f);
+    mt_test_fill_f32(&rng, m, N, 1e-3f);
+    mt_test_fill_f32(&rng, v, N, 1e-5f);
+    for (int i = 0; i < N; i++) v[i] = fabsf(v[i]);
+    g[0] = 0, m[1] = 0, v[1] = 0; /* a zero gradient; a fresh element */
+    mt_adamw_params a = adam_base;
+    a.step = 7;
+    adamw_scalar_f32(N, p, g, m, v, rp, rm, rv, &a);
+    memcpy(kp, p, sizeof p), memcpy(km, m, sizeof m), memcpy(kv, v, sizeof v);
+    mt_cpu_adamw_f32(N, kp, g, km, kv, &a);
+    mt_cpu_adamw_to_f32(N, p, g, m, v, op, om, ov, &a);
+    mt_cpu_adamw_params_f32(N, p, g, m, v, half, &a);
+    ck_assert_msg(!memcmp(kp, rp, sizeof rp) && !memcmp(km, rm, sizeof rm) && !memcmp(kv, rv, sizeof rv),
+                  "mt_cpu_adamw_f32 differs from the scalar loop");
+    ck_assert_msg(!memcmp(op, rp, sizeof rp) && !memcmp(om, rm, sizeof rm) && !memcmp(ov, rv, sizeof rv),
+                  "mt_cpu_adamw_to_f32 differs from the scalar loop");
+    ck_assert_msg(!memcmp(half, rp, sizeof rp), "mt_cpu_adamw_params_f32 differs from the scalar loop");
+    mt_bf16 wb[N];
+    mt_cpu_f32_to_bf16(N, rp, wb);
+    for (int i = 0; i < N; i++) ck_assert_uint_eq(wb[i], mt_bf16_from_float(rp[i]));
+}
+END_TEST
+
 START_TEST(test_adamw_f64) { check_adamw(false); }
 END_TEST
 
@@ -755,6 +807,7 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, test_adamw_f32);
     tcase_add_test(tc, test_adamw_f64);
     tcase_add_test(tc, test_bf16);
+    tcase_add_test(tc, test_adamw_f32_bitwise_scalar);
     suite_add_tcase(s, tc);
     return s;
 }

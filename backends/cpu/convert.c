@@ -27,7 +27,7 @@ float mt_float_from_bf16(mt_bf16 x)
 /* mt_bf16_from_float over an array, written branch-free (the NaN case a select) so that the
  * compiler vectorises it: called on every streamed weight of every AdamW update, the scalar
  * form cost ~1.4 ns an element, as much as the update's own arithmetic. */
-void mt_cpu_f32_to_bf16(int64_t n, const float *restrict in, mt_bf16 *restrict out)
+MT_CPU_CLONES void mt_cpu_f32_to_bf16(int64_t n, const float *restrict in, mt_bf16 *restrict out)
 {
     for (int64_t i = 0; i < n; i++) {
         uint32_t u;

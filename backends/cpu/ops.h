@@ -14,6 +14,20 @@
 #include "config.h"
 #include "layout.h"
 
+/* The memory-bound loops AdamW runs on every parameter every step (the update, its halves, the
+ * bf16 conversion), built twice on x86-64 with GCC: for AVX2 and for the baseline, picked at
+ * load time. The results are bitwise the same: the operations are IEEE ones in the same order,
+ * and ISO C11 mode keeps GCC from contracting them into FMAs. A whole-program AVX2+FMA build
+ * gave the same checkpoint, byte for byte, after 12 training steps (docs/benchmarks.md). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define MT_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef MT_CPU_CLONES
+#define MT_CPU_CLONES
+#endif
+
 typedef uint16_t mt_bf16; /* bfloat16 bit pattern */
 
 /* fp32 <-> bf16, round to nearest even; NaN stays NaN. */
