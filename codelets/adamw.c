@@ -149,7 +149,7 @@ static inline uint32_t bf16_bits(float x)
 }
 
 /* may[i] = 1 when element i's bf16 weight could differ within the range. */
-static void ranged_flags(int64_t n, const float *restrict master, const float *restrict grad,
+MT_CPU_CLONES static void ranged_flags(int64_t n, const float *restrict master, const float *restrict grad,
                          const float *restrict m, const float *restrict v, const ranged_consts *k,
                          int32_t *restrict may)
 {
@@ -160,14 +160,33 @@ static void ranged_flags(int64_t n, const float *restrict master, const float *r
         const float m1 = bm + t * cl, m2 = bm + t * ch, mn = min_f(m1, m2), mx = max_f(m1, m2);
         const float gg = ob2 * g * g, bv = b2 * v[i];
         const float d1 = sqrtf(bv + gg * cl2) / sb + eps, d2 = sqrtf(bv + gg * ch2) / sb + eps;
-        const float q_lo = min_f(mn / d1, mn / d2), q_hi = max_f(mx / d1, mx / d2);
+        /* quotients as products with the reciprocals: one more rounding each, inside the margin */
+        const float r1 = 1.0f / d1, r2 = 1.0f / d2;
+        const float q_lo = min_f(mn * r1, mn * r2), q_hi = max_f(mx * r1, mx * r2);
         const float pd = master[i] * decay;
-        const float mag = fabsf(pd) + ss * (max_f(fabsf(q_lo), fabsf(q_hi)) + (fabsf(bm) + fabsf(t * ch)) / d1);
+        const float mag = fabsf(pd) + ss * (max_f(fabsf(q_lo), fabsf(q_hi)) + (fabsf(bm) + fabsf(t * ch)) * r1);
         const float margin = mag * 0x1p-16f + 1e-37f;
         const float lo = pd - ss * q_hi - margin, hi = pd - ss * q_lo + margin;
         const int finite = (fabsf(lo) <= FLT_MAX) & (fabsf(hi) <= FLT_MAX);
         may[i] = 1 ^ (finite & (bf16_bits(lo) == bf16_bits(hi)));
     }
+}
+
+/* bits |= may[0..n) at bit positions pos.. (may[i] 0 or 1), a 64-bit word at a time; returns
+ * how many were set in may. */
+MT_CPU_CLONES static int64_t or_bits(int64_t pos, int64_t n, const int32_t *restrict may, uint64_t *restrict bits)
+{
+    int64_t count = 0;
+    for (int64_t i = 0; i < n;) {
+        const int64_t b0 = pos % 64, take = 64 - b0 < n - i ? 64 - b0 : n - i;
+        uint64_t word = 0;
+        for (int64_t k = 0; k < take; k++) word |= (uint64_t)(may[i + k] & 1) << (b0 + k);
+        bits[pos / 64] |= word;
+        count += __builtin_popcountll(word);
+        i += take;
+        pos += take;
+    }
+    return count;
 }
 
 /* A ranged run's flags buffer: the range it used (decided when it ran), then the bitmap. */
@@ -260,11 +279,7 @@ void mt_codelet_ranged_pass(int64_t o, int64_t n, const float *master, const flo
         int64_t len = o + n - e < BLOCK ? o + n - e : BLOCK;
         mt_codelet_adamw_params_range(e, len, master, grad, m, v, weights, dtype, p);
         ranged_flags(len, master + e, grad + e, m + e, v + e, &k, may);
-        for (int64_t i = 0; i < len; i++)
-            if (may[i]) {
-                bits[(e + i) / 64] |= (uint64_t)1 << ((e + i) % 64);
-                nflagged++;
-            }
+        nflagged += or_bits(e, len, may, bits);
     }
     atomic_fetch_add(&ranged_flagged, nflagged);
 }
