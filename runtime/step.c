@@ -681,13 +681,13 @@ static mt_ranged_args ranged_args_of(const mt_graph *g, int first_tile, speculat
 }
 
 /* One AdamW task on chunk c of tile t: the fused update, the weights half or the moments half
- * (clip: mt_adamw_clip). A ranged run (`sp`: the fallback range) also reads the sums of squares
- * of the tiles whose backward comes before its own or is it (mt_ranged_args). */
+ * (clip: mt_adamw_clip). A ranged run (`sp`: the fallback range) also reads its tile's known
+ * buffer (mt_cl_known, mt_ranged_args). */
 static void insert_adamw(mt_graph *g, mt_tile *t, int c, struct starpu_codelet *cl, int clip, int prio,
                          const mt_adamw_params *p, int64_t step, bool observe, const speculation *sp)
 {
     const bool moments = cl == &mt_cl_adamw_moments;
-    /* the fused update out of place: the tile's spare master, m and v (pingpong_update) */
+    /* the fused update out of place, into the tile's spare master, m and v (submit_update) */
     const bool spare = cl == &mt_cl_adamw && t->master_spare && sp && sp->mode == SPEC_UNIT;
     const enum starpu_data_access_mode state = (cl == &mt_cl_adamw && !spare) || moments ? STARPU_RW : STARPU_R;
     const bool confirm = clip == MT_ADAMW_CONFIRM || clip == MT_ADAMW_CONFIRM_RANGED;
@@ -780,7 +780,7 @@ static void submit_embedding_early(mt_graph *g, int slot_id, int64_t step, doubl
         mt_embed_chunk_args a = { .offset = t->chunks[c].offset, .d = st->cfg.hidden, .ntok = g->ntok,
                                   .micro_batches = M, .sumsq = clipped, .p = p, .dtype = st->compute_dtype,
                                   .ranged = sp.mode == SPEC_RANGED };
-        /* ranged: its range from the head tile's sum of squares, in by then (before the step's
+        /* ranged: its range from the head tile's known buffer, in by then (before the step's
          * norm is submitted) */
         if (a.ranged) a.ra = ranged_args_of(g, st->ntiles - 1, sp, g->norm_seq + 1);
         struct starpu_data_descr ud[8] = {
