@@ -66,6 +66,7 @@ check_ok "megatrain plan --help" '^usage: megatrain plan' plan --help
 check_ok "megatrain info --help" '^usage: megatrain info' info --help
 check_ok "train --help lists --steps" '--steps N' train --help
 check_ok "megatrain bench --help" '^usage: megatrain bench' bench --help
+check_ok "megatrain --version names the commit" '^megatrain [0-9.]+ \(commit ([0-9a-f]{7,}(-dirty)?|unknown)\)$' --version
 check_ok "megatrain prepare --help" '^usage: megatrain prepare' prepare --help
 
 # --- bad commands, flags and values ----------------------------------------------------------
@@ -186,6 +187,7 @@ name="bench --dtype fp32"
 run bench --shape tiny --micro-batch 2 --seq-len 64 --warmup 1 --steps 1 --ncpu 2 --ncuda 0 --dtype fp32
 if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
 elif ! grep -qE '^bench: tiny \([0-9]+ layers, fp32\)' "$err"; then fail "$name" "no 'bench: tiny (N layers, fp32)' line"
+elif ! grep -qE '^bench: megatrain [0-9.]+, commit ' "$err"; then fail "$name" "no 'bench: megatrain V, commit C' line"
 elif ! grep -qE '^\| tiny \| 1 x 2 x 64 \|' "$out"; then fail "$name" "no result row"
 else pass "$name"; fi
 

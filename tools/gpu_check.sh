@@ -13,7 +13,8 @@ export LD_LIBRARY_PATH="$PWD/.deps/gpu-runtime/lib:/usr/local/cuda/lib64${LD_LIB
 export STARPU_SILENT=1 STARPU_HOME="${TMPDIR:-/tmp}/megatrain-starpu-home" OPENBLAS_NUM_THREADS=1
 B=build-gpu
 mode=${1:-quick}
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+# the commit the binaries were built from (a copied tree's .git can be stale)
+commit=$("$B/tools/megatrain" --version 2>/dev/null | sed -n 's/.*(commit \(.*\))$/\1/p')
 echo "commit $commit, mode $mode, $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)" | tee "$OUT/summary.txt"
 run() { # name, command...
     local name=$1; shift
@@ -36,6 +37,7 @@ quick)
     run spm_fixtures_hf python3 tools/spm_fixtures_hf.py
     ;;
 bench3b)
+    run adamw_bw "$B/tools/adamw_bw"
     # CLIPS: clipping bounds on one host state; 1000 is never reached by this model's norm, as
     # 1.0 is not once fine-tuning norms fall under it (the speculative update then holds).
     run bench_3b "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,0} --warmup 2 --steps 4

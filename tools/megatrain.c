@@ -11,6 +11,7 @@
 #include "config.h"
 #include "dataset.h"
 #include "mt_build_config.h"
+#include "mt_commit.h"
 #include "mt_starpu.h"
 #include "plan.h"
 #include "runtime.h"
@@ -112,8 +113,8 @@ static int cmd_info(int argc, char **argv)
     if (optind < argc) return usage_error("info: unexpected argument '%s'%s", argv[optind], "");
     char err[512];
     if (mt_runtime_init(&ro, err, sizeof err)) { fprintf(stderr, "%s: %s\n", cmd, err); return 1; }
-    printf("megatrain %s, StarPU %d.%d.%d, built %s CUDA\n", MT_VERSION, STARPU_MAJOR_VERSION, STARPU_MINOR_VERSION,
-           STARPU_RELEASE_VERSION, MT_HAVE_CUDA ? "with" : "without");
+    printf("megatrain %s (commit %s), StarPU %d.%d.%d, built %s CUDA\n", MT_VERSION, MT_COMMIT, STARPU_MAJOR_VERSION,
+           STARPU_MINOR_VERSION, STARPU_RELEASE_VERSION, MT_HAVE_CUDA ? "with" : "without");
     printf("workers: %d CPU, %d CUDA; policy %s\n", mt_runtime_ncpu(), mt_runtime_ncuda(), ro.sched ? ro.sched : mt_default_sched());
     for (unsigned w = 0; w < starpu_worker_get_count(); w++) {
         char name[128];
@@ -623,6 +624,7 @@ static int cmd_bench(int argc, char **argv)
     int count = mt_bench_count(&o);
     mt_bench_result *r = calloc((size_t)count, sizeof *r);
     char err[1024];
+    fprintf(stderr, "bench: megatrain %s, commit %s\n", MT_VERSION, MT_COMMIT);
     /* Rows print as each pair finishes, so a long sweep cut short keeps what it measured. */
     if (mt_bench_run(&o, r, stderr, stdout, err, sizeof err)) {
         fprintf(stderr, "%s: %s\n", cmd, err);
@@ -731,7 +733,7 @@ int main(int argc, char **argv)
     if (argc < 2) { main_help(); return 2; }
     const char *sub = argv[1];
     if (!strcmp(sub, "--help") || !strcmp(sub, "-h") || !strcmp(sub, "help")) { main_help(); return 0; }
-    if (!strcmp(sub, "--version")) { printf("megatrain %s\n", MT_VERSION); return 0; }
+    if (!strcmp(sub, "--version")) { printf("megatrain %s (commit %s)\n", MT_VERSION, MT_COMMIT); return 0; }
     static char name[64];
     snprintf(name, sizeof name, "megatrain %s", sub);
     cmd = name;
