@@ -108,6 +108,28 @@ static int build_chunks(const mt_tile_layout *lay, int64_t chunk_numel, mt_chunk
     return n;
 }
 
+/* One handle per AdamW chunk over each of three state arrays (master, m, v, or their spares):
+ * the handle arrays are allocated into *chunks[k]. */
+static void register_state_chunks(const mt_tile *t, float *const state[3], starpu_data_handle_t **chunks[3])
+{
+    for (int k = 0; k < 3; k++) {
+        *chunks[k] = calloc(t->nchunks, sizeof(starpu_data_handle_t));
+        for (int c = 0; c < t->nchunks; c++)
+            starpu_vector_data_register(&(*chunks[k])[c], STARPU_MAIN_RAM, (uintptr_t)(state[k] + t->chunks[c].offset),
+                                        (uint32_t)t->chunks[c].numel, sizeof(float));
+    }
+}
+
+/* Undoes register_state_chunks (nothing for arrays never registered). */
+static void unregister_state_chunks(const mt_tile *t, starpu_data_handle_t **chunks[3])
+{
+    for (int k = 0; k < 3; k++) {
+        for (int c = 0; *chunks[k] && c < t->nchunks; c++) starpu_data_unregister((*chunks[k])[c]);
+        free(*chunks[k]);
+        *chunks[k] = NULL;
+    }
+}
+
 static int register_tile(mt_host_state *st, mt_tile *t, size_t weight_allocsize)
 {
     size_t esz = mt_dtype_size(st->compute_dtype);
@@ -129,18 +151,11 @@ static int register_tile(mt_host_state *st, mt_tile *t, size_t weight_allocsize)
     };
     t->h_weights_chunk = calloc(t->nchunks, sizeof(starpu_data_handle_t));
     t->h_grad_chunk = calloc(t->nchunks, sizeof(starpu_data_handle_t));
-    t->h_master_chunk = calloc(t->nchunks, sizeof(starpu_data_handle_t));
-    t->h_m_chunk = calloc(t->nchunks, sizeof(starpu_data_handle_t));
-    t->h_v_chunk = calloc(t->nchunks, sizeof(starpu_data_handle_t));
     starpu_data_partition_plan(t->h_weights, &f, t->h_weights_chunk);
     starpu_data_partition_plan(t->h_grad, &f, t->h_grad_chunk);
     free(lens);
-    for (int c = 0; c < t->nchunks; c++) {
-        int64_t o = t->chunks[c].offset, n = t->chunks[c].numel;
-        starpu_vector_data_register(&t->h_master_chunk[c], STARPU_MAIN_RAM, (uintptr_t)(t->master + o), (uint32_t)n, sizeof(float));
-        starpu_vector_data_register(&t->h_m_chunk[c], STARPU_MAIN_RAM, (uintptr_t)(t->adam_m + o), (uint32_t)n, sizeof(float));
-        starpu_vector_data_register(&t->h_v_chunk[c], STARPU_MAIN_RAM, (uintptr_t)(t->adam_v + o), (uint32_t)n, sizeof(float));
-    }
+    register_state_chunks(t, (float *const[3]){ t->master, t->adam_m, t->adam_v },
+                          (starpu_data_handle_t **[3]){ &t->h_master_chunk, &t->h_m_chunk, &t->h_v_chunk });
     return 0;
 }
 
@@ -203,9 +218,9 @@ static void *alloc_spare(size_t bytes)
 
 static void touch_spare(mt_host_state *st, int i, void *arg)
 {
-    const int first = *(const int *)arg;
+    const bool *fresh = arg; /* the tiles mt_state_enable_spare allocated for */
     mt_tile *t = &st->tiles[i];
-    if (i < first || !t->master_spare) return;
+    if (!fresh[i]) return;
     const size_t fbytes = (size_t)t->numel * sizeof(float);
     memset(t->master_spare, 0, fbytes);
     memset(t->m_spare, 0, fbytes);
@@ -214,19 +229,11 @@ static void touch_spare(mt_host_state *st, int i, void *arg)
 
 static void drop_spare(mt_tile *t)
 {
-    for (int c = 0; t->h_master_spare_chunk && c < t->nchunks; c++) {
-        if (t->h_master_spare_chunk[c]) starpu_data_unregister(t->h_master_spare_chunk[c]);
-        if (t->h_m_spare_chunk[c]) starpu_data_unregister(t->h_m_spare_chunk[c]);
-        if (t->h_v_spare_chunk[c]) starpu_data_unregister(t->h_v_spare_chunk[c]);
-    }
-    free(t->h_master_spare_chunk);
-    free(t->h_m_spare_chunk);
-    free(t->h_v_spare_chunk);
+    unregister_state_chunks(t, (starpu_data_handle_t **[3]){ &t->h_master_spare_chunk, &t->h_m_spare_chunk, &t->h_v_spare_chunk });
     free(t->master_spare);
     free(t->m_spare);
     free(t->v_spare);
     t->master_spare = t->m_spare = t->v_spare = NULL;
-    t->h_master_spare_chunk = t->h_m_spare_chunk = t->h_v_spare_chunk = NULL;
 }
 
 uint64_t mt_state_spare_bytes(const mt_host_state *st, int first)
@@ -238,9 +245,11 @@ uint64_t mt_state_spare_bytes(const mt_host_state *st, int first)
 
 int mt_state_enable_spare(mt_host_state *st, int first, char *err, size_t errlen)
 {
+    bool *fresh = calloc(st->ntiles, sizeof *fresh); /* allocated by this call */
     for (int i = first; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
         if (t->master_spare) continue;
+        fresh[i] = true;
         const size_t fbytes = (size_t)t->numel * sizeof(float);
         t->master_spare = alloc_spare(fbytes);
         t->m_spare = alloc_spare(fbytes);
@@ -248,23 +257,17 @@ int mt_state_enable_spare(mt_host_state *st, int first, char *err, size_t errlen
         if (!t->master_spare || !t->m_spare || !t->v_spare) {
             snprintf(err, errlen, "out of host memory allocating the spare AdamW state of tile %d (%zu bytes per kind)",
                      i, fbytes);
-            for (int j = first; j <= i; j++) drop_spare(&st->tiles[j]);
+            for (int j = first; j <= i; j++)
+                if (fresh[j]) drop_spare(&st->tiles[j]);
+            free(fresh);
             return -1;
         }
-        t->h_master_spare_chunk = calloc(t->nchunks, sizeof(starpu_data_handle_t));
-        t->h_m_spare_chunk = calloc(t->nchunks, sizeof(starpu_data_handle_t));
-        t->h_v_spare_chunk = calloc(t->nchunks, sizeof(starpu_data_handle_t));
-        for (int c = 0; c < t->nchunks; c++) {
-            const int64_t o = t->chunks[c].offset, n = t->chunks[c].numel;
-            starpu_vector_data_register(&t->h_master_spare_chunk[c], STARPU_MAIN_RAM, (uintptr_t)(t->master_spare + o),
-                                        (uint32_t)n, sizeof(float));
-            starpu_vector_data_register(&t->h_m_spare_chunk[c], STARPU_MAIN_RAM, (uintptr_t)(t->m_spare + o), (uint32_t)n,
-                                        sizeof(float));
-            starpu_vector_data_register(&t->h_v_spare_chunk[c], STARPU_MAIN_RAM, (uintptr_t)(t->v_spare + o), (uint32_t)n,
-                                        sizeof(float));
-        }
+        register_state_chunks(t, (float *const[3]){ t->master_spare, t->m_spare, t->v_spare },
+                              (starpu_data_handle_t **[3]){ &t->h_master_spare_chunk, &t->h_m_spare_chunk,
+                                                            &t->h_v_spare_chunk });
     }
-    for_each_tile(st, touch_spare, &first);
+    for_each_tile(st, touch_spare, fresh);
+    free(fresh);
     return 0;
 }
 
@@ -288,12 +291,8 @@ void mt_state_destroy(mt_host_state *st)
         mt_tile *t = &st->tiles[i];
         if (t->spare_current) mt_tile_swap_state(t); /* each allocation back with its own kind */
         drop_spare(t);
+        unregister_state_chunks(t, (starpu_data_handle_t **[3]){ &t->h_master_chunk, &t->h_m_chunk, &t->h_v_chunk });
         if (t->h_weights) {
-            for (int c = 0; c < t->nchunks; c++) {
-                starpu_data_unregister(t->h_master_chunk[c]);
-                starpu_data_unregister(t->h_m_chunk[c]);
-                starpu_data_unregister(t->h_v_chunk[c]);
-            }
             starpu_data_partition_clean(t->h_weights, t->nchunks, t->h_weights_chunk);
             starpu_data_partition_clean(t->h_grad, t->nchunks, t->h_grad_chunk);
             starpu_data_unregister(t->h_weights);
@@ -308,9 +307,6 @@ void mt_state_destroy(mt_host_state *st)
         free(t->chunks);
         free(t->h_weights_chunk);
         free(t->h_grad_chunk);
-        free(t->h_master_chunk);
-        free(t->h_m_chunk);
-        free(t->h_v_chunk);
     }
     free(st->tiles);
     free(st);
