@@ -11,38 +11,12 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 /* The streamed copy of master[o, o+len), in the compute precision. */
 static void write_streamed(int64_t len, const float *master, void *w, mt_dtype dtype)
 {
     if (dtype == MT_DTYPE_BF16) mt_cpu_f32_to_bf16(len, master, (mt_bf16 *)w);
     else memcpy(w, master, (size_t)len * sizeof(float));
-}
-
-/* dst[0, n) = src[0, n) with non-temporal stores where the target has them (dst 16-byte
- * aligned from its first multiple of 4 floats on); store_past_cache_done orders them before
- * the task's end is published. */
-static void store_past_cache(int64_t n, const float *restrict src, float *restrict dst)
-{
-    int64_t i = 0;
-#if defined(__SSE2__)
-    while (i < n && ((uintptr_t)(dst + i) & 15u)) {
-        dst[i] = src[i];
-        i++;
-    }
-    for (; i + 4 <= n; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
-#endif
-    for (; i < n; i++) dst[i] = src[i];
-}
-
-static void store_past_cache_done(void)
-{
-#if defined(__SSE2__)
-    _mm_sfence();
-#endif
 }
 
 /* Block by block, so the streamed copy is written from master while it is still in cache:
@@ -84,11 +58,11 @@ static void adamw_streamed(void *buffers[], mt_adamw_params p, mt_dtype dtype, i
             int64_t len = n - o < BLOCK ? n - o : BLOCK;
             mt_cpu_adamw_to_f32(len, master + o, grad + o, m + o, v + o, nm, nmm, nv, &p);
             write_streamed(len, nm, w + (size_t)o * wsz, dtype);
-            store_past_cache(len, nm, mo + o);
-            store_past_cache(len, nmm, m_o + o);
-            store_past_cache(len, nv, v_o + o);
+            mt_cpu_copy_past_cache_f32(len, nm, mo + o);
+            mt_cpu_copy_past_cache_f32(len, nmm, m_o + o);
+            mt_cpu_copy_past_cache_f32(len, nv, v_o + o);
         }
-        store_past_cache_done();
+        mt_cpu_copy_past_cache_done();
         return;
     }
     for (int64_t o = 0; o < n; o += BLOCK) {

@@ -13,9 +13,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 #include "cpu/ops.h"
 
@@ -30,17 +27,6 @@ typedef struct bench {
 } bench;
 
 typedef struct job { bench *b; int t; } job;
-
-/* dst = src, non-temporal where the target has it (as codelets/adamw.c stores the spare state) */
-static void store_nt(int64_t n, const float *src, float *dst)
-{
-    int64_t i = 0;
-#if defined(__SSE2__)
-    while (i < n && ((uintptr_t)(dst + i) & 15u)) { dst[i] = src[i]; i++; }
-    for (; i + 4 <= n; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
-#endif
-    for (; i < n; i++) dst[i] = src[i];
-}
 
 static void *run(void *arg)
 {
@@ -57,15 +43,16 @@ static void *run(void *arg)
                 mt_cpu_f32_to_bf16(n, b->p2 + o, b->w + o); break;
         case 2: mt_cpu_adamw_to_f32(n, b->p + o, b->g + o, b->m + o, b->v + o, a, c1, c2, &b->prm);
                 mt_cpu_f32_to_bf16(n, a, b->w + o);
-                store_nt(n, a, b->p2 + o); store_nt(n, c1, b->m2 + o); store_nt(n, c2, b->v2 + o); break;
+                mt_cpu_copy_past_cache_f32(n, a, b->p2 + o);
+                mt_cpu_copy_past_cache_f32(n, c1, b->m2 + o);
+                mt_cpu_copy_past_cache_f32(n, c2, b->v2 + o);
+                break;
         case 3: mt_cpu_adamw_params_f32(n, b->p + o, b->g + o, b->m + o, b->v + o, a, &b->prm);
                 mt_cpu_f32_to_bf16(n, a, b->w + o); break;
         default: mt_cpu_adamw_f32(n, b->p + o, b->g + o, b->m + o, b->v + o, &b->prm); break;
         }
     }
-#if defined(__SSE2__)
-    _mm_sfence();
-#endif
+    mt_cpu_copy_past_cache_done();
     free(a);
     return NULL;
 }

@@ -1,6 +1,10 @@
 /* fp32 <-> bf16 conversion: what the optimizer writes for the GPU to stream (fp32 master ->
- * bf16 compute copy) and how bf16 data is read back. Round to nearest even, NaN kept quiet. */
+ * bf16 compute copy) and how bf16 data is read back. Round to nearest even, NaN kept quiet.
+ * And the copy past the cache the optimizer's out-of-place update stores with. */
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "ops.h"
 
@@ -14,6 +18,26 @@ mt_bf16 mt_bf16_from_float(float x)
      * into the exponent is the correct rounding, up to inf for values beyond bf16's max. */
     u += 0x7FFFu + ((u >> 16) & 1u);
     return (mt_bf16)(u >> 16);
+}
+
+void mt_cpu_copy_past_cache_f32(int64_t n, const float *src, float *dst)
+{
+    int64_t i = 0;
+#if defined(__SSE2__)
+    while (i < n && ((uintptr_t)(dst + i) & 15u)) {
+        dst[i] = src[i];
+        i++;
+    }
+    for (; i + 4 <= n; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
+#endif
+    for (; i < n; i++) dst[i] = src[i];
+}
+
+void mt_cpu_copy_past_cache_done(void)
+{
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
 }
 
 float mt_float_from_bf16(mt_bf16 x)

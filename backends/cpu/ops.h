@@ -32,6 +32,11 @@ typedef uint16_t mt_bf16; /* bfloat16 bit pattern */
 
 /* fp32 <-> bf16, round to nearest even; NaN stays NaN. */
 void mt_cpu_f32_to_bf16(int64_t n, const float *in, mt_bf16 *out);
+/* dst[0, n) = src[0, n) with non-temporal stores where the target has them (SSE2): the target
+ * lines are not read first, as ordinary stores to lines not in cache would. Then
+ * mt_cpu_copy_past_cache_done orders those stores before anything the caller publishes. */
+void mt_cpu_copy_past_cache_f32(int64_t n, const float *src, float *dst);
+void mt_cpu_copy_past_cache_done(void);
 void mt_cpu_bf16_to_f32(int64_t n, const mt_bf16 *in, float *out);
 mt_bf16 mt_bf16_from_float(float x);
 float mt_float_from_bf16(mt_bf16 x);
