@@ -382,12 +382,10 @@ static void adamw_params_cpu(void *buffers[], void *cl_arg)
     mt_adamw_params p;
     mt_dtype dtype;
     int clipped;
-    starpu_codelet_unpack_args(cl_arg, &p, &dtype, &clipped);
-    if (clipped == MT_ADAMW_RANGED) {
-        mt_ranged_args a;
-        starpu_codelet_unpack_args(cl_arg, &p, &dtype, &clipped, &a);
-        adamw_params_ranged(buffers, p, dtype, &a);
-    } else if (clipped == MT_ADAMW_CONFIRM_RANGED) adamw_confirm_ranged(buffers, p, dtype);
+    mt_ranged_args a; /* step.c's insert_adamw packs one with every update task */
+    starpu_codelet_unpack_args(cl_arg, &p, &dtype, &clipped, &a);
+    if (clipped == MT_ADAMW_RANGED) adamw_params_ranged(buffers, p, dtype, &a);
+    else if (clipped == MT_ADAMW_CONFIRM_RANGED) adamw_confirm_ranged(buffers, p, dtype);
     else adamw_streamed(buffers, p, dtype, clipped, false);
     mt_codelet_adamw_time_add(mt_codelet_now_ns() - t0);
 }

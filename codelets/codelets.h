@@ -197,7 +197,8 @@ void mt_codelet_adamw_time_add(int64_t ns);
 int64_t mt_codelet_now_ns(void);
 /* The same update split in two (equal to adamw bit for bit when both run on the same inputs):
  * adamw_params: [0] master R, [1] m R, [2] v R, [3] grad R, [4] streamed weights W, [5] clip R
- *   (optional); args as adamw. Writes the weights the next forward needs, and only those.
+ *   (optional); args as adamw, then an mt_ranged_args (read by MT_ADAMW_RANGED runs). Writes
+ *   the weights the next forward needs, and only those.
  * adamw_moments: [0] master RW, [1] m RW, [2] v RW, [3] grad R, [4] clip R (optional); args:
  *   mt_adamw_params, int clipped. Must run after adamw_params of the same chunk (it overwrites
  *   what that reads). */
