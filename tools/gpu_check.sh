@@ -2,7 +2,7 @@
 # Correctness and a first benchmark on the GPU machine, from binaries built here:
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, on the GPU machine (device tool, carrying build-gpu and .deps/gpu-runtime):
-#   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
+#   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|clip3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
 #   (attention3b takes QBLOCK=64|128, bench3b CLIPS, RESIDENT and K)
 # Logs go to $OUT (or ./out); the last lines are a short table.
 set -uo pipefail
@@ -108,6 +108,18 @@ ranged3b)
         run bench_3b_clip1_ranged_$sp "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --clip-speculate ranged --clip-range $sp ${RANGE_MAX:+--clip-range-max $RANGE_MAX} --warmup 2 --steps ${STEPS:-8}
     done
     [ "${TORCH:-0}" = 1 ] && run torch_3b python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
+    ;;
+clip3b)
+    # Everything the clip-on target compares, on one machine: the AdamW traffic, the step at
+    # clip 1 (scaling every step), 1000 (never reached) and 0 on one host state, ranged
+    # speculation at clip 1 for each spread in SPREADS, then the torch reference.
+    run test_gpu_step "$B/tests/test_gpu_step"
+    run adamw_bw "$B/tools/adamw_bw"
+    run bench_3b "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,0} --warmup 2 --steps ${STEPS:-6}
+    for sp in ${SPREADS:-1.1}; do
+        run bench_3b_clip1_ranged_$sp "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --clip-speculate ranged --clip-range $sp ${RANGE_MAX:+--clip-range-max $RANGE_MAX} --warmup 2 --steps ${STEPS:-6}
+    done
+    run torch_3b python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
     ;;
 sweep3b)
     # K and clip on one host state (one set-up), then the torch reference of the same shape.
