@@ -241,19 +241,28 @@ bool mt_codelet_ranged_begin(void *flags, int64_t n, double known, double head_t
     return true;
 }
 
+/* One block of a ranged pass: the weights at the range's top scale, the flags; returns how many
+ * were flagged. */
+static int64_t ranged_block(int64_t e, int64_t len, const float *master, const float *grad, const float *m,
+                            const float *v, void *weights, mt_dtype dtype, const mt_adamw_params *p,
+                            const ranged_consts *k, uint64_t *bits)
+{
+    int32_t may[BLOCK];
+    mt_codelet_adamw_params_range(e, len, master, grad, m, v, weights, dtype, p);
+    ranged_flags(len, master + e, grad + e, m + e, v + e, k, may);
+    return or_bits(e, len, may, bits);
+}
+
 void mt_codelet_ranged_pass(int64_t o, int64_t n, const float *master, const float *grad, const float *m,
                             const float *v, void *weights, mt_dtype dtype, const mt_adamw_params *p, void *flags)
 {
     uint64_t *bits = (uint64_t *)((ranged_header *)flags + 1);
     const ranged_consts k = ranged_consts_of(p);
-    int32_t may[BLOCK];
     long long nflagged = 0;
     /* block by block, as adamw_streamed, each block's inputs still in cache for the bounds */
     for (int64_t e = o; e < o + n; e += BLOCK) {
         int64_t len = o + n - e < BLOCK ? o + n - e : BLOCK;
-        mt_codelet_adamw_params_range(e, len, master, grad, m, v, weights, dtype, p);
-        ranged_flags(len, master + e, grad + e, m + e, v + e, &k, may);
-        nflagged += or_bits(e, len, may, bits);
+        nflagged += ranged_block(e, len, master, grad, m, v, weights, dtype, p, &k, bits);
     }
     atomic_fetch_add(&ranged_flagged, nflagged);
 }
@@ -283,6 +292,34 @@ static void adamw_params_ranged(void *buffers[], mt_adamw_params p, mt_dtype dty
     void *flags = (void *)STARPU_VECTOR_GET_PTR(buffers[5]);
     const double *known = (const double *)STARPU_VECTOR_GET_PTR(buffers[6]);
     if (mt_codelet_ranged_begin(flags, n, known[0], known[1], a, &p)) mt_codelet_ranged_pass(0, n, master, grad, m, v, w, dtype, &p, flags);
+}
+
+/* adamw_params, MT_ADAMW_RANGED_DEFERRED: block by block, the last step's moments half (master,
+ * m and v in place, as adamw_moments: the same kernel on the same values, so the same bits),
+ * then while the block is in cache this step's ranged run on the new values. One pass over
+ * master, m and v instead of two: 34 bytes per parameter (both gradients read) against 46. */
+static void adamw_params_ranged_deferred(void *buffers[], mt_adamw_params p, mt_dtype dtype,
+                                         const mt_ranged_args *a, mt_adamw_params po)
+{
+    int64_t n = (int64_t)STARPU_VECTOR_GET_NX(buffers[0]);
+    float *master = (float *)STARPU_VECTOR_GET_PTR(buffers[0]);
+    float *m = (float *)STARPU_VECTOR_GET_PTR(buffers[1]), *v = (float *)STARPU_VECTOR_GET_PTR(buffers[2]);
+    const float *grad = (const float *)STARPU_VECTOR_GET_PTR(buffers[3]);
+    void *w = (void *)STARPU_VECTOR_GET_PTR(buffers[4]);
+    void *flags = (void *)STARPU_VECTOR_GET_PTR(buffers[5]);
+    const double *known = (const double *)STARPU_VECTOR_GET_PTR(buffers[6]);
+    const float *old = (const float *)STARPU_VECTOR_GET_PTR(buffers[7]);
+    po.grad_scale *= ((const double *)STARPU_VECTOR_GET_PTR(buffers[8]))[1]; /* as adamw_moments_cpu */
+    const bool ranged = mt_codelet_ranged_begin(flags, n, known[0], known[1], a, &p);
+    uint64_t *bits = (uint64_t *)((ranged_header *)flags + 1);
+    const ranged_consts k = ranged_consts_of(&p);
+    long long nflagged = 0;
+    for (int64_t e = 0; e < n; e += BLOCK) {
+        int64_t len = n - e < BLOCK ? n - e : BLOCK;
+        mt_cpu_adamw_f32(len, master + e, old + e, m + e, v + e, &po);
+        if (ranged) nflagged += ranged_block(e, len, master, grad, m, v, w, dtype, &p, &k, bits);
+    }
+    atomic_fetch_add(&ranged_flagged, nflagged);
 }
 
 enum { GATHER = 1024 };
@@ -382,9 +419,11 @@ static void adamw_params_cpu(void *buffers[], void *cl_arg)
     mt_adamw_params p;
     mt_dtype dtype;
     int clipped;
-    mt_ranged_args a; /* step.c's insert_adamw packs one with every update task */
-    starpu_codelet_unpack_args(cl_arg, &p, &dtype, &clipped, &a);
+    mt_ranged_args a; /* step.c packs one with every update task, and the last step's parameters */
+    mt_adamw_params po;
+    starpu_codelet_unpack_args(cl_arg, &p, &dtype, &clipped, &a, &po);
     if (clipped == MT_ADAMW_RANGED) adamw_params_ranged(buffers, p, dtype, &a);
+    else if (clipped == MT_ADAMW_RANGED_DEFERRED) adamw_params_ranged_deferred(buffers, p, dtype, &a, po);
     else if (clipped == MT_ADAMW_CONFIRM_RANGED) adamw_confirm_ranged(buffers, p, dtype);
     else adamw_streamed(buffers, p, dtype, clipped, false);
     mt_codelet_adamw_time_add(mt_codelet_now_ns() - t0);

@@ -167,6 +167,12 @@ enum mt_adamw_clip {
     /* adamw_params only: confirms a ranged run: [4] weights RW, [5] clip R, [6] the flags R.
      * Scale inside the range: redoes the flagged elements with it; outside: the whole chunk. */
     MT_ADAMW_CONFIRM_RANGED = 4,
+    /* adamw_params only: MT_ADAMW_RANGED after the last step's moments half of the same chunk
+     * (mt_step_config.adamw_defer), block by block, in place: [0..2] master, m and v RW, then as
+     * MT_ADAMW_RANGED ([3] this step's gradient, [4] weights W, [5] flags W, [6] known R), [7]
+     * the last step's gradient R, [8] its clip buffer R; one more argument after the
+     * mt_ranged_args: the last step's mt_adamw_params. The range too wide: the moments half only. */
+    MT_ADAMW_RANGED_DEFERRED = 5,
 };
 /* Bytes of a ranged run's flags buffer for a chunk of n elements (the range, whole 64-bit
  * words of bitmap). */

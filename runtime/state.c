@@ -130,18 +130,9 @@ static void unregister_state_chunks(const mt_tile *t, starpu_data_handle_t **chu
     }
 }
 
-static int register_tile(mt_host_state *st, mt_tile *t, size_t weight_allocsize)
+/* The planned partition of a whole-tile handle into the tile's AdamW chunks. */
+static starpu_data_handle_t *plan_chunks(const mt_tile *t, starpu_data_handle_t whole)
 {
-    size_t esz = mt_dtype_size(st->compute_dtype);
-    starpu_vector_data_register_allocsize(&t->h_weights, STARPU_MAIN_RAM, (uintptr_t)t->weights,
-                                          (uint32_t)t->numel, esz, weight_allocsize);
-    starpu_vector_data_register_allocsize(&t->h_grad, STARPU_MAIN_RAM, (uintptr_t)t->grad,
-                                          (uint32_t)t->numel, sizeof(float),
-                                          weight_allocsize / esz * sizeof(float));
-    /* Gradients go home as soon as the task that wrote them ends. */
-    starpu_data_set_wt_mask(t->h_grad, 1u << STARPU_MAIN_RAM);
-
-    t->nchunks = build_chunks(t->layout, st->chunk_numel, &t->chunks);
     long *lens = malloc(sizeof *lens * t->nchunks);
     for (int c = 0; c < t->nchunks; c++) lens[c] = (long)t->chunks[c].numel;
     struct starpu_data_filter f = {
@@ -149,11 +140,39 @@ static int register_tile(mt_host_state *st, mt_tile *t, size_t weight_allocsize)
         .nchildren = (unsigned)t->nchunks,
         .filter_arg_ptr = lens,
     };
-    t->h_weights_chunk = calloc(t->nchunks, sizeof(starpu_data_handle_t));
-    t->h_grad_chunk = calloc(t->nchunks, sizeof(starpu_data_handle_t));
-    starpu_data_partition_plan(t->h_weights, &f, t->h_weights_chunk);
-    starpu_data_partition_plan(t->h_grad, &f, t->h_grad_chunk);
+    starpu_data_handle_t *chunks = calloc(t->nchunks, sizeof(starpu_data_handle_t));
+    starpu_data_partition_plan(whole, &f, chunks);
     free(lens);
+    return chunks;
+}
+
+/* A gradient buffer (the tile's or its second one): the whole handle, written through to host
+ * memory, and its chunk partition. */
+static void register_grad(mt_tile *t, float *grad, starpu_data_handle_t *whole, starpu_data_handle_t **chunks)
+{
+    starpu_vector_data_register_allocsize(whole, STARPU_MAIN_RAM, (uintptr_t)grad, (uint32_t)t->numel, sizeof(float),
+                                          t->grad_allocsize);
+    /* Gradients go home as soon as the task that wrote them ends. */
+    starpu_data_set_wt_mask(*whole, 1u << STARPU_MAIN_RAM);
+    *chunks = plan_chunks(t, *whole);
+}
+
+static void unregister_grad(mt_tile *t, starpu_data_handle_t whole, starpu_data_handle_t *chunks)
+{
+    starpu_data_partition_clean(whole, t->nchunks, chunks);
+    starpu_data_unregister(whole);
+    free(chunks);
+}
+
+static int register_tile(mt_host_state *st, mt_tile *t, size_t weight_allocsize)
+{
+    size_t esz = mt_dtype_size(st->compute_dtype);
+    starpu_vector_data_register_allocsize(&t->h_weights, STARPU_MAIN_RAM, (uintptr_t)t->weights,
+                                          (uint32_t)t->numel, esz, weight_allocsize);
+    t->nchunks = build_chunks(t->layout, st->chunk_numel, &t->chunks);
+    t->grad_allocsize = weight_allocsize / esz * sizeof(float);
+    t->h_weights_chunk = plan_chunks(t, t->h_weights);
+    register_grad(t, t->grad, &t->h_grad, &t->h_grad_chunk);
     register_state_chunks(t, (float *const[3]){ t->master, t->adam_m, t->adam_v },
                           (starpu_data_handle_t **[3]){ &t->h_master_chunk, &t->h_m_chunk, &t->h_v_chunk });
     return 0;
@@ -284,6 +303,63 @@ void mt_tile_swap_state(mt_tile *t)
     t->spare_current = !t->spare_current;
 }
 
+static void drop_grad_alt(mt_tile *t)
+{
+    if (!t->grad_alt) return;
+    unregister_grad(t, t->h_grad_alt, t->h_grad_alt_chunk);
+    free_state(t->grad_alt, (size_t)t->numel * sizeof(float));
+    t->grad_alt = NULL;
+    t->h_grad_alt = NULL;
+    t->h_grad_alt_chunk = NULL;
+}
+
+uint64_t mt_state_grad_alt_bytes(const mt_host_state *st, int first)
+{
+    uint64_t b = 0;
+    for (int i = first; i < st->ntiles; i++) b += round_up((size_t)st->tiles[i].numel * sizeof(float), TILE_ALIGN_BYTES);
+    return b;
+}
+
+static void zero_grad_alt(mt_host_state *st, int i, void *arg)
+{
+    const bool *fresh = arg;
+    if (fresh[i]) memset(st->tiles[i].grad_alt, 0, (size_t)st->tiles[i].numel * sizeof(float));
+}
+
+int mt_state_enable_grad_alt(mt_host_state *st, int first, char *err, size_t errlen)
+{
+    bool *fresh = calloc(st->ntiles, sizeof *fresh);
+    for (int i = first; i < st->ntiles; i++) {
+        mt_tile *t = &st->tiles[i];
+        if (t->grad_alt) continue;
+        bool pinned = true;
+        t->grad_alt = alloc_state((size_t)t->numel * sizeof(float), &pinned);
+        if (!t->grad_alt) {
+            snprintf(err, errlen, "out of host memory allocating the second gradient of tile %d (%zu bytes)", i,
+                     (size_t)t->numel * sizeof(float));
+            for (int j = first; j < i; j++)
+                if (fresh[j]) drop_grad_alt(&st->tiles[j]);
+            free(fresh);
+            return -1;
+        }
+        fresh[i] = true;
+        register_grad(t, t->grad_alt, &t->h_grad_alt, &t->h_grad_alt_chunk);
+    }
+    for_each_tile(st, zero_grad_alt, fresh);
+    free(fresh);
+    return 0;
+}
+
+void mt_tile_swap_grad(mt_tile *t)
+{
+#define SWAP(a, b) do { __typeof__(a) tmp_ = (a); (a) = (b); (b) = tmp_; } while (0)
+    SWAP(t->grad, t->grad_alt);
+    SWAP(t->h_grad, t->h_grad_alt);
+    SWAP(t->h_grad_chunk, t->h_grad_alt_chunk);
+#undef SWAP
+    t->grad_alt_current = !t->grad_alt_current;
+}
+
 void mt_state_destroy(mt_host_state *st)
 {
     if (!st) return;
@@ -291,12 +367,14 @@ void mt_state_destroy(mt_host_state *st)
         mt_tile *t = &st->tiles[i];
         if (t->spare_current) mt_tile_swap_state(t); /* each allocation back with its own kind */
         drop_spare(t);
+        if (t->grad_alt_current) mt_tile_swap_grad(t);
+        drop_grad_alt(t);
         unregister_state_chunks(t, (starpu_data_handle_t **[3]){ &t->h_master_chunk, &t->h_m_chunk, &t->h_v_chunk });
         if (t->h_weights) {
             starpu_data_partition_clean(t->h_weights, t->nchunks, t->h_weights_chunk);
-            starpu_data_partition_clean(t->h_grad, t->nchunks, t->h_grad_chunk);
             starpu_data_unregister(t->h_weights);
-            starpu_data_unregister(t->h_grad);
+            unregister_grad(t, t->h_grad, t->h_grad_chunk);
+            t->h_grad_chunk = NULL;
         }
         size_t fbytes = (size_t)t->numel * sizeof(float);
         free_state(t->weights, t->weight_bytes);
@@ -306,7 +384,6 @@ void mt_state_destroy(mt_host_state *st)
         free_state(t->adam_v, fbytes);
         free(t->chunks);
         free(t->h_weights_chunk);
-        free(t->h_grad_chunk);
     }
     free(st->tiles);
     free(st);

@@ -41,6 +41,13 @@ typedef struct mt_tile {
     float *master_spare, *m_spare, *v_spare;
     starpu_data_handle_t *h_master_spare_chunk, *h_m_spare_chunk, *h_v_spare_chunk;
     bool spare_current;      /* swapped an odd number of times: master etc. are the spare allocations */
+    /* A second gradient (mt_state_enable_grad_alt), pinned and registered as the first: a step
+     * writes one while the deferred AdamW moments of the last step read the other;
+     * mt_tile_swap_grad swaps them. NULL when not enabled. */
+    float *grad_alt;
+    starpu_data_handle_t h_grad_alt, *h_grad_alt_chunk;
+    bool grad_alt_current;   /* swapped an odd number of times */
+    size_t grad_allocsize;   /* the allocation size both gradient handles are registered with */
 } mt_tile;
 
 typedef struct mt_host_state {
@@ -70,6 +77,16 @@ uint64_t mt_state_spare_bytes(const mt_host_state *st, int first);
  * chunk handles swap. Called when the tasks writing the spare ones were submitted (StarPU
  * orders what comes after by the handles); a reader of t->master outside tasks waits for them. */
 void mt_tile_swap_state(mt_tile *t);
+
+/* Allocates (pinned, zeroed) and registers a second gradient for tiles first..ntiles-1
+ * (4 more bytes per parameter of those tiles). Returns -1 with err set when memory cannot be had
+ * (the state is then as before). */
+int mt_state_enable_grad_alt(mt_host_state *st, int first, char *err, size_t errlen);
+/* Bytes mt_state_enable_grad_alt(st, first) allocates. */
+uint64_t mt_state_grad_alt_bytes(const mt_host_state *st, int first);
+/* Swaps a tile's gradient with its second one: pointer, whole handle and chunk handles. Compute
+ * tasks submitted afterwards write the other buffer. */
+void mt_tile_swap_grad(mt_tile *t);
 
 /* HF-style initialisation: matrices N(0, std), norms 1, biases 0; std 0.02 by default.
  * Deterministic for a seed. Writes master and the streamed copy. */

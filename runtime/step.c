@@ -33,6 +33,17 @@ typedef struct slot {
     bool updated, speculated;                /* an update of this slot's step was submitted; speculatively */
 } slot;
 
+/* An update whose moments halves of tiles 1.. wait for the next step's ranged runs
+ * (adamw_defer): its step and learning rate, its clip buffer (the slot's copy), and where its
+ * gradient is now: each tile's current gradient, or after begin_step swapped them, the second
+ * one. That gradient stays partitioned into chunks until those moments are submitted. */
+typedef struct pending_update {
+    bool active, swapped;
+    int64_t step;
+    double lr;
+    starpu_data_handle_t clip;
+} pending_update;
+
 struct mt_graph {
     mt_host_state *st;
     mt_step_config sc;
@@ -70,6 +81,8 @@ struct mt_graph {
     double (*known_mem)[2];
     int64_t norm_seq;                         /* norms submitted */
     int64_t speculated, speculation_held;     /* mt_graph_speculation_counts */
+    bool defer;                               /* ranged updates defer their moments (adamw_defer) */
+    pending_update pend;
 };
 
 mt_step_config mt_step_defaults(void)
@@ -77,7 +90,7 @@ mt_step_config mt_step_defaults(void)
     mt_step_config c = {
         .B = 8, .T = 128, .accum = 1, .K = 4, .clip = 1.0, .head_chunk = 1024,
         .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0, .adamw_split = -1,
-        .clip_speculate = -1, .adamw_spare = 0,
+        .clip_speculate = -1, .adamw_spare = 0, .adamw_defer = -1,
     };
     return c;
 }
@@ -143,8 +156,12 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
                                 mt_state_spare_bytes(st, first_spare) <= mt_host_memory_available() / 10 * 8)) {
         if (mt_state_enable_spare(st, first_spare, err, errlen)) return NULL;
     }
+    /* Deferred moments halves (ranged speculation): a second gradient for tiles 1.. */
+    const bool defer = sc->clip > 0 && st->compute_dtype == MT_DTYPE_BF16 && sc->clip_speculate == 2 && sc->adamw_defer != 0;
+    if (defer && mt_state_enable_grad_alt(st, 1, err, errlen)) return NULL;
     mt_graph *g = calloc(1, sizeof *g);
     g->st = st;
+    g->defer = defer;
     g->where = gpu ? STARPU_CUDA : STARPU_CPU; /* every compute task runs there: buffers are sized for it */
     g->updates_submitted = calloc(st->ntiles, sizeof *g->updates_submitted);
     g->ready_notes = calloc((size_t)READY_RING * st->ntiles, sizeof *g->ready_notes);
@@ -240,6 +257,7 @@ uint64_t mt_graph_working_bytes(const mt_graph *g)
 void mt_graph_destroy(mt_graph *g)
 {
     if (!g) return;
+    mt_graph_flush(g);
     starpu_task_wait_for_all();
     mt_policy_detach();
     for (int b = 0; b < g->nblocks * g->sc.accum; b++) starpu_data_unregister(g->ckpt[b]);
@@ -559,8 +577,11 @@ static void fill_handle(starpu_data_handle_t h, void *dst, const void *src, size
     starpu_data_release(h);
 }
 
+static void begin_step(mt_graph *g);
+
 static int submit_compute(mt_graph *g, int64_t step, const int32_t *tokens, const int32_t *targets, bool early_embed)
 {
+    begin_step(g);
     int s = g->next_slot;
     g->next_slot = (g->next_slot + 1) % NSLOTS;
     slot *sl = &g->slots[s];
@@ -722,9 +743,11 @@ static void insert_adamw(mt_graph *g, mt_tile *t, int c, struct starpu_codelet *
                                  STARPU_VALUE, &clip, sizeof clip, STARPU_PRIORITY, prio,
                                  STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_NAME, cl->name, 0);
     } else {
+        /* the last argument, the last step's parameters, is read by MT_ADAMW_RANGED_DEFERRED only
+         * (insert_ranged_deferred) */
         ret = starpu_task_insert(cl, STARPU_DATA_MODE_ARRAY, d, nbuf, STARPU_VALUE, p, sizeof *p,
                                  STARPU_VALUE, &dtype, sizeof dtype, STARPU_VALUE, &clip, sizeof clip,
-                                 STARPU_VALUE, &ra, sizeof ra,
+                                 STARPU_VALUE, &ra, sizeof ra, STARPU_VALUE, p, sizeof *p,
                                  STARPU_PRIORITY, prio, STARPU_EXECUTE_WHERE, STARPU_CPU,
                                  STARPU_NAME, confirm ? "adamw_confirm" : clip == MT_ADAMW_RANGED ? "adamw_ranged" : spare ? "adamw_spare" : cl->name,
                                  OBSERVE_END(g, observe, MT_EV_ADAMW, step, t->index), 0);
@@ -738,6 +761,72 @@ static mt_adamw_params adamw_params_of(const mt_graph *g, const mt_chunk *c, int
         .lr = lr, .beta1 = g->sc.beta1, .beta2 = g->sc.beta2, .eps = g->sc.eps,
         .weight_decay = c->decay ? g->sc.weight_decay : 0.0, .step = step, .grad_scale = 1.0,
     };
+}
+
+/* The pending update's moments half of chunk c of tile t (g->pend), on its gradient chunk. */
+static void insert_pending_moments(mt_graph *g, mt_tile *t, int c, starpu_data_handle_t grad)
+{
+    mt_adamw_params p = adamw_params_of(g, &t->chunks[c], g->pend.step, g->pend.lr);
+    int clip = MT_ADAMW_CLIPPED;
+    check_insert(starpu_task_insert(&mt_cl_adamw_moments, STARPU_RW, t->h_master_chunk[c], STARPU_RW, t->h_m_chunk[c],
+                                    STARPU_RW, t->h_v_chunk[c], STARPU_R, grad, STARPU_R, g->pend.clip,
+                                    STARPU_VALUE, &p, sizeof p, STARPU_VALUE, &clip, sizeof clip,
+                                    STARPU_PRIORITY, moments_priority(g->st, t->index),
+                                    STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_NAME, "adamw_moments", 0),
+                 "adamw_moments");
+}
+
+/* This step's ranged run of chunk c of tile t after the pending update's moments half of it
+ * (MT_ADAMW_RANGED_DEFERRED), `old`: that update's gradient chunk. */
+static void insert_ranged_deferred(mt_graph *g, mt_tile *t, int c, starpu_data_handle_t old, int prio,
+                                   const mt_adamw_params *p, speculation sp)
+{
+    const mt_adamw_params po = adamw_params_of(g, &t->chunks[c], g->pend.step, g->pend.lr);
+    const mt_ranged_args ra = ranged_args_of(g, t->index, sp, g->norm_seq);
+    const mt_dtype dtype = g->st->compute_dtype;
+    const int clip = MT_ADAMW_RANGED_DEFERRED;
+    struct starpu_data_descr d[9] = {
+        { t->h_master_chunk[c], STARPU_RW }, { t->h_m_chunk[c], STARPU_RW }, { t->h_v_chunk[c], STARPU_RW },
+        { t->h_grad_chunk[c], STARPU_R }, { t->h_weights_chunk[c], STARPU_W }, { g->flags[t->index][c], STARPU_W },
+        { g->known[t->index], STARPU_R }, { old, STARPU_R }, { g->pend.clip, STARPU_R },
+    };
+    check_insert(starpu_task_insert(&mt_cl_adamw_params, STARPU_DATA_MODE_ARRAY, d, 9, STARPU_VALUE, p, sizeof *p,
+                                    STARPU_VALUE, &dtype, sizeof dtype, STARPU_VALUE, &clip, sizeof clip,
+                                    STARPU_VALUE, &ra, sizeof ra, STARPU_VALUE, &po, sizeof po,
+                                    STARPU_PRIORITY, prio, STARPU_EXECUTE_WHERE, STARPU_CPU,
+                                    STARPU_NAME, "adamw_ranged_deferred", 0),
+                 "adamw_ranged_deferred");
+}
+
+/* The pending moments halves of tile t (g->pend), then its gradient's partition given back. */
+static void submit_pending_tile(mt_graph *g, mt_tile *t)
+{
+    starpu_data_handle_t whole = g->pend.swapped ? t->h_grad_alt : t->h_grad;
+    starpu_data_handle_t *chunks = g->pend.swapped ? t->h_grad_alt_chunk : t->h_grad_chunk;
+    for (int c = 0; c < t->nchunks; c++) insert_pending_moments(g, t, c, chunks[c]);
+    starpu_data_unpartition_submit(whole, t->nchunks, chunks, STARPU_MAIN_RAM);
+}
+
+bool mt_graph_defers(const mt_graph *g) { return g->defer; }
+
+void mt_graph_flush(mt_graph *g)
+{
+    if (!g->pend.active) return;
+    for (int i = 1; i < g->st->ntiles; i++) submit_pending_tile(g, &g->st->tiles[i]);
+    g->pend.active = false;
+}
+
+/* Before a step's compute: with moments pending, either the step's update takes them over
+ * (ranged, deferring: the gradients swap, the step writing the free ones) or they run now. */
+static void begin_step(mt_graph *g)
+{
+    if (!g->pend.active || g->pend.swapped) return;
+    if (g->defer && speculate_update(g).mode == SPEC_RANGED) {
+        for (int i = 1; i < g->st->ntiles; i++) mt_tile_swap_grad(&g->st->tiles[i]);
+        g->pend.swapped = true;
+    } else {
+        mt_graph_flush(g);
+    }
 }
 
 /* Whether this step's update of the table starts before its embedding backward
@@ -838,9 +927,16 @@ static void submit_update(mt_graph *g, int64_t step, double lr, speculation sp, 
     g->slots[slot_id].updated = true;
     g->slots[slot_id].speculated = speculate;
     if (clipped) {
-        /* Keep this step's norm for mt_graph_wait_loss before the next step overwrites it. */
+        /* Keep this step's norm for mt_graph_wait_loss before the next step overwrites it (and
+         * for deferred moments halves). */
         check_insert(starpu_data_cpy(g->slots[slot_id].h_clip_copy, g->clip, 1, NULL, NULL), "clip copy");
     }
+    /* Moments pending from the last update: taken over by this one's ranged runs; or, when this
+     * update is not ranged (the mode changed between compute and update), run first. */
+    const bool take_over = g->pend.active && g->pend.swapped && sp.mode == SPEC_RANGED;
+    if (g->pend.active && !take_over) mt_graph_flush(g);
+    /* This update's own moments halves of tiles 1.. wait for the next step's ranged runs. */
+    const bool defer = g->defer && sp.mode == SPEC_RANGED;
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
         const bool started = embed_started && i == 0;
@@ -872,12 +968,14 @@ static void submit_update(mt_graph *g, int64_t step, double lr, speculation sp, 
                 insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_UNCLIPPED, prio, &p, step, false, NULL);
                 insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_CONFIRM, prio, &p, step, true, NULL);
             } else if (sp.mode == SPEC_RANGED) {
-                insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_RANGED, prio, &p, step, false, &sp);
+                if (take_over && i > 0) insert_ranged_deferred(g, t, c, t->h_grad_alt_chunk[c], prio, &p, sp);
+                else insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_RANGED, prio, &p, step, false, &sp);
                 insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_CONFIRM_RANGED, prio, &p, step, true, NULL);
             } else {
                 insert_adamw(g, t, c, split ? &mt_cl_adamw_params : &mt_cl_adamw, clipped, prio, &p, step, true, NULL);
             }
-            if (split) insert_adamw(g, t, c, &mt_cl_adamw_moments, clipped, moments_priority(st, i), &p, step, false, NULL);
+            if (split && !(defer && i > 0))
+                insert_adamw(g, t, c, &mt_cl_adamw_moments, clipped, moments_priority(st, i), &p, step, false, NULL);
         }
         /* Gather back in host memory, where the next forward's transfer starts; then tell the
          * policy, which may be waiting to prefetch this tile. */
@@ -887,11 +985,19 @@ static void submit_update(mt_graph *g, int64_t step, double lr, speculation sp, 
         *note = (struct ready_note){ g, i, step };
         starpu_data_unpartition_submit_sequential_consistency_cb(t->h_weights, t->nchunks, t->h_weights_chunk,
                                                                  STARPU_MAIN_RAM, 1, tile_updated, note);
-        starpu_data_unpartition_submit(t->h_grad, t->nchunks, t->h_grad_chunk, STARPU_MAIN_RAM);
+        /* deferred: the gradient stays partitioned for the next step's ranged runs, the last
+         * one's is given back once those were submitted */
+        if (!(defer && i > 0)) starpu_data_unpartition_submit(t->h_grad, t->nchunks, t->h_grad_chunk, STARPU_MAIN_RAM);
+        if (take_over && i > 0) starpu_data_unpartition_submit(t->h_grad_alt, t->nchunks, t->h_grad_alt_chunk, STARPU_MAIN_RAM);
         if (pingpong) mt_tile_swap_state(t); /* what comes next reads the new state */
         mt_policy_tile_submitting(i, false);
         g->updates_submitted[i]++;
     }
+    if (defer)
+        g->pend = (pending_update){ .active = true, .swapped = false, .step = step, .lr = lr,
+                                     .clip = g->slots[slot_id].h_clip_copy };
+    else if (take_over)
+        g->pend.active = false;
 }
 
 void mt_graph_submit_update(mt_graph *g, int64_t step, double lr)

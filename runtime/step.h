@@ -46,13 +46,21 @@ typedef struct mt_step_config {
                             * graph is created; 0 never (the default: on an H200 at 3B it saved
                             * no measurable CPU time, docs/benchmarks.md); 1 always
                             * (mt_graph_create fails when the memory cannot be had). */
+    int adamw_defer;       /* Ranged speculation (clip_speculate 2): each layer's (and the head's)
+                            * moments half is not run after the norm but in the next step, fused
+                            * with that step's ranged run on the same chunk, which reads master,
+                            * m and v anyway: 34 bytes per parameter a step instead of 46. The
+                            * gradient is then double-buffered (a second one, 4 bytes per
+                            * parameter of those tiles, pinned host memory). Bitwise the same
+                            * results; the last update's moments are run by mt_graph_flush.
+                            * -1 (default) and 1: with ranged speculation; 0 never. */
 } mt_step_config;
 
 #define MT_CLIP_SPREAD_DEFAULT 1.1
 #define MT_CLIP_RANGE_MAX_DEFAULT 1.25
 
 /* Defaults: accum 1, K 4, clip 1.0, head_chunk 1024, betas (0.9, 0.999), eps 1e-8, wd 0,
- * adamw_split -1, clip_speculate -1, adamw_spare 0. */
+ * adamw_split -1, clip_speculate -1, adamw_spare 0, adamw_defer -1. */
 mt_step_config mt_step_defaults(void);
 
 /* What an observer hears: a compute task of a training step ended. */
@@ -69,8 +77,15 @@ typedef struct mt_graph mt_graph;
 
 /* Builds the graph's activation, scratch and I/O handles. Returns NULL with err set. */
 mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err, size_t errlen);
-/* Waits for every task, then frees. */
+/* Runs mt_graph_flush, waits for every task, then frees. */
 void mt_graph_destroy(mt_graph *g);
+/* Submits what the last update left for later (adamw_defer: the moments halves of ranged
+ * updates), so that the host state's master, m and v are those of the last update once the
+ * tasks end (starpu_task_wait_for_all): call it before reading them or saving a checkpoint.
+ * Nothing when nothing is pending; the next step needs no call. */
+void mt_graph_flush(mt_graph *g);
+/* Whether the graph defers moments halves (adamw_defer with ranged speculation). */
+bool mt_graph_defers(const mt_graph *g);
 
 /* Bytes of the working buffers the graph registered where its compute runs: checkpoints,
  * ping-pong hidden states and gradients, saved activations, layer and head scratch. The memory

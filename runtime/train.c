@@ -216,6 +216,9 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
                 (long long)o->steps, o->step.accum, (long long)o->step.B, (long long)o->step.T, o->step.K, o->step.clip,
                 o->lr, o->schedule == MT_LR_COSINE ? "warm-up + cosine" : "constant", mt_runtime_ncpu(),
                 mt_runtime_ncuda(), o->runtime.sched ? o->runtime.sched : mt_default_sched());
+        if (mt_graph_defers(g))
+            fprintf(log, "megatrain: AdamW moments halves deferred to the next step's ranged runs (--adamw-defer): "
+                         "%.2f GB more pinned host memory\n", (double)mt_state_grad_alt_bytes(st, 1) / 1e9);
         if (st->ntiles > 2 && st->tiles[2].master_spare)
             fprintf(log, "megatrain: AdamW state double-buffered (--adamw-spare): %.2f GB more host memory\n",
                     (double)mt_state_spare_bytes(st, 2) / 1e9);
@@ -275,6 +278,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
             }
             bool stop = o->time_limit > 0 && el > o->time_limit && p < last;
             if (o->checkpoint_path && ((o->save_every > 0 && p % o->save_every == 0) || p == last || stop)) {
+                mt_graph_flush(g); /* the state of step p's update, whole */
                 starpu_task_wait_for_all();
                 mt_checkpoint_meta meta = { .step = p, .rng_state = rng.state, .seed = o->seed };
                 if (mt_checkpoint_save(o->checkpoint_path, st, &meta, err, errlen)) goto out;
@@ -292,6 +296,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
             slot = mt_graph_submit_step(g, s, tok, tgt, mt_lr_at(o, s));
         }
     }
+    mt_graph_flush(g);
     starpu_task_wait_for_all();
     res->seconds = now() - t0;
     res->tokens_per_second = (res->steps_done - first + 1) * per_step / res->seconds;

@@ -86,6 +86,8 @@ check_error "bench --clip-range-max x" "--clip-range-max: 'x' is not a number" b
 check_ok "bench --help lists --clip-range-max" '--clip-range-max R' bench --help
 check_error "train --adamw-spare twice" "--adamw-spare: 'twice' is not auto, on or off" train --adamw-spare twice
 check_ok "train --help lists --adamw-spare" '--adamw-spare M' train --help
+check_error "bench --adamw-defer auto" "--adamw-defer: 'auto' is not on or off" bench --adamw-defer auto
+check_ok "train --help lists --adamw-defer" '--adamw-defer M' train --help
 check_ok "plan shows the spare AdamW state" 'spare AdamW state' plan --shape qwen2.5-0.5b
 check_error "train --steps 0" "--steps.*0" train --steps 0
 check_error "train --lr -1" "--lr.*-1" train --lr -1
@@ -199,6 +201,15 @@ run bench --shape tiny --micro-batch 2 --seq-len 64 --clip 0.01 --warmup 1 --ste
 if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
 elif ! grep -qE '^bench: K=4 clip 0.01: ranged speculation checked [1-9][0-9]* parameter updates' "$err"; then
     fail "$name" "no 'ranged speculation checked N' line"
+elif ! grep -qE '\| ranged [0-9]+%, in range [0-9]+%, [0-9.]+% flagged \|$' "$out"; then fail "$name" "no ranged column"
+elif ! grep -q '^bench: K=4 clip 0.01: AdamW moments halves deferred' "$err"; then fail "$name" "no 'deferred' line (--adamw-defer defaults to on)"
+else pass "$name"; fi
+
+name="bench --clip-speculate ranged --adamw-defer off"
+run bench --shape tiny --micro-batch 2 --seq-len 64 --clip 0.01 --warmup 1 --steps 2 --ncpu 2 --ncuda 0 \
+    --clip-speculate ranged --adamw-defer off
+if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif grep -q 'deferred' "$err"; then fail "$name" "'deferred' with off"
 elif ! grep -qE '\| ranged [0-9]+%, in range [0-9]+%, [0-9.]+% flagged \|$' "$out"; then fail "$name" "no ranged column"
 else pass "$name"; fi
 

@@ -63,6 +63,7 @@ typedef struct outcome {
     double loss[8];
     int64_t speculated, held;  /* mt_graph_speculation_counts at the end */
     bool spare;                /* the graph ran with double-buffered AdamW state */
+    bool deferred;             /* with a second gradient (deferred moments halves) */
 } outcome;
 
 /* adamw_split of the runs below (-1: the default, split when clipping). */
@@ -73,6 +74,10 @@ static int speculate_mode = -1;
 static double speculate_range = 0, speculate_range_max = 0;
 /* adamw_spare of the runs below (0: the default). */
 static int spare_mode = 0;
+/* adamw_defer of the runs below (-1: the default, with ranged speculation); from step
+ * switch_step on, clip_speculate switch_to (0: never switch). */
+static int defer_mode = -1;
+static int switch_step = 0, switch_to = 0;
 static mt_dtype state_dtype = MT_DTYPE_F32;
 
 static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int nsteps, double clip, int64_t B);
@@ -98,6 +103,7 @@ static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int n
     sc.adamw_split = split_mode;
     sc.clip_speculate = speculate_mode;
     sc.adamw_spare = spare_mode;
+    sc.adamw_defer = defer_mode;
     mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
     ck_assert_msg(g != NULL, "%s", err);
     int64_t n = accum * sc.B * sc.T;
@@ -109,13 +115,16 @@ static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int n
      * slot is reused by step s+2 (two slots). */
     for (int s = 1; s <= nsteps; s++) {
         random_batch(100 + s, n, tok, tgt);
+        if (switch_step && s == switch_step) mt_graph_set_clip_speculate(g, switch_to);
         slots[s - 1] = mt_graph_submit_step(g, s, tok, tgt, 1e-2);
         if (s >= 2) o.loss[s - 2] = mt_graph_wait_loss(g, slots[s - 2], NULL);
     }
     o.loss[nsteps - 1] = mt_graph_wait_loss(g, slots[nsteps - 1], NULL);
+    mt_graph_flush(g); /* deferred moments halves of the last update */
     starpu_task_wait_for_all();
     mt_graph_speculation_counts(g, &o.speculated, &o.held);
     o.spare = st->tiles[2].master_spare != NULL;
+    o.deferred = st->tiles[1].grad_alt != NULL;
     o.numel = calloc(st->ntiles, sizeof *o.numel);
     o.master = calloc(st->ntiles, sizeof *o.master);
     o.grad = calloc(st->ntiles, sizeof *o.grad);
@@ -396,6 +405,62 @@ START_TEST(test_clip_ranged_speculation_bitwise)
     speculate_mode = -1;
     assert_bitwise(&plain, &spec, 6, "ranged speculation vs plain clipping, untied, 2 micro-batches");
     outcome_free(&spec);
+    outcome_free(&plain);
+    state_dtype = MT_DTYPE_F32;
+}
+END_TEST
+
+/* Deferred moments halves (adamw_defer, on by default with ranged speculation): each update's
+ * moments half of tiles 1.. runs in the next step's ranged run of the same chunk, on the
+ * gradient kept in the second buffer. Bitwise the plain clipped update and the ranged one
+ * without deferral:
+ * - over 5 steps (an odd number of gradient swaps), tied and untied with 2 micro-batches;
+ * - with the mode switched after 3 ranged steps, to plain clipping (the pending moments then run
+ *   before the next update) and to unit speculation;
+ * - under eager too (no ordering from the policy: StarPU's dependencies alone).
+ * The runs read the state after mt_graph_flush. */
+START_TEST(test_clip_ranged_deferred_bitwise)
+{
+    state_dtype = MT_DTYPE_BF16;
+    for (int tied = 0; tied <= 1; tied++) {
+        const int accum = tied ? 1 : 2;
+        speculate_mode = 0;
+        outcome plain = run_steps("megatrain", tied, 2, accum, 5, 0.05);
+        speculate_mode = 2;
+        defer_mode = 0;
+        outcome ranged = run_steps("megatrain", tied, 2, accum, 5, 0.05);
+        defer_mode = -1;
+        outcome deferred = run_steps("megatrain", tied, 2, accum, 5, 0.05);
+        outcome eager = run_steps("eager", tied, 2, accum, 5, 0.05);
+        speculate_mode = -1;
+        ck_assert(!plain.deferred && !ranged.deferred && deferred.deferred && eager.deferred);
+        char what[96];
+        snprintf(what, sizeof what, "deferred moments vs plain clipping, %s", tied ? "tied" : "untied, 2 micro-batches");
+        assert_bitwise(&plain, &deferred, 5, what);
+        snprintf(what, sizeof what, "deferred vs not, ranged, %s", tied ? "tied" : "untied");
+        assert_bitwise(&ranged, &deferred, 5, what);
+        snprintf(what, sizeof what, "deferred moments under eager vs plain, %s", tied ? "tied" : "untied");
+        assert_bitwise(&plain, &eager, 5, what);
+        outcome_free(&eager);
+        outcome_free(&deferred);
+        outcome_free(&ranged);
+        outcome_free(&plain);
+    }
+    speculate_mode = 0;
+    outcome plain = run_steps("megatrain", true, 2, 1, 6, 0.05);
+    const int targets[2] = { 0, 1 };
+    for (int k = 0; k < 2; k++) {
+        speculate_mode = 2;
+        switch_step = 4;
+        switch_to = targets[k];
+        outcome sw = run_steps("megatrain", true, 2, 1, 6, 0.05);
+        switch_step = 0;
+        speculate_mode = -1;
+        char what[96];
+        snprintf(what, sizeof what, "deferred moments, then clip_speculate %d from step 4, vs plain", targets[k]);
+        assert_bitwise(&plain, &sw, 6, what);
+        outcome_free(&sw);
+    }
     outcome_free(&plain);
     state_dtype = MT_DTYPE_F32;
 }
@@ -734,6 +799,7 @@ int main(void)
     tcase_add_test(tc, test_adamw_split_bitwise);
     tcase_add_test(tc, test_clip_speculation_bitwise);
     tcase_add_test(tc, test_clip_ranged_speculation_bitwise);
+    tcase_add_test(tc, test_clip_ranged_deferred_bitwise);
     tcase_add_test(tc, test_spare_state_bitwise);
     tcase_add_test(tc, test_gate_adamw_no_clip);
     tcase_add_test(tc, test_gate_adamw_clip);

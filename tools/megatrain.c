@@ -256,6 +256,18 @@ static int parse_spare(const char *arg, int *out)
     return 0;
 }
 
+/* --adamw-defer on|off -> mt_step_config.adamw_defer (-1, 0). */
+static int parse_defer(const char *arg, int *out)
+{
+    if (!strcmp(arg, "on")) *out = -1;
+    else if (!strcmp(arg, "off")) *out = 0;
+    else {
+        usage_error("--adamw-defer: '%s' is not on or off", arg, "");
+        return -1;
+    }
+    return 0;
+}
+
 /* A factor above 1 (--clip-range, --clip-range-max). */
 static int parse_ratio(const char *flag, const char *arg, double *out)
 {
@@ -272,13 +284,16 @@ static int parse_ratio(const char *flag, const char *arg, double *out)
     "                       auto does so while the last norm was within the bound; ranged also\n"  \
     "                       speculates when it was not, for the range of scales the gradients\n"   \
     "                       already in and the last norm allow, redoing after the norm only the\n" \
-    "                       weights whose bf16 value could differ within it (bf16 only); it costs\n"\
-    "                       more CPU time than it saves: 3.09 s a step against 2.29 s with off on\n"\
-    "                       an H200 at 3B (docs/benchmarks.md)\n"                                  \
+    "                       weights whose bf16 value could differ within it (bf16 only; exact)\n" \
     "  --clip-range F       ranged: the part of the norm still to come is taken to be within F\n"  \
     "                       times of its prediction from the last norm (default 1.1, > 1)\n"      \
     "  --clip-range-max R   ranged: a chunk whose range of scales is wider than R times is not\n"  \
     "                       speculated (default 1.25, > 1)\n"                                     \
+    "  --adamw-defer M      on|off (default on): ranged: run each layer's second half of AdamW\n"  \
+    "                       (master, m and v) in the next step's ranged pass over the same\n"      \
+    "                       chunk, reading them once instead of twice (4 bytes per parameter\n"   \
+    "                       more pinned host memory for a second gradient); bitwise the same\n"   \
+    "                       results\n"                                                             \
     "  --adamw-spare M      auto|on|off (default off): keep a spare master, m and v (12 bytes\n"   \
     "                       per parameter more host memory, not pinned) so that a speculated\n"   \
     "                       update runs fused into them (32 bytes of memory traffic per\n"       \
@@ -336,7 +351,7 @@ static int cmd_train(int argc, char **argv)
     enum { O_CONFIG = 256, O_DATA, O_STEPS, O_B, O_T, O_ACCUM, O_K, O_LR, O_SCHED_LR, O_WARMUP, O_WD, O_CLIP,
            O_DTYPE, O_SEED, O_EVAL, O_LOG, O_SAMPLE, O_TIME, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_TPS, O_BUDGET,
            O_CKPT, O_SAVE_EVERY, O_RESUME, O_STOP, O_MODEL, O_SAVE_MODEL, O_DATA_ORDER, O_SPEC,
-           O_CRANGE, O_CRANGE_MAX, O_SPARE };
+           O_CRANGE, O_CRANGE_MAX, O_SPARE, O_DEFER };
     static const struct option opts[] = {
         { "config", required_argument, 0, O_CONFIG }, { "data", required_argument, 0, O_DATA },
         { "steps", required_argument, 0, O_STEPS }, { "micro-batch", required_argument, 0, O_B },
@@ -355,7 +370,7 @@ static int cmd_train(int argc, char **argv)
         { "model", required_argument, 0, O_MODEL }, { "save-model", required_argument, 0, O_SAVE_MODEL },
         { "data-order", required_argument, 0, O_DATA_ORDER }, { "clip-speculate", required_argument, 0, O_SPEC },
         { "clip-range", required_argument, 0, O_CRANGE }, { "clip-range-max", required_argument, 0, O_CRANGE_MAX },
-        { "adamw-spare", required_argument, 0, O_SPARE },
+        { "adamw-spare", required_argument, 0, O_SPARE }, { "adamw-defer", required_argument, 0, O_DEFER },
         { 0, 0, 0, 0 },
     };
     mt_train_options o = mt_train_defaults();
@@ -389,6 +404,7 @@ static int cmd_train(int argc, char **argv)
         case O_CRANGE: if (parse_ratio("--clip-range", optarg, &o.step.clip_range)) return 2; break;
         case O_CRANGE_MAX: if (parse_ratio("--clip-range-max", optarg, &o.step.clip_range_max)) return 2; break;
         case O_SPARE: if (parse_spare(optarg, &o.step.adamw_spare)) return 2; break;
+        case O_DEFER: if (parse_defer(optarg, &o.step.adamw_defer)) return 2; break;
         case O_CLIP: if (parse_double("--clip", optarg, 0, 1e30, &o.step.clip)) return 2; break;
         case O_DTYPE:
             if (mt_dtype_parse(optarg, &o.dtype)) return usage_error("--dtype: '%s' is not fp32 or bf16%s", optarg, "");
@@ -555,7 +571,7 @@ static void bench_help(const mt_bench_options *d)
 
 static int cmd_bench(int argc, char **argv)
 {
-    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS, O_PF, O_MARGIN, O_SPEC, O_DTYPE, O_CRANGE, O_CRANGE_MAX, O_SPARE };
+    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS, O_PF, O_MARGIN, O_SPEC, O_DTYPE, O_CRANGE, O_CRANGE_MAX, O_SPARE, O_DEFER };
     static const struct option opts[] = {
         { "shape", required_argument, 0, O_SHAPE }, { "micro-batch", required_argument, 0, O_B },
         { "seq-len", required_argument, 0, O_T }, { "accum", required_argument, 0, O_ACCUM },
@@ -568,7 +584,8 @@ static int cmd_bench(int argc, char **argv)
         { "help", no_argument, 0, O_HELP }, { "layers", required_argument, 0, O_LAYERS },
         { "clip-speculate", required_argument, 0, O_SPEC }, { "dtype", required_argument, 0, O_DTYPE },
         { "clip-range", required_argument, 0, O_CRANGE }, { "clip-range-max", required_argument, 0, O_CRANGE_MAX },
-        { "adamw-spare", required_argument, 0, O_SPARE }, { 0, 0, 0, 0 },
+        { "adamw-spare", required_argument, 0, O_SPARE }, { "adamw-defer", required_argument, 0, O_DEFER },
+        { 0, 0, 0, 0 },
     };
     mt_bench_options o = mt_bench_defaults();
     long long v;
@@ -604,6 +621,7 @@ static int cmd_bench(int argc, char **argv)
         case O_CRANGE: if (parse_ratio("--clip-range", optarg, &o.step.clip_range)) return 2; break;
         case O_CRANGE_MAX: if (parse_ratio("--clip-range-max", optarg, &o.step.clip_range_max)) return 2; break;
         case O_SPARE: if (parse_spare(optarg, &o.step.adamw_spare)) return 2; break;
+        case O_DEFER: if (parse_defer(optarg, &o.step.adamw_defer)) return 2; break;
         case O_LAYERS: if (parse_int("--layers", optarg, 1, 1 << 16, &v)) return 2; o.layers = v; break;
         case O_DTYPE:
             if (mt_dtype_parse(optarg, &o.dtype)) return usage_error("--dtype: '%s' is not bf16 or fp32%s", optarg, "");
