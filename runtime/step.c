@@ -90,7 +90,7 @@ mt_step_config mt_step_defaults(void)
     mt_step_config c = {
         .B = 8, .T = 128, .accum = 1, .K = 4, .clip = 1.0, .head_chunk = 1024,
         .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0, .adamw_split = -1,
-        .clip_speculate = -1, .adamw_spare = 0, .adamw_defer = -1,
+        .clip_speculate = -1, .adamw_spare = 0, .adamw_defer = 0,
     };
     return c;
 }
@@ -157,7 +157,9 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
         if (mt_state_enable_spare(st, first_spare, err, errlen)) return NULL;
     }
     /* Deferred moments halves (ranged speculation): a second gradient for tiles 1.. */
-    const bool defer = sc->clip > 0 && st->compute_dtype == MT_DTYPE_BF16 && sc->clip_speculate == 2 && sc->adamw_defer != 0;
+    const bool ranged = sc->clip > 0 && st->compute_dtype == MT_DTYPE_BF16 &&
+                        (sc->clip_speculate == 2 || (sc->clip_speculate < 0 && gpu));
+    const bool defer = ranged && sc->adamw_defer > 0;
     if (defer && mt_state_enable_grad_alt(st, 1, err, errlen)) return NULL;
     mt_graph *g = calloc(1, sizeof *g);
     g->st = st;
@@ -193,7 +195,7 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
     g->embed_partial_mem = calloc(nc0, sizeof(double));
     g->embed_partial = calloc(nc0, sizeof *g->embed_partial);
     for (int c = 0; c < nc0; c++) g->embed_partial[c] = host_vector(&g->embed_partial_mem[c], 1, sizeof(double));
-    if (sc->clip > 0 && st->compute_dtype == MT_DTYPE_BF16 && sc->clip_speculate == 2) {
+    if (ranged) {
         /* Ranged speculation's bitmaps, one bit per parameter. */
         g->flags = calloc(st->ntiles, sizeof *g->flags);
         for (int i = 0; i < st->ntiles; i++) {
@@ -681,7 +683,7 @@ static speculation speculate_update(const mt_graph *g)
 {
     if (g->sc.clip <= 0 || g->sc.clip_speculate == 0) return (speculation){ SPEC_NONE, 0, 0 };
     if (g->sc.clip_speculate == 1 || g->last_scale == 1.0) return (speculation){ SPEC_UNIT, 1.0, 1.0 };
-    if (g->sc.clip_speculate == 2 && g->flags) {
+    if ((g->sc.clip_speculate == 2 || g->sc.clip_speculate < 0) && g->flags) {
         if (g->last_scale <= 0) return (speculation){ SPEC_RANGED, 0, 1.0 };
         return (speculation){ SPEC_RANGED, g->last_scale / 1.25, fmin(1.0, g->last_scale * 1.25) };
     }

@@ -26,9 +26,12 @@ typedef struct mt_step_config {
                             * as if the scale were 1, and only redo it after the norm when the
                             * scale is below 1 (exact either way: the clipped kernel multiplies
                             * by 1.0). The update then overlaps the backward as without clipping.
-                            * -1: when the last scale read (mt_graph_wait_loss) was 1; 0 never;
+                            * -1 (auto): when the last scale read (mt_graph_wait_loss) was 1, and
+                            * ranged when it was below 1 with bf16 weights and a GPU running the
+                            * compute (on the H200 at 3B, clip 1.0 scaling every step: 1.90-2.02
+                            * s a step against 2.16 without speculation); 0 never;
                             * 1 always, as if 1; 2 (ranged): as -1, and with bf16 streamed
-                            * weights and a last scale below 1, for a range of scales: the
+                            * weights and a last scale below 1 (with or without a GPU), for a range of scales: the
                             * bound the gradients already in put on the norm, and the rest of it
                             * predicted from the last norm (mt_ranged_args, codelets.h); after the
                             * norm only the elements whose bf16 weight could differ within the
@@ -53,14 +56,17 @@ typedef struct mt_step_config {
                             * gradient is then double-buffered (a second one, 4 bytes per
                             * parameter of those tiles, pinned host memory). Bitwise the same
                             * results; the last update's moments are run by mt_graph_flush.
-                            * -1 (default) and 1: with ranged speculation; 0 never. */
+                            * 1: with ranged speculation; 0 (the default) never: on the H200 at
+                            * 3B it was slower (2.00 s a step against 1.90: the fused pass
+                            * lengthens the updates of the backward's last layers, on which the
+                            * next forward waits). */
 } mt_step_config;
 
 #define MT_CLIP_SPREAD_DEFAULT 1.1
 #define MT_CLIP_RANGE_MAX_DEFAULT 1.25
 
 /* Defaults: accum 1, K 4, clip 1.0, head_chunk 1024, betas (0.9, 0.999), eps 1e-8, wd 0,
- * adamw_split -1, clip_speculate -1, adamw_spare 0, adamw_defer -1. */
+ * adamw_split -1, clip_speculate -1, adamw_spare 0, adamw_defer 0. */
 mt_step_config mt_step_defaults(void);
 
 /* What an observer hears: a compute task of a training step ended. */

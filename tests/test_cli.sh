@@ -202,14 +202,14 @@ if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
 elif ! grep -qE '^bench: K=4 clip 0.01: ranged speculation checked [1-9][0-9]* parameter updates' "$err"; then
     fail "$name" "no 'ranged speculation checked N' line"
 elif ! grep -qE '\| ranged [0-9]+%, in range [0-9]+%, [0-9.]+% flagged \|$' "$out"; then fail "$name" "no ranged column"
-elif ! grep -q '^bench: K=4 clip 0.01: AdamW moments halves deferred' "$err"; then fail "$name" "no 'deferred' line (--adamw-defer defaults to on)"
+elif grep -q 'deferred' "$err"; then fail "$name" "'deferred' without --adamw-defer on (off is the default)"
 else pass "$name"; fi
 
-name="bench --clip-speculate ranged --adamw-defer off"
+name="bench --clip-speculate ranged --adamw-defer on"
 run bench --shape tiny --micro-batch 2 --seq-len 64 --clip 0.01 --warmup 1 --steps 2 --ncpu 2 --ncuda 0 \
-    --clip-speculate ranged --adamw-defer off
+    --clip-speculate ranged --adamw-defer on
 if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
-elif grep -q 'deferred' "$err"; then fail "$name" "'deferred' with off"
+elif ! grep -q '^bench: K=4 clip 0.01: AdamW moments halves deferred' "$err"; then fail "$name" "no 'deferred' line with on"
 elif ! grep -qE '\| ranged [0-9]+%, in range [0-9]+%, [0-9.]+% flagged \|$' "$out"; then fail "$name" "no ranged column"
 else pass "$name"; fi
 

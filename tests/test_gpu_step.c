@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codelets.h"
 #include "config.h"
 #include "plan.h"
 #include "runtime.h"
@@ -47,6 +48,9 @@ typedef struct fixture {
     int32_t *tok, *tgt;
 } fixture;
 
+/* clip_speculate of the graphs fixture_open builds (-1: the default). */
+static int fixture_speculate = -1;
+
 static fixture fixture_open(bool tied, int ncpu, int ncuda, mt_dtype dtype, uint64_t weight_seed, int K, int accum,
                             double clip, uint64_t data_seed, bool ignore_some)
 {
@@ -63,6 +67,7 @@ static fixture fixture_open(bool tied, int ncpu, int ncuda, mt_dtype dtype, uint
     mt_state_init_random(f.st, weight_seed, 0.05);
     f.sc = mt_step_defaults();
     f.sc.B = 2; f.sc.T = 77; f.sc.K = K; f.sc.accum = accum; f.sc.head_chunk = 50; f.sc.clip = clip;
+    f.sc.clip_speculate = fixture_speculate;
     f.g = mt_graph_create(f.st, &f.sc, err, sizeof err);
     ck_assert_msg(f.g != NULL, "%s", err);
     const int64_t n = accum * f.sc.B * f.sc.T;
@@ -187,6 +192,89 @@ END_TEST
 START_TEST(test_pipelined_training_steps_f32) { pipelined(MT_DTYPE_F32, 0.005); }
 END_TEST
 
+/* master, m and v of every tile after `steps` pipelined bf16 steps on the GPU, clipping at 0.05
+ * (the scale below 1 every step), with clip_speculate `speculate`; *checked: the elements ranged
+ * runs checked. */
+typedef struct state_copy { int ntiles; int64_t *numel; float **master, **m, **v; } state_copy;
+
+static state_copy clipped_steps(int speculate, int steps, int64_t *checked)
+{
+    fixture_speculate = speculate;
+    fixture f = fixture_open(true, 4, 1, MT_DTYPE_BF16, 5, 2, 1, 0.05, 7, false);
+    fixture_speculate = -1;
+    const mt_ranged_counts c0 = mt_codelet_ranged_counts();
+    int prev = -1;
+    for (int s = 1; s <= steps; s++) {
+        int slot = mt_graph_submit_step(f.g, s, f.tok, f.tgt, 1e-3);
+        if (prev >= 0) mt_graph_wait_loss(f.g, prev, NULL);
+        prev = slot;
+    }
+    mt_graph_wait_loss(f.g, prev, NULL);
+    mt_graph_flush(f.g);
+    starpu_task_wait_for_all();
+    *checked = mt_codelet_ranged_counts().checked - c0.checked;
+    state_copy c = { .ntiles = f.st->ntiles };
+    c.numel = calloc(c.ntiles, sizeof *c.numel);
+    float ***dst[3] = { &c.master, &c.m, &c.v };
+    for (int k = 0; k < 3; k++) *dst[k] = calloc(c.ntiles, sizeof(float *));
+    for (int i = 0; i < c.ntiles; i++) {
+        const mt_tile *t = &f.st->tiles[i];
+        const float *src[3] = { t->master, t->adam_m, t->adam_v };
+        c.numel[i] = t->numel;
+        for (int k = 0; k < 3; k++) {
+            (*dst[k])[i] = malloc(sizeof(float) * t->numel);
+            memcpy((*dst[k])[i], src[k], sizeof(float) * t->numel);
+        }
+    }
+    fixture_close(&f);
+    return c;
+}
+
+static bool states_equal(const state_copy *a, const state_copy *b, char *what, size_t n)
+{
+    for (int i = 0; i < a->ntiles; i++) {
+        const float *pa[3] = { a->master[i], a->m[i], a->v[i] }, *pb[3] = { b->master[i], b->m[i], b->v[i] };
+        for (int k = 0; k < 3; k++)
+            if (memcmp(pa[k], pb[k], sizeof(float) * a->numel[i]) != 0) {
+                snprintf(what, n, "tile %d %s", i, k == 0 ? "master" : k == 1 ? "m" : "v");
+                return false;
+            }
+    }
+    return true;
+}
+
+static void state_copy_free(state_copy *c)
+{
+    for (int i = 0; i < c->ntiles; i++) { free(c->master[i]); free(c->m[i]); free(c->v[i]); }
+    free(c->master); free(c->m); free(c->v); free(c->numel);
+}
+
+/* With a GPU and bf16 weights the default speculation is ranged once the scale is below 1: its
+ * updates are the plain clipped ones bit for bit. Only as exact as the GPU's gradients are
+ * repeatable, so the plain run is made twice first: when those two differ, the GPU is not
+ * deterministic here and the test says so and checks nothing more. */
+START_TEST(test_default_ranged_bitwise)
+{
+    int64_t checked_off, checked_off2, checked_auto;
+    state_copy off = clipped_steps(0, 5, &checked_off);
+    state_copy off2 = clipped_steps(0, 5, &checked_off2);
+    state_copy au = clipped_steps(-1, 5, &checked_auto);
+    char what[64];
+    printf("default speculation, clip 0.05, 5 steps on the GPU: ranged runs checked %lld elements\n",
+           (long long)checked_auto);
+    ck_assert_msg(checked_off == 0 && checked_auto > 0, "ranged runs: %lld without speculation, %lld by default",
+                  (long long)checked_off, (long long)checked_auto);
+    if (!states_equal(&off, &off2, what, sizeof what)) {
+        printf("the plain GPU run is not repeatable bit for bit (%s differs): ranged vs plain not compared\n", what);
+    } else {
+        ck_assert_msg(states_equal(&off, &au, what, sizeof what), "default (ranged) vs plain clipping: %s differs", what);
+    }
+    state_copy_free(&au);
+    state_copy_free(&off2);
+    state_copy_free(&off);
+}
+END_TEST
+
 START_TEST(test_step_gradients_untied) { compare(false, 2, 1, MT_DTYPE_BF16); }
 END_TEST
 START_TEST(test_step_gradients_tied_accum) { compare(true, 1, 2, MT_DTYPE_BF16); }
@@ -218,6 +306,7 @@ int main(void)
     tcase_add_test(tc, test_step_gradients_tied_accum_f32);
     tcase_add_test(tc, test_pipelined_training_steps);
     tcase_add_test(tc, test_pipelined_training_steps_f32);
+    tcase_add_test(tc, test_default_ranged_bitwise);
     suite_add_tcase(s, tc);
     return mt_test_run(s, true);
 }

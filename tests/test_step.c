@@ -74,9 +74,9 @@ static int speculate_mode = -1;
 static double speculate_range = 0, speculate_range_max = 0;
 /* adamw_spare of the runs below (0: the default). */
 static int spare_mode = 0;
-/* adamw_defer of the runs below (-1: the default, with ranged speculation); from step
+/* adamw_defer of the runs below (0: the default, off); from step
  * switch_step on, clip_speculate switch_to (0: never switch). */
-static int defer_mode = -1;
+static int defer_mode = 0;
 static int switch_step = 0, switch_to = 0;
 static mt_dtype state_dtype = MT_DTYPE_F32;
 
@@ -410,7 +410,7 @@ START_TEST(test_clip_ranged_speculation_bitwise)
 }
 END_TEST
 
-/* Deferred moments halves (adamw_defer, on by default with ranged speculation): each update's
+/* Deferred moments halves (adamw_defer 1, with ranged speculation): each update's
  * moments half of tiles 1.. runs in the next step's ranged run of the same chunk, on the
  * gradient kept in the second buffer. Bitwise the plain clipped update and the ranged one
  * without deferral:
@@ -427,11 +427,11 @@ START_TEST(test_clip_ranged_deferred_bitwise)
         speculate_mode = 0;
         outcome plain = run_steps("megatrain", tied, 2, accum, 5, 0.05);
         speculate_mode = 2;
-        defer_mode = 0;
         outcome ranged = run_steps("megatrain", tied, 2, accum, 5, 0.05);
-        defer_mode = -1;
+        defer_mode = 1;
         outcome deferred = run_steps("megatrain", tied, 2, accum, 5, 0.05);
         outcome eager = run_steps("eager", tied, 2, accum, 5, 0.05);
+        defer_mode = 0;
         speculate_mode = -1;
         ck_assert(!plain.deferred && !ranged.deferred && deferred.deferred && eager.deferred);
         char what[96];
@@ -451,10 +451,13 @@ START_TEST(test_clip_ranged_deferred_bitwise)
     const int targets[2] = { 0, 1 };
     for (int k = 0; k < 2; k++) {
         speculate_mode = 2;
+        defer_mode = 1;
         switch_step = 4;
         switch_to = targets[k];
         outcome sw = run_steps("megatrain", true, 2, 1, 6, 0.05);
+        ck_assert(sw.deferred);
         switch_step = 0;
+        defer_mode = 0;
         speculate_mode = -1;
         char what[96];
         snprintf(what, sizeof what, "deferred moments, then clip_speculate %d from step 4, vs plain", targets[k]);

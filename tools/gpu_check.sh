@@ -116,9 +116,11 @@ clip3b)
     run test_gpu_step "$B/tests/test_gpu_step"
     run adamw_bw "$B/tools/adamw_bw"
     run bench_3b "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,0} --warmup 2 --steps ${STEPS:-6}
-    for sp in ${SPREADS:-1.1}; do
+    for sp in ${SPREADS-1.1}; do
         run bench_3b_clip1_ranged_$sp "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --clip-speculate ranged --clip-range $sp ${RANGE_MAX:+--clip-range-max $RANGE_MAX} --warmup 2 --steps ${STEPS:-6}
     done
+    # OFF=1: clip 1 without speculation, for the comparison on this machine
+    [ "${OFF:-0}" = 1 ] && run bench_3b_clip1_off "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --clip-speculate off --warmup 2 --steps ${STEPS:-6}
     run torch_3b python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
     ;;
 defer3b)
