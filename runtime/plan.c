@@ -103,6 +103,8 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
     /* state.c allocates the spare state per tile, unpinned, the same way (step.c: from tile 2) */
     plan->host_spare = 3 * (host_state_bytes(plan, 4) - round_up_u64((uint64_t)plan->tile_numel[MT_TILE_EMBED] * 4, MT_PLAN_TILE_BYTES_ALIGN) -
                             round_up_u64((uint64_t)plan->tile_numel[MT_TILE_LAYER] * 4, MT_PLAN_TILE_BYTES_ALIGN));
+    /* state.c's mt_state_enable_grad_alt: tiles 1.. */
+    plan->host_grad_alt = host_state_bytes(plan, 4) - round_up_u64((uint64_t)plan->tile_numel[MT_TILE_EMBED] * 4, MT_PLAN_TILE_BYTES_ALIGN);
 
     /* Working set: where the layers compute, one entry per buffer the step graph registers
      * (step.c), sized by the same functions for the kind of worker that computes. A CPU-only
@@ -218,6 +220,8 @@ void mt_plan_print(const mt_plan *plan, FILE *out)
             plan->param_count ? (double)state / (double)plan->param_count : 0.0);
     fprintf(out, "  with --adamw-spare on (or auto, with clipping, when it fits): + %s of spare AdamW state (not pinned)\n",
             mt_format_bytes(plan->host_spare, a, sizeof a));
+    fprintf(out, "  with --adamw-defer on (ranged speculation): + %s of a second gradient (%s)\n",
+            mt_format_bytes(plan->host_grad_alt, a, sizeof a), plan->params.use_gpu ? "pinned" : "not pinned");
 }
 
 int mt_plan_check_host(const mt_plan *plan, uint64_t available_bytes, char *err, size_t errlen)

@@ -65,6 +65,9 @@ typedef struct mt_plan {
     /* Not in the totals: the spare (double-buffered) AdamW state a run adds when asked
      * (mt_step_config.adamw_spare): master, m and v again for layers 1..L-1 and the head. */
     uint64_t host_spare;
+    /* Not in the totals either: the second gradient of tiles 1.. (pinned with a GPU) that
+     * deferred moments halves add (mt_step_config.adamw_defer, --adamw-defer on). */
+    uint64_t host_grad_alt;
     char error[256];           /* why mt_plan_compute failed */
 } mt_plan;
 
