@@ -389,7 +389,12 @@ static void adamw_confirm_ranged(void *buffers[], mt_adamw_params p, mt_dtype dt
 
 /* Wall time the CPU workers spent in AdamW tasks, over the process (mt_codelet_adamw_seconds):
  * what bench divides by the workers and the parameters for AdamW's rate inside the step. */
-static atomic_llong adamw_ns;
+static atomic_llong adamw_ns, adamw_kind_ns[MT_AK_COUNT];
+
+const char *const mt_adamw_kind_names[MT_AK_COUNT] = {
+    "fused", "weights half", "confirm", "ranged pass", "ranged pass with last moments", "ranged redo",
+    "moments half", "table early",
+};
 
 int64_t mt_codelet_now_ns(void)
 {
@@ -398,9 +403,18 @@ int64_t mt_codelet_now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-void mt_codelet_adamw_time_add(int64_t ns) { atomic_fetch_add(&adamw_ns, (long long)ns); }
+void mt_codelet_adamw_time_add(mt_adamw_kind kind, int64_t ns)
+{
+    atomic_fetch_add(&adamw_ns, (long long)ns);
+    atomic_fetch_add(&adamw_kind_ns[kind], (long long)ns);
+}
 
 double mt_codelet_adamw_seconds(void) { return (double)atomic_load(&adamw_ns) * 1e-9; }
+
+void mt_codelet_adamw_seconds_by_kind(double out[MT_AK_COUNT])
+{
+    for (int k = 0; k < MT_AK_COUNT; k++) out[k] = (double)atomic_load(&adamw_kind_ns[k]) * 1e-9;
+}
 
 static void adamw_cpu(void *buffers[], void *cl_arg)
 {
@@ -410,7 +424,7 @@ static void adamw_cpu(void *buffers[], void *cl_arg)
     int clipped;
     starpu_codelet_unpack_args(cl_arg, &p, &dtype, &clipped);
     adamw_streamed(buffers, p, dtype, clipped, true);
-    mt_codelet_adamw_time_add(mt_codelet_now_ns() - t0);
+    mt_codelet_adamw_time_add(MT_AK_FUSED, mt_codelet_now_ns() - t0);
 }
 
 static void adamw_params_cpu(void *buffers[], void *cl_arg)
@@ -426,7 +440,11 @@ static void adamw_params_cpu(void *buffers[], void *cl_arg)
     else if (clipped == MT_ADAMW_RANGED_DEFERRED) adamw_params_ranged_deferred(buffers, p, dtype, &a, po);
     else if (clipped == MT_ADAMW_CONFIRM_RANGED) adamw_confirm_ranged(buffers, p, dtype);
     else adamw_streamed(buffers, p, dtype, clipped, false);
-    mt_codelet_adamw_time_add(mt_codelet_now_ns() - t0);
+    const mt_adamw_kind kind = clipped == MT_ADAMW_RANGED ? MT_AK_RANGED
+                             : clipped == MT_ADAMW_RANGED_DEFERRED ? MT_AK_RANGED_DEFERRED
+                             : clipped == MT_ADAMW_CONFIRM_RANGED ? MT_AK_CONFIRM_RANGED
+                             : clipped == MT_ADAMW_CONFIRM ? MT_AK_CONFIRM : MT_AK_WEIGHTS;
+    mt_codelet_adamw_time_add(kind, mt_codelet_now_ns() - t0);
 }
 
 /* The second half: master, m and v in place (the fused kernel, without the streamed copy the
@@ -441,7 +459,7 @@ static void adamw_moments_cpu(void *buffers[], void *cl_arg)
     if (clipped) p.grad_scale *= ((const double *)STARPU_VECTOR_GET_PTR(buffers[4]))[1];
     mt_cpu_adamw_f32(n, (float *)STARPU_VECTOR_GET_PTR(buffers[0]), (const float *)STARPU_VECTOR_GET_PTR(buffers[3]),
                      (float *)STARPU_VECTOR_GET_PTR(buffers[1]), (float *)STARPU_VECTOR_GET_PTR(buffers[2]), &p);
-    mt_codelet_adamw_time_add(mt_codelet_now_ns() - t0);
+    mt_codelet_adamw_time_add(MT_AK_MOMENTS, mt_codelet_now_ns() - t0);
 }
 
 struct starpu_codelet mt_cl_adamw = {

@@ -199,7 +199,21 @@ mt_ranged_counts mt_codelet_ranged_counts(void);
  * embedding_update_early) since the process started; mt_codelet_adamw_time_add adds to it,
  * mt_codelet_now_ns is its clock (CLOCK_MONOTONIC). */
 double mt_codelet_adamw_seconds(void);
-void mt_codelet_adamw_time_add(int64_t ns);
+/* The same time by kind of task, for bench to say where AdamW's CPU time goes. */
+typedef enum mt_adamw_kind {
+    MT_AK_FUSED,            /* adamw: the whole update (in place, or into the spare state) */
+    MT_AK_WEIGHTS,          /* adamw_params: the weights half, plain or speculated as if scale 1 */
+    MT_AK_CONFIRM,          /* adamw_params, MT_ADAMW_CONFIRM: the redo of a unit speculation */
+    MT_AK_RANGED,           /* adamw_params, MT_ADAMW_RANGED: the ranged pass */
+    MT_AK_RANGED_DEFERRED,  /* adamw_params, MT_ADAMW_RANGED_DEFERRED: last moments + ranged pass */
+    MT_AK_CONFIRM_RANGED,   /* adamw_params, MT_ADAMW_CONFIRM_RANGED: the redo of flagged elements */
+    MT_AK_MOMENTS,          /* adamw_moments: the moments half */
+    MT_AK_TABLE_EARLY,      /* embedding_update_early: the table's weights half before its backward */
+    MT_AK_COUNT
+} mt_adamw_kind;
+extern const char *const mt_adamw_kind_names[MT_AK_COUNT];
+void mt_codelet_adamw_seconds_by_kind(double out[MT_AK_COUNT]);
+void mt_codelet_adamw_time_add(mt_adamw_kind kind, int64_t ns);
 int64_t mt_codelet_now_ns(void);
 /* The same update split in two (equal to adamw bit for bit when both run on the same inputs):
  * adamw_params: [0] master R, [1] m R, [2] v R, [3] grad R, [4] streamed weights W, [5] clip R

@@ -156,7 +156,7 @@ static void embedding_update_early_cpu(void *buffers[], void *cl_arg)
         else if (weights) mt_codelet_adamw_params_range(b - off, e - b, master, g, m, v, w, a.dtype, &a.p);
         rows[r - off / d] = row_part_sumsq(g, off, b, e);
     }
-    mt_codelet_adamw_time_add(mt_codelet_now_ns() - t0); /* counted as AdamW (its row sums ride along) */
+    mt_codelet_adamw_time_add(MT_AK_TABLE_EARLY, mt_codelet_now_ns() - t0); /* counted as AdamW (its row sums ride along) */
 }
 
 static void sum_partials_cpu(void *buffers[], void *cl_arg)

@@ -256,7 +256,7 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
     }
     int *slots = calloc(total + 1, sizeof(int));
     mt_ranged_counts rc0 = mt_codelet_ranged_counts();
-    double measure_start = 0, adamw_cpu0 = 0;
+    double measure_start = 0, adamw_cpu0 = 0, kind0[MT_AK_COUNT] = { 0 };
     bool traced = false;
     for (int step = 1; step <= total; step++) {
         if (step == o->warmup + 1) {
@@ -269,6 +269,7 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
             pthread_mutex_unlock(&tl.lock);
             traced = mt_policy_trace_begin(trace_capacity(o, sc, cfg)) == 0;
             adamw_cpu0 = mt_codelet_adamw_seconds();
+            mt_codelet_adamw_seconds_by_kind(kind0);
             rc0 = mt_codelet_ranged_counts();
             measure_start = now();
         }
@@ -300,6 +301,15 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
     gpu_time(o, traced, &tl, r);
     /* The measured steps' AdamW tasks, all of them (the warm-up's drained before the window). */
     r->adamw_step_cpu_s = (mt_codelet_adamw_seconds() - adamw_cpu0) / o->steps;
+    if (log && o->steps > 0) {
+        /* where that time goes, by kind of task */
+        double kind1[MT_AK_COUNT];
+        mt_codelet_adamw_seconds_by_kind(kind1);
+        fprintf(log, "bench: K=%d clip %g: AdamW tasks, CPU-s per measured step:", sc->K, sc->clip);
+        for (int k = 0; k < MT_AK_COUNT; k++)
+            if (kind1[k] > kind0[k]) fprintf(log, " %s %.3f;", mt_adamw_kind_names[k], (kind1[k] - kind0[k]) / o->steps);
+        fprintf(log, " total %.3f\n", r->adamw_step_cpu_s);
+    }
     const unsigned ncpu = starpu_cpu_worker_get_count();
     r->adamw_step_s_per_gparam = ncpu ? r->adamw_step_cpu_s / ncpu / (mt_config_param_count(cfg) / 1e9) : NAN;
 

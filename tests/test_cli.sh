@@ -203,6 +203,8 @@ elif ! grep -qE '^bench: K=4 clip 0.01: ranged speculation checked [1-9][0-9]* p
     fail "$name" "no 'ranged speculation checked N' line"
 elif ! grep -qE '\| ranged [0-9]+%, in range [0-9]+%, [0-9.]+% flagged \|$' "$out"; then fail "$name" "no ranged column"
 elif grep -q 'deferred' "$err"; then fail "$name" "'deferred' without --adamw-defer on (off is the default)"
+elif ! grep -qE '^bench: K=4 clip 0.01: AdamW tasks, CPU-s per measured step:.* ranged pass [0-9.]+;.* ranged redo [0-9.]+;.* total [0-9.]+$' "$err"; then
+    fail "$name" "no AdamW time by kind of task (ranged pass, ranged redo, total)"
 else pass "$name"; fi
 
 name="bench --clip-speculate ranged --adamw-defer on"
