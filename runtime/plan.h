@@ -68,6 +68,10 @@ typedef struct mt_plan {
     /* Not in the totals either: the second gradient of tiles 1.. (pinned with a GPU) that
      * deferred moments halves add (mt_step_config.adamw_defer, --adamw-defer on). */
     uint64_t host_grad_alt;
+    /* Not in the totals: ranged clip speculation's bitmaps (one bit per parameter, plus a
+     * 16-byte header per AdamW chunk), host memory a run with a GPU, bf16 weights and clipping
+     * allocates by default (--clip-speculate auto). About param_count / 8 bytes. */
+    uint64_t host_clip_flags;
     char error[256];           /* why mt_plan_compute failed */
 } mt_plan;
 

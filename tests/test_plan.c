@@ -66,6 +66,8 @@ START_TEST(test_tiny_cpu)
     /* Not in the totals: the second gradient of tiles 1.. (--adamw-defer on) is a gradient less
      * the embedding's 48 pages. */
     ck_assert_uint_eq(plan.host_grad_alt, kind - 196608);
+    /* bitmaps: 49152 / 64, 393920 / 64 (6155 words), 192 / 64 words of 8 bytes */
+    ck_assert_uint_eq(plan.host_clip_flags, 8 * (768 + 6 * 6155 + 3));
     /* No GPU: nothing on it, nothing pinned. */
     ck_assert_uint_eq(plan.gpu_total, 0);
     ck_assert_uint_eq(plan.host_pinned_total, 0);
