@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codelets.h"
 #include "ops.h"
 #include "testutil.h"
 
@@ -698,6 +699,75 @@ END_TEST
 START_TEST(test_adamw_f64) { check_adamw(false); }
 END_TEST
 
+/* The soundness of ranged speculation's flags (codelets/adamw.c, mt_codelet_ranged_pass), which
+ * the exactness of `--clip-speculate ranged` rests on: for every element it leaves unflagged,
+ * the weights half's bf16 result is the same for every clip scale in the range. Checked against
+ * the kernel itself at 33 scales across the range (both ends, evenly spaced, and random ones), on
+ * 2^18 elements of random magnitudes (weights 1e-4..1, gradients 1e-7..1e-1, moments to match,
+ * some zero), at three learning rates (few, some and most weights moving across a bf16 step),
+ * early and late steps, two ranges. Also that a useful share is left unflagged. */
+START_TEST(test_ranged_flags_sound)
+{
+    enum { N = 1 << 18, SCALES = 33 };
+    const size_t fb = sizeof(float) * N;
+    float *p = malloc(fb), *g = malloc(fb), *m = malloc(fb), *v = malloc(fb), *out = malloc(fb);
+    mt_bf16 *w = malloc(sizeof(mt_bf16) * N), *wk = malloc(sizeof(mt_bf16) * N);
+    const size_t flag_bytes = mt_codelet_ranged_bitmap_bytes(N), words = (N + 63) / 64;
+    void *flags = malloc(flag_bytes);
+    const uint64_t *bits = (const uint64_t *)((const char *)flags + flag_bytes - words * sizeof(uint64_t));
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 41);
+    for (int i = 0; i < N; i++) {
+        p[i] = (float)(mt_test_normal(&rng) * pow(10.0, -4.0 * mt_test_uniform(&rng)));
+        const double gs = pow(10.0, -7.0 + 6.0 * mt_test_uniform(&rng));
+        g[i] = (float)(mt_test_normal(&rng) * gs);
+        m[i] = (float)(mt_test_normal(&rng) * gs * 0.5);
+        v[i] = (float)(gs * gs * (0.1 + mt_test_uniform(&rng)));
+        if (i % 97 == 0) g[i] = 0;
+        if (i % 101 == 0) m[i] = v[i] = 0;
+    }
+    const double lrs[3] = { 1e-5, 1e-3, 3e-2 }, ranges[2][2] = { { 0.24, 0.26 }, { 0.9, 1.0 } };
+    const int64_t steps[2] = { 1, 40 };
+    for (int l = 0; l < 3; l++)
+        for (int r = 0; r < 2; r++)
+            for (int st = 0; st < 2; st++) {
+                mt_adamw_params a = adam_base;
+                a.lr = lrs[l];
+                a.step = steps[st];
+                a.grad_scale = ranges[r][1];
+                a.grad_scale_lo = ranges[r][0];
+                memset(flags, 0, flag_bytes);
+                mt_codelet_ranged_pass(0, N, p, g, m, v, w, MT_DTYPE_BF16, &a, flags);
+                int64_t flagged = 0;
+                for (size_t k = 0; k < words; k++) flagged += __builtin_popcountll(bits[k]);
+                for (int k = 0; k < SCALES; k++) {
+                    const float cl = (float)ranges[r][0], ch = (float)ranges[r][1];
+                    float c = k == 0 ? cl : k == 1 ? ch : k < 17 ? cl + (ch - cl) * (float)(k - 1) / 16.0f
+                                                              : cl + (ch - cl) * (float)mt_test_uniform(&rng);
+                    if (c > ch) c = ch;
+                    mt_adamw_params ak = a;
+                    ak.grad_scale = c;
+                    ak.grad_scale_lo = 0;
+                    mt_cpu_adamw_params_f32(N, p, g, m, v, out, &ak);
+                    mt_cpu_f32_to_bf16(N, out, wk);
+                    for (int i = 0; i < N; i++) {
+                        if ((bits[i / 64] >> (i % 64)) & 1) continue;
+                        ck_assert_msg(wk[i] == w[i],
+                                      "lr %g, range [%g, %g], step %lld: element %d unflagged but its bf16 weight "
+                                      "at scale %.9g is 0x%04x, not 0x%04x (p %.9g g %.9g m %.9g v %.9g)",
+                                      lrs[l], cl, ch, (long long)a.step, i, (double)c, wk[i], w[i], (double)p[i],
+                                      (double)g[i], (double)m[i], (double)v[i]);
+                    }
+                }
+                /* the bound is not trivially "flag everything": at the smallest rate most stay */
+                if (l == 0) ck_assert_msg(flagged < N / 4, "lr %g: %lld of %d flagged", lrs[l], (long long)flagged, N);
+                printf("ranged flags, lr %g, range [%g, %g], step %lld: %.2f%% flagged\n", lrs[l], ranges[r][0],
+                       ranges[r][1], (long long)a.step, 100.0 * (double)flagged / N);
+            }
+    free(p); free(g); free(m); free(v); free(out); free(w); free(wk); free(flags);
+}
+END_TEST
+
 /* ---------- bf16 ---------- */
 
 static float f_bits(uint32_t u)
@@ -808,6 +878,7 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, test_adamw_f64);
     tcase_add_test(tc, test_bf16);
     tcase_add_test(tc, test_adamw_f32_bitwise_scalar);
+    tcase_add_test(tc, test_ranged_flags_sound);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -3,8 +3,10 @@
  * and GB/s at its nominal bytes per parameter. Variants: the fused update in place with its bf16
  * streamed copy (30 B), the same out of place into a second master, m and v with plain or
  * non-temporal stores (--adamw-spare; 30 B nominal, plus the reads of the target lines that
- * plain stores cause), and the split update's halves (18 and 28 B). A diagnostic, not the
- * benchmark: `megatrain bench` measures AdamW alone and inside the step. */
+ * plain stores cause), the split update's halves (18 and 28 B), and the ranged pass of clip
+ * speculation (the weights half at the range's top scale plus the bitmap of the elements whose
+ * bf16 weight could differ within the range: 18 B and a bit). A diagnostic, not the benchmark:
+ * `megatrain bench` measures AdamW alone and inside the step. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -14,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "codelets.h"
 #include "cpu/ops.h"
 
 enum { BLOCK = 4096, MAX_THREADS = 256 };
@@ -23,8 +26,18 @@ typedef struct bench {
     int threads, mode;
     float *p, *g, *m, *v, *p2, *m2, *v2;
     mt_bf16 *w;
-    mt_adamw_params prm;
+    void *flags;           /* the ranged pass's header and bitmap over all n */
+    mt_adamw_params prm, ranged;
 } bench;
+
+/* Thread t's elements [*lo, *hi): whole blocks (the ranged bitmap's words are then never shared). */
+static void range_of(const bench *b, int t, int64_t *lo, int64_t *hi)
+{
+    const int64_t blocks = (b->n + BLOCK - 1) / BLOCK;
+    *lo = blocks * t / b->threads * BLOCK;
+    *hi = blocks * (t + 1) / b->threads * BLOCK;
+    if (*hi > b->n) *hi = b->n;
+}
 
 typedef struct job { bench *b; int t; } job;
 
@@ -32,7 +45,8 @@ static void *run(void *arg)
 {
     const job *j = arg;
     bench *b = j->b;
-    const int64_t lo = b->n * j->t / b->threads, hi = b->n * (j->t + 1) / b->threads;
+    int64_t lo, hi;
+    range_of(b, j->t, &lo, &hi);
     float *a = malloc(3 * BLOCK * sizeof(float)), *c1 = a + BLOCK, *c2 = a + 2 * BLOCK;
     for (int64_t o = lo; o < hi; o += BLOCK) {
         const int64_t n = hi - o < BLOCK ? hi - o : BLOCK;
@@ -49,6 +63,7 @@ static void *run(void *arg)
                 break;
         case 3: mt_cpu_adamw_params_f32(n, b->p + o, b->g + o, b->m + o, b->v + o, a, &b->prm);
                 mt_cpu_f32_to_bf16(n, a, b->w + o); break;
+        case 5: mt_codelet_ranged_pass(o, n, b->p, b->g, b->m, b->v, b->w, MT_DTYPE_BF16, &b->ranged, b->flags); break;
         default: mt_cpu_adamw_f32(n, b->p + o, b->g + o, b->m + o, b->v + o, &b->prm); break;
         }
     }
@@ -62,7 +77,8 @@ static void *touch(void *arg)
 {
     const job *j = arg;
     bench *b = j->b;
-    const int64_t lo = b->n * j->t / b->threads, hi = b->n * (j->t + 1) / b->threads;
+    int64_t lo, hi;
+    range_of(b, j->t, &lo, &hi);
     for (int64_t i = lo; i < hi; i++) {
         b->p[i] = b->p2[i] = 0.01f;
         b->g[i] = 1e-3f * (float)((i * 7) % 13 - 6);
@@ -130,13 +146,19 @@ int main(int argc, char **argv)
     for (size_t k = 0; k < sizeof arrays / sizeof arrays[0]; k++)
         if (!(*arrays[k] = aligned_alloc(4096, fb))) { fprintf(stderr, "adamw_bw: out of memory\n"); return 1; }
     if (!(b.w = aligned_alloc(4096, wb))) { fprintf(stderr, "adamw_bw: out of memory\n"); return 1; }
+    /* the ranged pass: a range of clip scales around 0.25, as bench's 3B model at clip 1 */
+    if (!(b.flags = calloc(1, mt_codelet_ranged_bitmap_bytes(b.n)))) { fprintf(stderr, "adamw_bw: out of memory\n"); return 1; }
+    b.ranged = b.prm;
+    b.ranged.grad_scale = 0.26;
+    b.ranged.grad_scale_lo = 0.24;
     parallel(&b, touch);
     printf("adamw_bw: %lld parameters, %d threads\n", (long long)b.n, b.threads);
     static const struct { const char *name; double bytes; } modes[] = {
         { "fused, in place, + bf16 copy", 30 }, { "out of place, plain stores", 30 },
         { "out of place, non-temporal stores", 30 }, { "split: weights half", 18 }, { "split: moments half", 28 },
+        { "ranged pass (weights half + flags)", 18 },
     };
-    for (int mode = 0; mode < 5; mode++) {
+    for (int mode = 0; mode < 6; mode++) {
         b.mode = mode;
         double best = 1e30;
         for (int r = 0; r < 3; r++) {
@@ -148,5 +170,6 @@ int main(int argc, char **argv)
     }
     for (size_t k = 0; k < sizeof arrays / sizeof arrays[0]; k++) free(*arrays[k]);
     free(b.w);
+    free(b.flags);
     return 0;
 }
