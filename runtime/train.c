@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "codelets.h"
 #include "config.h"
 #include "data.h"
 #include "dataset.h"
@@ -243,6 +244,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     if (log) fprintf(log, "step %5lld | val %.4f\n", (long long)(first - 1), res->first_val);
 
     double t0 = now();
+    const mt_ranged_counts rc0 = mt_codelet_ranged_counts();
     int slot = -1;
     int64_t last = o->stop_after > 0 && o->stop_after < o->steps ? o->stop_after : o->steps;
     for (int64_t s = first; s <= last + 1; s++) {
@@ -314,6 +316,13 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     if (log && o->step.clip > 0)
         fprintf(log, "clipping at %g: the update ran ahead of the norm in %lld steps; the norm was within the bound in "
                      "%lld of them (--clip-speculate)\n", o->step.clip, (long long)speculated, (long long)held);
+    const mt_ranged_counts rc1 = mt_codelet_ranged_counts();
+    const long long checked = rc1.checked - rc0.checked, skipped = rc1.skipped - rc0.skipped;
+    if (log && checked + skipped > 0)
+        fprintf(log, "clipping at %g: ranged speculation checked %lld parameter updates, flagged %.3f%% of them for a "
+                     "redo; %lld not speculated (range too wide), %lld redone whole (scale outside the range)\n",
+                o->step.clip, checked, checked ? 100.0 * (double)(rc1.flagged - rc0.flagged) / (double)checked : 0.0,
+                skipped, (long long)(rc1.outside - rc0.outside));
     /* Sampling decodes bytes: it is the byte-level model's; prepared data has its own tokenizer. */
     if (log && !ds && o->sample_bytes > 0) {
         starpu_task_wait_for_all();

@@ -138,6 +138,16 @@ elif ! grep -q -- '^--- sample' "$out" || ! grep -q -- '^--- end of sample ---$'
 elif ! grep -qF 'A:' "$out"; then fail "$name" "the sample does not start with the prompt"
 else pass "$name"; fi
 
+# Ranged clip speculation in training (bf16 weights on CPU workers, a bound below the norm):
+# the summary says how much it checked and flagged.
+name="train --dtype bf16 --clip-speculate ranged"
+run train --steps 4 --micro-batch 2 --seq-len 32 --sample-bytes 0 --eval-every 0 --ncpu 2 --ncuda 0 --dtype bf16 \
+    --clip 0.01 --clip-speculate ranged
+if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif ! grep -qE '^clipping at 0.01: ranged speculation checked [1-9][0-9]* parameter updates, flagged [0-9.]+% of them' "$out"; then
+    fail "$name" "no 'ranged speculation checked N' line"
+else pass "$name"; fi
+
 name="grads --logits --save-model"
 run train --steps 1 --micro-batch 2 --seq-len 16 --sample-bytes 0 --eval-every 0 --ncpu 2 --save-model "$work/trained"
 head -c 136 /dev/zero >"$work/tokens.bin"
