@@ -750,6 +750,12 @@ START_TEST(test_ranged_flags_sound)
                     ak.grad_scale_lo = 0;
                     mt_cpu_adamw_params_f32(N, p, g, m, v, out, &ak);
                     mt_cpu_f32_to_bf16(N, out, wk);
+                    /* at the top scale every element, flagged or not, is the kernel's (what is
+                     * streamed when the redo leaves it) */
+                    for (int i = 0; k == 1 && i < N; i++)
+                        if (wk[i] != w[i])
+                            ck_assert_msg(false, "lr %g, range [%g, %g]: element %d's weight is not the kernel's at the "
+                                          "top scale", lrs[l], cl, ch, i);
                     for (int i = 0; i < N; i++) {
                         if (((bits[i / 64] >> (i % 64)) & 1) || wk[i] == w[i]) continue; /* ck_assert per element is a syscall */
                         ck_assert_msg(false,
