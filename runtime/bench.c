@@ -222,6 +222,9 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
     if (log && st->ntiles > 2 && st->tiles[2].master_spare)
         fprintf(log, "bench: K=%d clip %g: AdamW state double-buffered (spare master, m and v of layers 1..L-1 and the head)\n",
                 sc->K, sc->clip);
+    if (log && sc->adamw_defer > 0 && !mt_graph_defers(g))
+        fprintf(log, "bench: K=%d clip %g: --adamw-defer on has no effect here: it needs ranged clip speculation (bf16 "
+                     "weights, clipping, and --clip-speculate ranged, or auto with a GPU)\n", sc->K, sc->clip);
     if (log && mt_graph_defers(g))
         fprintf(log, "bench: K=%d clip %g: AdamW moments halves deferred to the next step's ranged runs (a second "
                      "gradient: %.2f GB more pinned host memory)\n",

@@ -217,6 +217,9 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
                 (long long)o->steps, o->step.accum, (long long)o->step.B, (long long)o->step.T, o->step.K, o->step.clip,
                 o->lr, o->schedule == MT_LR_COSINE ? "warm-up + cosine" : "constant", mt_runtime_ncpu(),
                 mt_runtime_ncuda(), o->runtime.sched ? o->runtime.sched : mt_default_sched());
+        if (o->step.adamw_defer > 0 && !mt_graph_defers(g))
+            fprintf(log, "megatrain: --adamw-defer on has no effect here: it needs ranged clip speculation (bf16 "
+                         "weights, clipping, and --clip-speculate ranged, or auto with a GPU)\n");
         if (mt_graph_defers(g))
             fprintf(log, "megatrain: AdamW moments halves deferred to the next step's ranged runs (--adamw-defer): "
                          "%.2f GB more pinned host memory\n", (double)mt_state_grad_alt_bytes(st, 1) / 1e9);

@@ -237,6 +237,13 @@ else
     else pass "$name"; fi
 fi
 
+# --adamw-defer on where it cannot apply (fp32 weights on CPU workers): bench says so.
+name="bench --adamw-defer on without ranged speculation"
+run bench --shape tiny --micro-batch 2 --seq-len 64 --clip 0.01 --warmup 1 --steps 1 --ncpu 2 --ncuda 0 --adamw-defer on
+if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif ! grep -q -- '--adamw-defer on has no effect here' "$err"; then fail "$name" "no 'has no effect' line"
+else pass "$name"; fi
+
 # tools/adamw_bw, the AdamW traffic diagnostic next to megatrain: --help, a bad count, a tiny run.
 adamw_bw="$(dirname "$megatrain")/adamw_bw"
 name="adamw_bw --help, bad count, tiny run"
