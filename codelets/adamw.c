@@ -188,12 +188,21 @@ size_t mt_codelet_ranged_bitmap_bytes(int64_t n)
 
 /* Over the process (mt_codelet_ranged_counts). */
 static atomic_llong ranged_checked, ranged_flagged, ranged_skipped, ranged_outside, ranged_below;
+static atomic_llong table_checked, table_flagged, table_touched;
+
+void mt_codelet_ranged_table_add(int64_t checked, int64_t flagged, int64_t touched)
+{
+    atomic_fetch_add(&table_checked, (long long)checked);
+    atomic_fetch_add(&table_flagged, (long long)flagged);
+    atomic_fetch_add(&table_touched, (long long)touched);
+}
 
 mt_ranged_counts mt_codelet_ranged_counts(void)
 {
     const long long below = atomic_load(&ranged_below);
     return (mt_ranged_counts){ atomic_load(&ranged_checked), atomic_load(&ranged_flagged),
-                               atomic_load(&ranged_skipped), atomic_load(&ranged_outside) + below, below };
+                               atomic_load(&ranged_skipped), atomic_load(&ranged_outside) + below, below,
+                               atomic_load(&table_checked), atomic_load(&table_flagged), atomic_load(&table_touched) };
 }
 
 /* The clip task's scale for a norm (clip.c: torch's max_norm / (norm + 1e-6), at most 1). */
@@ -267,8 +276,8 @@ static int64_t ranged_block(int64_t e, int64_t len, const float *master, const f
     return or_bits(e, len, may, bits);
 }
 
-void mt_codelet_ranged_pass(int64_t o, int64_t n, const float *master, const float *grad, const float *m,
-                            const float *v, void *weights, mt_dtype dtype, const mt_adamw_params *p, void *flags)
+int64_t mt_codelet_ranged_pass(int64_t o, int64_t n, const float *master, const float *grad, const float *m,
+                               const float *v, void *weights, mt_dtype dtype, const mt_adamw_params *p, void *flags)
 {
     uint64_t *bits = (uint64_t *)((ranged_header *)flags + 1);
     const ranged_consts k = ranged_consts_of(p);
@@ -279,6 +288,7 @@ void mt_codelet_ranged_pass(int64_t o, int64_t n, const float *master, const flo
         nflagged += ranged_block(e, len, master, grad, m, v, weights, dtype, p, &k, bits);
     }
     atomic_fetch_add(&ranged_flagged, nflagged);
+    return nflagged;
 }
 
 void mt_codelet_ranged_flag(int64_t o, int64_t n, void *flags)

@@ -181,19 +181,25 @@ size_t mt_codelet_ranged_bitmap_bytes(int64_t n);
  * the range of a chunk of n elements from `known` (mt_ranged_args) and writes it at the head of
  * its flags buffer (head_table: mt_ranged_args); when narrow enough, clears the bitmap, sets p's grad_scale and grad_scale_lo
  * to the range and returns true; else marks the chunk for its confirm to do whole. ranged_pass:
- * over elements [o, o + n) of the chunk, the weights at the range's top and their flags. ranged_flag:
+ * over elements [o, o + n) of the chunk, the weights at the range's top and their flags; returns
+ * how many it flagged. ranged_flag:
  * flags elements [o, o + n) (their gradient is still to change: the confirm redoes them). */
 bool mt_codelet_ranged_begin(void *flags, int64_t n, double known, double head_table, const mt_ranged_args *a,
                              mt_adamw_params *p);
-void mt_codelet_ranged_pass(int64_t o, int64_t n, const float *master, const float *grad, const float *m,
-                            const float *v, void *weights, mt_dtype dtype, const mt_adamw_params *p, void *flags);
+int64_t mt_codelet_ranged_pass(int64_t o, int64_t n, const float *master, const float *grad, const float *m,
+                               const float *v, void *weights, mt_dtype dtype, const mt_adamw_params *p, void *flags);
 void mt_codelet_ranged_flag(int64_t o, int64_t n, void *flags);
 /* Elements, since the process began: ranged runs have checked, and of those flagged; ranged
  * runs skipped (range too wide); confirms redid whole because the scale was outside the range,
  * and of those, below it (the rest of the norm came out larger than predicted). */
 typedef struct mt_ranged_counts {
     int64_t checked, flagged, skipped, outside, below;
+    /* of those, the table's on its early path (mt_codelet_ranged_table_add): checked, flagged,
+     * and the elements of the rows the step's tokens touch, flagged whole by its embedding
+     * backward (their gradient changed after the ranged run) */
+    int64_t table_checked, table_flagged, table_touched;
 } mt_ranged_counts;
+void mt_codelet_ranged_table_add(int64_t checked, int64_t flagged, int64_t touched);
 mt_ranged_counts mt_codelet_ranged_counts(void);
 /* Seconds CPU workers spent in AdamW tasks (adamw, adamw_params, adamw_moments,
  * embedding_update_early) since the process started; mt_codelet_adamw_time_add adds to it,

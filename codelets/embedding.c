@@ -115,15 +115,17 @@ static void embedding_backward_chunk_cpu(void *buffers[], void *cl_arg)
     void *w = (void *)STARPU_VECTOR_GET_PTR(buffers[4 + 2 * a.micro_batches]);
     double *rows = a.sumsq ? (double *)STARPU_VECTOR_GET_PTR(buffers[5 + 2 * a.micro_batches]) : NULL;
     void *flags = a.ranged ? (void *)STARPU_VECTOR_GET_PTR(buffers[STARPU_TASK_GET_NBUFFERS(starpu_task_get_current()) - 1]) : NULL;
+    int64_t nflag = 0;
     for (int64_t row = lo; row <= hi; row++) {
         if (!touched[row - lo]) continue;
         int64_t b, e;
         row_part(row, d, off, n, &b, &e);
-        if (flags) mt_codelet_ranged_flag(b - off, e - b, flags);
+        if (flags) mt_codelet_ranged_flag(b - off, e - b, flags), nflag += e - b;
         else mt_codelet_adamw_params_range(b - off, e - b, master, g, m, v, w, a.dtype, &a.p);
         if (rows) rows[row - lo] = row_part_sumsq(g, off, b, e);
     }
     free(touched);
+    if (nflag) mt_codelet_ranged_table_add(0, 0, nflag);
     if (a.sumsq) *(double *)STARPU_VECTOR_GET_PTR(buffers[6 + 2 * a.micro_batches]) = mt_codelet_sum_rows(rows, hi - lo + 1);
 }
 
@@ -149,13 +151,15 @@ static void embedding_update_early_cpu(void *buffers[], void *cl_arg)
     const bool weights = !flags || mt_codelet_ranged_begin(flags, n, known[0], known[1], &a.ra, &a.p);
     /* Row by row, so each row's gradient is summed while it is in cache (per element, AdamW
      * does not depend on how the chunk is cut). */
+    int64_t flagged = 0;
     for (int64_t r = off / d; r <= (off + n - 1) / d; r++) {
         int64_t b, e;
         row_part(r, d, off, n, &b, &e);
-        if (flags && weights) mt_codelet_ranged_pass(b - off, e - b, master, g, m, v, w, a.dtype, &a.p, flags);
+        if (flags && weights) flagged += mt_codelet_ranged_pass(b - off, e - b, master, g, m, v, w, a.dtype, &a.p, flags);
         else if (weights) mt_codelet_adamw_params_range(b - off, e - b, master, g, m, v, w, a.dtype, &a.p);
         rows[r - off / d] = row_part_sumsq(g, off, b, e);
     }
+    if (flags && weights) mt_codelet_ranged_table_add(n, flagged, 0);
     mt_codelet_adamw_time_add(MT_AK_TABLE_EARLY, mt_codelet_now_ns() - t0); /* counted as AdamW (its row sums ride along) */
 }
 

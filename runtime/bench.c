@@ -300,6 +300,13 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
                 sc->K, sc->clip, (long long)rchecked,
                 rchecked ? 100.0 * (double)(rc.flagged - rc0.flagged) / (double)rchecked : 0.0,
                 (long long)rskipped, (long long)(rc.outside - rc0.outside), (long long)(rc.below - rc0.below));
+    const int64_t tchecked = rc.table_checked - rc0.table_checked, ttouched = rc.table_touched - rc0.table_touched;
+    if (log && rchecked + rskipped > 0 && tchecked + ttouched > 0)
+        fprintf(log, "bench: K=%d clip %g: of those, the table's: %lld checked on its early path, %.3f%% of them flagged; "
+                     "%lld elements of the rows the tokens touch flagged whole (redone after the norm)\n",
+                sc->K, sc->clip, (long long)tchecked,
+                tchecked ? 100.0 * (double)(rc.table_flagged - rc0.table_flagged) / (double)tchecked : 0.0,
+                (long long)ttouched);
     double window = now() - measure_start;
     gpu_time(o, traced, &tl, r);
     /* The measured steps' AdamW tasks, all of them (the warm-up's drained before the window). */

@@ -215,6 +215,8 @@ elif ! grep -qE '\| ranged [0-9]+%, in range [0-9]+%, [0-9.]+% flagged \|$' "$ou
 elif grep -q 'deferred' "$err"; then fail "$name" "'deferred' without --adamw-defer on (off is the default)"
 elif ! grep -qE '^bench: K=4 clip 0.01: AdamW tasks, CPU-s per measured step:.* ranged pass [0-9.]+;.* ranged redo [0-9.]+;.* total [0-9.]+$' "$err"; then
     fail "$name" "no AdamW time by kind of task (ranged pass, ranged redo, total)"
+elif ! grep -qE "^bench: K=4 clip 0.01: of those, the table's: [1-9][0-9]* checked on its early path, [0-9.]+% of them flagged; [1-9][0-9]* elements of the rows" "$err"; then
+    fail "$name" "no line on the table's share"
 else pass "$name"; fi
 
 name="bench --clip-speculate ranged --adamw-defer on"
