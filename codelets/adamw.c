@@ -408,7 +408,13 @@ static void adamw_confirm_ranged(void *buffers[], mt_adamw_params p, mt_dtype dt
         mt_codelet_adamw_params_range(0, n, master, grad, m, v, w, dtype, &p);
         return;
     }
-    redo_flagged(n, (const uint64_t *)(hd + 1), master, grad, m, v, (mt_bf16 *)w, &p);
+    mt_codelet_ranged_redo(n, hd, master, grad, m, v, (mt_bf16 *)w, &p);
+}
+
+void mt_codelet_ranged_redo(int64_t n, const void *flags, const float *master, const float *grad, const float *m,
+                            const float *v, mt_bf16 *w, const mt_adamw_params *p)
+{
+    redo_flagged(n, (const uint64_t *)((const ranged_header *)flags + 1), master, grad, m, v, w, p);
 }
 
 /* Wall time the CPU workers spent in AdamW tasks, over the process (mt_codelet_adamw_seconds):

@@ -189,6 +189,10 @@ bool mt_codelet_ranged_begin(void *flags, int64_t n, double known, double head_t
 int64_t mt_codelet_ranged_pass(int64_t o, int64_t n, const float *master, const float *grad, const float *m,
                                const float *v, void *weights, mt_dtype dtype, const mt_adamw_params *p, void *flags);
 void mt_codelet_ranged_flag(int64_t o, int64_t n, void *flags);
+/* The confirm's redo of a chunk of n elements whose scale fell inside its range: the weights
+ * half (p: with the scale) of the flagged elements, bf16 streamed weights w. */
+void mt_codelet_ranged_redo(int64_t n, const void *flags, const float *master, const float *grad, const float *m,
+                            const float *v, mt_bf16 *w, const mt_adamw_params *p);
 /* Elements, since the process began: ranged runs have checked, and of those flagged; ranged
  * runs skipped (range too wide); confirms redid whole because the scale was outside the range,
  * and of those, below it (the rest of the norm came out larger than predicted). */
