@@ -175,8 +175,13 @@ enum mt_adamw_clip {
     MT_ADAMW_RANGED_DEFERRED = 5,
 };
 /* Bytes of a ranged run's flags buffer for a chunk of n elements (the range, whole 64-bit
- * words of bitmap). */
+ * words of bitmap, then room for the inputs of up to n/32 flagged elements: codelets/adamw.c,
+ * ranged_header), and where its bitmap starts. */
 size_t mt_codelet_ranged_bitmap_bytes(int64_t n);
+const uint64_t *mt_codelet_ranged_bits(const void *flags);
+/* A flags buffer for a chunk of n elements made empty, for callers of mt_codelet_ranged_pass that
+ * set the range in p themselves (ranged_begin does this itself). */
+void mt_codelet_ranged_reset(void *flags, int64_t n);
 /* The pieces of a ranged run, for the table's early path (embedding.c) too. ranged_begin: decides
  * the range of a chunk of n elements from `known` (mt_ranged_args) and writes it at the head of
  * its flags buffer (head_table: mt_ranged_args); when narrow enough, clears the bitmap, sets p's grad_scale and grad_scale_lo

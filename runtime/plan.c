@@ -103,12 +103,13 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
     /* state.c allocates the spare state per tile, unpinned, the same way (step.c: from tile 2) */
     plan->host_spare = 3 * (host_state_bytes(plan, 4) - round_up_u64((uint64_t)plan->tile_numel[MT_TILE_EMBED] * 4, MT_PLAN_TILE_BYTES_ALIGN) -
                             round_up_u64((uint64_t)plan->tile_numel[MT_TILE_LAYER] * 4, MT_PLAN_TILE_BYTES_ALIGN));
-    /* step.c's ranged bitmaps: a bit per element, in 64-bit words, of every tile (the chunk
-     * headers are left out: 16 bytes per chunk of ~1M elements) */
+    /* step.c's ranged flags buffers: a bit per element, in 64-bit words, and room for the inputs
+     * of 1/32 of the elements (20 bytes each), of every tile (counted per tile, not per AdamW
+     * chunk: a few dozen bytes per chunk of ~1M elements left out) */
     plan->host_clip_flags = 0;
     for (int t = MT_TILE_EMBED; t <= MT_TILE_HEAD; t++) {
-        const uint64_t words = ((uint64_t)plan->tile_numel[t] + 63) / 64 * 8;
-        plan->host_clip_flags += t == MT_TILE_LAYER ? (uint64_t)(plan->num_tiles - 2) * words : words;
+        const uint64_t n = (uint64_t)plan->tile_numel[t], bytes = (n + 63) / 64 * 8 + n / 32 * 20;
+        plan->host_clip_flags += t == MT_TILE_LAYER ? (uint64_t)(plan->num_tiles - 2) * bytes : bytes;
     }
     /* state.c's mt_state_enable_grad_alt: tiles 1.. */
     plan->host_grad_alt = host_state_bytes(plan, 4) - round_up_u64((uint64_t)plan->tile_numel[MT_TILE_EMBED] * 4, MT_PLAN_TILE_BYTES_ALIGN);
@@ -158,6 +159,9 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
      * buffers copied over each micro-batch. */
     plan->host[MT_PLAN_INPUTS] = work[MT_PLAN_INPUTS];
     plan->host_pinned[MT_PLAN_INPUTS] = p->use_gpu;
+    /* StarPU allocates the flags buffers (registered without a home), pinned with a GPU */
+    plan->host[MT_PLAN_CLIP_FLAGS] = p->use_gpu && p->compute == MT_DTYPE_BF16 ? plan->host_clip_flags : 0;
+    plan->host_pinned[MT_PLAN_CLIP_FLAGS] = p->use_gpu;
 
     for (int k = 0; k < MT_PLAN_KIND_COUNT; k++) {
         plan->host_total = add(plan->host_total, plan->host[k], &of);
@@ -195,6 +199,7 @@ static const char *kind_name(int k, const mt_plan *plan)
     case MT_PLAN_ACT_GRADS: return "activations + gradients";
     case MT_PLAN_WORKSPACE: return "workspace (layer+head)";
     case MT_PLAN_INPUTS: return "tokens and targets";
+    case MT_PLAN_CLIP_FLAGS: return "clip speculation flags";
     }
     return "?";
 }
@@ -227,8 +232,6 @@ void mt_plan_print(const mt_plan *plan, FILE *out)
             plan->param_count ? (double)state / (double)plan->param_count : 0.0);
     fprintf(out, "  with --adamw-spare on (or auto, with clipping, when it fits): + %s of spare AdamW state (not pinned)\n",
             mt_format_bytes(plan->host_spare, a, sizeof a));
-    fprintf(out, "  with ranged clip speculation (the default with a GPU, bf16 and clipping): + about %s of bitmaps\n",
-            mt_format_bytes(plan->host_clip_flags, a, sizeof a));
     fprintf(out, "  with --adamw-defer on (ranged speculation): + %s of a second gradient (%s)\n",
             mt_format_bytes(plan->host_grad_alt, a, sizeof a), plan->params.use_gpu ? "pinned" : "not pinned");
 }

@@ -45,6 +45,8 @@ typedef enum mt_plan_kind {
     MT_PLAN_ACT_GRADS,      /* per micro-batch, fp32 ping-pong pairs of hidden states and their gradients: 4 * B*T*d */
     MT_PLAN_WORKSPACE,      /* layer scratch + head scratch (chunked LM head), mt_codelet_*_scratch_bytes */
     MT_PLAN_INPUTS,         /* token ids and targets: (2 slots * accumulation + 1 eval) * 2 * B*T int32 */
+    MT_PLAN_CLIP_FLAGS,     /* host, with a GPU and bf16 weights: ranged clip speculation's flags
+                             * (the default with clipping, --clip-speculate auto): host_clip_flags */
     MT_PLAN_KIND_COUNT
 } mt_plan_kind;
 
@@ -68,9 +70,10 @@ typedef struct mt_plan {
     /* Not in the totals either: the second gradient of tiles 1.. (pinned with a GPU) that
      * deferred moments halves add (mt_step_config.adamw_defer, --adamw-defer on). */
     uint64_t host_grad_alt;
-    /* Not in the totals: ranged clip speculation's bitmaps (one bit per parameter, plus a
-     * 16-byte header per AdamW chunk), host memory a run with a GPU, bf16 weights and clipping
-     * allocates by default (--clip-speculate auto). About param_count / 8 bytes. */
+    /* Ranged clip speculation's flags (one bit per parameter and room for the inputs of 1/32 of
+     * them: codelets/adamw.c), host memory a run with a GPU, bf16 weights and clipping allocates
+     * by default (--clip-speculate auto): about 0.75 bytes per parameter. In the totals
+     * (MT_PLAN_CLIP_FLAGS) when the plan has a GPU and bf16 weights, clipping taken as on. */
     uint64_t host_clip_flags;
     char error[256];           /* why mt_plan_compute failed */
 } mt_plan;

@@ -66,8 +66,10 @@ START_TEST(test_tiny_cpu)
     /* Not in the totals: the second gradient of tiles 1.. (--adamw-defer on) is a gradient less
      * the embedding's 48 pages. */
     ck_assert_uint_eq(plan.host_grad_alt, kind - 196608);
-    /* bitmaps: 49152 / 64, 393920 / 64 (6155 words), 192 / 64 words of 8 bytes */
-    ck_assert_uint_eq(plan.host_clip_flags, 8 * (768 + 6 * 6155 + 3));
+    /* flags: 49152 / 64, 393920 / 64 (6155 words), 192 / 64 words of 8 bytes, and 20 bytes for
+     * each 32 elements (49152 / 32 = 1536, 393920 / 32 = 12310, 192 / 32 = 6) */
+    ck_assert_uint_eq(plan.host_clip_flags, 8 * (768 + 6 * 6155 + 3) + 20 * (1536 + 6 * 12310 + 6));
+    ck_assert_uint_eq(plan.host[MT_PLAN_CLIP_FLAGS], 0); /* no GPU: no ranged speculation by default */
     /* No GPU: nothing on it, nothing pinned. */
     ck_assert_uint_eq(plan.gpu_total, 0);
     ck_assert_uint_eq(plan.host_pinned_total, 0);
@@ -110,11 +112,16 @@ START_TEST(test_qwen05_gpu)
     ck_assert_uint_eq(plan.host[MT_PLAN_INPUTS], 17 * 32768);
     ck_assert_uint_eq(plan.host[MT_PLAN_CHECKPOINTS], 0);
     ck_assert_uint_eq(plan.host[MT_PLAN_BLOCK_SAVED], 0);
-    ck_assert_uint_eq(plan.host_total, 988123136ULL + 4 * 1976143872ULL + 17 * 32768);
-    ck_assert_uint_eq(plan.host_total, 8893255680ULL);
+    /* Ranged clip speculation's flags (GPU, bf16): per tile n / 64 words of 8 bytes and n / 32
+     * entries of 20: embed 17016832 + 85084160, layer 1864048 + 9320240 (x 24), head 112 + 560. */
+    ck_assert_uint_eq(plan.host_clip_flags, 102100992ULL + 24ULL * 11184288 + 672);
+    ck_assert_uint_eq(plan.host[MT_PLAN_CLIP_FLAGS], plan.host_clip_flags);
+    ck_assert_uint_eq(plan.host_total, 988123136ULL + 4 * 1976143872ULL + 17 * 32768 + plan.host_clip_flags);
+    ck_assert_uint_eq(plan.host_total, 9263780256ULL);
     ck_assert_uint_eq(plan.host_pinned_total, plan.host_total);
-    /* About 18 bytes per parameter, as design.md says. */
-    ck_assert(plan.host_total > 18ULL * 494032768 && plan.host_total < 18ULL * 494032768 + 2000000);
+    /* About 18 bytes per parameter of state, as design.md says, and 0.75 of flags. */
+    const uint64_t state = plan.host_total - plan.host_clip_flags;
+    ck_assert(state > 18ULL * 494032768 && state < 18ULL * 494032768 + 2000000);
 
     /* GPU: two weight buffers of the largest tile (the embedding) in bf16, two fp32 gradient
      * buffers, 6 checkpoints (ceil(24/4)) of 4096*896 fp32 per micro-batch (8), one block of
@@ -169,8 +176,9 @@ START_TEST(test_qwen05_gpu)
     ck_assert_ptr_nonnull(strstr(text, "master weights"));
     ck_assert_ptr_nonnull(strstr(text, "checkpoints"));
     ck_assert_ptr_nonnull(strstr(text, "total"));
-    ck_assert_ptr_nonnull(strstr(text, "8893255680"));
-    ck_assert_ptr_nonnull(strstr(text, "8.28 GiB"));
+    ck_assert_ptr_nonnull(strstr(text, "clip speculation flags"));
+    ck_assert_ptr_nonnull(strstr(text, "9263780256"));
+    ck_assert_ptr_nonnull(strstr(text, "8.63 GiB"));
     free(text);
 }
 END_TEST
@@ -186,9 +194,12 @@ START_TEST(test_host_refusal)
 
     ck_assert_int_eq(mt_config_from_shape("qwen2.5-7b", &c), 0);
     ck_assert_msg(mt_plan_compute(&c, &p, &plan) == 0, "%s", plan.error);
-    /* 7615616512 * 18 = 137,081,097,216 bytes, plus page padding and the token buffers. */
-    ck_assert_uint_ge(plan.host_total, 137081097216ULL);
-    ck_assert_uint_lt(plan.host_total, 137081097216ULL + 4 * 1024 * 1024);
+    /* 7615616512 * 18 = 137,081,097,216 bytes, plus page padding and the token buffers, plus the
+     * clip speculation flags (~0.75 B per parameter). */
+    ck_assert_uint_ge(plan.host_total - plan.host_clip_flags, 137081097216ULL);
+    ck_assert_uint_lt(plan.host_total - plan.host_clip_flags, 137081097216ULL + 4 * 1024 * 1024);
+    ck_assert_msg(llabs((long long)plan.host_clip_flags - 7615616512LL / 4 * 3) < 1000000, "flags %llu",
+                  (unsigned long long)plan.host_clip_flags);
     ck_assert_int_eq(mt_plan_check_host(&plan, 125 * GiB, err, sizeof err), -1);
     snprintf(num, sizeof num, "%" PRIu64, plan.host_total);
     ck_assert_msg(strstr(err, num) != NULL, "message lacks the bytes needed (%s): %s", num, err);

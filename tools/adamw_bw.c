@@ -65,7 +65,8 @@ static void *run(void *arg)
                 break;
         case 3: mt_cpu_adamw_params_f32(n, b->p + o, b->g + o, b->m + o, b->v + o, a, &b->prm);
                 mt_cpu_f32_to_bf16(n, a, b->w + o); break;
-        case 5: mt_codelet_ranged_pass(o - lo, n, b->p + lo, b->g + lo, b->m + lo, b->v + lo, b->w + lo, MT_DTYPE_BF16,
+        case 5: if (o == lo) mt_codelet_ranged_reset(b->flags[j->t], hi - lo);
+                mt_codelet_ranged_pass(o - lo, n, b->p + lo, b->g + lo, b->m + lo, b->v + lo, b->w + lo, MT_DTYPE_BF16,
                                        &b->ranged, b->flags[j->t]);
                 break;
         case 6: /* the whole range at once (the redo walks the bitmap) */
@@ -196,7 +197,7 @@ int main(int argc, char **argv)
         int64_t lo, hi;
         range_of(&b, t, &lo, &hi);
         const size_t words = (size_t)(hi - lo + 63) / 64;
-        const uint64_t *bits = (const uint64_t *)((const char *)b.flags[t] + mt_codelet_ranged_bitmap_bytes(hi - lo) - words * 8);
+        const uint64_t *bits = mt_codelet_ranged_bits(b.flags[t]);
         for (size_t k = 0; k < words; k++) flagged += __builtin_popcountll(bits[k]);
         free(b.flags[t]);
     }
