@@ -703,16 +703,32 @@ static mt_ranged_args ranged_args_of(const mt_graph *g, int first_tile, speculat
     };
 }
 
-/* One AdamW task on chunk c of tile t: the fused update, the weights half or the moments half
- * (clip: mt_adamw_clip). A ranged run (`sp`: the fallback range) also reads its tile's known
- * buffer (mt_cl_known, mt_ranged_args). */
+/* The moments half of chunk c of tile t (mt_cl_adamw_moments): master, m and v in place from the
+ * gradient chunk `grad`, times the scale in the clip buffer `clip` (NULL: unclipped). */
+static void insert_moments(mt_graph *g, mt_tile *t, int c, starpu_data_handle_t grad, starpu_data_handle_t clip,
+                           const mt_adamw_params *p)
+{
+    const int clipped = clip ? MT_ADAMW_CLIPPED : MT_ADAMW_UNCLIPPED;
+    struct starpu_data_descr d[5] = {
+        { t->h_master_chunk[c], STARPU_RW }, { t->h_m_chunk[c], STARPU_RW }, { t->h_v_chunk[c], STARPU_RW },
+        { grad, STARPU_R }, { clip, STARPU_R },
+    };
+    check_insert(starpu_task_insert(&mt_cl_adamw_moments, STARPU_DATA_MODE_ARRAY, d, clip ? 5 : 4, STARPU_VALUE, p,
+                                    sizeof *p, STARPU_VALUE, &clipped, sizeof clipped,
+                                    STARPU_PRIORITY, moments_priority(g->st, t->index), STARPU_EXECUTE_WHERE, STARPU_CPU,
+                                    STARPU_NAME, "adamw_moments", 0),
+                 "adamw_moments");
+}
+
+/* One AdamW task on chunk c of tile t: the fused update or the weights half (clip:
+ * mt_adamw_clip). A ranged run (`sp`: the fallback range) also reads its tile's known buffer
+ * (mt_cl_known, mt_ranged_args). */
 static void insert_adamw(mt_graph *g, mt_tile *t, int c, struct starpu_codelet *cl, int clip, int prio,
                          const mt_adamw_params *p, int64_t step, bool observe, const speculation *sp)
 {
-    const bool moments = cl == &mt_cl_adamw_moments;
     /* the fused update out of place, into the tile's spare master, m and v (submit_update) */
     const bool spare = cl == &mt_cl_adamw && t->master_spare && sp && sp->mode == SPEC_UNIT;
-    const enum starpu_data_access_mode state = (cl == &mt_cl_adamw && !spare) || moments ? STARPU_RW : STARPU_R;
+    const enum starpu_data_access_mode state = cl == &mt_cl_adamw && !spare ? STARPU_RW : STARPU_R;
     const bool confirm = clip == MT_ADAMW_CONFIRM || clip == MT_ADAMW_CONFIRM_RANGED;
     const enum starpu_data_access_mode weights = confirm ? STARPU_RW : STARPU_W;
     struct starpu_data_descr d[9];
@@ -738,22 +754,14 @@ static void insert_adamw(mt_graph *g, mt_tile *t, int c, struct starpu_codelet *
         d[nbuf++] = (struct starpu_data_descr){ t->h_v_spare_chunk[c], out };
     }
     mt_dtype dtype = g->st->compute_dtype;
-    int ret;
-    if (moments) {
-        d[4] = d[5];
-        ret = starpu_task_insert(cl, STARPU_DATA_MODE_ARRAY, d, clip ? 5 : 4, STARPU_VALUE, p, sizeof *p,
-                                 STARPU_VALUE, &clip, sizeof clip, STARPU_PRIORITY, prio,
-                                 STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_NAME, cl->name, 0);
-    } else {
-        /* the last argument, the last step's parameters, is read by MT_ADAMW_RANGED_DEFERRED only
-         * (insert_ranged_deferred) */
-        ret = starpu_task_insert(cl, STARPU_DATA_MODE_ARRAY, d, nbuf, STARPU_VALUE, p, sizeof *p,
+    /* the last argument, the last step's parameters, is read by MT_ADAMW_RANGED_DEFERRED only
+     * (insert_ranged_deferred) */
+    int ret = starpu_task_insert(cl, STARPU_DATA_MODE_ARRAY, d, nbuf, STARPU_VALUE, p, sizeof *p,
                                  STARPU_VALUE, &dtype, sizeof dtype, STARPU_VALUE, &clip, sizeof clip,
                                  STARPU_VALUE, &ra, sizeof ra, STARPU_VALUE, p, sizeof *p,
                                  STARPU_PRIORITY, prio, STARPU_EXECUTE_WHERE, STARPU_CPU,
                                  STARPU_NAME, confirm ? "adamw_confirm" : clip == MT_ADAMW_RANGED ? "adamw_ranged" : spare ? "adamw_spare" : cl->name,
                                  OBSERVE_END(g, observe, MT_EV_ADAMW, step, t->index), 0);
-    }
     check_insert(ret, cl->name);
 }
 
@@ -763,19 +771,6 @@ static mt_adamw_params adamw_params_of(const mt_graph *g, const mt_chunk *c, int
         .lr = lr, .beta1 = g->sc.beta1, .beta2 = g->sc.beta2, .eps = g->sc.eps,
         .weight_decay = c->decay ? g->sc.weight_decay : 0.0, .step = step, .grad_scale = 1.0,
     };
-}
-
-/* The pending update's moments half of chunk c of tile t (g->pend), on its gradient chunk. */
-static void insert_pending_moments(mt_graph *g, mt_tile *t, int c, starpu_data_handle_t grad)
-{
-    mt_adamw_params p = adamw_params_of(g, &t->chunks[c], g->pend.step, g->pend.lr);
-    int clip = MT_ADAMW_CLIPPED;
-    check_insert(starpu_task_insert(&mt_cl_adamw_moments, STARPU_RW, t->h_master_chunk[c], STARPU_RW, t->h_m_chunk[c],
-                                    STARPU_RW, t->h_v_chunk[c], STARPU_R, grad, STARPU_R, g->pend.clip,
-                                    STARPU_VALUE, &p, sizeof p, STARPU_VALUE, &clip, sizeof clip,
-                                    STARPU_PRIORITY, moments_priority(g->st, t->index),
-                                    STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_NAME, "adamw_moments", 0),
-                 "adamw_moments");
 }
 
 /* This step's ranged run of chunk c of tile t after the pending update's moments half of it
@@ -805,7 +800,10 @@ static void submit_pending_tile(mt_graph *g, mt_tile *t)
 {
     starpu_data_handle_t whole = g->pend.swapped ? t->h_grad_alt : t->h_grad;
     starpu_data_handle_t *chunks = g->pend.swapped ? t->h_grad_alt_chunk : t->h_grad_chunk;
-    for (int c = 0; c < t->nchunks; c++) insert_pending_moments(g, t, c, chunks[c]);
+    for (int c = 0; c < t->nchunks; c++) {
+        const mt_adamw_params p = adamw_params_of(g, &t->chunks[c], g->pend.step, g->pend.lr);
+        insert_moments(g, t, c, chunks[c], g->pend.clip, &p);
+    }
     starpu_data_unpartition_submit(whole, t->nchunks, chunks, STARPU_MAIN_RAM);
 }
 
@@ -976,8 +974,7 @@ static void submit_update(mt_graph *g, int64_t step, double lr, speculation sp, 
             } else {
                 insert_adamw(g, t, c, split ? &mt_cl_adamw_params : &mt_cl_adamw, clipped, prio, &p, step, true, NULL);
             }
-            if (split && !(defer && i > 0))
-                insert_adamw(g, t, c, &mt_cl_adamw_moments, clipped, moments_priority(st, i), &p, step, false, NULL);
+            if (split && !(defer && i > 0)) insert_moments(g, t, c, t->h_grad_chunk[c], clipped ? g->clip : NULL, &p);
         }
         /* Gather back in host memory, where the next forward's transfer starts; then tell the
          * policy, which may be waiting to prefetch this tile. */
