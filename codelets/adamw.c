@@ -315,12 +315,11 @@ bool mt_codelet_ranged_begin(void *flags, int64_t n, double known, double head_t
 /* One block of a ranged pass: the weights at the range's top scale, the flags; returns how many
  * were flagged. */
 static int64_t ranged_block(int64_t e, int64_t len, const float *master, const float *grad, const float *m,
-                            const float *v, void *weights, mt_dtype dtype, const mt_adamw_params *p,
-                            const ranged_consts *k, ranged_header *hd)
+                            const float *v, void *weights, mt_dtype dtype, const ranged_consts *k,
+                            ranged_header *hd)
 {
     int32_t may[BLOCK];
     float updated[BLOCK];
-    (void)p;
     ranged_fused(len, master + e, grad + e, m + e, v + e, k, updated, may);
     const size_t wsz = dtype == MT_DTYPE_BF16 ? sizeof(mt_bf16) : sizeof(float);
     write_streamed(len, updated, (char *)weights + (size_t)e * wsz, dtype);
@@ -338,7 +337,7 @@ int64_t mt_codelet_ranged_pass(int64_t o, int64_t n, const float *master, const 
     /* block by block, as adamw_streamed, each block's inputs still in cache for the bounds */
     for (int64_t e = o; e < o + n; e += BLOCK) {
         int64_t len = o + n - e < BLOCK ? o + n - e : BLOCK;
-        nflagged += ranged_block(e, len, master, grad, m, v, weights, dtype, p, &k, hd);
+        nflagged += ranged_block(e, len, master, grad, m, v, weights, dtype, &k, hd);
     }
     atomic_fetch_add(&ranged_flagged, nflagged);
     return nflagged;
@@ -403,7 +402,7 @@ static void adamw_params_ranged_deferred(void *buffers[], mt_adamw_params p, mt_
     for (int64_t e = 0; e < n; e += BLOCK) {
         int64_t len = n - e < BLOCK ? n - e : BLOCK;
         mt_cpu_adamw_f32(len, master + e, old + e, m + e, v + e, &po);
-        if (ranged) nflagged += ranged_block(e, len, master, grad, m, v, w, dtype, &p, &k, (ranged_header *)flags);
+        if (ranged) nflagged += ranged_block(e, len, master, grad, m, v, w, dtype, &k, (ranged_header *)flags);
     }
     atomic_fetch_add(&ranged_flagged, nflagged);
 }

@@ -290,16 +290,16 @@ int mt_state_enable_spare(mt_host_state *st, int first, char *err, size_t errlen
     return 0;
 }
 
+#define SWAP(a, b) do { __typeof__(a) tmp_ = (a); (a) = (b); (b) = tmp_; } while (0)
+
 void mt_tile_swap_state(mt_tile *t)
 {
-#define SWAP(a, b) do { __typeof__(a) tmp_ = (a); (a) = (b); (b) = tmp_; } while (0)
     SWAP(t->master, t->master_spare);
     SWAP(t->adam_m, t->m_spare);
     SWAP(t->adam_v, t->v_spare);
     SWAP(t->h_master_chunk, t->h_master_spare_chunk);
     SWAP(t->h_m_chunk, t->h_m_spare_chunk);
     SWAP(t->h_v_chunk, t->h_v_spare_chunk);
-#undef SWAP
     t->spare_current = !t->spare_current;
 }
 
@@ -332,8 +332,7 @@ int mt_state_enable_grad_alt(mt_host_state *st, int first, char *err, size_t err
     for (int i = first; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
         if (t->grad_alt) continue;
-        bool pinned = true;
-        t->grad_alt = alloc_state((size_t)t->numel * sizeof(float), &pinned);
+        t->grad_alt = alloc_state((size_t)t->numel * sizeof(float), &st->pinned);
         if (!t->grad_alt) {
             snprintf(err, errlen, "out of host memory allocating the second gradient of tile %d (%zu bytes)", i,
                      (size_t)t->numel * sizeof(float));
@@ -352,11 +351,9 @@ int mt_state_enable_grad_alt(mt_host_state *st, int first, char *err, size_t err
 
 void mt_tile_swap_grad(mt_tile *t)
 {
-#define SWAP(a, b) do { __typeof__(a) tmp_ = (a); (a) = (b); (b) = tmp_; } while (0)
     SWAP(t->grad, t->grad_alt);
     SWAP(t->h_grad, t->h_grad_alt);
     SWAP(t->h_grad_chunk, t->h_grad_alt_chunk);
-#undef SWAP
     t->grad_alt_current = !t->grad_alt_current;
 }
 
