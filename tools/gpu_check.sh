@@ -2,7 +2,7 @@
 # Correctness and a first benchmark on the GPU machine, from binaries built here:
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, on the GPU machine (device tool, carrying build-gpu and .deps/gpu-runtime):
-#   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|clip3b|defer3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
+#   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|clip3b|defer3b|ab3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
 #   (attention3b takes QBLOCK=64|128, bench3b CLIPS, RESIDENT and K)
 # Logs go to $OUT (or ./out); the last lines are a short table.
 set -uo pipefail
@@ -132,6 +132,18 @@ defer3b)
         run bench_3b_ranged_$sp "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000} --clip-speculate ranged --clip-range $sp --warmup 2 --steps ${STEPS:-6}
     done
     [ "${NODEFER:-1}" = 1 ] && run bench_3b_ranged_nodefer "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --clip-speculate ranged --adamw-defer off --warmup 2 --steps ${STEPS:-6}
+    [ "${TORCH:-1}" = 1 ] && run torch_3b python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
+    ;;
+ab3b)
+    # A/B of two builds on one machine (machines differ from call to call): this build against
+    # OLD (tools/megatrain and libmegatrain.so of an earlier commit, carried as its own folder).
+    # Each list of clips shares one host state; 1 scales every step, 1000 is never reached.
+    OLD=${OLD:-build-old}
+    run test_gpu_step "$B/tests/test_gpu_step"
+    run adamw_bw "$B/tools/adamw_bw"
+    [ -x "$OLD/tools/adamw_bw" ] && run adamw_bw_old "$OLD/tools/adamw_bw"
+    run bench_3b "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --warmup 2 --steps ${STEPS:-6}
+    run bench_3b_old "$OLD/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${OLD_CLIPS:-1,1} --warmup 2 --steps ${STEPS:-6}
     [ "${TORCH:-1}" = 1 ] && run torch_3b python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
     ;;
 sweep3b)
