@@ -65,6 +65,9 @@ typedef struct mt_norm_history {
     int64_t seq[2];        /* the norm each slot holds; 0: none */
     double *sumsq[2];      /* (ntiles + 1) each: the tiles', then (tied, ranged) that of the table's
                             * gradient as the head left it (mt_compute_args.table_sumsq), else 0 */
+    double *log;           /* NULL, or room for log_cap norms: norm s's slot copied to row
+                            * s - 1 - log_from (norms log_from + 1 .. log_from + log_cap) */
+    int64_t log_from, log_cap;
 } mt_norm_history;
 /* The extra argument of a MT_ADAMW_RANGED run, after `clipped`. Its range comes from the sums
  * of squares already in when it runs: [6] is the known buffer (mt_cl_known) of its tile,

@@ -3,6 +3,7 @@
  * which is what a long run sustains (steps overlap: the next forward runs during AdamW). */
 #include "bench.h"
 
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -214,11 +215,41 @@ static void gpu_time(const mt_bench_options *o, bool traced, const timeline *tl,
 }
 
 /* One pair: a fresh graph over the shared state, warm-up, measured steps, AdamW alone. */
+/* The norms a graph kept (mt_graph_keep_norms) as CSV rows: K, clip, the norm's number, the norm,
+ * then the columns of write_norm_header. */
+static void write_norms(const mt_graph *g, const mt_step_config *sc, FILE *out)
+{
+    int64_t count;
+    int width;
+    const double *rows = mt_graph_kept_norms(g, &count, &width);
+    for (int64_t i = 0; rows && i < count; i++) {
+        const double *row = rows + i * width;
+        double sum = 0;
+        for (int j = 0; j < width - 1; j++) sum += row[j];
+        fprintf(out, "%d,%g,%lld,%.9g", sc->K, sc->clip, (long long)(i + 1), sqrt(sum));
+        for (int j = 0; j < width; j++) fprintf(out, ",%.9g", row[j]);
+        fputc('\n', out);
+    }
+}
+
+static void write_norm_header(const mt_host_state *st, FILE *out)
+{
+    fprintf(out, "K,clip,norm,grad_norm,embedding");
+    for (int i = 1; i <= st->cfg.layers; i++) fprintf(out, ",layer%d", i - 1);
+    for (int i = (int)st->cfg.layers + 1; i < st->ntiles; i++) fprintf(out, ",head");
+    fprintf(out, ",table_head_part\n");
+}
+
 static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt_model_config *cfg, mt_host_state *st,
-                   mt_bench_result *r, FILE *log, char *err, size_t errlen)
+                   mt_bench_result *r, FILE *log, FILE *norms, char *err, size_t errlen)
 {
     mt_graph *g = mt_graph_create(st, sc, err, errlen);
     if (!g) return -1;
+    if (norms && sc->clip > 0 && mt_graph_keep_norms(g, o->warmup + o->steps + 1)) {
+        snprintf(err, errlen, "out of memory for the norm log");
+        mt_graph_destroy(g);
+        return -1;
+    }
     if (log && st->ntiles > 2 && st->tiles[2].master_spare)
         fprintf(log, "bench: K=%d clip %g: AdamW state double-buffered (spare master, m and v of layers 1..L-1 and the head)\n",
                 sc->K, sc->clip);
@@ -286,6 +317,10 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
     }
     r->loss_last = mt_graph_wait_loss(g, slots[total], NULL);
     starpu_task_wait_for_all();
+    if (norms) {
+        write_norms(g, sc, norms);
+        fflush(norms);
+    }
     mt_graph_speculation_counts(g, &r->speculated, &r->speculation_held);
     const mt_ranged_counts rc = mt_codelet_ranged_counts();
     const int64_t rchecked = rc.checked - rc0.checked, rskipped = rc.skipped - rc0.skipped;
@@ -415,6 +450,11 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         return -1;
     }
     if (o->layers > 0) cfg.layers = o->layers;
+    FILE *norms = NULL;
+    if (o->norm_log && !(norms = fopen(o->norm_log, "w"))) {
+        snprintf(err, errlen, "--norm-log: cannot write '%s': %s", o->norm_log, strerror(errno));
+        return -1;
+    }
     /* Every pair's plan; the GPU budget is the largest, the host state the same for all. */
     uint64_t gpu_need = 0;
     for (int i = 0; i < count; i++) {
@@ -427,9 +467,13 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         mt_plan plan;
         if (mt_plan_compute(&cfg, &pp, &plan)) {
             snprintf(err, errlen, "%s", plan.error);
+            if (norms) fclose(norms);
             return -1;
         }
-        if (i == 0 && mt_plan_check_host(&plan, mt_host_memory_available(), err, errlen)) return -1;
+        if (i == 0 && mt_plan_check_host(&plan, mt_host_memory_available(), err, errlen)) {
+            if (norms) fclose(norms);
+            return -1;
+        }
         r->plan_gpu_gib = plan.gpu_total / 1073741824.0;
         if (plan.gpu_total > gpu_need) gpu_need = plan.gpu_total;
     }
@@ -448,12 +492,16 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         unsetenv("STARPU_LIMIT_CUDA_MEM");
     }
     setenv("STARPU_PROFILING", "1", 1);
-    if (mt_runtime_init(&o->runtime, err, errlen)) return -1;
+    if (mt_runtime_init(&o->runtime, err, errlen)) {
+        if (norms) fclose(norms);
+        return -1;
+    }
     int rc = -1;
     double t0 = now();
     mt_host_state *st = mt_state_create(&cfg, o->dtype, (int64_t)1 << 22, err, errlen);
     if (!st) goto out;
     mt_state_init_random(st, 1, 0.02);
+    if (norms) write_norm_header(st, norms);
     if (log) fprintf(log, "bench: %s (%lld layers, %s), %.3fB parameters, host state in %.1f s, GPU limit %s\n", o->shape,
                      (long long)cfg.layers, mt_dtype_name(o->dtype), mt_config_param_count(&cfg) / 1e9, now() - t0,
                      o->resident ? "none (resident)" : "from the memory plan");
@@ -463,7 +511,7 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         mt_step_config sc = o->step;
         sc.K = r->K;
         sc.clip = r->clip;
-        if (measure(o, &sc, &cfg, st, r, log, err, errlen)) goto out;
+        if (measure(o, &sc, &cfg, st, r, log, norms, err, errlen)) goto out;
         if (table) {
             mt_bench_print(o, r, i == 0, table);
             fflush(table);
@@ -474,6 +522,10 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
 out:
     mt_state_destroy(st);
     mt_runtime_shutdown();
+    if (norms && fclose(norms) && rc == 0) {
+        snprintf(err, errlen, "--norm-log: writing '%s' failed: %s", o->norm_log, strerror(errno));
+        rc = -1;
+    }
     return rc;
 }
 

@@ -64,6 +64,7 @@ typedef struct mt_bench_options {
     double gpu_limit_margin;      /* > 0: the limit is the plan plus this many percent; 0: plus 2%
                                    * and 256 MiB for StarPU's own small allocations */
     int64_t layers;               /* > 0: override the shape's layer count (memory-bound tests) */
+    const char *norm_log;         /* NULL, or a CSV file: every norm's sums of squares per tile */
     mt_dtype dtype;               /* weights and compute: bf16 (default) or fp32 (exact, slower) */
     mt_runtime_options runtime;
     /* Sweeps: every (K, clip) pair is measured on the same host state, one graph after the

@@ -285,6 +285,7 @@ void mt_graph_destroy(mt_graph *g)
     free(g->known_mem);
     free(g->hist.sumsq[0]);
     free(g->hist.sumsq[1]);
+    free(g->hist.log);
     for (int c = 0; c < mt_state_embed(g->st)->nchunks; c++) {
         starpu_data_unregister(g->embed_partial[c]);
         starpu_data_unregister(g->embed_rows[c]);
@@ -662,6 +663,28 @@ static bool split_update(const mt_graph *g, int tile)
 void mt_graph_set_adamw_split(mt_graph *g, int split) { g->sc.adamw_split = split; }
 
 void mt_graph_set_clip_speculate(mt_graph *g, int speculate) { g->sc.clip_speculate = speculate; }
+
+int mt_graph_keep_norms(mt_graph *g, int64_t max_norms)
+{
+    starpu_task_wait_for_all(); /* no clip task writes the log while it moves */
+    free(g->hist.log);
+    g->hist.log = NULL;
+    g->hist.log_cap = 0;
+    g->hist.log_from = g->norm_seq;
+    if (max_norms <= 0) return 0;
+    g->hist.log = calloc((size_t)max_norms * (size_t)(g->st->ntiles + 1), sizeof(double));
+    if (!g->hist.log) return -1;
+    g->hist.log_cap = max_norms;
+    return 0;
+}
+
+const double *mt_graph_kept_norms(const mt_graph *g, int64_t *count, int *width)
+{
+    *width = g->st->ntiles + 1;
+    const int64_t n = g->norm_seq - g->hist.log_from;
+    *count = g->hist.log ? (n < g->hist.log_cap ? n : g->hist.log_cap) : 0;
+    return g->hist.log;
+}
 
 void mt_graph_speculation_counts(const mt_graph *g, int64_t *speculated, int64_t *held)
 {
