@@ -238,7 +238,7 @@ static void side_append(ranged_header *hd, int64_t e, int64_t len, const float *
 }
 
 /* Over the process (mt_codelet_ranged_counts). */
-static atomic_llong ranged_checked, ranged_flagged, ranged_skipped, ranged_outside, ranged_below;
+static atomic_llong ranged_checked, ranged_flagged, ranged_skipped, ranged_outside, ranged_below, ranged_unheld;
 static atomic_llong table_checked, table_flagged, table_touched;
 
 void mt_codelet_ranged_table_add(int64_t checked, int64_t flagged, int64_t touched)
@@ -251,9 +251,11 @@ void mt_codelet_ranged_table_add(int64_t checked, int64_t flagged, int64_t touch
 mt_ranged_counts mt_codelet_ranged_counts(void)
 {
     const long long below = atomic_load(&ranged_below);
-    return (mt_ranged_counts){ atomic_load(&ranged_checked), atomic_load(&ranged_flagged),
-                               atomic_load(&ranged_skipped), atomic_load(&ranged_outside) + below, below,
-                               atomic_load(&table_checked), atomic_load(&table_flagged), atomic_load(&table_touched) };
+    return (mt_ranged_counts){ .checked = atomic_load(&ranged_checked), .flagged = atomic_load(&ranged_flagged),
+                               .skipped = atomic_load(&ranged_skipped), .outside = atomic_load(&ranged_outside) + below,
+                               .below = below, .unheld = atomic_load(&ranged_unheld),
+                               .table_checked = atomic_load(&table_checked), .table_flagged = atomic_load(&table_flagged),
+                               .table_touched = atomic_load(&table_touched) };
 }
 
 /* The clip task's scale for a norm (clip.c: torch's max_norm / (norm + 1e-6), at most 1). */
@@ -263,24 +265,39 @@ static double scale_of(double clip, double norm)
     return s < 1.0 ? s : 1.0;
 }
 
-/* The range of a ranged run (mt_ranged_args), as gradient multipliers [*lo, *hi]; false when it
- * is wider than max_ratio. `known`: the sums of squares of the tiles in. */
-static bool ranged_range(double known, double head_table, const mt_ranged_args *a, double grad_scale, double *lo,
-                         double *hi)
+/* The rest of norm prev + 1's square a ranged run of tile first_tile predicts from slot prev % 2
+ * (norm prev), knowing S_known = `known` and the table's head part `head_table` (mt_ranged_args):
+ * the tiles before first_tile then, times the ratio of what is known now to the same sums then. */
+static double predicted_rest(const mt_norm_history *h, int64_t prev, int first_tile, bool with_head, double known,
+                             double head_table)
+{
+    const double *hs = h->sumsq[prev % 2];
+    double same = with_head ? hs[h->ntiles] : 0, other = 0;
+    for (int j = 0; j < h->ntiles; j++) {
+        if (j >= first_tile) same += hs[j];
+        else other += hs[j];
+    }
+    const double seen = known + (with_head ? head_table : 0);
+    return same > 0 ? other * (seen / same) : other;
+}
+
+/* Why a ranged run does not speculate (mt_codelet_ranged_begin). */
+enum { RANGE_NARROW, RANGE_WIDE, RANGE_UNHELD };
+
+/* The range of a ranged run (mt_ranged_args), as gradient multipliers [*lo, *hi], and whether it
+ * is to be used: RANGE_WIDE when it is wider than max_ratio, RANGE_UNHELD when the last norm's
+ * prediction for this tile missed (mt_norm_history.check). `known`: the sums of squares of the
+ * tiles in. */
+static int ranged_range(double known, double head_table, const mt_ranged_args *a, double grad_scale, double *lo,
+                        double *hi)
 {
     /* every tile's sum adds to the norm: it is at least sqrt(known), the scale at most this */
     double c_hi = scale_of(a->clip, sqrt(known)), c_lo;
     const int64_t prev = a->seq - 1;
     const mt_norm_history *h = a->hist;
-    if (h && prev >= 1 && h->seq[prev % 2] == prev) {
-        const double *hs = h->sumsq[prev % 2];
-        double same = a->head_table ? hs[h->ntiles] : 0, other = 0;
-        for (int j = 0; j < h->ntiles; j++) {
-            if (j >= a->first_tile) same += hs[j];
-            else other += hs[j];
-        }
-        const double seen = known + (a->head_table ? head_table : 0);
-        const double rest = same > 0 ? other * (seen / same) : other;
+    const bool history = h && prev >= 1 && h->seq[prev % 2] == prev;
+    if (history) {
+        const double rest = predicted_rest(h, prev, a->first_tile, a->head_table, known, head_table);
         c_hi = scale_of(a->clip, sqrt(known + rest / a->spread));
         c_lo = scale_of(a->clip, sqrt(known + rest * a->spread));
     } else {
@@ -291,7 +308,37 @@ static bool ranged_range(double known, double head_table, const mt_ranged_args *
      * inside the range whenever the prediction held. */
     *lo = grad_scale * c_lo * (1 - 1e-6);
     *hi = grad_scale * c_hi * (1 + 1e-6);
-    return c_hi <= c_lo * a->max_ratio;
+    if (c_hi > c_lo * a->max_ratio) return RANGE_WIDE;
+    if (history && h->check && h->held[prev % 2] && !h->held[prev % 2][a->first_tile]) return RANGE_UNHELD;
+    return RANGE_NARROW;
+}
+
+void mt_codelet_norm_recorded(mt_norm_history *h, int64_t seq, double clip)
+{
+    const double *now = h->sumsq[seq % 2];
+    const int64_t prev = seq - 1;
+    uint8_t *held = h->held[seq % 2];
+    if (held) {
+        double total = 0;
+        for (int j = 0; j < h->ntiles; j++) total += now[j];
+        const double scale = scale_of(clip, sqrt(total));
+        const bool with_head = now[h->ntiles] != 0;
+        double known = 0; /* tiles f..ntiles-1, as a run of tile f knows them */
+        for (int f = h->ntiles - 1; f >= 0; f--) {
+            known += now[f];
+            held[f] = 1;
+            if (prev < 1 || h->seq[prev % 2] != prev) continue;
+            /* ranged_range's range for this tile, without the roundings' widening */
+            const double rest = predicted_rest(h, prev, f, with_head, known, now[h->ntiles]);
+            const double c_hi = scale_of(clip, sqrt(known + rest / h->spread));
+            const double c_lo = scale_of(clip, sqrt(known + rest * h->spread));
+            held[f] = scale >= c_lo * (1 - 1e-6) && scale <= c_hi * (1 + 1e-6);
+        }
+    }
+    h->seq[seq % 2] = seq;
+    const int64_t row = seq - 1 - h->log_from;
+    if (h->log && row >= 0 && row < h->log_cap)
+        memcpy(h->log + row * (h->ntiles + 1), now, sizeof(double) * (size_t)(h->ntiles + 1));
 }
 
 bool mt_codelet_ranged_begin(void *flags, int64_t n, double known, double head_table, const mt_ranged_args *a,
@@ -299,10 +346,11 @@ bool mt_codelet_ranged_begin(void *flags, int64_t n, double known, double head_t
 {
     ranged_header *hd = (ranged_header *)flags;
     double lo, hi;
-    const bool narrow = ranged_range(known, head_table, a, p->grad_scale, &lo, &hi);
-    *hd = (ranged_header){ .cl = (float)lo, .ch = (float)hi, .skipped = !narrow, .nside = 0, .n = n };
-    if (!narrow) {
+    const int why = ranged_range(known, head_table, a, p->grad_scale, &lo, &hi);
+    *hd = (ranged_header){ .cl = (float)lo, .ch = (float)hi, .skipped = why != RANGE_NARROW, .nside = 0, .n = n };
+    if (why != RANGE_NARROW) {
         atomic_fetch_add(&ranged_skipped, (long long)n);
+        if (why == RANGE_UNHELD) atomic_fetch_add(&ranged_unheld, (long long)n);
         return false;
     }
     memset(bits_of(hd), 0, (size_t)words_of(n) * sizeof(uint64_t));

@@ -4,7 +4,6 @@
 #include "codelets.h"
 
 #include <math.h>
-#include <string.h>
 
 static void clip_cpu(void *buffers[], void *cl_arg)
 {
@@ -23,10 +22,7 @@ static void clip_cpu(void *buffers[], void *cl_arg)
         double *h = hist->sumsq[seq % 2];
         for (unsigned i = 0; i < n && (int)i < hist->ntiles; i++) h[i] = ((const double *)STARPU_VECTOR_GET_PTR(buffers[i]))[0];
         h[hist->ntiles] = extra ? ((const double *)STARPU_VECTOR_GET_PTR(buffers[n + 1]))[0] : 0;
-        hist->seq[seq % 2] = seq;
-        const int64_t row = seq - 1 - hist->log_from;
-        if (hist->log && row >= 0 && row < hist->log_cap)
-            memcpy(hist->log + row * (hist->ntiles + 1), h, sizeof(double) * (size_t)(hist->ntiles + 1));
+        mt_codelet_norm_recorded(hist, seq, max_norm);
     }
     double *out = (double *)STARPU_VECTOR_GET_PTR(buffers[n]);
     out[0] = sqrt(sum);

@@ -65,10 +65,21 @@ typedef struct mt_norm_history {
     int64_t seq[2];        /* the norm each slot holds; 0: none */
     double *sumsq[2];      /* (ntiles + 1) each: the tiles', then (tied, ranged) that of the table's
                             * gradient as the head left it (mt_compute_args.table_sumsq), else 0 */
+    uint8_t *held[2];      /* ntiles each: held[s % 2][f], whether the range of a ranged run of
+                            * tile f for norm s, predicted from norm s - 1, held (its scale was
+                            * inside); all 1 when norm s - 1 was not recorded */
+    double spread;         /* the ranged runs' (mt_ranged_args.spread), for held */
+    bool check;            /* ranged runs of norm s + 1 skip tile f when held[s % 2][f] is 0: they
+                            * would most likely be redone whole (the norm moves in ways the
+                            * prediction does not follow, as when a model memorises its batch) */
     double *log;           /* NULL, or room for log_cap norms: norm s's slot copied to row
                             * s - 1 - log_from (norms log_from + 1 .. log_from + log_cap) */
     int64_t log_from, log_cap;
 } mt_norm_history;
+/* Called by the clip task once it wrote norm seq's sums into slot seq % 2: sets the slot's seq,
+ * its held (from the slot of norm seq - 1, for the clipping bound `clip`) and copies it into
+ * the log. */
+void mt_codelet_norm_recorded(mt_norm_history *h, int64_t seq, double clip);
 /* The extra argument of a MT_ADAMW_RANGED run, after `clipped`. Its range comes from the sums
  * of squares already in when it runs: [6] is the known buffer (mt_cl_known) of its tile,
  * first_tile: S_known, the sum of those of tiles first_tile..ntiles-1 (the backward's order puts
@@ -206,6 +217,7 @@ void mt_codelet_ranged_redo(int64_t n, const void *flags, const float *master, c
  * and of those, below it (the rest of the norm came out larger than predicted). */
 typedef struct mt_ranged_counts {
     int64_t checked, flagged, skipped, outside, below;
+    int64_t unheld;        /* of skipped: the last norm's prediction for the tile missed */
     /* of those, the table's on its early path (mt_codelet_ranged_table_add): checked, flagged,
      * and the elements of the rows the step's tokens touch, flagged whole by its embedding
      * backward (their gradient changed after the ranged run) */

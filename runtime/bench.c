@@ -331,10 +331,12 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
     }
     if (log && rchecked + rskipped > 0)
         fprintf(log, "bench: K=%d clip %g: ranged speculation checked %lld parameter updates and flagged %.3f%% of them; "
-                     "%lld not speculated (range too wide), %lld redone whole (scale outside the range; below it: %lld)\n",
+                     "%lld not speculated (range too wide: %lld; the last norm's prediction missed: %lld), %lld redone "
+                     "whole (scale outside the range; below it: %lld)\n",
                 sc->K, sc->clip, (long long)rchecked,
                 rchecked ? 100.0 * (double)(rc.flagged - rc0.flagged) / (double)rchecked : 0.0,
-                (long long)rskipped, (long long)(rc.outside - rc0.outside), (long long)(rc.below - rc0.below));
+                (long long)rskipped, (long long)(rskipped - (rc.unheld - rc0.unheld)), (long long)(rc.unheld - rc0.unheld),
+                (long long)(rc.outside - rc0.outside), (long long)(rc.below - rc0.below));
     const int64_t tchecked = rc.table_checked - rc0.table_checked, ttouched = rc.table_touched - rc0.table_touched;
     if (log && rchecked + rskipped > 0 && tchecked + ttouched > 0)
         fprintf(log, "bench: K=%d clip %g: of those, the table's: %lld checked on its early path, %.3f%% of them flagged; "

@@ -90,7 +90,7 @@ mt_step_config mt_step_defaults(void)
     mt_step_config c = {
         .B = 8, .T = 128, .accum = 1, .K = 4, .clip = 1.0, .head_chunk = 1024,
         .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0, .adamw_split = -1,
-        .clip_speculate = -1, .adamw_spare = 0, .adamw_defer = 0,
+        .clip_speculate = -1, .clip_range_check = -1, .adamw_spare = 0, .adamw_defer = 0,
     };
     return c;
 }
@@ -206,6 +206,9 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
     }
     g->hist.ntiles = st->ntiles;
     for (int k = 0; k < 2; k++) g->hist.sumsq[k] = calloc(st->ntiles + 1, sizeof(double));
+    for (int k = 0; k < 2; k++) g->hist.held[k] = calloc(st->ntiles, 1);
+    g->hist.spread = g->sc.clip_range > 1 ? g->sc.clip_range : MT_CLIP_SPREAD_DEFAULT;
+    g->hist.check = g->sc.clip_range_check != 0;
     if (g->flags && st->cfg.tied) g->head_table = host_vector(&g->head_table_mem, 1, sizeof(double));
     if (g->flags) {
         g->known_mem = calloc(st->ntiles, sizeof *g->known_mem);
@@ -285,6 +288,8 @@ void mt_graph_destroy(mt_graph *g)
     free(g->known_mem);
     free(g->hist.sumsq[0]);
     free(g->hist.sumsq[1]);
+    free(g->hist.held[0]);
+    free(g->hist.held[1]);
     free(g->hist.log);
     for (int c = 0; c < mt_state_embed(g->st)->nchunks; c++) {
         starpu_data_unregister(g->embed_partial[c]);
@@ -720,7 +725,7 @@ static mt_ranged_args ranged_args_of(const mt_graph *g, int first_tile, speculat
     return (mt_ranged_args){
         .hist = (mt_norm_history *)&g->hist, .seq = seq, .first_tile = first_tile, .clip = g->sc.clip,
         .head_table = g->head_table != NULL,
-        .spread = g->sc.clip_range > 1 ? g->sc.clip_range : MT_CLIP_SPREAD_DEFAULT,
+        .spread = g->hist.spread,
         .max_ratio = g->sc.clip_range_max > 1 ? g->sc.clip_range_max : MT_CLIP_RANGE_MAX_DEFAULT,
         .lo = sp.lo, .hi = sp.hi,
     };

@@ -40,6 +40,13 @@ typedef struct mt_step_config {
                             * [predicted / clip_range, predicted * clip_range]; > 1 (0: default) */
     double clip_range_max; /* ranged: a chunk whose range of scales is wider than this ratio is
                             * not speculated (too many flagged to pay); > 1 (0: default) */
+    int clip_range_check;  /* ranged: a tile's chunks are not speculated when the range predicted
+                            * for it at the last norm missed (mt_norm_history.check): the norm is
+                            * then moving in ways the prediction does not follow, and a miss costs
+                            * the ranged pass and a whole redo (H200, 3B, a model memorising its
+                            * batch, in range for 24% of the chunks: 2.20-2.27 s a step, against
+                            * 1.88-1.90 when the ranges held). Nonzero (the default, -1): on; 0:
+                            * off. Only the work changes, never the result. */
     int adamw_spare;       /* Double-buffered AdamW state (12 more bytes per parameter of layers
                             * 1..L-1 and the head, in host memory): a speculated update (scale 1)
                             * then runs fused, 30 bytes per parameter, into the spare master, m and

@@ -323,9 +323,11 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     const long long checked = rc1.checked - rc0.checked, skipped = rc1.skipped - rc0.skipped;
     if (log && checked + skipped > 0)
         fprintf(log, "clipping at %g: ranged speculation checked %lld parameter updates, flagged %.3f%% of them for a "
-                     "redo; %lld not speculated (range too wide), %lld redone whole (scale outside the range)\n",
+                     "redo; %lld not speculated (range too wide: %lld; the last norm's prediction missed: %lld), %lld "
+                     "redone whole (scale outside the range)\n",
                 o->step.clip, checked, checked ? 100.0 * (double)(rc1.flagged - rc0.flagged) / (double)checked : 0.0,
-                skipped, (long long)(rc1.outside - rc0.outside));
+                skipped, skipped - (long long)(rc1.unheld - rc0.unheld), (long long)(rc1.unheld - rc0.unheld),
+                (long long)(rc1.outside - rc0.outside));
     /* Sampling decodes bytes: it is the byte-level model's; prepared data has its own tokenizer. */
     if (log && !ds && o->sample_bytes > 0) {
         starpu_task_wait_for_all();

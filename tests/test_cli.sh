@@ -87,6 +87,9 @@ check_ok "bench --help lists --clip-range-max" '--clip-range-max R' bench --help
 check_error "train --adamw-spare twice" "--adamw-spare: 'twice' is not auto, on or off" train --adamw-spare twice
 check_ok "train --help lists --adamw-spare" '--adamw-spare M' train --help
 check_error "bench --adamw-defer auto" "--adamw-defer: 'auto' is not on or off" bench --adamw-defer auto
+check_error "train --clip-range-check 1" "--clip-range-check: '1' is not on or off" train --clip-range-check 1
+check_ok "bench --help lists --clip-range-check" '--clip-range-check M' bench --help
+check_ok "bench --help lists --norm-log" '--norm-log FILE' bench --help
 check_ok "train --help lists --adamw-defer" '--adamw-defer M' train --help
 check_ok "plan shows the spare AdamW state" 'spare AdamW state' plan --shape qwen2.5-0.5b
 check_error "train --steps 0" "--steps.*0" train --steps 0
@@ -218,6 +221,28 @@ elif ! grep -qE '^bench: K=4 clip 0.01: AdamW tasks, CPU-s per measured step:.* 
 elif ! grep -qE "^bench: K=4 clip 0.01: of those, the table's: [1-9][0-9]* checked on its early path, [0-9.]+% of them flagged; [1-9][0-9]* elements of the rows" "$err"; then
     fail "$name" "no line on the table's share"
 else pass "$name"; fi
+
+# The norm log: a header naming the tiles, then a row per norm of each clipped pair (none for
+# clip 0), each row's norm the square root of its tiles' sums; a file that cannot be written
+# is named before any work.
+name="bench --norm-log"
+run bench --shape tiny --micro-batch 2 --seq-len 64 --clip 0.01,0 --warmup 1 --steps 2 --ncpu 2 --ncuda 0 \
+    --clip-speculate ranged --norm-log "$work/norms.csv"
+if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif ! head -1 "$work/norms.csv" | grep -qE '^K,clip,norm,grad_norm,embedding,layer0,.*,table_head_part$'; then
+    fail "$name" "no header naming the tiles"
+elif [ "$(grep -c '^4,0.01,' "$work/norms.csv")" -ne 3 ] || grep -q '^4,0,' "$work/norms.csv"; then
+    fail "$name" "expected 3 rows for clip 0.01 and none for clip 0"
+elif ! awk -F, 'NR > 1 { s = 0; for (i = 5; i < NF; i++) s += $i; d = sqrt(s) - $4; if (d < 0) d = -d;
+                         if ($3 != NR - 1 || d > 1e-6 * $4 || $4 <= 0) bad = 1 } END { exit bad }' "$work/norms.csv"; then
+    fail "$name" "rows not numbered 1.. or their norm not the root of their sums"
+else
+    run bench --shape tiny --micro-batch 2 --seq-len 64 --clip 0.01 --warmup 1 --steps 1 --ncpu 2 --ncuda 0 \
+        --norm-log "$work/no/such/dir/norms.csv"
+    if [ "$rc" -eq 0 ]; then fail "$name" "expected failure for an unwritable file"
+    elif ! grep -q "norm-log: cannot write '$work/no/such/dir/norms.csv'" "$err"; then fail "$name" "error does not name the file"
+    else pass "$name"; fi
+fi
 
 name="bench --clip-speculate ranged --adamw-defer on"
 run bench --shape tiny --micro-batch 2 --seq-len 64 --clip 0.01 --warmup 1 --steps 2 --ncpu 2 --ncuda 0 \

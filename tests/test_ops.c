@@ -770,6 +770,55 @@ START_TEST(test_ranged_redo_exact)
 }
 END_TEST
 
+/* Ranged speculation's check of its last prediction (mt_codelet_norm_recorded, mt_norm_history.
+ * check): a tile whose range, predicted for the last norm from the one before, missed that norm
+ * is not speculated at the next (counted as unheld); one whose range held is; with the check
+ * off, both are. Four tiles; norm 2 scales every tile alike (every prediction exact), norm 3
+ * doubles tile 0 and triples tile 1 (the prediction holds for tiles 0 and 1 only: for tile 1
+ * the known tiles doubled, as tile 0 did). */
+START_TEST(test_ranged_held)
+{
+    enum { T = 4, N = 1000 };
+    double s1[T + 1] = { 4, 3, 2, 1, 0 }, s2[T + 1], s3[T + 1] = { 12, 13.5, 3, 1.5, 0 };
+    for (int j = 0; j <= T; j++) s2[j] = 1.5 * s1[j];
+    double slot[2][T + 1];
+    uint8_t held[2][T];
+    mt_norm_history h = { .ntiles = T, .sumsq = { slot[0], slot[1] }, .held = { held[0], held[1] }, .spread = 1.1,
+                          .check = true };
+    const double *norms[3] = { s1, s2, s3 };
+    for (int s = 1; s <= 3; s++) {
+        memcpy(slot[s % 2], norms[s - 1], sizeof slot[0]);
+        mt_codelet_norm_recorded(&h, s, 1.0);
+        ck_assert_int_eq(h.seq[s % 2], s);
+        for (int f = 0; f < T; f++) {
+            const int expect = s < 3 || f <= 1;
+            ck_assert_msg(held[s % 2][f] == expect, "norm %d, tile %d: held %d", s, f, held[s % 2][f]);
+        }
+    }
+    /* the ranged runs of norm 4: tiles 3 and 1, as when their gradients are in (norm 4 as 3) */
+    void *flags = malloc(mt_codelet_ranged_bitmap_bytes(N));
+    for (int check = 1; check >= 0; check--) {
+        h.check = check;
+        for (int f = 3; f >= 1; f -= 2) {
+            double known = 0;
+            for (int j = f; j < T; j++) known += s3[j];
+            mt_ranged_args a = { .hist = &h, .seq = 4, .first_tile = f, .clip = 1.0, .spread = 1.1, .max_ratio = 1.25 };
+            mt_adamw_params p = adam_base;
+            p.grad_scale = 1;
+            const mt_ranged_counts c0 = mt_codelet_ranged_counts();
+            const bool spec = mt_codelet_ranged_begin(flags, N, known, 0, &a, &p);
+            const mt_ranged_counts c1 = mt_codelet_ranged_counts();
+            const bool expect = !check || f == 1;
+            ck_assert_msg(spec == expect, "check %d, tile %d: speculated %d", check, f, spec);
+            ck_assert_int_eq(c1.unheld - c0.unheld, expect ? 0 : N);
+            ck_assert_int_eq(c1.skipped - c0.skipped, expect ? 0 : N);
+            ck_assert_int_eq(c1.checked - c0.checked, expect ? N : 0);
+        }
+    }
+    free(flags);
+}
+END_TEST
+
 /* The soundness of ranged speculation's flags (codelets/adamw.c, mt_codelet_ranged_pass), which
  * the exactness of `--clip-speculate ranged` rests on: for every element it leaves unflagged,
  * the weights half's bf16 result is the same for every clip scale in the range. Checked against
@@ -957,6 +1006,7 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, test_adamw_f32_bitwise_scalar);
     tcase_add_test(tc, test_ranged_flags_sound);
     tcase_add_test(tc, test_ranged_redo_exact);
+    tcase_add_test(tc, test_ranged_held);
     suite_add_tcase(s, tc);
     return s;
 }

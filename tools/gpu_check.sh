@@ -2,7 +2,7 @@
 # Correctness and a first benchmark on the GPU machine, from binaries built here:
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, on the GPU machine (device tool, carrying build-gpu and .deps/gpu-runtime):
-#   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|clip3b|defer3b|ab3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
+#   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|clip3b|defer3b|ab3b|check3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
 #   (attention3b takes QBLOCK=64|128, bench3b CLIPS, RESIDENT and K)
 # Logs go to $OUT (or ./out); the last lines are a short table.
 set -uo pipefail
@@ -145,6 +145,16 @@ ab3b)
     run bench_3b "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --warmup 2 --steps ${STEPS:-6}
     run bench_3b_old "$OLD/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${OLD_CLIPS:-1,1} --warmup 2 --steps ${STEPS:-6}
     [ "${TORCH:-1}" = 1 ] && run torch_3b python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
+    ;;
+check3b)
+    # Ranged speculation's check of its last prediction (--clip-range-check) on one machine: the
+    # 3B step at clip 1 (fresh model: the ranges hold), 1000, then 1 again (a model memorising its
+    # batch: the norm jumps), with the check on (the default), off, and without speculation.
+    run test_gpu_step "$B/tests/test_gpu_step"
+    for m in on off; do
+        run bench_3b_check_$m "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --clip-range-check $m --warmup 2 --steps ${STEPS:-6} --norm-log "$OUT/norms_$m.csv"
+    done
+    [ "${OFF:-1}" = 1 ] && run bench_3b_spec_off "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --clip-speculate off --warmup 2 --steps ${STEPS:-6}
     ;;
 sweep3b)
     # K and clip on one host state (one set-up), then the torch reference of the same shape.

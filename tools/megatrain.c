@@ -268,6 +268,18 @@ static int parse_defer(const char *arg, int *out)
     return 0;
 }
 
+/* --clip-range-check on|off -> mt_step_config.clip_range_check (1, 0). */
+static int parse_range_check(const char *arg, int *out)
+{
+    if (!strcmp(arg, "on")) *out = 1;
+    else if (!strcmp(arg, "off")) *out = 0;
+    else {
+        usage_error("--clip-range-check: '%s' is not on or off", arg, "");
+        return -1;
+    }
+    return 0;
+}
+
 /* A factor above 1 (--clip-range, --clip-range-max). */
 static int parse_ratio(const char *flag, const char *arg, double *out)
 {
@@ -290,6 +302,9 @@ static int parse_ratio(const char *flag, const char *arg, double *out)
     "                       times of its prediction from the last norm (default 1.1, > 1)\n"      \
     "  --clip-range-max R   ranged: a chunk whose range of scales is wider than R times is not\n"  \
     "                       speculated (default 1.25, > 1)\n"                                     \
+    "  --clip-range-check M on|off (default on): ranged: do not speculate a layer whose range,\n"  \
+    "                       predicted at the last norm, missed it (the norm moves in ways the\n"  \
+    "                       prediction does not follow; a miss costs a whole redo)\n"           \
     "  --adamw-defer M      on|off (default off): ranged: run each layer's second half of AdamW\n" \
     "                       (master, m and v) in the next step's ranged pass over the same\n"      \
     "                       chunk, reading them once instead of twice (4 bytes per parameter\n"   \
@@ -352,7 +367,7 @@ static int cmd_train(int argc, char **argv)
     enum { O_CONFIG = 256, O_DATA, O_STEPS, O_B, O_T, O_ACCUM, O_K, O_LR, O_SCHED_LR, O_WARMUP, O_WD, O_CLIP,
            O_DTYPE, O_SEED, O_EVAL, O_LOG, O_SAMPLE, O_TIME, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_TPS, O_BUDGET,
            O_CKPT, O_SAVE_EVERY, O_RESUME, O_STOP, O_MODEL, O_SAVE_MODEL, O_DATA_ORDER, O_SPEC,
-           O_CRANGE, O_CRANGE_MAX, O_SPARE, O_DEFER };
+           O_CRANGE, O_CRANGE_MAX, O_CRANGE_CHECK, O_SPARE, O_DEFER };
     static const struct option opts[] = {
         { "config", required_argument, 0, O_CONFIG }, { "data", required_argument, 0, O_DATA },
         { "steps", required_argument, 0, O_STEPS }, { "micro-batch", required_argument, 0, O_B },
@@ -371,6 +386,7 @@ static int cmd_train(int argc, char **argv)
         { "model", required_argument, 0, O_MODEL }, { "save-model", required_argument, 0, O_SAVE_MODEL },
         { "data-order", required_argument, 0, O_DATA_ORDER }, { "clip-speculate", required_argument, 0, O_SPEC },
         { "clip-range", required_argument, 0, O_CRANGE }, { "clip-range-max", required_argument, 0, O_CRANGE_MAX },
+        { "clip-range-check", required_argument, 0, O_CRANGE_CHECK },
         { "adamw-spare", required_argument, 0, O_SPARE }, { "adamw-defer", required_argument, 0, O_DEFER },
         { 0, 0, 0, 0 },
     };
@@ -404,6 +420,7 @@ static int cmd_train(int argc, char **argv)
         case O_SPEC: if (parse_speculate(optarg, &o.step.clip_speculate)) return 2; break;
         case O_CRANGE: if (parse_ratio("--clip-range", optarg, &o.step.clip_range)) return 2; break;
         case O_CRANGE_MAX: if (parse_ratio("--clip-range-max", optarg, &o.step.clip_range_max)) return 2; break;
+        case O_CRANGE_CHECK: if (parse_range_check(optarg, &o.step.clip_range_check)) return 2; break;
         case O_SPARE: if (parse_spare(optarg, &o.step.adamw_spare)) return 2; break;
         case O_DEFER: if (parse_defer(optarg, &o.step.adamw_defer)) return 2; break;
         case O_CLIP: if (parse_double("--clip", optarg, 0, 1e30, &o.step.clip)) return 2; break;
@@ -574,7 +591,7 @@ static void bench_help(const mt_bench_options *d)
 
 static int cmd_bench(int argc, char **argv)
 {
-    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS, O_PF, O_MARGIN, O_SPEC, O_DTYPE, O_CRANGE, O_CRANGE_MAX, O_SPARE, O_DEFER, O_NORMLOG };
+    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS, O_PF, O_MARGIN, O_SPEC, O_DTYPE, O_CRANGE, O_CRANGE_MAX, O_CRANGE_CHECK, O_SPARE, O_DEFER, O_NORMLOG };
     static const struct option opts[] = {
         { "shape", required_argument, 0, O_SHAPE }, { "micro-batch", required_argument, 0, O_B },
         { "seq-len", required_argument, 0, O_T }, { "accum", required_argument, 0, O_ACCUM },
@@ -587,6 +604,7 @@ static int cmd_bench(int argc, char **argv)
         { "help", no_argument, 0, O_HELP }, { "layers", required_argument, 0, O_LAYERS },
         { "clip-speculate", required_argument, 0, O_SPEC }, { "dtype", required_argument, 0, O_DTYPE },
         { "clip-range", required_argument, 0, O_CRANGE }, { "clip-range-max", required_argument, 0, O_CRANGE_MAX },
+        { "clip-range-check", required_argument, 0, O_CRANGE_CHECK },
         { "adamw-spare", required_argument, 0, O_SPARE }, { "adamw-defer", required_argument, 0, O_DEFER },
         { "norm-log", required_argument, 0, O_NORMLOG },
         { 0, 0, 0, 0 },
@@ -624,6 +642,7 @@ static int cmd_bench(int argc, char **argv)
         case O_SPEC: if (parse_speculate(optarg, &o.step.clip_speculate)) return 2; break;
         case O_CRANGE: if (parse_ratio("--clip-range", optarg, &o.step.clip_range)) return 2; break;
         case O_CRANGE_MAX: if (parse_ratio("--clip-range-max", optarg, &o.step.clip_range_max)) return 2; break;
+        case O_CRANGE_CHECK: if (parse_range_check(optarg, &o.step.clip_range_check)) return 2; break;
         case O_SPARE: if (parse_spare(optarg, &o.step.adamw_spare)) return 2; break;
         case O_DEFER: if (parse_defer(optarg, &o.step.adamw_defer)) return 2; break;
         case O_LAYERS: if (parse_int("--layers", optarg, 1, 1 << 16, &v)) return 2; o.layers = v; break;
