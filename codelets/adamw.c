@@ -130,7 +130,7 @@ static inline uint32_t bf16_bits(float x)
  * inside the margin, as the bounds' evaluation is. On the development machine (one thread) this
  * took 2.23-2.30 s per 1e9 elements, against 2.77-2.87 as the weights half followed by a loop
  * of the bounds alone (tools/adamw_bw). */
-MT_CPU_CLONES static void ranged_fused(int64_t n, const float *restrict master, const float *restrict grad,
+MT_CPU_CLONES_WIDE static void ranged_fused(int64_t n, const float *restrict master, const float *restrict grad,
                                        const float *restrict m, const float *restrict v, const ranged_consts *k,
                                        float *restrict out, int32_t *restrict may)
 {

@@ -22,10 +22,13 @@
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
 #define MT_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+/* Also for AVX-512, for the loops that compute more than they move (the ranged pass's bounds). */
+#define MT_CPU_CLONES_WIDE __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 #endif
 #ifndef MT_CPU_CLONES
 #define MT_CPU_CLONES
+#define MT_CPU_CLONES_WIDE
 #endif
 
 typedef uint16_t mt_bf16; /* bfloat16 bit pattern */
