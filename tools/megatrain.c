@@ -256,25 +256,13 @@ static int parse_spare(const char *arg, int *out)
     return 0;
 }
 
-/* --adamw-defer on|off -> mt_step_config.adamw_defer (1, 0). */
-static int parse_defer(const char *arg, int *out)
+/* on|off -> 1, 0 (--adamw-defer, --clip-range-check). */
+static int parse_on_off(const char *flag, const char *arg, int *out)
 {
     if (!strcmp(arg, "on")) *out = 1;
     else if (!strcmp(arg, "off")) *out = 0;
     else {
-        usage_error("--adamw-defer: '%s' is not on or off", arg, "");
-        return -1;
-    }
-    return 0;
-}
-
-/* --clip-range-check on|off -> mt_step_config.clip_range_check (1, 0). */
-static int parse_range_check(const char *arg, int *out)
-{
-    if (!strcmp(arg, "on")) *out = 1;
-    else if (!strcmp(arg, "off")) *out = 0;
-    else {
-        usage_error("--clip-range-check: '%s' is not on or off", arg, "");
+        usage_error("%s: '%s' is not on or off", flag, arg);
         return -1;
     }
     return 0;
@@ -420,9 +408,9 @@ static int cmd_train(int argc, char **argv)
         case O_SPEC: if (parse_speculate(optarg, &o.step.clip_speculate)) return 2; break;
         case O_CRANGE: if (parse_ratio("--clip-range", optarg, &o.step.clip_range)) return 2; break;
         case O_CRANGE_MAX: if (parse_ratio("--clip-range-max", optarg, &o.step.clip_range_max)) return 2; break;
-        case O_CRANGE_CHECK: if (parse_range_check(optarg, &o.step.clip_range_check)) return 2; break;
+        case O_CRANGE_CHECK: if (parse_on_off("--clip-range-check", optarg, &o.step.clip_range_check)) return 2; break;
         case O_SPARE: if (parse_spare(optarg, &o.step.adamw_spare)) return 2; break;
-        case O_DEFER: if (parse_defer(optarg, &o.step.adamw_defer)) return 2; break;
+        case O_DEFER: if (parse_on_off("--adamw-defer", optarg, &o.step.adamw_defer)) return 2; break;
         case O_CLIP: if (parse_double("--clip", optarg, 0, 1e30, &o.step.clip)) return 2; break;
         case O_DTYPE:
             if (mt_dtype_parse(optarg, &o.dtype)) return usage_error("--dtype: '%s' is not fp32 or bf16%s", optarg, "");
@@ -642,9 +630,9 @@ static int cmd_bench(int argc, char **argv)
         case O_SPEC: if (parse_speculate(optarg, &o.step.clip_speculate)) return 2; break;
         case O_CRANGE: if (parse_ratio("--clip-range", optarg, &o.step.clip_range)) return 2; break;
         case O_CRANGE_MAX: if (parse_ratio("--clip-range-max", optarg, &o.step.clip_range_max)) return 2; break;
-        case O_CRANGE_CHECK: if (parse_range_check(optarg, &o.step.clip_range_check)) return 2; break;
+        case O_CRANGE_CHECK: if (parse_on_off("--clip-range-check", optarg, &o.step.clip_range_check)) return 2; break;
         case O_SPARE: if (parse_spare(optarg, &o.step.adamw_spare)) return 2; break;
-        case O_DEFER: if (parse_defer(optarg, &o.step.adamw_defer)) return 2; break;
+        case O_DEFER: if (parse_on_off("--adamw-defer", optarg, &o.step.adamw_defer)) return 2; break;
         case O_LAYERS: if (parse_int("--layers", optarg, 1, 1 << 16, &v)) return 2; o.layers = v; break;
         case O_DTYPE:
             if (mt_dtype_parse(optarg, &o.dtype)) return usage_error("--dtype: '%s' is not bf16 or fp32%s", optarg, "");
