@@ -236,6 +236,9 @@ elif [ "$(grep -c '^4,0.01,' "$work/norms.csv")" -ne 3 ] || grep -q '^4,0,' "$wo
 elif ! awk -F, 'NR > 1 { s = 0; for (i = 5; i < NF; i++) s += $i; d = sqrt(s) - $4; if (d < 0) d = -d;
                          if ($3 != NR - 1 || d > 1e-6 * $4 || $4 <= 0) bad = 1 } END { exit bad }' "$work/norms.csv"; then
     fail "$name" "rows not numbered 1.. or their norm not the root of their sums"
+elif [ "$(awk -F, '$1 == 4 && $2 == 0.01 && $3 <= 2 { printf "%.4g\n", $4 }' "$work/norms.csv")" != \
+       "$(sed -n 's/^bench: K=4 clip 0.01 step [12] loss [0-9.]* grad norm \([0-9.e+-]*\)$/\1/p' "$err")" ]; then
+    fail "$name" "the norms of rows 1 and 2 are not those of the log's steps 1 and 2"
 else
     run bench --shape tiny --micro-batch 2 --seq-len 64 --clip 0.01 --warmup 1 --steps 1 --ncpu 2 --ncuda 0 \
         --norm-log "$work/no/such/dir/norms.csv"
