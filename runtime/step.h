@@ -28,8 +28,8 @@ typedef struct mt_step_config {
                             * by 1.0). The update then overlaps the backward as without clipping.
                             * -1 (auto): when the last scale read (mt_graph_wait_loss) was 1, and
                             * ranged when it was below 1 with bf16 weights and a GPU running the
-                            * compute (on the H200 at 3B, clip 1.0 scaling every step: 1.90-2.02
-                            * s a step against 2.16 without speculation); 0 never;
+                            * compute (on the H200 at 3B, clip 1.0 scaling every step: 1.86-2.02
+                            * s a step against 1.99-2.16 without speculation); 0 never;
                             * 1 always, as if 1; 2 (ranged): as -1, and with bf16 streamed
                             * weights and a last scale below 1 (with or without a GPU), for a range of scales: the
                             * bound the gradients already in put on the norm, and the rest of it

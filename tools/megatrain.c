@@ -285,7 +285,8 @@ static int parse_ratio(const char *flag, const char *arg, double *out)
     "                       gradients already in and the last norm allow, redoing after the norm\n"\
     "                       only the weights whose bf16 value could differ within it (bf16 only;\n"\
     "                       exact); auto: as the last norm asks, ranged only with bf16 weights\n"  \
-    "                       and a GPU (H200, 3B, clip 1.0 every step: 1.90-2.02 s against 2.16)\n"\
+    "                       and a GPU (H200, 3B, clip 1.0 every step: 1.86-2.02 s a step,\n"      \
+    "                       against 1.99-2.16 without speculation)\n"                           \
     "  --clip-range F       ranged: the part of the norm still to come is taken to be within F\n"  \
     "                       times of its prediction from the last norm (default 1.1, > 1)\n"      \
     "  --clip-range-max R   ranged: a chunk whose range of scales is wider than R times is not\n"  \
