@@ -136,14 +136,18 @@ defer3b)
     ;;
 ab3b)
     # A/B of two builds on one machine (machines differ from call to call): this build against
-    # OLD (tools/megatrain and libmegatrain.so of an earlier commit, carried as its own folder).
-    # Each list of clips shares one host state; 1 scales every step, 1000 is never reached.
+    # OLD (tools/megatrain and libmegatrain.so of an earlier commit, carried as its own folder),
+    # in ROUNDS alternating rounds (new, old, new, old, ...: one run each is not enough, the
+    # same binaries' runs differ by up to 4%). Each run's clips (CLIPS for both) share one host
+    # state; 1 scales every step, 1000 is never reached.
     OLD=${OLD:-build-old}
     run test_gpu_step "$B/tests/test_gpu_step"
     run adamw_bw "$B/tools/adamw_bw"
     [ -x "$OLD/tools/adamw_bw" ] && run adamw_bw_old "$OLD/tools/adamw_bw"
-    run bench_3b "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --warmup 2 --steps ${STEPS:-6}
-    run bench_3b_old "$OLD/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${OLD_CLIPS:-1,1} --warmup 2 --steps ${STEPS:-6}
+    for r in $(seq 1 ${ROUNDS:-1}); do
+        run bench_3b_new_$r "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --warmup 2 --steps ${STEPS:-6}
+        run bench_3b_old_$r "$OLD/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --warmup 2 --steps ${STEPS:-6}
+    done
     [ "${TORCH:-1}" = 1 ] && run torch_3b python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
     ;;
 check3b)
