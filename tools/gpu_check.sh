@@ -137,9 +137,10 @@ defer3b)
 ab3b)
     # A/B of two builds on one machine (machines differ from call to call): this build against
     # OLD (tools/megatrain and libmegatrain.so of an earlier commit, carried as its own folder),
-    # in ROUNDS alternating rounds (new, old, new, old, ...: one run each is not enough, the
-    # same binaries' runs differ by up to 4%). Each run's clips (CLIPS for both) share one host
-    # state; 1 scales every step, 1000 is never reached.
+    # in ROUNDS alternating rounds (new, old, new, old, ...: one run each is not enough, runs
+    # of the same binaries on one machine have differed by up to 10%, docs/benchmarks.md). Each
+    # run's clips (CLIPS for both) share one host state; 1 scales every step, 1000 is never
+    # reached.
     OLD=${OLD:-build-old}
     run test_gpu_step "$B/tests/test_gpu_step"
     run adamw_bw "$B/tools/adamw_bw"
