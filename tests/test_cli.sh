@@ -10,6 +10,7 @@ if [ ! -x "$megatrain" ]; then
     exit 2
 fi
 
+root=$(cd "$(dirname "$0")/.." && pwd)  # the source tree (tools/norm_replay.py)
 work=$(mktemp -d /tmp/mt-cli.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 export STARPU_SILENT=1
@@ -239,6 +240,11 @@ elif ! awk -F, 'NR > 1 { s = 0; for (i = 5; i < NF; i++) s += $i; d = sqrt(s) - 
 elif [ "$(awk -F, '$1 == 4 && $2 == 0.01 && $3 <= 2 { printf "%.4g\n", $4 }' "$work/norms.csv")" != \
        "$(sed -n 's/^bench: K=4 clip 0.01 step [12] loss [0-9.]* grad norm \([0-9.e+-]*\)$/\1/p' "$err")" ]; then
     fail "$name" "the norms of rows 1 and 2 are not those of the log's steps 1 and 2"
+elif ! python3 "$root/tools/norm_replay.py" --from 2 "$work/norms.csv" >"$work/replay.txt" 2>&1; then
+    fail "$name" "tools/norm_replay.py failed on the log: $(head -c 300 "$work/replay.txt")"
+elif ! grep -qE '^K=4 clip 0.01, 3 norms, spread 1.1; ranges held per norm: 2:[0-9]+/[0-9]+ 3:[0-9]+/[0-9]+$' "$work/replay.txt" ||
+     ! grep -qE '^  rule last +held +[0-9]+  missed +[0-9]+  not speculated +[0-9]+  score [+-][0-9]+$' "$work/replay.txt"; then
+    fail "$name" "tools/norm_replay.py: no per-norm line or no score of the rule 'last'"
 else
     run bench --shape tiny --micro-batch 2 --seq-len 64 --clip 0.01 --warmup 1 --steps 1 --ncpu 2 --ncuda 0 \
         --norm-log "$work/no/such/dir/norms.csv"
