@@ -83,6 +83,7 @@ typedef enum mt_event_kind {
     MT_EV_BACKWARD,
     MT_EV_ADAMW,
     MT_EV_TILE_READY,      /* a tile's update landed: its streamed weights are whole in host memory */
+    MT_EV_COUNT            /* how many kinds there are (observers may size tables by it) */
 } mt_event_kind;
 typedef void (*mt_observer_fn)(void *user, mt_event_kind kind, int64_t step, int tile);
 

@@ -502,14 +502,15 @@ END_TEST
 enum { MAX_STEPS = 3, MAX_TILES = 16 };
 typedef struct watch {
     pthread_mutex_t lock;
-    bool seen[4][MAX_STEPS + 1][MAX_TILES];
+    bool seen[MT_EV_COUNT][MAX_STEPS + 1][MAX_TILES];
 } watch;
 
 static void observe(void *user, mt_event_kind kind, int64_t step, int tile)
 {
     watch *w = user;
     pthread_mutex_lock(&w->lock);
-    if (step >= 0 && step <= MAX_STEPS && tile < MAX_TILES) w->seen[kind][step][tile] = true;
+    if (kind < MT_EV_COUNT && step >= 0 && step <= MAX_STEPS && tile >= 0 && tile < MAX_TILES)
+        w->seen[kind][step][tile] = true;
     pthread_mutex_unlock(&w->lock);
 }
 
