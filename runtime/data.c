@@ -78,7 +78,7 @@ int mt_corpus_load(const char *path, int val_every, int64_t min_bytes, mt_corpus
             names[n++] = strdup(full);
         }
         closedir(d);
-        qsort(names, n, sizeof *names, cmp_names);
+        if (n > 1) qsort(names, n, sizeof *names, cmp_names); /* names is NULL when n is 0 */
         int rc = 0;
         for (int i = 0; i < n && rc == 0; i++) rc = read_file(names[i], &all, err, errlen);
         for (int i = 0; i < n; i++) free(names[i]);

@@ -200,7 +200,7 @@ static int32_t *concat_encode(mt_tokenizer *tok, const char *const *parts, const
         size_t n;
         int32_t *ids = mt_tokenizer_encode(tok, parts[p], lens[p], &n);
         all = realloc(all, (*count + n + 1) * sizeof *all);
-        memcpy(all + *count, ids, n * sizeof *ids);
+        if (n) memcpy(all + *count, ids, n * sizeof *ids); /* ids may be NULL when empty */
         *count += n;
         free(ids);
     }
