@@ -13,14 +13,20 @@
 
 typedef struct buffer { uint8_t *p; int64_t n, cap; } buffer;
 
-static void append(buffer *b, const uint8_t *src, int64_t n)
+/* -1 when memory runs out (the buffer is then as it was). */
+static int append(buffer *b, const uint8_t *src, int64_t n)
 {
     if (b->n + n > b->cap) {
-        while (b->n + n > b->cap) b->cap = b->cap ? b->cap * 2 : 1 << 16;
-        b->p = realloc(b->p, (size_t)b->cap);
+        int64_t cap = b->cap;
+        while (b->n + n > cap) cap = cap ? cap * 2 : 1 << 16;
+        uint8_t *p = realloc(b->p, (size_t)cap);
+        if (!p) return -1;
+        b->p = p;
+        b->cap = cap;
     }
     memcpy(b->p + b->n, src, (size_t)n);
     b->n += n;
+    return 0;
 }
 
 static int read_file(const char *path, buffer *b, char *err, size_t errlen)
@@ -32,7 +38,12 @@ static int read_file(const char *path, buffer *b, char *err, size_t errlen)
     }
     uint8_t chunk[1 << 16];
     size_t got;
-    while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) append(b, chunk, (int64_t)got);
+    while ((got = fread(chunk, 1, sizeof chunk, f)) > 0)
+        if (append(b, chunk, (int64_t)got)) {
+            fclose(f);
+            snprintf(err, errlen, "%s: out of memory after %lld bytes of the corpus", path, (long long)b->n);
+            return -1;
+        }
     int bad = ferror(f);
     fclose(f);
     if (bad) {
@@ -67,6 +78,7 @@ int mt_corpus_load(const char *path, int val_every, int64_t min_bytes, mt_corpus
         }
         char **names = NULL;
         int n = 0, cap = 0;
+        bool oom = false;
         struct dirent *e;
         while ((e = readdir(d))) {
             if (skip_name(e->d_name)) continue;
@@ -74,10 +86,22 @@ int mt_corpus_load(const char *path, int val_every, int64_t min_bytes, mt_corpus
             snprintf(full, sizeof full, "%s/%s", path, e->d_name);
             struct stat fs;
             if (lstat(full, &fs) != 0 || !S_ISREG(fs.st_mode)) continue;
-            if (n == cap) names = realloc(names, sizeof *names * (cap = cap ? cap * 2 : 32));
-            names[n++] = strdup(full);
+            if (n == cap) {
+                char **grown = realloc(names, sizeof *names * (size_t)(cap ? cap * 2 : 32));
+                if (!grown) { oom = true; break; }
+                names = grown;
+                cap = cap ? cap * 2 : 32;
+            }
+            if (!(names[n] = strdup(full))) { oom = true; break; }
+            n++;
         }
         closedir(d);
+        if (oom) {
+            for (int i = 0; i < n; i++) free(names[i]);
+            free(names);
+            snprintf(err, errlen, "%s: out of memory listing the directory", path);
+            return -1;
+        }
         if (n > 1) qsort(names, n, sizeof *names, cmp_names); /* names is NULL when n is 0 */
         int rc = 0;
         for (int i = 0; i < n && rc == 0; i++) rc = read_file(names[i], &all, err, errlen);
@@ -101,7 +125,14 @@ int mt_corpus_load(const char *path, int val_every, int64_t min_bytes, mt_corpus
     buffer tr = { 0 }, va = { 0 };
     for (int64_t o = 0, blk = 0; o < all.n; o += BLOCK, blk++) {
         int64_t len = all.n - o < BLOCK ? all.n - o : BLOCK;
-        append(val_every > 0 && blk % val_every == val_every - 1 ? &va : &tr, all.p + o, len);
+        if (append(val_every > 0 && blk % val_every == val_every - 1 ? &va : &tr, all.p + o, len)) {
+            snprintf(err, errlen, "%s: out of memory splitting %lld bytes into training and validation", path,
+                     (long long)all.n);
+            free(all.p);
+            free(tr.p);
+            free(va.p);
+            return -1;
+        }
     }
     free(all.p);
     if (tr.n < min_bytes || va.n < min_bytes) {
