@@ -142,6 +142,10 @@ ab3b)
     # run's clips (CLIPS for both) share one host state; 1 scales every step, 1000 is never
     # reached.
     OLD=${OLD:-build-old}
+    if [ ! -x "$OLD/tools/megatrain" ] || [ ! -f "$OLD/libmegatrain.so" ]; then
+        echo "gpu_check.sh ab3b: $OLD/tools/megatrain and $OLD/libmegatrain.so are needed (OLD=folder)" >&2
+        exit 2
+    fi
     run test_gpu_step "$B/tests/test_gpu_step"
     run adamw_bw "$B/tools/adamw_bw"
     [ -x "$OLD/tools/adamw_bw" ] && run adamw_bw_old "$OLD/tools/adamw_bw"
