@@ -281,6 +281,14 @@ static double predicted_rest(const mt_norm_history *h, int64_t prev, int first_t
     return same > 0 ? other * (seen / same) : other;
 }
 
+/* The range of clip scales [*c_lo, *c_hi] for a rest of the norm's square predicted as `rest`,
+ * within `spread` times either way, the tiles in adding `known`. */
+static void scale_range(double clip, double known, double rest, double spread, double *c_lo, double *c_hi)
+{
+    *c_hi = scale_of(clip, sqrt(known + rest / spread));
+    *c_lo = scale_of(clip, sqrt(known + rest * spread));
+}
+
 /* Why a ranged run does not speculate (mt_codelet_ranged_begin). */
 enum { RANGE_NARROW, RANGE_WIDE, RANGE_UNHELD };
 
@@ -298,8 +306,7 @@ static int ranged_range(double known, double head_table, const mt_ranged_args *a
     const bool history = h && prev >= 1 && h->seq[prev % 2] == prev;
     if (history) {
         const double rest = predicted_rest(h, prev, a->first_tile, a->head_table, known, head_table);
-        c_hi = scale_of(a->clip, sqrt(known + rest / a->spread));
-        c_lo = scale_of(a->clip, sqrt(known + rest * a->spread));
+        scale_range(a->clip, known, rest, a->spread, &c_lo, &c_hi);
     } else {
         c_hi = fmin(c_hi, a->hi);
         c_lo = fmin(a->lo, c_hi);
@@ -329,9 +336,9 @@ void mt_codelet_norm_recorded(mt_norm_history *h, int64_t seq, double clip)
             held[f] = 1;
             if (prev < 1 || h->seq[prev % 2] != prev) continue;
             /* ranged_range's range for this tile, without the roundings' widening */
-            const double rest = predicted_rest(h, prev, f, with_head, known, now[h->ntiles]);
-            const double c_hi = scale_of(clip, sqrt(known + rest / h->spread));
-            const double c_lo = scale_of(clip, sqrt(known + rest * h->spread));
+            double c_lo, c_hi;
+            scale_range(clip, known, predicted_rest(h, prev, f, with_head, known, now[h->ntiles]), h->spread, &c_lo,
+                        &c_hi);
             held[f] = scale >= c_lo * (1 - 1e-6) && scale <= c_hi * (1 + 1e-6);
         }
     }

@@ -116,7 +116,8 @@ void mt_graph_set_clip_speculate(mt_graph *g, int speculate);
 void mt_graph_speculation_counts(const mt_graph *g, int64_t *speculated, int64_t *held);
 /* Keeps each gradient norm's sums of squares per tile, for the first max_norms norms the graph
  * computes from now on (those of earlier norms are not kept): what ranged speculation predicts
- * from (bench --norm-log). 0 on success, -1 when out of memory. Clipping only (no norm without). */
+ * from (bench --norm-log). Waits for every submitted task first. 0 on success, -1 when out of
+ * memory. Clipping only (no norm without). */
 int mt_graph_keep_norms(mt_graph *g, int64_t max_norms);
 /* The kept sums once the norms' tasks have ended: *count rows (norms 1..*count) of *width
  * doubles, the tiles' (0 the embedding, 1..L the layers, L+1 the head when untied) then that of
