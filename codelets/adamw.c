@@ -129,8 +129,10 @@ static inline uint32_t bf16_bits(float x)
  * denominator multiplies by the reciprocal of sqrt_bc2 instead of dividing. Their roundings are
  * inside the margin, as the bounds' evaluation is. On the development machine (one thread) this
  * took 2.23-2.30 s per 1e9 elements, against 2.77-2.87 as the weights half followed by a loop
- * of the bounds alone (tools/adamw_bw). */
-MT_CPU_CLONES_WIDE static void ranged_fused(int64_t n, const float *restrict master, const float *restrict grad,
+ * of the bounds alone (tools/adamw_bw). An AVX-512 build of it was 5% faster alone on an H200
+ * box's CPU but not inside the step (1.880 and 1.888 s against 1.879 and 1.868 at clip 1,
+ * docs/benchmarks.md, ninth session), so it has the AVX2 and baseline builds of the others. */
+MT_CPU_CLONES static void ranged_fused(int64_t n, const float *restrict master, const float *restrict grad,
                                        const float *restrict m, const float *restrict v, const ranged_consts *k,
                                        float *restrict out, int32_t *restrict may)
 {

@@ -22,18 +22,10 @@
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
 #define MT_CPU_CLONES __attribute__((target_clones("avx2", "default")))
-/* Also for AVX-512, for the loops that compute more than they move (the ranged pass's bounds).
- * -DMT_CPU_NO_WIDE builds them like the others (the A/B of tools/gpu_check.sh ab3b). */
-#ifdef MT_CPU_NO_WIDE
-#define MT_CPU_CLONES_WIDE MT_CPU_CLONES
-#else
-#define MT_CPU_CLONES_WIDE __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
 #endif
 #endif
 #ifndef MT_CPU_CLONES
 #define MT_CPU_CLONES
-#define MT_CPU_CLONES_WIDE
 #endif
 
 typedef uint16_t mt_bf16; /* bfloat16 bit pattern */
