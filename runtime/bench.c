@@ -12,6 +12,8 @@
 
 #include "codelets.h"
 #include "config.h"
+#include "data.h"
+#include "dataset.h"
 #include "mt_build_config.h"
 #include "plan.h"
 #include "policy.h"
@@ -214,6 +216,67 @@ static void gpu_time(const mt_bench_options *o, bool traced, const timeline *tl,
     }
 }
 
+/* The batches of --data: a text corpus read as bytes (the byte-level trainer's mt_corpus, windows
+ * at seeded random offsets of its training split), or a prepared directory (its training stream
+ * in order). One source for the whole run, so the pairs after the first train on new batches. */
+typedef struct bench_data {
+    bool on, prepared;
+    mt_corpus corpus;
+    mt_dataset dataset;
+    mt_rng rng;
+    int64_t next; /* prepared: the next window of the stream */
+} bench_data;
+
+static int bench_data_open(const mt_bench_options *o, const mt_model_config *cfg, bench_data *d, FILE *log, char *err,
+                           size_t errlen)
+{
+    memset(d, 0, sizeof *d);
+    if (!o->data) return 0;
+    char model[128];
+    snprintf(model, sizeof model, "shape %s", o->shape);
+    if (mt_dataset_is_prepared(o->data)) {
+        if (mt_dataset_open(o->data, &d->dataset, err, errlen)) return -1;
+        if (mt_dataset_check_run(&d->dataset, cfg->vocab, o->step.T, model, err, errlen)) {
+            mt_dataset_close(&d->dataset);
+            return -1;
+        }
+        d->prepared = true;
+        if (log) fprintf(log, "bench: data %s: %lld training windows of %lld tokens, a fresh batch each step\n", o->data,
+                         (long long)d->dataset.train.n_seq, (long long)d->dataset.seq_len);
+    } else {
+        if (cfg->vocab < 256) {
+            snprintf(err, errlen, "--data %s is read as bytes, and %s has a vocabulary of %lld, under 256", o->data, model,
+                     (long long)cfg->vocab);
+            return -1;
+        }
+        if (mt_corpus_load(o->data, 10, o->step.T + 1, &d->corpus, err, errlen)) return -1;
+        mt_rng_seed(&d->rng, 1);
+        if (log) fprintf(log, "bench: data %s: %lld bytes (the byte-level trainer's training split) as tokens, a fresh "
+                              "batch at random offsets each step\n", o->data, (long long)d->corpus.ntrain);
+    }
+    d->on = true;
+    return 0;
+}
+
+/* The next step's batch, (accum, B, T); nothing without --data. */
+static void bench_data_batch(bench_data *d, const mt_step_config *sc, int32_t *tok, int32_t *tgt)
+{
+    const int64_t windows = (int64_t)sc->accum * sc->B;
+    if (!d->on) return;
+    if (d->prepared) {
+        mt_dataset_batch(&d->dataset, false, 0, d->next, windows, tok, tgt);
+        d->next += windows;
+    } else {
+        mt_corpus_sample(&d->corpus, &d->rng, windows, sc->T, tok, tgt);
+    }
+}
+
+static void bench_data_close(bench_data *d)
+{
+    if (d->prepared) mt_dataset_close(&d->dataset);
+    else mt_corpus_free(&d->corpus);
+}
+
 /* One pair: a fresh graph over the shared state, warm-up, measured steps, AdamW alone. */
 /* The norms a graph kept (mt_graph_keep_norms) as CSV rows: K, clip, the norm's number, the norm,
  * then the columns of write_norm_header. */
@@ -241,7 +304,7 @@ static void write_norm_header(const mt_host_state *st, FILE *out)
 }
 
 static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt_model_config *cfg, mt_host_state *st,
-                   mt_bench_result *r, FILE *log, FILE *norms, char *err, size_t errlen)
+                   bench_data *data, mt_bench_result *r, FILE *log, FILE *norms, char *err, size_t errlen)
 {
     mt_graph *g = mt_graph_create(st, sc, err, errlen);
     if (!g) return -1;
@@ -307,6 +370,7 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
             rc0 = mt_codelet_ranged_counts();
             measure_start = now();
         }
+        bench_data_batch(data, sc, tok, tgt);
         slots[step] = mt_graph_submit_step(g, step, tok, tgt, 1e-5);
         if (step >= 2) {
             double norm;
@@ -457,6 +521,12 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         snprintf(err, errlen, "--norm-log: cannot write '%s': %s", o->norm_log, strerror(errno));
         return -1;
     }
+    bench_data data; /* before the plans: a wrong path is the first thing to hear of */
+    if (bench_data_open(o, &cfg, &data, log, err, errlen)) {
+        if (norms) fclose(norms);
+        return -1;
+    }
+
     /* Every pair's plan; the GPU budget is the largest, the host state the same for all. */
     uint64_t gpu_need = 0;
     for (int i = 0; i < count; i++) {
@@ -470,10 +540,12 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         if (mt_plan_compute(&cfg, &pp, &plan)) {
             snprintf(err, errlen, "%s", plan.error);
             if (norms) fclose(norms);
+            bench_data_close(&data);
             return -1;
         }
         if (i == 0 && mt_plan_check_host(&plan, mt_host_memory_available(), err, errlen)) {
             if (norms) fclose(norms);
+            bench_data_close(&data);
             return -1;
         }
         r->plan_gpu_gib = plan.gpu_total / 1073741824.0;
@@ -496,6 +568,7 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
     setenv("STARPU_PROFILING", "1", 1);
     if (mt_runtime_init(&o->runtime, err, errlen)) {
         if (norms) fclose(norms);
+        bench_data_close(&data);
         return -1;
     }
     int rc = -1;
@@ -513,7 +586,7 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         mt_step_config sc = o->step;
         sc.K = r->K;
         sc.clip = r->clip;
-        if (measure(o, &sc, &cfg, st, r, log, norms, err, errlen)) goto out;
+        if (measure(o, &sc, &cfg, st, &data, r, log, norms, err, errlen)) goto out;
         if (table) {
             mt_bench_print(o, r, i == 0, table);
             fflush(table);
@@ -524,6 +597,7 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
 out:
     mt_state_destroy(st);
     mt_runtime_shutdown();
+    bench_data_close(&data);
     if (norms && fclose(norms) && rc == 0) {
         snprintf(err, errlen, "--norm-log: writing '%s' failed: %s", o->norm_log, strerror(errno));
         rc = -1;

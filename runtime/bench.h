@@ -65,6 +65,9 @@ typedef struct mt_bench_options {
                                    * and 256 MiB for StarPU's own small allocations */
     int64_t layers;               /* > 0: override the shape's layer count (memory-bound tests) */
     const char *norm_log;         /* NULL, or a CSV file: every norm's sums of squares per tile */
+    const char *data;             /* NULL: one batch of random tokens, the same every step (what the
+                                   * PyTorch script feeds); else a text file or directory (bytes
+                                   * as tokens) or a prepared directory: a fresh batch each step */
     mt_dtype dtype;               /* weights and compute: bf16 (default) or fp32 (exact, slower) */
     mt_runtime_options runtime;
     /* Sweeps: every (K, clip) pair is measured on the same host state, one graph after the

@@ -795,6 +795,21 @@ out:
     return rc;
 }
 
+int mt_dataset_check_run(const mt_dataset *d, int64_t vocab, int64_t T, const char *model, char *err, size_t errlen)
+{
+    if (vocab < d->vocab_size) {
+        snprintf(err, errlen, "%s: vocab_size %lld does not cover the tokenizer of %s (%s, %lld ids): use the model "
+                 "the data was prepared for", model, (long long)vocab, d->dir, d->tokenizer, (long long)d->vocab_size);
+        return -1;
+    }
+    if (T != d->seq_len) {
+        snprintf(err, errlen, "%s was prepared with seq_len %lld, the run has --seq-len %lld: they must agree", d->dir,
+                 (long long)d->seq_len, (long long)T);
+        return -1;
+    }
+    return 0;
+}
+
 void mt_dataset_close(mt_dataset *d)
 {
     free(d->train.tokens); free(d->train.mask);

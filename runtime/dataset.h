@@ -101,6 +101,10 @@ int mt_dataset_seq_len(const char *dir, int64_t *seq_len, char *err, size_t errl
 int mt_dataset_open(const char *dir, mt_dataset *d, char *err, size_t errlen);
 void mt_dataset_close(mt_dataset *d);
 
+/* Whether a model of `vocab` ids (named `model` in the message) trained on --seq-len T can use d:
+ * -1 with err naming both when the tokenizer's ids do not fit or the seq_len differs. */
+int mt_dataset_check_run(const mt_dataset *d, int64_t vocab, int64_t T, const char *model, char *err, size_t errlen);
+
 /* Window `index` of a split as tokens (T) = window[0..T-1] and targets (T) = window[1..T], with
  * target -1 where the mask of that position is 0. */
 void mt_dataset_window(const mt_dataset *d, const mt_dataset_split *s, int64_t index, int32_t *tokens, int32_t *targets);

@@ -164,18 +164,10 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     const mt_dataset *ds = prepared ? &dataset : NULL;
     if (prepared) {
         if (mt_dataset_open(o->data_path, &dataset, err, errlen)) return -1;
-        const char *why = NULL;
-        if (cfg.vocab < dataset.vocab_size) {
-            snprintf(err, errlen, "%s: vocab_size %lld does not cover the tokenizer of %s (%s, %lld ids): use the model "
-                     "the data was prepared for", config_path, (long long)cfg.vocab, o->data_path, dataset.tokenizer,
-                     (long long)dataset.vocab_size);
-            why = err;
-        } else if (o->step.T != dataset.seq_len) {
-            snprintf(err, errlen, "%s was prepared with seq_len %lld, the run has --seq-len %lld: they must agree",
-                     o->data_path, (long long)dataset.seq_len, (long long)o->step.T);
-            why = err;
+        if (mt_dataset_check_run(&dataset, cfg.vocab, o->step.T, config_path, err, errlen)) {
+            mt_dataset_close(&dataset);
+            return -1;
         }
-        if (why) { mt_dataset_close(&dataset); return -1; }
     } else if (mt_corpus_load(o->data_path, 10, (o->step.T + 1) * 4, &corpus, err, errlen)) return -1;
 
     if (mt_runtime_init(&o->runtime, err, errlen)) {

@@ -253,6 +253,51 @@ else
     else pass "$name"; fi
 fi
 
+# --data: a text corpus read as bytes, a fresh batch each step. The log names the corpus and its
+# training split (every 10th 4 KiB block held out: 9 of the 10 blocks here); two runs give the
+# same losses, and those differ from the default run's (one batch of random tokens). Errors name
+# the path, and a prepared directory the run cannot use says why, before any work.
+for i in $(seq 1 2000); do
+    echo "Line $i: a fortune for the bench, $((i * 7919 % 1000)) of them told."
+    [ $((i % 5)) -eq 0 ] && echo
+done | head -c 40960 >"$work/corpus.txt"
+name="bench --data (text)"
+bench_data=(bench --shape tiny --micro-batch 2 --seq-len 64 --warmup 1 --steps 2 --ncpu 2 --ncuda 0)
+run "${bench_data[@]}" --data "$work/corpus.txt"
+grep '^bench: K=4 clip 1 step' "$err" >"$work/data_losses_1.txt"
+if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif ! grep -qF "bench: data $work/corpus.txt: 36864 bytes (the byte-level trainer's training split) as tokens" "$err"; then
+    fail "$name" "no 'data ...: 36864 bytes' line"
+elif [ "$(wc -l <"$work/data_losses_1.txt")" -ne 2 ]; then fail "$name" "expected 2 loss lines"
+else
+    run "${bench_data[@]}" --data "$work/corpus.txt"
+    grep '^bench: K=4 clip 1 step' "$err" >"$work/data_losses_2.txt"
+    run "${bench_data[@]}"
+    grep '^bench: K=4 clip 1 step' "$err" >"$work/random_losses.txt"
+    if ! cmp -s "$work/data_losses_1.txt" "$work/data_losses_2.txt"; then fail "$name" "two runs on the corpus differ"
+    elif cmp -s "$work/data_losses_1.txt" "$work/random_losses.txt" || [ ! -s "$work/random_losses.txt" ]; then
+        fail "$name" "the corpus run's losses are those of the random batch"
+    else pass "$name"; fi
+fi
+check_error "bench --data missing" "$work/no-such-corpus: No such file or directory" \
+    bench --shape tiny --ncpu 2 --ncuda 0 --data "$work/no-such-corpus"
+name="bench --data (prepared, not for this run)"
+run prepare --tokenizer "$root/tests/fixtures/tokenizers/qwen3/tokenizer.json" --format text --family qwen3 \
+    --input "$work/corpus.txt" --output "$work/prepared" --seq-len 32
+if [ "$rc" -ne 0 ]; then fail "$name" "prepare failed"
+else
+    run bench --shape tiny --micro-batch 2 --seq-len 32 --ncpu 2 --ncuda 0 --data "$work/prepared"
+    if [ "$rc" -eq 0 ] || ! grep -qF "shape tiny: vocab_size 256 does not cover the tokenizer of $work/prepared" "$err"; then
+        fail "$name" "no error naming the shape's vocabulary and the directory"
+    else
+        run bench --shape qwen2.5-0.5b --micro-batch 2 --seq-len 64 --ncpu 2 --ncuda 0 --data "$work/prepared"
+        if [ "$rc" -eq 0 ] || ! grep -qF "$work/prepared was prepared with seq_len 32, the run has --seq-len 64" "$err"; then
+            fail "$name" "no error naming the two sequence lengths"
+        else pass "$name"; fi
+    fi
+fi
+check_ok "bench --help lists --data" '--data PATH' bench --help
+
 name="bench --clip-speculate ranged --adamw-defer on"
 run bench --shape tiny --micro-batch 2 --seq-len 64 --clip 0.01 --warmup 1 --steps 2 --ncpu 2 --ncuda 0 \
     --clip-speculate ranged --adamw-defer on

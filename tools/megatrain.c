@@ -572,6 +572,11 @@ static void bench_help(const mt_bench_options *d)
     printf("  --no-prefetch        turn that prefetch off (the ablation)\n");
     printf("  --norm-log FILE      write every gradient norm's sums of squares per tile as CSV (what\n"
            "                       ranged speculation predicts from; clipping only)\n");
+    printf("  --data PATH          train on a corpus, a fresh batch each step: a text file or directory\n"
+           "                       (bytes as tokens, as train reads it) or a directory written by\n"
+           "                       'megatrain prepare' (default: one batch of random tokens, the same\n"
+           "                       every step, as tools/torch_bench.py feeds; the model memorises it\n"
+           "                       within about 16 steps, and its gradient norm then jumps)\n");
     printf("  --layers N           override the shape's layer count (memory-bound checks)\n");
     printf("  --dtype bf16|fp32    weights and compute (default bf16; fp32 is exact fp32, slower)\n");
     printf("  --sched NAME         megatrain (default), dmda, eager, ...\n");
@@ -580,7 +585,7 @@ static void bench_help(const mt_bench_options *d)
 
 static int cmd_bench(int argc, char **argv)
 {
-    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS, O_PF, O_MARGIN, O_SPEC, O_DTYPE, O_CRANGE, O_CRANGE_MAX, O_CRANGE_CHECK, O_SPARE, O_DEFER, O_NORMLOG };
+    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS, O_PF, O_MARGIN, O_SPEC, O_DTYPE, O_CRANGE, O_CRANGE_MAX, O_CRANGE_CHECK, O_SPARE, O_DEFER, O_NORMLOG, O_DATA };
     static const struct option opts[] = {
         { "shape", required_argument, 0, O_SHAPE }, { "micro-batch", required_argument, 0, O_B },
         { "seq-len", required_argument, 0, O_T }, { "accum", required_argument, 0, O_ACCUM },
@@ -596,6 +601,7 @@ static int cmd_bench(int argc, char **argv)
         { "clip-range-check", required_argument, 0, O_CRANGE_CHECK },
         { "adamw-spare", required_argument, 0, O_SPARE }, { "adamw-defer", required_argument, 0, O_DEFER },
         { "norm-log", required_argument, 0, O_NORMLOG },
+        { "data", required_argument, 0, O_DATA },
         { 0, 0, 0, 0 },
     };
     mt_bench_options o = mt_bench_defaults();
@@ -642,6 +648,7 @@ static int cmd_bench(int argc, char **argv)
         case O_NCPU: if (parse_int("--ncpu", optarg, 1, 1024, &v)) return 2; o.runtime.ncpu = (int)v; break;
         case O_NCUDA: if (parse_int("--ncuda", optarg, 0, 64, &v)) return 2; o.runtime.ncuda = (int)v; break;
         case O_NORMLOG: o.norm_log = optarg; break;
+        case O_DATA: o.data = optarg; break;
         case O_HELP: bench_help(&o); return 0;
         default: return 2;
         }
