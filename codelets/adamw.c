@@ -291,6 +291,13 @@ static void scale_range(double clip, double known, double rest, double spread, d
     *c_lo = scale_of(clip, sqrt(known + rest * spread));
 }
 
+/* The spread of the ranged runs of norm prev + 1, norm prev recorded. */
+static double spread_after(const mt_norm_history *h, int64_t prev)
+{
+    const double s = h->next_spread[prev % 2];
+    return s > 1 ? s : h->spread;
+}
+
 /* Why a ranged run does not speculate (mt_codelet_ranged_begin). */
 enum { RANGE_NARROW, RANGE_WIDE, RANGE_UNHELD };
 
@@ -306,9 +313,12 @@ static int ranged_range(double known, double head_table, const mt_ranged_args *a
     const int64_t prev = a->seq - 1;
     const mt_norm_history *h = a->hist;
     const bool history = h && prev >= 1 && h->seq[prev % 2] == prev;
+    double max_ratio = a->max_ratio;
     if (history) {
         const double rest = predicted_rest(h, prev, a->first_tile, a->head_table, known, head_table);
-        scale_range(a->clip, known, rest, a->spread, &c_lo, &c_hi);
+        const double spread = spread_after(h, prev);
+        scale_range(a->clip, known, rest, spread, &c_lo, &c_hi);
+        max_ratio *= spread / h->spread;
     } else {
         c_hi = fmin(c_hi, a->hi);
         c_lo = fmin(a->lo, c_hi);
@@ -317,7 +327,7 @@ static int ranged_range(double known, double head_table, const mt_ranged_args *a
      * inside the range whenever the prediction held. */
     *lo = grad_scale * c_lo * (1 - 1e-6);
     *hi = grad_scale * c_hi * (1 + 1e-6);
-    if (c_hi > c_lo * a->max_ratio) return RANGE_WIDE;
+    if (c_hi > c_lo * max_ratio) return RANGE_WIDE;
     if (history && h->check && h->held[prev % 2] && !h->held[prev % 2][a->first_tile]) return RANGE_UNHELD;
     return RANGE_NARROW;
 }
@@ -326,24 +336,32 @@ void mt_codelet_norm_recorded(mt_norm_history *h, int64_t seq, double clip)
 {
     const double *now = h->sumsq[seq % 2];
     const int64_t prev = seq - 1;
+    const bool history = prev >= 1 && h->seq[prev % 2] == prev;
     uint8_t *held = h->held[seq % 2];
-    if (held) {
-        double total = 0;
-        for (int j = 0; j < h->ntiles; j++) total += now[j];
-        const double scale = scale_of(clip, sqrt(total));
-        const bool with_head = now[h->ntiles] != 0;
-        double known = 0; /* tiles f..ntiles-1, as a run of tile f knows them */
-        for (int f = h->ntiles - 1; f >= 0; f--) {
-            known += now[f];
-            held[f] = 1;
-            if (prev < 1 || h->seq[prev % 2] != prev) continue;
+    double total = 0;
+    for (int j = 0; j < h->ntiles; j++) total += now[j];
+    const double scale = scale_of(clip, sqrt(total));
+    const bool with_head = now[h->ntiles] != 0;
+    const double spread = history ? spread_after(h, prev) : h->spread;
+    double known = 0; /* tiles f..ntiles-1, as a run of tile f knows them */
+    double worst = 1; /* the prediction's largest error over the tiles */
+    for (int f = h->ntiles - 1; f >= 0; f--) {
+        known += now[f];
+        if (held) held[f] = 1;
+        if (!history) continue;
+        const double rest = predicted_rest(h, prev, f, with_head, known, now[h->ntiles]);
+        double actual = 0; /* the rest as it came: tiles 0..f-1 */
+        for (int j = 0; j < f; j++) actual += now[j];
+        if (held) {
             /* ranged_range's range for this tile, without the roundings' widening */
             double c_lo, c_hi;
-            scale_range(clip, known, predicted_rest(h, prev, f, with_head, known, now[h->ntiles]), h->spread, &c_lo,
-                        &c_hi);
+            scale_range(clip, known, rest, spread, &c_lo, &c_hi);
             held[f] = scale >= c_lo * (1 - 1e-6) && scale <= c_hi * (1 + 1e-6);
         }
+        if (f > 0) worst = fmax(worst, rest > 0 && actual > 0 ? fmax(actual / rest, rest / actual)
+                                       : rest == actual ? 1 : INFINITY);
     }
+    h->next_spread[seq % 2] = h->grow > h->spread ? fmin(h->spread * worst, h->grow) : h->spread;
     h->seq[seq % 2] = seq;
     const int64_t row = seq - 1 - h->log_from;
     if (h->log && row >= 0 && row < h->log_cap)

@@ -68,7 +68,14 @@ typedef struct mt_norm_history {
     uint8_t *held[2];      /* ntiles each: held[s % 2][f], whether the range of a ranged run of
                             * tile f for norm s, predicted from norm s - 1, held (its scale was
                             * inside); all 1 when norm s - 1 was not recorded */
-    double spread;         /* the ranged runs' (mt_ranged_args.spread), for held */
+    double spread;         /* the ranged runs' spread at least (the rest of the norm's square is
+                            * taken to lie within spread times of its prediction either way) */
+    double grow;           /* > spread: the runs of norm s + 1 take spread times the largest error
+                            * of norm s's prediction (its actual rest over the predicted one, or
+                            * the inverse, over the tiles), up to grow: a norm that moves more than
+                            * the prediction follows widens the next ranges. <= spread: fixed */
+    double next_spread[2]; /* next_spread[s % 2]: the spread of the ranged runs of norm s + 1, set
+                            * with slot s (0: spread) */
     bool check;            /* ranged runs of norm s + 1 skip tile f when held[s % 2][f] is 0: they
                             * would most likely be redone whole (the norm moves in ways the
                             * prediction does not follow, as when a model memorises its batch) */
@@ -77,8 +84,8 @@ typedef struct mt_norm_history {
     int64_t log_from, log_cap;
 } mt_norm_history;
 /* Called by the clip task once it wrote norm seq's sums into slot seq % 2: sets the slot's seq,
- * its held (from the slot of norm seq - 1, for the clipping bound `clip`) and copies it into
- * the log. */
+ * its held (from the slot of norm seq - 1, for the clipping bound `clip`) and next_spread, and
+ * copies it into the log. */
 void mt_codelet_norm_recorded(mt_norm_history *h, int64_t seq, double clip);
 /* The extra argument of a MT_ADAMW_RANGED run, after `clipped`. Its range comes from the sums
  * of squares already in when it runs: [6] is the known buffer (mt_cl_known) of its tile,
@@ -87,16 +94,17 @@ void mt_codelet_norm_recorded(mt_norm_history *h, int64_t seq, double clip);
  * gradient as the head left it, H. S_known bounds the norm from below, so the scale from above.
  * The rest of the norm is predicted from norm seq - 1 (hist): its other tiles, times the ratio
  * of (S_known + H) to the same sums then; the range covers a rest between rest / spread and
- * rest * spread. Without that history the range is [lo, hi] (given), capped by the bound. A
- * range wider than max_ratio (hi / lo) would flag too much to pay: the run then writes nothing
- * and its confirm does the whole chunk. The range only decides the work: the confirm checks the
+ * rest * spread (the history's next_spread). Without that history the range is [lo, hi]
+ * (given), capped by the bound. A range wider than max_ratio (hi / lo; times the growth of the
+ * spread over its floor) would flag too much to pay: the run then writes nothing and its confirm
+ * does the whole chunk. The range only decides the work: the confirm checks the
  * scale against it. */
 typedef struct mt_ranged_args {
     mt_norm_history *hist;
     int64_t seq;           /* this step's norm (>= 1) */
     int first_tile;
     bool head_table;
-    double clip, spread, max_ratio;
+    double clip, max_ratio;
     double lo, hi;
 } mt_ranged_args;
 

@@ -208,6 +208,7 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
     for (int k = 0; k < 2; k++) g->hist.sumsq[k] = calloc(st->ntiles + 1, sizeof(double));
     for (int k = 0; k < 2; k++) g->hist.held[k] = calloc(st->ntiles, 1);
     g->hist.spread = g->sc.clip_range > 1 ? g->sc.clip_range : MT_CLIP_SPREAD_DEFAULT;
+    g->hist.grow = g->sc.clip_range_grow > 0 ? g->sc.clip_range_grow : MT_CLIP_RANGE_GROW_DEFAULT;
     g->hist.check = g->sc.clip_range_check != 0;
     if (g->flags && st->cfg.tied) g->head_table = host_vector(&g->head_table_mem, 1, sizeof(double));
     if (g->flags) {
@@ -725,7 +726,6 @@ static mt_ranged_args ranged_args_of(const mt_graph *g, int first_tile, speculat
     return (mt_ranged_args){
         .hist = (mt_norm_history *)&g->hist, .seq = seq, .first_tile = first_tile, .clip = g->sc.clip,
         .head_table = g->head_table != NULL,
-        .spread = g->hist.spread,
         .max_ratio = g->sc.clip_range_max > 1 ? g->sc.clip_range_max : MT_CLIP_RANGE_MAX_DEFAULT,
         .lo = sp.lo, .hi = sp.hi,
     };

@@ -38,8 +38,13 @@ typedef struct mt_step_config {
                             * range are redone (all when the scale falls outside). */
     double clip_range;     /* ranged: the rest of the norm's square is taken to lie within
                             * [predicted / clip_range, predicted * clip_range]; > 1 (0: default) */
-    double clip_range_max; /* ranged: a chunk whose range of scales is wider than this ratio is
-                            * not speculated (too many flagged to pay); > 1 (0: default) */
+    double clip_range_max; /* ranged: a chunk whose range of scales is wider than this ratio
+                            * (times the growth of clip_range below) is not speculated (too many
+                            * flagged to pay); > 1 (0: default) */
+    double clip_range_grow; /* ranged: after a norm whose rest the prediction missed by a factor
+                            * x, the next ranges take clip_range times x, up to this (a wider
+                            * range flags more elements for the redo, a missed one redoes all);
+                            * 1: fixed at clip_range; 0: default */
     int clip_range_check;  /* ranged: a tile's chunks are not speculated when the range predicted
                             * for it at the last norm missed (mt_norm_history.check): the norm is
                             * then moving in ways the prediction does not follow, and a miss costs
@@ -71,6 +76,7 @@ typedef struct mt_step_config {
 
 #define MT_CLIP_SPREAD_DEFAULT 1.1
 #define MT_CLIP_RANGE_MAX_DEFAULT 1.25
+#define MT_CLIP_RANGE_GROW_DEFAULT 2.0
 
 /* Defaults: accum 1, K 4, clip 1.0, head_chunk 1024, betas (0.9, 0.999), eps 1e-8, wd 0,
  * adamw_split -1, clip_speculate -1, adamw_spare 0, adamw_defer 0. */

@@ -85,6 +85,8 @@ check_ok "train --help lists --clip-speculate" '--clip-speculate M' train --help
 check_error "train --clip-range 1" "--clip-range: '1' must be above 1" train --clip-range 1
 check_error "bench --clip-range-max x" "--clip-range-max: 'x' is not a number" bench --clip-range-max x
 check_ok "bench --help lists --clip-range-max" '--clip-range-max R' bench --help
+check_error "bench --clip-range-grow 0.5" "--clip-range-grow" bench --clip-range-grow 0.5
+check_ok "train --help lists --clip-range-grow" '--clip-range-grow G' train --help
 check_error "train --adamw-spare twice" "--adamw-spare: 'twice' is not auto, on or off" train --adamw-spare twice
 check_ok "train --help lists --adamw-spare" '--adamw-spare M' train --help
 check_error "bench --adamw-defer auto" "--adamw-defer: 'auto' is not on or off" bench --adamw-defer auto
@@ -242,7 +244,8 @@ elif [ "$(awk -F, '$1 == 4 && $2 == 0.01 && $3 <= 2 { printf "%.4g\n", $4 }' "$w
     fail "$name" "the norms of rows 1 and 2 are not those of the log's steps 1 and 2"
 elif ! python3 "$root/tools/norm_replay.py" --from 2 "$work/norms.csv" >"$work/replay.txt" 2>&1; then
     fail "$name" "tools/norm_replay.py failed on the log: $(head -c 300 "$work/replay.txt")"
-elif ! grep -qE '^K=4 clip 0.01, 3 norms, spread 1.1; ranges held per norm: 2:[0-9]+/[0-9]+ 3:[0-9]+/[0-9]+$' "$work/replay.txt" ||
+elif ! grep -qE '^K=4 clip 0.01, 3 norms, spread 1.1 growing to 2; ranges held per norm: 2:[0-9]+/[0-9]+ 3:[0-9]+/[0-9]+$' "$work/replay.txt" ||
+     ! grep -qE '^  spread per norm: 2:1.1 3:(1\.[1-9][0-9]*|2)$' "$work/replay.txt" ||
      ! grep -qE '^  rule last +held +[0-9]+  missed +[0-9]+  not speculated +[0-9]+  score [+-][0-9]+$' "$work/replay.txt"; then
     fail "$name" "tools/norm_replay.py: no per-norm line or no score of the rule 'last'"
 else

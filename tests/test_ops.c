@@ -802,7 +802,7 @@ START_TEST(test_ranged_held)
         for (int f = 3; f >= 1; f -= 2) {
             double known = 0;
             for (int j = f; j < T; j++) known += s3[j];
-            mt_ranged_args a = { .hist = &h, .seq = 4, .first_tile = f, .clip = 1.0, .spread = 1.1, .max_ratio = 1.25 };
+            mt_ranged_args a = { .hist = &h, .seq = 4, .first_tile = f, .clip = 1.0, .max_ratio = 1.25 };
             mt_adamw_params p = adam_base;
             p.grad_scale = 1;
             const mt_ranged_counts c0 = mt_codelet_ranged_counts();
@@ -814,6 +814,46 @@ START_TEST(test_ranged_held)
             ck_assert_int_eq(c1.skipped - c0.skipped, expect ? 0 : N);
             ck_assert_int_eq(c1.checked - c0.checked, expect ? N : 0);
         }
+    }
+    free(flags);
+}
+END_TEST
+
+/* The spread grows after a norm the prediction missed (mt_norm_history.grow): norm 2's embedding
+ * doubled while the layers stayed, so its rest came 2 times off for tile 1 (1.57 and 1.44 for
+ * tiles 2 and 3); the runs of norm 3 then take 1.1 x 2 (grow 3), 2 (grow 2, the cap), or 1.1
+ * (grow 1: fixed). With 2.2, norm 3 (its embedding 1.8 times norm 2's) holds for tile 1, which
+ * it does not with 1.1; a run's range is the prediction's rest over and times 2.2, and is still
+ * speculated though 2.07 times wide (max_ratio 1.25 grows with the spread, to 2.5). */
+START_TEST(test_ranged_spread_grows)
+{
+    enum { T = 4, N = 256 };
+    const double s1[T + 1] = { 4, 3, 2, 1, 0 }, s2[T + 1] = { 8, 3, 2, 1, 0 }, s3[T + 1] = { 14.4, 3, 2, 1, 0 };
+    const double grows[3] = { 3, 2, 1 }, expect_spread[3] = { 2.2, 2, 1.1 };
+    void *flags = malloc(mt_codelet_ranged_bitmap_bytes(N));
+    for (int k = 0; k < 3; k++) {
+        double slot[2][T + 1];
+        uint8_t held[2][T];
+        mt_norm_history h = { .ntiles = T, .sumsq = { slot[0], slot[1] }, .held = { held[0], held[1] },
+                              .spread = 1.1, .grow = grows[k], .check = true };
+        memcpy(slot[1], s1, sizeof slot[1]);
+        mt_codelet_norm_recorded(&h, 1, 1.0);
+        ck_assert_double_eq_tol(h.next_spread[1], 1.1, 1e-12); /* no prediction to judge yet */
+        memcpy(slot[0], s2, sizeof slot[0]);
+        mt_codelet_norm_recorded(&h, 2, 1.0);
+        ck_assert_double_eq_tol(h.next_spread[0], expect_spread[k], 1e-12);
+        /* the run of tile 3 for norm 3, its own sum in (its range for norm 2 missed: unchecked) */
+        h.check = false;
+        mt_ranged_args a = { .hist = &h, .seq = 3, .first_tile = 3, .clip = 1.0, .max_ratio = 1.25 };
+        mt_adamw_params p = adam_base;
+        p.grad_scale = 1;
+        ck_assert(mt_codelet_ranged_begin(flags, N, s3[3], 0, &a, &p));
+        const double rest = (s2[0] + s2[1] + s2[2]) * (s3[3] / s2[3]), F = expect_spread[k];
+        ck_assert_double_eq_tol(p.grad_scale, 1 / (sqrt(s3[3] + rest / F) + 1e-6) * (1 + 1e-6), 1e-12);
+        ck_assert_double_eq_tol(p.grad_scale_lo, 1 / (sqrt(s3[3] + rest * F) + 1e-6) * (1 - 1e-6), 1e-12);
+        memcpy(slot[1], s3, sizeof slot[1]);
+        mt_codelet_norm_recorded(&h, 3, 1.0);
+        ck_assert_msg(held[1][1] == (k < 2), "grow %g: tile 1 held %d", grows[k], held[1][1]);
     }
     free(flags);
 }
@@ -1007,6 +1047,7 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, test_ranged_flags_sound);
     tcase_add_test(tc, test_ranged_redo_exact);
     tcase_add_test(tc, test_ranged_held);
+    tcase_add_test(tc, test_ranged_spread_grows);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -3,8 +3,9 @@
 
 For each clipped run in the log, each norm t >= 2 and each layer or head tile f, it forms the
 range a ranged run of tile f would have had (codelets/adamw.c, ranged_range: the rest of the
-norm predicted from norm t - 1, times or over the spread) and says whether norm t's clip scale
-fell inside it ("held"). It then scores rules that decide, from earlier norms only, whether to
+norm predicted from norm t - 1, times or over the spread; the spread grows after a norm the
+prediction missed, as --clip-range-grow has it) and says whether norm t's clip scale fell
+inside it ("held"). It then scores rules that decide, from earlier norms only, whether to
 speculate a tile: a tile-step that is speculated and holds counts +1, one that is speculated and
 misses -1 (on the H200 at 3B a miss cost about what a hit saved), one not speculated 0.
 
@@ -33,22 +34,28 @@ def predicted_rest(prev, f, known, head_now):
     return other * (seen / same) if same > 0 else other
 
 
-def replay(run, clip, spread):
-    """held[t][f] and err[t][f] (actual rest / predicted, folded to >= 1) for each norm t."""
-    held, err = [], []
+def replay(run, clip, spread, grow=0.0):
+    """held[t][f], err[t][f] (actual rest / predicted, folded to >= 1) and the spread of each norm
+    t's ranges: spread, or after a norm whose largest error over the tiles was x, spread times x up
+    to grow when grow > spread (codelets/adamw.c, mt_codelet_norm_recorded's next_spread)."""
+    held, err, spreads = [], [], []
     for t, (tiles, head) in enumerate(run):
         n = len(tiles)
         if t == 0:
             held.append([True] * n)
             err.append([1.0] * n)
+            spreads.append(spread)
             continue
+        worst = max(err[t - 1][1:], default=1.0) if t >= 2 else 1.0
+        sp = min(spread * worst, grow) if grow > spread else spread
+        spreads.append(sp)
         scale = scale_of(clip, math.sqrt(sum(tiles)))
         h, e = [], []
         for f in range(n):
             known = sum(tiles[f:])
             rest = predicted_rest(run[t - 1], f, known, head)
-            c_hi = scale_of(clip, math.sqrt(known + rest / spread))
-            c_lo = scale_of(clip, math.sqrt(known + rest * spread))
+            c_hi = scale_of(clip, math.sqrt(known + rest / sp))
+            c_lo = scale_of(clip, math.sqrt(known + rest * sp))
             h.append(c_lo * (1 - 1e-6) <= scale <= c_hi * (1 + 1e-6))
             actual = sum(tiles[:f])
             if rest > 0 and actual > 0:
@@ -57,7 +64,7 @@ def replay(run, clip, spread):
                 e.append(1.0 if rest == actual else math.inf)
         held.append(h)
         err.append(e)
-    return held, err
+    return held, err, spreads
 
 
 def rule_fn(name):
@@ -106,6 +113,8 @@ def main():
                                  epilog="Example: tools/norm_replay.py docs/gpu-logs/37-norms.csv")
     ap.add_argument("log", help="the CSV written by megatrain bench --norm-log")
     ap.add_argument("--spread", type=float, default=1.1, help="--clip-range of the replay (default 1.1)")
+    ap.add_argument("--grow", type=float, default=2.0,
+                    help="--clip-range-grow of the replay (default 2; 1: the spread stays fixed)")
     ap.add_argument("--from", dest="first", type=int, default=3, help="first norm scored (default 3)")
     ap.add_argument("--rules", default="none,last,last2,tol:1.15", help="comma-separated (default %(default)s)")
     a = ap.parse_args()
@@ -122,11 +131,14 @@ def main():
         if all(math.sqrt(sum(tiles)) <= clip for tiles, _ in run):
             print(f"K={k} clip {clip:g}, {len(run)} norms: every norm within the bound (no range to replay)")
             continue
-        held, err = replay(run, clip, a.spread)
+        held, err, spreads = replay(run, clip, a.spread, a.grow)
         ntiles = len(run[0][0])
         tiles = range(1, ntiles)  # the layers and the head; the embedding tile's rest is always 0
         per_norm = " ".join(f"{t + 1}:{sum(held[t][f] for f in tiles)}/{len(tiles)}" for t in range(1, len(run)))
-        print(f"K={k} clip {clip:g}, {len(run)} norms, spread {a.spread:g}; ranges held per norm: {per_norm}")
+        grows = f" growing to {a.grow:g}" if a.grow > a.spread else ""
+        print(f"K={k} clip {clip:g}, {len(run)} norms, spread {a.spread:g}{grows}; ranges held per norm: {per_norm}")
+        if a.grow > a.spread:
+            print("  spread per norm: " + " ".join(f"{t + 1}:{spreads[t]:.3g}" for t in range(1, len(run))))
         for name, rule in rules:
             hit = miss = skip = 0
             for t in range(max(1, a.first - 1), len(run)):
