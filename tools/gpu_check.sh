@@ -2,8 +2,8 @@
 # Correctness and a first benchmark on the GPU machine, from binaries built here:
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, on the GPU machine (device tool, carrying build-gpu and .deps/gpu-runtime):
-#   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|clip3b|defer3b|ab3b|check3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
-#   (attention3b takes QBLOCK=64|128, bench3b CLIPS, RESIDENT and K)
+#   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|clip3b|defer3b|ab3b|check3b|data3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
+#   (attention3b takes QBLOCK=64|128, bench3b CLIPS, RESIDENT and K, data3b DATA)
 # Logs go to $OUT (or ./out); the last lines are a short table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -164,6 +164,20 @@ check3b)
         run bench_3b_check_$m "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --clip-range-check $m --warmup 2 --steps ${STEPS:-6} --norm-log "$OUT/norms_$m.csv"
     done
     [ "${OFF:-1}" = 1 ] && run bench_3b_spec_off "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --clip-speculate off --warmup 2 --steps ${STEPS:-6}
+    ;;
+data3b)
+    # The 3B step on a real corpus, a fresh batch each step (bench --data; the GPU machine has no
+    # fortunes package: carry a copy, e.g. cp -rL /usr/share/games/fortunes .deps/fortunes), at
+    # clip 1 and 1000 with the defaults (norm log kept), at clip 1 without speculation, and PyTorch.
+    DATA=${DATA:-.deps/fortunes}
+    if [ ! -e "$DATA" ]; then
+        echo "gpu_check.sh data3b: no corpus at $DATA (DATA=file or directory)" >&2
+        exit 2
+    fi
+    run test_gpu_step "$B/tests/test_gpu_step"
+    run bench_3b_data "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000} --warmup 2 --steps ${STEPS:-10} --data "$DATA" --norm-log "$OUT/norms_data.csv"
+    run bench_3b_data_off "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --clip-speculate off --warmup 2 --steps ${STEPS:-10} --data "$DATA"
+    [ "${TORCH:-1}" = 1 ] && run torch_3b python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
     ;;
 sweep3b)
     # K and clip on one host state (one set-up), then the torch reference of the same shape.
