@@ -20,11 +20,20 @@
 // kernels run 2 and stall on fixed-latency dependencies); Hopper wgmma/TMA instead of mma.sync;
 // a dQ pass that does not recompute S and dP (the backward does 7 tile products where FA2 with
 // atomics does 5); staging outputs through shared memory for 16-byte stores.
+//
+// cuDNN (MT_ATTENTION=cudnn; default "own", these kernels): the two entry points below first try
+// cuDNN 9's fused flash attention (attention_cudnn.cu: libcudnn.so.9 loaded with dlopen, head dims
+// 64 and 128), and on any failure print one line on stderr per direction and run these kernels.
+// Its backward is not bitwise reproducible (float atomics on dQ). Written and built, not yet run
+// on a GPU. The workspace size covers both paths whenever cuDNN headers were found at build time.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <atomic>
+
+#include "attention_cudnn.h"
 #include "common.cuh"
 
 namespace {
@@ -742,6 +751,24 @@ void backward(int64_t B, int64_t T, int64_t H, int64_t KV, const bf16 *q, const 
     else dq_qw<D, 4>(B, T, H, KV, q, k, v, dout, lse, delta, dq, scale_log2, scale, stream);
 }
 
+// MT_ATTENTION=cudnn asks for the cuDNN path (read at each call, as MT_ATTENTION_QBLOCK) for the
+// shapes it takes (head dims 64 and 128; the others run the own kernels silently); anything else,
+// or unset, runs the own kernels.
+bool attention_use_cudnn()
+{
+    const char *env = getenv("MT_ATTENTION");
+    return env && strcmp(env, "cudnn") == 0;
+}
+
+// The cuDNN path failed: say so once per direction (forward, backward), then the own kernel runs.
+void cudnn_fallback_note(bool forward, const char *why)
+{
+    static std::atomic<bool> said[2];
+    if (!said[forward ? 0 : 1].exchange(true))
+        fprintf(stderr, "megatrain: cuDNN attention unavailable (%s: %s), using the own kernel\n",
+                forward ? "forward" : "backward", why);
+}
+
 } // namespace
 
 extern "C" void mt_cuda_attention_forward(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
@@ -751,6 +778,11 @@ extern "C" void mt_cuda_attention_forward(int64_t B, int64_t T, int64_t H, int64
     const void *ptrs[] = {q, k, v, out};
     check_shapes("mt_cuda_attention_forward", B, T, H, KV, D, ptrs, 4);
     if (B == 0 || T == 0) return;
+    if (attention_use_cudnn() && mt_cuda_attention_cudnn_supports(B, T, H, KV, D)) {
+        char why[384];
+        if (mt_cuda_attention_cudnn_forward(B, T, H, KV, D, q, k, v, out, lse, stream, why, sizeof why) == 0) return;
+        cudnn_fallback_note(true, why);
+    }
     const bf16 *bq = (const bf16 *)q, *bk = (const bf16 *)k, *bv = (const bf16 *)v;
     bf16 *bo = (bf16 *)out;
     cudaStream_t s = (cudaStream_t)stream;
@@ -762,10 +794,15 @@ extern "C" void mt_cuda_attention_forward(int64_t B, int64_t T, int64_t H, int64
     }
 }
 
+// The own backward needs Delta (B, H, T) fp32; the cuDNN one its bf16 gradients, fp32 accumulators
+// and up to 64 MiB for the plan (mt_cuda_attention_cudnn_workspace_bytes: 0 for shapes it does not
+// take, and when built without cudnn.h). The larger of the two, whatever MT_ATTENTION says: the
+// memory plan sizes this without a GPU and the variable is read at each call.
 extern "C" size_t mt_cuda_attention_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D)
 {
-    (void)KV, (void)D;
-    return (size_t)(B * H * T) * sizeof(float); // Delta (B, H, T)
+    const size_t own = (size_t)(B * H * T) * sizeof(float);
+    const size_t cudnn = mt_cuda_attention_cudnn_workspace_bytes(B, T, H, KV, D);
+    return own > cudnn ? own : cudnn;
 }
 
 extern "C" void mt_cuda_attention_backward(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
@@ -776,6 +813,14 @@ extern "C" void mt_cuda_attention_backward(int64_t B, int64_t T, int64_t H, int6
     const void *ptrs[] = {q, k, v, out, dout, dq, dk, dv};
     check_shapes("mt_cuda_attention_backward", B, T, H, KV, D, ptrs, 8);
     if (B == 0 || T == 0) return;
+    if (attention_use_cudnn() && mt_cuda_attention_cudnn_supports(B, T, H, KV, D)) {
+        char why[384];
+        if (mt_cuda_attention_cudnn_backward(B, T, H, KV, D, q, k, v, out, lse, dout, dq, dk, dv, workspace,
+                                             mt_cuda_attention_workspace_bytes(B, T, H, KV, D), stream, why,
+                                             sizeof why) == 0)
+            return;
+        cudnn_fallback_note(false, why);
+    }
     const bf16 *bq = (const bf16 *)q, *bk = (const bf16 *)k, *bv = (const bf16 *)v;
     const bf16 *bo = (const bf16 *)out, *bdo = (const bf16 *)dout;
     float *delta = (float *)workspace;
