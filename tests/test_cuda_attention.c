@@ -3,7 +3,11 @@
  * the bf16 kernels, plain fp32 for the fp32 ones), over tile tails, head dims 32-128 (and odd
  * even ones up to 256 for fp32) and MHA / GQA / MQA; the = contract (outputs pre-filled with
  * NaN); bitwise-reproducible backward; and, with MT_CUDA_BENCH=1, the timing of a
- * Qwen2.5-3B-shaped attention. Without a CUDA device it prints "no GPU: skipped" and exits 77. */
+ * Qwen2.5-3B-shaped attention. The optional cuDNN path (attention_cudnn.cu) runs the head-dim 64
+ * and 128 cases against the same reference and tolerance when libcudnn.so.9 loads (its backward
+ * is not required to be bitwise reproducible), and is timed beside the own kernels; with
+ * MT_ATTENTION=cudnn, main first prints whether it is available and why not. Without a CUDA
+ * device it prints "no GPU: skipped" and exits 77. */
 #include <check.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -11,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/attention_cudnn.h"
 #include "cuda/attention_f32.h"
 #include "cuda/kernels.h"
 #include "ops.h"
@@ -86,8 +91,10 @@ static void check_written(const char *what, const shape *s, const float *x, int6
 typedef struct attn_results { float *out, *lse, *dq, *dk, *dv, *dq2, *dk2, *dv2; } attn_results;
 
 /* A GPU run against the CPU reference: every element written, each tensor's relative error
- * within tol, the second backward bitwise equal to the first; one line printed, under label. */
-static void check_run(const char *label, const shape *s, const attn_results *gpu, const attn_results *ref, double tol)
+ * within tol, the second backward bitwise equal to the first when `bitwise`; one line printed,
+ * under label. */
+static void check_run(const char *label, const shape *s, const attn_results *gpu, const attn_results *ref, double tol,
+                      bool bitwise)
 {
     const int64_t nq = (int64_t)s->B * s->T * s->H * s->D, nkv = (int64_t)s->B * s->T * s->KV * s->D;
     const int64_t nl = (int64_t)s->B * s->H * s->T;
@@ -110,7 +117,7 @@ static void check_run(const char *label, const shape *s, const attn_results *gpu
     check_err_tol("dq", s, e_dq, tol);
     check_err_tol("dk", s, e_dk, tol);
     check_err_tol("dv", s, e_dv, tol);
-    ck_assert_msg(same, "%s: backward is not bitwise reproducible (B=%d T=%d H=%d KV=%d D=%d)", label, s->B, s->T,
+    ck_assert_msg(same || !bitwise, "%s: backward is not bitwise reproducible (B=%d T=%d H=%d KV=%d D=%d)", label, s->B, s->T,
                   s->H, s->KV, s->D);
 }
 
@@ -220,7 +227,76 @@ START_TEST(test_attention_vs_cpu)
 
     char label[64];
     snprintf(label, sizeof label, "(query block %s)", qblock);
-    check_run(label, s, &gpu, &ref, TOL);
+    check_run(label, s, &gpu, &ref, TOL, true);
+
+    dev_free(&d);
+    results_free(&gpu);
+    results_free(&ref);
+    void *host[] = {qb, kb, vb, dob, q, k, v, dout};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+}
+END_TEST
+
+/* The cuDNN path: the head-dim 64 and 128 cases above (T = 1, tails, MHA, MQA, GQA) and the
+ * Qwen2.5-3B head layout (H 16, KV 2, D 128) at a T that is no multiple of 64. */
+static const shape cases_cudnn[] = {
+    {1, 1, 4, 4, 64},   {1, 77, 6, 2, 128}, {1, 513, 4, 1, 64}, {2, 513, 6, 2, 128},
+    {1, 64, 4, 4, 128}, {1, 128, 6, 2, 64}, {1, 1, 6, 2, 128},  {2, 200, 16, 2, 128},
+};
+#define NCUDNN ((int)(sizeof cases_cudnn / sizeof cases_cudnn[0]))
+
+/* 1 when the cuDNN path loads on this thread; otherwise prints why (once) and returns 0. */
+static int cudnn_available_or_say(void)
+{
+    static int said;
+    char why[384];
+    if (mt_cuda_attention_cudnn_available(why, sizeof why)) return 1;
+    if (!said) printf("attention cudnn: skipped (%s)\n", why), fflush(stdout);
+    said = 1;
+    return 0;
+}
+
+/* The cuDNN entry points called directly (a failure is a test failure here, not a silent fallback
+ * to the own kernel): same inputs, reference, tolerance and = contract as test_attention_vs_cpu. */
+START_TEST(test_attention_cudnn_vs_cpu)
+{
+    if (!cudnn_available_or_say()) return;
+    const shape *s = &cases_cudnn[_i];
+    const int64_t B = s->B, T = s->T, H = s->H, KV = s->KV, D = s->D;
+    const int64_t nq = B * T * H * D, nkv = B * T * KV * D;
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 9000 + (uint64_t)_i);
+
+    mt_bf16 *qb = malloc(nq * 2), *kb = malloc(nkv * 2), *vb = malloc(nkv * 2), *dob = malloc(nq * 2);
+    float *q = falloc(nq), *k = falloc(nkv), *v = falloc(nkv), *dout = falloc(nq);
+    random_bf16(&rng, nq, qb, q);
+    random_bf16(&rng, nkv, kb, k);
+    random_bf16(&rng, nkv, vb, v);
+    random_bf16(&rng, nq, dob, dout);
+    attn_results ref = cpu_reference(s, q, k, v, dout);
+
+    const size_t ws_bytes = mt_cuda_attention_workspace_bytes(B, T, H, KV, D);
+    attn_dev d = dev_alloc(s, 2, qb, kb, vb, dob, ws_bytes);
+    cudaStream_t stream;
+    CK_CUDA(cudaStreamCreate(&stream));
+    char why[384] = "";
+    int rc = mt_cuda_attention_cudnn_forward(B, T, H, KV, D, d.q, d.k, d.v, d.out, d.lse, (mt_cuda_stream)stream, why,
+                                             sizeof why);
+    ck_assert_msg(rc == 0, "cudnn forward B=%d T=%d H=%d KV=%d D=%d: %s", s->B, s->T, s->H, s->KV, s->D, why);
+    rc = mt_cuda_attention_cudnn_backward(B, T, H, KV, D, d.q, d.k, d.v, d.out, d.lse, d.dout, d.dq, d.dk, d.dv, d.ws,
+                                          ws_bytes, (mt_cuda_stream)stream, why, sizeof why);
+    ck_assert_msg(rc == 0, "cudnn backward B=%d T=%d H=%d KV=%d D=%d: %s", s->B, s->T, s->H, s->KV, s->D, why);
+    rc = mt_cuda_attention_cudnn_backward(B, T, H, KV, D, d.q, d.k, d.v, d.out, d.lse, d.dout, d.dq2, d.dk2, d.dv2,
+                                          d.ws, ws_bytes, (mt_cuda_stream)stream, why, sizeof why);
+    ck_assert_msg(rc == 0, "cudnn backward (second) B=%d T=%d H=%d KV=%d D=%d: %s", s->B, s->T, s->H, s->KV, s->D,
+                  why);
+    CK_CUDA(cudaStreamSynchronize(stream));
+    CK_CUDA(cudaGetLastError());
+    CK_CUDA(cudaStreamDestroy(stream));
+    attn_results gpu = fetch_results(s, &d, 2);
+
+    /* float atomics on dQ inside cuDNN: the second backward may differ in the last bits */
+    check_run("(cudnn)", s, &gpu, &ref, TOL, false);
 
     dev_free(&d);
     results_free(&gpu);
@@ -267,7 +343,7 @@ START_TEST(test_attention_f32_vs_cpu)
     CK_CUDA(cudaStreamDestroy(stream));
     attn_results gpu = fetch_results(s, &d, 4);
 
-    check_run("fp32", s, &gpu, &ref, TOL_F32);
+    check_run("fp32", s, &gpu, &ref, TOL_F32, true);
 
     dev_free(&d);
     results_free(&gpu);
@@ -357,6 +433,40 @@ START_TEST(test_attention_bench)
         fflush(stdout);
     }
     unsetenv("MT_ATTENTION_QBLOCK");
+
+    /* The cuDNN path, called directly (a failure fails the bench instead of timing the own
+     * kernel), on the same buffers; its forward first leaves its own out and lse. */
+    if (!profile && cudnn_available_or_say()) {
+        const size_t ws_bytes = mt_cuda_attention_workspace_bytes(B, T, H, KV, D);
+        char why[384] = "";
+        for (int pass = 0; pass < 2; pass++) {
+            const bool fwd = pass == 0;
+            float ms[10];
+            for (int r = 0; r < 13; r++) {
+                int rc;
+                CK_CUDA(cudaEventRecord(start, stream));
+                if (fwd)
+                    rc = mt_cuda_attention_cudnn_forward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse,
+                                                         (mt_cuda_stream)stream, why, sizeof why);
+                else
+                    rc = mt_cuda_attention_cudnn_backward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, d_do, d_dq,
+                                                          d_dk, d_dv, d_ws, ws_bytes, (mt_cuda_stream)stream, why,
+                                                          sizeof why);
+                ck_assert_msg(rc == 0, "cudnn %s: %s", fwd ? "forward" : "backward", why);
+                CK_CUDA(cudaEventRecord(stop, stream));
+                CK_CUDA(cudaEventSynchronize(stop));
+                if (r >= 3) CK_CUDA(cudaEventElapsedTime(&ms[r - 3], start, stop));
+            }
+            qsort(ms, 10, sizeof ms[0], cmp_float);
+            const double med = 0.5 * (ms[4] + ms[5]), flops = fwd ? fwd_flops : 2.5 * fwd_flops;
+            printf("attention bench %s (cudnn) B=%lld T=%lld H=%lld KV=%lld D=%lld: median %.3f ms (min %.3f, max "
+                   "%.3f), %.1f TFLOP/s (forward = 4 B H T^2 D / 2, backward = 2.5 x forward; the backward "
+                   "includes the bf16 -> fp32 conversion of dq dk dv)\n",
+                   fwd ? "forward " : "backward", (long long)B, (long long)T, (long long)H, (long long)KV,
+                   (long long)D, med, ms[0], ms[9], flops / (med * 1e-3) / 1e12);
+            fflush(stdout);
+        }
+    }
     CK_CUDA(cudaGetLastError());
     CK_CUDA(cudaEventDestroy(start));
     CK_CUDA(cudaEventDestroy(stop));
@@ -435,6 +545,7 @@ static Suite *cuda_attention_suite(void)
     tcase_set_timeout(tc, 1200);
     if (!bench_profile()) tcase_add_loop_test(tc, test_attention_vs_cpu, 0, NFORMS * NCASES);
     if (!bench_profile()) tcase_add_loop_test(tc, test_attention_f32_vs_cpu, 0, NCASES + NEXTRA);
+    if (!bench_profile()) tcase_add_loop_test(tc, test_attention_cudnn_vs_cpu, 0, NCUDNN);
     tcase_add_test(tc, test_attention_bench);
     tcase_add_test(tc, test_attention_f32_bench);
     suite_add_tcase(s, tc);
@@ -443,6 +554,22 @@ static Suite *cuda_attention_suite(void)
 
 int main(void)
 {
+    /* MT_ATTENTION=cudnn: say whether the cuDNN path loads here, and why not (this runs without
+     * a GPU too: then cudnnCreate fails, cleanly). */
+    const char *attn = getenv("MT_ATTENTION");
+    if (attn && strcmp(attn, "cudnn") == 0) {
+        char why[384] = "";
+        const int ok = mt_cuda_attention_cudnn_available(why, sizeof why);
+        printf("attention cudnn: %s%s%s\n", ok ? "available" : "unavailable (", ok ? "" : why, ok ? "" : ")");
+        /* the graphs' descriptors, which need no GPU: GQA (backward with head reductions) and MHA;
+         * a descriptor cuDNN rejects fails the suite, cuDNN absent (-2) does not */
+        const int gqa = mt_cuda_attention_cudnn_check_graphs(2, 200, 16, 2, 128, why, sizeof why);
+        printf("attention cudnn graphs B=2 T=200 H=16 KV=2 D=128: %s\n", why);
+        const int mha = mt_cuda_attention_cudnn_check_graphs(1, 77, 4, 4, 64, why, sizeof why);
+        printf("attention cudnn graphs B=1 T=77 H=4 KV=4 D=64: %s\n", why);
+        fflush(stdout);
+        if (gqa == -1 || mha == -1) return 1;
+    }
     int ndev = 0;
     cudaError_t err = cudaGetDeviceCount(&ndev);
     if (err != cudaSuccess || ndev == 0) {
