@@ -299,6 +299,41 @@ else
         else pass "$name"; fi
     fi
 fi
+# A prepared directory of byte tokens (vocabulary 256, written here in the shard format of
+# docs/data.md): bench reads its training windows in order, a fresh batch each step.
+name="bench --data (prepared)"
+python3 - "$work/corpus.txt" "$work/bytes-prepared" <<'PY'
+import json, os, struct, sys
+text, out = open(sys.argv[1], "rb").read(), sys.argv[2]
+T, N = 64, 8
+os.makedirs(out)
+tokens = [b for w in range(N) for b in text[w * 97: w * 97 + T + 1]]
+mask = [0 if i % (T + 1) == 0 else 1 for i in range(len(tokens))]
+payload = struct.pack(f"<{len(tokens)}i", *tokens) + bytes(mask)
+h = 0xcbf29ce484222325
+for byte in payload:
+    h = ((h ^ byte) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+header = b"MTSHARDS" + struct.pack("<IIQQIIQ", 1, 64, T, N, 1, 2, h) + bytes(16)
+open(os.path.join(out, "train-00000.bin"), "wb").write(header + payload)
+json.dump({"format": "megatrain-token-shards", "version": 1, "seq_len": T, "family": "qwen2",
+           "tokenizer": {"path": "bytes", "vocab_size": 256, "fnv1a64": "0"},
+           "train": {"shards": ["train-00000.bin"]}, "val": {"shards": []}},
+          open(os.path.join(out, "meta.json"), "w"))
+PY
+run "${bench_data[@]}" --data "$work/bytes-prepared"
+grep '^bench: K=4 clip 1 step' "$err" >"$work/prepared_losses_1.txt"
+if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif ! grep -qF "bench: data $work/bytes-prepared: 8 training windows of 64 tokens, a fresh batch each step" "$err"; then
+    fail "$name" "no 'data ...: 8 training windows of 64 tokens' line"
+elif [ "$(wc -l <"$work/prepared_losses_1.txt")" -ne 2 ]; then fail "$name" "expected 2 loss lines"
+else
+    run "${bench_data[@]}" --data "$work/bytes-prepared"
+    grep '^bench: K=4 clip 1 step' "$err" >"$work/prepared_losses_2.txt"
+    if ! cmp -s "$work/prepared_losses_1.txt" "$work/prepared_losses_2.txt"; then fail "$name" "two runs differ"
+    elif cmp -s "$work/prepared_losses_1.txt" "$work/random_losses.txt"; then
+        fail "$name" "the prepared run's losses are those of the random batch"
+    else pass "$name"; fi
+fi
 check_ok "bench --help lists --data" '--data PATH' bench --help
 
 name="bench --clip-speculate ranged --adamw-defer on"
