@@ -23,7 +23,7 @@
 //   S1 = S * scale                            pointwise MUL, scale = 1/sqrt(D) a by-value scalar
 //   row = GEN_INDEX(S1, axis 2), col = GEN_INDEX(S1, axis 3)        int32
 //   keep = CMP_GE(row, col)                   boolean: query t sees keys 0..t
-//   S2 = BINARY_SELECT(S1, -FLT_MAX, keep)    (-FLT_MAX, not -inf: every cuDNN 9 takes it)
+//   S2 = BINARY_SELECT(S1, fill, keep)        fill = -inf from cuDNN 9.10, -FLT_MAX before (mask_fill)
 //   M = REDUCTION MAX(S2) over dim 3; E = EXP(S2 - M); Z = REDUCTION ADD(E)
 //   Stats = M + LOG(Z); P = E / Z             P virtual bf16 (the second matmul's A type)
 //   O  = matmul(P, V)
@@ -33,7 +33,8 @@
 //                                             frontend orders it)
 //   dV  = matmul(P^T, dO)                     P^T a RESHAPE (transposed strides) to bf16; GQA: into a
 //                                             virtual (B,H,T,D) then REDUCTION ADD to (B,KV,T,D)
-//   dS  = (matmul(dO, V^T) * 1 - sum) * P * scale
+//   dS  = (matmul(dO, V^T) - sum) * P * scale (no "* 1" on dP: the frontend has none there without
+//                                             dropout, and the engines match the op sequence)
 //   dK  = matmul(dS^T, Q)                     dS^T a RESHAPE to bf16; GQA as dV
 //   dQacc = matmul(dS, K)                     K a RESHAPE of K^T back to (B,KV,T,D); dQacc a
 //                                             non-virtual fp32 (B,H,T,D) accumulator in the workspace
@@ -516,10 +517,11 @@ void build_backward(graph &g, const layouts &l, bool gqa)
     // dS = P (dO V^T - sum) scale
     desc dP = tensor(g, "dP", F32, l.ss, true);
     matmul(g, "dP = dO V^T", dO, VT, dP);
-    desc dP1 = tensor(g, "dP * 1", F32, l.ss, true);
-    pw_f32(g, "dP * 1", CUDNN_POINTWISE_MUL, dP, one, dP1);
+    // (cudnn-frontend's CompositeSDPABackwardNode goes straight from matmul_dO_VT to
+    // sub_dP_softmax_sum when there is no dropout; an extra MUL by 1 here is an op the fused
+    // backward engines' pattern does not have)
     desc dP2 = tensor(g, "dP - sum", F32, l.ss, true);
-    pw_f32(g, "SUB softmax sum", CUDNN_POINTWISE_SUB, dP1, sum, dP2);
+    pw_f32(g, "SUB softmax sum", CUDNN_POINTWISE_SUB, dP, sum, dP2);
     desc dS = tensor(g, "dS unscaled", F32, l.ss, true);
     pw_f32(g, "MUL P", CUDNN_POINTWISE_MUL, dP2, P, dS);
     desc dS1 = tensor(g, "dS", F32, l.ss, true);
@@ -686,6 +688,12 @@ int execute(cudnnHandle_t h, const plan_entry *e, const int64_t *uids, void *con
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+// The causal mask's fill value, as cudnn-frontend picks it (utils/attn_score_modifiers.h,
+// get_negative_inf_value: "older cuDNN version prefers lowest for softmax mask"): -inf from cuDNN
+// 9.10, the lowest finite float before. Either way exp() of a masked score is 0 and every causal
+// row keeps its diagonal, so Stats stays finite.
+float mask_fill() { return api_version < 91000 ? -FLT_MAX : -INFINITY; }
+
 constexpr size_t WS_ALIGN = 256;
 constexpr size_t WS_SLACK = (size_t)64 << 20; // room for the plan's own workspace
 
@@ -769,6 +777,10 @@ extern "C" int mt_cuda_attention_cudnn_forward(int64_t B, int64_t T, int64_t H, 
         return fail(why, n, "a forward tensor is not 16-byte aligned");
     cudnnHandle_t h = thread_handle(why, n);
     if (!h) return -1;
+    // cudnn-frontend refuses the bf16/fp16 forward on these two releases "due to known bugs"
+    // (node/sdpa_support_surface.h, validate_sdpa_support_surface)
+    if (api_version == 91000 || api_version == 91001)
+        return fail(why, n, "cuDNN %zu: the fused attention forward has known bugs in 9.10.0/9.10.1", api_version);
     plan_entry *e = get_plan(h, FORWARD, B, T, H, KV, D, why, n);
     if (!e) return -1;
     cudnnStatus_t s = api.SetStream(h, (cudaStream_t)stream);
@@ -776,9 +788,10 @@ extern "C" int mt_cuda_attention_cudnn_forward(int64_t B, int64_t T, int64_t H, 
         status_why(why, n, "cudnnSetStream", nullptr, s);
         return -1;
     }
-    float scale = (float)(1.0 / sqrt((double)D)), fill = -FLT_MAX; // the own kernel's scale
+    float scale = (float)(1.0 / sqrt((double)D)), fill = mask_fill(); // the own kernel's scale
     const int64_t uids[] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_FILL};
     void *const ptrs[] = {(void *)q, (void *)k, (void *)v, out, lse, &scale, &fill};
+    static_assert(sizeof uids / sizeof uids[0] == sizeof ptrs / sizeof ptrs[0], "one pointer per UID");
     return execute(h, e, uids, ptrs, (int64_t)(sizeof uids / sizeof uids[0]), e->fwd_workspace, why, n);
 }
 
@@ -804,6 +817,13 @@ extern "C" int mt_cuda_attention_cudnn_backward(int64_t B, int64_t T, int64_t H,
                     workspace_bytes, c.plan);
     cudnnHandle_t h = thread_handle(why, n);
     if (!h) return -1;
+    // Up to cuDNN 9.15.0 cudnn-frontend adds a "workaround padding mask" (seq_len tensors of T, in
+    // its own workspace) to every unpadded backward whose key length is no multiple of 128
+    // (CompositeSDPABackwardNode::pre_validate_node_derived); this graph has none, so those
+    // releases run the own kernel for such T rather than risk the bug it works around.
+    if (api_version <= 91500 && T % 128 != 0)
+        return fail(why, n, "cuDNN %zu: the fused attention backward needs T %% 128 == 0 before 9.15.1 (T = %lld)",
+                    api_version, (long long)T);
     plan_entry *e = get_plan(h, BACKWARD, B, T, H, KV, D, why, n);
     if (!e) return -1;
     const size_t left = workspace_bytes - c.plan;
@@ -829,11 +849,12 @@ extern "C" int mt_cuda_attention_cudnn_backward(int64_t B, int64_t T, int64_t H,
         status_why(why, n, "cudnnSetStream", nullptr, s);
         return -1;
     }
-    float scale = (float)(1.0 / sqrt((double)D)), one = 1.0f, fill = -FLT_MAX;
+    float scale = (float)(1.0 / sqrt((double)D)), one = 1.0f, fill = mask_fill();
     const int64_t uids[] = {UID_Q,  UID_K,  UID_V,  UID_O,   UID_DO,    UID_STATS, UID_DQ,
                             UID_DK, UID_DV, UID_SUM, UID_DQACC, UID_SCALE, UID_ONE,   UID_FILL};
     void *const ptrs[] = {(void *)q, (void *)k, (void *)v, (void *)out, (void *)dout, (void *)lse, dq16,
                           dk16,      dv16,      ws + c.sum, ws + c.dqacc, &scale,     &one,        &fill};
+    static_assert(sizeof uids / sizeof uids[0] == sizeof ptrs / sizeof ptrs[0], "one pointer per UID");
     if (execute(h, e, uids, ptrs, (int64_t)(sizeof uids / sizeof uids[0]), ws + c.plan, why, n) != 0) return -1;
     // bf16 gradients -> the fp32 outputs (=), same BTHD layout
     mt_cuda_bf16_to_f32(dq16, dq, (int64_t)nq, stream);
