@@ -260,7 +260,12 @@ static int cudnn_available_or_say(void)
  * to the own kernel): same inputs, reference, tolerance and = contract as test_attention_vs_cpu. */
 START_TEST(test_attention_cudnn_vs_cpu)
 {
-    if (!cudnn_available_or_say()) return;
+    if (!cudnn_available_or_say()) {
+        /* optional without the library; asked for by name, its absence is a failure */
+        const char *asked = getenv("MT_ATTENTION");
+        ck_assert_msg(!asked || strcmp(asked, "cudnn") != 0, "MT_ATTENTION=cudnn, but the cuDNN path does not load");
+        return;
+    }
     const shape *s = &cases_cudnn[_i];
     const int64_t B = s->B, T = s->T, H = s->H, KV = s->KV, D = s->D;
     const int64_t nq = B * T * H * D, nkv = B * T * KV * D;
