@@ -2,7 +2,7 @@
 # Correctness and a first benchmark on the GPU machine, from binaries built here:
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, on the GPU machine (device tool, carrying build-gpu and .deps/gpu-runtime):
-#   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|clip3b|defer3b|ab3b|check3b|data3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
+#   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|clip3b|defer3b|ab3b|check3b|data3b|cudnn3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
 #   (attention3b takes QBLOCK=64|128, bench3b CLIPS, RESIDENT and K, data3b DATA)
 # Logs go to $OUT (or ./out); the last lines are a short table.
 set -uo pipefail
@@ -177,6 +177,19 @@ data3b)
     run test_gpu_step "$B/tests/test_gpu_step"
     run bench_3b_data "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000} --warmup 2 --steps ${STEPS:-10} --data "$DATA" --norm-log "$OUT/norms_data.csv"
     run bench_3b_data_off "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --clip-speculate off --warmup 2 --steps ${STEPS:-10} --data "$DATA"
+    [ "${TORCH:-1}" = 1 ] && run torch_3b python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
+    ;;
+cudnn3b)
+    # cuDNN's fused attention (MT_ATTENTION=cudnn, backends/cuda/attention_cudnn.cu): the kernel
+    # test against the CPU reference (a cuDNN path that does not load fails it) and the timing
+    # beside the own kernel, cuDNN's own log of why an engine turns a graph down when it does,
+    # then the 3B step with each attention (clip 1 and 1000, one host state each), and PyTorch.
+    MT_ATTENTION=cudnn CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$OUT/cudnn_debug.txt" \
+        run test_cuda_attention_cudnn "$B/tests/test_cuda_attention"
+    MT_ATTENTION=cudnn MT_CUDA_BENCH=1 run attention_bench_cudnn "$B/tests/test_cuda_attention"
+    for a in cudnn own; do
+        MT_ATTENTION=$a run bench_3b_attn_$a "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000} --warmup 2 --steps ${STEPS:-6}
+    done
     [ "${TORCH:-1}" = 1 ] && run torch_3b python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
     ;;
 sweep3b)
