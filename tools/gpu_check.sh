@@ -169,6 +169,10 @@ data3b)
     # The 3B step on a real corpus, a fresh batch each step (bench --data; the GPU machine has no
     # fortunes package: carry a copy, e.g. cp -rL /usr/share/games/fortunes .deps/fortunes), at
     # clip 1 and 1000 with the defaults (norm log kept), at clip 1 without speculation, and PyTorch.
+    # Byte tokens touch 256 rows of the table; for a real tokenizer's spread of rows, carry a
+    # prepared directory: build/tools/megatrain prepare --tokenizer
+    # tests/fixtures/tokenizers/qwen3/tokenizer.json --format text --family qwen3 --input
+    # .deps/fortunes --output .deps/fortunes-qwen3 --seq-len 2048, then DATA=.deps/fortunes-qwen3.
     DATA=${DATA:-.deps/fortunes}
     if [ ! -e "$DATA" ]; then
         echo "gpu_check.sh data3b: no corpus at $DATA (DATA=file or directory)" >&2
