@@ -12,7 +12,6 @@
 
 #include "codelets.h"
 #include "config.h"
-#include "data.h"
 #include "dataset.h"
 #include "mt_build_config.h"
 #include "plan.h"
@@ -216,13 +215,12 @@ static void gpu_time(const mt_bench_options *o, bool traced, const timeline *tl,
     }
 }
 
-/* The batches of --data: a text corpus read as bytes (the byte-level trainer's mt_corpus, windows
- * at seeded random offsets of its training split), or a prepared directory (its training stream
- * in order). One source for the whole run, so the pairs after the first train on new batches. */
+/* The batches of --data (mt_run_data): a text corpus read as bytes, windows at seeded random
+ * offsets of its training split; or a prepared directory, its training stream in order. One
+ * source for the whole run, so the pairs after the first train on new batches. */
 typedef struct bench_data {
-    bool on, prepared;
-    mt_corpus corpus;
-    mt_dataset dataset;
+    bool on;
+    mt_run_data src;
     mt_rng rng;
     int64_t next; /* prepared: the next window of the stream */
 } bench_data;
@@ -234,26 +232,14 @@ static int bench_data_open(const mt_bench_options *o, const mt_model_config *cfg
     if (!o->data) return 0;
     char model[128];
     snprintf(model, sizeof model, "shape %s", o->shape);
-    if (mt_dataset_is_prepared(o->data)) {
-        if (mt_dataset_open(o->data, &d->dataset, err, errlen)) return -1;
-        if (mt_dataset_check_run(&d->dataset, cfg->vocab, o->step.T, model, err, errlen)) {
-            mt_dataset_close(&d->dataset);
-            return -1;
-        }
-        d->prepared = true;
-        if (log) fprintf(log, "bench: data %s: %lld training windows of %lld tokens, a fresh batch each step\n", o->data,
-                         (long long)d->dataset.train.n_seq, (long long)d->dataset.seq_len);
-    } else {
-        if (cfg->vocab < 256) {
-            snprintf(err, errlen, "--data %s is read as bytes, and %s has a vocabulary of %lld, under 256", o->data, model,
-                     (long long)cfg->vocab);
-            return -1;
-        }
-        if (mt_corpus_load(o->data, 10, o->step.T + 1, &d->corpus, err, errlen)) return -1;
-        mt_rng_seed(&d->rng, 1);
-        if (log) fprintf(log, "bench: data %s: %lld bytes (the byte-level trainer's training split) as tokens, a fresh "
-                              "batch at random offsets each step\n", o->data, (long long)d->corpus.ntrain);
-    }
+    if (mt_run_data_open(&d->src, o->data, cfg->vocab, o->step.T, o->step.T + 1, model, err, errlen)) return -1;
+    mt_rng_seed(&d->rng, 1);
+    if (log && d->src.prepared)
+        fprintf(log, "bench: data %s: %lld training windows of %lld tokens, a fresh batch each step\n", o->data,
+                (long long)d->src.dataset.train.n_seq, (long long)d->src.dataset.seq_len);
+    else if (log)
+        fprintf(log, "bench: data %s: %lld bytes (the byte-level trainer's training split) as tokens, a fresh batch at "
+                     "random offsets each step\n", o->data, (long long)d->src.corpus.ntrain);
     d->on = true;
     return 0;
 }
@@ -263,19 +249,11 @@ static void bench_data_batch(bench_data *d, const mt_step_config *sc, int32_t *t
 {
     const int64_t windows = (int64_t)sc->accum * sc->B;
     if (!d->on) return;
-    if (d->prepared) {
-        mt_dataset_batch(&d->dataset, false, 0, d->next, windows, tok, tgt);
-        d->next += windows;
-    } else {
-        mt_corpus_sample(&d->corpus, &d->rng, windows, sc->T, tok, tgt);
-    }
+    mt_run_data_batch(&d->src, false, 0, d->next, &d->rng, windows, sc->T, tok, tgt);
+    d->next += windows;
 }
 
-static void bench_data_close(bench_data *d)
-{
-    if (d->prepared) mt_dataset_close(&d->dataset);
-    else mt_corpus_free(&d->corpus);
-}
+static void bench_data_close(bench_data *d) { mt_run_data_close(&d->src); }
 
 /* One pair: a fresh graph over the shared state, warm-up, measured steps, AdamW alone. */
 /* The norms a graph kept (mt_graph_keep_norms) as CSV rows: K, clip, the norm's number, the norm,

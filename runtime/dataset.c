@@ -795,7 +795,9 @@ out:
     return rc;
 }
 
-int mt_dataset_check_run(const mt_dataset *d, int64_t vocab, int64_t T, const char *model, char *err, size_t errlen)
+/* Whether a model of `vocab` ids (named `model` in the message) trained on --seq-len T can use d:
+ * -1 with err naming both when the tokenizer's ids do not fit or the seq_len differs. */
+static int check_run(const mt_dataset *d, int64_t vocab, int64_t T, const char *model, char *err, size_t errlen)
 {
     if (vocab < d->vocab_size) {
         snprintf(err, errlen, "%s: vocab_size %lld does not cover the tokenizer of %s (%s, %lld ids): use the model "
@@ -808,6 +810,33 @@ int mt_dataset_check_run(const mt_dataset *d, int64_t vocab, int64_t T, const ch
         return -1;
     }
     return 0;
+}
+
+int mt_run_data_open(mt_run_data *d, const char *path, int64_t vocab, int64_t T, int64_t min_text_bytes,
+                     const char *model, char *err, size_t errlen)
+{
+    memset(d, 0, sizeof *d);
+    d->prepared = mt_dataset_is_prepared(path);
+    if (!d->prepared) return mt_corpus_load(path, 10, min_text_bytes, &d->corpus, err, errlen);
+    if (mt_dataset_open(path, &d->dataset, err, errlen)) return -1;
+    if (check_run(&d->dataset, vocab, T, model, err, errlen)) {
+        mt_dataset_close(&d->dataset);
+        return -1;
+    }
+    return 0;
+}
+
+void mt_run_data_batch(mt_run_data *d, bool shuffle, uint64_t seed, int64_t first, mt_rng *rng, int64_t n, int64_t T,
+                       int32_t *tokens, int32_t *targets)
+{
+    if (d->prepared) mt_dataset_batch(&d->dataset, shuffle, seed, first, n, tokens, targets);
+    else mt_corpus_sample(&d->corpus, rng, n, T, tokens, targets);
+}
+
+void mt_run_data_close(mt_run_data *d)
+{
+    if (d->prepared) mt_dataset_close(&d->dataset);
+    else mt_corpus_free(&d->corpus);
 }
 
 void mt_dataset_close(mt_dataset *d)

@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "chat_template.h"
+#include "data.h"
 
 typedef enum mt_input_format { MT_INPUT_TEXT, MT_INPUT_ALPACA, MT_INPUT_SHAREGPT } mt_input_format;
 typedef enum mt_text_unit { MT_TEXT_PARAGRAPH, MT_TEXT_FILE } mt_text_unit;
@@ -101,9 +102,29 @@ int mt_dataset_seq_len(const char *dir, int64_t *seq_len, char *err, size_t errl
 int mt_dataset_open(const char *dir, mt_dataset *d, char *err, size_t errlen);
 void mt_dataset_close(mt_dataset *d);
 
-/* Whether a model of `vocab` ids (named `model` in the message) trained on --seq-len T can use d:
- * -1 with err naming both when the tokenizer's ids do not fit or the seq_len differs. */
-int mt_dataset_check_run(const mt_dataset *d, int64_t vocab, int64_t T, const char *model, char *err, size_t errlen);
+/* ---- a run's training data ---------------------------------------------------------------- */
+
+/* What train and bench read: a prepared directory (mt_dataset_is_prepared), or else a text
+ * corpus read as bytes (mt_corpus, every 10th 4 KiB block held out for validation). */
+typedef struct mt_run_data {
+    bool prepared;
+    mt_corpus corpus;      /* text */
+    mt_dataset dataset;    /* prepared */
+} mt_run_data;
+
+/* Opens path for a model of `vocab` ids (`model` in messages) trained on T-token windows: a
+ * prepared directory must suit it (its ids below vocab, its seq_len T); a text corpus needs
+ * min_text_bytes in each split. -1 with err naming the file and the problem, nothing left open. */
+int mt_run_data_open(mt_run_data *d, const char *path, int64_t vocab, int64_t T, int64_t min_text_bytes,
+                     const char *model, char *err, size_t errlen);
+
+/* n windows of T tokens: prepared, windows first .. first + n - 1 of the training stream
+ * (mt_dataset_batch with shuffle and seed); text, n at offsets drawn from rng (mt_corpus_sample). */
+void mt_run_data_batch(mt_run_data *d, bool shuffle, uint64_t seed, int64_t first, mt_rng *rng, int64_t n, int64_t T,
+                       int32_t *tokens, int32_t *targets);
+
+/* Safe on a zeroed or closed one. */
+void mt_run_data_close(mt_run_data *d);
 
 /* Window `index` of a split as tokens (T) = window[0..T-1] and targets (T) = window[1..T], with
  * target -1 where the mask of that position is 0. */

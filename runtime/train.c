@@ -159,20 +159,14 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     }
     if (mt_plan_check_host(&plan, mt_host_memory_available(), err, errlen)) return -1;
 
-    mt_corpus corpus = { 0 };
-    mt_dataset dataset = { 0 };
-    const mt_dataset *ds = prepared ? &dataset : NULL;
-    if (prepared) {
-        if (mt_dataset_open(o->data_path, &dataset, err, errlen)) return -1;
-        if (mt_dataset_check_run(&dataset, cfg.vocab, o->step.T, config_path, err, errlen)) {
-            mt_dataset_close(&dataset);
-            return -1;
-        }
-    } else if (mt_corpus_load(o->data_path, 10, (o->step.T + 1) * 4, &corpus, err, errlen)) return -1;
+    mt_run_data data;
+    if (mt_run_data_open(&data, o->data_path, cfg.vocab, o->step.T, (o->step.T + 1) * 4, config_path, err, errlen))
+        return -1;
+    const mt_corpus *corpus = &data.corpus;
+    const mt_dataset *ds = data.prepared ? &data.dataset : NULL;
 
     if (mt_runtime_init(&o->runtime, err, errlen)) {
-        mt_corpus_free(&corpus);
-        mt_dataset_close(&dataset);
+        mt_run_data_close(&data);
         return -1;
     }
     /* Without an explicit --dtype: bf16 when a GPU computes (the fast path), fp32 on CPU workers. */
@@ -204,7 +198,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
                     (long long)ds->seq_len, o->data_shuffle ? "shuffled" : "sequential");
         else
             fprintf(log, "megatrain: corpus %s: %d files, %.2f MB train, %.2f MB validation\n", o->data_path,
-                    corpus.nfiles, corpus.ntrain / 1e6, corpus.nval / 1e6);
+                    corpus->nfiles, corpus->ntrain / 1e6, corpus->nval / 1e6);
         fprintf(log, "megatrain: %lld steps of %d x %lld x %lld tokens, K=%d, clip %g, lr %g (%s), %d CPU + %d CUDA workers, policy %s\n",
                 (long long)o->steps, o->step.accum, (long long)o->step.B, (long long)o->step.T, o->step.K, o->step.clip,
                 o->lr, o->schedule == MT_LR_COSINE ? "warm-up + cosine" : "constant", mt_runtime_ncpu(),
@@ -235,7 +229,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         if (log) fprintf(log, "megatrain: resumed from %s at step %lld\n", o->resume_path, (long long)meta.step);
     }
     int64_t counted;
-    res->first_val = validate(g, &corpus, ds, o, vtok, vtgt, &counted);
+    res->first_val = validate(g, corpus, ds, o, vtok, vtgt, &counted);
     if (log) fprintf(log, "step %5lld | val %.4f\n", (long long)(first - 1), res->first_val);
 
     double t0 = now();
@@ -270,7 +264,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
             }
             /* Validation reads the weights after p's update: it is ordered before step s. */
             if (eval_now) {
-                double v = validate(g, &corpus, ds, o, vtok, vtgt, &counted);
+                double v = validate(g, corpus, ds, o, vtok, vtgt, &counted);
                 if (log) fprintf(log, " | val %.4f\n", v);
             }
             bool stop = o->time_limit > 0 && el > o->time_limit && p < last;
@@ -288,8 +282,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         }
         if (s <= last) {
             const int64_t windows = o->step.accum * o->step.B;
-            if (ds) mt_dataset_batch(&dataset, o->data_shuffle, o->seed, (s - 1) * windows, windows, tok, tgt);
-            else mt_corpus_sample(&corpus, &rng, windows, o->step.T, tok, tgt);
+            mt_run_data_batch(&data, o->data_shuffle, o->seed, (s - 1) * windows, &rng, windows, o->step.T, tok, tgt);
             slot = mt_graph_submit_step(g, s, tok, tgt, mt_lr_at(o, s));
         }
     }
@@ -302,7 +295,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         if (mt_hf_save(o->save_model_dir, st, MT_DTYPE_F32, MT_HF_DEFAULT_SHARD_BYTES, err, errlen)) goto out;
         if (log) fprintf(log, "megatrain: model saved to %s (HF format, fp32)\n", o->save_model_dir);
     }
-    res->last_val = validate(g, &corpus, ds, o, vtok, vtgt, &res->val_counted);
+    res->last_val = validate(g, corpus, ds, o, vtok, vtgt, &res->val_counted);
     if (log) fprintf(log, "done: %lld steps in %.1f s (%.0f tok/s) | train loss %.4f -> %.4f | val %.4f -> %.4f nats/%s\n",
                      (long long)res->steps_done, res->seconds, res->tokens_per_second, res->first_loss,
                      res->last_loss, res->first_val, res->last_val, ds ? "token" : "byte");
@@ -335,7 +328,6 @@ out:
     mt_graph_destroy(g);
     mt_state_destroy(st);
     mt_runtime_shutdown();
-    mt_corpus_free(&corpus);
-    mt_dataset_close(&dataset);
+    mt_run_data_close(&data);
     return rc;
 }
