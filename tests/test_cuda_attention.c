@@ -189,6 +189,32 @@ static attn_results fetch_results(const shape *s, const attn_dev *d, size_t esiz
     return r;
 }
 
+/* Random bf16 inputs of a case, and the same values widened to fp32 for the CPU reference. */
+typedef struct bf16_inputs {
+    mt_bf16 *qb, *kb, *vb, *dob;
+    float *q, *k, *v, *dout;
+} bf16_inputs;
+
+static bf16_inputs bf16_inputs_new(const shape *s, uint64_t seed)
+{
+    const int64_t nq = (int64_t)s->B * s->T * s->H * s->D, nkv = (int64_t)s->B * s->T * s->KV * s->D;
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    bf16_inputs in = {malloc(nq * 2), malloc(nkv * 2), malloc(nkv * 2), malloc(nq * 2),
+                      falloc(nq),     falloc(nkv),     falloc(nkv),     falloc(nq)};
+    random_bf16(&rng, nq, in.qb, in.q);
+    random_bf16(&rng, nkv, in.kb, in.k);
+    random_bf16(&rng, nkv, in.vb, in.v);
+    random_bf16(&rng, nq, in.dob, in.dout);
+    return in;
+}
+
+static void bf16_inputs_free(bf16_inputs *in)
+{
+    void *host[] = {in->qb, in->kb, in->vb, in->dob, in->q, in->k, in->v, in->dout};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+}
+
 /* Every case under each query-block form (MT_ATTENTION_QBLOCK): 64 rows (the default), 128
  * rows of 8 warps, 128 rows of 4 warps with 32 rows each (forward only). */
 static const char *const forms[] = {"64", "128", "128w"};
@@ -199,19 +225,10 @@ START_TEST(test_attention_vs_cpu)
     const char *qblock = forms[_i / NCASES];
     setenv("MT_ATTENTION_QBLOCK", qblock, 1);
     const int64_t B = s->B, T = s->T, H = s->H, KV = s->KV, D = s->D;
-    const int64_t nq = B * T * H * D, nkv = B * T * KV * D;
-    mt_test_rng rng;
-    mt_test_rng_seed(&rng, 1000 + (uint64_t)_i);
+    bf16_inputs in = bf16_inputs_new(s, 1000 + (uint64_t)_i);
+    attn_results ref = cpu_reference(s, in.q, in.k, in.v, in.dout);
 
-    mt_bf16 *qb = malloc(nq * 2), *kb = malloc(nkv * 2), *vb = malloc(nkv * 2), *dob = malloc(nq * 2);
-    float *q = falloc(nq), *k = falloc(nkv), *v = falloc(nkv), *dout = falloc(nq);
-    random_bf16(&rng, nq, qb, q);
-    random_bf16(&rng, nkv, kb, k);
-    random_bf16(&rng, nkv, vb, v);
-    random_bf16(&rng, nq, dob, dout);
-    attn_results ref = cpu_reference(s, q, k, v, dout);
-
-    attn_dev d = dev_alloc(s, 2, qb, kb, vb, dob, mt_cuda_attention_workspace_bytes(B, T, H, KV, D));
+    attn_dev d = dev_alloc(s, 2, in.qb, in.kb, in.vb, in.dob, mt_cuda_attention_workspace_bytes(B, T, H, KV, D));
     cudaStream_t stream;
     CK_CUDA(cudaStreamCreate(&stream));
     mt_cuda_attention_forward(B, T, H, KV, D, d.q, d.k, d.v, d.out, d.lse, (mt_cuda_stream)stream);
@@ -232,8 +249,7 @@ START_TEST(test_attention_vs_cpu)
     dev_free(&d);
     results_free(&gpu);
     results_free(&ref);
-    void *host[] = {qb, kb, vb, dob, q, k, v, dout};
-    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+    bf16_inputs_free(&in);
 }
 END_TEST
 
@@ -268,20 +284,11 @@ START_TEST(test_attention_cudnn_vs_cpu)
     }
     const shape *s = &cases_cudnn[_i];
     const int64_t B = s->B, T = s->T, H = s->H, KV = s->KV, D = s->D;
-    const int64_t nq = B * T * H * D, nkv = B * T * KV * D;
-    mt_test_rng rng;
-    mt_test_rng_seed(&rng, 9000 + (uint64_t)_i);
-
-    mt_bf16 *qb = malloc(nq * 2), *kb = malloc(nkv * 2), *vb = malloc(nkv * 2), *dob = malloc(nq * 2);
-    float *q = falloc(nq), *k = falloc(nkv), *v = falloc(nkv), *dout = falloc(nq);
-    random_bf16(&rng, nq, qb, q);
-    random_bf16(&rng, nkv, kb, k);
-    random_bf16(&rng, nkv, vb, v);
-    random_bf16(&rng, nq, dob, dout);
-    attn_results ref = cpu_reference(s, q, k, v, dout);
+    bf16_inputs in = bf16_inputs_new(s, 9000 + (uint64_t)_i);
+    attn_results ref = cpu_reference(s, in.q, in.k, in.v, in.dout);
 
     const size_t ws_bytes = mt_cuda_attention_workspace_bytes(B, T, H, KV, D);
-    attn_dev d = dev_alloc(s, 2, qb, kb, vb, dob, ws_bytes);
+    attn_dev d = dev_alloc(s, 2, in.qb, in.kb, in.vb, in.dob, ws_bytes);
     cudaStream_t stream;
     CK_CUDA(cudaStreamCreate(&stream));
     char why[384] = "";
@@ -306,8 +313,7 @@ START_TEST(test_attention_cudnn_vs_cpu)
     dev_free(&d);
     results_free(&gpu);
     results_free(&ref);
-    void *host[] = {qb, kb, vb, dob, q, k, v, dout};
-    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+    bf16_inputs_free(&in);
 }
 END_TEST
 
