@@ -468,6 +468,20 @@ void build_forward(graph &g, const layouts &l)
     matmul(g, "O = P V", P, V, O);
 }
 
+// c (B,KV,T,D) = a b summed over the query heads of each group: with GQA the product over all H
+// heads into a virtual bf16 (B,H,T,D), then REDUCTION ADD down to KV heads (as cudnn-frontend
+// builds dK and dV); without, the product straight into c.
+void matmul_to_kv_heads(graph &g, const layouts &l, bool gqa, const char *what, desc a, desc b, desc c)
+{
+    if (!gqa) {
+        matmul(g, what, a, b, c);
+        return;
+    }
+    desc all = tensor(g, what, BF16, l.full, true);
+    matmul(g, what, a, b, all);
+    reduction(g, "REDUCTION ADD over the query heads", CUDNN_REDUCE_TENSOR_ADD, all, c);
+}
+
 void build_backward(graph &g, const layouts &l, bool gqa)
 {
     desc Q = tensor(g, "Q", BF16, l.q, false, UID_Q);
@@ -506,13 +520,7 @@ void build_backward(graph &g, const layouts &l, bool gqa)
     // dV = P^T dO (summed over the query heads of a group)
     desc PT = tensor(g, "P^T", BF16, l.ss_t, true);
     reshape(g, "RESHAPE P^T", P, PT);
-    if (gqa) {
-        desc dVf = tensor(g, "dV all heads", BF16, l.full, true);
-        matmul(g, "dV = P^T dO", PT, dO, dVf);
-        reduction(g, "REDUCTION ADD dV heads", CUDNN_REDUCE_TENSOR_ADD, dVf, dV);
-    } else {
-        matmul(g, "dV = P^T dO", PT, dO, dV);
-    }
+    matmul_to_kv_heads(g, l, gqa, "dV = P^T dO", PT, dO, dV);
 
     // dS = P (dO V^T - sum) scale
     desc dP = tensor(g, "dP", F32, l.ss, true);
@@ -530,13 +538,7 @@ void build_backward(graph &g, const layouts &l, bool gqa)
     // dK = dS^T Q (summed over the query heads of a group)
     desc dST = tensor(g, "dS^T", BF16, l.ss_t, true);
     reshape(g, "RESHAPE dS^T", dS1, dST);
-    if (gqa) {
-        desc dKf = tensor(g, "dK all heads", BF16, l.full, true);
-        matmul(g, "dK = dS^T Q", dST, Q, dKf);
-        reduction(g, "REDUCTION ADD dK heads", CUDNN_REDUCE_TENSOR_ADD, dKf, dK);
-    } else {
-        matmul(g, "dK = dS^T Q", dST, Q, dK);
-    }
+    matmul_to_kv_heads(g, l, gqa, "dK = dS^T Q", dST, Q, dK);
 
     // dQ = dS K, through the fp32 accumulator
     desc K = tensor(g, "K", F32, l.kv, true);
