@@ -264,24 +264,30 @@ for i in $(seq 1 2000); do
     echo "Line $i: a fortune for the bench, $((i * 7919 % 1000)) of them told."
     [ $((i % 5)) -eq 0 ] && echo
 done | head -c 40960 >"$work/corpus.txt"
-name="bench --data (text)"
 bench_data=(bench --shape tiny --micro-batch 2 --seq-len 64 --warmup 1 --steps 2 --ncpu 2 --ncuda 0)
-run "${bench_data[@]}" --data "$work/corpus.txt"
-grep '^bench: K=4 clip 1 step' "$err" >"$work/data_losses_1.txt"
-if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
-elif ! grep -qF "bench: data $work/corpus.txt: 36864 bytes (the byte-level trainer's training split) as tokens" "$err"; then
-    fail "$name" "no 'data ...: 36864 bytes' line"
-elif [ "$(wc -l <"$work/data_losses_1.txt")" -ne 2 ]; then fail "$name" "expected 2 loss lines"
-else
-    run "${bench_data[@]}" --data "$work/corpus.txt"
-    grep '^bench: K=4 clip 1 step' "$err" >"$work/data_losses_2.txt"
-    run "${bench_data[@]}"
-    grep '^bench: K=4 clip 1 step' "$err" >"$work/random_losses.txt"
-    if ! cmp -s "$work/data_losses_1.txt" "$work/data_losses_2.txt"; then fail "$name" "two runs on the corpus differ"
-    elif cmp -s "$work/data_losses_1.txt" "$work/random_losses.txt" || [ ! -s "$work/random_losses.txt" ]; then
-        fail "$name" "the corpus run's losses are those of the random batch"
-    else pass "$name"; fi
-fi
+run "${bench_data[@]}"
+grep '^bench: K=4 clip 1 step' "$err" >"$work/random_losses.txt"
+
+# check_bench_data NAME DATA LINE: bench on DATA exits 0, its log has LINE and 2 loss lines, a
+# second run has the same losses, and they are not those of the random batch.
+check_bench_data() {
+    local name=$1 data=$2 line=$3
+    run "${bench_data[@]}" --data "$data"
+    grep '^bench: K=4 clip 1 step' "$err" >"$work/data_losses_1.txt"
+    if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+    elif ! grep -qF "$line" "$err"; then fail "$name" "no '$line' line"
+    elif [ "$(wc -l <"$work/data_losses_1.txt")" -ne 2 ]; then fail "$name" "expected 2 loss lines"
+    else
+        run "${bench_data[@]}" --data "$data"
+        grep '^bench: K=4 clip 1 step' "$err" >"$work/data_losses_2.txt"
+        if ! cmp -s "$work/data_losses_1.txt" "$work/data_losses_2.txt"; then fail "$name" "two runs on the data differ"
+        elif cmp -s "$work/data_losses_1.txt" "$work/random_losses.txt" || [ ! -s "$work/random_losses.txt" ]; then
+            fail "$name" "the data run's losses are those of the random batch"
+        else pass "$name"; fi
+    fi
+}
+check_bench_data "bench --data (text)" "$work/corpus.txt" \
+    "bench: data $work/corpus.txt: 36864 bytes (the byte-level trainer's training split) as tokens"
 check_error "bench --data missing" "$work/no-such-corpus: No such file or directory" \
     bench --shape tiny --ncpu 2 --ncuda 0 --data "$work/no-such-corpus"
 name="bench --data (prepared, not for this run)"
@@ -301,7 +307,6 @@ else
 fi
 # A prepared directory of byte tokens (vocabulary 256, written here in the shard format of
 # docs/data.md): bench reads its training windows in order, a fresh batch each step.
-name="bench --data (prepared)"
 python3 - "$work/corpus.txt" "$work/bytes-prepared" <<'PY'
 import json, os, struct, sys
 text, out = open(sys.argv[1], "rb").read(), sys.argv[2]
@@ -320,20 +325,8 @@ json.dump({"format": "megatrain-token-shards", "version": 1, "seq_len": T, "fami
            "train": {"shards": ["train-00000.bin"]}, "val": {"shards": []}},
           open(os.path.join(out, "meta.json"), "w"))
 PY
-run "${bench_data[@]}" --data "$work/bytes-prepared"
-grep '^bench: K=4 clip 1 step' "$err" >"$work/prepared_losses_1.txt"
-if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
-elif ! grep -qF "bench: data $work/bytes-prepared: 8 training windows of 64 tokens, a fresh batch each step" "$err"; then
-    fail "$name" "no 'data ...: 8 training windows of 64 tokens' line"
-elif [ "$(wc -l <"$work/prepared_losses_1.txt")" -ne 2 ]; then fail "$name" "expected 2 loss lines"
-else
-    run "${bench_data[@]}" --data "$work/bytes-prepared"
-    grep '^bench: K=4 clip 1 step' "$err" >"$work/prepared_losses_2.txt"
-    if ! cmp -s "$work/prepared_losses_1.txt" "$work/prepared_losses_2.txt"; then fail "$name" "two runs differ"
-    elif cmp -s "$work/prepared_losses_1.txt" "$work/random_losses.txt"; then
-        fail "$name" "the prepared run's losses are those of the random batch"
-    else pass "$name"; fi
-fi
+check_bench_data "bench --data (prepared)" "$work/bytes-prepared" \
+    "bench: data $work/bytes-prepared: 8 training windows of 64 tokens, a fresh batch each step"
 check_ok "bench --help lists --data" '--data PATH' bench --help
 
 name="bench --clip-speculate ranged --adamw-defer on"
