@@ -12,6 +12,9 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/.deps/gpu-runtime/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export STARPU_SILENT=1 STARPU_HOME="${TMPDIR:-/tmp}/megatrain-starpu-home" OPENBLAS_NUM_THREADS=1
 B=build-gpu
+# The 3B benchmark of issue 4 (Qwen2.5-3B shape, 16 x 2048 tokens), megatrain's and PyTorch's
+bench3b=("$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048)
+torch3b=(python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4)
 mode=${1:-quick}
 # the commit the binaries were built from (a copied tree's .git can be stale)
 commit=$("$B/tools/megatrain" --version 2>/dev/null | sed -n 's/.*(commit \(.*\))$/\1/p')
@@ -40,9 +43,9 @@ bench3b)
     run adamw_bw "$B/tools/adamw_bw"
     # CLIPS: clipping bounds on one host state; 1000 is never reached by this model's norm, as
     # 1.0 is not once fine-tuning norms fall under it (the speculative update then holds).
-    run bench_3b "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,0} --warmup 2 --steps 4
-    [ "${RESIDENT:-1}" = 1 ] && run bench_3b_resident "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,0} --warmup 2 --steps 4 --resident
-    run torch_3b python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
+    run bench_3b "${bench3b[@]}" --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,0} --warmup 2 --steps 4
+    [ "${RESIDENT:-1}" = 1 ] && run bench_3b_resident "${bench3b[@]}" --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,0} --warmup 2 --steps 4 --resident
+    run torch_3b "${torch3b[@]}"
     ;;
 ablation)
     for s in megatrain dmda eager; do
@@ -97,17 +100,17 @@ spmcheck)
 attention3b)
     # The 3B step with another query-block form (MT_ATTENTION_QBLOCK=64 or 128; the default is
     # 128w), to compare with bench3b's rows of the same session.
-    MT_ATTENTION_QBLOCK=${QBLOCK:-64} run bench_3b_qblock${QBLOCK:-64} "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1000,0} --warmup 2 --steps 4
+    MT_ATTENTION_QBLOCK=${QBLOCK:-64} run bench_3b_qblock${QBLOCK:-64} "${bench3b[@]}" --checkpoint-every ${K:-2} --clip ${CLIPS:-1000,0} --warmup 2 --steps 4
     ;;
 ranged3b)
     # Clipping that scales every step (the bench model's norm is ~4): plain, then with ranged
     # speculation for each spread in SPREADS (--clip-range), one host state each; TORCH=1 adds
     # the torch reference of the same shape.
-    run bench_3b_clip1_off "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --clip-speculate off --warmup 2 --steps ${STEPS:-8}
+    run bench_3b_clip1_off "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --clip-speculate off --warmup 2 --steps ${STEPS:-8}
     for sp in ${SPREADS:-1.25}; do
-        run bench_3b_clip1_ranged_$sp "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --clip-speculate ranged --clip-range $sp ${RANGE_MAX:+--clip-range-max $RANGE_MAX} --warmup 2 --steps ${STEPS:-8}
+        run bench_3b_clip1_ranged_$sp "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --clip-speculate ranged --clip-range $sp ${RANGE_MAX:+--clip-range-max $RANGE_MAX} --warmup 2 --steps ${STEPS:-8}
     done
-    [ "${TORCH:-0}" = 1 ] && run torch_3b python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
+    [ "${TORCH:-0}" = 1 ] && run torch_3b "${torch3b[@]}"
     ;;
 clip3b)
     # Everything the clip-on target compares, on one machine: the AdamW traffic, the step at
@@ -115,13 +118,13 @@ clip3b)
     # speculation at clip 1 for each spread in SPREADS, then the torch reference.
     run test_gpu_step "$B/tests/test_gpu_step"
     run adamw_bw "$B/tools/adamw_bw"
-    run bench_3b "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,0} --warmup 2 --steps ${STEPS:-6}
+    run bench_3b "${bench3b[@]}" --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,0} --warmup 2 --steps ${STEPS:-6}
     for sp in ${SPREADS-1.1}; do
-        run bench_3b_clip1_ranged_$sp "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --clip-speculate ranged --clip-range $sp ${RANGE_MAX:+--clip-range-max $RANGE_MAX} --warmup 2 --steps ${STEPS:-6}
+        run bench_3b_clip1_ranged_$sp "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --clip-speculate ranged --clip-range $sp ${RANGE_MAX:+--clip-range-max $RANGE_MAX} --warmup 2 --steps ${STEPS:-6}
     done
     # OFF=1: clip 1 without speculation, for the comparison on this machine
-    [ "${OFF:-0}" = 1 ] && run bench_3b_clip1_off "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --clip-speculate off --warmup 2 --steps ${STEPS:-6}
-    run torch_3b python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
+    [ "${OFF:-0}" = 1 ] && run bench_3b_clip1_off "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --clip-speculate off --warmup 2 --steps ${STEPS:-6}
+    run torch_3b "${torch3b[@]}"
     ;;
 defer3b)
     # Ranged speculation with deferred moments halves (--adamw-defer, the default): clip 1
@@ -129,10 +132,10 @@ defer3b)
     # SPREADS, one host state each; then without deferral (A/B on this machine); then torch.
     run test_gpu_step "$B/tests/test_gpu_step"
     for sp in ${SPREADS:-1.1}; do
-        run bench_3b_ranged_$sp "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000} --clip-speculate ranged --clip-range $sp --warmup 2 --steps ${STEPS:-6}
+        run bench_3b_ranged_$sp "${bench3b[@]}" --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000} --clip-speculate ranged --clip-range $sp --warmup 2 --steps ${STEPS:-6}
     done
-    [ "${NODEFER:-1}" = 1 ] && run bench_3b_ranged_nodefer "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --clip-speculate ranged --adamw-defer off --warmup 2 --steps ${STEPS:-6}
-    [ "${TORCH:-1}" = 1 ] && run torch_3b python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
+    [ "${NODEFER:-1}" = 1 ] && run bench_3b_ranged_nodefer "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --clip-speculate ranged --adamw-defer off --warmup 2 --steps ${STEPS:-6}
+    [ "${TORCH:-1}" = 1 ] && run torch_3b "${torch3b[@]}"
     ;;
 ab3b)
     # A/B of two builds on one machine (machines differ from call to call): this build against
@@ -150,10 +153,10 @@ ab3b)
     run adamw_bw "$B/tools/adamw_bw"
     [ -x "$OLD/tools/adamw_bw" ] && run adamw_bw_old "$OLD/tools/adamw_bw"
     for r in $(seq 1 ${ROUNDS:-1}); do
-        run bench_3b_new_$r "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --warmup 2 --steps ${STEPS:-6}
+        run bench_3b_new_$r "${bench3b[@]}" --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --warmup 2 --steps ${STEPS:-6}
         run bench_3b_old_$r "$OLD/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --warmup 2 --steps ${STEPS:-6}
     done
-    [ "${TORCH:-1}" = 1 ] && run torch_3b python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
+    [ "${TORCH:-1}" = 1 ] && run torch_3b "${torch3b[@]}"
     ;;
 check3b)
     # Ranged speculation's check of its last prediction (--clip-range-check) on one machine: the
@@ -161,9 +164,9 @@ check3b)
     # batch: the norm jumps), with the check on (the default), off, and without speculation.
     run test_gpu_step "$B/tests/test_gpu_step"
     for m in on off; do
-        run bench_3b_check_$m "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --clip-range-check $m --warmup 2 --steps ${STEPS:-6} --norm-log "$OUT/norms_$m.csv"
+        run bench_3b_check_$m "${bench3b[@]}" --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --clip-range-check $m --warmup 2 --steps ${STEPS:-6} --norm-log "$OUT/norms_$m.csv"
     done
-    [ "${OFF:-1}" = 1 ] && run bench_3b_spec_off "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --clip-speculate off --warmup 2 --steps ${STEPS:-6}
+    [ "${OFF:-1}" = 1 ] && run bench_3b_spec_off "${bench3b[@]}" --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --clip-speculate off --warmup 2 --steps ${STEPS:-6}
     ;;
 data3b)
     # The 3B step on a real corpus, a fresh batch each step (bench --data; the GPU machine has no
@@ -179,9 +182,9 @@ data3b)
         exit 2
     fi
     run test_gpu_step "$B/tests/test_gpu_step"
-    run bench_3b_data "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000} --warmup 2 --steps ${STEPS:-10} --data "$DATA" --norm-log "$OUT/norms_data.csv"
-    run bench_3b_data_off "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --clip-speculate off --warmup 2 --steps ${STEPS:-10} --data "$DATA"
-    [ "${TORCH:-1}" = 1 ] && run torch_3b python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
+    run bench_3b_data "${bench3b[@]}" --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000} --warmup 2 --steps ${STEPS:-10} --data "$DATA" --norm-log "$OUT/norms_data.csv"
+    run bench_3b_data_off "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --clip-speculate off --warmup 2 --steps ${STEPS:-10} --data "$DATA"
+    [ "${TORCH:-1}" = 1 ] && run torch_3b "${torch3b[@]}"
     ;;
 cudnn3b)
     # cuDNN's fused attention (MT_ATTENTION=cudnn, backends/cuda/attention_cudnn.cu): the kernel
@@ -192,13 +195,13 @@ cudnn3b)
         run test_cuda_attention_cudnn "$B/tests/test_cuda_attention"
     MT_ATTENTION=cudnn MT_CUDA_BENCH=1 run attention_bench_cudnn "$B/tests/test_cuda_attention"
     for a in cudnn own; do
-        MT_ATTENTION=$a run bench_3b_attn_$a "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000} --warmup 2 --steps ${STEPS:-6}
+        MT_ATTENTION=$a run bench_3b_attn_$a "${bench3b[@]}" --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000} --warmup 2 --steps ${STEPS:-6}
     done
-    [ "${TORCH:-1}" = 1 ] && run torch_3b python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
+    [ "${TORCH:-1}" = 1 ] && run torch_3b "${torch3b[@]}"
     ;;
 sweep3b)
     # K and clip on one host state (one set-up), then the torch reference of the same shape.
-    run bench_3b_sweep "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${SWEEP_K:-1,2,4} --clip 1,0 --warmup 2 --steps 3
+    run bench_3b_sweep "${bench3b[@]}" --checkpoint-every ${SWEEP_K:-1,2,4} --clip 1,0 --warmup 2 --steps 3
     ;;
 memory)
     # Bounded memory: each 3B layer (80M parameters, 6 B each on the GPU) is >= 5% of the budget;
