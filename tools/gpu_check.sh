@@ -170,7 +170,9 @@ check3b)
     ;;
 data3b)
     # The 3B step on a real corpus, a fresh batch each step (bench --data; the GPU machine has no
-    # fortunes package: carry a copy, e.g. cp -rL /usr/share/games/fortunes .deps/fortunes), at
+    # fortunes package: carry a copy of its regular files only, e.g. mkdir -p .deps/fortunes && find
+    # /usr/share/games/fortunes -type f -exec cp {} .deps/fortunes/ \; (its *.u8 are symbolic links
+    # to the same text, which the corpus reader skips: cp -L makes them twins it reads), at
     # clip 1 and 1000 with the defaults (norm log kept), at clip 1 without speculation, and PyTorch.
     # Byte tokens touch 256 rows of the table; for a real tokenizer's spread of rows, carry a
     # prepared directory: build/tools/megatrain prepare --tokenizer
