@@ -58,8 +58,11 @@
 //   bf16 dQ, dK, dV copies   2 (B T H D + 2 B T KV D)
 //   softmax sums (fp32)      4 B H T
 //   dQ accumulator (fp32)    4 B H T D
-//   the plan's own workspace up to 64 MiB (CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE is checked at
-//                            every call against what is left; more needed: the own kernel runs)
+//   the plan's own workspace 4 B H T D + 64 MiB (CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE is
+//                            checked at every call against what is left; more needed: the own
+//                            kernel runs). cuDNN 9.14's backward plan on the H200 asked for
+//                            4 B H T D + 256 bytes (B 8 and 16, T 2048, H 16, KV 2, D 128,
+//                            docs/gpu-logs/44-*): an fp32 dQ-sized buffer of its own.
 #include <cudnn.h>
 #include <dlfcn.h>
 #include <float.h>
@@ -697,13 +700,13 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 float mask_fill() { return api_version < 91000 ? -FLT_MAX : -INFINITY; }
 
 constexpr size_t WS_ALIGN = 256;
-constexpr size_t WS_SLACK = (size_t)64 << 20; // room for the plan's own workspace
+constexpr size_t WS_SLACK = (size_t)64 << 20; // room for the plan's own workspace beyond 4 B H T D
 
 size_t align_up(size_t x) { return (x + WS_ALIGN - 1) / WS_ALIGN * WS_ALIGN; }
 
 // The backward's pieces of the workspace, in order (see the header comment).
 struct bwd_carve {
-    size_t dq16, dk16, dv16, sum, dqacc, plan; // byte offsets
+    size_t dq16, dk16, dv16, sum, dqacc, plan, end; // byte offsets; end: the whole size
 };
 bwd_carve carve_backward(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D)
 {
@@ -715,6 +718,7 @@ bwd_carve carve_backward(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D)
     c.sum = c.dv16 + align_up(nkv * 2);
     c.dqacc = c.sum + align_up(nrow * 4);
     c.plan = c.dqacc + align_up(nq * 4);
+    c.end = c.plan + align_up(nq * 4) + WS_SLACK;
     return c;
 }
 
@@ -764,7 +768,14 @@ extern "C" int mt_cuda_attention_cudnn_supports(int64_t B, int64_t T, int64_t H,
 extern "C" size_t mt_cuda_attention_cudnn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D)
 {
     if (!mt_cuda_attention_cudnn_supports(B, T, H, KV, D)) return 0;
-    return carve_backward(B, T, H, KV, D).plan + WS_SLACK;
+    return carve_backward(B, T, H, KV, D).end;
+}
+
+extern "C" int mt_cuda_attention_cudnn_backward_takes_T(int64_t T)
+{
+    char why[256];
+    if (!load(why, sizeof why)) return 0;
+    return T >= 1 && (api_version > 91500 || T % 128 == 0);
 }
 
 extern "C" int mt_cuda_attention_cudnn_forward(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
@@ -823,7 +834,7 @@ extern "C" int mt_cuda_attention_cudnn_backward(int64_t B, int64_t T, int64_t H,
     // its own workspace) to every unpadded backward whose key length is no multiple of 128
     // (CompositeSDPABackwardNode::pre_validate_node_derived); this graph has none, so those
     // releases run the own kernel for such T rather than risk the bug it works around.
-    if (api_version <= 91500 && T % 128 != 0)
+    if (!mt_cuda_attention_cudnn_backward_takes_T(T))
         return fail(why, n, "cuDNN %zu: the fused attention backward needs T %% 128 == 0 before 9.15.1 (T = %lld)",
                     api_version, (long long)T);
     plan_entry *e = get_plan(h, BACKWARD, B, T, H, KV, D, why, n);

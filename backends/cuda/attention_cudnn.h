@@ -39,6 +39,10 @@ int mt_cuda_attention_cudnn_check_graphs(int64_t B, int64_t T, int64_t H, int64_
 /* 1 if the cuDNN path takes this shape at all (D 64 or 128, B T >= 1, H a multiple of KV). */
 int mt_cuda_attention_cudnn_supports(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
 
+/* 1 if the loaded cuDNN's fused backward takes sequence length T: any T from 9.15.1, a multiple
+ * of 128 before (attention_cudnn.cu says why); 0 also when the library does not load. */
+int mt_cuda_attention_cudnn_backward_takes_T(int64_t T);
+
 /* The workspace bytes the cuDNN backward asks of mt_cuda_attention_workspace_bytes, a pure
  * function of the shape (0 for shapes it does not take); see attention_cudnn.cu for the formula. */
 size_t mt_cuda_attention_cudnn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
@@ -76,6 +80,11 @@ static inline int mt_cuda_attention_cudnn_check_graphs(int64_t B, int64_t T, int
 static inline int mt_cuda_attention_cudnn_supports(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D)
 {
     (void)B, (void)T, (void)H, (void)KV, (void)D;
+    return 0;
+}
+static inline int mt_cuda_attention_cudnn_backward_takes_T(int64_t T)
+{
+    (void)T;
     return 0;
 }
 static inline size_t mt_cuda_attention_cudnn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D)
