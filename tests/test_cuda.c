@@ -422,7 +422,10 @@ static void run_layer_prec(const char *name, mt_model_config cfg, int64_t B, int
         check_close(what, dtile + desc->offset, dtile_cpu + desc->offset, desc->numel, tol);
     }
     check_padding_zero("dtile padding (=)", &lay, dtile);
-    check_bitwise("dtile, backward run twice", dtile, dtile2, tile_bytes);
+    if (f32 || mt_cuda_attention_reproducible(B, T, cfg.heads, cfg.kv_heads, cfg.head_dim))
+        check_bitwise("dtile, backward run twice", dtile, dtile2, tile_bytes);
+    else /* cuDNN's attention backward (float atomics on dQ) may change the last bits */
+        check_close("dtile, backward run twice (cuDNN attention)", dtile2, dtile, lay.numel, tol);
 
     /* += on top of the first result: every tensor twice the reference. */
     mt_cuda_layer_backward(ctx, &cfg, &lay, prec, d_tile, B, T, d_saved, d_dy, d_dx, d_dtile, true, d_scratch, s);

@@ -5,7 +5,9 @@
  * NaN); bitwise-reproducible backward; and, with MT_CUDA_BENCH=1, the timing of a
  * Qwen2.5-3B-shaped attention. The optional cuDNN path (attention_cudnn.cu) runs the head-dim 64
  * and 128 cases against the same reference and tolerance when libcudnn.so.9 loads (its backward
- * is not required to be bitwise reproducible), and is timed beside the own kernels; with
+ * is not required to be bitwise reproducible; with a cuDNN older than 9.15.1 a T no multiple of
+ * 128 checks the dispatcher's fallback to the own backward instead), and is timed beside the own
+ * kernels, which run under MT_ATTENTION=own here whatever the default; with
  * MT_ATTENTION=cudnn, main first prints whether it is available and why not. Without a CUDA
  * device it prints "no GPU: skipped" and exits 77. */
 #include <check.h>
@@ -263,6 +265,10 @@ static const shape cases_cudnn[] = {
 };
 #define NCUDNN ((int)(sizeof cases_cudnn / sizeof cases_cudnn[0]))
 
+/* MT_ATTENTION=cudnn was given: the cuDNN path must load (main reads it, then sets "own" so that
+ * the own kernels' tests, which call the dispatcher, run the own kernels whatever the default). */
+static int cudnn_asked;
+
 /* 1 when the cuDNN path loads on this thread; otherwise prints why (once) and returns 0. */
 static int cudnn_available_or_say(void)
 {
@@ -280,8 +286,7 @@ START_TEST(test_attention_cudnn_vs_cpu)
 {
     if (!cudnn_available_or_say()) {
         /* optional without the library; asked for by name, its absence is a failure */
-        const char *asked = getenv("MT_ATTENTION");
-        ck_assert_msg(!asked || strcmp(asked, "cudnn") != 0, "MT_ATTENTION=cudnn, but the cuDNN path does not load");
+        ck_assert_msg(!cudnn_asked, "MT_ATTENTION=cudnn, but the cuDNN path does not load");
         return;
     }
     const shape *s = &cases_cudnn[_i];
@@ -306,15 +311,12 @@ START_TEST(test_attention_cudnn_vs_cpu)
         ck_assert_msg(rc != 0 && strstr(why, "T % 128 == 0"), "cudnn backward T=%d: declined without the T reason: %s",
                       s->T, why);
         printf("attention cudnn backward T=%d declined (%s): the dispatcher's fallback is checked instead\n", s->T, why);
-        char *asked = getenv("MT_ATTENTION") ? strdup(getenv("MT_ATTENTION")) : NULL;
         setenv("MT_ATTENTION", "cudnn", 1);
         mt_cuda_attention_backward(B, T, H, KV, D, d.q, d.k, d.v, d.out, d.lse, d.dout, d.dq, d.dk, d.dv, d.ws,
                                    (mt_cuda_stream)stream);
         mt_cuda_attention_backward(B, T, H, KV, D, d.q, d.k, d.v, d.out, d.lse, d.dout, d.dq2, d.dk2, d.dv2, d.ws,
                                    (mt_cuda_stream)stream);
-        if (asked) setenv("MT_ATTENTION", asked, 1);
-        else unsetenv("MT_ATTENTION");
-        free(asked);
+        setenv("MT_ATTENTION", "own", 1); /* as main left it */
         label = "(cudnn forward, own backward)";
     } else {
         ck_assert_msg(rc == 0, "cudnn backward B=%d T=%d H=%d KV=%d D=%d: %s", s->B, s->T, s->H, s->KV, s->D, why);
@@ -589,7 +591,8 @@ int main(void)
     /* MT_ATTENTION=cudnn: say whether the cuDNN path loads here, and why not (this runs without
      * a GPU too: then cudnnCreate fails, cleanly). */
     const char *attn = getenv("MT_ATTENTION");
-    if (attn && strcmp(attn, "cudnn") == 0) {
+    cudnn_asked = attn && strcmp(attn, "cudnn") == 0;
+    if (cudnn_asked) {
         char why[384] = "";
         const int ok = mt_cuda_attention_cudnn_available(why, sizeof why);
         printf("attention cudnn: %s%s%s\n", ok ? "available" : "unavailable (", ok ? "" : why, ok ? "" : ")");
@@ -602,6 +605,7 @@ int main(void)
         fflush(stdout);
         if (gqa == -1 || mha == -1) return 1;
     }
+    setenv("MT_ATTENTION", "own", 1);
     int ndev = 0;
     cudaError_t err = cudaGetDeviceCount(&ndev);
     if (err != cudaSuccess || ndev == 0) {

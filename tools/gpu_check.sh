@@ -2,7 +2,7 @@
 # Correctness and a first benchmark on the GPU machine, from binaries built here:
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, on the GPU machine (device tool, carrying build-gpu and .deps/gpu-runtime):
-#   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|clip3b|defer3b|ab3b|check3b|data3b|cudnn3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
+#   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|clip3b|defer3b|ab3b|check3b|data3b|cudnn3b|auto3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
 #   (attention3b takes QBLOCK=64|128, bench3b CLIPS, RESIDENT and K, data3b DATA)
 # Logs go to $OUT (or ./out); the last lines are a short table.
 set -uo pipefail
@@ -199,6 +199,21 @@ cudnn3b)
     for a in cudnn own; do
         MT_ATTENTION=$a run bench_3b_attn_$a "${bench3b[@]}" --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000} --warmup 2 --steps ${STEPS:-6}
     done
+    [ "${TORCH:-1}" = 1 ] && run torch_3b "${torch3b[@]}"
+    ;;
+auto3b)
+    # The default attention (MT_ATTENTION unset: cuDNN where it loads and takes the shape, the own
+    # kernels otherwise): the kernel and step tests, the attention timing (own kernels and cuDNN
+    # side by side), the 3B step streamed and resident at clip 1000, the 3B step on a corpus
+    # (DATA, default the prepared Qwen3-token fortunes) at clip 1, and PyTorch.
+    run test_cuda "$B/tests/test_cuda"
+    run test_cuda_attention "$B/tests/test_cuda_attention"
+    MT_CUDA_BENCH=1 run attention_bench "$B/tests/test_cuda_attention"
+    run test_gpu_step "$B/tests/test_gpu_step"
+    run bench_3b "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1000 --warmup 2 --steps ${STEPS:-5}
+    run bench_3b_resident "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1000 --warmup 2 --steps ${STEPS:-5} --resident
+    [ -e "${DATA:-.deps/fortunes-qwen3}" ] &&
+        run bench_3b_data "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-5} --data "${DATA:-.deps/fortunes-qwen3}"
     [ "${TORCH:-1}" = 1 ] && run torch_3b "${torch3b[@]}"
     ;;
 sweep3b)

@@ -21,11 +21,14 @@
 // a dQ pass that does not recompute S and dP (the backward does 7 tile products where FA2 with
 // atomics does 5); staging outputs through shared memory for 16-byte stores.
 //
-// cuDNN (MT_ATTENTION=cudnn; default "own", these kernels): the two entry points below first try
-// cuDNN 9's fused flash attention (attention_cudnn.cu: libcudnn.so.9 loaded with dlopen, head dims
-// 64 and 128), and on any failure print one line on stderr per direction and run these kernels.
-// Its backward is not bitwise reproducible (float atomics on dQ). Written and built, not yet run
-// on a GPU. The workspace size covers both paths whenever cuDNN headers were found at build time.
+// cuDNN (MT_ATTENTION=auto, the default, or cudnn; MT_ATTENTION=own runs these kernels always):
+// the two entry points below first try cuDNN 9's fused flash attention (attention_cudnn.cu:
+// libcudnn.so.9 loaded with dlopen, head dims 64 and 128), and on any failure print one line on
+// stderr per direction and run these kernels. On the H200 with cuDNN 9.14, B=8 T=2048 H=16 KV=2
+// D=128, cuDNN's forward took 0.259 ms and its backward 1.004 ms, these kernels about 0.52 and
+// 1.92 ms, PyTorch's flash 0.31-0.40 and 1.24 ms (docs/benchmarks.md, tenth session). Its
+// backward is not bitwise reproducible (float atomics on dQ): MT_ATTENTION=own for runs that must
+// be. The workspace size covers both paths whenever cuDNN headers were found at build time.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -751,13 +754,19 @@ void backward(int64_t B, int64_t T, int64_t H, int64_t KV, const bf16 *q, const 
     else dq_qw<D, 4>(B, T, H, KV, q, k, v, dout, lse, delta, dq, scale_log2, scale, stream);
 }
 
-// MT_ATTENTION=cudnn asks for the cuDNN path (read at each call, as MT_ATTENTION_QBLOCK) for the
-// shapes it takes (head dims 64 and 128; the others run the own kernels silently); anything else,
-// or unset, runs the own kernels.
+// MT_ATTENTION (read at each call, as MT_ATTENTION_QBLOCK): unset, "auto" or "cudnn" try the
+// cuDNN path for the shapes it takes (head dims 64 and 128; the others run the own kernels
+// silently); "own" runs the own kernels always. Another value is named once on stderr and
+// treated as auto.
 bool attention_use_cudnn()
 {
     const char *env = getenv("MT_ATTENTION");
-    return env && strcmp(env, "cudnn") == 0;
+    if (!env || !*env || strcmp(env, "auto") == 0 || strcmp(env, "cudnn") == 0) return true;
+    if (strcmp(env, "own") == 0) return false;
+    static std::atomic<bool> said;
+    if (!said.exchange(true))
+        fprintf(stderr, "megatrain: MT_ATTENTION=%s is not one of auto, cudnn, own; using auto\n", env);
+    return true;
 }
 
 // The cuDNN path failed: say so once per direction (forward, backward), then the own kernel runs.
@@ -770,6 +779,12 @@ void cudnn_fallback_note(bool forward, const char *why)
 }
 
 } // namespace
+
+extern "C" int mt_cuda_attention_reproducible(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D)
+{
+    return !(attention_use_cudnn() && mt_cuda_attention_cudnn_supports(B, T, H, KV, D) &&
+             mt_cuda_attention_cudnn_backward_takes_T(T));
+}
 
 extern "C" void mt_cuda_attention_forward(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                                           const mt_cuda_bf16 *q, const mt_cuda_bf16 *k, const mt_cuda_bf16 *v,

@@ -57,6 +57,10 @@ void mt_cuda_attention_forward(int64_t B, int64_t T, int64_t H, int64_t KV, int6
                                mt_cuda_bf16 *out, float *lse, mt_cuda_stream stream);
 /* dq (B,T,H,D) fp32 =, dk dv (B,T,KV,D) fp32 =. workspace: mt_cuda_attention_workspace_bytes. */
 size_t mt_cuda_attention_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
+/* 1 when the backward of this shape runs the own kernel, bitwise reproducible run to run; 0 when
+ * it runs cuDNN's (MT_ATTENTION unset, auto or cudnn, and the library loads and takes the shape),
+ * whose float atomics on dQ can change the last bits. */
+int mt_cuda_attention_reproducible(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
 void mt_cuda_attention_backward(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                                 const mt_cuda_bf16 *q, const mt_cuda_bf16 *k, const mt_cuda_bf16 *v,
                                 const mt_cuda_bf16 *out, const float *lse, const mt_cuda_bf16 *dout,
