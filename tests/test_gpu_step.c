@@ -38,7 +38,7 @@ static mt_model_config config(bool tied)
 }
 
 /* What both kinds of test start from: StarPU with the megatrain policy, ncpu CPU and ncuda CUDA
- * workers; a state in dtype with random weights; a graph for 2 x 77 tokens per micro-batch; and
+ * workers; a state in dtype with random weights; a graph for 2 x fixture_T tokens per micro-batch; and
  * accum micro-batches of random tokens and targets (a tenth of the targets ignored when asked). */
 typedef struct fixture {
     mt_model_config cfg;
@@ -50,6 +50,9 @@ typedef struct fixture {
 
 /* clip_speculate of the graphs fixture_open builds (-1: the default). */
 static int fixture_speculate = -1;
+/* Tokens per sequence of fixture_open's graphs: 77 (no tile multiple), or 128, which every cuDNN 9
+ * fused attention backward takes (head dim 64: the default attention is then cuDNN's both ways). */
+static int64_t fixture_T = 77;
 
 static fixture fixture_open(bool tied, int ncpu, int ncuda, mt_dtype dtype, uint64_t weight_seed, int K, int accum,
                             double clip, uint64_t data_seed, bool ignore_some)
@@ -66,7 +69,7 @@ static fixture fixture_open(bool tied, int ncpu, int ncuda, mt_dtype dtype, uint
     ck_assert_msg(f.st != NULL, "%s", err);
     mt_state_init_random(f.st, weight_seed, 0.05);
     f.sc = mt_step_defaults();
-    f.sc.B = 2; f.sc.T = 77; f.sc.K = K; f.sc.accum = accum; f.sc.head_chunk = 50; f.sc.clip = clip;
+    f.sc.B = 2; f.sc.T = fixture_T; f.sc.K = K; f.sc.accum = accum; f.sc.head_chunk = 50; f.sc.clip = clip;
     f.sc.clip_speculate = fixture_speculate;
     f.g = mt_graph_create(f.st, &f.sc, err, sizeof err);
     ck_assert_msg(f.g != NULL, "%s", err);
@@ -286,6 +289,13 @@ START_TEST(test_step_gradients_untied) { compare(false, 2, 1, MT_DTYPE_BF16); }
 END_TEST
 START_TEST(test_step_gradients_tied_accum) { compare(true, 1, 2, MT_DTYPE_BF16); }
 END_TEST
+START_TEST(test_step_gradients_t128)
+{
+    fixture_T = 128;
+    compare(false, 2, 1, MT_DTYPE_BF16);
+    fixture_T = 77;
+}
+END_TEST
 START_TEST(test_step_gradients_untied_f32) { compare(false, 2, 1, MT_DTYPE_F32); }
 END_TEST
 START_TEST(test_step_gradients_tied_accum_f32) { compare(true, 1, 2, MT_DTYPE_F32); }
@@ -309,6 +319,7 @@ int main(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_step_gradients_untied);
     tcase_add_test(tc, test_step_gradients_tied_accum);
+    tcase_add_test(tc, test_step_gradients_t128);
     tcase_add_test(tc, test_step_gradients_untied_f32);
     tcase_add_test(tc, test_step_gradients_tied_accum_f32);
     tcase_add_test(tc, test_pipelined_training_steps);
