@@ -500,6 +500,12 @@ START_TEST(test_attention_bench)
                    (long long)D, med, ms[0], ms[9], flops / (med * 1e-3) / 1e12);
             fflush(stdout);
         }
+        printf("attention cudnn plans B=%lld T=%lld H=%lld KV=%lld D=%lld: forward workspace %lld bytes, backward "
+               "%lld bytes (of the %zu the backward is given)\n",
+               (long long)B, (long long)T, (long long)H, (long long)KV, (long long)D,
+               (long long)mt_cuda_attention_cudnn_plan_workspace(B, T, H, KV, D, 0),
+               (long long)mt_cuda_attention_cudnn_plan_workspace(B, T, H, KV, D, 1), ws_bytes);
+        fflush(stdout);
     }
     CK_CUDA(cudaGetLastError());
     CK_CUDA(cudaEventDestroy(start));

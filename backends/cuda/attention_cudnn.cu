@@ -771,6 +771,16 @@ extern "C" size_t mt_cuda_attention_cudnn_workspace_bytes(int64_t B, int64_t T, 
     return carve_backward(B, T, H, KV, D).end;
 }
 
+extern "C" int64_t mt_cuda_attention_cudnn_plan_workspace(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                                                         int backward)
+{
+    for (plan_entry *e = tls.plans; e; e = e->next)
+        if (e->B == B && e->T == T && e->H == H && e->KV == KV && e->D == D && e->dir == (backward ? BACKWARD : FORWARD) &&
+            e->device == tls.device)
+            return e->plan ? e->workspace : -1;
+    return -1;
+}
+
 extern "C" int mt_cuda_attention_cudnn_backward_takes_T(int64_t T)
 {
     char why[256];

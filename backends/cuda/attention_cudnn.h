@@ -39,6 +39,12 @@ int mt_cuda_attention_cudnn_check_graphs(int64_t B, int64_t T, int64_t H, int64_
 /* 1 if the cuDNN path takes this shape at all (D 64 or 128, B T >= 1, H a multiple of KV). */
 int mt_cuda_attention_cudnn_supports(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
 
+/* The workspace bytes the execution plan of this shape and direction asked for, as built on the
+ * calling thread; -1 when none was built there (or building failed). A forward plan's workspace
+ * is one cudaMalloc at its build (its first use on the thread); a backward plan's comes from the
+ * caller's workspace. */
+int64_t mt_cuda_attention_cudnn_plan_workspace(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int backward);
+
 /* 1 if the loaded cuDNN's fused backward takes sequence length T: any T from 9.15.1, a multiple
  * of 128 before (attention_cudnn.cu says why); 0 also when the library does not load. */
 int mt_cuda_attention_cudnn_backward_takes_T(int64_t T);
@@ -81,6 +87,12 @@ static inline int mt_cuda_attention_cudnn_supports(int64_t B, int64_t T, int64_t
 {
     (void)B, (void)T, (void)H, (void)KV, (void)D;
     return 0;
+}
+static inline int64_t mt_cuda_attention_cudnn_plan_workspace(int64_t B, int64_t T, int64_t H, int64_t KV,
+                                                             int64_t D, int backward)
+{
+    (void)B, (void)T, (void)H, (void)KV, (void)D, (void)backward;
+    return -1;
 }
 static inline int mt_cuda_attention_cudnn_backward_takes_T(int64_t T)
 {
