@@ -213,7 +213,7 @@ auto3b)
     run bench_3b "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1000 --warmup 2 --steps ${STEPS:-5}
     run bench_3b_resident "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1000 --warmup 2 --steps ${STEPS:-5} --resident
     [ -e "${DATA:-.deps/fortunes-qwen3}" ] &&
-        run bench_3b_data "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-5} --data "${DATA:-.deps/fortunes-qwen3}"
+        run bench_3b_data "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-5} --data "${DATA:-.deps/fortunes-qwen3}" --norm-log "$OUT/norms_data.csv"
     [ "${TORCH:-1}" = 1 ] && run torch_3b "${torch3b[@]}"
     ;;
 sweep3b)
