@@ -769,6 +769,12 @@ bool attention_use_cudnn()
     return true;
 }
 
+// Whether the entry points try cuDNN for this shape first.
+bool cudnn_first(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D)
+{
+    return attention_use_cudnn() && mt_cuda_attention_cudnn_supports(B, T, H, KV, D);
+}
+
 // The cuDNN path failed: say so once per direction (forward, backward), then the own kernel runs.
 void cudnn_fallback_note(bool forward, const char *why)
 {
@@ -782,8 +788,7 @@ void cudnn_fallback_note(bool forward, const char *why)
 
 extern "C" int mt_cuda_attention_reproducible(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D)
 {
-    return !(attention_use_cudnn() && mt_cuda_attention_cudnn_supports(B, T, H, KV, D) &&
-             mt_cuda_attention_cudnn_backward_takes_T(T));
+    return !(cudnn_first(B, T, H, KV, D) && mt_cuda_attention_cudnn_backward_takes_T(T));
 }
 
 extern "C" void mt_cuda_attention_forward(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
@@ -793,7 +798,7 @@ extern "C" void mt_cuda_attention_forward(int64_t B, int64_t T, int64_t H, int64
     const void *ptrs[] = {q, k, v, out};
     check_shapes("mt_cuda_attention_forward", B, T, H, KV, D, ptrs, 4);
     if (B == 0 || T == 0) return;
-    if (attention_use_cudnn() && mt_cuda_attention_cudnn_supports(B, T, H, KV, D)) {
+    if (cudnn_first(B, T, H, KV, D)) {
         char why[384];
         if (mt_cuda_attention_cudnn_forward(B, T, H, KV, D, q, k, v, out, lse, stream, why, sizeof why) == 0) return;
         cudnn_fallback_note(true, why);
@@ -810,7 +815,7 @@ extern "C" void mt_cuda_attention_forward(int64_t B, int64_t T, int64_t H, int64
 }
 
 // The own backward needs Delta (B, H, T) fp32; the cuDNN one its bf16 gradients, fp32 accumulators
-// and up to 64 MiB for the plan (mt_cuda_attention_cudnn_workspace_bytes: 0 for shapes it does not
+// and the plan's own workspace (mt_cuda_attention_cudnn_workspace_bytes: 0 for shapes it does not
 // take, and when built without cudnn.h). The larger of the two, whatever MT_ATTENTION says: the
 // memory plan sizes this without a GPU and the variable is read at each call.
 extern "C" size_t mt_cuda_attention_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D)
@@ -828,7 +833,7 @@ extern "C" void mt_cuda_attention_backward(int64_t B, int64_t T, int64_t H, int6
     const void *ptrs[] = {q, k, v, out, dout, dq, dk, dv};
     check_shapes("mt_cuda_attention_backward", B, T, H, KV, D, ptrs, 8);
     if (B == 0 || T == 0) return;
-    if (attention_use_cudnn() && mt_cuda_attention_cudnn_supports(B, T, H, KV, D)) {
+    if (cudnn_first(B, T, H, KV, D)) {
         char why[384];
         if (mt_cuda_attention_cudnn_backward(B, T, H, KV, D, q, k, v, out, lse, dout, dq, dk, dv, workspace,
                                              mt_cuda_attention_workspace_bytes(B, T, H, KV, D), stream, why,

@@ -628,14 +628,20 @@ bool make_plan(graph &g, cudnnHandle_t h, plan_entry *e)
 }
 
 // The plan of this shape and direction on this thread, built at first use. NULL with why.
+// This thread's plan entry of the shape and direction (a failed build included), or NULL.
+plan_entry *find_plan(direction dir, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D)
+{
+    for (plan_entry *e = tls.plans; e; e = e->next)
+        if (e->B == B && e->T == T && e->H == H && e->KV == KV && e->D == D && e->dir == dir &&
+            e->device == tls.device)
+            return e;
+    return nullptr;
+}
+
 plan_entry *get_plan(cudnnHandle_t h, direction dir, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, char *why,
                      size_t n)
 {
-    plan_entry *e = tls.plans;
-    for (; e; e = e->next)
-        if (e->B == B && e->T == T && e->H == H && e->KV == KV && e->D == D && e->dir == dir &&
-            e->device == tls.device)
-            break;
+    plan_entry *e = find_plan(dir, B, T, H, KV, D);
     if (!e) {
         e = new plan_entry();
         e->B = B, e->T = T, e->H = H, e->KV = KV, e->D = D, e->dir = dir, e->device = tls.device;
@@ -774,11 +780,8 @@ extern "C" size_t mt_cuda_attention_cudnn_workspace_bytes(int64_t B, int64_t T, 
 extern "C" int64_t mt_cuda_attention_cudnn_plan_workspace(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                                                          int backward)
 {
-    for (plan_entry *e = tls.plans; e; e = e->next)
-        if (e->B == B && e->T == T && e->H == H && e->KV == KV && e->D == D && e->dir == (backward ? BACKWARD : FORWARD) &&
-            e->device == tls.device)
-            return e->plan ? e->workspace : -1;
-    return -1;
+    const plan_entry *e = find_plan(backward ? BACKWARD : FORWARD, B, T, H, KV, D);
+    return e && e->plan ? e->workspace : -1;
 }
 
 extern "C" int mt_cuda_attention_cudnn_backward_takes_T(int64_t T)
