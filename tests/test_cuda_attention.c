@@ -402,6 +402,76 @@ static bool bench_profile(void)
     return env && strcmp(env, "profile") == 0;
 }
 
+/* The buffers of a timed attention call, and the calls timed: the dispatcher (own kernels under
+ * MT_ATTENTION=own), the cuDNN entry points (a failure fails the bench), the fp32 kernels. */
+typedef struct bench_bufs {
+    int64_t B, T, H, KV, D;
+    void *q, *k, *v, *dout, *out;
+    float *lse, *dq, *dk, *dv;
+    void *ws;
+    size_t ws_bytes;
+    cudaStream_t stream;
+} bench_bufs;
+typedef void (*bench_call)(const bench_bufs *b, bool fwd);
+
+static void call_own(const bench_bufs *b, bool fwd)
+{
+    if (fwd)
+        mt_cuda_attention_forward(b->B, b->T, b->H, b->KV, b->D, b->q, b->k, b->v, b->out, b->lse,
+                                  (mt_cuda_stream)b->stream);
+    else
+        mt_cuda_attention_backward(b->B, b->T, b->H, b->KV, b->D, b->q, b->k, b->v, b->out, b->lse, b->dout, b->dq,
+                                   b->dk, b->dv, b->ws, (mt_cuda_stream)b->stream);
+}
+
+static void call_cudnn(const bench_bufs *b, bool fwd)
+{
+    char why[384] = "";
+    int rc;
+    if (fwd)
+        rc = mt_cuda_attention_cudnn_forward(b->B, b->T, b->H, b->KV, b->D, b->q, b->k, b->v, b->out, b->lse,
+                                             (mt_cuda_stream)b->stream, why, sizeof why);
+    else
+        rc = mt_cuda_attention_cudnn_backward(b->B, b->T, b->H, b->KV, b->D, b->q, b->k, b->v, b->out, b->lse, b->dout,
+                                              b->dq, b->dk, b->dv, b->ws, b->ws_bytes, (mt_cuda_stream)b->stream, why,
+                                              sizeof why);
+    ck_assert_msg(rc == 0, "cudnn %s: %s", fwd ? "forward" : "backward", why);
+}
+
+static void call_f32(const bench_bufs *b, bool fwd)
+{
+    if (fwd)
+        mt_cuda_attention_forward_f32(b->B, b->T, b->H, b->KV, b->D, b->q, b->k, b->v, b->out, b->lse,
+                                      (mt_cuda_stream)b->stream);
+    else
+        mt_cuda_attention_backward_f32(b->B, b->T, b->H, b->KV, b->D, b->q, b->k, b->v, b->out, b->lse, b->dout,
+                                       b->dq, b->dk, b->dv, b->ws, (mt_cuda_stream)b->stream);
+}
+
+/* Times call: median of 10 after 3 warm-up runs, printed as "<prefix> forward |backward <tag> B=..
+ * median .. ms (min .., max ..), .. TFLOP/s (forward = 4 B H T^2 D / 2, backward = 2.5 x
+ * forward<note>)". */
+static void time_call(const char *prefix, const char *tag, const char *note, bench_call call, const bench_bufs *b,
+                      bool fwd, cudaEvent_t start, cudaEvent_t stop)
+{
+    float ms[10];
+    for (int r = 0; r < 13; r++) {
+        CK_CUDA(cudaEventRecord(start, b->stream));
+        call(b, fwd);
+        CK_CUDA(cudaEventRecord(stop, b->stream));
+        CK_CUDA(cudaEventSynchronize(stop));
+        if (r >= 3) CK_CUDA(cudaEventElapsedTime(&ms[r - 3], start, stop));
+    }
+    qsort(ms, 10, sizeof ms[0], cmp_float);
+    const double fwd_flops = 4.0 * b->B * b->H * (double)b->T * b->T * b->D / 2;
+    const double med = 0.5 * (ms[4] + ms[5]), flops = fwd ? fwd_flops : 2.5 * fwd_flops;
+    printf("%s %s%s B=%lld T=%lld H=%lld KV=%lld D=%lld: median %.3f ms (min %.3f, max %.3f), %.1f TFLOP/s (forward = "
+           "4 B H T^2 D / 2, backward = 2.5 x forward%s)\n",
+           prefix, fwd ? "forward " : "backward", tag, (long long)b->B, (long long)b->T, (long long)b->H,
+           (long long)b->KV, (long long)b->D, med, ms[0], ms[9], flops / (med * 1e-3) / 1e12, note);
+    fflush(stdout);
+}
+
 START_TEST(test_attention_bench)
 {
     const char *env = getenv("MT_CUDA_BENCH");
@@ -431,80 +501,34 @@ START_TEST(test_attention_bench)
     CK_CUDA(cudaEventCreate(&start));
     CK_CUDA(cudaEventCreate(&stop));
 
-    const double fwd_flops = 4.0 * B * H * (double)T * T * D / 2;
+    const bench_bufs bufs = {B, T, H, KV, D, d_q, d_k, d_v, d_do, d_out, d_lse, d_dq, d_dk, d_dv, d_ws,
+                             mt_cuda_attention_workspace_bytes(B, T, H, KV, D), stream};
     /* passes 2f, 2f + 1: forward, backward under form f */
     for (int pass = 0; pass < 2 * NFORMS; pass++) {
         setenv("MT_ATTENTION_QBLOCK", forms[pass / 2], 1);
         const bool fwd = pass % 2 == 0;
-        float ms[10];
         if (profile) {
-            if (fwd)
-                mt_cuda_attention_forward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, (mt_cuda_stream)stream);
-            else
-                mt_cuda_attention_backward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, d_do, d_dq, d_dk, d_dv, d_ws,
-                                           (mt_cuda_stream)stream);
+            call_own(&bufs, fwd);
             CK_CUDA(cudaStreamSynchronize(stream));
             continue;
         }
-        for (int r = 0; r < 13; r++) {
-            CK_CUDA(cudaEventRecord(start, stream));
-            if (fwd)
-                mt_cuda_attention_forward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, (mt_cuda_stream)stream);
-            else
-                mt_cuda_attention_backward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, d_do, d_dq, d_dk, d_dv, d_ws,
-                                           (mt_cuda_stream)stream);
-            CK_CUDA(cudaEventRecord(stop, stream));
-            CK_CUDA(cudaEventSynchronize(stop));
-            if (r >= 3) CK_CUDA(cudaEventElapsedTime(&ms[r - 3], start, stop));
-        }
-        qsort(ms, 10, sizeof ms[0], cmp_float);
-        const double med = 0.5 * (ms[4] + ms[5]), flops = fwd ? fwd_flops : 2.5 * fwd_flops;
-        printf("attention bench %s (MT_ATTENTION_QBLOCK=%s) B=%lld T=%lld H=%lld KV=%lld D=%lld: median %.3f ms (min %.3f, max %.3f), "
-               "%.1f TFLOP/s (forward = 4 B H T^2 D / 2, backward = 2.5 x forward)\n",
-               fwd ? "forward " : "backward", forms[pass / 2],
-               (long long)B, (long long)T, (long long)H, (long long)KV,
-               (long long)D, med, ms[0], ms[9], flops / (med * 1e-3) / 1e12);
-        fflush(stdout);
+        char tag[64];
+        snprintf(tag, sizeof tag, " (MT_ATTENTION_QBLOCK=%s)", forms[pass / 2]);
+        time_call("attention bench", tag, "", call_own, &bufs, fwd, start, stop);
     }
     unsetenv("MT_ATTENTION_QBLOCK");
 
     /* The cuDNN path, called directly (a failure fails the bench instead of timing the own
      * kernel), on the same buffers; its forward first leaves its own out and lse. */
     if (!profile && cudnn_available_or_say()) {
-        const size_t ws_bytes = mt_cuda_attention_workspace_bytes(B, T, H, KV, D);
-        char why[384] = "";
-        for (int pass = 0; pass < 2; pass++) {
-            const bool fwd = pass == 0;
-            float ms[10];
-            for (int r = 0; r < 13; r++) {
-                int rc;
-                CK_CUDA(cudaEventRecord(start, stream));
-                if (fwd)
-                    rc = mt_cuda_attention_cudnn_forward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse,
-                                                         (mt_cuda_stream)stream, why, sizeof why);
-                else
-                    rc = mt_cuda_attention_cudnn_backward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, d_do, d_dq,
-                                                          d_dk, d_dv, d_ws, ws_bytes, (mt_cuda_stream)stream, why,
-                                                          sizeof why);
-                ck_assert_msg(rc == 0, "cudnn %s: %s", fwd ? "forward" : "backward", why);
-                CK_CUDA(cudaEventRecord(stop, stream));
-                CK_CUDA(cudaEventSynchronize(stop));
-                if (r >= 3) CK_CUDA(cudaEventElapsedTime(&ms[r - 3], start, stop));
-            }
-            qsort(ms, 10, sizeof ms[0], cmp_float);
-            const double med = 0.5 * (ms[4] + ms[5]), flops = fwd ? fwd_flops : 2.5 * fwd_flops;
-            printf("attention bench %s (cudnn) B=%lld T=%lld H=%lld KV=%lld D=%lld: median %.3f ms (min %.3f, max "
-                   "%.3f), %.1f TFLOP/s (forward = 4 B H T^2 D / 2, backward = 2.5 x forward; the backward "
-                   "includes the bf16 -> fp32 conversion of dq dk dv)\n",
-                   fwd ? "forward " : "backward", (long long)B, (long long)T, (long long)H, (long long)KV,
-                   (long long)D, med, ms[0], ms[9], flops / (med * 1e-3) / 1e12);
-            fflush(stdout);
-        }
+        for (int pass = 0; pass < 2; pass++)
+            time_call("attention bench", " (cudnn)", "; the backward includes the bf16 -> fp32 conversion of dq dk dv",
+                      call_cudnn, &bufs, pass == 0, start, stop);
         printf("attention cudnn plans B=%lld T=%lld H=%lld KV=%lld D=%lld: forward workspace %lld bytes, backward "
                "%lld bytes (of the %zu the backward is given)\n",
                (long long)B, (long long)T, (long long)H, (long long)KV, (long long)D,
                (long long)mt_cuda_attention_cudnn_plan_workspace(B, T, H, KV, D, 0),
-               (long long)mt_cuda_attention_cudnn_plan_workspace(B, T, H, KV, D, 1), ws_bytes);
+               (long long)mt_cuda_attention_cudnn_plan_workspace(B, T, H, KV, D, 1), bufs.ws_bytes);
         fflush(stdout);
     }
     CK_CUDA(cudaGetLastError());
@@ -545,29 +569,9 @@ START_TEST(test_attention_f32_bench)
     /* the backward reads out and lse: one forward first */
     mt_cuda_attention_forward_f32(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, (mt_cuda_stream)stream);
 
-    const double fwd_flops = 4.0 * B * H * (double)T * T * D / 2;
-    for (int pass = 0; pass < 2; pass++) {
-        const bool fwd = pass == 0;
-        float ms[10];
-        for (int r = 0; r < 13; r++) {
-            CK_CUDA(cudaEventRecord(start, stream));
-            if (fwd)
-                mt_cuda_attention_forward_f32(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, (mt_cuda_stream)stream);
-            else
-                mt_cuda_attention_backward_f32(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, d_do, d_dq, d_dk, d_dv,
-                                               d_ws, (mt_cuda_stream)stream);
-            CK_CUDA(cudaEventRecord(stop, stream));
-            CK_CUDA(cudaEventSynchronize(stop));
-            if (r >= 3) CK_CUDA(cudaEventElapsedTime(&ms[r - 3], start, stop));
-        }
-        qsort(ms, 10, sizeof ms[0], cmp_float);
-        const double med = 0.5 * (ms[4] + ms[5]), flops = fwd ? fwd_flops : 2.5 * fwd_flops;
-        printf("attention fp32 bench %s B=%lld T=%lld H=%lld KV=%lld D=%lld: median %.3f ms (min %.3f, max %.3f), "
-               "%.1f TFLOP/s (forward = 4 B H T^2 D / 2, backward = 2.5 x forward)\n",
-               fwd ? "forward " : "backward", (long long)B, (long long)T, (long long)H, (long long)KV, (long long)D,
-               med, ms[0], ms[9], flops / (med * 1e-3) / 1e12);
-        fflush(stdout);
-    }
+    const bench_bufs bufs = {B, T, H, KV, D, d_q, d_k, d_v, d_do, d_out, d_lse, d_dq, d_dk, d_dv, d_ws,
+                             mt_cuda_attention_f32_workspace_bytes(B, T, H, KV, D), stream};
+    for (int pass = 0; pass < 2; pass++) time_call("attention fp32 bench", "", "", call_f32, &bufs, pass == 0, start, stop);
     CK_CUDA(cudaGetLastError());
     CK_CUDA(cudaEventDestroy(start));
     CK_CUDA(cudaEventDestroy(stop));
