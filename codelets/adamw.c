@@ -361,7 +361,16 @@ void mt_codelet_norm_recorded(mt_norm_history *h, int64_t seq, double clip)
         if (f > 0) worst = fmax(worst, rest > 0 && actual > 0 ? fmax(actual / rest, rest / actual)
                                        : rest == actual ? 1 : INFINITY);
     }
-    h->next_spread[seq % 2] = h->grow > h->spread ? fmin(h->spread * worst, h->grow) : h->spread;
+    if (history) {
+        h->worst[seq % MT_NORM_MEMORY_MAX] = worst;
+        h->worst_seq[seq % MT_NORM_MEMORY_MAX] = seq;
+    }
+    /* the largest error over the last `memory` norms judged (norms without one count 1) */
+    const int memory = h->memory < 1 ? 1 : h->memory > MT_NORM_MEMORY_MAX ? MT_NORM_MEMORY_MAX : h->memory;
+    double recent = 1;
+    for (int64_t s = seq; s > seq - memory && s >= 1; s--)
+        if (h->worst_seq[s % MT_NORM_MEMORY_MAX] == s) recent = fmax(recent, h->worst[s % MT_NORM_MEMORY_MAX]);
+    h->next_spread[seq % 2] = h->grow > h->spread ? fmin(h->spread * recent, h->grow) : h->spread;
     h->seq[seq % 2] = seq;
     const int64_t row = seq - 1 - h->log_from;
     if (h->log && row >= 0 && row < h->log_cap)

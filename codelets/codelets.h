@@ -60,6 +60,7 @@ const float *mt_codelet_weights_f32(const mt_host_state *st, void *buffer, float
  * given one) and read by ranged runs to predict the norm of the step they belong to. Two
  * slots, by norm sequence number: the clip task of norm s writes slot s % 2 while ranged runs
  * of norm s read slot (s - 1) % 2. */
+enum { MT_NORM_MEMORY_MAX = 16 };
 typedef struct mt_norm_history {
     int ntiles;
     int64_t seq[2];        /* the norm each slot holds; 0: none */
@@ -71,9 +72,17 @@ typedef struct mt_norm_history {
     double spread;         /* the ranged runs' spread at least (the rest of the norm's square is
                             * taken to lie within spread times of its prediction either way) */
     double grow;           /* > spread: the runs of norm s + 1 take spread times the largest error
-                            * of norm s's prediction (its actual rest over the predicted one, or
-                            * the inverse, over the tiles), up to grow: a norm that moves more than
-                            * the prediction follows widens the next ranges. <= spread: fixed */
+                            * of the predictions of norms s - memory + 1 .. s (actual rest over the
+                            * predicted one, or the inverse, over the tiles), up to grow: a norm
+                            * that moves more than the prediction follows widens the next ranges.
+                            * <= spread: fixed */
+    int memory;            /* the largest error over the last `memory` norms (1..MT_NORM_MEMORY_MAX;
+                            * 0: 1) sets the spread of the next ranges: errors come in runs of
+                            * several norms, so one norm that the prediction followed does not
+                            * narrow the ranges back at once */
+    double worst[MT_NORM_MEMORY_MAX]; /* worst[s % MT_NORM_MEMORY_MAX]: norm s's prediction's
+                            * largest error over the tiles (>= 1), when worst_seq there is s */
+    int64_t worst_seq[MT_NORM_MEMORY_MAX];
     double next_spread[2]; /* next_spread[s % 2]: the spread of the ranged runs of norm s + 1, set
                             * with slot s (0: spread) */
     bool check;            /* ranged runs of norm s + 1 skip tile f when held[s % 2][f] is 0: they

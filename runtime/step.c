@@ -209,6 +209,8 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
     for (int k = 0; k < 2; k++) g->hist.held[k] = calloc(st->ntiles, 1);
     g->hist.spread = g->sc.clip_range > 1 ? g->sc.clip_range : MT_CLIP_SPREAD_DEFAULT;
     g->hist.grow = g->sc.clip_range_grow > 0 ? g->sc.clip_range_grow : MT_CLIP_RANGE_GROW_DEFAULT;
+    _Static_assert(MT_CLIP_RANGE_MEMORY_MAX == MT_NORM_MEMORY_MAX, "step.h and codelets.h disagree");
+    g->hist.memory = g->sc.clip_range_memory > 0 ? g->sc.clip_range_memory : MT_CLIP_RANGE_MEMORY_DEFAULT;
     g->hist.check = g->sc.clip_range_check != 0;
     if (g->flags && st->cfg.tied) g->head_table = host_vector(&g->head_table_mem, 1, sizeof(double));
     if (g->flags) {

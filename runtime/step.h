@@ -45,6 +45,8 @@ typedef struct mt_step_config {
                             * x, the next ranges take clip_range times x, up to this (a wider
                             * range flags more elements for the redo, a missed one redoes all);
                             * 1: fixed at clip_range; 0: default */
+    int clip_range_memory; /* ranged: x is the largest such factor over the last this many norms
+                            * (1..MT_CLIP_RANGE_MEMORY_MAX; 0: default) */
     int clip_range_check;  /* ranged: a tile's chunks are not speculated when the range predicted
                             * for it at the last norm missed (mt_norm_history.check): the norm is
                             * then moving in ways the prediction does not follow, and a miss costs
@@ -74,9 +76,11 @@ typedef struct mt_step_config {
                             * next forward waits). */
 } mt_step_config;
 
-#define MT_CLIP_SPREAD_DEFAULT 1.1
-#define MT_CLIP_RANGE_MAX_DEFAULT 1.25
-#define MT_CLIP_RANGE_GROW_DEFAULT 2.0
+#define MT_CLIP_SPREAD_DEFAULT 1.25
+#define MT_CLIP_RANGE_MAX_DEFAULT 1.4
+#define MT_CLIP_RANGE_GROW_DEFAULT 3.0
+#define MT_CLIP_RANGE_MEMORY_DEFAULT 4
+#define MT_CLIP_RANGE_MEMORY_MAX 16 /* MT_NORM_MEMORY_MAX (codelets.h) */
 
 /* Defaults: accum 1, K 4, clip 1.0, head_chunk 1024, betas (0.9, 0.999), eps 1e-8, wd 0,
  * adamw_split -1, clip_speculate -1, adamw_spare 0, adamw_defer 0. */

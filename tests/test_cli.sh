@@ -87,6 +87,9 @@ check_error "bench --clip-range-max x" "--clip-range-max: 'x' is not a number" b
 check_ok "bench --help lists --clip-range-max" '--clip-range-max R' bench --help
 check_error "bench --clip-range-grow 0.5" "--clip-range-grow" bench --clip-range-grow 0.5
 check_ok "train --help lists --clip-range-grow" '--clip-range-grow G' train --help
+check_error "bench --clip-range-memory 0" "--clip-range-memory" bench --clip-range-memory 0
+check_error "train --clip-range-memory 17" "--clip-range-memory" train --clip-range-memory 17
+check_ok "bench --help lists --clip-range-memory" '--clip-range-memory N' bench --help
 check_error "train --adamw-spare twice" "--adamw-spare: 'twice' is not auto, on or off" train --adamw-spare twice
 check_ok "train --help lists --adamw-spare" '--adamw-spare M' train --help
 check_error "bench --adamw-defer auto" "--adamw-defer: 'auto' is not on or off" bench --adamw-defer auto

@@ -859,6 +859,38 @@ START_TEST(test_ranged_spread_grows)
 }
 END_TEST
 
+/* The spread remembers the largest error of the last `memory` norms (mt_norm_history.memory): norm
+ * 2's embedding doubled (tile 1's rest 2 times off, as in test_ranged_spread_grows), norms 3, 4
+ * and 5 repeat norm 2 (each prediction exact). The spread after norm 3 is 1.1 x 2 with a memory
+ * of 2 or more, back to 1.1 with a memory of 1; after norm 4 still 2.2 with a memory of 3; after
+ * norm 5 back to 1.1 with every memory below 4. */
+START_TEST(test_ranged_spread_remembers)
+{
+    enum { T = 4 };
+    const double s1[T + 1] = { 4, 3, 2, 1, 0 }, s2[T + 1] = { 8, 3, 2, 1, 0 };
+    const int memories[4] = { 1, 2, 3, 0 }; /* 0: as 1 */
+    const double after[4][3] = { { 1.1, 1.1, 1.1 }, { 2.2, 1.1, 1.1 }, { 2.2, 2.2, 1.1 }, { 1.1, 1.1, 1.1 } };
+    for (int k = 0; k < 4; k++) {
+        double slot[2][T + 1];
+        uint8_t held[2][T];
+        mt_norm_history h = { .ntiles = T, .sumsq = { slot[0], slot[1] }, .held = { held[0], held[1] },
+                              .spread = 1.1, .grow = 3, .memory = memories[k], .check = true };
+        memcpy(slot[1], s1, sizeof slot[1]);
+        mt_codelet_norm_recorded(&h, 1, 1.0);
+        memcpy(slot[0], s2, sizeof slot[0]);
+        mt_codelet_norm_recorded(&h, 2, 1.0);
+        ck_assert_double_eq_tol(h.next_spread[0], 2.2, 1e-12);
+        for (int s = 3; s <= 5; s++) {
+            memcpy(slot[s % 2], s2, sizeof slot[0]);
+            mt_codelet_norm_recorded(&h, s, 1.0);
+            ck_assert_msg(fabs(h.next_spread[s % 2] - after[k][s - 3]) < 1e-12, "memory %d, after norm %d: spread %g, not %g",
+                          memories[k], s, h.next_spread[s % 2], after[k][s - 3]);
+            for (int f = 0; f < T; f++) ck_assert(held[s % 2][f]); /* exact predictions hold at any spread */
+        }
+    }
+}
+END_TEST
+
 /* The soundness of ranged speculation's flags (codelets/adamw.c, mt_codelet_ranged_pass), which
  * the exactness of `--clip-speculate ranged` rests on: for every element it leaves unflagged,
  * the weights half's bf16 result is the same for every clip scale in the range. Checked against
@@ -1048,6 +1080,7 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, test_ranged_redo_exact);
     tcase_add_test(tc, test_ranged_held);
     tcase_add_test(tc, test_ranged_spread_grows);
+    tcase_add_test(tc, test_ranged_spread_remembers);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -2,7 +2,7 @@
 # Correctness and a first benchmark on the GPU machine, from binaries built here:
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, on the GPU machine (device tool, carrying build-gpu and .deps/gpu-runtime):
-#   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|clip3b|defer3b|ab3b|check3b|data3b|cudnn3b|auto3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
+#   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|clip3b|defer3b|ab3b|check3b|data3b|cudnn3b|auto3b|spread3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
 #   (attention3b takes QBLOCK=64|128, bench3b CLIPS, RESIDENT and K, data3b DATA)
 # Logs go to $OUT (or ./out); the last lines are a short table.
 set -uo pipefail
@@ -214,6 +214,22 @@ auto3b)
     run bench_3b_resident "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1000 --warmup 2 --steps ${STEPS:-5} --resident
     [ -e "${DATA:-.deps/fortunes-qwen3}" ] &&
         run bench_3b_data "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-5} --data "${DATA:-.deps/fortunes-qwen3}" --norm-log "$OUT/norms_data.csv"
+    [ "${TORCH:-1}" = 1 ] && run torch_3b "${torch3b[@]}"
+    ;;
+spread3b)
+    # The spread of the ranges (--clip-range, --clip-range-grow, --clip-range-memory): the 3B step
+    # at clip 1 with the defaults and with the rule before the memory (OLD_RULE), on real text
+    # (DATA, default the prepared Qwen3-token fortunes; norm logs kept) and on the bench's random
+    # batch, alternating; then PyTorch.
+    old_rule=(--clip-range 1.1 --clip-range-grow 2 --clip-range-memory 1)
+    DATA=${DATA:-.deps/fortunes-qwen3}
+    run test_gpu_step "$B/tests/test_gpu_step"
+    if [ -e "$DATA" ]; then
+        run bench_3b_data_new "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA" --norm-log "$OUT/norms_data_new.csv"
+        run bench_3b_data_old "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA" --norm-log "$OUT/norms_data_old.csv" "${old_rule[@]}"
+    fi
+    run bench_3b_new "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6}
+    run bench_3b_old "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} "${old_rule[@]}"
     [ "${TORCH:-1}" = 1 ] && run torch_3b "${torch3b[@]}"
     ;;
 sweep3b)

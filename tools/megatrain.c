@@ -288,11 +288,13 @@ static int parse_ratio(const char *flag, const char *arg, double *out)
     "                       and a GPU (H200, 3B, clip 1.0 every step: 1.86-2.02 s a step,\n"      \
     "                       against 1.99-2.16 without speculation)\n"                           \
     "  --clip-range F       ranged: the part of the norm still to come is taken to be within F\n"  \
-    "                       times of its prediction from the last norm (default 1.1, > 1)\n"      \
+    "                       times of its prediction from the last norm (default 1.25, > 1)\n"     \
     "  --clip-range-max R   ranged: a chunk whose range of scales is wider than R times is not\n"  \
-    "                       speculated (default 1.25, > 1; grows with the spread)\n"              \
-    "  --clip-range-grow G  ranged: after a norm whose rest came x times off its prediction, the\n" \
-    "                       next ranges take F times x, up to G (default 2; 1: F always)\n"       \
+    "                       speculated (default 1.4, > 1; grows with the spread)\n"               \
+    "  --clip-range-grow G  ranged: after norms whose rest came up to x times off its prediction,\n"\
+    "                       the next ranges take F times x, up to G (default 3; 1: F always)\n"   \
+    "  --clip-range-memory N ranged: x is the largest error over the last N norms (default 4,\n"  \
+    "                       1..16; 1: the last norm only)\n"                                     \
     "  --clip-range-check M on|off (default on): ranged: do not speculate a layer whose range,\n"  \
     "                       predicted at the last norm, missed it (the norm moves in ways the\n"  \
     "                       prediction does not follow; a miss costs a whole redo)\n"           \
@@ -358,7 +360,7 @@ static int cmd_train(int argc, char **argv)
     enum { O_CONFIG = 256, O_DATA, O_STEPS, O_B, O_T, O_ACCUM, O_K, O_LR, O_SCHED_LR, O_WARMUP, O_WD, O_CLIP,
            O_DTYPE, O_SEED, O_EVAL, O_LOG, O_SAMPLE, O_TIME, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_TPS, O_BUDGET,
            O_CKPT, O_SAVE_EVERY, O_RESUME, O_STOP, O_MODEL, O_SAVE_MODEL, O_DATA_ORDER, O_SPEC,
-           O_CRANGE, O_CRANGE_MAX, O_CRANGE_CHECK, O_CRANGE_GROW, O_SPARE, O_DEFER };
+           O_CRANGE, O_CRANGE_MAX, O_CRANGE_CHECK, O_CRANGE_GROW, O_CRANGE_MEMORY, O_SPARE, O_DEFER };
     static const struct option opts[] = {
         { "config", required_argument, 0, O_CONFIG }, { "data", required_argument, 0, O_DATA },
         { "steps", required_argument, 0, O_STEPS }, { "micro-batch", required_argument, 0, O_B },
@@ -379,6 +381,7 @@ static int cmd_train(int argc, char **argv)
         { "clip-range", required_argument, 0, O_CRANGE }, { "clip-range-max", required_argument, 0, O_CRANGE_MAX },
         { "clip-range-check", required_argument, 0, O_CRANGE_CHECK },
         { "clip-range-grow", required_argument, 0, O_CRANGE_GROW },
+        { "clip-range-memory", required_argument, 0, O_CRANGE_MEMORY },
         { "adamw-spare", required_argument, 0, O_SPARE }, { "adamw-defer", required_argument, 0, O_DEFER },
         { 0, 0, 0, 0 },
     };
@@ -414,6 +417,10 @@ static int cmd_train(int argc, char **argv)
         case O_CRANGE_MAX: if (parse_ratio("--clip-range-max", optarg, &o.step.clip_range_max)) return 2; break;
         case O_CRANGE_CHECK: if (parse_on_off("--clip-range-check", optarg, &o.step.clip_range_check)) return 2; break;
         case O_CRANGE_GROW: if (parse_double("--clip-range-grow", optarg, 1, 1e6, &o.step.clip_range_grow)) return 2; break;
+        case O_CRANGE_MEMORY:
+            if (parse_int("--clip-range-memory", optarg, 1, MT_CLIP_RANGE_MEMORY_MAX, &v)) return 2;
+            o.step.clip_range_memory = (int)v;
+            break;
         case O_SPARE: if (parse_spare(optarg, &o.step.adamw_spare)) return 2; break;
         case O_DEFER: if (parse_on_off("--adamw-defer", optarg, &o.step.adamw_defer)) return 2; break;
         case O_CLIP: if (parse_double("--clip", optarg, 0, 1e30, &o.step.clip)) return 2; break;
@@ -589,7 +596,7 @@ static void bench_help(const mt_bench_options *d)
 
 static int cmd_bench(int argc, char **argv)
 {
-    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS, O_PF, O_MARGIN, O_SPEC, O_DTYPE, O_CRANGE, O_CRANGE_MAX, O_CRANGE_CHECK, O_CRANGE_GROW, O_SPARE, O_DEFER, O_NORMLOG, O_DATA };
+    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS, O_PF, O_MARGIN, O_SPEC, O_DTYPE, O_CRANGE, O_CRANGE_MAX, O_CRANGE_CHECK, O_CRANGE_GROW, O_CRANGE_MEMORY, O_SPARE, O_DEFER, O_NORMLOG, O_DATA };
     static const struct option opts[] = {
         { "shape", required_argument, 0, O_SHAPE }, { "micro-batch", required_argument, 0, O_B },
         { "seq-len", required_argument, 0, O_T }, { "accum", required_argument, 0, O_ACCUM },
@@ -604,6 +611,7 @@ static int cmd_bench(int argc, char **argv)
         { "clip-range", required_argument, 0, O_CRANGE }, { "clip-range-max", required_argument, 0, O_CRANGE_MAX },
         { "clip-range-check", required_argument, 0, O_CRANGE_CHECK },
         { "clip-range-grow", required_argument, 0, O_CRANGE_GROW },
+        { "clip-range-memory", required_argument, 0, O_CRANGE_MEMORY },
         { "adamw-spare", required_argument, 0, O_SPARE }, { "adamw-defer", required_argument, 0, O_DEFER },
         { "norm-log", required_argument, 0, O_NORMLOG },
         { "data", required_argument, 0, O_DATA },
@@ -644,6 +652,10 @@ static int cmd_bench(int argc, char **argv)
         case O_CRANGE_MAX: if (parse_ratio("--clip-range-max", optarg, &o.step.clip_range_max)) return 2; break;
         case O_CRANGE_CHECK: if (parse_on_off("--clip-range-check", optarg, &o.step.clip_range_check)) return 2; break;
         case O_CRANGE_GROW: if (parse_double("--clip-range-grow", optarg, 1, 1e6, &o.step.clip_range_grow)) return 2; break;
+        case O_CRANGE_MEMORY:
+            if (parse_int("--clip-range-memory", optarg, 1, MT_CLIP_RANGE_MEMORY_MAX, &v)) return 2;
+            o.step.clip_range_memory = (int)v;
+            break;
         case O_SPARE: if (parse_spare(optarg, &o.step.adamw_spare)) return 2; break;
         case O_DEFER: if (parse_on_off("--adamw-defer", optarg, &o.step.adamw_defer)) return 2; break;
         case O_LAYERS: if (parse_int("--layers", optarg, 1, 1 << 16, &v)) return 2; o.layers = v; break;

@@ -34,10 +34,11 @@ def predicted_rest(prev, f, known, head_now):
     return other * (seen / same) if same > 0 else other
 
 
-def replay(run, clip, spread, grow=0.0):
+def replay(run, clip, spread, grow=0.0, memory=1):
     """held[t][f], err[t][f] (actual rest / predicted, folded to >= 1) and the spread of each norm
-    t's ranges: spread, or after a norm whose largest error over the tiles was x, spread times x up
-    to grow when grow > spread (codelets/adamw.c, mt_codelet_norm_recorded's next_spread)."""
+    t's ranges: spread, or when the largest error over the tiles of the last `memory` norms was x,
+    spread times x up to grow when grow > spread (codelets/adamw.c, mt_codelet_norm_recorded's
+    next_spread)."""
     held, err, spreads = [], [], []
     for t, (tiles, head) in enumerate(run):
         n = len(tiles)
@@ -46,7 +47,7 @@ def replay(run, clip, spread, grow=0.0):
             err.append([1.0] * n)
             spreads.append(spread)
             continue
-        worst = max(err[t - 1][1:], default=1.0) if t >= 2 else 1.0
+        worst = max((max(err[j][1:], default=1.0) for j in range(max(1, t - memory), t)), default=1.0)
         sp = min(spread * worst, grow) if grow > spread else spread
         spreads.append(sp)
         scale = scale_of(clip, math.sqrt(sum(tiles)))
@@ -112,14 +113,18 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  epilog="Example: tools/norm_replay.py docs/gpu-logs/37-norms.csv")
     ap.add_argument("log", help="the CSV written by megatrain bench --norm-log")
-    ap.add_argument("--spread", type=float, default=1.1, help="--clip-range of the replay (default 1.1)")
-    ap.add_argument("--grow", type=float, default=2.0,
-                    help="--clip-range-grow of the replay (default 2; 1: the spread stays fixed)")
+    ap.add_argument("--spread", type=float, default=1.25, help="--clip-range of the replay (default 1.25)")
+    ap.add_argument("--grow", type=float, default=3.0,
+                    help="--clip-range-grow of the replay (default 3; 1: the spread stays fixed)")
+    ap.add_argument("--memory", type=int, default=4,
+                    help="--clip-range-memory of the replay (default 4; 1: the last norm only)")
     ap.add_argument("--from", dest="first", type=int, default=3, help="first norm scored (default 3)")
     ap.add_argument("--rules", default="none,last,last2,tol:1.15", help="comma-separated (default %(default)s)")
     a = ap.parse_args()
     if a.spread <= 1:
         sys.exit("norm_replay: --spread must be above 1")
+    if not 1 <= a.memory <= 16:
+        sys.exit("norm_replay: --memory must be 1..16")
     try:
         rules = [(n, rule_fn(n)) for n in a.rules.split(",")]
     except ValueError as e:
@@ -131,11 +136,11 @@ def main():
         if all(math.sqrt(sum(tiles)) <= clip for tiles, _ in run):
             print(f"K={k} clip {clip:g}, {len(run)} norms: every norm within the bound (no range to replay)")
             continue
-        held, err, spreads = replay(run, clip, a.spread, a.grow)
+        held, err, spreads = replay(run, clip, a.spread, a.grow, a.memory)
         ntiles = len(run[0][0])
         tiles = range(1, ntiles)  # the layers and the head; the embedding tile's rest is always 0
         per_norm = " ".join(f"{t + 1}:{sum(held[t][f] for f in tiles)}/{len(tiles)}" for t in range(1, len(run)))
-        grows = f" growing to {a.grow:g}" if a.grow > a.spread else ""
+        grows = f" growing to {a.grow:g} (memory {a.memory})" if a.grow > a.spread else ""
         print(f"K={k} clip {clip:g}, {len(run)} norms, spread {a.spread:g}{grows}; ranges held per norm: {per_norm}")
         if a.grow > a.spread:
             print("  spread per norm: " + " ".join(f"{t + 1}:{spreads[t]:.3g}" for t in range(1, len(run))))
