@@ -220,10 +220,11 @@ spread3b)
     # The spread of the ranges (--clip-range, --clip-range-grow, --clip-range-memory): the 3B step
     # at clip 1 with the defaults and with the rule before the memory (OLD_RULE), on real text
     # (DATA, default the prepared Qwen3-token fortunes; norm logs kept) and on the bench's random
-    # batch, alternating; then PyTorch.
-    old_rule=(--clip-range 1.1 --clip-range-grow 2 --clip-range-memory 1)
+    # batch, alternating; then PyTorch. RULE: other options than the old rule's for the second
+    # run of each pair (e.g. RULE="--clip-range-memory 1"); TEST=0 skips test_gpu_step.
+    read -r -a old_rule <<< "${RULE:---clip-range 1.1 --clip-range-grow 2 --clip-range-memory 1}"
     DATA=${DATA:-.deps/fortunes-qwen3}
-    run test_gpu_step "$B/tests/test_gpu_step"
+    [ "${TEST:-1}" = 1 ] && run test_gpu_step "$B/tests/test_gpu_step"
     if [ -e "$DATA" ]; then
         run bench_3b_data_new "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA" --norm-log "$OUT/norms_data_new.csv"
         run bench_3b_data_old "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA" --norm-log "$OUT/norms_data_old.csv" "${old_rule[@]}"
