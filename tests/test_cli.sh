@@ -247,8 +247,8 @@ elif [ "$(awk -F, '$1 == 4 && $2 == 0.01 && $3 <= 2 { printf "%.4g\n", $4 }' "$w
     fail "$name" "the norms of rows 1 and 2 are not those of the log's steps 1 and 2"
 elif ! python3 "$root/tools/norm_replay.py" --from 2 "$work/norms.csv" >"$work/replay.txt" 2>&1; then
     fail "$name" "tools/norm_replay.py failed on the log: $(head -c 300 "$work/replay.txt")"
-elif ! grep -qE '^K=4 clip 0.01, 3 norms, spread 1.1 growing to 2; ranges held per norm: 2:[0-9]+/[0-9]+ 3:[0-9]+/[0-9]+$' "$work/replay.txt" ||
-     ! grep -qE '^  spread per norm: 2:1.1 3:(1\.[1-9][0-9]*|2)$' "$work/replay.txt" ||
+elif ! grep -qE '^K=4 clip 0.01, 3 norms, spread 1.25 growing to 3 \(memory 4\); ranges held per norm: 2:[0-9]+/[0-9]+ 3:[0-9]+/[0-9]+$' "$work/replay.txt" ||
+     ! grep -qE '^  spread per norm: 2:1.25 3:(1\.2[5-9][0-9]*|1\.[3-9][0-9]*|2(\.[0-9]+)?|3)$' "$work/replay.txt" ||
      ! grep -qE '^  rule last +held +[0-9]+  missed +[0-9]+  not speculated +[0-9]+  score [+-][0-9]+$' "$work/replay.txt"; then
     fail "$name" "tools/norm_replay.py: no per-norm line or no score of the rule 'last'"
 else
