@@ -3,7 +3,7 @@
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, on the GPU machine (device tool, carrying build-gpu and .deps/gpu-runtime):
 #   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|clip3b|defer3b|ab3b|check3b|data3b|cudnn3b|auto3b|spread3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
-#   (attention3b takes QBLOCK=64|128, bench3b CLIPS, RESIDENT and K, data3b DATA)
+#   (attention3b takes QBLOCK=64|128, bench3b CLIPS, RESIDENT and K, data3b DATA, spread3b RULE)
 # Logs go to $OUT (or ./out); the last lines are a short table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -218,10 +218,10 @@ auto3b)
     ;;
 spread3b)
     # The spread of the ranges (--clip-range, --clip-range-grow, --clip-range-memory): the 3B step
-    # at clip 1 with the defaults and with the rule before the memory (OLD_RULE), on real text
-    # (DATA, default the prepared Qwen3-token fortunes; norm logs kept) and on the bench's random
-    # batch, alternating; then PyTorch. RULE: other options than the old rule's for the second
-    # run of each pair (e.g. RULE="--clip-range-memory 1"); TEST=0 skips test_gpu_step.
+    # at clip 1 with the defaults and with the rule before the memory (the "old" runs), on real
+    # text (DATA, default the prepared Qwen3-token fortunes; norm logs kept) and on the bench's
+    # random batch, alternating; then PyTorch. RULE: the options of the "old" runs instead (e.g.
+    # RULE="--clip-range-memory 1"); TEST=0 skips test_gpu_step.
     read -r -a old_rule <<< "${RULE:---clip-range 1.1 --clip-range-grow 2 --clip-range-memory 1}"
     DATA=${DATA:-.deps/fortunes-qwen3}
     [ "${TEST:-1}" = 1 ] && run test_gpu_step "$B/tests/test_gpu_step"
