@@ -277,6 +277,38 @@ static int parse_ratio(const char *flag, const char *arg, double *out)
     return -1;
 }
 
+/* The options of clip speculation and the AdamW state, the same in train and bench (their help:
+ * SPECULATE_HELP): one list of long options and one parser, past both commands' own codes. */
+enum { O_SPEC = 512, O_CRANGE, O_CRANGE_MAX, O_CRANGE_CHECK, O_CRANGE_GROW, O_CRANGE_MEMORY, O_SPARE, O_DEFER };
+#define STEP_LONG_OPTIONS                                                                           \
+    { "clip-speculate", required_argument, 0, O_SPEC }, { "clip-range", required_argument, 0, O_CRANGE }, \
+    { "clip-range-max", required_argument, 0, O_CRANGE_MAX },                                       \
+    { "clip-range-check", required_argument, 0, O_CRANGE_CHECK },                                   \
+    { "clip-range-grow", required_argument, 0, O_CRANGE_GROW },                                     \
+    { "clip-range-memory", required_argument, 0, O_CRANGE_MEMORY },                                 \
+    { "adamw-spare", required_argument, 0, O_SPARE }, { "adamw-defer", required_argument, 0, O_DEFER }
+
+/* Option c of STEP_LONG_OPTIONS into s: 1 when taken, 0 when c is none of them (getopt's '?' for
+ * an unknown option included), -1 (message printed) when its argument is bad. */
+static int parse_step_option(int c, const char *arg, mt_step_config *s)
+{
+    long long v;
+    switch (c) {
+    case O_SPEC: return parse_speculate(arg, &s->clip_speculate) ? -1 : 1;
+    case O_CRANGE: return parse_ratio("--clip-range", arg, &s->clip_range) ? -1 : 1;
+    case O_CRANGE_MAX: return parse_ratio("--clip-range-max", arg, &s->clip_range_max) ? -1 : 1;
+    case O_CRANGE_CHECK: return parse_on_off("--clip-range-check", arg, &s->clip_range_check) ? -1 : 1;
+    case O_CRANGE_GROW: return parse_double("--clip-range-grow", arg, 1, 1e6, &s->clip_range_grow) ? -1 : 1;
+    case O_CRANGE_MEMORY:
+        if (parse_int("--clip-range-memory", arg, 1, MT_CLIP_RANGE_MEMORY_MAX, &v)) return -1;
+        s->clip_range_memory = (int)v;
+        return 1;
+    case O_SPARE: return parse_spare(arg, &s->adamw_spare) ? -1 : 1;
+    case O_DEFER: return parse_on_off("--adamw-defer", arg, &s->adamw_defer) ? -1 : 1;
+    default: return 0;
+    }
+}
+
 #define SPECULATE_HELP                                                                              \
     "  --clip-speculate M   auto|on|off|ranged (default auto): with clipping, run each layer's\n"     \
     "                       update as its gradient lands, as if the norm were within the bound,\n"  \
@@ -359,8 +391,7 @@ static int cmd_train(int argc, char **argv)
 {
     enum { O_CONFIG = 256, O_DATA, O_STEPS, O_B, O_T, O_ACCUM, O_K, O_LR, O_SCHED_LR, O_WARMUP, O_WD, O_CLIP,
            O_DTYPE, O_SEED, O_EVAL, O_LOG, O_SAMPLE, O_TIME, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_TPS, O_BUDGET,
-           O_CKPT, O_SAVE_EVERY, O_RESUME, O_STOP, O_MODEL, O_SAVE_MODEL, O_DATA_ORDER, O_SPEC,
-           O_CRANGE, O_CRANGE_MAX, O_CRANGE_CHECK, O_CRANGE_GROW, O_CRANGE_MEMORY, O_SPARE, O_DEFER };
+           O_CKPT, O_SAVE_EVERY, O_RESUME, O_STOP, O_MODEL, O_SAVE_MODEL, O_DATA_ORDER };
     static const struct option opts[] = {
         { "config", required_argument, 0, O_CONFIG }, { "data", required_argument, 0, O_DATA },
         { "steps", required_argument, 0, O_STEPS }, { "micro-batch", required_argument, 0, O_B },
@@ -377,12 +408,7 @@ static int cmd_train(int argc, char **argv)
         { "checkpoint", required_argument, 0, O_CKPT }, { "save-every", required_argument, 0, O_SAVE_EVERY },
         { "resume", required_argument, 0, O_RESUME }, { "stop-after", required_argument, 0, O_STOP },
         { "model", required_argument, 0, O_MODEL }, { "save-model", required_argument, 0, O_SAVE_MODEL },
-        { "data-order", required_argument, 0, O_DATA_ORDER }, { "clip-speculate", required_argument, 0, O_SPEC },
-        { "clip-range", required_argument, 0, O_CRANGE }, { "clip-range-max", required_argument, 0, O_CRANGE_MAX },
-        { "clip-range-check", required_argument, 0, O_CRANGE_CHECK },
-        { "clip-range-grow", required_argument, 0, O_CRANGE_GROW },
-        { "clip-range-memory", required_argument, 0, O_CRANGE_MEMORY },
-        { "adamw-spare", required_argument, 0, O_SPARE }, { "adamw-defer", required_argument, 0, O_DEFER },
+        { "data-order", required_argument, 0, O_DATA_ORDER }, STEP_LONG_OPTIONS,
         { 0, 0, 0, 0 },
     };
     mt_train_options o = mt_train_defaults();
@@ -412,17 +438,6 @@ static int cmd_train(int argc, char **argv)
             break;
         case O_WARMUP: if (parse_int("--warmup", optarg, 0, 1LL << 40, &v)) return 2; o.warmup = v; break;
         case O_WD: if (parse_double("--weight-decay", optarg, 0, 10, &o.step.weight_decay)) return 2; break;
-        case O_SPEC: if (parse_speculate(optarg, &o.step.clip_speculate)) return 2; break;
-        case O_CRANGE: if (parse_ratio("--clip-range", optarg, &o.step.clip_range)) return 2; break;
-        case O_CRANGE_MAX: if (parse_ratio("--clip-range-max", optarg, &o.step.clip_range_max)) return 2; break;
-        case O_CRANGE_CHECK: if (parse_on_off("--clip-range-check", optarg, &o.step.clip_range_check)) return 2; break;
-        case O_CRANGE_GROW: if (parse_double("--clip-range-grow", optarg, 1, 1e6, &o.step.clip_range_grow)) return 2; break;
-        case O_CRANGE_MEMORY:
-            if (parse_int("--clip-range-memory", optarg, 1, MT_CLIP_RANGE_MEMORY_MAX, &v)) return 2;
-            o.step.clip_range_memory = (int)v;
-            break;
-        case O_SPARE: if (parse_spare(optarg, &o.step.adamw_spare)) return 2; break;
-        case O_DEFER: if (parse_on_off("--adamw-defer", optarg, &o.step.adamw_defer)) return 2; break;
         case O_CLIP: if (parse_double("--clip", optarg, 0, 1e30, &o.step.clip)) return 2; break;
         case O_DTYPE:
             if (mt_dtype_parse(optarg, &o.dtype)) return usage_error("--dtype: '%s' is not fp32 or bf16%s", optarg, "");
@@ -445,7 +460,11 @@ static int cmd_train(int argc, char **argv)
         case O_SAVE_MODEL: o.save_model_dir = optarg; break;
         case O_STOP: if (parse_int("--stop-after", optarg, 1, 1LL << 40, &v)) return 2; o.stop_after = v; break;
         case O_HELP: train_help(&o); return 0;
-        default: return 2;
+        default: {
+            const int r = parse_step_option(c, optarg, &o.step);
+            if (r <= 0) return 2;
+            break;
+        }
         }
     }
     if (optind < argc) return usage_error("train: unexpected argument '%s'%s", argv[optind], "");
@@ -596,7 +615,7 @@ static void bench_help(const mt_bench_options *d)
 
 static int cmd_bench(int argc, char **argv)
 {
-    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS, O_PF, O_MARGIN, O_SPEC, O_DTYPE, O_CRANGE, O_CRANGE_MAX, O_CRANGE_CHECK, O_CRANGE_GROW, O_CRANGE_MEMORY, O_SPARE, O_DEFER, O_NORMLOG, O_DATA };
+    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS, O_PF, O_MARGIN, O_DTYPE, O_NORMLOG, O_DATA };
     static const struct option opts[] = {
         { "shape", required_argument, 0, O_SHAPE }, { "micro-batch", required_argument, 0, O_B },
         { "seq-len", required_argument, 0, O_T }, { "accum", required_argument, 0, O_ACCUM },
@@ -607,12 +626,7 @@ static int cmd_bench(int argc, char **argv)
         { "sched", required_argument, 0, O_SCHED },
         { "ncpu", required_argument, 0, O_NCPU }, { "ncuda", required_argument, 0, O_NCUDA },
         { "help", no_argument, 0, O_HELP }, { "layers", required_argument, 0, O_LAYERS },
-        { "clip-speculate", required_argument, 0, O_SPEC }, { "dtype", required_argument, 0, O_DTYPE },
-        { "clip-range", required_argument, 0, O_CRANGE }, { "clip-range-max", required_argument, 0, O_CRANGE_MAX },
-        { "clip-range-check", required_argument, 0, O_CRANGE_CHECK },
-        { "clip-range-grow", required_argument, 0, O_CRANGE_GROW },
-        { "clip-range-memory", required_argument, 0, O_CRANGE_MEMORY },
-        { "adamw-spare", required_argument, 0, O_SPARE }, { "adamw-defer", required_argument, 0, O_DEFER },
+        { "dtype", required_argument, 0, O_DTYPE }, STEP_LONG_OPTIONS,
         { "norm-log", required_argument, 0, O_NORMLOG },
         { "data", required_argument, 0, O_DATA },
         { 0, 0, 0, 0 },
@@ -647,17 +661,6 @@ static int cmd_bench(int argc, char **argv)
         case O_MARGIN: if (parse_double("--gpu-limit-margin", optarg, 0.01, 1000, &o.gpu_limit_margin)) return 2; break;
         case O_NOPF: o.prefetch = false; break;
         case O_PF: o.prefetch = true; break;
-        case O_SPEC: if (parse_speculate(optarg, &o.step.clip_speculate)) return 2; break;
-        case O_CRANGE: if (parse_ratio("--clip-range", optarg, &o.step.clip_range)) return 2; break;
-        case O_CRANGE_MAX: if (parse_ratio("--clip-range-max", optarg, &o.step.clip_range_max)) return 2; break;
-        case O_CRANGE_CHECK: if (parse_on_off("--clip-range-check", optarg, &o.step.clip_range_check)) return 2; break;
-        case O_CRANGE_GROW: if (parse_double("--clip-range-grow", optarg, 1, 1e6, &o.step.clip_range_grow)) return 2; break;
-        case O_CRANGE_MEMORY:
-            if (parse_int("--clip-range-memory", optarg, 1, MT_CLIP_RANGE_MEMORY_MAX, &v)) return 2;
-            o.step.clip_range_memory = (int)v;
-            break;
-        case O_SPARE: if (parse_spare(optarg, &o.step.adamw_spare)) return 2; break;
-        case O_DEFER: if (parse_on_off("--adamw-defer", optarg, &o.step.adamw_defer)) return 2; break;
         case O_LAYERS: if (parse_int("--layers", optarg, 1, 1 << 16, &v)) return 2; o.layers = v; break;
         case O_DTYPE:
             if (mt_dtype_parse(optarg, &o.dtype)) return usage_error("--dtype: '%s' is not bf16 or fp32%s", optarg, "");
@@ -668,7 +671,11 @@ static int cmd_bench(int argc, char **argv)
         case O_NORMLOG: o.norm_log = optarg; break;
         case O_DATA: o.data = optarg; break;
         case O_HELP: bench_help(&o); return 0;
-        default: return 2;
+        default: {
+            const int r = parse_step_option(c, optarg, &o.step);
+            if (r <= 0) return 2;
+            break;
+        }
         }
     }
     if (optind < argc) return usage_error("bench: unexpected argument '%s'%s", argv[optind], "");
