@@ -517,15 +517,9 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         mt_plan plan;
         if (mt_plan_compute(&cfg, &pp, &plan)) {
             snprintf(err, errlen, "%s", plan.error);
-            if (norms) fclose(norms);
-            bench_data_close(&data);
-            return -1;
+            goto fail;
         }
-        if (i == 0 && mt_plan_check_host(&plan, mt_host_memory_available(), err, errlen)) {
-            if (norms) fclose(norms);
-            bench_data_close(&data);
-            return -1;
-        }
+        if (i == 0 && mt_plan_check_host(&plan, mt_host_memory_available(), err, errlen)) goto fail;
         r->plan_gpu_gib = plan.gpu_total / 1073741824.0;
         if (plan.gpu_total > gpu_need) gpu_need = plan.gpu_total;
     }
@@ -544,11 +538,7 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         unsetenv("STARPU_LIMIT_CUDA_MEM");
     }
     setenv("STARPU_PROFILING", "1", 1);
-    if (mt_runtime_init(&o->runtime, err, errlen)) {
-        if (norms) fclose(norms);
-        bench_data_close(&data);
-        return -1;
-    }
+    if (mt_runtime_init(&o->runtime, err, errlen)) goto fail;
     int rc = -1;
     double t0 = now();
     mt_host_state *st = mt_state_create(&cfg, o->dtype, (int64_t)1 << 22, err, errlen);
@@ -581,6 +571,10 @@ out:
         rc = -1;
     }
     return rc;
+fail: /* before StarPU started */
+    bench_data_close(&data);
+    if (norms) fclose(norms);
+    return -1;
 }
 
 void mt_bench_print(const mt_bench_options *o, const mt_bench_result *r, bool header, FILE *out)
