@@ -225,6 +225,12 @@ bool mt_codelet_ranged_begin(void *flags, int64_t n, double known, double head_t
 int64_t mt_codelet_ranged_pass(int64_t o, int64_t n, const float *master, const float *grad, const float *m,
                                const float *v, void *weights, mt_dtype dtype, const mt_adamw_params *p, void *flags);
 void mt_codelet_ranged_flag(int64_t o, int64_t n, void *flags);
+/* How ranged passes bound their weights: on x86-64 CPUs with AVX2 and FMA, with approximate
+ * reciprocals refined by a Newton step (fewer divider instructions; approx_available says
+ * whether this CPU has them); exact_bounds(true) makes them use divisions everywhere, as on
+ * other CPUs (tests and tools/adamw_bw compare the two). Both flag soundly, not alike. */
+void mt_codelet_ranged_exact_bounds(bool exact);
+bool mt_codelet_ranged_approx_available(void);
 /* The confirm's redo of a chunk of n elements whose scale fell inside its range: the weights
  * half (p: with the scale) of the flagged elements, bf16 streamed weights w. */
 void mt_codelet_ranged_redo(int64_t n, const void *flags, const float *master, const float *grad, const float *m,

@@ -898,8 +898,13 @@ END_TEST
  * 2^18 elements of random magnitudes (weights 1e-4..1, gradients 1e-7..1e-1, moments to match,
  * some zero), at three learning rates (few, some and most weights moving across a bf16 step),
  * early and late steps, two ranges. Also that a useful share is left unflagged. */
+/* test_ranged_flags_sound's loop 0 checks the bounds this CPU runs by default (approximate
+ * reciprocals where it has AVX2 and FMA), loop 1 the exact ones. */
 START_TEST(test_ranged_flags_sound)
 {
+    const bool exact = _i == 1;
+    if (!exact && !mt_codelet_ranged_approx_available()) printf("ranged flags: no AVX2+FMA here, loop 0 runs the exact bounds\n");
+    mt_codelet_ranged_exact_bounds(exact);
     enum { N = 1 << 18, SCALES = 33 };
     const size_t fb = sizeof(float) * N;
     float *p = malloc(fb), *g = malloc(fb), *m = malloc(fb), *v = malloc(fb), *out = malloc(fb);
@@ -918,10 +923,10 @@ START_TEST(test_ranged_flags_sound)
         if (i % 97 == 0) g[i] = 0;
         if (i % 101 == 0) m[i] = v[i] = 0;
     }
-    const double lrs[3] = { 1e-5, 1e-3, 3e-2 }, ranges[2][2] = { { 0.24, 0.26 }, { 0.9, 1.0 } };
+    const double lrs[3] = { 1e-5, 1e-3, 3e-2 }, ranges[3][2] = { { 0.24, 0.26 }, { 0.9, 1.0 }, { 0.2, 0.28 } };
     const int64_t steps[2] = { 1, 40 };
     for (int l = 0; l < 3; l++)
-        for (int r = 0; r < 2; r++)
+        for (int r = 0; r < 3; r++)
             for (int st = 0; st < 2; st++) {
                 mt_adamw_params a = adam_base;
                 a.lr = lrs[l];
@@ -959,9 +964,11 @@ START_TEST(test_ranged_flags_sound)
                 }
                 /* the bound is not trivially "flag everything": at the smallest rate most stay */
                 if (l == 0) ck_assert_msg(flagged < N / 4, "lr %g: %lld of %d flagged", lrs[l], (long long)flagged, N);
-                printf("ranged flags, lr %g, range [%g, %g], step %lld: %.2f%% flagged\n", lrs[l], ranges[r][0],
-                       ranges[r][1], (long long)a.step, 100.0 * (double)flagged / N);
+                printf("ranged flags (%s bounds), lr %g, range [%g, %g], step %lld: %.2f%% flagged\n",
+                       exact ? "exact" : "default", lrs[l], ranges[r][0], ranges[r][1], (long long)a.step,
+                       100.0 * (double)flagged / N);
             }
+    mt_codelet_ranged_exact_bounds(false);
     free(p); free(g); free(m); free(v); free(out); free(w); free(wk); free(flags);
 }
 END_TEST
@@ -1076,7 +1083,7 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, test_adamw_f64);
     tcase_add_test(tc, test_bf16);
     tcase_add_test(tc, test_adamw_f32_bitwise_scalar);
-    tcase_add_test(tc, test_ranged_flags_sound);
+    tcase_add_loop_test(tc, test_ranged_flags_sound, 0, 2);
     tcase_add_test(tc, test_ranged_redo_exact);
     tcase_add_test(tc, test_ranged_held);
     tcase_add_test(tc, test_ranged_spread_grows);
