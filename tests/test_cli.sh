@@ -112,6 +112,8 @@ check_ok "grads --help lists --dtype" '--dtype fp32|bf16' grads --help
 check_error "grads --dtype fp8" "--dtype.*'fp8'" grads --dtype fp8
 check_ok "bench --help lists --dtype" '--dtype bf16|fp32' bench --help
 check_error "bench --dtype fp16" "--dtype.*'fp16'" bench --dtype fp16
+check_error "bench --ranged-bounds slow" "--ranged-bounds: 'slow' is not fast or exact" bench --ranged-bounds slow
+check_ok "bench --help lists --ranged-bounds" '--ranged-bounds fast|exact' bench --help
 check_ok "grads --help lists --save-model" '--save-model DIR' grads --help
 # The token file is checked against the config before any weight is read: a config is enough.
 mkdir -p "$work/grads-model"
@@ -218,7 +220,7 @@ name="bench --clip-speculate ranged"
 run bench --shape tiny --micro-batch 2 --seq-len 64 --clip 0.01 --warmup 1 --steps 2 --ncpu 2 --ncuda 0 \
     --clip-speculate ranged --clip-range 1.2 --clip-range-max 2
 if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
-elif ! grep -qE '^bench: K=4 clip 0.01: ranged speculation checked [1-9][0-9]* parameter updates' "$err"; then
+elif ! grep -qE '^bench: K=4 clip 0.01: ranged speculation \((approximate-reciprocal|exact) bounds\) checked [1-9][0-9]* parameter updates' "$err"; then
     fail "$name" "no 'ranged speculation checked N' line"
 elif ! grep -qE '\| ranged [0-9]+%, in range [0-9]+%, [0-9.]+% flagged \|$' "$out"; then fail "$name" "no ranged column"
 elif grep -q 'deferred' "$err"; then fail "$name" "'deferred' without --adamw-defer on (off is the default)"
@@ -230,11 +232,13 @@ else pass "$name"; fi
 
 # The norm log: a header naming the tiles, then a row per norm of each clipped pair (none for
 # clip 0), each row's norm the square root of its tiles' sums; a file that cannot be written
-# is named before any work.
+# is named before any work. (This run also takes --ranged-bounds exact, which the log names.)
 name="bench --norm-log"
 run bench --shape tiny --micro-batch 2 --seq-len 64 --clip 0.01,0 --warmup 1 --steps 2 --ncpu 2 --ncuda 0 \
-    --clip-speculate ranged --norm-log "$work/norms.csv"
+    --clip-speculate ranged --norm-log "$work/norms.csv" --ranged-bounds exact
 if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif ! grep -qE '^bench: K=4 clip 0.01: ranged speculation \(exact bounds\) checked [1-9]' "$err"; then
+    fail "$name" "--ranged-bounds exact not named in the log"
 elif ! head -1 "$work/norms.csv" | grep -qE '^K,clip,norm,grad_norm,embedding,layer0,.*,table_head_part$'; then
     fail "$name" "no header naming the tiles"
 elif [ "$(grep -c '^4,0.01,' "$work/norms.csv")" -ne 3 ] || grep -q '^4,0,' "$work/norms.csv"; then

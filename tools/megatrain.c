@@ -609,13 +609,17 @@ static void bench_help(const mt_bench_options *d)
            "                       within about 16 steps, and its gradient norm then jumps)\n");
     printf("  --layers N           override the shape's layer count (memory-bound checks)\n");
     printf("  --dtype bf16|fp32    weights and compute (default bf16; fp32 is exact fp32, slower)\n");
+    printf("  --ranged-bounds fast|exact  how ranged speculation bounds each weight: fast (default)\n"
+           "                       uses approximate reciprocals where the CPU has AVX2 and FMA;\n"
+           "                       exact divides, as on other CPUs. Both are sound; they cost\n"
+           "                       differently and may flag slightly different elements\n");
     printf("  --sched NAME         megatrain (default), dmda, eager, ...\n");
     printf("  --ncpu N, --ncuda N  StarPU workers (default: all)\n");
 }
 
 static int cmd_bench(int argc, char **argv)
 {
-    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS, O_PF, O_MARGIN, O_DTYPE, O_NORMLOG, O_DATA };
+    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS, O_PF, O_MARGIN, O_DTYPE, O_NORMLOG, O_DATA, O_BOUNDS };
     static const struct option opts[] = {
         { "shape", required_argument, 0, O_SHAPE }, { "micro-batch", required_argument, 0, O_B },
         { "seq-len", required_argument, 0, O_T }, { "accum", required_argument, 0, O_ACCUM },
@@ -628,7 +632,7 @@ static int cmd_bench(int argc, char **argv)
         { "help", no_argument, 0, O_HELP }, { "layers", required_argument, 0, O_LAYERS },
         { "dtype", required_argument, 0, O_DTYPE }, STEP_LONG_OPTIONS,
         { "norm-log", required_argument, 0, O_NORMLOG },
-        { "data", required_argument, 0, O_DATA },
+        { "data", required_argument, 0, O_DATA }, { "ranged-bounds", required_argument, 0, O_BOUNDS },
         { 0, 0, 0, 0 },
     };
     mt_bench_options o = mt_bench_defaults();
@@ -670,6 +674,11 @@ static int cmd_bench(int argc, char **argv)
         case O_NCUDA: if (parse_int("--ncuda", optarg, 0, 64, &v)) return 2; o.runtime.ncuda = (int)v; break;
         case O_NORMLOG: o.norm_log = optarg; break;
         case O_DATA: o.data = optarg; break;
+        case O_BOUNDS:
+            if (strcmp(optarg, "fast") && strcmp(optarg, "exact"))
+                return usage_error("--ranged-bounds: '%s' is not fast or exact%s", optarg, "");
+            o.exact_bounds = !strcmp(optarg, "exact");
+            break;
         case O_HELP: bench_help(&o); return 0;
         default: {
             const int r = parse_step_option(c, optarg, &o.step);
