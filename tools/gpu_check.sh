@@ -2,8 +2,8 @@
 # Correctness and a first benchmark on the GPU machine, from binaries built here:
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, on the GPU machine (device tool, carrying build-gpu and .deps/gpu-runtime):
-#   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|clip3b|defer3b|ab3b|check3b|data3b|cudnn3b|auto3b|spread3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
-#   (attention3b takes QBLOCK=64|128, bench3b CLIPS, RESIDENT and K, data3b DATA, spread3b RULE)
+#   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|clip3b|defer3b|ab3b|check3b|data3b|cudnn3b|auto3b|spread3b|bounds3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
+#   (attention3b takes QBLOCK=64|128, bench3b CLIPS, RESIDENT and K, data3b DATA, spread3b RULE, bounds3b ROUNDS)
 # Logs go to $OUT (or ./out); the last lines are a short table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -215,6 +215,19 @@ auto3b)
     [ -e "${DATA:-.deps/fortunes-qwen3}" ] &&
         run bench_3b_data "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-5} --data "${DATA:-.deps/fortunes-qwen3}" --norm-log "$OUT/norms_data.csv"
     [ "${TORCH:-1}" = 1 ] && run torch_3b "${torch3b[@]}"
+    ;;
+bounds3b)
+    # The ranged pass's bounds (--ranged-bounds): adamw_bw at two learning rates (both bounds'
+    # rows), then the 3B step at clip 1 on real text (DATA as spread3b) with the default (fast)
+    # bounds and with the exact ones, alternating ROUNDS times (default 1).
+    DATA=${DATA:-.deps/fortunes-qwen3}
+    run adamw_bw "$B/tools/adamw_bw"
+    run adamw_bw_lr1e-3 "$B/tools/adamw_bw" --lr 1e-3
+    for r in $(seq 1 "${ROUNDS:-1}"); do
+        for bounds in fast exact; do
+            run "bench_3b_data_${bounds}_$r" "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA" --ranged-bounds $bounds
+        done
+    done
     ;;
 spread3b)
     # The spread of the ranges (--clip-range, --clip-range-grow, --clip-range-memory): the 3B step
