@@ -206,7 +206,7 @@ enum mt_adamw_clip {
     MT_ADAMW_RANGED_DEFERRED = 5,
 };
 /* Bytes of a ranged run's flags buffer for a chunk of n elements (the range, whole 64-bit
- * words of bitmap, then room for the inputs of up to n/32 flagged elements: codelets/adamw.c,
+ * words of bitmap, then room for the inputs of up to n/16 flagged elements: codelets/adamw.c,
  * ranged_header), and where its bitmap starts. */
 size_t mt_codelet_ranged_bitmap_bytes(int64_t n);
 const uint64_t *mt_codelet_ranged_bits(const void *flags);

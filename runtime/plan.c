@@ -104,11 +104,11 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
     plan->host_spare = 3 * (host_state_bytes(plan, 4) - round_up_u64((uint64_t)plan->tile_numel[MT_TILE_EMBED] * 4, MT_PLAN_TILE_BYTES_ALIGN) -
                             round_up_u64((uint64_t)plan->tile_numel[MT_TILE_LAYER] * 4, MT_PLAN_TILE_BYTES_ALIGN));
     /* step.c's ranged flags buffers: a bit per element, in 64-bit words, and room for the inputs
-     * of 1/32 of the elements (20 bytes each), of every tile (counted per tile, not per AdamW
-     * chunk: a few dozen bytes per chunk of ~1M elements left out) */
+     * of 1/16 of the elements (20 bytes each), of every tile (counted per tile, not per AdamW
+     * chunk: a few hundred bytes per chunk of ~1M elements left out) */
     plan->host_clip_flags = 0;
     for (int t = MT_TILE_EMBED; t <= MT_TILE_HEAD; t++) {
-        const uint64_t n = (uint64_t)plan->tile_numel[t], bytes = (n + 63) / 64 * 8 + n / 32 * 20;
+        const uint64_t n = (uint64_t)plan->tile_numel[t], bytes = (n + 63) / 64 * 8 + n / 16 * 20;
         plan->host_clip_flags += t == MT_TILE_LAYER ? (uint64_t)(plan->num_tiles - 2) * bytes : bytes;
     }
     /* state.c's mt_state_enable_grad_alt: tiles 1.. */
