@@ -143,18 +143,20 @@ ab3b)
     # in ROUNDS alternating rounds (new, old, new, old, ...: one run each is not enough, runs
     # of the same binaries on one machine have differed by up to 10%, docs/benchmarks.md). Each
     # run's clips (CLIPS for both) share one host state; 1 scales every step, 1000 is never
-    # reached.
+    # reached. DATA: both train on that corpus (bench --data); TEST=0 skips test_gpu_step.
     OLD=${OLD:-build-old}
+    data_args=()
+    [ -n "${DATA:-}" ] && data_args=(--data "$DATA")
     if [ ! -x "$OLD/tools/megatrain" ] || [ ! -f "$OLD/libmegatrain.so" ]; then
         echo "gpu_check.sh ab3b: $OLD/tools/megatrain and $OLD/libmegatrain.so are needed (OLD=folder)" >&2
         exit 2
     fi
-    run test_gpu_step "$B/tests/test_gpu_step"
+    [ "${TEST:-1}" = 1 ] && run test_gpu_step "$B/tests/test_gpu_step"
     run adamw_bw "$B/tools/adamw_bw"
     [ -x "$OLD/tools/adamw_bw" ] && run adamw_bw_old "$OLD/tools/adamw_bw"
     for r in $(seq 1 ${ROUNDS:-1}); do
-        run bench_3b_new_$r "${bench3b[@]}" --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --warmup 2 --steps ${STEPS:-6}
-        run bench_3b_old_$r "$OLD/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --warmup 2 --steps ${STEPS:-6}
+        run bench_3b_new_$r "${bench3b[@]}" --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --warmup 2 --steps ${STEPS:-6} "${data_args[@]}"
+        run bench_3b_old_$r "$OLD/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --warmup 2 --steps ${STEPS:-6} "${data_args[@]}"
     done
     [ "${TORCH:-1}" = 1 ] && run torch_3b "${torch3b[@]}"
     ;;
