@@ -172,13 +172,14 @@ MT_CPU_CLONES static void ranged_fused(int64_t n, const float *restrict master, 
  *   zero, has its root taken as 0: the denominator is then at most 2^-63 / sqrt_bc2 low, within
  *   the same accounting when eps > 0 (at eps = 0 the reciprocal comes out infinite or NaN, which
  *   flags); infinite inputs give NaN bounds, which flag;
- * - the bf16 comparison of lo and hi is same_bf16's, 7 instructions instead of 11;
+ * - the bf16 comparison of lo and hi is same_bf16's, 7 instructions instead of 11, and their
+ *   finiteness one subtraction and one comparison instead of 5 instructions;
  * - the flags come out as bytes (movemask) that or_bytes ORs into the bitmap, not as an int per
  *   element.
  * The weights at the top scale are the kernel's own operations in its order, without FMA (each
  * intrinsic rounds once, as the ISO C11 build's code does), so bit for bit its result. Written
  * with intrinsics because C has no spelling of rcpps short of -ffast-math, which would change the
- * kernel's part too. In cache on the development machine (Zen 4, one thread) it takes 1.74 ns an
+ * kernel's part too. In cache on the development machine (Zen 4, one thread) it takes 1.62 ns an
  * element against ranged_fused's 2.05. tests/test_ops.c's test_ranged_flags_sound checks both. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -215,7 +216,7 @@ __attribute__((target("avx2,fma"))) static void ranged_fused_approx(int64_t n, c
     const __m256 ch = _mm256_set1_ps(k->ch), cl2 = _mm256_set1_ps(k->cl * k->cl), isb = _mm256_set1_ps(1.0f / k->sqrt_bc2);
     const __m256 half = _mm256_set1_ps(0.5f), tiny = _mm256_set1_ps(FLT_MIN), big = _mm256_set1_ps(FLT_MAX);
     const __m256 rel = _mm256_set1_ps(0x1p-16f), floor_ = _mm256_set1_ps(1e-37f);
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), signbit = _mm256_set1_ps(-0.0f);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m256 g = _mm256_loadu_ps(grad + i), mi = _mm256_loadu_ps(m + i), vi = _mm256_loadu_ps(v + i);
@@ -239,14 +240,16 @@ __attribute__((target("avx2,fma"))) static void ranged_fused_approx(int64_t n, c
         const __m256 r1 = rcp_newton(_mm256_fmadd_ps(s1, isb, eps)), r2 = rcp_newton(d2);
         const __m256 q_lo = _mm256_min_ps(_mm256_mul_ps(mn, r1), _mm256_mul_ps(mn, r2));
         const __m256 q_hi = _mm256_max_ps(_mm256_mul_ps(mx, r1), _mm256_mul_ps(mx, r2));
-        const __m256 qmax = _mm256_max_ps(_mm256_and_ps(q_lo, absmask), _mm256_and_ps(q_hi, absmask));
+        /* max(|q_lo|, |q_hi|), as q_lo <= q_hi (NaN: flagged below either way) */
+        const __m256 qmax = _mm256_max_ps(q_hi, _mm256_xor_ps(q_lo, signbit));
         const __m256 side = _mm256_add_ps(_mm256_and_ps(bm, absmask), _mm256_and_ps(_mm256_mul_ps(t, ch), absmask));
         const __m256 mag = _mm256_fmadd_ps(ss, _mm256_fmadd_ps(side, r1, qmax), _mm256_and_ps(pd, absmask));
         const __m256 margin = _mm256_fmadd_ps(mag, rel, floor_);
         const __m256 lo = _mm256_sub_ps(_mm256_fnmadd_ps(ss, q_hi, pd), margin);
         const __m256 hi = _mm256_add_ps(_mm256_fnmadd_ps(ss, q_lo, pd), margin);
-        const __m256 finite = _mm256_and_ps(_mm256_cmp_ps(_mm256_and_ps(lo, absmask), big, _CMP_LE_OQ),
-                                            _mm256_cmp_ps(_mm256_and_ps(hi, absmask), big, _CMP_LE_OQ));
+        /* lo and hi finite: hi - lo is then finite or (a span past FLT_MAX) flags anyway; a NaN
+         * or an infinite end makes it NaN or infinite */
+        const __m256 finite = _mm256_cmp_ps(_mm256_sub_ps(hi, lo), big, _CMP_LE_OQ);
         const __m256i same = _mm256_and_si256(same_bf16(lo, hi),
                                               _mm256_castps_si256(finite));
         flagb[i / 8] = (uint8_t)~_mm256_movemask_ps(_mm256_castsi256_ps(same));
