@@ -376,7 +376,7 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
                      "%.3f%% of them; %lld not speculated (range too wide: %lld; the last norm's prediction missed: "
                      "%lld), %lld redone whole (scale outside the range; below it: %lld)\n",
                 sc->K, sc->clip,
-                !o->exact_bounds && mt_codelet_ranged_approx_available() ? "approximate-reciprocal" : "exact",
+                mt_codelet_ranged_bounds_name(),
                 (long long)rchecked,
                 rchecked ? 100.0 * (double)(rc.flagged - rc0.flagged) / (double)rchecked : 0.0,
                 (long long)rskipped, (long long)(rskipped - (rc.unheld - rc0.unheld)), (long long)(rc.unheld - rc0.unheld),
@@ -496,7 +496,7 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         return -1;
     }
     if (o->layers > 0) cfg.layers = o->layers;
-    mt_codelet_ranged_exact_bounds(o->exact_bounds);
+    mt_codelet_ranged_set_bounds((mt_ranged_bounds)o->ranged_bounds);
     FILE *norms = NULL;
     if (o->norm_log && !(norms = fopen(o->norm_log, "w"))) {
         snprintf(err, errlen, "--norm-log: cannot write '%s': %s", o->norm_log, strerror(errno));

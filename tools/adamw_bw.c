@@ -5,8 +5,8 @@
  * non-temporal stores (--adamw-spare; 30 B nominal, plus the reads of the target lines that
  * plain stores cause), the split update's halves (18 and 28 B), and the ranged pass of clip
  * speculation (the weights half at the range's top scale plus the bitmap of the elements whose
- * bf16 weight could differ within the range: 18 B and a bit; with the exact bounds, then with
- * the default ones, mt_codelet_ranged_exact_bounds) and the redo of the flagged elements
+ * bf16 weight could differ within the range: 18 B and a bit; with the exact bounds, the AVX2
+ * ones, then the default ones, mt_codelet_ranged_set_bounds) and the redo of the flagged elements
  * after the norm (random data tuned to flag ~2%, as the 3B bench model at clip 1; the row's GB/s
  * counts 2 B per parameter, the streamed weight). A diagnostic, not the benchmark:
  * `megatrain bench` measures AdamW alone and inside the step. */
@@ -54,7 +54,7 @@ static void *run(void *arg)
         /* the thread's elements as one chunk: the ranged pass walks it block by block, the redo
          * its bitmap */
         void *flags = b->flags[j->t];
-        if (b->mode != 7) {
+        if (b->mode != 8) {
             mt_codelet_ranged_reset(flags, hi - lo);
             mt_codelet_ranged_pass(0, hi - lo, b->p + lo, b->g + lo, b->m + lo, b->v + lo, b->w + lo, MT_DTYPE_BF16,
                                    &b->ranged, flags);
@@ -214,13 +214,14 @@ int main(int argc, char **argv)
     static const struct { const char *name; double bytes; } modes[] = {
         { "fused, in place, + bf16 copy", 30 }, { "out of place, plain stores", 30 },
         { "out of place, non-temporal stores", 30 }, { "split: weights half", 18 }, { "split: moments half", 28 },
-        { "ranged pass, exact bounds", 18 }, { "ranged pass (weights half + flags)", 18 },
-        { "ranged redo (flagged elements)", 2 },
+        { "ranged pass, exact bounds", 18 }, { "ranged pass, AVX2 bounds", 18 },
+        { "ranged pass (weights half + flags)", 18 }, { "ranged redo (flagged elements)", 2 },
     };
     int64_t flagged_exact = 0;
-    for (int mode = 0; mode < 8; mode++) {
+    for (int mode = 0; mode < 9; mode++) {
         b.mode = mode;
-        mt_codelet_ranged_exact_bounds(mode == 5);
+        mt_codelet_ranged_set_bounds(mode == 5 ? MT_RANGED_BOUNDS_EXACT : mode == 6 ? MT_RANGED_BOUNDS_AVX2
+                                                                                      : MT_RANGED_BOUNDS_FAST);
         if (mode == 6) flagged_exact = count_flagged(&b);
         double best = 1e30;
         for (int r = 0; r < 3; r++) {
@@ -234,8 +235,8 @@ int main(int argc, char **argv)
     free(b.w);
     const int64_t flagged = count_flagged(&b);
     for (int t = 0; t < b.threads; t++) free(b.flags[t]);
-    printf("adamw_bw: the ranged pass flagged %.2f%% of the parameters (the redo's share; %.2f%% with exact bounds%s)\n",
-           100.0 * (double)flagged / (double)b.n, 100.0 * (double)flagged_exact / (double)b.n,
-           mt_codelet_ranged_approx_available() ? "" : ", which this CPU runs in both rows");
+    printf("adamw_bw: the ranged pass (%s bounds on this CPU) flagged %.2f%% of the parameters (the redo's "
+           "share; %.2f%% with exact bounds)\n", mt_codelet_ranged_bounds_name(), 100.0 * (double)flagged / (double)b.n,
+           100.0 * (double)flagged_exact / (double)b.n);
     return 0;
 }
