@@ -263,13 +263,15 @@ __attribute__((target("avx2,fma"))) static void ranged_fused_approx(int64_t n, c
 
 /* ranged_fused_approx in 16 lanes with AVX-512's masks, its reciprocal and square-root
  * estimates within 2^-14 (rcp14, rsqrt14) and the same Newton steps, which leave them within
- * about 2^-24; the same operations otherwise, the same margin. Where the CPU has it, the
- * default (MT_RANGED_BOUNDS_FAST). In cache on the development machine (Zen 4, whose 512-bit
- * operations take two 256-bit halves) it takes 1.18 ns an element against the AVX2 loop's 1.61:
- * masks and absolute values are single instructions here, and 32 registers hold the constants
- * the 16 of AVX2 spill. (A whole-program AVX-512 build of the C loop, in the ninth session,
- * was 5% faster alone and no faster in the step.) The remainder past the last 16 goes to the
- * AVX2 loop, and its own past 8 to ranged_fused. */
+ * about 2^-24; the same operations otherwise, the same margin (MT_RANGED_BOUNDS_AVX512). In
+ * cache on the development machine (Zen 4, whose 512-bit operations take two 256-bit halves)
+ * it takes 1.18 ns an element against the AVX2 loop's 1.61: masks and absolute values are
+ * single instructions here, and 32 registers hold the constants the 16 of AVX2 spill. Not the
+ * default: on an H200 box's CPU (Intel, 15 threads, adamw_bw) it was only 4-7% faster than the
+ * AVX2 loop, and its one 3B step run took 2.353 s against the AVX2 run's 1.839 in the same call
+ * (docs/benchmarks.md, twelfth session; one run each, and the AVX-512 run's fused update alone,
+ * which has no AVX-512 code, was 23% slower too, so the machine may have been slower then). The
+ * remainder past the last 16 goes to the AVX2 loop, and its own past 8 to ranged_fused. */
 __attribute__((target("avx2,fma,avx512f,avx512vl,avx512dq,avx512bw"))) static void
 ranged_fused_approx512(int64_t n, const float *restrict master, const float *restrict grad, const float *restrict m,
                        const float *restrict v, const ranged_consts *k, float *restrict out, uint8_t *restrict flagb)
@@ -326,7 +328,7 @@ ranged_fused_approx512(int64_t n, const float *restrict master, const float *res
 }
 #endif
 
-static atomic_int ranged_bounds = MT_RANGED_BOUNDS_FAST; /* mt_codelet_ranged_set_bounds */
+static atomic_int ranged_bounds = MT_RANGED_BOUNDS_AVX2; /* mt_codelet_ranged_set_bounds */
 
 void mt_codelet_ranged_set_bounds(mt_ranged_bounds b) { atomic_store(&ranged_bounds, (int)b); }
 
@@ -337,10 +339,10 @@ static mt_ranged_bounds bounds_used(void)
 #ifdef MT_RANGED_APPROX
     if (b == MT_RANGED_BOUNDS_EXACT || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
         return MT_RANGED_BOUNDS_EXACT;
-    if (b == MT_RANGED_BOUNDS_AVX2 || !__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512vl") ||
-        !__builtin_cpu_supports("avx512dq") || !__builtin_cpu_supports("avx512bw"))
-        return MT_RANGED_BOUNDS_AVX2;
-    return MT_RANGED_BOUNDS_FAST;
+    if (b == MT_RANGED_BOUNDS_AVX512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw"))
+        return MT_RANGED_BOUNDS_AVX512;
+    return MT_RANGED_BOUNDS_AVX2;
 #else
     (void)b;
     return MT_RANGED_BOUNDS_EXACT;
@@ -349,7 +351,7 @@ static mt_ranged_bounds bounds_used(void)
 
 const char *mt_codelet_ranged_bounds_name(void)
 {
-    static const char *const names[] = { "AVX-512 approximate-reciprocal", "AVX2 approximate-reciprocal", "exact" };
+    static const char *const names[] = { "AVX2 approximate-reciprocal", "AVX-512 approximate-reciprocal", "exact" };
     return names[bounds_used()];
 }
 
@@ -635,7 +637,7 @@ static int64_t ranged_block(int64_t e, int64_t len, const float *master, const f
         /* flags as bytes, element e + 8j + b at bit b of byte j: on this little-endian target,
          * the bitmap's own layout from byte e / 8 on */
         uint8_t flagb[BLOCK / 8];
-        if (b == MT_RANGED_BOUNDS_FAST) ranged_fused_approx512(len, master + e, grad + e, m + e, v + e, k, updated, flagb);
+        if (b == MT_RANGED_BOUNDS_AVX512) ranged_fused_approx512(len, master + e, grad + e, m + e, v + e, k, updated, flagb);
         else ranged_fused_approx(len, master + e, grad + e, m + e, v + e, k, updated, flagb);
         nflagged = or_bytes(e / 8, (len + 7) / 8, flagb, bits_of(hd));
     } else

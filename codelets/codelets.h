@@ -225,13 +225,13 @@ bool mt_codelet_ranged_begin(void *flags, int64_t n, double known, double head_t
 int64_t mt_codelet_ranged_pass(int64_t o, int64_t n, const float *master, const float *grad, const float *m,
                                const float *v, void *weights, mt_dtype dtype, const mt_adamw_params *p, void *flags);
 void mt_codelet_ranged_flag(int64_t o, int64_t n, void *flags);
-/* How ranged passes bound their weights (codelets/adamw.c): FAST, the default, takes the best
- * this CPU has: on x86-64 with AVX-512 (F, VL, DQ, BW) 16 lanes, else with AVX2 and FMA 8, both
- * with approximate reciprocals refined by a Newton step; AVX2 stops at the 8 lanes; EXACT
- * divides, in plain C, as on other CPUs. All flag soundly, not quite alike (tests and
- * tools/adamw_bw compare them). set_bounds applies to the passes that start after it;
- * bounds_name says what they run on this CPU. */
-typedef enum mt_ranged_bounds { MT_RANGED_BOUNDS_FAST, MT_RANGED_BOUNDS_AVX2, MT_RANGED_BOUNDS_EXACT } mt_ranged_bounds;
+/* How ranged passes bound their weights (codelets/adamw.c): AVX2, the default, on x86-64 CPUs
+ * with AVX2 and FMA in 8 lanes with approximate reciprocals refined by a Newton step; AVX512 the
+ * same in 16 lanes where the CPU has AVX-512 F, VL, DQ and BW (else as AVX2); EXACT divides, in
+ * plain C, as on other CPUs (where the others fall back to it). All flag soundly, not quite
+ * alike (tests and tools/adamw_bw compare them). set_bounds applies to the passes that start
+ * after it; bounds_name says what they run on this CPU. */
+typedef enum mt_ranged_bounds { MT_RANGED_BOUNDS_AVX2, MT_RANGED_BOUNDS_AVX512, MT_RANGED_BOUNDS_EXACT } mt_ranged_bounds;
 void mt_codelet_ranged_set_bounds(mt_ranged_bounds b);
 const char *mt_codelet_ranged_bounds_name(void);
 /* The confirm's redo of a chunk of n elements whose scale fell inside its range: the weights

@@ -112,8 +112,8 @@ check_ok "grads --help lists --dtype" '--dtype fp32|bf16' grads --help
 check_error "grads --dtype fp8" "--dtype.*'fp8'" grads --dtype fp8
 check_ok "bench --help lists --dtype" '--dtype bf16|fp32' bench --help
 check_error "bench --dtype fp16" "--dtype.*'fp16'" bench --dtype fp16
-check_error "bench --ranged-bounds slow" "--ranged-bounds: 'slow' is not fast, avx2 or exact" bench --ranged-bounds slow
-check_ok "bench --help lists --ranged-bounds" '--ranged-bounds fast|avx2|exact' bench --help
+check_error "bench --ranged-bounds slow" "--ranged-bounds: 'slow' is not avx2, avx512 or exact" bench --ranged-bounds slow
+check_ok "bench --help lists --ranged-bounds" '--ranged-bounds avx2|avx512|exact' bench --help
 check_ok "grads --help lists --save-model" '--save-model DIR' grads --help
 # The token file is checked against the config before any weight is read: a config is enough.
 mkdir -p "$work/grads-model"

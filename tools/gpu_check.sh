@@ -220,15 +220,15 @@ auto3b)
     ;;
 bounds3b)
     # The ranged pass's bounds (--ranged-bounds): adamw_bw at two learning rates (both bounds'
-    # rows), then the 3B step at clip 1 on real text (DATA as spread3b) with the default (fast)
-    # bounds and with the exact ones (BOUNDS, default "fast exact"), alternating ROUNDS times
+    # rows), then the 3B step at clip 1 on real text (DATA as spread3b) with the default (avx2)
+    # bounds and with the exact ones (BOUNDS, default "avx2 exact"), alternating ROUNDS times
     # (default 1); TEST=1 runs test_gpu_step first.
     [ "${TEST:-0}" = 1 ] && run test_gpu_step "$B/tests/test_gpu_step"
     DATA=${DATA:-.deps/fortunes-qwen3}
     run adamw_bw "$B/tools/adamw_bw"
     run adamw_bw_lr1e-3 "$B/tools/adamw_bw" --lr 1e-3
     for r in $(seq 1 "${ROUNDS:-1}"); do
-        for bounds in ${BOUNDS:-fast exact}; do
+        for bounds in ${BOUNDS:-avx2 exact}; do
             run "bench_3b_data_${bounds}_$r" "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA" --ranged-bounds $bounds
         done
     done

@@ -609,11 +609,12 @@ static void bench_help(const mt_bench_options *d)
            "                       within about 16 steps, and its gradient norm then jumps)\n");
     printf("  --layers N           override the shape's layer count (memory-bound checks)\n");
     printf("  --dtype bf16|fp32    weights and compute (default bf16; fp32 is exact fp32, slower)\n");
-    printf("  --ranged-bounds fast|avx2|exact  how ranged speculation bounds each weight: fast\n"
-           "                       (default) with approximate reciprocals in AVX-512 where the CPU\n"
-           "                       has it, else AVX2 and FMA; avx2 not past AVX2; exact divides, as\n"
-           "                       on other CPUs. All are sound; they cost differently and may flag\n"
-           "                       slightly different elements\n");
+    printf("  --ranged-bounds avx2|avx512|exact  how ranged speculation bounds each weight: avx2\n"
+           "                       (default) with approximate reciprocals in 8 lanes where the CPU\n"
+           "                       has AVX2 and FMA; avx512 in 16 where it has AVX-512; exact\n"
+           "                       divides, as on other CPUs (where the others fall back to it).\n"
+           "                       All are sound; they cost differently and may flag slightly\n"
+           "                       different elements\n");
     printf("  --sched NAME         megatrain (default), dmda, eager, ...\n");
     printf("  --ncpu N, --ncuda N  StarPU workers (default: all)\n");
 }
@@ -676,10 +677,10 @@ static int cmd_bench(int argc, char **argv)
         case O_NORMLOG: o.norm_log = optarg; break;
         case O_DATA: o.data = optarg; break;
         case O_BOUNDS:
-            if (!strcmp(optarg, "fast")) o.ranged_bounds = MT_RANGED_BOUNDS_FAST;
-            else if (!strcmp(optarg, "avx2")) o.ranged_bounds = MT_RANGED_BOUNDS_AVX2;
+            if (!strcmp(optarg, "avx2")) o.ranged_bounds = MT_RANGED_BOUNDS_AVX2;
+            else if (!strcmp(optarg, "avx512")) o.ranged_bounds = MT_RANGED_BOUNDS_AVX512;
             else if (!strcmp(optarg, "exact")) o.ranged_bounds = MT_RANGED_BOUNDS_EXACT;
-            else return usage_error("--ranged-bounds: '%s' is not fast, avx2 or exact%s", optarg, "");
+            else return usage_error("--ranged-bounds: '%s' is not avx2, avx512 or exact%s", optarg, "");
             break;
         case O_HELP: bench_help(&o); return 0;
         default: {
