@@ -975,6 +975,62 @@ START_TEST(test_ranged_flags_sound)
 }
 END_TEST
 
+/* A ranged pass over pieces of a chunk sets the same bits as one pass over all of it, for each
+ * kind of bounds: pieces that start on a byte of the bitmap but not a word (the byte path's
+ * partial words), off a byte (the int path), and end mid-byte. Each element's flag depends on
+ * its own inputs only, so any split must agree. */
+START_TEST(test_ranged_pieces)
+{
+    enum { N = 3 * 4096 + 77 };
+    static const mt_ranged_bounds modes[3] = { MT_RANGED_BOUNDS_AVX2, MT_RANGED_BOUNDS_AVX512, MT_RANGED_BOUNDS_EXACT };
+    static const int64_t cuts[][4] = { { 0, 8, 4104, N }, { 0, 5, 4101, N }, { 0, 24, 8211, N }, { 0, 4096, 8192, N } };
+    float *p = malloc(sizeof(float) * N), *g = malloc(sizeof(float) * N), *m = malloc(sizeof(float) * N),
+          *v = malloc(sizeof(float) * N);
+    mt_bf16 *w = malloc(sizeof(mt_bf16) * N), *w1 = malloc(sizeof(mt_bf16) * N);
+    void *whole = malloc(mt_codelet_ranged_bitmap_bytes(N)), *pieces = malloc(mt_codelet_ranged_bitmap_bytes(N));
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 43);
+    for (int i = 0; i < N; i++) {
+        p[i] = (float)(0.02 * mt_test_normal(&rng));
+        g[i] = (float)(1e-3 * mt_test_normal(&rng));
+        m[i] = (float)(5e-4 * mt_test_normal(&rng));
+        v[i] = (float)(1e-6 * (0.1 + mt_test_uniform(&rng)));
+    }
+    mt_adamw_params a = adam_base;
+    a.lr = 1e-3;
+    a.step = 7;
+    a.grad_scale = 0.3;
+    a.grad_scale_lo = 0.24;
+    for (int b = 0; b < 3; b++) {
+        mt_codelet_ranged_set_bounds(modes[b]);
+        mt_codelet_ranged_reset(whole, N);
+        const int64_t nwhole = mt_codelet_ranged_pass(0, N, p, g, m, v, w, MT_DTYPE_BF16, &a, whole);
+        ck_assert_int_gt(nwhole, 0);
+        ck_assert_int_lt(nwhole, N);
+        for (size_t c = 0; c < sizeof cuts / sizeof cuts[0]; c++) {
+            mt_codelet_ranged_reset(pieces, N);
+            int64_t npieces = 0;
+            for (int k = 0; k < 3; k++)
+                npieces += mt_codelet_ranged_pass(cuts[c][k], cuts[c][k + 1] - cuts[c][k], p, g, m, v, w1,
+                                                  MT_DTYPE_BF16, &a, pieces);
+            ck_assert_msg(npieces == nwhole, "%s bounds, cut %zu: %lld flagged in pieces, %lld whole",
+                          mt_codelet_ranged_bounds_name(), c, (long long)npieces, (long long)nwhole);
+            const uint64_t *bw = mt_codelet_ranged_bits(whole), *bp = mt_codelet_ranged_bits(pieces);
+            for (int i = 0; i < N; i++) {
+                if (((bw[i / 64] ^ bp[i / 64]) >> (i % 64)) & 1)
+                    ck_assert_msg(false, "%s bounds, cut %zu: element %d's flag differs", mt_codelet_ranged_bounds_name(),
+                                  c, i);
+                if (w[i] != w1[i])
+                    ck_assert_msg(false, "%s bounds, cut %zu: element %d's weight differs", mt_codelet_ranged_bounds_name(),
+                                  c, i);
+            }
+        }
+    }
+    mt_codelet_ranged_set_bounds(MT_RANGED_BOUNDS_AVX2);
+    free(p); free(g); free(m); free(v); free(w); free(w1); free(whole); free(pieces);
+}
+END_TEST
+
 /* ---------- bf16 ---------- */
 
 static float f_bits(uint32_t u)
@@ -1087,6 +1143,7 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, test_adamw_f32_bitwise_scalar);
     tcase_add_loop_test(tc, test_ranged_flags_sound, 0, 3);
     tcase_add_test(tc, test_ranged_redo_exact);
+    tcase_add_test(tc, test_ranged_pieces);
     tcase_add_test(tc, test_ranged_held);
     tcase_add_test(tc, test_ranged_spread_grows);
     tcase_add_test(tc, test_ranged_spread_remembers);
