@@ -174,13 +174,20 @@ MT_CPU_CLONES static void ranged_fused(int64_t n, const float *restrict master, 
  *   flags); infinite inputs give NaN bounds, which flag;
  * - the bf16 comparison of lo and hi is same_bf16's, 7 instructions instead of 11, and their
  *   finiteness one subtraction and one comparison instead of 5 instructions;
+ * - the margin's magnitude is |pd| + 2 ss side r1 instead of |pd| + ss (max(|q_lo|, |q_hi|) +
+ *   side r1): every corner is a moment no larger than side = |b1 m| + |(1-b1) g ch| (to a
+ *   rounding) times r1 or r2 <= r1, so this is at least as large. Two instructions and a
+ *   register fewer: 1.62 -> 1.43 ns an element (below), the flagged shares in test_ops the same
+ *   to 0.01%;
  * - the flags come out as bytes (movemask) that or_bytes ORs into the bitmap, not as an int per
  *   element.
  * The weights at the top scale are the kernel's own operations in its order, without FMA (each
  * intrinsic rounds once, as the ISO C11 build's code does), so bit for bit its result. Written
  * with intrinsics because C has no spelling of rcpps short of -ffast-math, which would change the
- * kernel's part too. In cache on the development machine (Zen 4, one thread) it takes 1.62 ns an
- * element against ranged_fused's 2.05. tests/test_ops.c's test_ranged_flags_sound checks both. */
+ * kernel's part too. In cache on the development machine (Zen 4, one thread) it takes 1.43 ns an
+ * element against ranged_fused's 2.05. tests/test_ops.c's test_ranged_flags_sound checks both.
+ * Tried and dropped: converting the weights to bf16 in registers instead of the separate loop
+ * (1.60 -> 1.77 ns: the constants it needs spill). */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define MT_RANGED_APPROX 1
@@ -214,7 +221,7 @@ __attribute__((target("avx2,fma"))) static void ranged_fused_approx(int64_t n, c
     const __m256 ch = _mm256_set1_ps(k->ch), cl2 = _mm256_set1_ps(k->cl * k->cl), isb = _mm256_set1_ps(1.0f / k->sqrt_bc2);
     const __m256 half = _mm256_set1_ps(0.5f), tiny = _mm256_set1_ps(FLT_MIN), big = _mm256_set1_ps(FLT_MAX);
     const __m256 rel = _mm256_set1_ps(0x1p-16f), floor_ = _mm256_set1_ps(1e-37f);
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), signbit = _mm256_set1_ps(-0.0f);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), ss2 = _mm256_set1_ps(2.0f * k->step_size);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m256 g = _mm256_loadu_ps(grad + i), mi = _mm256_loadu_ps(m + i), vi = _mm256_loadu_ps(v + i);
@@ -239,9 +246,8 @@ __attribute__((target("avx2,fma"))) static void ranged_fused_approx(int64_t n, c
         const __m256 q_lo = _mm256_min_ps(_mm256_mul_ps(mn, r1), _mm256_mul_ps(mn, r2));
         const __m256 q_hi = _mm256_max_ps(_mm256_mul_ps(mx, r1), _mm256_mul_ps(mx, r2));
         /* max(|q_lo|, |q_hi|), as q_lo <= q_hi (NaN: flagged below either way) */
-        const __m256 qmax = _mm256_max_ps(q_hi, _mm256_xor_ps(q_lo, signbit));
         const __m256 side = _mm256_add_ps(_mm256_and_ps(bm, absmask), _mm256_and_ps(_mm256_mul_ps(t, ch), absmask));
-        const __m256 mag = _mm256_fmadd_ps(ss, _mm256_fmadd_ps(side, r1, qmax), _mm256_and_ps(pd, absmask));
+        const __m256 mag = _mm256_fmadd_ps(ss2, _mm256_mul_ps(side, r1), _mm256_and_ps(pd, absmask));
         const __m256 margin = _mm256_fmadd_ps(mag, rel, floor_);
         const __m256 lo = _mm256_sub_ps(_mm256_fnmadd_ps(ss, q_hi, pd), margin);
         const __m256 hi = _mm256_add_ps(_mm256_fnmadd_ps(ss, q_lo, pd), margin);
@@ -265,9 +271,9 @@ __attribute__((target("avx2,fma"))) static void ranged_fused_approx(int64_t n, c
  * estimates within 2^-14 (rcp14, rsqrt14) and the same Newton steps, which leave them within
  * about 2^-24; the same operations otherwise, the same margin (MT_RANGED_BOUNDS_AVX512). In
  * cache on the development machine (Zen 4, whose 512-bit operations take two 256-bit halves)
- * it takes 1.18 ns an element against the AVX2 loop's 1.61: masks and absolute values are
- * single instructions here, and 32 registers hold the constants the 16 of AVX2 spill. Not the
- * default: on an H200 box's CPU (Intel, 15 threads, adamw_bw) it was only 4-7% faster than the
+ * it takes 1.13 ns an element against the AVX2 loop's 1.43 (1.18 and 1.61 before both took the
+ * margin's shorter form): masks and absolute values are single instructions here, and 32
+ * registers hold the constants that spill from AVX2's 16. Not the default: on an H200 box's CPU (Intel, 15 threads, adamw_bw) it was only 4-7% faster than the
  * AVX2 loop, and its one 3B step run took 2.353 s against the AVX2 run's 1.839 in the same call
  * (docs/benchmarks.md, twelfth session; one run each, and the AVX-512 run's fused update alone,
  * which has no AVX-512 code, was 23% slower too, so the machine may have been slower then). The
@@ -282,7 +288,7 @@ ranged_fused_approx512(int64_t n, const float *restrict master, const float *res
     const __m512 ch = _mm512_set1_ps(k->ch), cl2 = _mm512_set1_ps(k->cl * k->cl), isb = _mm512_set1_ps(1.0f / k->sqrt_bc2);
     const __m512 half = _mm512_set1_ps(0.5f), tiny = _mm512_set1_ps(FLT_MIN), big = _mm512_set1_ps(FLT_MAX);
     const __m512 rel = _mm512_set1_ps(0x1p-16f), floor_ = _mm512_set1_ps(1e-37f), one = _mm512_set1_ps(1.0f);
-    const __m512 signbit = _mm512_set1_ps(-0.0f);
+    const __m512 ss2 = _mm512_set1_ps(2.0f * k->step_size);
     const __m512i r_down = _mm512_set1_epi32(0x7FFF), r_up = _mm512_set1_epi32(0x8000);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -310,9 +316,8 @@ ranged_fused_approx512(int64_t n, const float *restrict master, const float *res
         const __m512 r2 = _mm512_fmadd_ps(y2, _mm512_fnmadd_ps(d2, y2, one), y2);
         const __m512 q_lo = _mm512_min_ps(_mm512_mul_ps(mn, r1), _mm512_mul_ps(mn, r2));
         const __m512 q_hi = _mm512_max_ps(_mm512_mul_ps(mx, r1), _mm512_mul_ps(mx, r2));
-        const __m512 qmax = _mm512_max_ps(q_hi, _mm512_xor_ps(q_lo, signbit));
         const __m512 side = _mm512_add_ps(_mm512_abs_ps(bm), _mm512_abs_ps(_mm512_mul_ps(t, ch)));
-        const __m512 mag = _mm512_fmadd_ps(ss, _mm512_fmadd_ps(side, r1, qmax), _mm512_abs_ps(pd));
+        const __m512 mag = _mm512_fmadd_ps(ss2, _mm512_mul_ps(side, r1), _mm512_abs_ps(pd));
         const __m512 margin = _mm512_fmadd_ps(mag, rel, floor_);
         const __m512 lo = _mm512_sub_ps(_mm512_fnmadd_ps(ss, q_hi, pd), margin);
         const __m512 hi = _mm512_add_ps(_mm512_fnmadd_ps(ss, q_lo, pd), margin);
