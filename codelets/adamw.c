@@ -201,7 +201,7 @@ __attribute__((target("avx2,fma"))) static inline __m256 rcp_newton(__m256 d)
 /* All-ones where finite lo and hi round to the same bf16 value, for sure: the rounding of bit
  * pattern u is (u + 0x7FFF + odd) >> 16, odd being 0 or 1, and is monotone in u among values of
  * one sign; so when the smaller pattern rounded down and the larger rounded up agree, every
- * value between rounds alike (a sign change never agrees). Ties aside, as bf16_bits' comparison. */
+ * value between rounds alike, ties included (a sign change never agrees). */
 __attribute__((target("avx2,fma"))) static inline __m256i same_bf16(__m256 lo, __m256 hi)
 {
     const __m256i a = _mm256_castps_si256(lo), b = _mm256_castps_si256(hi);
@@ -245,7 +245,6 @@ __attribute__((target("avx2,fma"))) static void ranged_fused_approx(int64_t n, c
         const __m256 r1 = rcp_newton(_mm256_fmadd_ps(s1, isb, eps)), r2 = rcp_newton(d2);
         const __m256 q_lo = _mm256_min_ps(_mm256_mul_ps(mn, r1), _mm256_mul_ps(mn, r2));
         const __m256 q_hi = _mm256_max_ps(_mm256_mul_ps(mx, r1), _mm256_mul_ps(mx, r2));
-        /* max(|q_lo|, |q_hi|), as q_lo <= q_hi (NaN: flagged below either way) */
         const __m256 side = _mm256_add_ps(_mm256_and_ps(bm, absmask), _mm256_and_ps(_mm256_mul_ps(t, ch), absmask));
         const __m256 mag = _mm256_fmadd_ps(ss2, _mm256_mul_ps(side, r1), _mm256_and_ps(pd, absmask));
         const __m256 margin = _mm256_fmadd_ps(mag, rel, floor_);
@@ -273,11 +272,12 @@ __attribute__((target("avx2,fma"))) static void ranged_fused_approx(int64_t n, c
  * cache on the development machine (Zen 4, whose 512-bit operations take two 256-bit halves)
  * it takes 1.13 ns an element against the AVX2 loop's 1.43 (1.18 and 1.61 before both took the
  * margin's shorter form): masks and absolute values are single instructions here, and 32
- * registers hold the constants that spill from AVX2's 16. Not the default: on an H200 box's CPU (Intel, 15 threads, adamw_bw) it was only 4-7% faster than the
- * AVX2 loop, and its one 3B step run took 2.353 s against the AVX2 run's 1.839 in the same call
- * (docs/benchmarks.md, twelfth session; one run each, and the AVX-512 run's fused update alone,
- * which has no AVX-512 code, was 23% slower too, so the machine may have been slower then). The
- * remainder past the last 16 goes to the AVX2 loop, and its own past 8 to ranged_fused. */
+ * registers hold the constants that spill from AVX2's 16. Not the default: on an H200 box's CPU
+ * (Intel, 15 threads, adamw_bw) it was only 4-7% faster than the AVX2 loop, and its one 3B step
+ * run took 2.353 s against the AVX2 run's 1.839 in the same call (docs/benchmarks.md, twelfth
+ * session; one run each, and the AVX-512 run's fused update alone, which has no AVX-512 code,
+ * was 23% slower too, so the machine may have been slower then). The remainder past the last 16
+ * goes to the AVX2 loop, and its own past 8 to ranged_fused. */
 __attribute__((target("avx2,fma,avx512f,avx512vl,avx512dq,avx512bw"))) static void
 ranged_fused_approx512(int64_t n, const float *restrict master, const float *restrict grad, const float *restrict m,
                        const float *restrict v, const ranged_consts *k, float *restrict out, uint8_t *restrict flagb)

@@ -375,9 +375,7 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
         fprintf(log, "bench: K=%d clip %g: ranged speculation (%s bounds) checked %lld parameter updates and flagged "
                      "%.3f%% of them; %lld not speculated (range too wide: %lld; the last norm's prediction missed: "
                      "%lld), %lld redone whole (scale outside the range; below it: %lld)\n",
-                sc->K, sc->clip,
-                mt_codelet_ranged_bounds_name(),
-                (long long)rchecked,
+                sc->K, sc->clip, mt_codelet_ranged_bounds_name(), (long long)rchecked,
                 rchecked ? 100.0 * (double)(rc.flagged - rc0.flagged) / (double)rchecked : 0.0,
                 (long long)rskipped, (long long)(rskipped - (rc.unheld - rc0.unheld)), (long long)(rc.unheld - rc0.unheld),
                 (long long)(rc.outside - rc0.outside), (long long)(rc.below - rc0.below));
