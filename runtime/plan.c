@@ -103,12 +103,12 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
     /* state.c allocates the spare state per tile, unpinned, the same way (step.c: from tile 2) */
     plan->host_spare = 3 * (host_state_bytes(plan, 4) - round_up_u64((uint64_t)plan->tile_numel[MT_TILE_EMBED] * 4, MT_PLAN_TILE_BYTES_ALIGN) -
                             round_up_u64((uint64_t)plan->tile_numel[MT_TILE_LAYER] * 4, MT_PLAN_TILE_BYTES_ALIGN));
-    /* step.c's ranged flags buffers: a bit per element, in 64-bit words, and room for the inputs
-     * of 1/16 of the elements (20 bytes each), of every tile (counted per tile, not per AdamW
-     * chunk: a few hundred bytes per chunk of ~1M elements left out) */
+    /* step.c's ranged flags buffers (mt_codelet_ranged_bitmap_bytes: a bit per element and room
+     * for the inputs of 1/16 of them), counted per tile, not per AdamW chunk: each chunk past a
+     * tile's first has its own header and spare entries, a few hundred bytes, left out */
     plan->host_clip_flags = 0;
     for (int t = MT_TILE_EMBED; t <= MT_TILE_HEAD; t++) {
-        const uint64_t n = (uint64_t)plan->tile_numel[t], bytes = (n + 63) / 64 * 8 + n / 16 * 20;
+        const uint64_t bytes = mt_codelet_ranged_bitmap_bytes(plan->tile_numel[t]);
         plan->host_clip_flags += t == MT_TILE_LAYER ? (uint64_t)(plan->num_tiles - 2) * bytes : bytes;
     }
     /* state.c's mt_state_enable_grad_alt: tiles 1.. */
