@@ -161,33 +161,38 @@ MT_CPU_CLONES static void ranged_fused(int64_t n, const float *restrict master, 
 
 /* ranged_fused in AVX2 intrinsics, with fewer instructions an element: the pass is bound by
  * them, not by memory (18 bytes an element; on an H200 box's CPU it ran at 3.4 ns an element
- * per worker inside the step, and the fused update, 30 bytes, at 3.1 alone). Three changes:
- * - the bounds' square root and two reciprocals come from the approximate instructions (rsqrtps,
+ * per worker inside the step, and the fused update, 30 bytes, at 3.1 alone). The changes:
+ * - no kernel: the weight an unflagged element streams is the bf16 value both ends of its bounds
+ *   round to, which is the kernel's at every scale in the range (that is what unflagged means),
+ *   so the kernel's two divisions and square root at the top scale are not needed; a flagged
+ *   element's weight is the redo's to write (adamw_confirm_ranged redoes every flagged element,
+ *   or the whole chunk). The weights are written as bf16 straight from same_bf16, with no fp32
+ *   block and no conversion loop. Both ends of the range are now corners from approximate
+ *   reciprocals (recip_den), as the bottom one was before;
+ * - those reciprocals and square roots come from the approximate instructions (rsqrtps,
  *   rcpps: within 1.5 x 2^-12 relative, per Intel's and AMD's manuals) and one Newton step each,
- *   which leaves them within about 5 x 2^-24 (the step squares the error), instead of three
- *   divider instructions. Why the margin still covers this: every corner of the bounds is a
- *   moment times one of these reciprocals, so their errors move each corner by at most ~2^-21 of
- *   max(|q_lo|, |q_hi|), which mag counts; the few dozen roundings the margin was sized for take
- *   at most ~2^-18 of it, so 2^-16 covers both. A square below FLT_MIN, which rsqrtps takes as
- *   zero, has its root taken as 0: the denominator is then at most 2^-63 / sqrt_bc2 low, within
- *   the same accounting when eps > 0 (at eps = 0 the reciprocal comes out infinite or NaN, which
- *   flags); infinite inputs give NaN bounds, which flag;
+ *   which leaves them within about 5 x 2^-24 (the step squares the error), instead of divider
+ *   instructions. Why the margin still covers this: every corner of the bounds is a moment times
+ *   one of these reciprocals, so their errors move each corner by at most ~2^-21 of the largest
+ *   corner, which mag bounds; the kernel's own result at a scale (its roundings, and its moment
+ *   against the corner's fused multiply-add) differs from the exact value by at most a few 2^-24
+ *   of the same magnitudes; the few dozen roundings of the bounds' evaluation take at most ~2^-18;
+ *   so 2^-16 covers all three. A square below FLT_MIN, which rsqrtps takes as zero, has its root
+ *   taken as 0: the denominator is then at most 2^-63 / sqrt_bc2 low, within the same accounting
+ *   when eps > 0 (at eps = 0 the reciprocal comes out infinite or NaN, which flags); infinite
+ *   inputs give NaN bounds, which flag;
  * - the bf16 comparison of lo and hi is same_bf16's, 7 instructions instead of 11, and their
  *   finiteness one subtraction and one comparison instead of 5 instructions;
- * - the margin's magnitude is |pd| + 2 ss side r1 instead of |pd| + ss (max(|q_lo|, |q_hi|) +
- *   side r1): every corner is a moment no larger than side = |b1 m| + |(1-b1) g ch| (to a
- *   rounding) times r1 or r2 <= r1, so this is at least as large. Two instructions and a
- *   register fewer: 1.62 -> 1.43 ns an element (below), the flagged shares in test_ops the same
- *   to 0.01%;
+ * - the margin's magnitude is |pd| + 2 ss side r1: every corner is a moment no larger than side =
+ *   |b1 m| + |(1-b1) g ch| (to a rounding) times r1 or r2 <= r1 (to the reciprocals' error);
  * - the flags come out as bytes (movemask) that or_bytes ORs into the bitmap, not as an int per
  *   element.
- * The weights at the top scale are the kernel's own operations in its order, without FMA (each
- * intrinsic rounds once, as the ISO C11 build's code does), so bit for bit its result. Written
- * with intrinsics because C has no spelling of rcpps short of -ffast-math, which would change the
- * kernel's part too. In cache on the development machine (Zen 4, one thread) it takes 1.43 ns an
- * element against ranged_fused's 2.05. tests/test_ops.c's test_ranged_flags_sound checks both.
- * Tried and dropped: converting the weights to bf16 in registers instead of the separate loop
- * (1.60 -> 1.77 ns: the constants it needs spill). */
+ * Written with intrinsics because C has no spelling of rcpps short of -ffast-math. On the
+ * development machine (Zen 4, one thread, 0.5M elements: tools/adamw_bw --params 500000
+ * --threads 1) the pass took 1.59-1.69 ns an element with the kernel at the top scale and a
+ * separate conversion, 1.41-1.44 without; ranged_fused's (exact bounds) 2.25-2.39.
+ * tests/test_ops.c's test_ranged_flags_sound checks every kind of bounds; it fails with the
+ * margin set to 0 or the Newton steps removed. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define MT_RANGED_APPROX 1
@@ -198,51 +203,70 @@ __attribute__((target("avx2,fma"))) static inline __m256 rcp_newton(__m256 d)
     return _mm256_fmadd_ps(r, _mm256_fnmadd_ps(d, r, _mm256_set1_ps(1.0f)), r);
 }
 
-/* All-ones where finite lo and hi round to the same bf16 value, for sure: the rounding of bit
- * pattern u is (u + 0x7FFF + odd) >> 16, odd being 0 or 1, and is monotone in u among values of
- * one sign; so when the smaller pattern rounded down and the larger rounded up agree, every
- * value between rounds alike, ties included (a sign change never agrees). */
-__attribute__((target("avx2,fma"))) static inline __m256i same_bf16(__m256 lo, __m256 hi)
+/* All-ones where finite lo and hi round to the same bf16 value, for sure, and that value in the
+ * low 16 bits of *bf16 there: the rounding of bit pattern u is (u + 0x7FFF + odd) >> 16, odd
+ * being 0 or 1, and is monotone in u among values of one sign; so when the smaller pattern
+ * rounded down and the larger rounded up agree, every value between rounds to it, ties included
+ * (a sign change never agrees). */
+__attribute__((target("avx2,fma"))) static inline __m256i same_bf16(__m256 lo, __m256 hi, __m256i *bf16)
 {
     const __m256i a = _mm256_castps_si256(lo), b = _mm256_castps_si256(hi);
     const __m256i down = _mm256_srli_epi32(_mm256_add_epi32(_mm256_min_epu32(a, b), _mm256_set1_epi32(0x7FFF)), 16);
     const __m256i up = _mm256_srli_epi32(_mm256_add_epi32(_mm256_max_epu32(a, b), _mm256_set1_epi32(0x8000)), 16);
+    *bf16 = down;
     return _mm256_cmpeq_epi32(down, up);
+}
+
+/* The tail of a vector loop (n < 16 elements): ranged_fused, its weights rounded to bf16, its
+ * flags as bytes (bit j of byte j / 8 for element j). */
+static void ranged_tail_bf16(int64_t n, const float *master, const float *grad, const float *m, const float *v,
+                             const ranged_consts *k, mt_bf16 *w, uint8_t *flagb)
+{
+    float out[16];
+    int32_t may[16];
+    ranged_fused(n, master, grad, m, v, k, out, may);
+    for (int64_t j = 0; j < n; j += 8) flagb[j / 8] = 0;
+    for (int64_t j = 0; j < n; j++) {
+        w[j] = (mt_bf16)bf16_bits(out[j]);
+        flagb[j / 8] |= (uint8_t)((may[j] & 1) << (j % 8));
+    }
+}
+
+/* sqrt(x) from rsqrtps and one Newton step (0 where x < FLT_MIN), then 1 / (that / sqrt_bc2 +
+ * eps) from rcpps and one Newton step: a corner's reciprocal denominator. */
+__attribute__((target("avx2,fma"))) static inline __m256 recip_den(__m256 x, __m256 isb, __m256 eps)
+{
+    const __m256 y = _mm256_rsqrt_ps(x);
+    const __m256 s0 = _mm256_mul_ps(x, y);
+    __m256 s1 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), y), _mm256_fnmadd_ps(s0, s0, x), s0);
+    s1 = _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(FLT_MIN), _CMP_LT_OQ), s1);
+    return rcp_newton(_mm256_fmadd_ps(s1, isb, eps));
 }
 
 __attribute__((target("avx2,fma"))) static void ranged_fused_approx(int64_t n, const float *restrict master,
                                                                     const float *restrict grad, const float *restrict m,
                                                                     const float *restrict v, const ranged_consts *k,
-                                                                    float *restrict out, uint8_t *restrict flagb)
+                                                                    mt_bf16 *restrict w, uint8_t *restrict flagb)
 {
     const __m256 b1 = _mm256_set1_ps(k->b1), ob1 = _mm256_set1_ps(k->one_b1), b2 = _mm256_set1_ps(k->b2);
-    const __m256 ob2 = _mm256_set1_ps(k->one_b2), ss = _mm256_set1_ps(k->step_size), sb = _mm256_set1_ps(k->sqrt_bc2);
+    const __m256 ob2 = _mm256_set1_ps(k->one_b2), ss = _mm256_set1_ps(k->step_size);
     const __m256 eps = _mm256_set1_ps(k->eps), decay = _mm256_set1_ps(k->decay), cl = _mm256_set1_ps(k->cl);
-    const __m256 ch = _mm256_set1_ps(k->ch), cl2 = _mm256_set1_ps(k->cl * k->cl), isb = _mm256_set1_ps(1.0f / k->sqrt_bc2);
-    const __m256 half = _mm256_set1_ps(0.5f), tiny = _mm256_set1_ps(FLT_MIN), big = _mm256_set1_ps(FLT_MAX);
+    const __m256 ch = _mm256_set1_ps(k->ch), cl2 = _mm256_set1_ps(k->cl * k->cl), ch2 = _mm256_set1_ps(k->ch * k->ch);
+    const __m256 isb = _mm256_set1_ps(1.0f / k->sqrt_bc2), big = _mm256_set1_ps(FLT_MAX);
     const __m256 rel = _mm256_set1_ps(0x1p-16f), floor_ = _mm256_set1_ps(1e-37f);
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), ss2 = _mm256_set1_ps(2.0f * k->step_size);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m256 g = _mm256_loadu_ps(grad + i), mi = _mm256_loadu_ps(m + i), vi = _mm256_loadu_ps(v + i);
-        /* the kernel at the top scale (adamw_moments_of, adamw_param_of), operation by operation */
-        const __m256 gk = _mm256_mul_ps(g, ch);
-        const __m256 bm = _mm256_mul_ps(b1, mi);
-        const __m256 m2 = _mm256_add_ps(bm, _mm256_mul_ps(ob1, gk));
-        const __m256 v2 = _mm256_add_ps(_mm256_mul_ps(b2, vi), _mm256_mul_ps(_mm256_mul_ps(ob2, gk), gk));
-        const __m256 d2 = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v2), sb), eps);
-        const __m256 pd = _mm256_mul_ps(_mm256_loadu_ps(master + i), decay);
-        _mm256_storeu_ps(out + i, _mm256_sub_ps(pd, _mm256_mul_ps(ss, _mm256_div_ps(m2, d2))));
-        /* the bottom scale, and the bounds over the box of the two moments and denominators */
-        const __m256 t = _mm256_mul_ps(ob1, g);
-        const __m256 m1 = _mm256_fmadd_ps(t, cl, bm);
+        const __m256 pd = _mm256_mul_ps(_mm256_loadu_ps(master + i), decay); /* the kernel's own */
+        /* the moments at both ends of the range, and the reciprocal denominators */
+        const __m256 bm = _mm256_mul_ps(b1, mi), t = _mm256_mul_ps(ob1, g);
+        const __m256 m1 = _mm256_fmadd_ps(t, cl, bm), m2 = _mm256_fmadd_ps(t, ch, bm);
         const __m256 mn = _mm256_min_ps(m1, m2), mx = _mm256_max_ps(m1, m2);
-        const __m256 x1 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(ob2, g), g), cl2, _mm256_mul_ps(b2, vi));
-        const __m256 y = _mm256_rsqrt_ps(x1);
-        const __m256 s0 = _mm256_mul_ps(x1, y);
-        __m256 s1 = _mm256_fmadd_ps(_mm256_mul_ps(half, y), _mm256_fnmadd_ps(s0, s0, x1), s0);
-        s1 = _mm256_andnot_ps(_mm256_cmp_ps(x1, tiny, _CMP_LT_OQ), s1);
-        const __m256 r1 = rcp_newton(_mm256_fmadd_ps(s1, isb, eps)), r2 = rcp_newton(d2);
+        const __m256 bv = _mm256_mul_ps(b2, vi), gg = _mm256_mul_ps(_mm256_mul_ps(ob2, g), g);
+        const __m256 r1 = recip_den(_mm256_fmadd_ps(gg, cl2, bv), isb, eps);
+        const __m256 r2 = recip_den(_mm256_fmadd_ps(gg, ch2, bv), isb, eps);
+        /* the bounds over the box of the two moments and denominators */
         const __m256 q_lo = _mm256_min_ps(_mm256_mul_ps(mn, r1), _mm256_mul_ps(mn, r2));
         const __m256 q_hi = _mm256_max_ps(_mm256_mul_ps(mx, r1), _mm256_mul_ps(mx, r2));
         const __m256 side = _mm256_add_ps(_mm256_and_ps(bm, absmask), _mm256_and_ps(_mm256_mul_ps(t, ch), absmask));
@@ -253,17 +277,12 @@ __attribute__((target("avx2,fma"))) static void ranged_fused_approx(int64_t n, c
         /* lo and hi finite: hi - lo is then finite or (a span past FLT_MAX) flags anyway; a NaN
          * or an infinite end makes it NaN or infinite */
         const __m256 finite = _mm256_cmp_ps(_mm256_sub_ps(hi, lo), big, _CMP_LE_OQ);
-        const __m256i same = _mm256_and_si256(same_bf16(lo, hi),
-                                              _mm256_castps_si256(finite));
+        __m256i down;
+        const __m256i same = _mm256_and_si256(same_bf16(lo, hi, &down), _mm256_castps_si256(finite));
+        _mm_storeu_si128((__m128i *)(w + i), _mm_packus_epi32(_mm256_castsi256_si128(down), _mm256_extracti128_si256(down, 1)));
         flagb[i / 8] = (uint8_t)~_mm256_movemask_ps(_mm256_castsi256_ps(same));
     }
-    if (i < n) {
-        int32_t may[8];
-        ranged_fused(n - i, master + i, grad + i, m + i, v + i, k, out + i, may);
-        uint8_t b = 0;
-        for (int64_t j = 0; j < n - i; j++) b |= (uint8_t)((may[j] & 1) << j);
-        flagb[i / 8] = b;
-    }
+    if (i < n) ranged_tail_bf16(n - i, master + i, grad + i, m + i, v + i, k, w + i, flagb + i / 8);
 }
 
 /* ranged_fused_approx in 16 lanes with AVX-512's masks, its reciprocal and square-root
@@ -278,42 +297,40 @@ __attribute__((target("avx2,fma"))) static void ranged_fused_approx(int64_t n, c
  * session; one run each, and the AVX-512 run's fused update alone, which has no AVX-512 code,
  * was 23% slower too, so the machine may have been slower then). The remainder past the last 16
  * goes to the AVX2 loop, and its own past 8 to ranged_fused. */
+/* recip_den in 16 lanes, from rsqrt14 and rcp14 (within 2^-14) and the same Newton steps */
+__attribute__((target("avx2,fma,avx512f,avx512vl,avx512dq,avx512bw"))) static inline __m512
+recip_den512(__m512 x, __m512 isb, __m512 eps)
+{
+    const __m512 y = _mm512_rsqrt14_ps(x);
+    const __m512 s0 = _mm512_mul_ps(x, y);
+    const __m512 s1 = _mm512_maskz_fmadd_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(FLT_MIN), _CMP_NLT_UQ),
+                                            _mm512_mul_ps(_mm512_set1_ps(0.5f), y), _mm512_fnmadd_ps(s0, s0, x), s0);
+    const __m512 e = _mm512_fmadd_ps(s1, isb, eps), r = _mm512_rcp14_ps(e);
+    return _mm512_fmadd_ps(r, _mm512_fnmadd_ps(e, r, _mm512_set1_ps(1.0f)), r);
+}
+
 __attribute__((target("avx2,fma,avx512f,avx512vl,avx512dq,avx512bw"))) static void
 ranged_fused_approx512(int64_t n, const float *restrict master, const float *restrict grad, const float *restrict m,
-                       const float *restrict v, const ranged_consts *k, float *restrict out, uint8_t *restrict flagb)
+                       const float *restrict v, const ranged_consts *k, mt_bf16 *restrict w, uint8_t *restrict flagb)
 {
     const __m512 b1 = _mm512_set1_ps(k->b1), ob1 = _mm512_set1_ps(k->one_b1), b2 = _mm512_set1_ps(k->b2);
-    const __m512 ob2 = _mm512_set1_ps(k->one_b2), ss = _mm512_set1_ps(k->step_size), sb = _mm512_set1_ps(k->sqrt_bc2);
+    const __m512 ob2 = _mm512_set1_ps(k->one_b2), ss = _mm512_set1_ps(k->step_size);
     const __m512 eps = _mm512_set1_ps(k->eps), decay = _mm512_set1_ps(k->decay), cl = _mm512_set1_ps(k->cl);
-    const __m512 ch = _mm512_set1_ps(k->ch), cl2 = _mm512_set1_ps(k->cl * k->cl), isb = _mm512_set1_ps(1.0f / k->sqrt_bc2);
-    const __m512 half = _mm512_set1_ps(0.5f), tiny = _mm512_set1_ps(FLT_MIN), big = _mm512_set1_ps(FLT_MAX);
-    const __m512 rel = _mm512_set1_ps(0x1p-16f), floor_ = _mm512_set1_ps(1e-37f), one = _mm512_set1_ps(1.0f);
+    const __m512 ch = _mm512_set1_ps(k->ch), cl2 = _mm512_set1_ps(k->cl * k->cl), ch2 = _mm512_set1_ps(k->ch * k->ch);
+    const __m512 isb = _mm512_set1_ps(1.0f / k->sqrt_bc2), big = _mm512_set1_ps(FLT_MAX);
+    const __m512 rel = _mm512_set1_ps(0x1p-16f), floor_ = _mm512_set1_ps(1e-37f);
     const __m512 ss2 = _mm512_set1_ps(2.0f * k->step_size);
     const __m512i r_down = _mm512_set1_epi32(0x7FFF), r_up = _mm512_set1_epi32(0x8000);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         const __m512 g = _mm512_loadu_ps(grad + i), mi = _mm512_loadu_ps(m + i), vi = _mm512_loadu_ps(v + i);
-        /* the kernel at the top scale, operation by operation */
-        const __m512 gk = _mm512_mul_ps(g, ch);
-        const __m512 bm = _mm512_mul_ps(b1, mi);
-        const __m512 m2 = _mm512_add_ps(bm, _mm512_mul_ps(ob1, gk));
-        const __m512 bv = _mm512_mul_ps(b2, vi);
-        const __m512 v2 = _mm512_add_ps(bv, _mm512_mul_ps(_mm512_mul_ps(ob2, gk), gk));
-        const __m512 d2 = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v2), sb), eps);
         const __m512 pd = _mm512_mul_ps(_mm512_loadu_ps(master + i), decay);
-        _mm512_storeu_ps(out + i, _mm512_sub_ps(pd, _mm512_mul_ps(ss, _mm512_div_ps(m2, d2))));
-        /* the bottom scale and the bounds */
-        const __m512 t = _mm512_mul_ps(ob1, g);
-        const __m512 m1 = _mm512_fmadd_ps(t, cl, bm);
+        const __m512 bm = _mm512_mul_ps(b1, mi), t = _mm512_mul_ps(ob1, g);
+        const __m512 m1 = _mm512_fmadd_ps(t, cl, bm), m2 = _mm512_fmadd_ps(t, ch, bm);
         const __m512 mn = _mm512_min_ps(m1, m2), mx = _mm512_max_ps(m1, m2);
-        const __m512 x1 = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(ob2, g), g), cl2, bv);
-        const __m512 y = _mm512_rsqrt14_ps(x1);
-        const __m512 s0 = _mm512_mul_ps(x1, y);
-        const __m512 s1 = _mm512_maskz_fmadd_ps(_mm512_cmp_ps_mask(x1, tiny, _CMP_NLT_UQ), _mm512_mul_ps(half, y),
-                                                _mm512_fnmadd_ps(s0, s0, x1), s0);
-        const __m512 e1 = _mm512_fmadd_ps(s1, isb, eps), y1 = _mm512_rcp14_ps(e1), y2 = _mm512_rcp14_ps(d2);
-        const __m512 r1 = _mm512_fmadd_ps(y1, _mm512_fnmadd_ps(e1, y1, one), y1);
-        const __m512 r2 = _mm512_fmadd_ps(y2, _mm512_fnmadd_ps(d2, y2, one), y2);
+        const __m512 bv = _mm512_mul_ps(b2, vi), gg = _mm512_mul_ps(_mm512_mul_ps(ob2, g), g);
+        const __m512 r1 = recip_den512(_mm512_fmadd_ps(gg, cl2, bv), isb, eps);
+        const __m512 r2 = recip_den512(_mm512_fmadd_ps(gg, ch2, bv), isb, eps);
         const __m512 q_lo = _mm512_min_ps(_mm512_mul_ps(mn, r1), _mm512_mul_ps(mn, r2));
         const __m512 q_hi = _mm512_max_ps(_mm512_mul_ps(mx, r1), _mm512_mul_ps(mx, r2));
         const __m512 side = _mm512_add_ps(_mm512_abs_ps(bm), _mm512_abs_ps(_mm512_mul_ps(t, ch)));
@@ -325,11 +342,12 @@ ranged_fused_approx512(int64_t n, const float *restrict master, const float *res
         const __m512i a = _mm512_castps_si512(lo), b = _mm512_castps_si512(hi);
         const __m512i down = _mm512_srli_epi32(_mm512_add_epi32(_mm512_min_epu32(a, b), r_down), 16);
         const __m512i up = _mm512_srli_epi32(_mm512_add_epi32(_mm512_max_epu32(a, b), r_up), 16);
+        _mm256_storeu_si256((__m256i *)(w + i), _mm512_cvtepi32_epi16(down));
         const unsigned flags = (unsigned)(uint16_t)~_mm512_mask_cmpeq_epi32_mask(finite, down, up);
         flagb[i / 8] = (uint8_t)flags;
         flagb[i / 8 + 1] = (uint8_t)(flags >> 8);
     }
-    if (i < n) ranged_fused_approx(n - i, master + i, grad + i, m + i, v + i, k, out + i, flagb + i / 8);
+    if (i < n) ranged_fused_approx(n - i, master + i, grad + i, m + i, v + i, k, w + i, flagb + i / 8);
 }
 #endif
 
@@ -628,32 +646,33 @@ bool mt_codelet_ranged_begin(void *flags, int64_t n, double known, double head_t
     return true;
 }
 
-/* One block of a ranged pass: the weights at the range's top scale, the flags; returns how many
- * were flagged. */
+/* One block of a ranged pass: the flags, and the weights of the unflagged elements (the exact
+ * bounds' C loop: all of them at the range's top scale); returns how many were flagged. */
 static int64_t ranged_block(int64_t e, int64_t len, const float *master, const float *grad, const float *m,
                             const float *v, void *weights, mt_dtype dtype, const ranged_consts *k,
                             ranged_header *hd)
 {
-    float updated[BLOCK];
     int64_t nflagged;
 #ifdef MT_RANGED_APPROX
     const mt_ranged_bounds b = bounds_used();
-    if (e % 8 == 0 && b != MT_RANGED_BOUNDS_EXACT) {
+    if (e % 8 == 0 && b != MT_RANGED_BOUNDS_EXACT && dtype == MT_DTYPE_BF16) {
         /* flags as bytes, element e + 8j + b at bit b of byte j: on this little-endian target,
          * the bitmap's own layout from byte e / 8 on */
         uint8_t flagb[BLOCK / 8];
-        if (b == MT_RANGED_BOUNDS_AVX512) ranged_fused_approx512(len, master + e, grad + e, m + e, v + e, k, updated, flagb);
-        else ranged_fused_approx(len, master + e, grad + e, m + e, v + e, k, updated, flagb);
+        mt_bf16 *w = (mt_bf16 *)weights + e;
+        if (b == MT_RANGED_BOUNDS_AVX512) ranged_fused_approx512(len, master + e, grad + e, m + e, v + e, k, w, flagb);
+        else ranged_fused_approx(len, master + e, grad + e, m + e, v + e, k, w, flagb);
         nflagged = or_bytes(e / 8, (len + 7) / 8, flagb, bits_of(hd));
     } else
 #endif
     {
+        float updated[BLOCK];
         int32_t may[BLOCK];
         ranged_fused(len, master + e, grad + e, m + e, v + e, k, updated, may);
         nflagged = or_bits(e, len, may, bits_of(hd));
+        const size_t wsz = dtype == MT_DTYPE_BF16 ? sizeof(mt_bf16) : sizeof(float);
+        write_streamed(len, updated, (char *)weights + (size_t)e * wsz, dtype);
     }
-    const size_t wsz = dtype == MT_DTYPE_BF16 ? sizeof(mt_bf16) : sizeof(float);
-    write_streamed(len, updated, (char *)weights + (size_t)e * wsz, dtype);
     if (nflagged) side_append(hd, e, len, master, grad, m, v);
     return nflagged;
 }
@@ -697,7 +716,7 @@ void mt_codelet_ranged_flag(int64_t o, int64_t n, void *flags)
     }
 }
 
-/* adamw_params, MT_ADAMW_RANGED: the weights at the range's top scale, and the flags. */
+/* adamw_params, MT_ADAMW_RANGED: the flags, and the weights of the unflagged elements. */
 static void adamw_params_ranged(void *buffers[], mt_adamw_params p, mt_dtype dtype, const mt_ranged_args *a)
 {
     int64_t n = (int64_t)STARPU_VECTOR_GET_NX(buffers[0]);
@@ -710,10 +729,22 @@ static void adamw_params_ranged(void *buffers[], mt_adamw_params p, mt_dtype dty
     if (mt_codelet_ranged_begin(flags, n, known[0], known[1], a, &p)) mt_codelet_ranged_pass(0, n, master, grad, m, v, w, dtype, &p, flags);
 }
 
-/* adamw_params, MT_ADAMW_RANGED_DEFERRED: block by block, the last step's moments half (master,
- * m and v in place, as adamw_moments: the same kernel on the same values, so the same bits),
- * then while the block is in cache this step's ranged run on the new values. One pass over
- * master, m and v instead of two: 34 bytes per parameter (both gradients read) against 46. */
+void mt_codelet_ranged_pass_deferred(int64_t n, float *master, const float *old, const float *grad, float *m, float *v,
+                                     void *weights, mt_dtype dtype, const mt_adamw_params *po,
+                                     const mt_adamw_params *p, void *flags)
+{
+    const ranged_consts k = ranged_consts_of(p);
+    long long nflagged = 0;
+    for (int64_t e = 0; e < n; e += BLOCK) {
+        int64_t len = n - e < BLOCK ? n - e : BLOCK;
+        mt_cpu_adamw_f32(len, master + e, old + e, m + e, v + e, po);
+        if (flags) nflagged += ranged_block(e, len, master, grad, m, v, weights, dtype, &k, (ranged_header *)flags);
+    }
+    atomic_fetch_add(&ranged_flagged, nflagged);
+}
+
+/* adamw_params, MT_ADAMW_RANGED_DEFERRED: the last step's moments half and this step's ranged
+ * run in one pass (mt_codelet_ranged_pass_deferred). */
 static void adamw_params_ranged_deferred(void *buffers[], mt_adamw_params p, mt_dtype dtype,
                                          const mt_ranged_args *a, mt_adamw_params po)
 {
@@ -727,14 +758,7 @@ static void adamw_params_ranged_deferred(void *buffers[], mt_adamw_params p, mt_
     const float *old = (const float *)STARPU_VECTOR_GET_PTR(buffers[7]);
     po.grad_scale *= ((const double *)STARPU_VECTOR_GET_PTR(buffers[8]))[1]; /* as adamw_moments_cpu */
     const bool ranged = mt_codelet_ranged_begin(flags, n, known[0], known[1], a, &p);
-    const ranged_consts k = ranged_consts_of(&p);
-    long long nflagged = 0;
-    for (int64_t e = 0; e < n; e += BLOCK) {
-        int64_t len = n - e < BLOCK ? n - e : BLOCK;
-        mt_cpu_adamw_f32(len, master + e, old + e, m + e, v + e, &po);
-        if (ranged) nflagged += ranged_block(e, len, master, grad, m, v, w, dtype, &k, (ranged_header *)flags);
-    }
-    atomic_fetch_add(&ranged_flagged, nflagged);
+    mt_codelet_ranged_pass_deferred(n, master, old, grad, m, v, w, dtype, &po, &p, ranged ? flags : NULL);
 }
 
 enum { GATHER = 1024 };

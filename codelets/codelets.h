@@ -215,16 +215,26 @@ const uint64_t *mt_codelet_ranged_bits(const void *flags);
 void mt_codelet_ranged_reset(void *flags, int64_t n);
 /* The pieces of a ranged run, for the table's early path (embedding.c) too. ranged_begin: decides
  * the range of a chunk of n elements from `known` (mt_ranged_args) and writes it at the head of
- * its flags buffer (head_table: mt_ranged_args); when narrow enough, clears the bitmap, sets p's grad_scale and grad_scale_lo
- * to the range and returns true; else marks the chunk for its confirm to do whole. ranged_pass:
- * over elements [o, o + n) of the chunk, the weights at the range's top and their flags; returns
- * how many it flagged. ranged_flag:
- * flags elements [o, o + n) (their gradient is still to change: the confirm redoes them). */
+ * its flags buffer (head_table: mt_ranged_args); when narrow enough, clears the bitmap, sets p's
+ * grad_scale and grad_scale_lo to the range and returns true; else marks the chunk for its
+ * confirm to do whole. ranged_pass: over elements [o, o + n) of the chunk, their flags and the
+ * weights of the unflagged ones (the same for every scale in the range; the flagged ones' are
+ * left to the redo); returns how many it flagged. ranged_flag: flags elements [o, o + n) (their
+ * gradient is still to change: the confirm redoes them). */
 bool mt_codelet_ranged_begin(void *flags, int64_t n, double known, double head_table, const mt_ranged_args *a,
                              mt_adamw_params *p);
 int64_t mt_codelet_ranged_pass(int64_t o, int64_t n, const float *master, const float *grad, const float *m,
                                const float *v, void *weights, mt_dtype dtype, const mt_adamw_params *p, void *flags);
 void mt_codelet_ranged_flag(int64_t o, int64_t n, void *flags);
+/* A deferred update's pass over a chunk of n elements (MT_ADAMW_RANGED_DEFERRED), block by
+ * block: the last step's moments half (master, m and v in place from its gradient `old`, po with
+ * its scale: the same kernel on the same values as adamw_moments, so the same bits), then, while
+ * the block is in cache, this step's ranged run on the new values (grad, p with the range set by
+ * mt_codelet_ranged_begin) into weights and flags; flags NULL: the moments half only. One pass
+ * over master, m and v instead of two: 34 bytes per parameter against 46. */
+void mt_codelet_ranged_pass_deferred(int64_t n, float *master, const float *old, const float *grad, float *m, float *v,
+                                     void *weights, mt_dtype dtype, const mt_adamw_params *po,
+                                     const mt_adamw_params *p, void *flags);
 /* How ranged passes bound their weights (codelets/adamw.c): AVX2, the default, on x86-64 CPUs
  * with AVX2 and FMA in 8 lanes with approximate reciprocals refined by a Newton step; AVX512 the
  * same in 16 lanes where the CPU has AVX-512 F, VL, DQ and BW (else as AVX2); EXACT divides, in

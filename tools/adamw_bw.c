@@ -4,11 +4,13 @@
  * streamed copy (30 B), the same out of place into a second master, m and v with plain or
  * non-temporal stores (--adamw-spare; 30 B nominal, plus the reads of the target lines that
  * plain stores cause), the split update's halves (18 and 28 B), and the ranged pass of clip
- * speculation (the weights half at the range's top scale plus the bitmap of the elements whose
- * bf16 weight could differ within the range: 18 B and a bit; with the exact bounds, the AVX-512
- * ones, then the default ones, mt_codelet_ranged_set_bounds) and the redo of the flagged elements
+ * speculation (the bitmap of the elements whose bf16 weight could differ within the range, and
+ * the weights of the others: 18 B and a bit; with the exact bounds, the AVX-512 ones, then the
+ * default ones, mt_codelet_ranged_set_bounds) and the redo of the flagged elements
  * after the norm (random data tuned to flag ~2%, as the 3B bench model at clip 1; the row's GB/s
- * counts 2 B per parameter, the streamed weight). A diagnostic, not the benchmark:
+ * counts 2 B per parameter, the streamed weight), and last the pass of a deferred update
+ * (--adamw-defer on: the last step's moments half from a second gradient, then the ranged pass,
+ * block by block: 34 B, against 28 + 18 for the two apart). A diagnostic, not the benchmark:
  * `megatrain bench` measures AdamW alone and inside the step. */
 #include <errno.h>
 #include <pthread.h>
@@ -27,7 +29,7 @@ enum { BLOCK = 4096, MAX_THREADS = 256 };
 typedef struct bench {
     int64_t n;
     int threads, mode;
-    float *p, *g, *m, *v, *p2, *m2, *v2;
+    float *p, *g, *m, *v, *p2, *m2, *v2, *g0;
     mt_bf16 *w;
     void *flags[MAX_THREADS]; /* per thread: the ranged pass's buffer over its elements (one chunk) */
     mt_adamw_params prm, ranged, redo;
@@ -54,7 +56,11 @@ static void *run(void *arg)
         /* the thread's elements as one chunk: the ranged pass walks it block by block, the redo
          * its bitmap */
         void *flags = b->flags[j->t];
-        if (b->mode != 8) {
+        if (b->mode == 9) {
+            mt_codelet_ranged_reset(flags, hi - lo);
+            mt_codelet_ranged_pass_deferred(hi - lo, b->p + lo, b->g0 + lo, b->g + lo, b->m + lo, b->v + lo, b->w + lo,
+                                            MT_DTYPE_BF16, &b->prm, &b->ranged, flags);
+        } else if (b->mode != 8) {
             mt_codelet_ranged_reset(flags, hi - lo);
             mt_codelet_ranged_pass(0, hi - lo, b->p + lo, b->g + lo, b->m + lo, b->v + lo, b->w + lo, MT_DTYPE_BF16,
                                    &b->ranged, flags);
@@ -101,6 +107,7 @@ static void *touch(void *arg)
         const float u1 = (float)(s >> 40) * 0x1p-24f, u2 = (float)((s >> 16) & 0xFFFFFF) * 0x1p-24f;
         b->p[i] = b->p2[i] = 0.01f * (u1 - 0.5f);
         b->g[i] = 2e-3f * (u2 - 0.5f);
+        b->g0[i] = 2e-3f * (u1 - 0.5f);
         b->m[i] = b->m2[i] = 1e-3f * (u2 - u1);
         b->v[i] = b->v2[i] = 1e-6f * (0.1f + u1);
         b->w[i] = 0;
@@ -188,7 +195,7 @@ int main(int argc, char **argv)
         else b.threads = (int)x;
     }
     const size_t fb = ((size_t)b.n * sizeof(float) + 4095) / 4096 * 4096, wb = ((size_t)b.n * 2 + 4095) / 4096 * 4096;
-    float **arrays[] = { &b.p, &b.g, &b.m, &b.v, &b.p2, &b.m2, &b.v2 };
+    float **arrays[] = { &b.p, &b.g, &b.m, &b.v, &b.p2, &b.m2, &b.v2, &b.g0 };
     for (size_t k = 0; k < sizeof arrays / sizeof arrays[0]; k++)
         if (!(*arrays[k] = aligned_alloc(4096, fb))) { fprintf(stderr, "adamw_bw: out of memory\n"); return 1; }
     if (!(b.w = aligned_alloc(4096, wb))) { fprintf(stderr, "adamw_bw: out of memory\n"); return 1; }
@@ -216,9 +223,10 @@ int main(int argc, char **argv)
         { "out of place, non-temporal stores", 30 }, { "split: weights half", 18 }, { "split: moments half", 28 },
         { "ranged pass, exact bounds", 18 }, { "ranged pass, AVX-512 bounds", 18 },
         { "ranged pass (weights half + flags)", 18 }, { "ranged redo (flagged elements)", 2 },
+        { "deferred: moments + ranged pass", 34 },
     };
     int64_t flagged_exact = 0;
-    for (int mode = 0; mode < 9; mode++) {
+    for (int mode = 0; mode < 10; mode++) {
         b.mode = mode;
         mt_codelet_ranged_set_bounds(mode == 5 ? MT_RANGED_BOUNDS_EXACT : mode == 6 ? MT_RANGED_BOUNDS_AVX512
                                                                                       : MT_RANGED_BOUNDS_AVX2);
