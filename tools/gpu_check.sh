@@ -3,7 +3,8 @@
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, on the GPU machine (device tool, carrying build-gpu and .deps/gpu-runtime):
 #   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|clip3b|defer3b|ab3b|check3b|data3b|cudnn3b|auto3b|spread3b|bounds3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
-#   (attention3b takes QBLOCK=64|128, bench3b CLIPS, RESIDENT and K, data3b DATA, spread3b RULE, bounds3b ROUNDS)
+#   (attention3b takes QBLOCK=64|128, bench3b CLIPS, RESIDENT and K, data3b DATA, spread3b RULE, bounds3b ROUNDS,
+#   defer3b ROUNDS, OLD, TEST, TORCH)
 # Logs go to $OUT (or ./out); the last lines are a short table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -127,15 +128,20 @@ clip3b)
     run torch_3b "${torch3b[@]}"
     ;;
 defer3b)
-    # Ranged speculation with deferred moments halves (--adamw-defer, the default): clip 1
-    # (scaling every step) and 1000 (never reached: unit speculation) for each spread in
-    # SPREADS, one host state each; then without deferral (A/B on this machine); then torch.
-    run test_gpu_step "$B/tests/test_gpu_step"
-    for sp in ${SPREADS:-1.1}; do
-        run bench_3b_ranged_$sp "${bench3b[@]}" --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000} --clip-speculate ranged --clip-range $sp --warmup 2 --steps ${STEPS:-6}
+    # Deferred moments halves (--adamw-defer on) against the default (off) on one machine: the 3B
+    # step at clip 1 (scaling every step) on real text (DATA, default the prepared Qwen3-token
+    # fortunes), default then deferred, ROUNDS times (default 1); OLD (a folder with an earlier
+    # build's tools/megatrain and libmegatrain.so): that build's default run too, each round.
+    # TEST=1 runs test_gpu_step first, TORCH=1 the torch reference last.
+    DATA=${DATA:-.deps/fortunes-qwen3}
+    [ "${TEST:-1}" = 1 ] && run test_gpu_step "$B/tests/test_gpu_step"
+    run adamw_bw "$B/tools/adamw_bw"
+    for r in $(seq 1 "${ROUNDS:-1}"); do
+        run "bench_3b_data_default_$r" "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA"
+        run "bench_3b_data_defer_$r" "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA" --adamw-defer on
+        [ -n "${OLD:-}" ] && run "bench_3b_data_old_$r" "$OLD/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA"
     done
-    [ "${NODEFER:-1}" = 1 ] && run bench_3b_ranged_nodefer "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --clip-speculate ranged --adamw-defer off --warmup 2 --steps ${STEPS:-6}
-    [ "${TORCH:-1}" = 1 ] && run torch_3b "${torch3b[@]}"
+    [ "${TORCH:-0}" = 1 ] && run torch_3b "${torch3b[@]}"
     ;;
 ab3b)
     # A/B of two builds on one machine (machines differ from call to call): this build against
