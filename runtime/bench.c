@@ -297,6 +297,10 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
     if (log && sc->adamw_defer > 0 && !mt_graph_defers(g))
         fprintf(log, "bench: K=%d clip %g: --adamw-defer on has no effect here: it needs ranged clip speculation (bf16 "
                      "weights, clipping, and --clip-speculate ranged, or auto with a GPU)\n", sc->K, sc->clip);
+    if (log && sc->adamw_defer < 0 && mt_graph_ranged(g) && !mt_graph_defers(g))
+        fprintf(log, "bench: K=%d clip %g: AdamW moments halves not deferred (--adamw-defer auto): a second gradient "
+                     "(%.2f GB) would take over 80%% of the host memory available\n",
+                sc->K, sc->clip, (double)mt_state_grad_alt_bytes(st, 1) / 1e9);
     if (log && mt_graph_defers(g))
         fprintf(log, "bench: K=%d clip %g: AdamW moments halves deferred to the next step's ranged runs (a second "
                      "gradient: %.2f GB more pinned host memory)\n",

@@ -232,7 +232,8 @@ void mt_plan_print(const mt_plan *plan, FILE *out)
             plan->param_count ? (double)state / (double)plan->param_count : 0.0);
     fprintf(out, "  with --adamw-spare on (or auto, with clipping, when it fits): + %s of spare AdamW state (not pinned)\n",
             mt_format_bytes(plan->host_spare, a, sizeof a));
-    fprintf(out, "  with --adamw-defer on (ranged speculation): + %s of a second gradient (%s)\n",
+    fprintf(out, "  with ranged speculation and --adamw-defer auto (the default; when it fits in 80%% of the memory "
+                 "available) or on: + %s of a second gradient (%s)\n",
             mt_format_bytes(plan->host_grad_alt, a, sizeof a), plan->params.use_gpu ? "pinned" : "not pinned");
 }
 

@@ -90,7 +90,7 @@ mt_step_config mt_step_defaults(void)
     mt_step_config c = {
         .B = 8, .T = 128, .accum = 1, .K = 4, .clip = 1.0, .head_chunk = 1024,
         .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0, .adamw_split = -1,
-        .clip_speculate = -1, .clip_range_check = -1, .adamw_spare = 0, .adamw_defer = 0,
+        .clip_speculate = -1, .clip_range_check = -1, .adamw_spare = 0, .adamw_defer = -1,
     };
     return c;
 }
@@ -156,10 +156,12 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
                                 mt_state_spare_bytes(st, first_spare) <= mt_host_memory_available() / 10 * 8)) {
         if (mt_state_enable_spare(st, first_spare, err, errlen)) return NULL;
     }
-    /* Deferred moments halves (ranged speculation): a second gradient for tiles 1.. */
+    /* Deferred moments halves (ranged speculation): a second gradient for tiles 1.. Auto: when
+     * it takes at most 80% of the host memory available now. */
     const bool ranged = sc->clip > 0 && st->compute_dtype == MT_DTYPE_BF16 &&
                         (sc->clip_speculate == 2 || (sc->clip_speculate < 0 && gpu));
-    const bool defer = ranged && sc->adamw_defer > 0;
+    const bool defer = ranged && (sc->adamw_defer > 0 ||
+                                  (sc->adamw_defer < 0 && mt_state_grad_alt_bytes(st, 1) <= mt_host_memory_available() / 10 * 8));
     if (defer && mt_state_enable_grad_alt(st, 1, err, errlen)) return NULL;
     mt_graph *g = calloc(1, sizeof *g);
     g->st = st;
@@ -838,6 +840,7 @@ static void submit_pending_tile(mt_graph *g, mt_tile *t)
 }
 
 bool mt_graph_defers(const mt_graph *g) { return g->defer; }
+bool mt_graph_ranged(const mt_graph *g) { return g->flags != NULL; }
 
 void mt_graph_flush(mt_graph *g)
 {

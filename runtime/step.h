@@ -70,10 +70,13 @@ typedef struct mt_step_config {
                             * gradient is then double-buffered (a second one, 4 bytes per
                             * parameter of those tiles, pinned host memory). Bitwise the same
                             * results; the last update's moments are run by mt_graph_flush.
-                            * 1: with ranged speculation; 0 (the default) never: on the H200 at
-                            * 3B it was slower (2.00 s a step against 1.90: the fused pass
-                            * lengthens the updates of the backward's last layers, on which the
-                            * next forward waits). */
+                            * 1: with ranged speculation; -1 (the default): with ranged
+                            * speculation, when the second gradient takes at most 80% of the
+                            * host memory available when the graph is created (on the H200 at
+                            * 3B, clip 1, real text: AdamW 17.4-21.2 CPU-s a step against
+                            * 21.0-23.7, the step 1.764-1.801 s against 1.785-1.800; it was
+                            * slower while the ranged pass was dearer, docs/benchmarks.md);
+                            * 0 never. */
 } mt_step_config;
 
 #define MT_CLIP_SPREAD_DEFAULT 1.25
@@ -83,7 +86,7 @@ typedef struct mt_step_config {
 #define MT_CLIP_RANGE_MEMORY_MAX 16 /* MT_NORM_MEMORY_MAX (codelets.h) */
 
 /* Defaults: accum 1, K 4, clip 1.0, head_chunk 1024, betas (0.9, 0.999), eps 1e-8, wd 0,
- * adamw_split -1, clip_speculate -1, adamw_spare 0, adamw_defer 0. */
+ * adamw_split -1, clip_speculate -1, adamw_spare 0, adamw_defer -1. */
 mt_step_config mt_step_defaults(void);
 
 /* What an observer hears: a compute task of a training step ended. */
@@ -108,8 +111,10 @@ void mt_graph_destroy(mt_graph *g);
  * tasks end (starpu_task_wait_for_all): call it before reading them or saving a checkpoint.
  * Nothing when nothing is pending; the next step needs no call. */
 void mt_graph_flush(mt_graph *g);
-/* Whether the graph defers moments halves (adamw_defer with ranged speculation). */
+/* Whether the graph defers moments halves (adamw_defer with ranged speculation), and whether it
+ * may speculate ranged at all (clip_speculate 2, or auto with a GPU; bf16 weights, clipping). */
 bool mt_graph_defers(const mt_graph *g);
+bool mt_graph_ranged(const mt_graph *g);
 
 /* Bytes of the working buffers the graph registered where its compute runs: checkpoints,
  * ping-pong hidden states and gradients, saved activations, layer and head scratch. The memory

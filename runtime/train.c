@@ -206,6 +206,9 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         if (o->step.adamw_defer > 0 && !mt_graph_defers(g))
             fprintf(log, "megatrain: --adamw-defer on has no effect here: it needs ranged clip speculation (bf16 "
                          "weights, clipping, and --clip-speculate ranged, or auto with a GPU)\n");
+        if (o->step.adamw_defer < 0 && mt_graph_ranged(g) && !mt_graph_defers(g))
+            fprintf(log, "megatrain: AdamW moments halves not deferred (--adamw-defer auto): a second gradient (%.2f GB) "
+                         "would take over 80%% of the host memory available\n", (double)mt_state_grad_alt_bytes(st, 1) / 1e9);
         if (mt_graph_defers(g))
             fprintf(log, "megatrain: AdamW moments halves deferred to the next step's ranged runs (--adamw-defer): "
                          "%.2f GB more pinned host memory\n", (double)mt_state_grad_alt_bytes(st, 1) / 1e9);

@@ -75,7 +75,7 @@ static double speculate_range = 0, speculate_range_max = 0;
 static int range_check_mode = -1; /* clip_range_check (-1: the default, on) */
 /* adamw_spare of the runs below (0: the default). */
 static int spare_mode = 0;
-/* adamw_defer of the runs below (0: the default, off); from step
+/* adamw_defer of the runs below (0: off; the library's default is -1, auto); from step
  * switch_step on, clip_speculate switch_to (0: never switch). */
 static int defer_mode = 0;
 static int switch_step = 0, switch_to = 0;
@@ -427,7 +427,8 @@ END_TEST
  * - over 5 steps (an odd number of gradient swaps), tied and untied with 2 micro-batches;
  * - with the mode switched after 3 ranged steps, to plain clipping (the pending moments then run
  *   before the next update) and to unit speculation;
- * - under eager too (no ordering from the policy: StarPU's dependencies alone).
+ * - under eager too (no ordering from the policy: StarPU's dependencies alone), there with
+ *   adamw_defer -1 (auto, the default), which must defer too.
  * The runs read the state after mt_graph_flush. */
 START_TEST(test_clip_ranged_deferred_bitwise)
 {
@@ -440,6 +441,7 @@ START_TEST(test_clip_ranged_deferred_bitwise)
         outcome ranged = run_steps("megatrain", tied, 2, accum, 5, 0.05);
         defer_mode = 1;
         outcome deferred = run_steps("megatrain", tied, 2, accum, 5, 0.05);
+        defer_mode = -1; /* auto, the default: defers, the second gradient being small here */
         outcome eager = run_steps("eager", tied, 2, accum, 5, 0.05);
         defer_mode = 0;
         speculate_mode = -1;

@@ -244,19 +244,20 @@ static int parse_speculate(const char *arg, int *out)
 }
 
 /* --adamw-spare auto|on|off -> mt_step_config.adamw_spare (-1, 1, 0). */
-static int parse_spare(const char *arg, int *out)
+/* auto|on|off -> -1, 1, 0 (--adamw-spare, --adamw-defer). */
+static int parse_auto_on_off(const char *flag, const char *arg, int *out)
 {
     if (!strcmp(arg, "auto")) *out = -1;
     else if (!strcmp(arg, "on")) *out = 1;
     else if (!strcmp(arg, "off")) *out = 0;
     else {
-        usage_error("--adamw-spare: '%s' is not auto, on or off", arg, "");
+        usage_error("%s: '%s' is not auto, on or off", flag, arg);
         return -1;
     }
     return 0;
 }
 
-/* on|off -> 1, 0 (--adamw-defer, --clip-range-check). */
+/* on|off -> 1, 0 (--clip-range-check). */
 static int parse_on_off(const char *flag, const char *arg, int *out)
 {
     if (!strcmp(arg, "on")) *out = 1;
@@ -303,8 +304,8 @@ static int parse_step_option(int c, const char *arg, mt_step_config *s)
         if (parse_int("--clip-range-memory", arg, 1, MT_CLIP_RANGE_MEMORY_MAX, &v)) return -1;
         s->clip_range_memory = (int)v;
         return 1;
-    case O_SPARE: return parse_spare(arg, &s->adamw_spare) ? -1 : 1;
-    case O_DEFER: return parse_on_off("--adamw-defer", arg, &s->adamw_defer) ? -1 : 1;
+    case O_SPARE: return parse_auto_on_off("--adamw-spare", arg, &s->adamw_spare) ? -1 : 1;
+    case O_DEFER: return parse_auto_on_off("--adamw-defer", arg, &s->adamw_defer) ? -1 : 1;
     default: return 0;
     }
 }
@@ -330,11 +331,14 @@ static int parse_step_option(int c, const char *arg, mt_step_config *s)
     "  --clip-range-check M on|off (default on): ranged: do not speculate a layer whose range,\n"  \
     "                       predicted at the last norm, missed it (the norm moves in ways the\n"  \
     "                       prediction does not follow; a miss costs a whole redo)\n"           \
-    "  --adamw-defer M      on|off (default off): ranged: run each layer's second half of AdamW\n" \
-    "                       (master, m and v) in the next step's ranged pass over the same\n"      \
+    "  --adamw-defer M      auto|on|off (default auto): ranged: run each layer's second half of\n"\
+    "                       AdamW (master, m and v) in the next step's ranged pass over the same\n"\
     "                       chunk, reading them once instead of twice (4 bytes per parameter\n"   \
     "                       more pinned host memory for a second gradient); bitwise the same\n"   \
-    "                       results; slower on an H200 at 3B (2.00 s a step against 1.90)\n"      \
+    "                       results; auto: with ranged speculation, when the second gradient\n"  \
+    "                       takes at most 80%% of the memory available (megatrain plan shows\n"  \
+    "                       its size); on an H200 at 3B: AdamW 0.38-0.46 s per 1e9 parameters\n" \
+    "                       in the step against 0.45-0.52 (docs/benchmarks.md)\n"                 \
     "  --adamw-spare M      auto|on|off (default off): keep a spare master, m and v (12 bytes\n"   \
     "                       per parameter more host memory, not pinned) so that a speculated\n"   \
     "                       update runs fused into them (32 bytes of memory traffic per\n"       \
