@@ -372,6 +372,8 @@ static mt_ranged_bounds bounds_used(void)
 #endif
 }
 
+mt_ranged_bounds mt_codelet_ranged_bounds_used(void) { return bounds_used(); }
+
 const char *mt_codelet_ranged_bounds_name(void)
 {
     static const char *const names[] = { "AVX2 approximate-reciprocal", "AVX-512 approximate-reciprocal", "exact" };

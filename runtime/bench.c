@@ -173,15 +173,21 @@ void mt_bench_gpu_breakdown(mt_policy_trace_record *records, int n, mt_gpu_break
 
 int mt_bench_count(const mt_bench_options *o)
 {
-    return (o->nsweep_K > 0 ? o->nsweep_K : 1) * (o->nsweep_clip > 0 ? o->nsweep_clip : 1);
+    return (o->nsweep_K > 0 ? o->nsweep_K : 1) * (o->nsweep_clip > 0 ? o->nsweep_clip : 1) *
+           (o->nsweep_defer > 0 ? o->nsweep_defer : 1) * (o->nsweep_bounds > 0 ? o->nsweep_bounds : 1);
 }
 
-/* The (K, clip) pair of result i: K outer, clip inner. */
-static void pair_of(const mt_bench_options *o, int i, int *K, double *clip)
+/* The settings of result i: K outermost, then clip, adamw_defer, ranged_bounds innermost. */
+static void pair_of(const mt_bench_options *o, int i, mt_bench_result *r)
 {
-    int nc = o->nsweep_clip > 0 ? o->nsweep_clip : 1;
-    *K = o->nsweep_K > 0 ? o->sweep_K[i / nc] : o->step.K;
-    *clip = o->nsweep_clip > 0 ? o->sweep_clip[i % nc] : o->step.clip;
+    const int nb = o->nsweep_bounds > 0 ? o->nsweep_bounds : 1, nd = o->nsweep_defer > 0 ? o->nsweep_defer : 1;
+    const int nc = o->nsweep_clip > 0 ? o->nsweep_clip : 1;
+    r->bounds = o->nsweep_bounds > 0 ? o->sweep_bounds[i % nb] : o->ranged_bounds;
+    i /= nb;
+    r->defer = o->nsweep_defer > 0 ? o->sweep_defer[i % nd] : o->step.adamw_defer;
+    i /= nd;
+    r->clip = o->nsweep_clip > 0 ? o->sweep_clip[i % nc] : o->step.clip;
+    r->K = o->nsweep_K > 0 ? o->sweep_K[i / nc] : o->step.K;
 }
 
 /* Events the trace needs for the measured steps: three per GPU task, twice what the graph
@@ -305,6 +311,7 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
         fprintf(log, "bench: K=%d clip %g: AdamW moments halves deferred to the next step's ranged runs (a second "
                      "gradient: %.2f GB more pinned host memory)\n",
                 sc->K, sc->clip, (double)mt_state_grad_alt_bytes(st, 1) / 1e9);
+    r->deferred = mt_graph_defers(g);
     mt_policy_set_prefetch(o->prefetch);
     r->layers = cfg->layers;
     r->checkpoints = (cfg->layers + sc->K - 1) / sc->K;
@@ -498,7 +505,6 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         return -1;
     }
     if (o->layers > 0) cfg.layers = o->layers;
-    mt_codelet_ranged_set_bounds((mt_ranged_bounds)o->ranged_bounds);
     FILE *norms = NULL;
     if (o->norm_log && !(norms = fopen(o->norm_log, "w"))) {
         snprintf(err, errlen, "--norm-log: cannot write '%s': %s", o->norm_log, strerror(errno));
@@ -514,7 +520,7 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
     uint64_t gpu_need = 0;
     for (int i = 0; i < count; i++) {
         mt_bench_result *r = &results[i];
-        pair_of(o, i, &r->K, &r->clip);
+        pair_of(o, i, r);
         if (r->K > cfg.layers) r->K = (int)cfg.layers;
         mt_plan_params pp = { .micro_batch = o->step.B, .seq_len = o->step.T, .grad_accum = o->step.accum,
                               .checkpoint_interval = r->K, .compute = o->dtype, .use_gpu = true,
@@ -559,6 +565,9 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         mt_step_config sc = o->step;
         sc.K = r->K;
         sc.clip = r->clip;
+        sc.adamw_defer = r->defer;
+        mt_codelet_ranged_set_bounds((mt_ranged_bounds)r->bounds);
+        r->bounds_used = (int)mt_codelet_ranged_bounds_used();
         if (measure(o, &sc, &cfg, st, &data, r, log, norms, err, errlen)) goto out;
         if (table) {
             mt_bench_print(o, r, i == 0, table);
@@ -587,11 +596,13 @@ void mt_bench_print(const mt_bench_options *o, const mt_bench_result *r, bool he
     if (header)
         fprintf(out, "| shape | tokens/step | K | clip | policy | prefetch | GPU limit | step s | tok/s | model TFLOP/s | H2D GB/step (GB/s) | D2H GB/step (GB/s) | GPU busy | GPU idle s/step | AdamW alone s (s/1e9) | AdamW in step CPU s (s/1e9) | AdamW span s | AdamW tail s | boundary gap s | peak GPU GiB (plan) | peak host GiB | clip speculation held |\n"
                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    char idle[32] = "-", spec[64] = "-";
+    char idle[32] = "-", spec[96] = "-";
     if (r->speculated) snprintf(spec, sizeof spec, "%lld of %lld steps", (long long)r->speculation_held, (long long)r->speculated);
     if (r->ranged_spec > 0)
-        snprintf(spec, sizeof spec, "ranged %.0f%%, in range %.0f%%, %.2f%% flagged", 100 * r->ranged_spec,
-                 100 * r->ranged_in, 100 * r->ranged_flagged);
+        snprintf(spec, sizeof spec, "ranged %.0f%%, in range %.0f%%, %.2f%% flagged, %s bounds%s", 100 * r->ranged_spec,
+                 100 * r->ranged_in, 100 * r->ranged_flagged,
+                 r->bounds_used == MT_RANGED_BOUNDS_EXACT ? "exact" : r->bounds_used == MT_RANGED_BOUNDS_AVX512 ? "avx512" : "avx2",
+                 r->deferred ? ", deferred" : "");
     if (!isnan(r->gpu_idle_s)) snprintf(idle, sizeof idle, "%.3f", r->gpu_idle_s);
     fprintf(out, "| %s | %d x %lld x %lld | %d | %g | %s | %s | %s | %.3f | %.0f | %.1f | %.2f (%.1f) | %.2f (%.1f) | %.2f | %s | %.2f (%.3f) | %.2f (%.3f) | %.3f | %.3f | %.3f | %.2f (%.2f) | %.1f | %s |\n",
             o->shape, o->step.accum, (long long)o->step.B, (long long)o->step.T, r->K, r->clip,

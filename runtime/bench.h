@@ -79,6 +79,14 @@ typedef struct mt_bench_options {
     int nsweep_K, nsweep_clip;
     int sweep_K[MT_BENCH_MAX_SWEEP];
     double sweep_clip[MT_BENCH_MAX_SWEEP];
+    /* Also swept on the same host state, inside the pairs: step.adamw_defer's values (deferral
+     * on and off compared on one machine state), then ranged_bounds'. 0 entries: the one value.
+     * A value may repeat (runs of one setting, for their spread). Each run trains on from the
+     * state the last one left (and, with data, on the next batches), so later runs see a model
+     * further on: alternate the settings to compare them. */
+    int nsweep_defer, nsweep_bounds;
+    int sweep_defer[MT_BENCH_MAX_SWEEP];
+    int sweep_bounds[MT_BENCH_MAX_SWEEP];
 } mt_bench_options;
 
 typedef struct mt_bench_result {
@@ -103,6 +111,9 @@ typedef struct mt_bench_result {
     int64_t layers;
     int K;                                        /* the pair this result measured */
     double clip;
+    int defer, bounds;                            /* its adamw_defer and ranged_bounds as asked */
+    bool deferred;                                /* its graph deferred the moments halves */
+    int bounds_used;                              /* mt_ranged_bounds the passes ran (the CPU's fallback) */
     int64_t speculated, speculation_held;         /* steps with a speculative clipped update; of those, held */
     double ranged_spec, ranged_in, ranged_flagged; /* ranged speculation, measured steps: the share of the
                                                     * parameter updates speculated, the share of those
@@ -110,8 +121,9 @@ typedef struct mt_bench_result {
 } mt_bench_result;
 
 mt_bench_options mt_bench_defaults(void);
-/* Measures every (K, clip) pair; results[] holds nsweep_K * nsweep_clip entries (at least 1),
- * each printed to `table` (when not NULL) as soon as it is measured. */
+/* Measures every (K, clip) pair, for each adamw_defer and then ranged_bounds value; results[]
+ * holds mt_bench_count entries, each printed to `table` (when not NULL) as soon as it is
+ * measured. */
 int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log, FILE *table, char *err, size_t errlen);
 /* Number of results mt_bench_run fills. */
 int mt_bench_count(const mt_bench_options *o);

@@ -222,7 +222,8 @@ run bench --shape tiny --micro-batch 2 --seq-len 64 --clip 0.01 --warmup 1 --ste
 if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
 elif ! grep -qE '^bench: K=4 clip 0.01: ranged speculation \((AVX-512 approximate-reciprocal|AVX2 approximate-reciprocal|exact) bounds\) checked [1-9][0-9]* parameter updates' "$err"; then
     fail "$name" "no 'ranged speculation checked N' line"
-elif ! grep -qE '\| ranged [0-9]+%, in range [0-9]+%, [0-9.]+% flagged \|$' "$out"; then fail "$name" "no ranged column"
+elif ! grep -qE '\| ranged [0-9]+%, in range [0-9]+%, [0-9.]+% flagged, (avx2|exact) bounds, deferred \|$' "$out"; then
+    fail "$name" "no ranged column naming the bounds and the deferral"
 elif ! grep -q '^bench: K=4 clip 0.01: AdamW moments halves deferred' "$err"; then
     fail "$name" "no 'deferred' line (--adamw-defer auto, the default, defers with ranged speculation when it fits)"
 elif ! grep -qE '^bench: K=4 clip 0.01: AdamW tasks, CPU-s per measured step:.* ranged pass( with last moments)? [0-9.]+;.* ranged redo [0-9.]+;.* total [0-9.]+$' "$err"; then
@@ -342,15 +343,32 @@ run bench --shape tiny --micro-batch 2 --seq-len 64 --clip 0.01 --warmup 1 --ste
     --clip-speculate ranged --adamw-defer on
 if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
 elif ! grep -q '^bench: K=4 clip 0.01: AdamW moments halves deferred' "$err"; then fail "$name" "no 'deferred' line with on"
-elif ! grep -qE '\| ranged [0-9]+%, in range [0-9]+%, [0-9.]+% flagged \|$' "$out"; then fail "$name" "no ranged column"
+elif ! grep -qE '\| ranged [0-9]+%, in range [0-9]+%, [0-9.]+% flagged, (avx2|exact) bounds, deferred \|$' "$out"; then
+    fail "$name" "no ranged column"
 else
     run bench --shape tiny --micro-batch 2 --seq-len 64 --clip 0.01 --warmup 1 --steps 2 --ncpu 2 --ncuda 0 \
         --clip-speculate ranged --adamw-defer off
     if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0 with off"
     elif grep -q 'deferred' "$err"; then fail "$name" "'deferred' with off"
-    elif ! grep -qE '\| ranged [0-9]+%, in range [0-9]+%, [0-9.]+% flagged \|$' "$out"; then fail "$name" "no ranged column with off"
+    elif ! grep -qE '\| ranged [0-9]+%, in range [0-9]+%, [0-9.]+% flagged, (avx2|exact) bounds \|$' "$out"; then
+        fail "$name" "no ranged column with off (bounds named, no 'deferred')"
     else pass "$name"; fi
 fi
+
+# Lists of --adamw-defer and --ranged-bounds: each combination measured on one host state, in
+# order (defer outer, bounds inner), each row naming what ran.
+name="bench --adamw-defer on,off --ranged-bounds exact,avx2"
+run bench --shape tiny --micro-batch 2 --seq-len 64 --clip 0.01 --warmup 1 --steps 1 --ncpu 2 --ncuda 0 \
+    --clip-speculate ranged --adamw-defer on,off --ranged-bounds exact,avx2
+if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+else
+    got=$(grep -oE 'flagged, [a-z0-9]+ bounds(, deferred)? \|$' "$out" | sed 's/^flagged, //; s/ bounds//; s/ |$//' | tr '\n' ';')
+    # avx2 falls back to exact on CPUs without AVX2 and FMA
+    if [ "$got" != "exact, deferred;avx2, deferred;exact;avx2;" ] && [ "$got" != "exact, deferred;exact, deferred;exact;exact;" ]; then
+        fail "$name" "rows '$got', not deferred exact, deferred avx2, exact, avx2"
+    else pass "$name"; fi
+fi
+check_error "bench --ranged-bounds avx2,slow" "--ranged-bounds: 'slow' is not avx2, avx512 or exact" bench --ranged-bounds avx2,slow
 
 # The spare AdamW state on CPU workers: bench says it is on, and off when asked.
 name="bench --adamw-spare on/off"

@@ -2,9 +2,9 @@
 # Correctness and a first benchmark on the GPU machine, from binaries built here:
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, on the GPU machine (device tool, carrying build-gpu and .deps/gpu-runtime):
-#   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|clip3b|defer3b|ab3b|check3b|data3b|cudnn3b|auto3b|spread3b|bounds3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
+#   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|clip3b|defer3b|final3b|ab3b|check3b|data3b|cudnn3b|auto3b|spread3b|bounds3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
 #   (attention3b takes QBLOCK=64|128, bench3b CLIPS, RESIDENT and K, data3b DATA, spread3b RULE, bounds3b ROUNDS,
-#   defer3b ROUNDS, OLD, TEST, TORCH)
+#   defer3b and final3b ROUNDS, OLD, TEST, TORCH; final3b VARIANT)
 # Logs go to $OUT (or ./out); the last lines are a short table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -128,20 +128,38 @@ clip3b)
     run torch_3b "${torch3b[@]}"
     ;;
 defer3b)
-    # Deferred moments halves (--adamw-defer on) against the default (off) on one machine: the 3B
-    # step at clip 1 (scaling every step) on real text (DATA, default the prepared Qwen3-token
-    # fortunes), default then deferred, ROUNDS times (default 1); OLD (a folder with an earlier
+    # Deferred moments halves (--adamw-defer on) against off (the default until 1c33ef3; the
+    # "default" runs) on one machine: the 3B step at clip 1 (scaling every step) on real text
+    # (DATA, default the prepared Qwen3-token fortunes), off then on, ROUNDS times (default 1); OLD (a folder with an earlier
     # build's tools/megatrain and libmegatrain.so): that build's default run too, each round.
     # TEST=1 runs test_gpu_step first, TORCH=1 the torch reference last.
     DATA=${DATA:-.deps/fortunes-qwen3}
     [ "${TEST:-1}" = 1 ] && run test_gpu_step "$B/tests/test_gpu_step"
     run adamw_bw "$B/tools/adamw_bw"
     for r in $(seq 1 "${ROUNDS:-1}"); do
-        run "bench_3b_data_default_$r" "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA"
+        run "bench_3b_data_default_$r" "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA" --adamw-defer off
         run "bench_3b_data_defer_$r" "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA" --adamw-defer on
         [ -n "${OLD:-}" ] && run "bench_3b_data_old_$r" "$OLD/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA"
     done
     [ "${TORCH:-0}" = 1 ] && run torch_3b "${torch3b[@]}"
+    ;;
+final3b)
+    # A stop's closing measurement on one machine: test_gpu_step (TEST=0 skips), adamw_bw, then
+    # per round (ROUNDS, default 1) the 3B step at clip 1 on real text (DATA, default the
+    # prepared Qwen3-token fortunes) with this build's defaults, with VARIANT's options added
+    # (e.g. VARIANT="--ranged-bounds avx512"; empty: none) and with OLD's defaults (a folder
+    # with an earlier build's tools/megatrain and libmegatrain.so; empty: none); then PyTorch
+    # (TORCH=0 skips).
+    DATA=${DATA:-.deps/fortunes-qwen3}
+    read -r -a variant <<< "${VARIANT:-}"
+    [ "${TEST:-1}" = 1 ] && run test_gpu_step "$B/tests/test_gpu_step"
+    run adamw_bw "$B/tools/adamw_bw"
+    for r in $(seq 1 "${ROUNDS:-1}"); do
+        run "bench_3b_data_default_$r" "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA"
+        [ ${#variant[@]} -gt 0 ] && run "bench_3b_data_variant_$r" "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA" "${variant[@]}"
+        [ -n "${OLD:-}" ] && run "bench_3b_data_old_$r" "$OLD/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA"
+    done
+    [ "${TORCH:-1}" = 1 ] && run torch_3b "${torch3b[@]}"
     ;;
 ab3b)
     # A/B of two builds on one machine (machines differ from call to call): this build against

@@ -83,6 +83,33 @@ static int parse_list(const char *flag, const char *s, double lo, double hi, dou
     return 0;
 }
 
+/* A comma-separated list of at most `max` words, each one of names[0..nnames) (`expect` says
+ * which, for the message), stored as values[k] of its name. */
+static int parse_word_list(const char *flag, const char *s, const char *const *names, const int *values, int nnames,
+                           const char *expect, int *out, int max, int *n)
+{
+    char buf[256];
+    if (strlen(s) >= sizeof buf) return usage_error("%s: '%s' is too long", flag, s), -1;
+    snprintf(buf, sizeof buf, "%s", s);
+    *n = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (*n == max) {
+            fprintf(stderr, "%s: %s: at most %d values\n", cmd, flag, max);
+            return -1;
+        }
+        int k = 0;
+        while (k < nnames && strcmp(tok, names[k])) k++;
+        if (k == nnames) {
+            fprintf(stderr, "%s: %s: '%s' is not %s (try '%s --help')\n", cmd, flag, tok, expect, cmd);
+            return -1;
+        }
+        out[(*n)++] = values[k];
+    }
+    if (*n == 0) return usage_error("%s: '%s' holds no value", flag, s), -1;
+    return 0;
+}
+
 /* ---- info ------------------------------------------------------------------------------- */
 
 static void info_help(void)
@@ -618,7 +645,12 @@ static void bench_help(const mt_bench_options *d)
            "                       has AVX2 and FMA; avx512 in 16 where it has AVX-512; exact\n"
            "                       divides, as on other CPUs (where the others fall back to it).\n"
            "                       All are sound; they cost differently and may flag slightly\n"
-           "                       different elements\n");
+           "                       different elements. A list (avx2,avx512) measures each, as does\n"
+           "                       one for --adamw-defer (on,off), on the same host state: for each\n"
+           "                       K and clip, each --adamw-defer value, and within it each bounds\n"
+           "                       (a value may repeat: avx2,avx2 runs it twice). The last column\n"
+           "                       names the bounds that ran and whether the moments were deferred.\n"
+           "                       Each run trains on from the state the last left: alternate\n");
     printf("  --sched NAME         megatrain (default), dmda, eager, ...\n");
     printf("  --ncpu N, --ncuda N  StarPU workers (default: all)\n");
 }
@@ -680,12 +712,24 @@ static int cmd_bench(int argc, char **argv)
         case O_NCUDA: if (parse_int("--ncuda", optarg, 0, 64, &v)) return 2; o.runtime.ncuda = (int)v; break;
         case O_NORMLOG: o.norm_log = optarg; break;
         case O_DATA: o.data = optarg; break;
-        case O_BOUNDS:
-            if (!strcmp(optarg, "avx2")) o.ranged_bounds = MT_RANGED_BOUNDS_AVX2;
-            else if (!strcmp(optarg, "avx512")) o.ranged_bounds = MT_RANGED_BOUNDS_AVX512;
-            else if (!strcmp(optarg, "exact")) o.ranged_bounds = MT_RANGED_BOUNDS_EXACT;
-            else return usage_error("--ranged-bounds: '%s' is not avx2, avx512 or exact%s", optarg, "");
+        case O_BOUNDS: {
+            static const char *const names[] = { "avx2", "avx512", "exact" };
+            static const int values[] = { MT_RANGED_BOUNDS_AVX2, MT_RANGED_BOUNDS_AVX512, MT_RANGED_BOUNDS_EXACT };
+            if (parse_word_list("--ranged-bounds", optarg, names, values, 3, "avx2, avx512 or exact", o.sweep_bounds,
+                                MT_BENCH_MAX_SWEEP, &o.nsweep_bounds))
+                return 2;
+            o.ranged_bounds = o.sweep_bounds[0];
             break;
+        }
+        case O_DEFER: { /* bench takes a list (the step option's parser takes one value) */
+            static const char *const names[] = { "auto", "on", "off" };
+            static const int values[] = { -1, 1, 0 };
+            if (parse_word_list("--adamw-defer", optarg, names, values, 3, "auto, on or off", o.sweep_defer,
+                                MT_BENCH_MAX_SWEEP, &o.nsweep_defer))
+                return 2;
+            o.step.adamw_defer = o.sweep_defer[0];
+            break;
+        }
         case O_HELP: bench_help(&o); return 0;
         default: {
             const int r = parse_step_option(c, optarg, &o.step);
