@@ -198,7 +198,7 @@ END_TEST
 /* master, m and v of every tile after `steps` pipelined bf16 steps on the GPU, clipping at 0.05
  * (the scale below 1 every step), with clip_speculate `speculate`; *checked: the elements ranged
  * runs checked. */
-typedef struct state_copy { int ntiles; int64_t *numel; float **master, **m, **v; } state_copy;
+typedef struct state_copy { int ntiles; int64_t *numel; float **master, **m, **v; bool deferred; } state_copy;
 
 static state_copy clipped_steps(int speculate, int steps, int64_t *checked)
 {
@@ -216,7 +216,7 @@ static state_copy clipped_steps(int speculate, int steps, int64_t *checked)
     mt_graph_flush(f.g);
     starpu_task_wait_for_all();
     *checked = mt_codelet_ranged_counts().checked - c0.checked;
-    state_copy c = { .ntiles = f.st->ntiles };
+    state_copy c = { .ntiles = f.st->ntiles, .deferred = mt_graph_defers(f.g) };
     c.numel = calloc(c.ntiles, sizeof *c.numel);
     float ***dst[3] = { &c.master, &c.m, &c.v };
     for (int k = 0; k < 3; k++) *dst[k] = calloc(c.ntiles, sizeof(float *));
@@ -252,8 +252,9 @@ static void state_copy_free(state_copy *c)
     free(c->master); free(c->m); free(c->v); free(c->numel);
 }
 
-/* With a GPU and bf16 weights the default speculation is ranged once the scale is below 1: its
- * updates are the plain clipped ones bit for bit. Only as exact as the GPU's gradients are
+/* With a GPU and bf16 weights the default speculation is ranged once the scale is below 1, with
+ * the moments halves deferred (adamw_defer auto): its updates are the plain clipped ones bit for
+ * bit. Only as exact as the GPU's gradients are
  * repeatable, so the plain run is made twice first: when those two differ, the GPU is not
  * deterministic here and the test says so and checks nothing more. */
 START_TEST(test_default_ranged_bitwise)
@@ -271,6 +272,9 @@ START_TEST(test_default_ranged_bitwise)
            (long long)checked_auto);
     ck_assert_msg(checked_off == 0 && checked_auto > 0, "ranged runs: %lld without speculation, %lld by default",
                   (long long)checked_off, (long long)checked_auto);
+    /* the defaults defer the moments halves with ranged speculation (adamw_defer auto) */
+    ck_assert_msg(!off.deferred && au.deferred, "moments deferred: %d without speculation, %d by default", off.deferred,
+                  au.deferred);
     if (!states_equal(&off, &off2, what, sizeof what)) {
         printf("the plain GPU run is not repeatable bit for bit (%s differs): ranged vs plain not compared\n", what);
     } else {
