@@ -73,8 +73,8 @@ typedef struct mt_step_config {
                             * 1: with ranged speculation; -1 (the default): with ranged
                             * speculation, when the second gradient takes at most 80% of the
                             * host memory available when the graph is created (on the H200 at
-                            * 3B, clip 1, real text: AdamW 17.4-21.2 CPU-s a step against
-                            * 21.0-23.7, the step 1.764-1.801 s against 1.785-1.800; it was
+                            * 3B, clip 1, real text: AdamW 17.3-21.2 CPU-s a step against
+                            * 21.0-23.7, the step 1.745-1.801 s against 1.785-1.802; it was
                             * slower while the ranged pass was dearer, docs/benchmarks.md);
                             * 0 never. */
 } mt_step_config;

@@ -364,7 +364,7 @@ static int parse_step_option(int c, const char *arg, mt_step_config *s)
     "                       more pinned host memory for a second gradient); bitwise the same\n"   \
     "                       results; auto: with ranged speculation, when the second gradient\n"  \
     "                       takes at most 80%% of the memory available (megatrain plan shows\n"  \
-    "                       its size); on an H200 at 3B: AdamW 0.38-0.46 s per 1e9 parameters\n" \
+    "                       its size); on an H200 at 3B: AdamW 0.37-0.46 s per 1e9 parameters\n" \
     "                       in the step against 0.45-0.52 (docs/benchmarks.md)\n"                 \
     "  --adamw-spare M      auto|on|off (default off): keep a spare master, m and v (12 bytes\n"   \
     "                       per parameter more host memory, not pinned) so that a speculated\n"   \
