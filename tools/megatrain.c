@@ -64,8 +64,10 @@ static int parse_double(const char *flag, const char *s, double lo, double hi, d
     return 0;
 }
 
-/* A comma-separated list of at most `max` numbers, each checked as parse_double does. */
-static int parse_list(const char *flag, const char *s, double lo, double hi, double *out, int max, int *n)
+/* Splits a comma-separated list of at most `max` items, calling item(flag, token, k, ctx) on
+ * item k; *n: how many. Each parser below reports its own errors. */
+static int split_list(const char *flag, const char *s, int max, int *n,
+                      int (*item)(const char *flag, const char *tok, int k, void *ctx), void *ctx)
 {
     char buf[256];
     if (strlen(s) >= sizeof buf) return usage_error("%s: '%s' is too long", flag, s), -1;
@@ -77,9 +79,39 @@ static int parse_list(const char *flag, const char *s, double lo, double hi, dou
             fprintf(stderr, "%s: %s: at most %d values\n", cmd, flag, max);
             return -1;
         }
-        if (parse_double(flag, tok, lo, hi, &out[(*n)++])) return -1;
+        if (item(flag, tok, (*n)++, ctx)) return -1;
     }
     if (*n == 0) return usage_error("%s: '%s' holds no value", flag, s), -1;
+    return 0;
+}
+
+typedef struct number_item { double lo, hi, *out; } number_item;
+
+static int number_of(const char *flag, const char *tok, int k, void *ctx)
+{
+    const number_item *c = ctx;
+    return parse_double(flag, tok, c->lo, c->hi, &c->out[k]);
+}
+
+/* A comma-separated list of at most `max` numbers, each checked as parse_double does. */
+static int parse_list(const char *flag, const char *s, double lo, double hi, double *out, int max, int *n)
+{
+    number_item c = { lo, hi, out };
+    return split_list(flag, s, max, n, number_of, &c);
+}
+
+typedef struct word_item { const char *const *names; const int *values; int nnames; const char *expect; int *out; } word_item;
+
+static int word_of(const char *flag, const char *tok, int k, void *ctx)
+{
+    const word_item *c = ctx;
+    int j = 0;
+    while (j < c->nnames && strcmp(tok, c->names[j])) j++;
+    if (j == c->nnames) {
+        fprintf(stderr, "%s: %s: '%s' is not %s (try '%s --help')\n", cmd, flag, tok, c->expect, cmd);
+        return -1;
+    }
+    c->out[k] = c->values[j];
     return 0;
 }
 
@@ -88,26 +120,8 @@ static int parse_list(const char *flag, const char *s, double lo, double hi, dou
 static int parse_word_list(const char *flag, const char *s, const char *const *names, const int *values, int nnames,
                            const char *expect, int *out, int max, int *n)
 {
-    char buf[256];
-    if (strlen(s) >= sizeof buf) return usage_error("%s: '%s' is too long", flag, s), -1;
-    snprintf(buf, sizeof buf, "%s", s);
-    *n = 0;
-    char *save = NULL;
-    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (*n == max) {
-            fprintf(stderr, "%s: %s: at most %d values\n", cmd, flag, max);
-            return -1;
-        }
-        int k = 0;
-        while (k < nnames && strcmp(tok, names[k])) k++;
-        if (k == nnames) {
-            fprintf(stderr, "%s: %s: '%s' is not %s (try '%s --help')\n", cmd, flag, tok, expect, cmd);
-            return -1;
-        }
-        out[(*n)++] = values[k];
-    }
-    if (*n == 0) return usage_error("%s: '%s' holds no value", flag, s), -1;
-    return 0;
+    word_item c = { names, values, nnames, expect, out };
+    return split_list(flag, s, max, n, word_of, &c);
 }
 
 /* ---- info ------------------------------------------------------------------------------- */
