@@ -225,11 +225,9 @@ static void ranged_tail_bf16(int64_t n, const float *master, const float *grad, 
     float out[16];
     int32_t may[16];
     ranged_fused(n, master, grad, m, v, k, out, may);
+    mt_cpu_f32_to_bf16(n, out, w);
     for (int64_t j = 0; j < n; j += 8) flagb[j / 8] = 0;
-    for (int64_t j = 0; j < n; j++) {
-        w[j] = (mt_bf16)bf16_bits(out[j]);
-        flagb[j / 8] |= (uint8_t)((may[j] & 1) << (j % 8));
-    }
+    for (int64_t j = 0; j < n; j++) flagb[j / 8] |= (uint8_t)((may[j] & 1) << (j % 8));
 }
 
 /* sqrt(x) from rsqrtps and one Newton step (0 where x < FLT_MIN), then 1 / (that / sqrt_bc2 +
@@ -285,18 +283,6 @@ __attribute__((target("avx2,fma"))) static void ranged_fused_approx(int64_t n, c
     if (i < n) ranged_tail_bf16(n - i, master + i, grad + i, m + i, v + i, k, w + i, flagb + i / 8);
 }
 
-/* ranged_fused_approx in 16 lanes with AVX-512's masks, its reciprocal and square-root
- * estimates within 2^-14 (rcp14, rsqrt14) and the same Newton steps, which leave them within
- * about 2^-24; the same operations otherwise, the same margin (MT_RANGED_BOUNDS_AVX512). In
- * cache on the development machine (Zen 4, whose 512-bit operations take two 256-bit halves)
- * it takes 1.13 ns an element against the AVX2 loop's 1.43 (1.18 and 1.61 before both took the
- * margin's shorter form): masks and absolute values are single instructions here, and 32
- * registers hold the constants that spill from AVX2's 16. Not the default: on an H200 box's CPU
- * (Intel, 15 threads, adamw_bw) it was only 4-7% faster than the AVX2 loop, and its one 3B step
- * run took 2.353 s against the AVX2 run's 1.839 in the same call (docs/benchmarks.md, twelfth
- * session; one run each, and the AVX-512 run's fused update alone, which has no AVX-512 code,
- * was 23% slower too, so the machine may have been slower then). The remainder past the last 16
- * goes to the AVX2 loop, and its own past 8 to ranged_fused. */
 /* recip_den in 16 lanes, from rsqrt14 and rcp14 (within 2^-14) and the same Newton steps */
 __attribute__((target("avx2,fma,avx512f,avx512vl,avx512dq,avx512bw"))) static inline __m512
 recip_den512(__m512 x, __m512 isb, __m512 eps)
@@ -309,6 +295,17 @@ recip_den512(__m512 x, __m512 isb, __m512 eps)
     return _mm512_fmadd_ps(r, _mm512_fnmadd_ps(e, r, _mm512_set1_ps(1.0f)), r);
 }
 
+/* ranged_fused_approx in 16 lanes with AVX-512's masks, its reciprocal and square-root
+ * estimates within 2^-14 (rcp14, rsqrt14) and the same Newton steps, which leave them within
+ * about 2^-24; the same operations otherwise, the same margin (MT_RANGED_BOUNDS_AVX512). On the
+ * development machine (Zen 4, whose 512-bit operations take two 256-bit halves; one thread,
+ * adamw_bw --params 500000 --threads 1) it takes 1.01-1.13 ns an element against the AVX2
+ * loop's 1.41-1.44: masks and absolute values are single instructions here, and 32 registers
+ * hold the constants that spill from AVX2's 16. Not the default: on H200 boxes' CPUs (Intel, 15
+ * threads, adamw_bw) it was 2-20% faster than the AVX2 loop alone, but each of its 3B step runs
+ * was slower than the AVX2 run in the same call (2.353 s against 1.839 in the twelfth session,
+ * 1.766 against 1.745 in the thirteenth; one run each, docs/benchmarks.md). The remainder past
+ * the last 16 goes to the AVX2 loop, and its own past 8 to ranged_tail_bf16. */
 __attribute__((target("avx2,fma,avx512f,avx512vl,avx512dq,avx512bw"))) static void
 ranged_fused_approx512(int64_t n, const float *restrict master, const float *restrict grad, const float *restrict m,
                        const float *restrict v, const ranged_consts *k, mt_bf16 *restrict w, uint8_t *restrict flagb)
