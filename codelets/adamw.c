@@ -371,6 +371,12 @@ static mt_ranged_bounds bounds_used(void)
 
 mt_ranged_bounds mt_codelet_ranged_bounds_used(void) { return bounds_used(); }
 
+const char *mt_codelet_ranged_bounds_option(mt_ranged_bounds b)
+{
+    static const char *const names[] = { "avx2", "avx512", "exact" };
+    return names[b];
+}
+
 const char *mt_codelet_ranged_bounds_name(void)
 {
     static const char *const names[] = { "AVX2 approximate-reciprocal", "AVX-512 approximate-reciprocal", "exact" };

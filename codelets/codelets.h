@@ -244,8 +244,10 @@ void mt_codelet_ranged_pass_deferred(int64_t n, float *master, const float *old,
 typedef enum mt_ranged_bounds { MT_RANGED_BOUNDS_AVX2, MT_RANGED_BOUNDS_AVX512, MT_RANGED_BOUNDS_EXACT } mt_ranged_bounds;
 void mt_codelet_ranged_set_bounds(mt_ranged_bounds b);
 const char *mt_codelet_ranged_bounds_name(void);
-/* The bounds the passes run now on this CPU (set_bounds, less what the CPU lacks). */
+/* The bounds the passes run now on this CPU (set_bounds, less what the CPU lacks), and b's
+ * name as options spell it: avx2, avx512, exact. */
 mt_ranged_bounds mt_codelet_ranged_bounds_used(void);
+const char *mt_codelet_ranged_bounds_option(mt_ranged_bounds b);
 /* The confirm's redo of a chunk of n elements whose scale fell inside its range: the weights
  * half (p: with the scale) of the flagged elements, bf16 streamed weights w. */
 void mt_codelet_ranged_redo(int64_t n, const void *flags, const float *master, const float *grad, const float *m,

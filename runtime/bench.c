@@ -300,17 +300,11 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
     if (log && st->ntiles > 2 && st->tiles[2].master_spare)
         fprintf(log, "bench: K=%d clip %g: AdamW state double-buffered (spare master, m and v of layers 1..L-1 and the head)\n",
                 sc->K, sc->clip);
-    if (log && sc->adamw_defer > 0 && !mt_graph_defers(g))
-        fprintf(log, "bench: K=%d clip %g: --adamw-defer on has no effect here: it needs ranged clip speculation (bf16 "
-                     "weights, clipping, and --clip-speculate ranged, or auto with a GPU)\n", sc->K, sc->clip);
-    if (log && sc->adamw_defer < 0 && mt_graph_ranged(g) && !mt_graph_defers(g))
-        fprintf(log, "bench: K=%d clip %g: AdamW moments halves not deferred (--adamw-defer auto): a second gradient "
-                     "(%.2f GB) would take over 80%% of the host memory available\n",
-                sc->K, sc->clip, (double)mt_state_grad_alt_bytes(st, 1) / 1e9);
-    if (log && mt_graph_defers(g))
-        fprintf(log, "bench: K=%d clip %g: AdamW moments halves deferred to the next step's ranged runs (a second "
-                     "gradient: %.2f GB more pinned host memory)\n",
-                sc->K, sc->clip, (double)mt_state_grad_alt_bytes(st, 1) / 1e9);
+    if (log) {
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "bench: K=%d clip %g", sc->K, sc->clip);
+        mt_graph_log_defer(g, log, prefix);
+    }
     r->deferred = mt_graph_defers(g);
     mt_policy_set_prefetch(o->prefetch);
     r->layers = cfg->layers;
@@ -601,7 +595,7 @@ void mt_bench_print(const mt_bench_options *o, const mt_bench_result *r, bool he
     if (r->ranged_spec > 0)
         snprintf(spec, sizeof spec, "ranged %.0f%%, in range %.0f%%, %.2f%% flagged, %s bounds%s", 100 * r->ranged_spec,
                  100 * r->ranged_in, 100 * r->ranged_flagged,
-                 r->bounds_used == MT_RANGED_BOUNDS_EXACT ? "exact" : r->bounds_used == MT_RANGED_BOUNDS_AVX512 ? "avx512" : "avx2",
+                 mt_codelet_ranged_bounds_option((mt_ranged_bounds)r->bounds_used),
                  r->deferred ? ", deferred" : "");
     if (!isnan(r->gpu_idle_s)) snprintf(idle, sizeof idle, "%.3f", r->gpu_idle_s);
     fprintf(out, "| %s | %d x %lld x %lld | %d | %g | %s | %s | %s | %.3f | %.0f | %.1f | %.2f (%.1f) | %.2f (%.1f) | %.2f | %s | %.2f (%.3f) | %.2f (%.3f) | %.3f | %.3f | %.3f | %.2f (%.2f) | %.1f | %s |\n",

@@ -115,6 +115,10 @@ static starpu_data_handle_t host_vector(void *p, int64_t n, size_t esz)
     return h;
 }
 
+/* Whether the extra host state an auto option (adamw_spare, adamw_defer) adds may be had: at
+ * most 80% of the host memory available now. */
+static bool fits_host(uint64_t bytes) { return bytes <= mt_host_memory_available() / 10 * 8; }
+
 mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err, size_t errlen)
 {
     const int64_t L = st->cfg.layers;
@@ -152,16 +156,14 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
      * speculation allowed, when it takes at most 80% of the host memory available now. */
     const int first_spare = 2;
     const bool may_speculate = sc->clip > 0 && sc->clip_speculate != 0;
-    if (sc->adamw_spare > 0 || (sc->adamw_spare < 0 && may_speculate &&
-                                mt_state_spare_bytes(st, first_spare) <= mt_host_memory_available() / 10 * 8)) {
+    if (sc->adamw_spare > 0 || (sc->adamw_spare < 0 && may_speculate && fits_host(mt_state_spare_bytes(st, first_spare)))) {
         if (mt_state_enable_spare(st, first_spare, err, errlen)) return NULL;
     }
     /* Deferred moments halves (ranged speculation): a second gradient for tiles 1.. Auto: when
      * it takes at most 80% of the host memory available now. */
     const bool ranged = sc->clip > 0 && st->compute_dtype == MT_DTYPE_BF16 &&
                         (sc->clip_speculate == 2 || (sc->clip_speculate < 0 && gpu));
-    const bool defer = ranged && (sc->adamw_defer > 0 ||
-                                  (sc->adamw_defer < 0 && mt_state_grad_alt_bytes(st, 1) <= mt_host_memory_available() / 10 * 8));
+    const bool defer = ranged && (sc->adamw_defer > 0 || (sc->adamw_defer < 0 && fits_host(mt_state_grad_alt_bytes(st, 1))));
     if (defer && mt_state_enable_grad_alt(st, 1, err, errlen)) return NULL;
     mt_graph *g = calloc(1, sizeof *g);
     g->st = st;
@@ -840,7 +842,19 @@ static void submit_pending_tile(mt_graph *g, mt_tile *t)
 }
 
 bool mt_graph_defers(const mt_graph *g) { return g->defer; }
-bool mt_graph_ranged(const mt_graph *g) { return g->flags != NULL; }
+void mt_graph_log_defer(const mt_graph *g, FILE *log, const char *prefix)
+{
+    const double gb = (double)mt_state_grad_alt_bytes(g->st, 1) / 1e9;
+    if (g->sc.adamw_defer > 0 && !g->defer)
+        fprintf(log, "%s: --adamw-defer on has no effect here: it needs ranged clip speculation (bf16 weights, clipping, "
+                     "and --clip-speculate ranged, or auto with a GPU)\n", prefix);
+    if (g->sc.adamw_defer < 0 && g->flags && !g->defer) /* ranged, but auto declined (fits_host) */
+        fprintf(log, "%s: AdamW moments halves not deferred (--adamw-defer auto): a second gradient (%.2f GB) would "
+                     "take over 80%% of the host memory available\n", prefix, gb);
+    if (g->defer)
+        fprintf(log, "%s: AdamW moments halves deferred to the next step's ranged runs (--adamw-defer): %.2f GB more "
+                     "%shost memory for a second gradient\n", prefix, gb, g->st->pinned ? "pinned " : "");
+}
 
 void mt_graph_flush(mt_graph *g)
 {

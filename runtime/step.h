@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "state.h"
 
@@ -111,10 +112,11 @@ void mt_graph_destroy(mt_graph *g);
  * tasks end (starpu_task_wait_for_all): call it before reading them or saving a checkpoint.
  * Nothing when nothing is pending; the next step needs no call. */
 void mt_graph_flush(mt_graph *g);
-/* Whether the graph defers moments halves (adamw_defer with ranged speculation), and whether it
- * may speculate ranged at all (clip_speculate 2, or auto with a GPU; bf16 weights, clipping). */
+/* Whether the graph defers moments halves (adamw_defer with ranged speculation). */
 bool mt_graph_defers(const mt_graph *g);
-bool mt_graph_ranged(const mt_graph *g);
+/* Says on log, each line after prefix, whether the graph defers and what it costs, why auto
+ * declined, or that on has no effect (bench and train print it). */
+void mt_graph_log_defer(const mt_graph *g, FILE *log, const char *prefix);
 
 /* Bytes of the working buffers the graph registered where its compute runs: checkpoints,
  * ping-pong hidden states and gradients, saved activations, layer and head scratch. The memory

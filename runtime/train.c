@@ -203,15 +203,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
                 (long long)o->steps, o->step.accum, (long long)o->step.B, (long long)o->step.T, o->step.K, o->step.clip,
                 o->lr, o->schedule == MT_LR_COSINE ? "warm-up + cosine" : "constant", mt_runtime_ncpu(),
                 mt_runtime_ncuda(), o->runtime.sched ? o->runtime.sched : mt_default_sched());
-        if (o->step.adamw_defer > 0 && !mt_graph_defers(g))
-            fprintf(log, "megatrain: --adamw-defer on has no effect here: it needs ranged clip speculation (bf16 "
-                         "weights, clipping, and --clip-speculate ranged, or auto with a GPU)\n");
-        if (o->step.adamw_defer < 0 && mt_graph_ranged(g) && !mt_graph_defers(g))
-            fprintf(log, "megatrain: AdamW moments halves not deferred (--adamw-defer auto): a second gradient (%.2f GB) "
-                         "would take over 80%% of the host memory available\n", (double)mt_state_grad_alt_bytes(st, 1) / 1e9);
-        if (mt_graph_defers(g))
-            fprintf(log, "megatrain: AdamW moments halves deferred to the next step's ranged runs (--adamw-defer): "
-                         "%.2f GB more pinned host memory\n", (double)mt_state_grad_alt_bytes(st, 1) / 1e9);
+        mt_graph_log_defer(g, log, "megatrain");
         if (st->ntiles > 2 && st->tiles[2].master_spare)
             fprintf(log, "megatrain: AdamW state double-buffered (--adamw-spare): %.2f GB more host memory\n",
                     (double)mt_state_spare_bytes(st, 2) / 1e9);

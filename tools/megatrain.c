@@ -284,18 +284,19 @@ static int parse_speculate(const char *arg, int *out)
     return 0;
 }
 
-/* --adamw-spare auto|on|off -> mt_step_config.adamw_spare (-1, 1, 0). */
-/* auto|on|off -> -1, 1, 0 (--adamw-spare, --adamw-defer). */
+/* auto|on|off -> -1, 1, 0 (--adamw-spare, --adamw-defer, and bench's list of --adamw-defer). */
+static const char *const auto_on_off_names[] = { "auto", "on", "off" };
+static const int auto_on_off_values[] = { -1, 1, 0 };
+
 static int parse_auto_on_off(const char *flag, const char *arg, int *out)
 {
-    if (!strcmp(arg, "auto")) *out = -1;
-    else if (!strcmp(arg, "on")) *out = 1;
-    else if (!strcmp(arg, "off")) *out = 0;
-    else {
-        usage_error("%s: '%s' is not auto, on or off", flag, arg);
-        return -1;
-    }
-    return 0;
+    for (int k = 0; k < 3; k++)
+        if (!strcmp(arg, auto_on_off_names[k])) {
+            *out = auto_on_off_values[k];
+            return 0;
+        }
+    usage_error("%s: '%s' is not auto, on or off", flag, arg);
+    return -1;
 }
 
 /* on|off -> 1, 0 (--clip-range-check). */
@@ -727,8 +728,9 @@ static int cmd_bench(int argc, char **argv)
         case O_NORMLOG: o.norm_log = optarg; break;
         case O_DATA: o.data = optarg; break;
         case O_BOUNDS: {
-            static const char *const names[] = { "avx2", "avx512", "exact" };
-            static const int values[] = { MT_RANGED_BOUNDS_AVX2, MT_RANGED_BOUNDS_AVX512, MT_RANGED_BOUNDS_EXACT };
+            const char *names[3];
+            int values[3];
+            for (int b = 0; b < 3; b++) names[b] = mt_codelet_ranged_bounds_option((mt_ranged_bounds)(values[b] = b));
             if (parse_word_list("--ranged-bounds", optarg, names, values, 3, "avx2, avx512 or exact", o.sweep_bounds,
                                 MT_BENCH_MAX_SWEEP, &o.nsweep_bounds))
                 return 2;
@@ -736,10 +738,8 @@ static int cmd_bench(int argc, char **argv)
             break;
         }
         case O_DEFER: { /* bench takes a list (the step option's parser takes one value) */
-            static const char *const names[] = { "auto", "on", "off" };
-            static const int values[] = { -1, 1, 0 };
-            if (parse_word_list("--adamw-defer", optarg, names, values, 3, "auto, on or off", o.sweep_defer,
-                                MT_BENCH_MAX_SWEEP, &o.nsweep_defer))
+            if (parse_word_list("--adamw-defer", optarg, auto_on_off_names, auto_on_off_values, 3, "auto, on or off",
+                                o.sweep_defer, MT_BENCH_MAX_SWEEP, &o.nsweep_defer))
                 return 2;
             o.step.adamw_defer = o.sweep_defer[0];
             break;
