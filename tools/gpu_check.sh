@@ -14,7 +14,8 @@ export LD_LIBRARY_PATH="$PWD/.deps/gpu-runtime/lib:/usr/local/cuda/lib64${LD_LIB
 export STARPU_SILENT=1 STARPU_HOME="${TMPDIR:-/tmp}/megatrain-starpu-home" OPENBLAS_NUM_THREADS=1
 B=build-gpu
 # The 3B benchmark of issue 4 (Qwen2.5-3B shape, 16 x 2048 tokens), megatrain's and PyTorch's
-bench3b=("$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048)
+shape3b=(--shape qwen2.5-3b --micro-batch 16 --seq-len 2048)
+bench3b=("$B/tools/megatrain" bench "${shape3b[@]}") # OLD builds: "$OLD/tools/megatrain" bench "${shape3b[@]}"
 torch3b=(python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4)
 mode=${1:-quick}
 # the commit the binaries were built from (a copied tree's .git can be stale)
@@ -130,8 +131,9 @@ clip3b)
 defer3b)
     # Deferred moments halves (--adamw-defer on) against off (the default until 1c33ef3; the
     # "default" runs) on one machine: the 3B step at clip 1 (scaling every step) on real text
-    # (DATA, default the prepared Qwen3-token fortunes), off then on, ROUNDS times (default 1); OLD (a folder with an earlier
-    # build's tools/megatrain and libmegatrain.so): that build's default run too, each round.
+    # (DATA, default the prepared Qwen3-token fortunes), off then on, ROUNDS times (default 1);
+    # OLD (a folder with an earlier build's tools/megatrain and libmegatrain.so): that build's
+    # default run too, each round.
     # TEST=1 runs test_gpu_step first, TORCH=1 the torch reference last.
     DATA=${DATA:-.deps/fortunes-qwen3}
     [ "${TEST:-1}" = 1 ] && run test_gpu_step "$B/tests/test_gpu_step"
@@ -139,7 +141,7 @@ defer3b)
     for r in $(seq 1 "${ROUNDS:-1}"); do
         run "bench_3b_data_default_$r" "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA" --adamw-defer off
         run "bench_3b_data_defer_$r" "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA" --adamw-defer on
-        [ -n "${OLD:-}" ] && run "bench_3b_data_old_$r" "$OLD/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA"
+        [ -n "${OLD:-}" ] && run "bench_3b_data_old_$r" "$OLD/tools/megatrain" bench "${shape3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA"
     done
     [ "${TORCH:-0}" = 1 ] && run torch_3b "${torch3b[@]}"
     ;;
@@ -157,7 +159,7 @@ final3b)
     for r in $(seq 1 "${ROUNDS:-1}"); do
         run "bench_3b_data_default_$r" "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA"
         [ ${#variant[@]} -gt 0 ] && run "bench_3b_data_variant_$r" "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA" "${variant[@]}"
-        [ -n "${OLD:-}" ] && run "bench_3b_data_old_$r" "$OLD/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA"
+        [ -n "${OLD:-}" ] && run "bench_3b_data_old_$r" "$OLD/tools/megatrain" bench "${shape3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA"
     done
     [ "${TORCH:-1}" = 1 ] && run torch_3b "${torch3b[@]}"
     ;;
@@ -180,7 +182,7 @@ ab3b)
     [ -x "$OLD/tools/adamw_bw" ] && run adamw_bw_old "$OLD/tools/adamw_bw"
     for r in $(seq 1 ${ROUNDS:-1}); do
         run bench_3b_new_$r "${bench3b[@]}" --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --warmup 2 --steps ${STEPS:-6} "${data_args[@]}"
-        run bench_3b_old_$r "$OLD/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 16 --seq-len 2048 --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --warmup 2 --steps ${STEPS:-6} "${data_args[@]}"
+        run bench_3b_old_$r "$OLD/tools/megatrain" bench "${shape3b[@]}" --checkpoint-every ${K:-2} --clip ${CLIPS:-1,1000,1} --warmup 2 --steps ${STEPS:-6} "${data_args[@]}"
     done
     [ "${TORCH:-1}" = 1 ] && run torch_3b "${torch3b[@]}"
     ;;
