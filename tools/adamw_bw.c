@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "codelets.h"
@@ -56,7 +57,7 @@ static void *run(void *arg)
         /* the thread's elements as one chunk: the ranged pass walks it block by block, the redo
          * its bitmap */
         void *flags = b->flags[j->t];
-        if (b->mode == 9) {
+        if (b->mode >= 9) {
             mt_codelet_ranged_reset(flags, hi - lo);
             mt_codelet_ranged_pass_deferred(hi - lo, b->p + lo, b->g0 + lo, b->g + lo, b->m + lo, b->v + lo, b->w + lo,
                                             MT_DTYPE_BF16, &b->prm, &b->ranged, flags);
@@ -156,7 +157,9 @@ static void usage(FILE *f)
                "  --params N    parameters (default 300000000: 7 fp32 arrays and a bf16 one, 8.4 GB)\n"
                "  --threads T   threads (default: online CPUs - 1, as the StarPU CPU workers)\n"
                "  --lr X        the ranged pass's learning rate, which sets the share it flags (default\n"
-               "                3e-4: about 2%%, as bench's 3B model at clip 1 with a steady norm)\n");
+               "                3e-4: about 2%%, as bench's 3B model at clip 1 with a steady norm)\n"
+               "  --pages P     the arrays' pages: small (madvise MADV_NOHUGEPAGE, as the step's pinned\n"
+               "                host state), huge (MADV_HUGEPAGE) or default (as the kernel gives; the default)\n");
 }
 
 int main(int argc, char **argv)
@@ -165,6 +168,7 @@ int main(int argc, char **argv)
     bench b = { .n = 300000000, .threads = cpus > 1 ? (int)cpus - 1 : 1,
                 .prm = { .lr = 1e-5, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1, .step = 10,
                          .grad_scale = 1.0 } };
+    const char *pages = "default";
     double ranged_lr = 3e-4; /* with this data, about the 2.2-2.4% flagged of bench's 3B model at clip 1 */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 0; }
@@ -176,6 +180,14 @@ int main(int argc, char **argv)
                 return 2;
             }
             ranged_lr = x;
+            continue;
+        }
+        if (!strcmp(argv[i], "--pages") && i + 1 < argc) {
+            pages = argv[++i];
+            if (strcmp(pages, "small") && strcmp(pages, "huge") && strcmp(pages, "default")) {
+                fprintf(stderr, "adamw_bw: --pages: '%s' is not small, huge or default\n", pages);
+                return 2;
+            }
             continue;
         }
         const bool params = !strcmp(argv[i], "--params"), threads = !strcmp(argv[i], "--threads");
@@ -199,6 +211,13 @@ int main(int argc, char **argv)
     for (size_t k = 0; k < sizeof arrays / sizeof arrays[0]; k++)
         if (!(*arrays[k] = aligned_alloc(4096, fb))) { fprintf(stderr, "adamw_bw: out of memory\n"); return 1; }
     if (!(b.w = aligned_alloc(4096, wb))) { fprintf(stderr, "adamw_bw: out of memory\n"); return 1; }
+    if (strcmp(pages, "default")) {
+        /* before the first touch, which is when the kernel picks the pages */
+        const int advice = !strcmp(pages, "huge") ? MADV_HUGEPAGE : MADV_NOHUGEPAGE;
+        for (size_t k = 0; k < sizeof arrays / sizeof arrays[0]; k++)
+            if (madvise(*arrays[k], fb, advice)) perror("adamw_bw: madvise");
+        if (madvise(b.w, wb, advice)) perror("adamw_bw: madvise");
+    }
     /* the ranged pass: a range of clip scales around 0.25, as bench's 3B model at clip 1; the
      * redo at 0.25 */
     for (int t = 0; t < b.threads; t++) {
@@ -217,17 +236,20 @@ int main(int argc, char **argv)
     b.redo.grad_scale = 0.25;
     b.redo.grad_scale_lo = 0;
     parallel(&b, touch);
-    printf("adamw_bw: %lld parameters, %d threads\n", (long long)b.n, b.threads);
+    printf("adamw_bw: %lld parameters, %d threads, %s pages\n", (long long)b.n, b.threads, pages);
     static const struct { const char *name; double bytes; } modes[] = {
         { "fused, in place, + bf16 copy", 30 }, { "out of place, plain stores", 30 },
         { "out of place, non-temporal stores", 30 }, { "split: weights half", 18 }, { "split: moments half", 28 },
         { "ranged pass, exact bounds", 18 }, { "ranged pass, AVX-512 bounds", 18 },
         { "ranged pass (weights half + flags)", 18 }, { "ranged redo (flagged elements)", 2 },
-        { "deferred: moments + ranged pass", 34 },
+        { "deferred: moments + ranged pass", 34 }, { "deferred, next block prefetched", 34 },
+        { "deferred, weights stored past cache", 34 }, { "deferred, both", 34 },
     };
     int64_t flagged_exact = 0;
-    for (int mode = 0; mode < 10; mode++) {
+    for (int mode = 0; mode < 13; mode++) {
         b.mode = mode;
+        /* the rows from 9 on: the deferred pass without and with the memory tunings */
+        mt_codelet_ranged_set_tuning(mode >= 9 ? mode - 9 : MT_RANGED_TUNE_DEFAULT);
         mt_codelet_ranged_set_bounds(mode == 5 ? MT_RANGED_BOUNDS_EXACT : mode == 6 ? MT_RANGED_BOUNDS_AVX512
                                                                                       : MT_RANGED_BOUNDS_AVX2);
         if (mode == 6) flagged_exact = count_flagged(&b);
