@@ -1,9 +1,11 @@
-/* Host state tiles: allocation (pinned, 4 KiB-aligned, one block per kind per tile), StarPU
+/* Host state tiles: allocation (2 MiB-aligned, one block per kind per tile, pinned with a GPU), StarPU
  * registration (whole-tile handles for compute, planned chunk partitions for AdamW),
  * initialisation. */
 #include "state.h"
 
 #include <math.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
 #include <pthread.h>
 #include <unistd.h>
 #include <stdio.h>
@@ -16,22 +18,46 @@
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-/* Allocates bytes (4 KiB-rounded) pinned when a GPU can use it; zeroed. */
-static void *alloc_state(size_t bytes, bool *pinned)
+/* Host state allocations: pageable memory, 2 MiB-aligned and advised to transparent huge pages
+ * (where the kernel offers them), then zeroed and, with a GPU, pinned by starpu_memory_pin
+ * (cudaHostRegister) tile by tile on one thread per core (pin_tile, for_each_tile). Not
+ * starpu_malloc_flags(STARPU_MALLOC_PINNED): that is cudaHostAlloc, which zeroes and pins 4 KiB
+ * pages one allocation at a time; the 3B bench model's 57 GB took 68-76 s of set-up on the H200
+ * machines that way. Sizes round up to 4 KiB. */
+#define STATE_ALIGN_BYTES ((size_t)2 << 20)
+
+static bool gpu_present(void) { return starpu_cuda_worker_get_count() > 0; }
+
+static void *alloc_state(size_t bytes)
 {
     void *p = NULL;
     bytes = round_up(bytes, TILE_ALIGN_BYTES);
-    int flags = starpu_cuda_worker_get_count() > 0 ? STARPU_MALLOC_PINNED : 0;
-    if (starpu_malloc_flags(&p, bytes, flags) != 0 || !p) return NULL;
-    if (!flags) *pinned = false;
+    if (posix_memalign(&p, STATE_ALIGN_BYTES, bytes) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, bytes, MADV_HUGEPAGE); /* advice: without THP the pages stay small */
+#endif
     return p;
 }
 
-static void free_state(void *p, size_t bytes)
+/* Zeroes an allocation (which also faults its pages in, on the calling thread) and pins it when a
+ * GPU will copy from it; false when the pinning failed (the memory is then used unpinned). */
+static bool zero_and_pin(void *p, size_t bytes)
+{
+    bytes = round_up(bytes, TILE_ALIGN_BYTES);
+    memset(p, 0, bytes);
+    return !gpu_present() || starpu_memory_pin(p, bytes) == 0;
+}
+
+/* mt_tile.pinned_kinds */
+enum { PIN_WEIGHTS = 1, PIN_MASTER = 2, PIN_GRAD = 4, PIN_M = 8, PIN_V = 16, PIN_GRAD_ALT = 32 };
+
+/* Frees an allocation of tile t's kind `kind` (a PIN_* bit), unpinning it if it was pinned. */
+static void free_state(mt_tile *t, unsigned kind, void *p, size_t bytes)
 {
     if (!p) return;
-    int flags = starpu_cuda_worker_get_count() > 0 ? STARPU_MALLOC_PINNED : 0;
-    starpu_free_flags(p, round_up(bytes, TILE_ALIGN_BYTES), flags);
+    if (t->pinned_kinds & kind) (void)starpu_memory_unpin(p, round_up(bytes, TILE_ALIGN_BYTES));
+    t->pinned_kinds &= ~kind;
+    free(p);
 }
 
 /* Runs fn(st, tile index, arg) for every tile on one thread per core: filling tens of GB of
@@ -71,17 +97,36 @@ static void for_each_tile(mt_host_state *st, tile_fn fn, void *arg)
     starpu_resume();
 }
 
-/* Zeroes every kind of state of one tile (pinned allocations are not zeroed by the allocator). */
+/* zero_and_pin of one allocation of tile t, its PIN_* bit set when pinned; 1 when the pin failed. */
+static int zero_and_pin_kind(mt_tile *t, unsigned kind, void *p, size_t bytes)
+{
+    if (!zero_and_pin(p, bytes)) return 1;
+    if (gpu_present()) t->pinned_kinds |= kind;
+    return 0;
+}
+
+/* Zeroes and pins every kind of state of one tile; *arg (an atomic_int) counts the failed pins. */
 static void zero_tile(mt_host_state *st, int i, void *arg)
 {
-    (void)arg;
+    atomic_int *unpinned = arg;
     mt_tile *t = &st->tiles[i];
     size_t fbytes = (size_t)t->numel * sizeof(float);
-    memset(t->weights, 0, t->weight_bytes);
-    memset(t->master, 0, fbytes);
-    memset(t->grad, 0, fbytes);
-    memset(t->adam_m, 0, fbytes);
-    memset(t->adam_v, 0, fbytes);
+    int bad = zero_and_pin_kind(t, PIN_WEIGHTS, t->weights, t->weight_bytes);
+    bad += zero_and_pin_kind(t, PIN_MASTER, t->master, fbytes);
+    bad += zero_and_pin_kind(t, PIN_GRAD, t->grad, fbytes);
+    bad += zero_and_pin_kind(t, PIN_M, t->adam_m, fbytes);
+    bad += zero_and_pin_kind(t, PIN_V, t->adam_v, fbytes);
+    atomic_fetch_add(unpinned, bad);
+}
+
+/* After a parallel zero_and_pin: a pin that failed leaves that memory pageable (the copies from it
+ * then go through CUDA's staging buffers, slower but correct); said once, on stderr. */
+static void note_unpinned(mt_host_state *st, int unpinned, const char *what)
+{
+    if (!unpinned) return;
+    st->pinned = false;
+    fprintf(stderr, "megatrain: warning: %d %s allocation(s) could not be pinned (cudaHostRegister failed); "
+                    "host-GPU copies from them will be slower\n", unpinned, what);
 }
 
 /* Splits a tile into AdamW chunks: boundaries at every tensor start, pieces of at most
@@ -189,13 +234,12 @@ mt_host_state *mt_state_create(const mt_model_config *cfg, mt_dtype compute_dtyp
     st->cfg = *cfg;
     st->compute_dtype = compute_dtype;
     st->chunk_numel = chunk_numel > 0 ? chunk_numel : (int64_t)1 << 20;
-    st->pinned = true;
+    st->pinned = gpu_present();
     mt_layout_build(cfg, MT_TILE_EMBED, &st->layout_embed);
     mt_layout_build(cfg, MT_TILE_LAYER, &st->layout_layer);
     mt_layout_build(cfg, MT_TILE_HEAD, &st->layout_head);
     st->ntiles = (int)cfg->layers + 2;
     st->tiles = calloc(st->ntiles, sizeof *st->tiles);
-    starpu_malloc_set_align(TILE_ALIGN_BYTES);
 
     size_t esz = mt_dtype_size(compute_dtype);
     for (int i = 0; i < st->ntiles; i++) {
@@ -205,11 +249,11 @@ mt_host_state *mt_state_create(const mt_model_config *cfg, mt_dtype compute_dtyp
         t->numel = t->layout->numel;
         t->weight_bytes = round_up((size_t)t->numel * esz, TILE_ALIGN_BYTES);
         size_t fbytes = (size_t)t->numel * sizeof(float);
-        t->weights = alloc_state(t->weight_bytes, &st->pinned);
-        t->master = alloc_state(fbytes, &st->pinned);
-        t->grad = alloc_state(fbytes, &st->pinned);
-        t->adam_m = alloc_state(fbytes, &st->pinned);
-        t->adam_v = alloc_state(fbytes, &st->pinned);
+        t->weights = alloc_state(t->weight_bytes);
+        t->master = alloc_state(fbytes);
+        t->grad = alloc_state(fbytes);
+        t->adam_m = alloc_state(fbytes);
+        t->adam_v = alloc_state(fbytes);
         if (!t->weights || !t->master || !t->grad || !t->adam_m || !t->adam_v) {
             snprintf(err, errlen, "out of host memory allocating tile %d (%zu bytes per kind)", i, fbytes);
             st->ntiles = i + 1;
@@ -217,7 +261,9 @@ mt_host_state *mt_state_create(const mt_model_config *cfg, mt_dtype compute_dtyp
             return NULL;
         }
     }
-    for_each_tile(st, zero_tile, NULL);
+    atomic_int unpinned = 0;
+    for_each_tile(st, zero_tile, &unpinned);
+    note_unpinned(st, atomic_load(&unpinned), "host state");
     /* Every decoder layer's streamed copy shares one allocation size, so a GPU buffer freed by
      * one layer is reused as is by the next (StarPU recycles same-size buffers). */
     for (int i = 0; i < st->ntiles; i++) {
@@ -310,8 +356,8 @@ void mt_tile_swap_state(mt_tile *t)
 static void drop_grad_alt(mt_tile *t)
 {
     if (!t->grad_alt) return;
-    unregister_grad(t, t->h_grad_alt, t->h_grad_alt_chunk);
-    free_state(t->grad_alt, (size_t)t->numel * sizeof(float));
+    if (t->h_grad_alt) unregister_grad(t, t->h_grad_alt, t->h_grad_alt_chunk);
+    free_state(t, PIN_GRAD_ALT, t->grad_alt, (size_t)t->numel * sizeof(float));
     t->grad_alt = NULL;
     t->h_grad_alt = NULL;
     t->h_grad_alt_chunk = NULL;
@@ -324,10 +370,13 @@ uint64_t mt_state_grad_alt_bytes(const mt_host_state *st, int first)
     return b;
 }
 
+typedef struct fresh_tiles { const bool *fresh; atomic_int unpinned; } fresh_tiles;
+
 static void zero_grad_alt(mt_host_state *st, int i, void *arg)
 {
-    const bool *fresh = arg;
-    if (fresh[i]) memset(st->tiles[i].grad_alt, 0, (size_t)st->tiles[i].numel * sizeof(float));
+    fresh_tiles *f = arg;
+    mt_tile *t = &st->tiles[i];
+    if (f->fresh[i]) atomic_fetch_add(&f->unpinned, zero_and_pin_kind(t, PIN_GRAD_ALT, t->grad_alt, (size_t)t->numel * sizeof(float)));
 }
 
 int mt_state_enable_grad_alt(mt_host_state *st, int first, char *err, size_t errlen)
@@ -336,7 +385,7 @@ int mt_state_enable_grad_alt(mt_host_state *st, int first, char *err, size_t err
     for (int i = first; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
         if (t->grad_alt) continue;
-        t->grad_alt = alloc_state((size_t)t->numel * sizeof(float), &st->pinned);
+        t->grad_alt = alloc_state((size_t)t->numel * sizeof(float));
         if (!t->grad_alt) {
             snprintf(err, errlen, "out of host memory allocating the second gradient of tile %d (%zu bytes)", i,
                      (size_t)t->numel * sizeof(float));
@@ -346,9 +395,13 @@ int mt_state_enable_grad_alt(mt_host_state *st, int first, char *err, size_t err
             return -1;
         }
         fresh[i] = true;
-        register_grad(t, t->grad_alt, &t->h_grad_alt, &t->h_grad_alt_chunk);
     }
-    for_each_tile(st, zero_grad_alt, fresh);
+    /* zeroed and pinned before StarPU knows the memory */
+    fresh_tiles f = { .fresh = fresh };
+    for_each_tile(st, zero_grad_alt, &f);
+    note_unpinned(st, atomic_load(&f.unpinned), "second gradient");
+    for (int i = first; i < st->ntiles; i++)
+        if (fresh[i]) register_grad(&st->tiles[i], st->tiles[i].grad_alt, &st->tiles[i].h_grad_alt, &st->tiles[i].h_grad_alt_chunk);
     free(fresh);
     return 0;
 }
@@ -378,11 +431,11 @@ void mt_state_destroy(mt_host_state *st)
             t->h_grad_chunk = NULL;
         }
         size_t fbytes = (size_t)t->numel * sizeof(float);
-        free_state(t->weights, t->weight_bytes);
-        free_state(t->master, fbytes);
-        free_state(t->grad, fbytes);
-        free_state(t->adam_m, fbytes);
-        free_state(t->adam_v, fbytes);
+        free_state(t, PIN_WEIGHTS, t->weights, t->weight_bytes);
+        free_state(t, PIN_MASTER, t->master, fbytes);
+        free_state(t, PIN_GRAD, t->grad, fbytes);
+        free_state(t, PIN_M, t->adam_m, fbytes);
+        free_state(t, PIN_V, t->adam_v, fbytes);
         free(t->chunks);
         free(t->h_weights_chunk);
     }

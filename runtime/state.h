@@ -1,5 +1,5 @@
 /* The host state of a model: per tile (embedding, each decoder layer, head) one contiguous,
- * 4 KiB-aligned, pinned allocation per kind of state (streamed weights, fp32 master, gradient,
+ * 2 MiB-aligned allocation, pinned with a GPU, per kind of state (streamed weights, fp32 master, gradient,
  * AdamW m and v), and the StarPU handles over them. Host memory is the home of all of it. */
 #ifndef MT_RUNTIME_STATE_H
 #define MT_RUNTIME_STATE_H
@@ -48,6 +48,8 @@ typedef struct mt_tile {
     starpu_data_handle_t h_grad_alt, *h_grad_alt_chunk;
     bool grad_alt_current;   /* swapped an odd number of times */
     size_t grad_allocsize;   /* the allocation size both gradient handles are registered with */
+    unsigned pinned_kinds;   /* state.c's PIN_* bits: the allocations of this tile that are pinned
+                              * (each kind's own, as when no swap is outstanding) */
 } mt_tile;
 
 typedef struct mt_host_state {
@@ -57,7 +59,8 @@ typedef struct mt_host_state {
     int ntiles;              /* L + 2 */
     mt_tile *tiles;
     int64_t chunk_numel;     /* largest AdamW chunk */
-    bool pinned;             /* every tile allocation is pinned (false without a GPU) */
+    bool pinned;             /* every tile allocation is pinned (false without a GPU, or when
+                              * pinning one failed: state.c warns on stderr then) */
 } mt_host_state;
 
 /* Allocates and registers the host state (StarPU must be running). Weights are initialised by

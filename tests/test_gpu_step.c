@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "codelets.h"
+#include "cuda/kernels.h"
 #include "config.h"
 #include "plan.h"
 #include "runtime.h"
@@ -54,6 +55,21 @@ static int fixture_speculate = -1;
  * fused attention backward takes (head dim 64: the default attention is then cuDNN's both ways). */
 static int64_t fixture_T = 77;
 
+/* With a CUDA worker every host state allocation is pinned (state.c pins them itself), the
+ * second gradients too when `alt`: CUDA says so of each. */
+static void assert_pinned(const mt_host_state *st, bool alt)
+{
+    ck_assert_msg(st->pinned, "host state not pinned");
+    for (int i = 0; i < st->ntiles; i++) {
+        const mt_tile *t = &st->tiles[i];
+        const void *p[6] = { t->weights, t->master, t->grad, t->adam_m, t->adam_v, t->grad_alt };
+        for (int k = 0; k < 6; k++) {
+            if (k == 5 && (!alt || i == 0)) continue;
+            ck_assert_msg(p[k] && mt_cuda_host_pointer_pinned(p[k]) == 1, "tile %d allocation %d not pinned", i, k);
+        }
+    }
+}
+
 static fixture fixture_open(bool tied, int ncpu, int ncuda, mt_dtype dtype, uint64_t weight_seed, int K, int accum,
                             double clip, uint64_t data_seed, bool ignore_some)
 {
@@ -67,6 +83,7 @@ static fixture fixture_open(bool tied, int ncpu, int ncuda, mt_dtype dtype, uint
     f.cfg = config(tied);
     f.st = mt_state_create(&f.cfg, dtype, 0, err, sizeof err);
     ck_assert_msg(f.st != NULL, "%s", err);
+    if (ncuda > 0) assert_pinned(f.st, false);
     mt_state_init_random(f.st, weight_seed, 0.05);
     f.sc = mt_step_defaults();
     f.sc.B = 2; f.sc.T = fixture_T; f.sc.K = K; f.sc.accum = accum; f.sc.head_chunk = 50; f.sc.clip = clip;
@@ -217,6 +234,7 @@ static state_copy clipped_steps(int speculate, int steps, int64_t *checked)
     starpu_task_wait_for_all();
     *checked = mt_codelet_ranged_counts().checked - c0.checked;
     state_copy c = { .ntiles = f.st->ntiles, .deferred = mt_graph_defers(f.g) };
+    if (c.deferred) assert_pinned(f.st, true);
     c.numel = calloc(c.ntiles, sizeof *c.numel);
     float ***dst[3] = { &c.master, &c.m, &c.v };
     for (int k = 0; k < 3; k++) *dst[k] = calloc(c.ntiles, sizeof(float *));
