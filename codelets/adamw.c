@@ -197,24 +197,6 @@ MT_CPU_CLONES static void ranged_fused(int64_t n, const float *restrict master, 
 #include <immintrin.h>
 #define MT_RANGED_APPROX 1
 
-/* The next block's inputs, which the vector passes prefetch into L2 as they go (TUNE_PREFETCH):
- * s[k] the start of stream k in it, n its elements (0: none). */
-typedef struct next_block {
-    const float *s[5];
-    int64_t n;
-} next_block;
-
-__attribute__((target("avx2,fma"))) static inline void prefetch_next(const next_block *nb, int64_t i)
-{
-    if (i < nb->n) {
-        _mm_prefetch((const char *)(nb->s[0] + i), _MM_HINT_T1);
-        _mm_prefetch((const char *)(nb->s[1] + i), _MM_HINT_T1);
-        _mm_prefetch((const char *)(nb->s[2] + i), _MM_HINT_T1);
-        _mm_prefetch((const char *)(nb->s[3] + i), _MM_HINT_T1);
-        _mm_prefetch((const char *)(nb->s[4] + i), _MM_HINT_T1);
-    }
-}
-
 __attribute__((target("avx2,fma"))) static inline __m256 rcp_newton(__m256 d)
 {
     const __m256 r = _mm256_rcp_ps(d);
@@ -262,8 +244,7 @@ __attribute__((target("avx2,fma"))) static inline __m256 recip_den(__m256 x, __m
 __attribute__((target("avx2,fma"))) static void ranged_fused_approx(int64_t n, const float *restrict master,
                                                                     const float *restrict grad, const float *restrict m,
                                                                     const float *restrict v, const ranged_consts *k,
-                                                                    mt_bf16 *restrict w, uint8_t *restrict flagb,
-                                                                    const next_block *nb, bool nt)
+                                                                    mt_bf16 *restrict w, uint8_t *restrict flagb)
 {
     const __m256 b1 = _mm256_set1_ps(k->b1), ob1 = _mm256_set1_ps(k->one_b1), b2 = _mm256_set1_ps(k->b2);
     const __m256 ob2 = _mm256_set1_ps(k->one_b2), ss = _mm256_set1_ps(k->step_size);
@@ -272,10 +253,8 @@ __attribute__((target("avx2,fma"))) static void ranged_fused_approx(int64_t n, c
     const __m256 isb = _mm256_set1_ps(1.0f / k->sqrt_bc2), big = _mm256_set1_ps(FLT_MAX);
     const __m256 rel = _mm256_set1_ps(0x1p-16f), floor_ = _mm256_set1_ps(1e-37f);
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), ss2 = _mm256_set1_ps(2.0f * k->step_size);
-    nt = nt && ((uintptr_t)w & 15) == 0;
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        if ((i & 15) == 0) prefetch_next(nb, i);
         const __m256 g = _mm256_loadu_ps(grad + i), mi = _mm256_loadu_ps(m + i), vi = _mm256_loadu_ps(v + i);
         const __m256 pd = _mm256_mul_ps(_mm256_loadu_ps(master + i), decay); /* the kernel's own */
         /* the moments at both ends of the range, and the reciprocal denominators */
@@ -298,12 +277,9 @@ __attribute__((target("avx2,fma"))) static void ranged_fused_approx(int64_t n, c
         const __m256 finite = _mm256_cmp_ps(_mm256_sub_ps(hi, lo), big, _CMP_LE_OQ);
         __m256i down;
         const __m256i same = _mm256_and_si256(same_bf16(lo, hi, &down), _mm256_castps_si256(finite));
-        const __m128i wb = _mm_packus_epi32(_mm256_castsi256_si128(down), _mm256_extracti128_si256(down, 1));
-        if (nt) _mm_stream_si128((__m128i *)(w + i), wb);
-        else _mm_storeu_si128((__m128i *)(w + i), wb);
+        _mm_storeu_si128((__m128i *)(w + i), _mm_packus_epi32(_mm256_castsi256_si128(down), _mm256_extracti128_si256(down, 1)));
         flagb[i / 8] = (uint8_t)~_mm256_movemask_ps(_mm256_castsi256_ps(same));
     }
-    if (nt) _mm_sfence();
     if (i < n) ranged_tail_bf16(n - i, master + i, grad + i, m + i, v + i, k, w + i, flagb + i / 8);
 }
 
@@ -332,8 +308,7 @@ recip_den512(__m512 x, __m512 isb, __m512 eps)
  * the last 16 goes to the AVX2 loop, and its own past 8 to ranged_tail_bf16. */
 __attribute__((target("avx2,fma,avx512f,avx512vl,avx512dq,avx512bw"))) static void
 ranged_fused_approx512(int64_t n, const float *restrict master, const float *restrict grad, const float *restrict m,
-                       const float *restrict v, const ranged_consts *k, mt_bf16 *restrict w, uint8_t *restrict flagb,
-                       const next_block *nb, bool nt)
+                       const float *restrict v, const ranged_consts *k, mt_bf16 *restrict w, uint8_t *restrict flagb)
 {
     const __m512 b1 = _mm512_set1_ps(k->b1), ob1 = _mm512_set1_ps(k->one_b1), b2 = _mm512_set1_ps(k->b2);
     const __m512 ob2 = _mm512_set1_ps(k->one_b2), ss = _mm512_set1_ps(k->step_size);
@@ -343,10 +318,8 @@ ranged_fused_approx512(int64_t n, const float *restrict master, const float *res
     const __m512 rel = _mm512_set1_ps(0x1p-16f), floor_ = _mm512_set1_ps(1e-37f);
     const __m512 ss2 = _mm512_set1_ps(2.0f * k->step_size);
     const __m512i r_down = _mm512_set1_epi32(0x7FFF), r_up = _mm512_set1_epi32(0x8000);
-    const bool nt32 = nt && ((uintptr_t)w & 31) == 0;
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        prefetch_next(nb, i);
         const __m512 g = _mm512_loadu_ps(grad + i), mi = _mm512_loadu_ps(m + i), vi = _mm512_loadu_ps(v + i);
         const __m512 pd = _mm512_mul_ps(_mm512_loadu_ps(master + i), decay);
         const __m512 bm = _mm512_mul_ps(b1, mi), t = _mm512_mul_ps(ob1, g);
@@ -366,29 +339,16 @@ ranged_fused_approx512(int64_t n, const float *restrict master, const float *res
         const __m512i a = _mm512_castps_si512(lo), b = _mm512_castps_si512(hi);
         const __m512i down = _mm512_srli_epi32(_mm512_add_epi32(_mm512_min_epu32(a, b), r_down), 16);
         const __m512i up = _mm512_srli_epi32(_mm512_add_epi32(_mm512_max_epu32(a, b), r_up), 16);
-        if (nt32) _mm256_stream_si256((__m256i *)(w + i), _mm512_cvtepi32_epi16(down));
-        else _mm256_storeu_si256((__m256i *)(w + i), _mm512_cvtepi32_epi16(down));
+        _mm256_storeu_si256((__m256i *)(w + i), _mm512_cvtepi32_epi16(down));
         const unsigned flags = (unsigned)(uint16_t)~_mm512_mask_cmpeq_epi32_mask(finite, down, up);
         flagb[i / 8] = (uint8_t)flags;
         flagb[i / 8 + 1] = (uint8_t)(flags >> 8);
     }
-    if (nt32) _mm_sfence();
-    static const next_block none = { { 0 }, 0 };
-    if (i < n) ranged_fused_approx(n - i, master + i, grad + i, m + i, v + i, k, w + i, flagb + i / 8, &none, nt);
+    if (i < n) ranged_fused_approx(n - i, master + i, grad + i, m + i, v + i, k, w + i, flagb + i / 8);
 }
 #endif
 
 static atomic_int ranged_bounds = MT_RANGED_BOUNDS_AVX2; /* mt_codelet_ranged_set_bounds */
-static atomic_int ranged_tuning = MT_RANGED_TUNE_DEFAULT; /* mt_codelet_ranged_set_tuning */
-
-void mt_codelet_ranged_set_tuning(int bits) { atomic_store(&ranged_tuning, bits); }
-int mt_codelet_ranged_tuning(void) { return atomic_load(&ranged_tuning); }
-
-const char *mt_codelet_ranged_tuning_option(int bits)
-{
-    static const char *const names[4] = { "plain", "prefetch", "nt", "both" };
-    return names[bits & 3];
-}
 
 void mt_codelet_ranged_set_bounds(mt_ranged_bounds b) { atomic_store(&ranged_bounds, (int)b); }
 
@@ -693,9 +653,9 @@ bool mt_codelet_ranged_begin(void *flags, int64_t n, double known, double head_t
 
 /* One block of a ranged pass: the flags, and the weights of the unflagged elements (the exact
  * bounds' C loop: all of them at the range's top scale); returns how many were flagged. */
-static int64_t ranged_block(int64_t e, int64_t len, int64_t end, const float *master, const float *old,
-                            const float *grad, const float *m, const float *v, void *weights, mt_dtype dtype,
-                            const ranged_consts *k, ranged_header *hd)
+static int64_t ranged_block(int64_t e, int64_t len, const float *master, const float *grad, const float *m,
+                            const float *v, void *weights, mt_dtype dtype, const ranged_consts *k,
+                            ranged_header *hd)
 {
     int64_t nflagged;
 #ifdef MT_RANGED_APPROX
@@ -705,14 +665,8 @@ static int64_t ranged_block(int64_t e, int64_t len, int64_t end, const float *ma
          * the bitmap's own layout from byte e / 8 on */
         uint8_t flagb[BLOCK / 8];
         mt_bf16 *w = (mt_bf16 *)weights + e;
-        const int tune = atomic_load_explicit(&ranged_tuning, memory_order_relaxed);
-        const int64_t x = e + len;
-        next_block nb = { { master + x, grad + x, m + x, v + x, (old ? old : master) + x }, 0 };
-        if (tune & MT_RANGED_TUNE_PREFETCH) nb.n = end - x < BLOCK ? end - x : BLOCK;
-        const bool nt = tune & MT_RANGED_TUNE_NT;
-        if (b == MT_RANGED_BOUNDS_AVX512)
-            ranged_fused_approx512(len, master + e, grad + e, m + e, v + e, k, w, flagb, &nb, nt);
-        else ranged_fused_approx(len, master + e, grad + e, m + e, v + e, k, w, flagb, &nb, nt);
+        if (b == MT_RANGED_BOUNDS_AVX512) ranged_fused_approx512(len, master + e, grad + e, m + e, v + e, k, w, flagb);
+        else ranged_fused_approx(len, master + e, grad + e, m + e, v + e, k, w, flagb);
         nflagged = or_bytes(e / 8, (len + 7) / 8, flagb, bits_of(hd));
     } else
 #endif
@@ -737,7 +691,7 @@ int64_t mt_codelet_ranged_pass(int64_t o, int64_t n, const float *master, const 
     /* block by block, as adamw_streamed, each block's inputs still in cache for the bounds */
     for (int64_t e = o; e < o + n; e += BLOCK) {
         int64_t len = o + n - e < BLOCK ? o + n - e : BLOCK;
-        nflagged += ranged_block(e, len, o + n, master, NULL, grad, m, v, weights, dtype, &k, hd);
+        nflagged += ranged_block(e, len, master, grad, m, v, weights, dtype, &k, hd);
     }
     atomic_fetch_add(&ranged_flagged, nflagged);
     return nflagged;
@@ -789,7 +743,7 @@ void mt_codelet_ranged_pass_deferred(int64_t n, float *master, const float *old,
     for (int64_t e = 0; e < n; e += BLOCK) {
         int64_t len = n - e < BLOCK ? n - e : BLOCK;
         mt_cpu_adamw_f32(len, master + e, old + e, m + e, v + e, po);
-        if (flags) nflagged += ranged_block(e, len, n, master, old, grad, m, v, weights, dtype, &k, (ranged_header *)flags);
+        if (flags) nflagged += ranged_block(e, len, master, grad, m, v, weights, dtype, &k, (ranged_header *)flags);
     }
     atomic_fetch_add(&ranged_flagged, nflagged);
 }

@@ -248,16 +248,6 @@ const char *mt_codelet_ranged_bounds_name(void);
  * name as options spell it: avx2, avx512, exact. */
 mt_ranged_bounds mt_codelet_ranged_bounds_used(void);
 const char *mt_codelet_ranged_bounds_option(mt_ranged_bounds b);
-/* How the vector ranged passes use memory: MT_RANGED_TUNE_PREFETCH, each block prefetches the
- * next block's inputs into L2 as it goes; MT_RANGED_TUNE_NT, the bf16 weights are stored past
- * the cache (no read of their lines first). Bits; set_tuning applies to the passes that start
- * after it. tools/adamw_bw compares them. */
-enum { MT_RANGED_TUNE_PREFETCH = 1, MT_RANGED_TUNE_NT = 2 };
-#define MT_RANGED_TUNE_DEFAULT 0
-void mt_codelet_ranged_set_tuning(int bits);
-int mt_codelet_ranged_tuning(void);
-/* bits' name as options spell it: plain, prefetch, nt, both. */
-const char *mt_codelet_ranged_tuning_option(int bits);
 /* The confirm's redo of a chunk of n elements whose scale fell inside its range: the weights
  * half (p: with the scale) of the flagged elements, bf16 streamed weights w. */
 void mt_codelet_ranged_redo(int64_t n, const void *flags, const float *master, const float *grad, const float *m,

@@ -25,7 +25,7 @@ mt_bench_options mt_bench_defaults(void)
 {
     mt_bench_options o = { .shape = "qwen2.5-0.5b", .step = mt_step_defaults(), .warmup = 2, .steps = 5,
                            .resident = false, .prefetch = true, .gpu_limit_mib = 0, .dtype = MT_DTYPE_BF16,
-                           .ranged_memory = MT_RANGED_TUNE_DEFAULT, .runtime = mt_runtime_defaults() };
+                           .runtime = mt_runtime_defaults() };
     o.step.B = 8;
     o.step.T = 2048;
     o.step.K = 4;
@@ -174,17 +174,12 @@ void mt_bench_gpu_breakdown(mt_policy_trace_record *records, int n, mt_gpu_break
 int mt_bench_count(const mt_bench_options *o)
 {
     return (o->nsweep_K > 0 ? o->nsweep_K : 1) * (o->nsweep_clip > 0 ? o->nsweep_clip : 1) *
-           (o->nsweep_defer > 0 ? o->nsweep_defer : 1) * (o->nsweep_bounds > 0 ? o->nsweep_bounds : 1) *
-           (o->nsweep_memory > 0 ? o->nsweep_memory : 1);
+           (o->nsweep_defer > 0 ? o->nsweep_defer : 1) * (o->nsweep_bounds > 0 ? o->nsweep_bounds : 1);
 }
 
-/* The settings of result i: K outermost, then clip, adamw_defer, ranged_bounds, ranged_memory
- * innermost. */
+/* The settings of result i: K outermost, then clip, adamw_defer, ranged_bounds innermost. */
 static void pair_of(const mt_bench_options *o, int i, mt_bench_result *r)
 {
-    const int nmem = o->nsweep_memory > 0 ? o->nsweep_memory : 1;
-    r->memory = o->nsweep_memory > 0 ? o->sweep_memory[i % nmem] : o->ranged_memory;
-    i /= nmem;
     const int nb = o->nsweep_bounds > 0 ? o->nsweep_bounds : 1, nd = o->nsweep_defer > 0 ? o->nsweep_defer : 1;
     const int nc = o->nsweep_clip > 0 ? o->nsweep_clip : 1;
     r->bounds = o->nsweep_bounds > 0 ? o->sweep_bounds[i % nb] : o->ranged_bounds;
@@ -567,7 +562,6 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         sc.adamw_defer = r->defer;
         mt_codelet_ranged_set_bounds((mt_ranged_bounds)r->bounds);
         r->bounds_used = (int)mt_codelet_ranged_bounds_used();
-        mt_codelet_ranged_set_tuning(r->memory);
         if (measure(o, &sc, &cfg, st, &data, r, log, norms, err, errlen)) goto out;
         if (table) {
             mt_bench_print(o, r, i == 0, table);
@@ -596,15 +590,13 @@ void mt_bench_print(const mt_bench_options *o, const mt_bench_result *r, bool he
     if (header)
         fprintf(out, "| shape | tokens/step | K | clip | policy | prefetch | GPU limit | step s | tok/s | model TFLOP/s | H2D GB/step (GB/s) | D2H GB/step (GB/s) | GPU busy | GPU idle s/step | AdamW alone s (s/1e9) | AdamW in step CPU s (s/1e9) | AdamW span s | AdamW tail s | boundary gap s | peak GPU GiB (plan) | peak host GiB | clip speculation held |\n"
                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    char idle[32] = "-", spec[128] = "-", mem[32] = "";
-    if (r->memory != MT_RANGED_TUNE_DEFAULT || o->nsweep_memory > 0)
-        snprintf(mem, sizeof mem, ", memory %s", mt_codelet_ranged_tuning_option(r->memory));
+    char idle[32] = "-", spec[96] = "-";
     if (r->speculated) snprintf(spec, sizeof spec, "%lld of %lld steps", (long long)r->speculation_held, (long long)r->speculated);
     if (r->ranged_spec > 0)
-        snprintf(spec, sizeof spec, "ranged %.0f%%, in range %.0f%%, %.2f%% flagged, %s bounds%s%s", 100 * r->ranged_spec,
+        snprintf(spec, sizeof spec, "ranged %.0f%%, in range %.0f%%, %.2f%% flagged, %s bounds%s", 100 * r->ranged_spec,
                  100 * r->ranged_in, 100 * r->ranged_flagged,
                  mt_codelet_ranged_bounds_option((mt_ranged_bounds)r->bounds_used),
-                 r->deferred ? ", deferred" : "", mem);
+                 r->deferred ? ", deferred" : "");
     if (!isnan(r->gpu_idle_s)) snprintf(idle, sizeof idle, "%.3f", r->gpu_idle_s);
     fprintf(out, "| %s | %d x %lld x %lld | %d | %g | %s | %s | %s | %.3f | %.0f | %.1f | %.2f (%.1f) | %.2f (%.1f) | %.2f | %s | %.2f (%.3f) | %.2f (%.3f) | %.3f | %.3f | %.3f | %.2f (%.2f) | %.1f | %s |\n",
             o->shape, o->step.accum, (long long)o->step.B, (long long)o->step.T, r->K, r->clip,

@@ -71,8 +71,6 @@ typedef struct mt_bench_options {
     mt_dtype dtype;               /* weights and compute: bf16 (default) or fp32 (exact, slower) */
     int ranged_bounds;            /* mt_ranged_bounds (codelets.h): how ranged passes bound each
                                    * weight; 0, AVX2, by default */
-    int ranged_memory;            /* MT_RANGED_TUNE_* bits (codelets.h): how the vector ranged
-                                   * passes use memory; MT_RANGED_TUNE_DEFAULT by default */
     mt_runtime_options runtime;
     /* Sweeps: every (K, clip) pair is measured on the same host state, one graph after the
      * other, so the costly state set-up happens once. 0 entries: step.K and step.clip only. The
@@ -82,15 +80,13 @@ typedef struct mt_bench_options {
     int sweep_K[MT_BENCH_MAX_SWEEP];
     double sweep_clip[MT_BENCH_MAX_SWEEP];
     /* Also swept on the same host state, inside the pairs: step.adamw_defer's values (deferral
-     * on and off compared on one machine state), then ranged_bounds', then ranged_memory's. 0
-     * entries: the one value.
+     * on and off compared on one machine state), then ranged_bounds'. 0 entries: the one value.
      * A value may repeat (runs of one setting, for their spread). Each run trains on from the
      * state the last one left (and, with data, on the next batches), so later runs see a model
      * further on: alternate the settings to compare them. */
-    int nsweep_defer, nsweep_bounds, nsweep_memory;
+    int nsweep_defer, nsweep_bounds;
     int sweep_defer[MT_BENCH_MAX_SWEEP];
     int sweep_bounds[MT_BENCH_MAX_SWEEP];
-    int sweep_memory[MT_BENCH_MAX_SWEEP];
 } mt_bench_options;
 
 typedef struct mt_bench_result {
@@ -118,7 +114,6 @@ typedef struct mt_bench_result {
     int defer, bounds;                            /* its adamw_defer and ranged_bounds as asked */
     bool deferred;                                /* its graph deferred the moments halves */
     int bounds_used;                              /* mt_ranged_bounds the passes ran (the CPU's fallback) */
-    int memory;                                   /* its ranged_memory */
     int64_t speculated, speculation_held;         /* steps with a speculative clipped update; of those, held */
     double ranged_spec, ranged_in, ranged_flagged; /* ranged speculation, measured steps: the share of the
                                                     * parameter updates speculated, the share of those
@@ -126,7 +121,7 @@ typedef struct mt_bench_result {
 } mt_bench_result;
 
 mt_bench_options mt_bench_defaults(void);
-/* Measures every (K, clip) pair, for each adamw_defer, ranged_bounds and ranged_memory value; results[]
+/* Measures every (K, clip) pair, for each adamw_defer and then ranged_bounds value; results[]
  * holds mt_bench_count entries, each printed to `table` (when not NULL) as soon as it is
  * measured. */
 int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log, FILE *table, char *err, size_t errlen);

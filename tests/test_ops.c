@@ -770,78 +770,6 @@ START_TEST(test_ranged_redo_exact)
 }
 END_TEST
 
-/* The memory tunings of the vector ranged passes (mt_codelet_ranged_set_tuning: next-block
- * prefetch, weights stored past the cache) change how they touch memory, never what they write:
- * for each bounds and each tuning, the plain and the deferred pass (mt_codelet_ranged_pass_deferred:
- * moments, then ranged, block by block) give the same weights, flags and moments bit for bit as
- * with neither. Weights at offsets 0 and 1 element from a 64-byte boundary (the stores past the
- * cache need 16 or 32 bytes; the passes fall back to plain stores otherwise). */
-START_TEST(test_ranged_tuning_same)
-{
-    enum { N = 50021 };
-    const size_t fb = sizeof(float) * N;
-    float *p0 = malloc(fb), *g = malloc(fb), *old = malloc(fb), *m0 = malloc(fb), *v0 = malloc(fb);
-    float *p = malloc(fb), *m = malloc(fb), *v = malloc(fb), *pr = malloc(fb), *mr = malloc(fb), *vr = malloc(fb);
-    mt_bf16 *wbuf = aligned_alloc(64, sizeof(mt_bf16) * (N + 32)), *wref = malloc(sizeof(mt_bf16) * N);
-    void *flags = malloc(mt_codelet_ranged_bitmap_bytes(N)), *fref = malloc(mt_codelet_ranged_bitmap_bytes(N));
-    const size_t words = (N + 63) / 64;
-    mt_test_rng rng;
-    mt_test_rng_seed(&rng, 47);
-    for (int i = 0; i < N; i++) {
-        p0[i] = (float)(0.01 * (mt_test_uniform(&rng) - 0.5));
-        g[i] = (float)(2e-3 * (mt_test_uniform(&rng) - 0.5));
-        old[i] = (float)(2e-3 * (mt_test_uniform(&rng) - 0.5));
-        m0[i] = (float)(1e-3 * (mt_test_uniform(&rng) - 0.5));
-        v0[i] = (float)(1e-6 * (0.1 + mt_test_uniform(&rng)));
-    }
-    mt_adamw_params a = adam_base, po = adam_base;
-    a.lr = 1e-3;
-    a.step = 11;
-    a.grad_scale = 0.26;
-    a.grad_scale_lo = 0.24;
-    po.step = 10;
-    po.grad_scale = 0.25;
-    const int saved = mt_codelet_ranged_tuning();
-    for (int bounds = 0; bounds < 3; bounds++) {
-        mt_codelet_ranged_set_bounds((mt_ranged_bounds)bounds);
-        for (int deferred = 0; deferred < 2; deferred++)
-            for (int shift = 0; shift < 2; shift++)
-                for (int tune = 0; tune < 4; tune++) {
-                    mt_bf16 *w = wbuf + shift;
-                    mt_codelet_ranged_set_tuning(tune);
-                    memcpy(p, p0, fb); memcpy(m, m0, fb); memcpy(v, v0, fb);
-                    memset(w, 0, sizeof(mt_bf16) * N);
-                    mt_codelet_ranged_reset(flags, N);
-                    if (deferred)
-                        mt_codelet_ranged_pass_deferred(N, p, old, g, m, v, w, MT_DTYPE_BF16, &po, &a, flags);
-                    else
-                        mt_codelet_ranged_pass(0, N, p, g, m, v, w, MT_DTYPE_BF16, &a, flags);
-                    if (tune == 0) {
-                        memcpy(wref, w, sizeof(mt_bf16) * N);
-                        memcpy(fref, flags, mt_codelet_ranged_bitmap_bytes(N));
-                        memcpy(pr, p, fb); memcpy(mr, m, fb); memcpy(vr, v, fb);
-                        continue;
-                    }
-                    /* the weights of unflagged elements (the flagged ones are the redo's) */
-                    const uint64_t *bits = mt_codelet_ranged_bits(flags), *rbits = mt_codelet_ranged_bits(fref);
-                    ck_assert_msg(!memcmp(bits, rbits, words * sizeof(uint64_t)),
-                                  "bounds %d, deferred %d, tuning %s: flags differ", bounds, deferred,
-                                  mt_codelet_ranged_tuning_option(tune));
-                    int bad = -1;
-                    for (int i = 0; i < N && bad < 0; i++)
-                        if (!((bits[i / 64] >> (i % 64)) & 1) && w[i] != wref[i]) bad = i;
-                    ck_assert_msg(bad < 0, "bounds %d, deferred %d, shift %d, tuning %s: weight %d differs", bounds,
-                                  deferred, shift, mt_codelet_ranged_tuning_option(tune), bad);
-                    ck_assert(!memcmp(p, pr, fb) && !memcmp(m, mr, fb) && !memcmp(v, vr, fb));
-                }
-    }
-    mt_codelet_ranged_set_tuning(saved);
-    mt_codelet_ranged_set_bounds(MT_RANGED_BOUNDS_AVX2);
-    free(p0); free(g); free(old); free(m0); free(v0); free(p); free(m); free(v); free(pr); free(mr); free(vr);
-    free(wbuf); free(wref); free(flags); free(fref);
-}
-END_TEST
-
 /* Ranged speculation's check of its last prediction (mt_codelet_norm_recorded, mt_norm_history.
  * check): a tile whose range, predicted for the last norm from the one before, missed that norm
  * is not speculated at the next (counted as unheld); one whose range held is; with the check
@@ -1212,7 +1140,6 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, test_adamw_f32_bitwise_scalar);
     tcase_add_loop_test(tc, test_ranged_flags_sound, 0, 3);
     tcase_add_test(tc, test_ranged_redo_exact);
-    tcase_add_test(tc, test_ranged_tuning_same);
     tcase_add_test(tc, test_ranged_pieces);
     tcase_add_test(tc, test_ranged_held);
     tcase_add_test(tc, test_ranged_spread_grows);

@@ -57,7 +57,7 @@ static void *run(void *arg)
         /* the thread's elements as one chunk: the ranged pass walks it block by block, the redo
          * its bitmap */
         void *flags = b->flags[j->t];
-        if (b->mode >= 9) {
+        if (b->mode == 9) {
             mt_codelet_ranged_reset(flags, hi - lo);
             mt_codelet_ranged_pass_deferred(hi - lo, b->p + lo, b->g0 + lo, b->g + lo, b->m + lo, b->v + lo, b->w + lo,
                                             MT_DTYPE_BF16, &b->prm, &b->ranged, flags);
@@ -158,8 +158,8 @@ static void usage(FILE *f)
                "  --threads T   threads (default: online CPUs - 1, as the StarPU CPU workers)\n"
                "  --lr X        the ranged pass's learning rate, which sets the share it flags (default\n"
                "                3e-4: about 2%%, as bench's 3B model at clip 1 with a steady norm)\n"
-               "  --pages P     the arrays' pages: small (madvise MADV_NOHUGEPAGE, as the step's pinned\n"
-               "                host state), huge (MADV_HUGEPAGE) or default (as the kernel gives; the default)\n");
+               "  --pages P     the arrays' pages: small (madvise MADV_NOHUGEPAGE), huge (MADV_HUGEPAGE,\n"
+               "                as the step's host state asks) or default (as the kernel gives; the default)\n");
 }
 
 int main(int argc, char **argv)
@@ -242,14 +242,11 @@ int main(int argc, char **argv)
         { "out of place, non-temporal stores", 30 }, { "split: weights half", 18 }, { "split: moments half", 28 },
         { "ranged pass, exact bounds", 18 }, { "ranged pass, AVX-512 bounds", 18 },
         { "ranged pass (weights half + flags)", 18 }, { "ranged redo (flagged elements)", 2 },
-        { "deferred: moments + ranged pass", 34 }, { "deferred, next block prefetched", 34 },
-        { "deferred, weights stored past cache", 34 }, { "deferred, both", 34 },
+        { "deferred: moments + ranged pass", 34 },
     };
     int64_t flagged_exact = 0;
-    for (int mode = 0; mode < 13; mode++) {
+    for (int mode = 0; mode < 10; mode++) {
         b.mode = mode;
-        /* the rows from 9 on: the deferred pass without and with the memory tunings */
-        mt_codelet_ranged_set_tuning(mode >= 9 ? mode - 9 : MT_RANGED_TUNE_DEFAULT);
         mt_codelet_ranged_set_bounds(mode == 5 ? MT_RANGED_BOUNDS_EXACT : mode == 6 ? MT_RANGED_BOUNDS_AVX512
                                                                                       : MT_RANGED_BOUNDS_AVX2);
         if (mode == 6) flagged_exact = count_flagged(&b);

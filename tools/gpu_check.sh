@@ -2,9 +2,9 @@
 # Correctness and a first benchmark on the GPU machine, from binaries built here:
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, on the GPU machine (device tool, carrying build-gpu and .deps/gpu-runtime):
-#   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|clip3b|defer3b|final3b|memory3b|ab3b|check3b|data3b|cudnn3b|auto3b|spread3b|bounds3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
+#   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|clip3b|defer3b|final3b|pages3b|ab3b|check3b|data3b|cudnn3b|auto3b|spread3b|bounds3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
 #   (attention3b takes QBLOCK=64|128, bench3b CLIPS, RESIDENT and K, data3b DATA, spread3b RULE, bounds3b ROUNDS,
-#   defer3b and final3b ROUNDS, OLD, TEST, TORCH; final3b VARIANT; memory3b MEMORY, PAGES, TEST, ADAMW, OLD, RESIDENT)
+#   defer3b and final3b ROUNDS, OLD, TEST, TORCH; final3b VARIANT; pages3b PAGES, TEST, ADAMW, OLD, RESIDENT)
 # Logs go to $OUT (or ./out); the last lines are a short table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -163,19 +163,18 @@ final3b)
     done
     [ "${TORCH:-1}" = 1 ] && run torch_3b "${torch3b[@]}"
     ;;
-memory3b)
-    # The ranged passes' memory tunings (--ranged-memory) on one host state: adamw_bw with each
-    # PAGES setting (default "default small") at 15 threads and small pages at 8, then the 3B step
-    # at clip 1 on real text sweeping MEMORY (default plain,both,plain,both: alternated, as later
-    # runs train on). TEST=1 runs test_gpu_step first; ADAMW=0 skips adamw_bw; OLD (a folder
-    # with an earlier build) adds its default run, RESIDENT=1 this build's default with --resident.
+pages3b)
+    # Host memory pages and set-up: adamw_bw with each PAGES setting (default "default small
+    # huge") at 15 threads, then the 3B step at clip 1 on real text with the defaults (its log
+    # gives the host state's set-up time). TEST=1 runs test_gpu_step first; ADAMW=0 skips
+    # adamw_bw; OLD (a folder with an earlier build) adds its default run, RESIDENT=1 this build's
+    # default with --resident.
     DATA=${DATA:-.deps/fortunes-qwen3}
     [ "${TEST:-0}" = 1 ] && run test_gpu_step "$B/tests/test_gpu_step"
     if [ "${ADAMW:-1}" = 1 ]; then
-        for pg in ${PAGES:-default small}; do run "adamw_bw_$pg" "$B/tools/adamw_bw" --pages "$pg"; done
-        run adamw_bw_small_8 "$B/tools/adamw_bw" --pages small --threads 8
+        for pg in ${PAGES:-default small huge}; do run "adamw_bw_$pg" "$B/tools/adamw_bw" --pages "$pg"; done
     fi
-    run bench_3b_memory "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA" --ranged-memory "${MEMORY:-plain,both,plain,both}"
+    run bench_3b_data_default "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA"
     [ -n "${OLD:-}" ] && run bench_3b_data_old "$OLD/tools/megatrain" bench "${shape3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA"
     [ "${RESIDENT:-0}" = 1 ] && run bench_3b_data_resident "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA" --resident
     ;;

@@ -667,18 +667,13 @@ static void bench_help(const mt_bench_options *d)
            "                       names the bounds that ran and whether the moments were deferred.\n"
            "                       Each run trains on from the state the last left: alternate\n"
            "                       the settings to compare them (avx2,avx512,avx2,avx512)\n");
-    printf("  --ranged-memory plain|prefetch|nt|both  how the vector ranged passes use memory:\n"
-           "                       prefetch fetches each block's successor into L2 as it goes; nt\n"
-           "                       stores the bf16 weights past the cache; both; plain neither\n"
-           "                       (default %s). A list is swept inside the bounds' list, as above;\n"
-           "                       the last column then names the setting\n", mt_codelet_ranged_tuning_option(MT_RANGED_TUNE_DEFAULT));
     printf("  --sched NAME         megatrain (default), dmda, eager, ...\n");
     printf("  --ncpu N, --ncuda N  StarPU workers (default: all)\n");
 }
 
 static int cmd_bench(int argc, char **argv)
 {
-    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS, O_PF, O_MARGIN, O_DTYPE, O_NORMLOG, O_DATA, O_BOUNDS, O_RMEM };
+    enum { O_SHAPE = 256, O_B, O_T, O_ACCUM, O_K, O_CLIP, O_WARM, O_STEPS, O_RES, O_LIMIT, O_NOPF, O_SCHED, O_NCPU, O_NCUDA, O_HELP, O_LAYERS, O_PF, O_MARGIN, O_DTYPE, O_NORMLOG, O_DATA, O_BOUNDS };
     static const struct option opts[] = {
         { "shape", required_argument, 0, O_SHAPE }, { "micro-batch", required_argument, 0, O_B },
         { "seq-len", required_argument, 0, O_T }, { "accum", required_argument, 0, O_ACCUM },
@@ -692,7 +687,6 @@ static int cmd_bench(int argc, char **argv)
         { "dtype", required_argument, 0, O_DTYPE }, STEP_LONG_OPTIONS,
         { "norm-log", required_argument, 0, O_NORMLOG },
         { "data", required_argument, 0, O_DATA }, { "ranged-bounds", required_argument, 0, O_BOUNDS },
-        { "ranged-memory", required_argument, 0, O_RMEM },
         { 0, 0, 0, 0 },
     };
     mt_bench_options o = mt_bench_defaults();
@@ -742,16 +736,6 @@ static int cmd_bench(int argc, char **argv)
                                 MT_BENCH_MAX_SWEEP, &o.nsweep_bounds))
                 return 2;
             o.ranged_bounds = o.sweep_bounds[0];
-            break;
-        }
-        case O_RMEM: {
-            const char *names[4];
-            int values[4];
-            for (int b = 0; b < 4; b++) names[b] = mt_codelet_ranged_tuning_option(values[b] = b);
-            if (parse_word_list("--ranged-memory", optarg, names, values, 4, "plain, prefetch, nt or both",
-                                o.sweep_memory, MT_BENCH_MAX_SWEEP, &o.nsweep_memory))
-                return 2;
-            o.ranged_memory = o.sweep_memory[0];
             break;
         }
         case O_DEFER: { /* bench takes a list (the step option's parser takes one value) */
