@@ -112,6 +112,20 @@ static ranged_consts ranged_consts_of(const mt_adamw_params *p)
     };
 }
 
+/* The float constants of the kernel's update (backends/cpu/adamw.inc, adamw_consts_of), for
+ * deferred_fused_approx's moments half. */
+typedef struct kernel_consts { float gs, decay, b1, one_b1, b2, one_b2, step_size, sqrt_bc2, eps; } kernel_consts;
+
+static kernel_consts kernel_consts_of(const mt_adamw_params *p)
+{
+    const double bc1 = 1.0 - pow(p->beta1, (double)p->step), bc2 = 1.0 - pow(p->beta2, (double)p->step);
+    return (kernel_consts){
+        .gs = (float)p->grad_scale, .decay = (float)(1.0 - p->lr * p->weight_decay), .b1 = (float)p->beta1,
+        .one_b1 = (float)(1.0 - p->beta1), .b2 = (float)p->beta2, .one_b2 = (float)(1.0 - p->beta2),
+        .step_size = (float)(p->lr / bc1), .sqrt_bc2 = (float)sqrt(bc2), .eps = (float)p->eps,
+    };
+}
+
 static inline float min_f(float a, float b) { return a < b ? a : b; }
 static inline float max_f(float a, float b) { return a > b ? a : b; }
 
@@ -241,46 +255,108 @@ __attribute__((target("avx2,fma"))) static inline __m256 recip_den(__m256 x, __m
     return rcp_newton(_mm256_fmadd_ps(s1, isb, eps));
 }
 
+/* The ranged pass's constants in 8 lanes. */
+typedef struct ranged_v8 {
+    __m256 b1, ob1, b2, ob2, ss, eps, decay, cl, ch, cl2, ch2, isb, big, rel, floor_, absmask, ss2;
+} ranged_v8;
+
+__attribute__((target("avx2,fma"))) static inline ranged_v8 ranged_v8_of(const ranged_consts *k)
+{
+    return (ranged_v8){
+        .b1 = _mm256_set1_ps(k->b1), .ob1 = _mm256_set1_ps(k->one_b1), .b2 = _mm256_set1_ps(k->b2),
+        .ob2 = _mm256_set1_ps(k->one_b2), .ss = _mm256_set1_ps(k->step_size), .eps = _mm256_set1_ps(k->eps),
+        .decay = _mm256_set1_ps(k->decay), .cl = _mm256_set1_ps(k->cl), .ch = _mm256_set1_ps(k->ch),
+        .cl2 = _mm256_set1_ps(k->cl * k->cl), .ch2 = _mm256_set1_ps(k->ch * k->ch),
+        .isb = _mm256_set1_ps(1.0f / k->sqrt_bc2), .big = _mm256_set1_ps(FLT_MAX), .rel = _mm256_set1_ps(0x1p-16f),
+        .floor_ = _mm256_set1_ps(1e-37f), .absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)),
+        .ss2 = _mm256_set1_ps(2.0f * k->step_size),
+    };
+}
+
+/* ranged_fused_approx's body for 8 elements (master, grad, m, v in lanes): their bf16 weights,
+ * packed, in *wb (the unflagged ones' are final) and their flags as a byte. */
+__attribute__((target("avx2,fma"))) static inline uint8_t ranged8(const ranged_v8 *c, __m256 master, __m256 g,
+                                                                  __m256 mi, __m256 vi, __m128i *wb)
+{
+    const __m256 pd = _mm256_mul_ps(master, c->decay); /* the kernel's own */
+    /* the moments at both ends of the range, and the reciprocal denominators */
+    const __m256 bm = _mm256_mul_ps(c->b1, mi), t = _mm256_mul_ps(c->ob1, g);
+    const __m256 m1 = _mm256_fmadd_ps(t, c->cl, bm), m2 = _mm256_fmadd_ps(t, c->ch, bm);
+    const __m256 mn = _mm256_min_ps(m1, m2), mx = _mm256_max_ps(m1, m2);
+    const __m256 bv = _mm256_mul_ps(c->b2, vi), gg = _mm256_mul_ps(_mm256_mul_ps(c->ob2, g), g);
+    const __m256 r1 = recip_den(_mm256_fmadd_ps(gg, c->cl2, bv), c->isb, c->eps);
+    const __m256 r2 = recip_den(_mm256_fmadd_ps(gg, c->ch2, bv), c->isb, c->eps);
+    /* the bounds over the box of the two moments and denominators */
+    const __m256 q_lo = _mm256_min_ps(_mm256_mul_ps(mn, r1), _mm256_mul_ps(mn, r2));
+    const __m256 q_hi = _mm256_max_ps(_mm256_mul_ps(mx, r1), _mm256_mul_ps(mx, r2));
+    const __m256 side = _mm256_add_ps(_mm256_and_ps(bm, c->absmask), _mm256_and_ps(_mm256_mul_ps(t, c->ch), c->absmask));
+    const __m256 mag = _mm256_fmadd_ps(c->ss2, _mm256_mul_ps(side, r1), _mm256_and_ps(pd, c->absmask));
+    const __m256 margin = _mm256_fmadd_ps(mag, c->rel, c->floor_);
+    const __m256 lo = _mm256_sub_ps(_mm256_fnmadd_ps(c->ss, q_hi, pd), margin);
+    const __m256 hi = _mm256_add_ps(_mm256_fnmadd_ps(c->ss, q_lo, pd), margin);
+    /* lo and hi finite: hi - lo is then finite or (a span past FLT_MAX) flags anyway; a NaN
+     * or an infinite end makes it NaN or infinite */
+    const __m256 finite = _mm256_cmp_ps(_mm256_sub_ps(hi, lo), c->big, _CMP_LE_OQ);
+    __m256i down;
+    const __m256i same = _mm256_and_si256(same_bf16(lo, hi, &down), _mm256_castps_si256(finite));
+    *wb = _mm_packus_epi32(_mm256_castsi256_si128(down), _mm256_extracti128_si256(down, 1));
+    return (uint8_t)~_mm256_movemask_ps(_mm256_castsi256_ps(same));
+}
+
 __attribute__((target("avx2,fma"))) static void ranged_fused_approx(int64_t n, const float *restrict master,
                                                                     const float *restrict grad, const float *restrict m,
                                                                     const float *restrict v, const ranged_consts *k,
                                                                     mt_bf16 *restrict w, uint8_t *restrict flagb)
 {
-    const __m256 b1 = _mm256_set1_ps(k->b1), ob1 = _mm256_set1_ps(k->one_b1), b2 = _mm256_set1_ps(k->b2);
-    const __m256 ob2 = _mm256_set1_ps(k->one_b2), ss = _mm256_set1_ps(k->step_size);
-    const __m256 eps = _mm256_set1_ps(k->eps), decay = _mm256_set1_ps(k->decay), cl = _mm256_set1_ps(k->cl);
-    const __m256 ch = _mm256_set1_ps(k->ch), cl2 = _mm256_set1_ps(k->cl * k->cl), ch2 = _mm256_set1_ps(k->ch * k->ch);
-    const __m256 isb = _mm256_set1_ps(1.0f / k->sqrt_bc2), big = _mm256_set1_ps(FLT_MAX);
-    const __m256 rel = _mm256_set1_ps(0x1p-16f), floor_ = _mm256_set1_ps(1e-37f);
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), ss2 = _mm256_set1_ps(2.0f * k->step_size);
+    const ranged_v8 c = ranged_v8_of(k);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        const __m256 g = _mm256_loadu_ps(grad + i), mi = _mm256_loadu_ps(m + i), vi = _mm256_loadu_ps(v + i);
-        const __m256 pd = _mm256_mul_ps(_mm256_loadu_ps(master + i), decay); /* the kernel's own */
-        /* the moments at both ends of the range, and the reciprocal denominators */
-        const __m256 bm = _mm256_mul_ps(b1, mi), t = _mm256_mul_ps(ob1, g);
-        const __m256 m1 = _mm256_fmadd_ps(t, cl, bm), m2 = _mm256_fmadd_ps(t, ch, bm);
-        const __m256 mn = _mm256_min_ps(m1, m2), mx = _mm256_max_ps(m1, m2);
-        const __m256 bv = _mm256_mul_ps(b2, vi), gg = _mm256_mul_ps(_mm256_mul_ps(ob2, g), g);
-        const __m256 r1 = recip_den(_mm256_fmadd_ps(gg, cl2, bv), isb, eps);
-        const __m256 r2 = recip_den(_mm256_fmadd_ps(gg, ch2, bv), isb, eps);
-        /* the bounds over the box of the two moments and denominators */
-        const __m256 q_lo = _mm256_min_ps(_mm256_mul_ps(mn, r1), _mm256_mul_ps(mn, r2));
-        const __m256 q_hi = _mm256_max_ps(_mm256_mul_ps(mx, r1), _mm256_mul_ps(mx, r2));
-        const __m256 side = _mm256_add_ps(_mm256_and_ps(bm, absmask), _mm256_and_ps(_mm256_mul_ps(t, ch), absmask));
-        const __m256 mag = _mm256_fmadd_ps(ss2, _mm256_mul_ps(side, r1), _mm256_and_ps(pd, absmask));
-        const __m256 margin = _mm256_fmadd_ps(mag, rel, floor_);
-        const __m256 lo = _mm256_sub_ps(_mm256_fnmadd_ps(ss, q_hi, pd), margin);
-        const __m256 hi = _mm256_add_ps(_mm256_fnmadd_ps(ss, q_lo, pd), margin);
-        /* lo and hi finite: hi - lo is then finite or (a span past FLT_MAX) flags anyway; a NaN
-         * or an infinite end makes it NaN or infinite */
-        const __m256 finite = _mm256_cmp_ps(_mm256_sub_ps(hi, lo), big, _CMP_LE_OQ);
-        __m256i down;
-        const __m256i same = _mm256_and_si256(same_bf16(lo, hi, &down), _mm256_castps_si256(finite));
-        _mm_storeu_si128((__m128i *)(w + i), _mm_packus_epi32(_mm256_castsi256_si128(down), _mm256_extracti128_si256(down, 1)));
-        flagb[i / 8] = (uint8_t)~_mm256_movemask_ps(_mm256_castsi256_ps(same));
+        __m128i wb;
+        flagb[i / 8] = ranged8(&c, _mm256_loadu_ps(master + i), _mm256_loadu_ps(grad + i), _mm256_loadu_ps(m + i),
+                               _mm256_loadu_ps(v + i), &wb);
+        _mm_storeu_si128((__m128i *)(w + i), wb);
     }
     if (i < n) ranged_tail_bf16(n - i, master + i, grad + i, m + i, v + i, k, w + i, flagb + i / 8);
+}
+
+/* A deferred update's pass in one loop: per 8 elements, the last step's moments half (master, m
+ * and v in place from its gradient `old`: the kernel's operations in its order, no fused
+ * multiply-adds, so the same bits as mt_cpu_adamw_f32, which is compiled without contraction),
+ * then this step's ranged8 on the new values while they are in registers. The loop it replaces,
+ * the moments half over a block and then ranged_fused_approx over it, ran in two phases: one
+ * streamed seven arrays with little arithmetic, the other two arrays with much, so memory and the
+ * arithmetic units took turns. The tail past the last 8 goes the block way. */
+__attribute__((target("avx2,fma"))) static void deferred_fused_approx(int64_t n, float *restrict master,
+                                                                      const float *restrict old,
+                                                                      const float *restrict grad, float *restrict m,
+                                                                      float *restrict v, const kernel_consts *o,
+                                                                      const mt_adamw_params *po,
+                                                                      const ranged_consts *k, mt_bf16 *restrict w,
+                                                                      uint8_t *restrict flagb)
+{
+    const ranged_v8 c = ranged_v8_of(k);
+    const __m256 gs = _mm256_set1_ps(o->gs), odecay = _mm256_set1_ps(o->decay), ob1 = _mm256_set1_ps(o->b1);
+    const __m256 oob1 = _mm256_set1_ps(o->one_b1), ob2 = _mm256_set1_ps(o->b2), oob2 = _mm256_set1_ps(o->one_b2);
+    const __m256 oss = _mm256_set1_ps(o->step_size), osb = _mm256_set1_ps(o->sqrt_bc2), oeps = _mm256_set1_ps(o->eps);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g0 = _mm256_mul_ps(_mm256_loadu_ps(old + i), gs);
+        const __m256 mi = _mm256_add_ps(_mm256_mul_ps(ob1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(oob1, g0));
+        const __m256 vi = _mm256_add_ps(_mm256_mul_ps(ob2, _mm256_loadu_ps(v + i)), _mm256_mul_ps(_mm256_mul_ps(oob2, g0), g0));
+        const __m256 den = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), osb), oeps);
+        const __m256 p = _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(master + i), odecay),
+                                       _mm256_mul_ps(oss, _mm256_div_ps(mi, den)));
+        _mm256_storeu_ps(m + i, mi);
+        _mm256_storeu_ps(v + i, vi);
+        _mm256_storeu_ps(master + i, p);
+        __m128i wb;
+        flagb[i / 8] = ranged8(&c, p, _mm256_loadu_ps(grad + i), mi, vi, &wb);
+        _mm_storeu_si128((__m128i *)(w + i), wb);
+    }
+    if (i < n) {
+        mt_cpu_adamw_f32(n - i, master + i, old + i, m + i, v + i, po);
+        ranged_tail_bf16(n - i, master + i, grad + i, m + i, v + i, k, w + i, flagb + i / 8);
+    }
 }
 
 /* recip_den in 16 lanes, from rsqrt14 and rcp14 (within 2^-14) and the same Newton steps */
@@ -306,45 +382,99 @@ recip_den512(__m512 x, __m512 isb, __m512 eps)
  * was slower than the AVX2 run in the same call (2.353 s against 1.839 in the twelfth session,
  * 1.766 against 1.745 in the thirteenth; one run each, docs/benchmarks.md). The remainder past
  * the last 16 goes to the AVX2 loop, and its own past 8 to ranged_tail_bf16. */
-__attribute__((target("avx2,fma,avx512f,avx512vl,avx512dq,avx512bw"))) static void
-ranged_fused_approx512(int64_t n, const float *restrict master, const float *restrict grad, const float *restrict m,
-                       const float *restrict v, const ranged_consts *k, mt_bf16 *restrict w, uint8_t *restrict flagb)
+#define MT_AVX512 __attribute__((target("avx2,fma,avx512f,avx512vl,avx512dq,avx512bw")))
+
+/* The ranged pass's constants in 16 lanes. */
+typedef struct ranged_v16 {
+    __m512 b1, ob1, b2, ob2, ss, eps, decay, cl, ch, cl2, ch2, isb, big, rel, floor_, ss2;
+    __m512i r_down, r_up;
+} ranged_v16;
+
+MT_AVX512 static inline ranged_v16 ranged_v16_of(const ranged_consts *k)
 {
-    const __m512 b1 = _mm512_set1_ps(k->b1), ob1 = _mm512_set1_ps(k->one_b1), b2 = _mm512_set1_ps(k->b2);
-    const __m512 ob2 = _mm512_set1_ps(k->one_b2), ss = _mm512_set1_ps(k->step_size);
-    const __m512 eps = _mm512_set1_ps(k->eps), decay = _mm512_set1_ps(k->decay), cl = _mm512_set1_ps(k->cl);
-    const __m512 ch = _mm512_set1_ps(k->ch), cl2 = _mm512_set1_ps(k->cl * k->cl), ch2 = _mm512_set1_ps(k->ch * k->ch);
-    const __m512 isb = _mm512_set1_ps(1.0f / k->sqrt_bc2), big = _mm512_set1_ps(FLT_MAX);
-    const __m512 rel = _mm512_set1_ps(0x1p-16f), floor_ = _mm512_set1_ps(1e-37f);
-    const __m512 ss2 = _mm512_set1_ps(2.0f * k->step_size);
-    const __m512i r_down = _mm512_set1_epi32(0x7FFF), r_up = _mm512_set1_epi32(0x8000);
+    return (ranged_v16){
+        .b1 = _mm512_set1_ps(k->b1), .ob1 = _mm512_set1_ps(k->one_b1), .b2 = _mm512_set1_ps(k->b2),
+        .ob2 = _mm512_set1_ps(k->one_b2), .ss = _mm512_set1_ps(k->step_size), .eps = _mm512_set1_ps(k->eps),
+        .decay = _mm512_set1_ps(k->decay), .cl = _mm512_set1_ps(k->cl), .ch = _mm512_set1_ps(k->ch),
+        .cl2 = _mm512_set1_ps(k->cl * k->cl), .ch2 = _mm512_set1_ps(k->ch * k->ch),
+        .isb = _mm512_set1_ps(1.0f / k->sqrt_bc2), .big = _mm512_set1_ps(FLT_MAX), .rel = _mm512_set1_ps(0x1p-16f),
+        .floor_ = _mm512_set1_ps(1e-37f), .ss2 = _mm512_set1_ps(2.0f * k->step_size),
+        .r_down = _mm512_set1_epi32(0x7FFF), .r_up = _mm512_set1_epi32(0x8000),
+    };
+}
+
+/* ranged8 in 16 lanes: the bf16 weights in *wb, the flags as 16 bits. */
+MT_AVX512 static inline unsigned ranged16(const ranged_v16 *c, __m512 master, __m512 g, __m512 mi, __m512 vi,
+                                          __m256i *wb)
+{
+    const __m512 pd = _mm512_mul_ps(master, c->decay);
+    const __m512 bm = _mm512_mul_ps(c->b1, mi), t = _mm512_mul_ps(c->ob1, g);
+    const __m512 m1 = _mm512_fmadd_ps(t, c->cl, bm), m2 = _mm512_fmadd_ps(t, c->ch, bm);
+    const __m512 mn = _mm512_min_ps(m1, m2), mx = _mm512_max_ps(m1, m2);
+    const __m512 bv = _mm512_mul_ps(c->b2, vi), gg = _mm512_mul_ps(_mm512_mul_ps(c->ob2, g), g);
+    const __m512 r1 = recip_den512(_mm512_fmadd_ps(gg, c->cl2, bv), c->isb, c->eps);
+    const __m512 r2 = recip_den512(_mm512_fmadd_ps(gg, c->ch2, bv), c->isb, c->eps);
+    const __m512 q_lo = _mm512_min_ps(_mm512_mul_ps(mn, r1), _mm512_mul_ps(mn, r2));
+    const __m512 q_hi = _mm512_max_ps(_mm512_mul_ps(mx, r1), _mm512_mul_ps(mx, r2));
+    const __m512 side = _mm512_add_ps(_mm512_abs_ps(bm), _mm512_abs_ps(_mm512_mul_ps(t, c->ch)));
+    const __m512 mag = _mm512_fmadd_ps(c->ss2, _mm512_mul_ps(side, r1), _mm512_abs_ps(pd));
+    const __m512 margin = _mm512_fmadd_ps(mag, c->rel, c->floor_);
+    const __m512 lo = _mm512_sub_ps(_mm512_fnmadd_ps(c->ss, q_hi, pd), margin);
+    const __m512 hi = _mm512_add_ps(_mm512_fnmadd_ps(c->ss, q_lo, pd), margin);
+    const __mmask16 finite = _mm512_cmp_ps_mask(_mm512_sub_ps(hi, lo), c->big, _CMP_LE_OQ);
+    const __m512i a = _mm512_castps_si512(lo), b = _mm512_castps_si512(hi);
+    const __m512i down = _mm512_srli_epi32(_mm512_add_epi32(_mm512_min_epu32(a, b), c->r_down), 16);
+    const __m512i up = _mm512_srli_epi32(_mm512_add_epi32(_mm512_max_epu32(a, b), c->r_up), 16);
+    *wb = _mm512_cvtepi32_epi16(down);
+    return (unsigned)(uint16_t)~_mm512_mask_cmpeq_epi32_mask(finite, down, up);
+}
+
+MT_AVX512 static void ranged_fused_approx512(int64_t n, const float *restrict master, const float *restrict grad,
+                                             const float *restrict m, const float *restrict v, const ranged_consts *k,
+                                             mt_bf16 *restrict w, uint8_t *restrict flagb)
+{
+    const ranged_v16 c = ranged_v16_of(k);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        const __m512 g = _mm512_loadu_ps(grad + i), mi = _mm512_loadu_ps(m + i), vi = _mm512_loadu_ps(v + i);
-        const __m512 pd = _mm512_mul_ps(_mm512_loadu_ps(master + i), decay);
-        const __m512 bm = _mm512_mul_ps(b1, mi), t = _mm512_mul_ps(ob1, g);
-        const __m512 m1 = _mm512_fmadd_ps(t, cl, bm), m2 = _mm512_fmadd_ps(t, ch, bm);
-        const __m512 mn = _mm512_min_ps(m1, m2), mx = _mm512_max_ps(m1, m2);
-        const __m512 bv = _mm512_mul_ps(b2, vi), gg = _mm512_mul_ps(_mm512_mul_ps(ob2, g), g);
-        const __m512 r1 = recip_den512(_mm512_fmadd_ps(gg, cl2, bv), isb, eps);
-        const __m512 r2 = recip_den512(_mm512_fmadd_ps(gg, ch2, bv), isb, eps);
-        const __m512 q_lo = _mm512_min_ps(_mm512_mul_ps(mn, r1), _mm512_mul_ps(mn, r2));
-        const __m512 q_hi = _mm512_max_ps(_mm512_mul_ps(mx, r1), _mm512_mul_ps(mx, r2));
-        const __m512 side = _mm512_add_ps(_mm512_abs_ps(bm), _mm512_abs_ps(_mm512_mul_ps(t, ch)));
-        const __m512 mag = _mm512_fmadd_ps(ss2, _mm512_mul_ps(side, r1), _mm512_abs_ps(pd));
-        const __m512 margin = _mm512_fmadd_ps(mag, rel, floor_);
-        const __m512 lo = _mm512_sub_ps(_mm512_fnmadd_ps(ss, q_hi, pd), margin);
-        const __m512 hi = _mm512_add_ps(_mm512_fnmadd_ps(ss, q_lo, pd), margin);
-        const __mmask16 finite = _mm512_cmp_ps_mask(_mm512_sub_ps(hi, lo), big, _CMP_LE_OQ);
-        const __m512i a = _mm512_castps_si512(lo), b = _mm512_castps_si512(hi);
-        const __m512i down = _mm512_srli_epi32(_mm512_add_epi32(_mm512_min_epu32(a, b), r_down), 16);
-        const __m512i up = _mm512_srli_epi32(_mm512_add_epi32(_mm512_max_epu32(a, b), r_up), 16);
-        _mm256_storeu_si256((__m256i *)(w + i), _mm512_cvtepi32_epi16(down));
-        const unsigned flags = (unsigned)(uint16_t)~_mm512_mask_cmpeq_epi32_mask(finite, down, up);
+        __m256i wb;
+        const unsigned flags = ranged16(&c, _mm512_loadu_ps(master + i), _mm512_loadu_ps(grad + i),
+                                        _mm512_loadu_ps(m + i), _mm512_loadu_ps(v + i), &wb);
+        _mm256_storeu_si256((__m256i *)(w + i), wb);
         flagb[i / 8] = (uint8_t)flags;
         flagb[i / 8 + 1] = (uint8_t)(flags >> 8);
     }
     if (i < n) ranged_fused_approx(n - i, master + i, grad + i, m + i, v + i, k, w + i, flagb + i / 8);
+}
+
+/* deferred_fused_approx in 16 lanes (MT_RANGED_BOUNDS_AVX512): the same moments half, then
+ * ranged16; the remainder past the last 16 goes to deferred_fused_approx. */
+MT_AVX512 static void deferred_fused_approx512(int64_t n, float *restrict master, const float *restrict old,
+                                               const float *restrict grad, float *restrict m, float *restrict v,
+                                               const kernel_consts *o, const mt_adamw_params *po,
+                                               const ranged_consts *k, mt_bf16 *restrict w, uint8_t *restrict flagb)
+{
+    const ranged_v16 c = ranged_v16_of(k);
+    const __m512 gs = _mm512_set1_ps(o->gs), odecay = _mm512_set1_ps(o->decay), ob1 = _mm512_set1_ps(o->b1);
+    const __m512 oob1 = _mm512_set1_ps(o->one_b1), ob2 = _mm512_set1_ps(o->b2), oob2 = _mm512_set1_ps(o->one_b2);
+    const __m512 oss = _mm512_set1_ps(o->step_size), osb = _mm512_set1_ps(o->sqrt_bc2), oeps = _mm512_set1_ps(o->eps);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 g0 = _mm512_mul_ps(_mm512_loadu_ps(old + i), gs);
+        const __m512 mi = _mm512_add_ps(_mm512_mul_ps(ob1, _mm512_loadu_ps(m + i)), _mm512_mul_ps(oob1, g0));
+        const __m512 vi = _mm512_add_ps(_mm512_mul_ps(ob2, _mm512_loadu_ps(v + i)), _mm512_mul_ps(_mm512_mul_ps(oob2, g0), g0));
+        const __m512 den = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), osb), oeps);
+        const __m512 p = _mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(master + i), odecay),
+                                       _mm512_mul_ps(oss, _mm512_div_ps(mi, den)));
+        _mm512_storeu_ps(m + i, mi);
+        _mm512_storeu_ps(v + i, vi);
+        _mm512_storeu_ps(master + i, p);
+        __m256i wb;
+        const unsigned flags = ranged16(&c, p, _mm512_loadu_ps(grad + i), mi, vi, &wb);
+        _mm256_storeu_si256((__m256i *)(w + i), wb);
+        flagb[i / 8] = (uint8_t)flags;
+        flagb[i / 8 + 1] = (uint8_t)(flags >> 8);
+    }
+    if (i < n) deferred_fused_approx(n - i, master + i, old + i, grad + i, m + i, v + i, o, po, k, w + i, flagb + i / 8);
 }
 #endif
 
@@ -653,9 +783,11 @@ bool mt_codelet_ranged_begin(void *flags, int64_t n, double known, double head_t
 
 /* One block of a ranged pass: the flags, and the weights of the unflagged elements (the exact
  * bounds' C loop: all of them at the range's top scale); returns how many were flagged. */
-static int64_t ranged_block(int64_t e, int64_t len, const float *master, const float *grad, const float *m,
-                            const float *v, void *weights, mt_dtype dtype, const ranged_consts *k,
-                            ranged_header *hd)
+/* deferred (old not NULL): the last step's moments half of the block first (o: its kernel
+ * constants, po: its parameters), fused into the loop where the bounds are AVX2's. */
+static int64_t ranged_block(int64_t e, int64_t len, float *master, const float *old, const float *grad, float *m,
+                            float *v, void *weights, mt_dtype dtype, const ranged_consts *k, const kernel_consts *o,
+                            const mt_adamw_params *po, ranged_header *hd)
 {
     int64_t nflagged;
 #ifdef MT_RANGED_APPROX
@@ -665,12 +797,20 @@ static int64_t ranged_block(int64_t e, int64_t len, const float *master, const f
          * the bitmap's own layout from byte e / 8 on */
         uint8_t flagb[BLOCK / 8];
         mt_bf16 *w = (mt_bf16 *)weights + e;
-        if (b == MT_RANGED_BOUNDS_AVX512) ranged_fused_approx512(len, master + e, grad + e, m + e, v + e, k, w, flagb);
-        else ranged_fused_approx(len, master + e, grad + e, m + e, v + e, k, w, flagb);
+        if (b == MT_RANGED_BOUNDS_AVX512) {
+            if (old) deferred_fused_approx512(len, master + e, old + e, grad + e, m + e, v + e, o, po, k, w, flagb);
+            else ranged_fused_approx512(len, master + e, grad + e, m + e, v + e, k, w, flagb);
+        } else if (old) {
+            deferred_fused_approx(len, master + e, old + e, grad + e, m + e, v + e, o, po, k, w, flagb);
+        } else {
+            ranged_fused_approx(len, master + e, grad + e, m + e, v + e, k, w, flagb);
+        }
         nflagged = or_bytes(e / 8, (len + 7) / 8, flagb, bits_of(hd));
     } else
 #endif
     {
+        (void)o;
+        if (old) mt_cpu_adamw_f32(len, master + e, old + e, m + e, v + e, po);
         float updated[BLOCK];
         int32_t may[BLOCK];
         ranged_fused(len, master + e, grad + e, m + e, v + e, k, updated, may);
@@ -691,7 +831,9 @@ int64_t mt_codelet_ranged_pass(int64_t o, int64_t n, const float *master, const 
     /* block by block, as adamw_streamed, each block's inputs still in cache for the bounds */
     for (int64_t e = o; e < o + n; e += BLOCK) {
         int64_t len = o + n - e < BLOCK ? o + n - e : BLOCK;
-        nflagged += ranged_block(e, len, master, grad, m, v, weights, dtype, &k, hd);
+        /* not written without `old` */
+        nflagged += ranged_block(e, len, (float *)master, NULL, grad, (float *)m, (float *)v, weights, dtype, &k, NULL,
+                                 NULL, hd);
     }
     atomic_fetch_add(&ranged_flagged, nflagged);
     return nflagged;
@@ -738,12 +880,16 @@ void mt_codelet_ranged_pass_deferred(int64_t n, float *master, const float *old,
                                      void *weights, mt_dtype dtype, const mt_adamw_params *po,
                                      const mt_adamw_params *p, void *flags)
 {
+    if (!flags) {
+        mt_cpu_adamw_f32(n, master, old, m, v, po);
+        return;
+    }
     const ranged_consts k = ranged_consts_of(p);
+    const kernel_consts o = kernel_consts_of(po);
     long long nflagged = 0;
     for (int64_t e = 0; e < n; e += BLOCK) {
         int64_t len = n - e < BLOCK ? n - e : BLOCK;
-        mt_cpu_adamw_f32(len, master + e, old + e, m + e, v + e, po);
-        if (flags) nflagged += ranged_block(e, len, master, grad, m, v, weights, dtype, &k, (ranged_header *)flags);
+        nflagged += ranged_block(e, len, master, old, grad, m, v, weights, dtype, &k, &o, po, (ranged_header *)flags);
     }
     atomic_fetch_add(&ranged_flagged, nflagged);
 }

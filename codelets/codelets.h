@@ -226,12 +226,14 @@ bool mt_codelet_ranged_begin(void *flags, int64_t n, double known, double head_t
 int64_t mt_codelet_ranged_pass(int64_t o, int64_t n, const float *master, const float *grad, const float *m,
                                const float *v, void *weights, mt_dtype dtype, const mt_adamw_params *p, void *flags);
 void mt_codelet_ranged_flag(int64_t o, int64_t n, void *flags);
-/* A deferred update's pass over a chunk of n elements (MT_ADAMW_RANGED_DEFERRED), block by
- * block: the last step's moments half (master, m and v in place from its gradient `old`, po with
- * its scale: the same kernel on the same values as adamw_moments, so the same bits), then, while
- * the block is in cache, this step's ranged run on the new values (grad, p with the range set by
- * mt_codelet_ranged_begin) into weights and flags; flags NULL: the moments half only. One pass
- * over master, m and v instead of two: 34 bytes per parameter against 46. */
+/* A deferred update's pass over a chunk of n elements (MT_ADAMW_RANGED_DEFERRED): the last
+ * step's moments half (master, m and v in place from its gradient `old`, po with its scale: the
+ * kernel's operations on the same values as adamw_moments, so the same bits), then this step's
+ * ranged run on the new values (grad, p with the range set by mt_codelet_ranged_begin) into
+ * weights and flags; flags NULL: the moments half only. With the vector bounds both run in one
+ * loop, 8 or 16 elements at a time; with the exact ones block by block, each block still in
+ * cache for the second. One pass over master, m and v instead of two: 34 bytes per parameter
+ * against 46. */
 void mt_codelet_ranged_pass_deferred(int64_t n, float *master, const float *old, const float *grad, float *m, float *v,
                                      void *weights, mt_dtype dtype, const mt_adamw_params *po,
                                      const mt_adamw_params *p, void *flags);

@@ -770,6 +770,65 @@ START_TEST(test_ranged_redo_exact)
 }
 END_TEST
 
+/* The deferred pass (mt_codelet_ranged_pass_deferred: the last step's moments half and this
+ * step's ranged run, fused into one loop where the bounds are AVX2's or AVX-512's) against the
+ * two apart (mt_cpu_adamw_f32, then mt_codelet_ranged_pass), for each kind of bounds: master, m
+ * and v bit for bit, the same flags, the same weights for the unflagged elements. A length that
+ * is not a multiple of 16, so the loops' tails run too. */
+START_TEST(test_ranged_deferred_fused)
+{
+    enum { N = 50021 };
+    const size_t fb = sizeof(float) * N;
+    float *p0 = malloc(fb), *g = malloc(fb), *old = malloc(fb), *m0 = malloc(fb), *v0 = malloc(fb);
+    float *p = malloc(fb), *m = malloc(fb), *v = malloc(fb), *pr = malloc(fb), *mr = malloc(fb), *vr = malloc(fb);
+    mt_bf16 *w = malloc(sizeof(mt_bf16) * N), *wr = malloc(sizeof(mt_bf16) * N);
+    void *flags = malloc(mt_codelet_ranged_bitmap_bytes(N)), *fref = malloc(mt_codelet_ranged_bitmap_bytes(N));
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 47);
+    for (int i = 0; i < N; i++) {
+        p0[i] = (float)(0.01 * (mt_test_uniform(&rng) - 0.5));
+        g[i] = (float)(2e-3 * (mt_test_uniform(&rng) - 0.5));
+        old[i] = (float)(2e-3 * (mt_test_uniform(&rng) - 0.5));
+        m0[i] = (float)(1e-3 * (mt_test_uniform(&rng) - 0.5));
+        v0[i] = (float)(1e-6 * (0.1 + mt_test_uniform(&rng)));
+    }
+    old[17] = 0.0f; /* a zero gradient and a zero moment: sqrt(0) in the moments half */
+    v0[17] = 0.0f;
+    mt_adamw_params a = adam_base, po = adam_base;
+    a.lr = 1e-3;
+    a.step = 11;
+    a.grad_scale = 0.26;
+    a.grad_scale_lo = 0.24;
+    po.lr = 1e-3;
+    po.step = 10;
+    po.grad_scale = 0.2513;
+    for (int bounds = 0; bounds < 3; bounds++) {
+        mt_codelet_ranged_set_bounds((mt_ranged_bounds)bounds);
+        memcpy(pr, p0, fb); memcpy(mr, m0, fb); memcpy(vr, v0, fb);
+        mt_cpu_adamw_f32(N, pr, old, mr, vr, &po);
+        mt_codelet_ranged_reset(fref, N);
+        const int64_t nref = mt_codelet_ranged_pass(0, N, pr, g, mr, vr, wr, MT_DTYPE_BF16, &a, fref);
+        memcpy(p, p0, fb); memcpy(m, m0, fb); memcpy(v, v0, fb);
+        mt_codelet_ranged_reset(flags, N);
+        mt_codelet_ranged_pass_deferred(N, p, old, g, m, v, w, MT_DTYPE_BF16, &po, &a, flags);
+        ck_assert_msg(!memcmp(p, pr, fb) && !memcmp(m, mr, fb) && !memcmp(v, vr, fb),
+                      "bounds %s: the deferred pass's master, m or v differ from the moments half's",
+                      mt_codelet_ranged_bounds_option((mt_ranged_bounds)bounds));
+        const uint64_t *bits = mt_codelet_ranged_bits(flags), *rbits = mt_codelet_ranged_bits(fref);
+        ck_assert_msg(!memcmp(bits, rbits, (N + 63) / 64 * sizeof(uint64_t)), "bounds %s: flags differ",
+                      mt_codelet_ranged_bounds_option((mt_ranged_bounds)bounds));
+        int bad = -1;
+        for (int i = 0; i < N && bad < 0; i++)
+            if (!((bits[i / 64] >> (i % 64)) & 1) && w[i] != wr[i]) bad = i;
+        ck_assert_msg(bad < 0, "bounds %s: weight %d differs", mt_codelet_ranged_bounds_option((mt_ranged_bounds)bounds), bad);
+        ck_assert(nref > 0 && nref < N);
+    }
+    mt_codelet_ranged_set_bounds(MT_RANGED_BOUNDS_AVX2);
+    free(p0); free(g); free(old); free(m0); free(v0); free(p); free(m); free(v); free(pr); free(mr); free(vr);
+    free(w); free(wr); free(flags); free(fref);
+}
+END_TEST
+
 /* Ranged speculation's check of its last prediction (mt_codelet_norm_recorded, mt_norm_history.
  * check): a tile whose range, predicted for the last norm from the one before, missed that norm
  * is not speculated at the next (counted as unheld); one whose range held is; with the check
@@ -1140,6 +1199,7 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, test_adamw_f32_bitwise_scalar);
     tcase_add_loop_test(tc, test_ranged_flags_sound, 0, 3);
     tcase_add_test(tc, test_ranged_redo_exact);
+    tcase_add_test(tc, test_ranged_deferred_fused);
     tcase_add_test(tc, test_ranged_pieces);
     tcase_add_test(tc, test_ranged_held);
     tcase_add_test(tc, test_ranged_spread_grows);
