@@ -377,11 +377,13 @@ recip_den512(__m512 x, __m512 isb, __m512 eps)
  * development machine (Zen 4, whose 512-bit operations take two 256-bit halves; one thread,
  * adamw_bw --params 500000 --threads 1) it takes 1.01-1.13 ns an element against the AVX2
  * loop's 1.41-1.44: masks and absolute values are single instructions here, and 32 registers
- * hold the constants that spill from AVX2's 16. Not the default: on H200 boxes' CPUs (Intel, 15
- * threads, adamw_bw) it was 2-20% faster than the AVX2 loop alone, but each of its 3B step runs
- * was slower than the AVX2 run in the same call (2.353 s against 1.839 in the twelfth session,
- * 1.766 against 1.745 in the thirteenth; one run each, docs/benchmarks.md). The remainder past
- * the last 16 goes to the AVX2 loop, and its own past 8 to ranged_tail_bf16. */
+ * hold the constants that spill from AVX2's 16. The default where the CPU has AVX-512 since the
+ * deferred pass runs in one loop (deferred_fused_approx512): in the 3B step at clip 1 on an H200
+ * box (Intel), two runs each in one call, the fused pass took 10.9-11.3 CPU-s a step against
+ * AVX2's 12.5-13.1, and AdamW in the step 0.347-0.362 s per 1e9 against 0.395-0.409
+ * (docs/benchmarks.md, fourteenth session). Before, as a block of the moments half followed by
+ * this loop, single runs had it slower than AVX2 (twelfth and thirteenth sessions). The
+ * remainder past the last 16 goes to the AVX2 loop, and its own past 8 to ranged_tail_bf16. */
 #define MT_AVX512 __attribute__((target("avx2,fma,avx512f,avx512vl,avx512dq,avx512bw")))
 
 /* The ranged pass's constants in 16 lanes. */
@@ -478,7 +480,7 @@ MT_AVX512 static void deferred_fused_approx512(int64_t n, float *restrict master
 }
 #endif
 
-static atomic_int ranged_bounds = MT_RANGED_BOUNDS_AVX2; /* mt_codelet_ranged_set_bounds */
+static atomic_int ranged_bounds = MT_RANGED_BOUNDS_DEFAULT; /* mt_codelet_ranged_set_bounds */
 
 void mt_codelet_ranged_set_bounds(mt_ranged_bounds b) { atomic_store(&ranged_bounds, (int)b); }
 

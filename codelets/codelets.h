@@ -237,13 +237,14 @@ void mt_codelet_ranged_flag(int64_t o, int64_t n, void *flags);
 void mt_codelet_ranged_pass_deferred(int64_t n, float *master, const float *old, const float *grad, float *m, float *v,
                                      void *weights, mt_dtype dtype, const mt_adamw_params *po,
                                      const mt_adamw_params *p, void *flags);
-/* How ranged passes bound their weights (codelets/adamw.c): AVX2, the default, on x86-64 CPUs
- * with AVX2 and FMA in 8 lanes with approximate reciprocals refined by a Newton step; AVX512 the
+/* How ranged passes bound their weights (codelets/adamw.c): AVX2 on x86-64 CPUs with AVX2 and
+ * FMA in 8 lanes with approximate reciprocals refined by a Newton step; AVX512, the default, the
  * same in 16 lanes where the CPU has AVX-512 F, VL, DQ and BW (else as AVX2); EXACT divides, in
  * plain C, as on other CPUs (where the others fall back to it). All flag soundly, not quite
  * alike (tests and tools/adamw_bw compare them). set_bounds applies to the passes that start
  * after it; bounds_name says what they run on this CPU. */
 typedef enum mt_ranged_bounds { MT_RANGED_BOUNDS_AVX2, MT_RANGED_BOUNDS_AVX512, MT_RANGED_BOUNDS_EXACT } mt_ranged_bounds;
+#define MT_RANGED_BOUNDS_DEFAULT MT_RANGED_BOUNDS_AVX512
 void mt_codelet_ranged_set_bounds(mt_ranged_bounds b);
 const char *mt_codelet_ranged_bounds_name(void);
 /* The bounds the passes run now on this CPU (set_bounds, less what the CPU lacks), and b's

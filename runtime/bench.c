@@ -25,7 +25,7 @@ mt_bench_options mt_bench_defaults(void)
 {
     mt_bench_options o = { .shape = "qwen2.5-0.5b", .step = mt_step_defaults(), .warmup = 2, .steps = 5,
                            .resident = false, .prefetch = true, .gpu_limit_mib = 0, .dtype = MT_DTYPE_BF16,
-                           .runtime = mt_runtime_defaults() };
+                           .ranged_bounds = MT_RANGED_BOUNDS_DEFAULT, .runtime = mt_runtime_defaults() };
     o.step.B = 8;
     o.step.T = 2048;
     o.step.K = 4;

@@ -70,7 +70,7 @@ typedef struct mt_bench_options {
                                    * as tokens) or a prepared directory: a fresh batch each step */
     mt_dtype dtype;               /* weights and compute: bf16 (default) or fp32 (exact, slower) */
     int ranged_bounds;            /* mt_ranged_bounds (codelets.h): how ranged passes bound each
-                                   * weight; 0, AVX2, by default */
+                                   * weight; MT_RANGED_BOUNDS_DEFAULT by default */
     mt_runtime_options runtime;
     /* Sweeps: every (K, clip) pair is measured on the same host state, one graph after the
      * other, so the costly state set-up happens once. 0 entries: step.K and step.clip only. The

@@ -823,7 +823,7 @@ START_TEST(test_ranged_deferred_fused)
         ck_assert_msg(bad < 0, "bounds %s: weight %d differs", mt_codelet_ranged_bounds_option((mt_ranged_bounds)bounds), bad);
         ck_assert(nref > 0 && nref < N);
     }
-    mt_codelet_ranged_set_bounds(MT_RANGED_BOUNDS_AVX2);
+    mt_codelet_ranged_set_bounds(MT_RANGED_BOUNDS_DEFAULT);
     free(p0); free(g); free(old); free(m0); free(v0); free(p); free(m); free(v); free(pr); free(mr); free(vr);
     free(w); free(wr); free(flags); free(fref);
 }
@@ -957,9 +957,9 @@ END_TEST
  * 2^18 elements of random magnitudes (weights 1e-4..1, gradients 1e-7..1e-1, moments to match,
  * some zero), at three learning rates (few, some and most weights moving across a bf16 step),
  * early and late steps, two ranges. Also that a useful share is left unflagged. */
-/* test_ranged_flags_sound's loop 0 checks the bounds this CPU runs by default (AVX2 approximate
- * reciprocals where it has them), loop 1 the AVX-512 ones, loop 2 the exact ones (each loop
- * prints which ran). */
+/* test_ranged_flags_sound's loop 0 checks the AVX2 bounds (approximate reciprocals where the CPU
+ * has them), loop 1 the AVX-512 ones (the default where it has them), loop 2 the exact ones
+ * (each loop prints which ran). */
 START_TEST(test_ranged_flags_sound)
 {
     static const mt_ranged_bounds modes[3] = { MT_RANGED_BOUNDS_AVX2, MT_RANGED_BOUNDS_AVX512, MT_RANGED_BOUNDS_EXACT };
@@ -1025,7 +1025,7 @@ START_TEST(test_ranged_flags_sound)
                 printf("ranged flags (%s bounds), lr %g, range [%g, %g], step %lld: %.2f%% flagged\n", used,
                        lrs[l], ranges[r][0], ranges[r][1], (long long)a.step, 100.0 * (double)flagged / N);
             }
-    mt_codelet_ranged_set_bounds(MT_RANGED_BOUNDS_AVX2);
+    mt_codelet_ranged_set_bounds(MT_RANGED_BOUNDS_DEFAULT);
     free(p); free(g); free(m); free(v); free(out); free(w); free(wk); free(flags);
 }
 END_TEST
@@ -1082,7 +1082,7 @@ START_TEST(test_ranged_pieces)
             }
         }
     }
-    mt_codelet_ranged_set_bounds(MT_RANGED_BOUNDS_AVX2);
+    mt_codelet_ranged_set_bounds(MT_RANGED_BOUNDS_DEFAULT);
     free(p); free(g); free(m); free(v); free(w); free(w1); free(whole); free(pieces);
 }
 END_TEST

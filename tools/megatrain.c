@@ -655,9 +655,9 @@ static void bench_help(const mt_bench_options *d)
            "                       within about 16 steps, and its gradient norm then jumps)\n");
     printf("  --layers N           override the shape's layer count (memory-bound checks)\n");
     printf("  --dtype bf16|fp32    weights and compute (default bf16; fp32 is exact fp32, slower)\n");
-    printf("  --ranged-bounds avx2|avx512|exact  how ranged speculation bounds each weight: avx2\n"
-           "                       (default) with approximate reciprocals in 8 lanes where the CPU\n"
-           "                       has AVX2 and FMA; avx512 in 16 where it has AVX-512; exact\n"
+    printf("  --ranged-bounds avx2|avx512|exact  how ranged speculation bounds each weight: avx512\n"
+           "                       (default) with approximate reciprocals in 16 lanes where the CPU\n"
+           "                       has AVX-512, else as avx2: in 8 where it has AVX2 and FMA; exact\n"
            "                       divides, as on other CPUs (where the others fall back to it).\n"
            "                       All are sound; they cost differently and may flag slightly\n"
            "                       different elements. A list (avx2,avx512) measures each, as does\n"
