@@ -570,6 +570,8 @@ typedef struct ranged_header {
     float cl, ch;          /* the scales (gradient multipliers, as the kernel forms them) checked */
     int32_t skipped;       /* the range was too wide: nothing written, the confirm does all */
     int32_t nside;         /* side entries written */
+    int16_t full;          /* every flagged element got a side entry */
+    int16_t stale;         /* mt_codelet_ranged_flag ran: some entries may be stale */
     int64_t n;             /* the chunk's elements */
 } ranged_header;
 
@@ -600,16 +602,18 @@ const uint64_t *mt_codelet_ranged_bits(const void *flags) { return bits_of((cons
 void mt_codelet_ranged_reset(void *flags, int64_t n)
 {
     ranged_header *hd = (ranged_header *)flags;
-    *hd = (ranged_header){ .n = n };
+    *hd = (ranged_header){ .full = 1, .n = n };
     memset(bits_of(hd), 0, (size_t)words_of(n) * sizeof(uint64_t));
 }
 
-/* Side entries for the bits set in [e, e + len) (called in element order), while there is room. */
-static void side_append(ranged_header *hd, int64_t e, int64_t len, const float *master, const float *grad,
-                        const float *m, const float *v)
+/* Side entries for the bits set in [e, e + len) (called in element order), while there is room;
+ * `flagged` of them: when some get none, the header is no longer full. */
+static void side_append(ranged_header *hd, int64_t e, int64_t len, int64_t flagged, const float *master,
+                        const float *grad, const float *m, const float *v)
 {
     const int64_t cap = side_capacity(hd->n);
     int64_t k = hd->nside;
+    if (cap - k < flagged) hd->full = 0;
     if (hd->n <= 0 || k >= cap || len <= 0) return;
     const uint64_t *bits = bits_of(hd);
     side_entry *se = side_of(hd);
@@ -770,7 +774,8 @@ bool mt_codelet_ranged_begin(void *flags, int64_t n, double known, double head_t
     ranged_header *hd = (ranged_header *)flags;
     double lo, hi;
     const int why = ranged_range(known, head_table, a, p->grad_scale, &lo, &hi);
-    *hd = (ranged_header){ .cl = (float)lo, .ch = (float)hi, .skipped = why != RANGE_NARROW, .nside = 0, .n = n };
+    *hd = (ranged_header){ .cl = (float)lo, .ch = (float)hi, .skipped = why != RANGE_NARROW, .nside = 0, .full = 1,
+                           .n = n };
     if (why != RANGE_NARROW) {
         atomic_fetch_add(&ranged_skipped, (long long)n);
         if (why == RANGE_UNHELD) atomic_fetch_add(&ranged_unheld, (long long)n);
@@ -820,7 +825,7 @@ static int64_t ranged_block(int64_t e, int64_t len, float *master, const float *
         const size_t wsz = dtype == MT_DTYPE_BF16 ? sizeof(mt_bf16) : sizeof(float);
         write_streamed(len, updated, (char *)weights + (size_t)e * wsz, dtype);
     }
-    if (nflagged) side_append(hd, e, len, master, grad, m, v);
+    if (nflagged) side_append(hd, e, len, nflagged, master, grad, m, v);
     return nflagged;
 }
 
@@ -844,6 +849,7 @@ int64_t mt_codelet_ranged_pass(int64_t o, int64_t n, const float *master, const 
 void mt_codelet_ranged_flag(int64_t o, int64_t n, void *flags)
 {
     ranged_header *hd = (ranged_header *)flags;
+    hd->stale = 1;
     /* the side entries of [o, o + n) go stale: the first at or after o by bisection, then on */
     side_entry *se = side_of(hd);
     int64_t a = 0, b = hd->nside;
@@ -943,8 +949,31 @@ MT_CPU_CLONES static void redo_flagged(int64_t n, const ranged_header *hd, const
     int64_t idx[GATHER], j = 0;
     float gp[GATHER], gg[GATHER], gm[GATHER], gv[GATHER];
     int k = 0;
-    for (int64_t o = 0; o < n; o += 64) {
+    int64_t start = 0; /* the bitmap walk's first element */
+    if (!hd->stale) {
+        /* The side entries first, in element order: they hold every flagged element up to the
+         * last one's (side_append fills them in order until they run out), so no walk of the
+         * bitmap there, no search for each element's entry, no dense words. On the development
+         * machine (adamw_bw --lr 1e-3, 4.9% flagged, 2 threads) the redo took 0.127-0.136 s per
+         * 1e9 parameters this way, 0.150-0.155 with the walk over the whole bitmap. */
+        for (int64_t a = 0; a < ns; a += GATHER) {
+            const int kk = ns - a < GATHER ? (int)(ns - a) : GATHER;
+            for (int q = 0; q < kk; q++) {
+                const side_entry *e = &se[a + q];
+                idx[q] = e->idx;
+                __builtin_prefetch(&w[e->idx], 1); /* as below */
+                gp[q] = e->master; gg[q] = e->grad; gm[q] = e->m; gv[q] = e->v;
+            }
+            redo_gathered(kk, idx, gp, gg, gm, gv, w, p);
+        }
+        if (hd->full) return;
+        /* the rest, past the last entry, from the arrays */
+        start = ns ? (int64_t)se[ns - 1].idx + 1 : 0;
+        j = ns;
+    }
+    for (int64_t o = start / 64 * 64; o < n; o += 64) {
         uint64_t word = bits[o / 64];
+        if (o < start) word &= ~(uint64_t)0 << (start - o);
         if (!word) continue;
         if (__builtin_popcountll(word) >= DENSE) {
             mt_codelet_adamw_params_range(o, n - o < 64 ? n - o : 64, master, grad, m, v, w, MT_DTYPE_BF16, p);
