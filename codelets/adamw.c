@@ -568,11 +568,11 @@ static int64_t or_bytes(int64_t b, int64_t nb, const uint8_t *flagb, uint64_t *b
  * (mt_codelet_ranged_flag: the table's touched rows) is marked stale and not used. */
 typedef struct ranged_header {
     float cl, ch;          /* the scales (gradient multipliers, as the kernel forms them) checked */
-    int32_t skipped;       /* the range was too wide: nothing written, the confirm does all */
+    int16_t skipped;       /* the range was too wide: nothing written, the confirm does all */
+    int8_t full;           /* every flagged element got a side entry */
+    int8_t stale;          /* mt_codelet_ranged_flag ran: some entries may be stale */
     int32_t nside;         /* side entries written */
-    int16_t full;          /* every flagged element got a side entry */
-    int16_t stale;         /* mt_codelet_ranged_flag ran: some entries may be stale */
-    int64_t n;             /* the chunk's elements */
+    int64_t n;             /* the chunk's elements (24 bytes in all, as tests/test_plan.c counts) */
 } ranged_header;
 
 typedef struct side_entry {
