@@ -1,6 +1,6 @@
 /* The memory plan: byte counts per kind of buffer, host and GPU, from the config and the run's
  * shape, before anything is allocated. The host side mirrors how state.c allocates tiles (one
- * 4 KiB-aligned tile per kind per layer); the GPU side mirrors what the scheduling policy lets
+ * 4 KiB-rounded allocation per kind per tile); the GPU side mirrors what the scheduling policy lets
  * be resident at once (double-buffered weights and gradients, one block of activations). */
 #include "plan.h"
 
@@ -39,7 +39,7 @@ static uint64_t add(uint64_t a, uint64_t b, bool *overflow)
     return r;
 }
 
-/* Bytes of one kind of host state over all tiles: each tile its own 4 KiB-aligned allocation. */
+/* Bytes of one kind of host state over all tiles: each tile its own allocation, 4 KiB-rounded. */
 static uint64_t host_state_bytes(const mt_plan *plan, uint64_t elem)
 {
     uint64_t embed = round_up_u64((uint64_t)plan->tile_numel[MT_TILE_EMBED] * elem, MT_PLAN_TILE_BYTES_ALIGN);
