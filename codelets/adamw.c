@@ -632,7 +632,7 @@ static void side_append(ranged_header *hd, int64_t e, int64_t len, int64_t flagg
 
 /* Over the process (mt_codelet_ranged_counts). */
 static atomic_llong ranged_checked, ranged_flagged, ranged_skipped, ranged_outside, ranged_below, ranged_unheld;
-static atomic_llong table_checked, table_flagged, table_touched;
+static atomic_llong table_checked, table_flagged, table_touched, redo_side, redo_arrays;
 
 void mt_codelet_ranged_table_add(int64_t checked, int64_t flagged, int64_t touched)
 {
@@ -648,7 +648,8 @@ mt_ranged_counts mt_codelet_ranged_counts(void)
                                .skipped = atomic_load(&ranged_skipped), .outside = atomic_load(&ranged_outside) + below,
                                .below = below, .unheld = atomic_load(&ranged_unheld),
                                .table_checked = atomic_load(&table_checked), .table_flagged = atomic_load(&table_flagged),
-                               .table_touched = atomic_load(&table_touched) };
+                               .table_touched = atomic_load(&table_touched), .redo_side = atomic_load(&redo_side),
+                               .redo_arrays = atomic_load(&redo_arrays) };
 }
 
 /* The clip task's scale for a norm (clip.c: torch's max_norm / (norm + 1e-6), at most 1). */
@@ -966,17 +967,20 @@ MT_CPU_CLONES static void redo_flagged(int64_t n, const ranged_header *hd, const
             }
             redo_gathered(kk, idx, gp, gg, gm, gv, w, p);
         }
+        atomic_fetch_add(&redo_side, (long long)ns);
         if (hd->full) return;
         /* the rest, past the last entry, from the arrays */
         start = ns ? (int64_t)se[ns - 1].idx + 1 : 0;
         j = ns;
     }
+    long long from_side = 0, from_arrays = 0;
     for (int64_t o = start / 64 * 64; o < n; o += 64) {
         uint64_t word = bits[o / 64];
         if (o < start) word &= ~(uint64_t)0 << (start - o);
         if (!word) continue;
         if (__builtin_popcountll(word) >= DENSE) {
             mt_codelet_adamw_params_range(o, n - o < 64 ? n - o : 64, master, grad, m, v, w, MT_DTYPE_BF16, p);
+            from_arrays += __builtin_popcountll(word);
             continue;
         }
         for (; word; word &= word - 1) {
@@ -984,8 +988,10 @@ MT_CPU_CLONES static void redo_flagged(int64_t n, const ranged_header *hd, const
             while (j < ns && (int64_t)(se[j].idx & ~SIDE_STALE) < i) j++;
             if (j < ns && se[j].idx == (uint32_t)i) {
                 gp[k] = se[j].master; gg[k] = se[j].grad; gm[k] = se[j].m; gv[k] = se[j].v;
+                from_side++;
             } else {
                 gp[k] = master[i]; gg[k] = grad[i]; gm[k] = m[i]; gv[k] = v[i];
+                from_arrays++;
             }
             /* the line the scatter will write, so that its read overlaps the batch's listing: the
              * flagged elements' lines are apart, and waiting for each in turn cost 17-25% of the
@@ -1002,6 +1008,8 @@ MT_CPU_CLONES static void redo_flagged(int64_t n, const ranged_header *hd, const
         }
     }
     if (k) redo_gathered(k, idx, gp, gg, gm, gv, w, p);
+    atomic_fetch_add(&redo_side, from_side);
+    atomic_fetch_add(&redo_arrays, from_arrays);
 }
 
 /* adamw_params, MT_ADAMW_CONFIRM_RANGED. */

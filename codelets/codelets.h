@@ -265,6 +265,10 @@ typedef struct mt_ranged_counts {
      * and the elements of the rows the step's tokens touch, flagged whole by its embedding
      * backward (their gradient changed after the ranged run) */
     int64_t table_checked, table_flagged, table_touched;
+    /* redone (mt_codelet_ranged_redo): flagged elements whose inputs came from the side entries,
+     * and the others, read from master, grad, m and v (past a chunk's room for entries, stale
+     * entries, words redone whole) */
+    int64_t redo_side, redo_arrays;
 } mt_ranged_counts;
 void mt_codelet_ranged_table_add(int64_t checked, int64_t flagged, int64_t touched);
 mt_ranged_counts mt_codelet_ranged_counts(void);
