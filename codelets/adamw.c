@@ -112,20 +112,6 @@ static ranged_consts ranged_consts_of(const mt_adamw_params *p)
     };
 }
 
-/* The float constants of the kernel's update (backends/cpu/adamw.inc, adamw_consts_of), for
- * deferred_fused_approx's moments half. */
-typedef struct kernel_consts { float gs, decay, b1, one_b1, b2, one_b2, step_size, sqrt_bc2, eps; } kernel_consts;
-
-static kernel_consts kernel_consts_of(const mt_adamw_params *p)
-{
-    const double bc1 = 1.0 - pow(p->beta1, (double)p->step), bc2 = 1.0 - pow(p->beta2, (double)p->step);
-    return (kernel_consts){
-        .gs = (float)p->grad_scale, .decay = (float)(1.0 - p->lr * p->weight_decay), .b1 = (float)p->beta1,
-        .one_b1 = (float)(1.0 - p->beta1), .b2 = (float)p->beta2, .one_b2 = (float)(1.0 - p->beta2),
-        .step_size = (float)(p->lr / bc1), .sqrt_bc2 = (float)sqrt(bc2), .eps = (float)p->eps,
-    };
-}
-
 static inline float min_f(float a, float b) { return a < b ? a : b; }
 static inline float max_f(float a, float b) { return a > b ? a : b; }
 
@@ -329,13 +315,13 @@ __attribute__((target("avx2,fma"))) static void ranged_fused_approx(int64_t n, c
 __attribute__((target("avx2,fma"))) static void deferred_fused_approx(int64_t n, float *restrict master,
                                                                       const float *restrict old,
                                                                       const float *restrict grad, float *restrict m,
-                                                                      float *restrict v, const kernel_consts *o,
+                                                                      float *restrict v, const ranged_consts *o,
                                                                       const mt_adamw_params *po,
                                                                       const ranged_consts *k, mt_bf16 *restrict w,
                                                                       uint8_t *restrict flagb)
 {
     const ranged_v8 c = ranged_v8_of(k);
-    const __m256 gs = _mm256_set1_ps(o->gs), odecay = _mm256_set1_ps(o->decay), ob1 = _mm256_set1_ps(o->b1);
+    const __m256 gs = _mm256_set1_ps(o->ch), odecay = _mm256_set1_ps(o->decay), ob1 = _mm256_set1_ps(o->b1);
     const __m256 oob1 = _mm256_set1_ps(o->one_b1), ob2 = _mm256_set1_ps(o->b2), oob2 = _mm256_set1_ps(o->one_b2);
     const __m256 oss = _mm256_set1_ps(o->step_size), osb = _mm256_set1_ps(o->sqrt_bc2), oeps = _mm256_set1_ps(o->eps);
     int64_t i = 0;
@@ -452,11 +438,11 @@ MT_AVX512 static void ranged_fused_approx512(int64_t n, const float *restrict ma
  * ranged16; the remainder past the last 16 goes to deferred_fused_approx. */
 MT_AVX512 static void deferred_fused_approx512(int64_t n, float *restrict master, const float *restrict old,
                                                const float *restrict grad, float *restrict m, float *restrict v,
-                                               const kernel_consts *o, const mt_adamw_params *po,
+                                               const ranged_consts *o, const mt_adamw_params *po,
                                                const ranged_consts *k, mt_bf16 *restrict w, uint8_t *restrict flagb)
 {
     const ranged_v16 c = ranged_v16_of(k);
-    const __m512 gs = _mm512_set1_ps(o->gs), odecay = _mm512_set1_ps(o->decay), ob1 = _mm512_set1_ps(o->b1);
+    const __m512 gs = _mm512_set1_ps(o->ch), odecay = _mm512_set1_ps(o->decay), ob1 = _mm512_set1_ps(o->b1);
     const __m512 oob1 = _mm512_set1_ps(o->one_b1), ob2 = _mm512_set1_ps(o->b2), oob2 = _mm512_set1_ps(o->one_b2);
     const __m512 oss = _mm512_set1_ps(o->step_size), osb = _mm512_set1_ps(o->sqrt_bc2), oeps = _mm512_set1_ps(o->eps);
     int64_t i = 0;
@@ -791,10 +777,11 @@ bool mt_codelet_ranged_begin(void *flags, int64_t n, double known, double head_t
 
 /* One block of a ranged pass: the flags, and the weights of the unflagged elements (the exact
  * bounds' C loop: all of them at the range's top scale); returns how many were flagged. */
-/* deferred (old not NULL): the last step's moments half of the block first (o: its kernel
- * constants, po: its parameters), fused into the loop where the bounds are AVX2's. */
+/* deferred (old not NULL): the last step's moments half of the block first (po: its parameters,
+ * o: ranged_consts_of(po), the kernel's float constants with po's scale as ch), fused into the
+ * loop where the bounds are vector ones. */
 static int64_t ranged_block(int64_t e, int64_t len, float *master, const float *old, const float *grad, float *m,
-                            float *v, void *weights, mt_dtype dtype, const ranged_consts *k, const kernel_consts *o,
+                            float *v, void *weights, mt_dtype dtype, const ranged_consts *k, const ranged_consts *o,
                             const mt_adamw_params *po, ranged_header *hd)
 {
     int64_t nflagged;
@@ -894,7 +881,7 @@ void mt_codelet_ranged_pass_deferred(int64_t n, float *master, const float *old,
         return;
     }
     const ranged_consts k = ranged_consts_of(p);
-    const kernel_consts o = kernel_consts_of(po);
+    const ranged_consts o = ranged_consts_of(po); /* the moments half's: its ch is po's scale */
     long long nflagged = 0;
     for (int64_t e = 0; e < n; e += BLOCK) {
         int64_t len = n - e < BLOCK ? n - e : BLOCK;
