@@ -20,7 +20,7 @@ static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 /* Host state allocations: pageable memory, 2 MiB-aligned and advised to transparent huge pages
  * (where the kernel offers them), then zeroed and, with a GPU, pinned by starpu_memory_pin
- * (cudaHostRegister) tile by tile on one thread per core (pin_tile, for_each_tile). Not
+ * (cudaHostRegister) tile by tile on one thread per core (zero_and_pin, for_each_tile). Not
  * starpu_malloc_flags(STARPU_MALLOC_PINNED): that is cudaHostAlloc, which zeroes and pins 4 KiB
  * pages one allocation at a time; the 3B bench model's 57 GB took 68-76 s of set-up on the H200
  * machines that way. Sizes round up to 4 KiB. */
@@ -37,15 +37,6 @@ static void *alloc_state(size_t bytes)
     (void)madvise(p, bytes, MADV_HUGEPAGE); /* advice: without THP the pages stay small */
 #endif
     return p;
-}
-
-/* Zeroes an allocation (which also faults its pages in, on the calling thread) and pins it when a
- * GPU will copy from it; false when the pinning failed (the memory is then used unpinned). */
-static bool zero_and_pin(void *p, size_t bytes)
-{
-    bytes = round_up(bytes, TILE_ALIGN_BYTES);
-    memset(p, 0, bytes);
-    return !gpu_present() || starpu_memory_pin(p, bytes) == 0;
 }
 
 /* mt_tile.pinned_kinds */
@@ -97,11 +88,16 @@ static void for_each_tile(mt_host_state *st, tile_fn fn, void *arg)
     starpu_resume();
 }
 
-/* zero_and_pin of one allocation of tile t, its PIN_* bit set when pinned; 1 when the pin failed. */
-static int zero_and_pin_kind(mt_tile *t, unsigned kind, void *p, size_t bytes)
+/* Zeroes tile t's allocation of kind `kind` (a PIN_* bit), which also faults its pages in on the
+ * calling thread, and pins it when a GPU will copy from it, setting the bit; 1 when the pin
+ * failed (the memory is then used unpinned), else 0. */
+static int zero_and_pin(mt_tile *t, unsigned kind, void *p, size_t bytes)
 {
-    if (!zero_and_pin(p, bytes)) return 1;
-    if (gpu_present()) t->pinned_kinds |= kind;
+    bytes = round_up(bytes, TILE_ALIGN_BYTES);
+    memset(p, 0, bytes);
+    if (!gpu_present()) return 0;
+    if (starpu_memory_pin(p, bytes) != 0) return 1;
+    t->pinned_kinds |= kind;
     return 0;
 }
 
@@ -111,15 +107,15 @@ static void zero_tile(mt_host_state *st, int i, void *arg)
     atomic_int *unpinned = arg;
     mt_tile *t = &st->tiles[i];
     size_t fbytes = (size_t)t->numel * sizeof(float);
-    int bad = zero_and_pin_kind(t, PIN_WEIGHTS, t->weights, t->weight_bytes);
-    bad += zero_and_pin_kind(t, PIN_MASTER, t->master, fbytes);
-    bad += zero_and_pin_kind(t, PIN_GRAD, t->grad, fbytes);
-    bad += zero_and_pin_kind(t, PIN_M, t->adam_m, fbytes);
-    bad += zero_and_pin_kind(t, PIN_V, t->adam_v, fbytes);
+    int bad = zero_and_pin(t, PIN_WEIGHTS, t->weights, t->weight_bytes);
+    bad += zero_and_pin(t, PIN_MASTER, t->master, fbytes);
+    bad += zero_and_pin(t, PIN_GRAD, t->grad, fbytes);
+    bad += zero_and_pin(t, PIN_M, t->adam_m, fbytes);
+    bad += zero_and_pin(t, PIN_V, t->adam_v, fbytes);
     atomic_fetch_add(unpinned, bad);
 }
 
-/* After a parallel zero_and_pin: a pin that failed leaves that memory pageable (the copies from it
+/* After zero_and_pin over the tiles: a pin that failed leaves that memory pageable (the copies from it
  * then go through CUDA's staging buffers, slower but correct); said once, on stderr. */
 static void note_unpinned(mt_host_state *st, int unpinned, const char *what)
 {
@@ -376,7 +372,7 @@ static void zero_grad_alt(mt_host_state *st, int i, void *arg)
 {
     fresh_tiles *f = arg;
     mt_tile *t = &st->tiles[i];
-    if (f->fresh[i]) atomic_fetch_add(&f->unpinned, zero_and_pin_kind(t, PIN_GRAD_ALT, t->grad_alt, (size_t)t->numel * sizeof(float)));
+    if (f->fresh[i]) atomic_fetch_add(&f->unpinned, zero_and_pin(t, PIN_GRAD_ALT, t->grad_alt, (size_t)t->numel * sizeof(float)));
 }
 
 int mt_state_enable_grad_alt(mt_host_state *st, int first, char *err, size_t errlen)
