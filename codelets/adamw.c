@@ -6,9 +6,12 @@
 
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -569,12 +572,35 @@ typedef struct side_entry {
 #define SIDE_STALE 0x80000000u
 
 static int64_t words_of(int64_t n) { return (n + 63) / 64; }
-/* Room for 1/16 of the chunk (6.25%): more flagged elements are gathered as before. It was 1/32
+/* Room for 1/16 of the chunk (6.25%) by default: more flagged elements are gathered as before. It was 1/32
  * until the 3B step at clip 1 on real text flagged 5.7-6.0% (the wider ranges of the spread
  * rule, docs/benchmarks.md): half its flagged elements were then gathered, 4 cache misses each.
  * adamw_bw --lr 1e-3 (4.88% flagged), development machine, 2 threads: the redo took 0.247-0.261
  * s per 1e9 parameters with 1/32, 0.157-0.174 with 1/16. 1.25 bytes a parameter, pinned. */
-static int64_t side_capacity(int64_t n) { return n / 16 + 16; }
+static int side_room_once = 16;
+static pthread_once_t side_room_init = PTHREAD_ONCE_INIT;
+static void read_side_room(void)
+{
+    /* MT_RANGED_SIDE_ROOM=R: room for 1/R of the chunk (2..64), to measure other sizes with
+     * (docs/benchmarks.md, fifteenth session); read once per process, before the first flags
+     * buffer is sized, since a buffer's room must not change after it is allocated. */
+    const char *e = getenv("MT_RANGED_SIDE_ROOM");
+    if (!e || !*e) return;
+    char *end;
+    const long r = strtol(e, &end, 10);
+    if (*end || r < 2 || r > 64) {
+        fprintf(stderr, "megatrain: MT_RANGED_SIDE_ROOM=%s ignored: expected a whole number from 2 to 64 (room for "
+                        "1/R of a chunk's elements); using 16\n", e);
+        return;
+    }
+    side_room_once = (int)r;
+}
+int mt_codelet_ranged_side_room(void)
+{
+    pthread_once(&side_room_init, read_side_room);
+    return side_room_once;
+}
+static int64_t side_capacity(int64_t n) { return n / mt_codelet_ranged_side_room() + 16; }
 static uint64_t *bits_of(const ranged_header *hd) { return (uint64_t *)(hd + 1); }
 static side_entry *side_of(const ranged_header *hd) { return (side_entry *)(bits_of(hd) + words_of(hd->n)); }
 

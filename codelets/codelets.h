@@ -209,6 +209,9 @@ enum mt_adamw_clip {
  * words of bitmap, then room for the inputs of up to n/16 flagged elements: codelets/adamw.c,
  * ranged_header), and where its bitmap starts. */
 size_t mt_codelet_ranged_bitmap_bytes(int64_t n);
+/* The side entries' room in a flags buffer: 1/R of its chunk's elements (16 unless
+ * MT_RANGED_SIDE_ROOM says otherwise; fixed for the process). */
+int mt_codelet_ranged_side_room(void);
 const uint64_t *mt_codelet_ranged_bits(const void *flags);
 /* A flags buffer for a chunk of n elements made empty, for callers of mt_codelet_ranged_pass that
  * set the range in p themselves (ranged_begin does this itself). */

@@ -394,8 +394,9 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
     const int64_t rside = rc.redo_side - rc0.redo_side, rarrays = rc.redo_arrays - rc0.redo_arrays;
     if (log && rside + rarrays > 0)
         fprintf(log, "bench: K=%d clip %g: the redo took %lld flagged elements' inputs from side entries, %lld (%.1f%%) "
-                     "from the arrays (past a chunk's room for entries, stale entries, words redone whole)\n",
-                sc->K, sc->clip, (long long)rside, (long long)rarrays, 100.0 * (double)rarrays / (double)(rside + rarrays));
+                     "from the arrays (past a chunk's room for entries, 1/%d of it; stale entries; words redone whole)\n",
+                sc->K, sc->clip, (long long)rside, (long long)rarrays, 100.0 * (double)rarrays / (double)(rside + rarrays),
+                mt_codelet_ranged_side_room());
     double window = now() - measure_start;
     gpu_time(o, traced, &tl, r);
     /* The measured steps' AdamW tasks, all of them (the warm-up's drained before the window). */
