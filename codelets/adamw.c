@@ -898,22 +898,23 @@ static void adamw_params_ranged(void *buffers[], mt_adamw_params p, mt_dtype dty
     if (mt_codelet_ranged_begin(flags, n, known[0], known[1], a, &p)) mt_codelet_ranged_pass(0, n, master, grad, m, v, w, dtype, &p, flags);
 }
 
-void mt_codelet_ranged_pass_deferred(int64_t n, float *master, const float *old, const float *grad, float *m, float *v,
-                                     void *weights, mt_dtype dtype, const mt_adamw_params *po,
-                                     const mt_adamw_params *p, void *flags)
+int64_t mt_codelet_ranged_pass_deferred(int64_t o, int64_t n, float *master, const float *old, const float *grad,
+                                        float *m, float *v, void *weights, mt_dtype dtype, const mt_adamw_params *po,
+                                        const mt_adamw_params *p, void *flags)
 {
     if (!flags) {
-        mt_cpu_adamw_f32(n, master, old, m, v, po);
-        return;
+        mt_cpu_adamw_f32(n, master + o, old + o, m + o, v + o, po);
+        return 0;
     }
     const ranged_consts k = ranged_consts_of(p);
-    const ranged_consts o = ranged_consts_of(po); /* the moments half's: its ch is po's scale */
+    const ranged_consts oc = ranged_consts_of(po); /* the moments half's: its ch is po's scale */
     long long nflagged = 0;
-    for (int64_t e = 0; e < n; e += BLOCK) {
-        int64_t len = n - e < BLOCK ? n - e : BLOCK;
-        nflagged += ranged_block(e, len, master, old, grad, m, v, weights, dtype, &k, &o, po, (ranged_header *)flags);
+    for (int64_t e = o; e < o + n; e += BLOCK) {
+        int64_t len = o + n - e < BLOCK ? o + n - e : BLOCK;
+        nflagged += ranged_block(e, len, master, old, grad, m, v, weights, dtype, &k, &oc, po, (ranged_header *)flags);
     }
     atomic_fetch_add(&ranged_flagged, nflagged);
+    return nflagged;
 }
 
 /* adamw_params, MT_ADAMW_RANGED_DEFERRED: the last step's moments half and this step's ranged
@@ -931,7 +932,7 @@ static void adamw_params_ranged_deferred(void *buffers[], mt_adamw_params p, mt_
     const float *old = (const float *)STARPU_VECTOR_GET_PTR(buffers[7]);
     po.grad_scale *= ((const double *)STARPU_VECTOR_GET_PTR(buffers[8]))[1]; /* as adamw_moments_cpu */
     const bool ranged = mt_codelet_ranged_begin(flags, n, known[0], known[1], a, &p);
-    mt_codelet_ranged_pass_deferred(n, master, old, grad, m, v, w, dtype, &po, &p, ranged ? flags : NULL);
+    mt_codelet_ranged_pass_deferred(0, n, master, old, grad, m, v, w, dtype, &po, &p, ranged ? flags : NULL);
 }
 
 enum { GATHER = 1024 };

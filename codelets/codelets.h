@@ -128,7 +128,8 @@ extern struct starpu_codelet mt_cl_embedding_backward;
  *   gradient as the head left it (the whole gradient of every row no token touches), and the
  *   chunk's row sums of squares of it: [0] master R, [1] m R, [2] v R, [3] gradient R, [4]
  *   streamed weights W, [5] row sums W (one double per row overlapping the chunk; mt_codelet_
- *   chunk_row_sumsq).
+ *   chunk_row_sumsq); ranged, [6] flags W and [7] the head tile's known buffer R; deferred,
+ *   master, m and v RW, [8] the last update's gradient chunk R and [9] its clip buffer R.
  * embedding_backward_chunk: the embedding backward on the chunk, after it: [0] gradient RW, then
  *   per micro-batch tokens R and dh0 (ntok, d) R, then master, m, v R and the streamed weights RW;
  *   the rows the step's tokens touch get the weights half again, now on the whole gradient. With
@@ -145,6 +146,10 @@ typedef struct mt_embed_chunk_args {
                               * R after [5]: mt_cl_known); embedding_backward_chunk flags the rows the
                               * tokens touch instead of redoing them (the flags buffer RW last) */
     mt_ranged_args ra;
+    bool deferred;           /* ranged: embedding_update_early runs the last update's moments
+                              * half too (its master, m and v RW; the last gradient and clip
+                              * buffer R after the known buffer) */
+    mt_adamw_params po;      /* deferred: the last update's parameters (unclipped) */
 } mt_embed_chunk_args;
 extern struct starpu_codelet mt_cl_embedding_update_early;
 extern struct starpu_codelet mt_cl_embedding_backward_chunk;
@@ -229,17 +234,18 @@ bool mt_codelet_ranged_begin(void *flags, int64_t n, double known, double head_t
 int64_t mt_codelet_ranged_pass(int64_t o, int64_t n, const float *master, const float *grad, const float *m,
                                const float *v, void *weights, mt_dtype dtype, const mt_adamw_params *p, void *flags);
 void mt_codelet_ranged_flag(int64_t o, int64_t n, void *flags);
-/* A deferred update's pass over a chunk of n elements (MT_ADAMW_RANGED_DEFERRED): the last
+/* A deferred update's pass over elements [o, o + n) of a chunk (MT_ADAMW_RANGED_DEFERRED, and
+ * the table's early path row by row, in element order as ranged_pass): the last
  * step's moments half (master, m and v in place from its gradient `old`, po with its scale: the
  * kernel's operations on the same values as adamw_moments, so the same bits), then this step's
  * ranged run on the new values (grad, p with the range set by mt_codelet_ranged_begin) into
  * weights and flags; flags NULL: the moments half only. With the vector bounds both run in one
  * loop, 8 or 16 elements at a time; with the exact ones block by block, each block still in
  * cache for the second. One pass over master, m and v instead of two: 34 bytes per parameter
- * against 46. */
-void mt_codelet_ranged_pass_deferred(int64_t n, float *master, const float *old, const float *grad, float *m, float *v,
-                                     void *weights, mt_dtype dtype, const mt_adamw_params *po,
-                                     const mt_adamw_params *p, void *flags);
+ * against 46. Returns how many it flagged (0 without flags). */
+int64_t mt_codelet_ranged_pass_deferred(int64_t o, int64_t n, float *master, const float *old, const float *grad,
+                                        float *m, float *v, void *weights, mt_dtype dtype, const mt_adamw_params *po,
+                                        const mt_adamw_params *p, void *flags);
 /* How ranged passes bound their weights (codelets/adamw.c): AVX2 on x86-64 CPUs with AVX2 and
  * FMA in 8 lanes with approximate reciprocals refined by a Newton step; AVX512, the default, the
  * same in 16 lanes where the CPU has AVX-512 F, VL, DQ and BW (else as AVX2); EXACT divides, in

@@ -132,7 +132,9 @@ static void embedding_backward_chunk_cpu(void *buffers[], void *cl_arg)
 /* The weights half of AdamW on one chunk of the table, as adamw_params, and the sums of squares
  * of the chunk's rows (of the gradient as it is then: the head's part), for the early path's
  * embedding backward to finish: [0] master R, [1] m R, [2] v R, [3] gradient R, [4] streamed
- * weights W, [5] row sums W. Args: mt_embed_chunk_args. */
+ * weights W, [5] row sums W. Args: mt_embed_chunk_args. Deferred (a.deferred): the last
+ * update's moments half first, in the same pass (mt_codelet_ranged_pass_deferred): master, m and
+ * v RW, then [8] the last update's gradient R and [9] its clip buffer R. */
 static void embedding_update_early_cpu(void *buffers[], void *cl_arg)
 {
     const int64_t t0 = mt_codelet_now_ns();
@@ -149,13 +151,19 @@ static void embedding_update_early_cpu(void *buffers[], void *cl_arg)
     void *flags = a.ranged ? (void *)STARPU_VECTOR_GET_PTR(buffers[6]) : NULL;
     const double *known = flags ? (const double *)STARPU_VECTOR_GET_PTR(buffers[7]) : NULL;
     const bool weights = !flags || mt_codelet_ranged_begin(flags, n, known[0], known[1], &a.ra, &a.p);
+    const float *old = a.deferred ? (const float *)STARPU_VECTOR_GET_PTR(buffers[8]) : NULL;
+    mt_adamw_params po = a.po;
+    if (old) po.grad_scale *= ((const double *)STARPU_VECTOR_GET_PTR(buffers[9]))[1]; /* as adamw_moments_cpu */
     /* Row by row, so each row's gradient is summed while it is in cache (per element, AdamW
      * does not depend on how the chunk is cut). */
     int64_t flagged = 0;
     for (int64_t r = off / d; r <= (off + n - 1) / d; r++) {
         int64_t b, e;
         row_part(r, d, off, n, &b, &e);
-        if (flags && weights) flagged += mt_codelet_ranged_pass(b - off, e - b, master, g, m, v, w, a.dtype, &a.p, flags);
+        if (old) /* master, m and v are the buffers' own: written */
+            flagged += mt_codelet_ranged_pass_deferred(b - off, e - b, (float *)master, old, g, (float *)m, (float *)v, w,
+                                                       a.dtype, &po, &a.p, weights ? flags : NULL);
+        else if (flags && weights) flagged += mt_codelet_ranged_pass(b - off, e - b, master, g, m, v, w, a.dtype, &a.p, flags);
         else if (weights) mt_codelet_adamw_params_range(b - off, e - b, master, g, m, v, w, a.dtype, &a.p);
         rows[r - off / d] = row_part_sumsq(g, off, b, e);
     }

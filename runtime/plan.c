@@ -111,8 +111,8 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
         const uint64_t bytes = mt_codelet_ranged_bitmap_bytes(plan->tile_numel[t]);
         plan->host_clip_flags += t == MT_TILE_LAYER ? (uint64_t)(plan->num_tiles - 2) * bytes : bytes;
     }
-    /* state.c's mt_state_enable_grad_alt: tiles 1.. */
-    plan->host_grad_alt = host_state_bytes(plan, 4) - round_up_u64((uint64_t)plan->tile_numel[MT_TILE_EMBED] * 4, MT_PLAN_TILE_BYTES_ALIGN);
+    /* state.c's mt_state_enable_grad_alt: every tile (step.c defers the table's moments too) */
+    plan->host_grad_alt = host_state_bytes(plan, 4);
 
     /* Working set: where the layers compute, one entry per buffer the step graph registers
      * (step.c), sized by the same functions for the kind of worker that computes. A CPU-only

@@ -159,12 +159,13 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
     if (sc->adamw_spare > 0 || (sc->adamw_spare < 0 && may_speculate && fits_host(mt_state_spare_bytes(st, first_spare)))) {
         if (mt_state_enable_spare(st, first_spare, err, errlen)) return NULL;
     }
-    /* Deferred moments halves (ranged speculation): a second gradient for tiles 1.. Auto: when
-     * it takes at most 80% of the host memory available now. */
+    /* Deferred moments halves (ranged speculation): a second gradient for every tile, the table's
+     * included (its moments half goes into its early path). Auto: when it takes at most 80% of
+     * the host memory available now. */
     const bool ranged = sc->clip > 0 && st->compute_dtype == MT_DTYPE_BF16 &&
                         (sc->clip_speculate == 2 || (sc->clip_speculate < 0 && gpu));
-    const bool defer = ranged && (sc->adamw_defer > 0 || (sc->adamw_defer < 0 && fits_host(mt_state_grad_alt_bytes(st, 1))));
-    if (defer && mt_state_enable_grad_alt(st, 1, err, errlen)) return NULL;
+    const bool defer = ranged && (sc->adamw_defer > 0 || (sc->adamw_defer < 0 && fits_host(mt_state_grad_alt_bytes(st, 0))));
+    if (defer && mt_state_enable_grad_alt(st, 0, err, errlen)) return NULL;
     mt_graph *g = calloc(1, sizeof *g);
     g->st = st;
     g->defer = defer;
@@ -844,7 +845,7 @@ static void submit_pending_tile(mt_graph *g, mt_tile *t)
 bool mt_graph_defers(const mt_graph *g) { return g->defer; }
 void mt_graph_log_defer(const mt_graph *g, FILE *log, const char *prefix)
 {
-    const double gb = (double)mt_state_grad_alt_bytes(g->st, 1) / 1e9;
+    const double gb = (double)mt_state_grad_alt_bytes(g->st, 0) / 1e9;
     if (g->sc.adamw_defer > 0 && !g->defer)
         fprintf(log, "%s: --adamw-defer on has no effect here: it needs ranged clip speculation (bf16 weights, clipping, "
                      "and --clip-speculate ranged, or auto with a GPU)\n", prefix);
@@ -859,7 +860,7 @@ void mt_graph_log_defer(const mt_graph *g, FILE *log, const char *prefix)
 void mt_graph_flush(mt_graph *g)
 {
     if (!g->pend.active) return;
-    for (int i = 1; i < g->st->ntiles; i++) submit_pending_tile(g, &g->st->tiles[i]);
+    for (int i = 0; i < g->st->ntiles; i++) submit_pending_tile(g, &g->st->tiles[i]);
     g->pend.active = false;
 }
 
@@ -869,7 +870,7 @@ static void begin_step(mt_graph *g)
 {
     if (!g->pend.active || g->pend.swapped) return;
     if (g->defer && speculate_update(g).mode == SPEC_RANGED) {
-        for (int i = 1; i < g->st->ntiles; i++) mt_tile_swap_grad(&g->st->tiles[i]);
+        for (int i = 0; i < g->st->ntiles; i++) mt_tile_swap_grad(&g->st->tiles[i]);
         g->pend.swapped = true;
     } else {
         mt_graph_flush(g);
@@ -900,6 +901,10 @@ static void submit_embedding_early(mt_graph *g, int slot_id, int64_t step, doubl
     mt_tile *t = mt_state_embed(st);
     slot *sl = &g->slots[slot_id];
     const int M = g->sc.accum, clipped = g->sc.clip > 0;
+    /* Moments pending from the last update (deferred): the table's go into its early ranged
+     * runs, as submit_update's do for the other tiles; or, not ranged, they all run first. */
+    const bool take_over = g->pend.active && g->pend.swapped && sp.mode == SPEC_RANGED;
+    if (g->pend.active && !take_over) mt_graph_flush(g);
     mt_policy_tile_submitting(0, true);
     starpu_data_partition_submit(t->h_weights, t->nchunks, t->h_weights_chunk);
     starpu_data_partition_submit(t->h_grad, t->nchunks, t->h_grad_chunk);
@@ -919,12 +924,17 @@ static void submit_embedding_early(mt_graph *g, int slot_id, int64_t step, doubl
         /* ranged: its range from the head tile's known buffer, in by then (before the step's
          * norm is submitted) */
         if (a.ranged) a.ra = ranged_args_of(g, st->ntiles - 1, sp, g->norm_seq + 1);
-        struct starpu_data_descr ud[8] = {
-            { t->h_master_chunk[c], STARPU_R }, { t->h_m_chunk[c], STARPU_R }, { t->h_v_chunk[c], STARPU_R },
+        a.deferred = take_over;
+        if (take_over) a.po = adamw_params_of(g, &t->chunks[c], g->pend.step, g->pend.lr);
+        const enum starpu_data_access_mode state = take_over ? STARPU_RW : STARPU_R;
+        struct starpu_data_descr ud[10] = {
+            { t->h_master_chunk[c], state }, { t->h_m_chunk[c], state }, { t->h_v_chunk[c], state },
             { t->h_grad_chunk[c], STARPU_R }, { t->h_weights_chunk[c], STARPU_W }, { g->embed_rows[c], STARPU_W },
             { a.ranged ? g->flags[0][c] : NULL, STARPU_W }, { a.ranged ? g->known[st->ntiles - 1] : NULL, STARPU_R },
+            { take_over ? t->h_grad_alt_chunk[c] : NULL, STARPU_R }, { g->pend.clip, STARPU_R },
         };
-        check_insert(starpu_task_insert(&mt_cl_embedding_update_early, STARPU_DATA_MODE_ARRAY, ud, a.ranged ? 8 : 6,
+        check_insert(starpu_task_insert(&mt_cl_embedding_update_early, STARPU_DATA_MODE_ARRAY, ud,
+                                        take_over ? 10 : a.ranged ? 8 : 6,
                                         STARPU_VALUE, &a, sizeof a, STARPU_EXECUTE_WHERE, STARPU_CPU,
                                         STARPU_PRIORITY, STARPU_MAX_PRIO, 0),
                      "embedding_update_early");
@@ -950,6 +960,7 @@ static void submit_embedding_early(mt_graph *g, int slot_id, int64_t step, doubl
                      "embedding_backward_chunk");
     }
     free(d);
+    if (take_over) starpu_data_unpartition_submit(t->h_grad_alt, t->nchunks, t->h_grad_alt_chunk, STARPU_MAIN_RAM);
     if (clipped) {
         struct starpu_data_descr *pd = calloc(t->nchunks + 1, sizeof *pd);
         for (int c = 0; c < t->nchunks; c++) pd[c] = (struct starpu_data_descr){ g->embed_partial[c], STARPU_R };
@@ -1015,13 +1026,13 @@ static void submit_update(mt_graph *g, int64_t step, double lr, speculation sp, 
                 insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_UNCLIPPED, prio, &p, step, false, NULL);
                 insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_CONFIRM, prio, &p, step, true, NULL);
             } else if (sp.mode == SPEC_RANGED) {
-                if (take_over && i > 0) insert_ranged_deferred(g, t, c, t->h_grad_alt_chunk[c], prio, &p, sp);
+                if (take_over) insert_ranged_deferred(g, t, c, t->h_grad_alt_chunk[c], prio, &p, sp);
                 else insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_RANGED, prio, &p, step, false, &sp);
                 insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_CONFIRM_RANGED, prio, &p, step, true, NULL);
             } else {
                 insert_adamw(g, t, c, split ? &mt_cl_adamw_params : &mt_cl_adamw, clipped, prio, &p, step, true, NULL);
             }
-            if (split && !(defer && i > 0)) insert_moments(g, t, c, t->h_grad_chunk[c], clipped ? g->clip : NULL, &p);
+            if (split && !defer) insert_moments(g, t, c, t->h_grad_chunk[c], clipped ? g->clip : NULL, &p);
         }
         /* Gather back in host memory, where the next forward's transfer starts; then tell the
          * policy, which may be waiting to prefetch this tile. */
@@ -1033,8 +1044,10 @@ static void submit_update(mt_graph *g, int64_t step, double lr, speculation sp, 
                                                                  STARPU_MAIN_RAM, 1, tile_updated, note);
         /* deferred: the gradient stays partitioned for the next step's ranged runs, the last
          * one's is given back once those were submitted */
-        if (!(defer && i > 0)) starpu_data_unpartition_submit(t->h_grad, t->nchunks, t->h_grad_chunk, STARPU_MAIN_RAM);
-        if (take_over && i > 0) starpu_data_unpartition_submit(t->h_grad_alt, t->nchunks, t->h_grad_alt_chunk, STARPU_MAIN_RAM);
+        if (!defer) starpu_data_unpartition_submit(t->h_grad, t->nchunks, t->h_grad_chunk, STARPU_MAIN_RAM);
+        /* the table's early path took its pending moments over, and gave the last gradient back */
+        if (take_over && !started)
+            starpu_data_unpartition_submit(t->h_grad_alt, t->nchunks, t->h_grad_alt_chunk, STARPU_MAIN_RAM);
         if (pingpong) mt_tile_swap_state(t); /* what comes next reads the new state */
         mt_policy_tile_submitting(i, false);
         g->updates_submitted[i]++;

@@ -838,7 +838,7 @@ START_TEST(test_ranged_deferred_fused)
         const int64_t nref = mt_codelet_ranged_pass(0, N, pr, g, mr, vr, wr, MT_DTYPE_BF16, &a, fref);
         memcpy(p, p0, fb); memcpy(m, m0, fb); memcpy(v, v0, fb);
         mt_codelet_ranged_reset(flags, N);
-        mt_codelet_ranged_pass_deferred(N, p, old, g, m, v, w, MT_DTYPE_BF16, &po, &a, flags);
+        mt_codelet_ranged_pass_deferred(0, N, p, old, g, m, v, w, MT_DTYPE_BF16, &po, &a, flags);
         ck_assert_msg(!memcmp(p, pr, fb) && !memcmp(m, mr, fb) && !memcmp(v, vr, fb),
                       "bounds %s: the deferred pass's master, m or v differ from the moments half's",
                       mt_codelet_ranged_bounds_option((mt_ranged_bounds)bounds));
@@ -850,6 +850,35 @@ START_TEST(test_ranged_deferred_fused)
             if (!((bits[i / 64] >> (i % 64)) & 1) && w[i] != wr[i]) bad = i;
         ck_assert_msg(bad < 0, "bounds %s: weight %d differs", mt_codelet_ranged_bounds_option((mt_ranged_bounds)bounds), bad);
         ck_assert(nref > 0 && nref < N);
+        /* In pieces, as the table's early path runs it row by row: rows of 2048 (the vector
+         * loops, the same flags) and of 997 (pieces off the 8-element grid take the exact
+         * bounds, which flag fewer); the same master, m and v, and what it returns is what it
+         * flagged. */
+        const int pieces[2] = { 2048, 997 };
+        for (int k = 0; k < 2; k++) {
+            memcpy(p, p0, fb); memcpy(m, m0, fb); memcpy(v, v0, fb);
+            mt_codelet_ranged_reset(flags, N);
+            int64_t nret = 0;
+            for (int64_t o = 0; o < N; o += pieces[k])
+                nret += mt_codelet_ranged_pass_deferred(o, N - o < pieces[k] ? N - o : pieces[k], p, old, g, m, v, w,
+                                                        MT_DTYPE_BF16, &po, &a, flags);
+            ck_assert_msg(!memcmp(p, pr, fb) && !memcmp(m, mr, fb) && !memcmp(v, vr, fb),
+                          "bounds %s, pieces of %d: master, m or v differ", mt_codelet_ranged_bounds_option((mt_ranged_bounds)bounds),
+                          pieces[k]);
+            int64_t set = 0;
+            for (int64_t wi = 0; wi < (N + 63) / 64; wi++) set += __builtin_popcountll(bits[wi]);
+            ck_assert_int_eq(nret, set);
+            if (pieces[k] == 2048) ck_assert(!memcmp(bits, rbits, (N + 63) / 64 * sizeof(uint64_t)));
+            for (int i = 0; i < N && bad < 0; i++)
+                if (!((bits[i / 64] >> (i % 64)) & 1) && !((rbits[i / 64] >> (i % 64)) & 1) && w[i] != wr[i]) bad = i;
+            ck_assert_msg(bad < 0, "bounds %s, pieces of %d: weight %d differs",
+                          mt_codelet_ranged_bounds_option((mt_ranged_bounds)bounds), pieces[k], bad);
+        }
+        /* without flags: the moments half only, on [o, o + n) */
+        memcpy(p, p0, fb); memcpy(m, m0, fb); memcpy(v, v0, fb);
+        ck_assert_int_eq(mt_codelet_ranged_pass_deferred(0, 1000, p, old, g, m, v, w, MT_DTYPE_BF16, &po, &a, NULL), 0);
+        ck_assert_int_eq(mt_codelet_ranged_pass_deferred(1000, N - 1000, p, old, g, m, v, w, MT_DTYPE_BF16, &po, &a, NULL), 0);
+        ck_assert(!memcmp(p, pr, fb) && !memcmp(m, mr, fb) && !memcmp(v, vr, fb));
     }
     mt_codelet_ranged_set_bounds(MT_RANGED_BOUNDS_DEFAULT);
     free(p0); free(g); free(old); free(m0); free(v0); free(p); free(m); free(v); free(pr); free(mr); free(vr);

@@ -127,6 +127,8 @@ static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int n
     mt_graph_speculation_counts(g, &o.speculated, &o.held);
     o.spare = st->tiles[2].master_spare != NULL;
     o.deferred = st->tiles[1].grad_alt != NULL;
+    /* every tile's moments are deferred, the table's too (into its early path), or none */
+    for (int i = 0; i < st->ntiles; i++) ck_assert((st->tiles[i].grad_alt != NULL) == o.deferred);
     o.numel = calloc(st->ntiles, sizeof *o.numel);
     o.master = calloc(st->ntiles, sizeof *o.master);
     o.grad = calloc(st->ntiles, sizeof *o.grad);
@@ -421,8 +423,8 @@ START_TEST(test_clip_ranged_speculation_bitwise)
 END_TEST
 
 /* Deferred moments halves (adamw_defer 1, with ranged speculation): each update's
- * moments half of tiles 1.. runs in the next step's ranged run of the same chunk, on the
- * gradient kept in the second buffer. Bitwise the plain clipped update and the ranged one
+ * moments half of tiles 1.. runs in the next step's ranged run of the same chunk, the table's in
+ * its next early path, on the gradient kept in the second buffer. Bitwise the plain clipped update and the ranged one
  * without deferral:
  * - over 5 steps (an odd number of gradient swaps), tied and untied with 2 micro-batches;
  * - with the mode switched after 3 ranged steps, to plain clipping (the pending moments then run

@@ -60,7 +60,7 @@ static void *run(void *arg)
         void *flags = b->flags[j->t];
         if (b->mode >= 9) {
             mt_codelet_ranged_reset(flags, hi - lo);
-            mt_codelet_ranged_pass_deferred(hi - lo, b->p + lo, b->g0 + lo, b->g + lo, b->m + lo, b->v + lo, b->w + lo,
+            mt_codelet_ranged_pass_deferred(0, hi - lo, b->p + lo, b->g0 + lo, b->g + lo, b->m + lo, b->v + lo, b->w + lo,
                                             MT_DTYPE_BF16, &b->prm, &b->ranged, flags);
         } else if (b->mode != 8) {
             mt_codelet_ranged_reset(flags, hi - lo);

@@ -4,7 +4,7 @@
 # then, on the GPU machine (device tool, carrying build-gpu and .deps/gpu-runtime):
 #   tools/gpu_check.sh [quick|fp32|fp32bench|bench3b|clip3b|defer3b|final3b|pages3b|ab3b|check3b|data3b|cudnn3b|auto3b|spread3b|bounds3b|attention3b|ranged3b|sweep3b|ablation|memory|parity|spmcheck]
 #   (attention3b takes QBLOCK=64|128, bench3b CLIPS, RESIDENT and K, data3b DATA, spread3b RULE, bounds3b ROUNDS,
-#   defer3b and final3b ROUNDS, OLD, TEST, TORCH; final3b VARIANT; pages3b PAGES, TEST, ADAMW, OLD, RESIDENT)
+#   defer3b and final3b ROUNDS, OLD, TEST, TORCH; final3b VARIANT, VENV; pages3b PAGES, TEST, ADAMW, OLD, RESIDENT)
 # Logs go to $OUT (or ./out); the last lines are a short table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -149,16 +149,18 @@ final3b)
     # A stop's closing measurement on one machine: test_gpu_step (TEST=0 skips), adamw_bw, then
     # per round (ROUNDS, default 1) the 3B step at clip 1 on real text (DATA, default the
     # prepared Qwen3-token fortunes) with this build's defaults, with VARIANT's options added
-    # (e.g. VARIANT="--ranged-bounds avx512"; empty: none) and with OLD's defaults (a folder
+    # (e.g. VARIANT="--ranged-bounds avx512"; empty: none) and VENV's environment (e.g.
+    # VENV="MT_RANGED_SIDE_ROOM=8"; the variant runs if either is set), and with OLD's defaults (a folder
     # with an earlier build's tools/megatrain and libmegatrain.so; empty: none); then PyTorch
     # (TORCH=0 skips).
     DATA=${DATA:-.deps/fortunes-qwen3}
     read -r -a variant <<< "${VARIANT:-}"
+    read -r -a venv <<< "${VENV:-}"
     [ "${TEST:-1}" = 1 ] && run test_gpu_step "$B/tests/test_gpu_step"
     run adamw_bw "$B/tools/adamw_bw"
     for r in $(seq 1 "${ROUNDS:-1}"); do
         run "bench_3b_data_default_$r" "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA"
-        [ ${#variant[@]} -gt 0 ] && run "bench_3b_data_variant_$r" "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA" "${variant[@]}"
+        { [ ${#variant[@]} -gt 0 ] || [ ${#venv[@]} -gt 0 ]; } && run "bench_3b_data_variant_$r" env "${venv[@]}" "${bench3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA" "${variant[@]}"
         [ -n "${OLD:-}" ] && run "bench_3b_data_old_$r" "$OLD/tools/megatrain" bench "${shape3b[@]}" --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-6} --data "$DATA"
     done
     [ "${TORCH:-1}" = 1 ] && run torch_3b "${torch3b[@]}"

@@ -373,7 +373,7 @@ static int parse_step_option(int c, const char *arg, mt_step_config *s)
     "  --clip-range-check M on|off (default on): ranged: do not speculate a layer whose range,\n"  \
     "                       predicted at the last norm, missed it (the norm moves in ways the\n"  \
     "                       prediction does not follow; a miss costs a whole redo)\n"           \
-    "  --adamw-defer M      auto|on|off (default auto): ranged: run each layer's second half of\n"\
+    "  --adamw-defer M      auto|on|off (default auto): ranged: run each tile's second half of\n"\
     "                       AdamW (master, m and v) in the next step's ranged pass over the same\n"\
     "                       chunk, reading them once instead of twice (4 bytes per parameter\n"   \
     "                       more pinned host memory for a second gradient); bitwise the same\n"   \
