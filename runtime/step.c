@@ -33,7 +33,8 @@ typedef struct slot {
     bool updated, speculated;                /* an update of this slot's step was submitted; speculatively */
 } slot;
 
-/* An update whose moments halves of tiles 1.. wait for the next step's ranged runs
+/* An update whose moments halves wait for the next step's ranged runs (the table's for its early
+ * path's)
  * (adamw_defer): its step and learning rate, its clip buffer (the slot's copy), and where its
  * gradient is now: each tile's current gradient, or after begin_step swapped them, the second
  * one. That gradient stays partitioned into chunks until those moments are submitted. */
@@ -993,7 +994,8 @@ static void submit_update(mt_graph *g, int64_t step, double lr, speculation sp, 
      * update is not ranged (the mode changed between compute and update), run first. */
     const bool take_over = g->pend.active && g->pend.swapped && sp.mode == SPEC_RANGED;
     if (g->pend.active && !take_over) mt_graph_flush(g);
-    /* This update's own moments halves of tiles 1.. wait for the next step's ranged runs. */
+    /* This update's own moments halves wait for the next step's ranged runs (the table's for its
+     * next early path). */
     const bool defer = g->defer && sp.mode == SPEC_RANGED;
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];

@@ -64,12 +64,12 @@ typedef struct mt_step_config {
                             * graph is created; 0 never (the default: on an H200 at 3B it saved
                             * no measurable CPU time, docs/benchmarks.md); 1 always
                             * (mt_graph_create fails when the memory cannot be had). */
-    int adamw_defer;       /* Ranged speculation (clip_speculate 2): each layer's (and the head's)
-                            * moments half is not run after the norm but in the next step, fused
-                            * with that step's ranged run on the same chunk, which reads master,
-                            * m and v anyway: 34 bytes per parameter a step instead of 46. The
-                            * gradient is then double-buffered (a second one, 4 bytes per
-                            * parameter of those tiles, pinned host memory). Bitwise the same
+    int adamw_defer;       /* Ranged speculation (clip_speculate 2): each tile's moments half is
+                            * not run after the norm but in the next step, fused with that
+                            * step's ranged run on the same chunk (the table's: its early path's),
+                            * which reads master, m and v anyway: 34 bytes per parameter a step
+                            * instead of 46. The gradient is then double-buffered (a second one,
+                            * 4 bytes per parameter, pinned host memory). Bitwise the same
                             * results; the last update's moments are run by mt_graph_flush.
                             * 1: with ranged speculation; -1 (the default): with ranged
                             * speculation, when the second gradient takes at most 80% of the
