@@ -878,6 +878,16 @@ static void begin_step(mt_graph *g)
     }
 }
 
+/* Whether this update's ranged runs take over the moments pending from the last one (deferred,
+ * the gradients swapped by begin_step); if not, those run now, before anything reads the state.
+ * Asked by the table's early path first, then by submit_update, with the same answer. */
+static bool take_over_pending(mt_graph *g, speculation sp)
+{
+    const bool take = g->pend.active && g->pend.swapped && sp.mode == SPEC_RANGED;
+    if (g->pend.active && !take) mt_graph_flush(g);
+    return take;
+}
+
 /* Whether this step's update of the table starts before its embedding backward
  * (submit_embedding_early): when the weights half of that update runs as soon as a gradient is
  * in, i.e. split, and without clipping or speculatively. */
@@ -903,9 +913,8 @@ static void submit_embedding_early(mt_graph *g, int slot_id, int64_t step, doubl
     slot *sl = &g->slots[slot_id];
     const int M = g->sc.accum, clipped = g->sc.clip > 0;
     /* Moments pending from the last update (deferred): the table's go into its early ranged
-     * runs, as submit_update's do for the other tiles; or, not ranged, they all run first. */
-    const bool take_over = g->pend.active && g->pend.swapped && sp.mode == SPEC_RANGED;
-    if (g->pend.active && !take_over) mt_graph_flush(g);
+     * runs, as submit_update's do for the other tiles. */
+    const bool take_over = take_over_pending(g, sp);
     mt_policy_tile_submitting(0, true);
     starpu_data_partition_submit(t->h_weights, t->nchunks, t->h_weights_chunk);
     starpu_data_partition_submit(t->h_grad, t->nchunks, t->h_grad_chunk);
@@ -992,8 +1001,7 @@ static void submit_update(mt_graph *g, int64_t step, double lr, speculation sp, 
     }
     /* Moments pending from the last update: taken over by this one's ranged runs; or, when this
      * update is not ranged (the mode changed between compute and update), run first. */
-    const bool take_over = g->pend.active && g->pend.swapped && sp.mode == SPEC_RANGED;
-    if (g->pend.active && !take_over) mt_graph_flush(g);
+    const bool take_over = take_over_pending(g, sp);
     /* This update's own moments halves wait for the next step's ranged runs (the table's for its
      * next early path). */
     const bool defer = g->defer && sp.mode == SPEC_RANGED;
