@@ -2,7 +2,7 @@
  * the streamed copy rewritten for the next forward. With clipping, the global-norm task's
  * scale multiplies the gradient first. Also split in two (adamw_params, then adamw_moments) for
  * the graph to put only the first on the critical path (step.c). */
-#include "codelets.h"
+#include "codelets/codelets.h"
 
 #include <float.h>
 #include <math.h>
@@ -18,7 +18,7 @@
 /* The streamed copy of master[o, o+len), in the compute precision. */
 static void write_streamed(int64_t len, const float *master, void *w, mt_dtype dtype)
 {
-    if (dtype == MT_DTYPE_BF16) mt_cpu_f32_to_bf16(len, master, (mt_bf16 *)w);
+    if (dtype == MT_DTYPE_BF16) mt_f32_to_bf16(len, master, (mt_bf16 *)w);
     else memcpy(w, master, (size_t)len * sizeof(float));
 }
 
@@ -228,7 +228,7 @@ static void ranged_tail_bf16(int64_t n, const float *master, const float *grad, 
     float out[16];
     int32_t may[16];
     ranged_fused(n, master, grad, m, v, k, out, may);
-    mt_cpu_f32_to_bf16(n, out, w);
+    mt_f32_to_bf16(n, out, w);
     for (int64_t j = 0; j < n; j += 8) flagb[j / 8] = 0;
     for (int64_t j = 0; j < n; j++) flagb[j / 8] |= (uint8_t)((may[j] & 1) << (j % 8));
 }
@@ -945,7 +945,7 @@ static void redo_gathered(int k, const int64_t *idx, const float *gp, const floa
     float out[GATHER];
     mt_bf16 ob[GATHER];
     mt_cpu_adamw_params_f32(k, gp, gg, gm, gv, out, p);
-    mt_cpu_f32_to_bf16(k, out, ob);
+    mt_f32_to_bf16(k, out, ob);
     for (int j = 0; j < k; j++) w[idx[j]] = ob[j];
 }
 

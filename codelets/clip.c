@@ -1,7 +1,7 @@
 /* Global gradient-norm clipping: the last backward task of each tile leaves the sum of squares
  * of its gradient; this task turns them into the norm and the scale every AdamW task of the
  * step reads, and keeps the partials for the next step's ranged speculation (adamw.c). */
-#include "codelets.h"
+#include "codelets/codelets.h"
 
 #include <math.h>
 

@@ -7,14 +7,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "mt_starpu.h"
+#include "codelets/mt_starpu.h"
 
-#include "cpu/ops.h"
-#include "state.h"
+#include "backends/cpu/ops.h"
+#include "runtime/state.h"
 
 #include "mt_build_config.h"
 #if MT_HAVE_CUDA
-#include "cuda/kernels.h"
+#include "backends/cuda/kernels.h"
 
 /* The CUDA backend's precision for a dtype of the streamed weights: bf16 weights compute on the
  * tensor cores, fp32 weights compute in fp32 throughout. */

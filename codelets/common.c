@@ -1,19 +1,19 @@
 /* Helpers shared by the CPU implementations of the codelets: bf16 weight views and scratch
  * sizes. */
-#include "codelets.h"
+#include "codelets/codelets.h"
 
-#include "layout.h"
+#include "models/layout.h"
 
 #include "mt_build_config.h"
 #if MT_HAVE_CUDA
-#include "cuda/kernels.h"
+#include "backends/cuda/kernels.h"
 #endif
 
 const float *mt_codelet_weights_f32(const mt_host_state *st, void *buffer, float *tmp)
 {
     void *w = (void *)STARPU_VECTOR_GET_PTR(buffer);
     if (st->compute_dtype == MT_DTYPE_F32) return w;
-    mt_cpu_bf16_to_f32((int64_t)STARPU_VECTOR_GET_NX(buffer), w, tmp);
+    mt_bf16_to_f32((int64_t)STARPU_VECTOR_GET_NX(buffer), w, tmp);
     return tmp;
 }
 

@@ -1,13 +1,13 @@
 /* Token embedding as StarPU tasks: forward gathers rows of the table, backward scatters the
  * gradient into the table's gradient (and, last in the step, its sum of squares). */
-#include "codelets.h"
+#include "codelets/codelets.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "mt_build_config.h"
 #if MT_HAVE_CUDA
-#include "cuda/kernels.h"
+#include "backends/cuda/kernels.h"
 #endif
 
 static void embedding_forward_cpu(void *buffers[], void *cl_arg)
@@ -23,7 +23,7 @@ static void embedding_forward_cpu(void *buffers[], void *cl_arg)
     }
     /* bf16 table: convert only the rows used. */
     const mt_bf16 *table = (const mt_bf16 *)STARPU_VECTOR_GET_PTR(buffers[0]);
-    for (int64_t r = 0; r < ntok; r++) mt_cpu_bf16_to_f32(d, table + (int64_t)tokens[r] * d, h0 + r * d);
+    for (int64_t r = 0; r < ntok; r++) mt_bf16_to_f32(d, table + (int64_t)tokens[r] * d, h0 + r * d);
 }
 
 static void embedding_backward_cpu(void *buffers[], void *cl_arg)

@@ -1,10 +1,10 @@
 /* fill: sets an fp32 vector to a value. The smallest codelet with CPU and CUDA implementations;
  * `megatrain info` uses it to prove both kinds of worker run. */
-#include "codelets.h"
+#include "codelets/codelets.h"
 
 #include "mt_build_config.h"
 #if MT_HAVE_CUDA
-#include "cuda/kernels.h"
+#include "backends/cuda/kernels.h"
 #endif
 
 static void fill_cpu(void *buffers[], void *cl_arg)

@@ -1,12 +1,12 @@
 /* The loss anchor as StarPU tasks: final norm + LM head + cross-entropy, chunked over tokens,
  * with its backward (training) or alone (validation). */
-#include "codelets.h"
+#include "codelets/codelets.h"
 
 #include <string.h>
 
 #include "mt_build_config.h"
 #if MT_HAVE_CUDA
-#include "cuda/kernels.h"
+#include "backends/cuda/kernels.h"
 #endif
 
 static void head_cpu(void *buffers[], void *cl_arg)

@@ -1,12 +1,12 @@
 /* One decoder layer as StarPU tasks: forward (optionally keeping what backward needs) and
  * backward (dx, and the layer's weight gradient written or accumulated). */
-#include "codelets.h"
+#include "codelets/codelets.h"
 
 #include <string.h>
 
 #include "mt_build_config.h"
 #if MT_HAVE_CUDA
-#include "cuda/kernels.h"
+#include "backends/cuda/kernels.h"
 #endif
 
 static void layer_forward_cpu(void *buffers[], void *cl_arg)

@@ -1,6 +1,6 @@
 /* Chat templates written out as code, one function per family, so that a reader sees the exact
  * bytes and the trained spans without a template engine. docs/data.md is their specification. */
-#include "chat_template.h"
+#include "models/chat_template.h"
 
 #include <ctype.h>
 #include <stdio.h>

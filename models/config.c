@@ -1,7 +1,7 @@
 /* Reads, checks and writes HF config.json files of the Llama/Qwen2/Qwen3/Mistral families, and
  * knows the published shapes the benchmarks use. Every user error names the file and the key,
  * because a config is usually hand-edited or downloaded and the user must find what to fix. */
-#include "config.h"
+#include "models/config.h"
 
 #include <errno.h>
 #include <math.h>
@@ -12,9 +12,9 @@
 
 #include <jansson.h>
 
-#include "report.h"
+#include "models/report.h"
 
-#include "layout.h"
+#include "models/layout.h"
 
 /* Any single size above this is a typo or an attack, not a model; it also keeps every product the
  * layout and the memory plan form (sizes times 18-20 bytes) far from int64 overflow. */

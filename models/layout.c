@@ -1,7 +1,7 @@
 /* The tensor layout inside each kind of tile: names, HF shapes and aligned element offsets.
  * One layout serves every copy of a tile (bf16 weights, fp32 master, gradient, Adam m and v), so
  * a tensor sits at the same element offset in all of them. */
-#include "layout.h"
+#include "models/layout.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -5,7 +5,7 @@
 #ifndef MT_MODELS_LAYOUT_H
 #define MT_MODELS_LAYOUT_H
 
-#include "config.h"
+#include "models/config.h"
 
 #define MT_TILE_ALIGN 64 /* elements; 128 B in bf16, 256 B in fp32 */
 

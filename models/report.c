@@ -1,5 +1,5 @@
 /* Helpers for error messages. */
-#include "report.h"
+#include "models/report.h"
 
 #include <stdarg.h>
 #include <stdio.h>

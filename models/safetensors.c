@@ -1,7 +1,7 @@
 /* safetensors reading and writing. The reader trusts nothing in a file: every length, offset and
  * shape is checked before use, so a malformed file gives a message naming the file and the tensor,
  * never a crash. Data moves through a few MiB of scratch, never a whole tensor's second copy. */
-#include "safetensors.h"
+#include "models/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -13,8 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cpu/ops.h" /* the project's one fp32 -> bf16 rounding */
-#include "report.h"
+#include "models/dtype.h"
+#include "models/report.h"
 
 #define CHUNK_BYTES ((size_t)4 << 20)
 
@@ -310,7 +310,7 @@ int mt_st_read_f32(mt_st_file *f, const mt_st_tensor *t, float *dst, char *err, 
         int64_t n = t->numel - done < per_chunk ? t->numel - done : per_chunk;
         if (pread_all(f->fd, f->scratch, (size_t)n * 2, off + (uint64_t)done * 2, f->path, what, err, errlen)) return -1;
         float *out = dst + done;
-        if (t->dtype == MT_ST_BF16) mt_cpu_bf16_to_f32(n, half, out);
+        if (t->dtype == MT_ST_BF16) mt_bf16_to_f32(n, half, out);
         else for (int64_t i = 0; i < n; i++) out[i] = f16_to_f32(half[i]);
     }
     return 0;
@@ -389,7 +389,7 @@ int mt_st_write(const char *path, const mt_st_source *ts, int n, mt_st_dtype dty
         int64_t per_chunk = (int64_t)(CHUNK_BYTES / sizeof *scratch);
         for (int64_t done = 0; done < numel && rc == 0; done += per_chunk) {
             int64_t m = numel - done < per_chunk ? numel - done : per_chunk;
-            mt_cpu_f32_to_bf16(m, ts[i].data + done, scratch);
+            mt_f32_to_bf16(m, ts[i].data + done, scratch);
             rc = write_all(fd, scratch, (size_t)m * sizeof *scratch, tmp, err, errlen);
         }
     }

@@ -4,7 +4,7 @@
  * byte fallback, no regex). Tokens are kept as raw bytes, not the file's stand-ins (GPT-2's
  * printable characters, "\u2581" for a space, "<0x0A>" for a fallback byte), so merging works on
  * byte strings and decoding is a concatenation. */
-#include "tokenizer.h"
+#include "models/tokenizer.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -16,7 +16,7 @@
 #include <pcre2.h>
 #include <utf8proc.h>
 
-#include "report.h"
+#include "models/report.h"
 
 /* GPT-2's pre-tokeniser regex, which a ByteLevel pre_tokenizer with use_regex true applies. */
 static const char GPT2_PATTERN[] =

@@ -1,7 +1,7 @@
 /* The benchmark: builds the host state of a published shape with random weights and times the
  * real step graph. Step time is the period between the last AdamW task of consecutive steps,
  * which is what a long run sustains (steps overlap: the next forward runs during AdamW). */
-#include "bench.h"
+#include "runtime/bench.h"
 
 #include <errno.h>
 #include <math.h>
@@ -10,15 +10,15 @@
 #include <string.h>
 #include <time.h>
 
-#include "codelets.h"
-#include "config.h"
-#include "dataset.h"
+#include "codelets/codelets.h"
+#include "models/config.h"
+#include "runtime/dataset.h"
 #include "mt_build_config.h"
-#include "plan.h"
-#include "policy.h"
-#include "state.h"
+#include "runtime/plan.h"
+#include "runtime/policy.h"
+#include "runtime/state.h"
 #if MT_HAVE_CUDA
-#include "cuda/kernels.h"
+#include "backends/cuda/kernels.h"
 #endif
 
 mt_bench_options mt_bench_defaults(void)

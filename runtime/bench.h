@@ -9,9 +9,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "policy.h"
-#include "runtime.h"
-#include "step.h"
+#include "runtime/policy.h"
+#include "runtime/runtime.h"
+#include "runtime/step.h"
 
 #define MT_BENCH_MAX_SWEEP 8
 #define MT_GPU_MAX_NAMES 12      /* task names told apart; more fold into the last, "other" */

@@ -3,7 +3,7 @@
  *   step, rng_state, seed (3 x u64) | per tile: i64 numel, then master, m, v (numel fp32 each) |
  *   u64 FNV-1a of everything before it.
  * The shape is compared on load so a checkpoint of another model is refused up front. */
-#include "checkpoint.h"
+#include "runtime/checkpoint.h"
 
 #include <errno.h>
 #include <fcntl.h>

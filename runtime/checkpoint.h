@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "state.h"
+#include "runtime/state.h"
 
 typedef struct mt_checkpoint_meta {
     int64_t step;          /* optimizer steps done */

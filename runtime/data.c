@@ -1,5 +1,5 @@
 /* Corpus loading and batch sampling for byte-level training. */
-#include "data.h"
+#include "runtime/data.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -1,7 +1,7 @@
 /* `megatrain prepare` and the prepared-data reader: documents are rendered (chat template or
  * plain text), tokenised with a per-token loss mask, shuffled by document, split, packed into
  * fixed windows and written as checksummed shards next to a meta.json. */
-#include "dataset.h"
+#include "runtime/dataset.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -14,8 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "data.h"
-#include "tokenizer.h"
+#include "runtime/data.h"
+#include "models/tokenizer.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "shards are read and written as little-endian memory images"

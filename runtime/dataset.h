@@ -9,8 +9,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "chat_template.h"
-#include "data.h"
+#include "models/chat_template.h"
+#include "runtime/data.h"
 
 typedef enum mt_input_format { MT_INPUT_TEXT, MT_INPUT_ALPACA, MT_INPUT_SHAREGPT } mt_input_format;
 typedef enum mt_text_unit { MT_TEXT_PARAGRAPH, MT_TEXT_FILE } mt_text_unit;

@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu/ops.h"
-#include "data.h"
-#include "train.h"
+#include "backends/cpu/ops.h"
+#include "runtime/data.h"
+#include "runtime/train.h"
 
 float *mt_host_hidden(const mt_host_state *st, int64_t B, int64_t T, const int32_t *tokens, float *x, float *y,
                      float *scratch)

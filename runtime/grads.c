@@ -2,7 +2,7 @@
  * Targets are the tokens shifted by one, as transformers' causal-LM loss computes them from
  * input_ids = the B x (T + 1) tokens and labels = input_ids. The logits come from the fp32 CPU
  * ops on the host masters, so they are the reference forward whichever workers ran the step. */
-#include "grads.h"
+#include "runtime/grads.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -10,13 +10,13 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "config.h"
-#include "cpu/ops.h"
-#include "hf.h"
-#include "safetensors.h"
-#include "state.h"
-#include "step.h"
-#include "train.h"
+#include "models/config.h"
+#include "backends/cpu/ops.h"
+#include "runtime/hf.h"
+#include "models/safetensors.h"
+#include "runtime/state.h"
+#include "runtime/step.h"
+#include "runtime/train.h"
 
 /* Reads exactly B * (T + 1) int32 ids; checks them against the vocabulary. */
 static int32_t *read_tokens(const mt_grads_options *o, int64_t vocab, char *err, size_t errlen)

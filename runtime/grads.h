@@ -7,8 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dtype.h"
-#include "runtime.h"
+#include "models/dtype.h"
+#include "runtime/runtime.h"
 
 typedef struct mt_grads_options {
     const char *model_dir;      /* HF directory (config.json + safetensors) */

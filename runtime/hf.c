@@ -1,7 +1,7 @@
 /* HF directories in and out. The layout names every tensor a tile holds; loading matches those
  * names against the checkpoint's files (each tensor read straight into its tile's master), saving
  * walks them in HF order into one file or greedy shards. */
-#include "hf.h"
+#include "runtime/hf.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -14,8 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "report.h"
-#include "safetensors.h"
+#include "models/report.h"
+#include "models/safetensors.h"
 
 #define SINGLE_NAME "model.safetensors"
 #define INDEX_NAME "model.safetensors.index.json"

@@ -7,8 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dtype.h"
-#include "state.h"
+#include "models/dtype.h"
+#include "runtime/state.h"
 
 /* HF's default shard limit (save_pretrained's max_shard_size "5GB"). */
 #define MT_HF_DEFAULT_SHARD_BYTES ((uint64_t)5000000000)

@@ -2,15 +2,15 @@
  * shape, before anything is allocated. The host side mirrors how state.c allocates tiles (one
  * 4 KiB-rounded allocation per kind per tile); the GPU side mirrors what the scheduling policy lets
  * be resident at once (double-buffered weights and gradients, one block of activations). */
-#include "plan.h"
+#include "runtime/plan.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "codelets.h"
-#include "layout.h"
+#include "codelets/codelets.h"
+#include "models/layout.h"
 
 static int plan_fail(mt_plan *plan, const char *fmt, ...)
 {

@@ -9,8 +9,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "config.h"
-#include "dtype.h"
+#include "models/config.h"
+#include "models/dtype.h"
 
 /* Host tiles are allocated one per kind per tile (embedding, each layer, head), each rounded up
  * to this many bytes (page size: what pinning and StarPU registration work in). */

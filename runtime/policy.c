@@ -7,7 +7,7 @@
  * The pre-execution hook of a GPU task reads its hint (which tile comes next) and prefetches
  * that tile's weights to this GPU, so the transfer overlaps the current task. An opt-in trace
  * records when each CUDA task was popped, started and ended (what `bench` turns into GPU idle). */
-#include "policy.h"
+#include "runtime/policy.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -15,7 +15,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "state.h"
+#include "runtime/state.h"
 
 #define MAX_PENDING 64
 

@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "mt_starpu.h"
+#include "codelets/mt_starpu.h"
 
 struct mt_host_state;
 

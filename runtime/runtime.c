@@ -1,16 +1,16 @@
 /* Starting and stopping StarPU for megatrain. Policy and worker counts are always explicit:
  * StarPU's default policy (lws) was seen stalling on many small CPU tasks (design.md). */
-#include "runtime.h"
+#include "runtime/runtime.h"
 
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "mt_starpu.h"
+#include "codelets/mt_starpu.h"
 
 #include "mt_build_config.h"
-#include "policy.h"
+#include "runtime/policy.h"
 
 static const char *const known_policies[] = {
     "megatrain", "eager", "dmda", "dm", "dmdas", "prio", "random", "ws", "lws", "heft", "peager", NULL,

@@ -1,7 +1,7 @@
 /* Host state tiles: allocation (2 MiB-aligned, one block per kind per tile, pinned with a GPU), StarPU
  * registration (whole-tile handles for compute, planned chunk partitions for AdamW),
  * initialisation. */
-#include "state.h"
+#include "runtime/state.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu/ops.h"
+#include "backends/cpu/ops.h"
 
 #define TILE_ALIGN_BYTES 4096
 
@@ -477,7 +477,7 @@ static void init_tile(mt_host_state *st, int i, void *arg)
                 for (int64_t e = 0; e < d->numel; e++) p[e] = 1.0f;
             /* biases stay 0 */
         }
-        if (st->compute_dtype == MT_DTYPE_BF16) mt_cpu_f32_to_bf16(t->numel, t->master, (mt_bf16 *)t->weights);
+        if (st->compute_dtype == MT_DTYPE_BF16) mt_f32_to_bf16(t->numel, t->master, (mt_bf16 *)t->weights);
         else memcpy(t->weights, t->master, (size_t)t->numel * sizeof(float));
     }
 }
@@ -493,7 +493,7 @@ void mt_state_sync_weights(mt_host_state *st)
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
         if (st->compute_dtype == MT_DTYPE_BF16)
-            mt_cpu_f32_to_bf16(t->numel, t->master, (mt_bf16 *)t->weights);
+            mt_f32_to_bf16(t->numel, t->master, (mt_bf16 *)t->weights);
         else
             memcpy(t->weights, t->master, (size_t)t->numel * sizeof(float));
     }

@@ -7,11 +7,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "mt_starpu.h"
+#include "codelets/mt_starpu.h"
 
-#include "config.h"
-#include "dtype.h"
-#include "layout.h"
+#include "models/config.h"
+#include "models/dtype.h"
+#include "models/layout.h"
 
 
 /* One AdamW unit of work: a contiguous range inside one tensor of a tile (plus the padding

@@ -10,16 +10,16 @@
  *   slot data   tokens, targets and loss of each micro-batch, two slots so step s+1 can be
  *               filled while step s still runs
  * Activations have no home (-1): StarPU allocates them where the task runs. */
-#include "step.h"
+#include "runtime/step.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "codelets.h"
-#include "plan.h"
-#include "policy.h"
+#include "codelets/codelets.h"
+#include "runtime/plan.h"
+#include "runtime/policy.h"
 
 #define NSLOTS 2
 #define READY_RING 4

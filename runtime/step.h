@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "state.h"
+#include "runtime/state.h"
 
 typedef struct mt_step_config {
     int64_t B, T;          /* micro-batch: B sequences of T tokens */

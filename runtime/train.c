@@ -1,6 +1,6 @@
 /* The training loop. Step s+1 is submitted before step s's loss is read, so the task graph
  * always holds one step ahead and the CPU optimizer of step s overlaps the forward of s+1. */
-#include "train.h"
+#include "runtime/train.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -8,14 +8,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "codelets.h"
-#include "config.h"
-#include "data.h"
-#include "dataset.h"
+#include "codelets/codelets.h"
+#include "models/config.h"
+#include "runtime/data.h"
+#include "runtime/dataset.h"
 #include "mt_build_config.h"
-#include "checkpoint.h"
-#include "hf.h"
-#include "plan.h"
+#include "runtime/checkpoint.h"
+#include "runtime/hf.h"
+#include "runtime/plan.h"
 
 /* The built-in model's config: in the source tree this binary was built from, else beside the
  * executable's build tree (a copied checkout), else where `meson install` puts it. */

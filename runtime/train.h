@@ -7,9 +7,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "runtime.h"
-#include "state.h"
-#include "step.h"
+#include "runtime/runtime.h"
+#include "runtime/state.h"
+#include "runtime/step.h"
 
 typedef enum mt_lr_schedule { MT_LR_COSINE, MT_LR_CONSTANT } mt_lr_schedule;
 

@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench.h"
-#include "policy.h"
-#include "runtime.h"
-#include "testutil.h"
+#include "runtime/bench.h"
+#include "runtime/policy.h"
+#include "runtime/runtime.h"
+#include "tests/testutil.h"
 
 #define TOL 1e-12
 

@@ -7,11 +7,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "checkpoint.h"
-#include "config.h"
-#include "runtime.h"
-#include "train.h"
-#include "testutil.h"
+#include "runtime/checkpoint.h"
+#include "models/config.h"
+#include "runtime/runtime.h"
+#include "runtime/train.h"
+#include "tests/testutil.h"
 
 static char dir[256];
 

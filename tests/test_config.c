@@ -7,9 +7,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "layout.h"
-#include "testutil.h"
+#include "models/config.h"
+#include "models/layout.h"
+#include "tests/testutil.h"
 
 static void assert_same_config(const mt_model_config *a, const mt_model_config *b)
 {

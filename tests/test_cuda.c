@@ -14,9 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/kernels.h"
-#include "ops.h"
-#include "testutil.h"
+#include "backends/cuda/kernels.h"
+#include "backends/cpu/ops.h"
+#include "tests/testutil.h"
 
 #define BF16_TOL 1e-2  /* ||gpu - cpu|| / ||cpu|| per tensor where the GPU feeds bf16 to GEMMs */
 #define F32_TOL 1e-5   /* the same on the fp32 path (MT_CUDA_F32): fp32 in another summation order */
@@ -55,15 +55,15 @@ static float *frandom(mt_test_rng *rng, int64_t n, float scale)
 static void round_bf16(float *x, int64_t n, mt_bf16 *bits)
 {
     mt_bf16 *b = bits ? bits : xmalloc((size_t)n * sizeof(mt_bf16));
-    mt_cpu_f32_to_bf16(n, x, b);
-    mt_cpu_bf16_to_f32(n, b, x);
+    mt_f32_to_bf16(n, x, b);
+    mt_bf16_to_f32(n, b, x);
     if (!bits) free(b);
 }
 
 static mt_bf16 *bf16_of(const float *x, int64_t n)
 {
     mt_bf16 *b = xmalloc((size_t)(n > 0 ? n : 1) * sizeof(mt_bf16));
-    mt_cpu_f32_to_bf16(n, x, b);
+    mt_f32_to_bf16(n, x, b);
     return b;
 }
 
@@ -92,7 +92,7 @@ static float *download_bf16_as_f32(const mt_cuda_bf16 *dev, int64_t n)
     mt_bf16 *b = xmalloc((size_t)n * sizeof(mt_bf16));
     CK_CUDA(cudaMemcpy(b, dev, (size_t)n * sizeof(mt_bf16), cudaMemcpyDeviceToHost));
     float *h = falloc(n);
-    mt_cpu_bf16_to_f32(n, b, h);
+    mt_bf16_to_f32(n, b, h);
     free(b);
     return h;
 }
@@ -199,10 +199,10 @@ START_TEST(test_conversions)
     CK_CUDA(cudaStreamSynchronize(st));
     mt_bf16 *gpu_bits = xmalloc((size_t)n * sizeof(mt_bf16));
     CK_CUDA(cudaMemcpy(gpu_bits, d_b, (size_t)n * sizeof(mt_bf16), cudaMemcpyDeviceToHost));
-    check_bitwise("f32 -> bf16 bits vs mt_cpu_f32_to_bf16", gpu_bits, cpu_bits, (size_t)n * sizeof(mt_bf16));
+    check_bitwise("f32 -> bf16 bits vs mt_f32_to_bf16", gpu_bits, cpu_bits, (size_t)n * sizeof(mt_bf16));
     float *back = download_f32(d_back, n), *cpu_back = falloc(n);
-    mt_cpu_bf16_to_f32(n, cpu_bits, cpu_back);
-    check_bitwise("bf16 -> f32 vs mt_cpu_bf16_to_f32", back, cpu_back, (size_t)n * sizeof(float));
+    mt_bf16_to_f32(n, cpu_bits, cpu_back);
+    check_bitwise("bf16 -> f32 vs mt_bf16_to_f32", back, cpu_back, (size_t)n * sizeof(float));
     CK_CUDA(cudaFree(d_x));
     CK_CUDA(cudaFree(d_b));
     CK_CUDA(cudaFree(d_back));

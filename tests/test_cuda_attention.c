@@ -17,11 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/attention_cudnn.h"
-#include "cuda/attention_f32.h"
-#include "cuda/kernels.h"
-#include "ops.h"
-#include "testutil.h"
+#include "backends/cuda/attention_cudnn.h"
+#include "backends/cuda/attention_f32.h"
+#include "backends/cuda/kernels.h"
+#include "backends/cpu/ops.h"
+#include "tests/testutil.h"
 
 #define TOL 1e-2 /* ||gpu - cpu|| / ||cpu|| per tensor: bf16 operands, P and dS rounded to bf16 */
 #define TOL_F32 1e-5 /* the same for the fp32 kernels: fp32 ~1e-5 relative per the project's bar
@@ -56,8 +56,8 @@ static float *falloc(int64_t n)
 static void random_bf16(mt_test_rng *rng, int64_t n, mt_bf16 *bits, float *values)
 {
     mt_test_fill_f32(rng, values, n, 1.0f);
-    mt_cpu_f32_to_bf16(n, values, bits);
-    mt_cpu_bf16_to_f32(n, bits, values);
+    mt_f32_to_bf16(n, values, bits);
+    mt_bf16_to_f32(n, bits, values);
 }
 
 static void *dalloc_copy(const void *host, size_t bytes)
@@ -176,7 +176,7 @@ static attn_results fetch_results(const shape *s, const attn_dev *d, size_t esiz
         mt_bf16 *outb = malloc(nq * 2);
         ck_assert_ptr_nonnull(outb);
         CK_CUDA(cudaMemcpy(outb, d->out, nq * 2, cudaMemcpyDeviceToHost));
-        mt_cpu_bf16_to_f32(nq, outb, r.out);
+        mt_bf16_to_f32(nq, outb, r.out);
         free(outb);
     } else {
         copy_back(r.out, d->out, nq);

@@ -11,11 +11,11 @@
 
 #include <jansson.h>
 
-#include "chat_template.h"
-#include "dataset.h"
-#include "testutil.h"
-#include "tokenizer.h"
-#include "train.h"
+#include "models/chat_template.h"
+#include "runtime/dataset.h"
+#include "tests/testutil.h"
+#include "models/tokenizer.h"
+#include "runtime/train.h"
 
 #define QWEN3_TOKENIZER "tests/fixtures/tokenizers/qwen3/tokenizer.json"
 

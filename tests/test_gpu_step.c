@@ -8,14 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codelets.h"
-#include "cuda/kernels.h"
-#include "config.h"
-#include "plan.h"
-#include "runtime.h"
-#include "state.h"
-#include "step.h"
-#include "testutil.h"
+#include "codelets/codelets.h"
+#include "backends/cuda/kernels.h"
+#include "models/config.h"
+#include "runtime/plan.h"
+#include "runtime/runtime.h"
+#include "runtime/state.h"
+#include "runtime/step.h"
+#include "tests/testutil.h"
 
 typedef struct result {
     int ntiles;

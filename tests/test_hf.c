@@ -13,14 +13,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "cpu/ops.h"
-#include "hf.h"
-#include "layout.h"
-#include "runtime.h"
-#include "safetensors.h"
-#include "state.h"
-#include "testutil.h"
+#include "models/config.h"
+#include "backends/cpu/ops.h"
+#include "runtime/hf.h"
+#include "models/layout.h"
+#include "runtime/runtime.h"
+#include "models/safetensors.h"
+#include "runtime/state.h"
+#include "tests/testutil.h"
 
 /* Qwen2 with q/k/v bias, untied; H*D == d. */
 static const char qwen2_json[] =

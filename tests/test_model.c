@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "backends/cpu/ops.h"
-#include "testutil.h"
+#include "tests/testutil.h"
 
 #define FD_STEP 1e-6
 #define GRAD_TOL 1e-6

@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codelets.h"
-#include "ops.h"
-#include "testutil.h"
+#include "codelets/codelets.h"
+#include "backends/cpu/ops.h"
+#include "tests/testutil.h"
 
 /* Sizes deliberately not multiples of 8, so vector tails and odd strides are exercised. */
 enum { B = 2, T = 7, H = 6, KV = 2, D = 10, DM = 13, I = 19, V = 11, NTOK = B * T };
@@ -691,7 +691,7 @@ START_TEST(test_adamw_f32_bitwise_scalar)
                   "mt_cpu_adamw_to_f32 differs from the scalar loop");
     ck_assert_msg(!memcmp(half, rp, sizeof rp), "mt_cpu_adamw_params_f32 differs from the scalar loop");
     mt_bf16 wb[N];
-    mt_cpu_f32_to_bf16(N, rp, wb);
+    mt_f32_to_bf16(N, rp, wb);
     for (int i = 0; i < N; i++) ck_assert_uint_eq(wb[i], mt_bf16_from_float(rp[i]));
 }
 END_TEST
@@ -766,7 +766,7 @@ static void ranged_redo_check(void)
                 if (mt_codelet_ranged_side_room() == 16) ck_assert(l == 0 ? flagged <= room : flagged > room);
             }
             mt_cpu_adamw_params_f32(N, p, g, m, v, out, &at);
-            mt_cpu_f32_to_bf16(N, out, wk);
+            mt_f32_to_bf16(N, out, wk);
             int bad = -1;
             for (int i = 0; i < N && bad < 0; i++)
                 if (wr[i] != wk[i]) bad = i;
@@ -1065,7 +1065,7 @@ START_TEST(test_ranged_flags_sound)
                     ak.grad_scale = c;
                     ak.grad_scale_lo = 0;
                     mt_cpu_adamw_params_f32(N, p, g, m, v, out, &ak);
-                    mt_cpu_f32_to_bf16(N, out, wk);
+                    mt_f32_to_bf16(N, out, wk);
                     /* the flagged elements' weights are the redo's to write: nothing is checked of
                      * them here (the vector loops leave whatever their bounds rounded to) */
                     for (int i = 0; i < NP; i++) {
@@ -1215,7 +1215,7 @@ START_TEST(test_bf16)
     mt_bf16 special_out[NS + NN];
     for (size_t i = 0; i < NS; i++) special[i] = f_bits(cases[i].in);
     for (size_t i = 0; i < NN; i++) special[NS + i] = f_bits(nans[i]);
-    mt_cpu_f32_to_bf16(NS + NN, special, special_out);
+    mt_f32_to_bf16(NS + NN, special, special_out);
     for (size_t i = 0; i < NS + NN; i++)
         ck_assert_msg(special_out[i] == mt_bf16_from_float(special[i]), "array bf16(0x%08x) = 0x%04x, scalar 0x%04x",
                       bits_f(special[i]), special_out[i], mt_bf16_from_float(special[i]));
@@ -1226,8 +1226,8 @@ START_TEST(test_bf16)
     float in[NB], back[NB];
     mt_bf16 out[NB];
     mt_test_fill_f32(&rng, in, NB, 3.0f);
-    mt_cpu_f32_to_bf16(NB, in, out);
-    mt_cpu_bf16_to_f32(NB, out, back);
+    mt_f32_to_bf16(NB, in, out);
+    mt_bf16_to_f32(NB, out, back);
     for (int i = 0; i < NB; i++) {
         ck_assert_uint_eq(out[i], mt_bf16_from_float(in[i]));
         ck_assert(fabsf(back[i] - in[i]) <= ldexpf(fabsf(in[i]), -8) + FLT_MIN);

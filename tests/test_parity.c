@@ -22,13 +22,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "grads.h"
-#include "hf.h"
-#include "runtime.h"
-#include "safetensors.h"
-#include "state.h"
-#include "testutil.h"
+#include "models/config.h"
+#include "runtime/grads.h"
+#include "runtime/hf.h"
+#include "runtime/runtime.h"
+#include "models/safetensors.h"
+#include "runtime/state.h"
+#include "tests/testutil.h"
 
 #define PARITY_BOUND 1e-5
 

@@ -8,11 +8,11 @@
 #include <string.h>
 
 #include "backends/cpu/ops.h"
-#include "codelets.h"
+#include "codelets/codelets.h"
 #include "mt_build_config.h"
-#include "config.h"
-#include "plan.h"
-#include "testutil.h"
+#include "models/config.h"
+#include "runtime/plan.h"
+#include "tests/testutil.h"
 
 #define GiB ((uint64_t)1 << 30)
 

@@ -10,13 +10,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "codelets.h"
-#include "config.h"
-#include "plan.h"
-#include "runtime.h"
-#include "state.h"
-#include "step.h"
-#include "testutil.h"
+#include "codelets/codelets.h"
+#include "models/config.h"
+#include "runtime/plan.h"
+#include "runtime/runtime.h"
+#include "runtime/state.h"
+#include "runtime/step.h"
+#include "tests/testutil.h"
 
 /* Five layers so that K = 2 and 3 do not divide L; odd sizes; GQA; q/k/v bias. */
 static const char *tiny_json_fmt =

@@ -8,12 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "cpu/ops.h"
-#include "layout.h"
-#include "runtime.h"
-#include "state.h"
-#include "testutil.h"
+#include "models/config.h"
+#include "backends/cpu/ops.h"
+#include "models/layout.h"
+#include "runtime/runtime.h"
+#include "runtime/state.h"
+#include "tests/testutil.h"
 
 #define SMALL_CHUNK 1000
 

@@ -10,8 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "testutil.h"
-#include "tokenizer.h"
+#include "tests/testutil.h"
+#include "models/tokenizer.h"
 
 /* Loaded once per process: each takes ~1 s, and every test below reads them only. */
 static mt_tokenizer *qwen3, *llama3;

@@ -11,9 +11,9 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "data.h"
-#include "testutil.h"
-#include "train.h"
+#include "runtime/data.h"
+#include "tests/testutil.h"
+#include "runtime/train.h"
 
 #define FORTUNES "/usr/share/games/fortunes"
 #define LN_256 5.545177444479562

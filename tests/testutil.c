@@ -1,5 +1,5 @@
 /* Shared helpers of the Check suites. */
-#include "testutil.h"
+#include "tests/testutil.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -23,8 +23,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "codelets.h"
-#include "cpu/ops.h"
+#include "codelets/codelets.h"
+#include "backends/cpu/ops.h"
 
 enum { BLOCK = 4096, MAX_THREADS = 256 };
 
@@ -76,17 +76,17 @@ static void *run(void *arg)
         const int64_t n = hi - o < BLOCK ? hi - o : BLOCK;
         switch (b->mode) {
         case 0: mt_cpu_adamw_f32(n, b->p + o, b->g + o, b->m + o, b->v + o, &b->prm);
-                mt_cpu_f32_to_bf16(n, b->p + o, b->w + o); break;
+                mt_f32_to_bf16(n, b->p + o, b->w + o); break;
         case 1: mt_cpu_adamw_to_f32(n, b->p + o, b->g + o, b->m + o, b->v + o, b->p2 + o, b->m2 + o, b->v2 + o, &b->prm);
-                mt_cpu_f32_to_bf16(n, b->p2 + o, b->w + o); break;
+                mt_f32_to_bf16(n, b->p2 + o, b->w + o); break;
         case 2: mt_cpu_adamw_to_f32(n, b->p + o, b->g + o, b->m + o, b->v + o, a, c1, c2, &b->prm);
-                mt_cpu_f32_to_bf16(n, a, b->w + o);
+                mt_f32_to_bf16(n, a, b->w + o);
                 mt_cpu_copy_past_cache_f32(n, a, b->p2 + o);
                 mt_cpu_copy_past_cache_f32(n, c1, b->m2 + o);
                 mt_cpu_copy_past_cache_f32(n, c2, b->v2 + o);
                 break;
         case 3: mt_cpu_adamw_params_f32(n, b->p + o, b->g + o, b->m + o, b->v + o, a, &b->prm);
-                mt_cpu_f32_to_bf16(n, a, b->w + o); break;
+                mt_f32_to_bf16(n, a, b->w + o); break;
         default: mt_cpu_adamw_f32(n, b->p + o, b->g + o, b->m + o, b->v + o, &b->prm); break;
         }
     }

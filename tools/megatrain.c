@@ -8,21 +8,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "dataset.h"
+#include "models/config.h"
+#include "runtime/dataset.h"
 #include "mt_build_config.h"
 #include "mt_commit.h"
-#include "mt_starpu.h"
-#include "plan.h"
-#include "runtime.h"
-#include "state.h"
-#include "train.h"
-#include "bench.h"
-#include "grads.h"
-#include "policy.h"
-#include "codelets.h"
+#include "codelets/mt_starpu.h"
+#include "runtime/plan.h"
+#include "runtime/runtime.h"
+#include "runtime/state.h"
+#include "runtime/train.h"
+#include "runtime/bench.h"
+#include "runtime/grads.h"
+#include "runtime/policy.h"
+#include "codelets/codelets.h"
 #if MT_HAVE_CUDA
-#include "cuda/kernels.h"
+#include "backends/cuda/kernels.h"
 #endif
 
 static const char *cmd = "megatrain";

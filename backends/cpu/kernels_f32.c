@@ -3,4 +3,4 @@
 #define MT_SFX(name) name##_f32
 #define MT_GEMM cblas_sgemm
 #define MT_GEMV cblas_sgemv
-#include "kernels.inc"
+#include "backends/cpu/kernels.inc"

@@ -3,4 +3,4 @@
 #define MT_SFX(name) name##_f64
 #define MT_GEMM cblas_dgemm
 #define MT_GEMV cblas_dgemv
-#include "kernels.inc"
+#include "backends/cpu/kernels.inc"

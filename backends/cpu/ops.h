@@ -11,35 +11,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
-#include "layout.h"
+#include "models/config.h"
+#include "models/dtype.h"
+#include "models/layout.h"
 
-/* The memory-bound loops AdamW runs on every parameter every step (the update, its halves, the
- * bf16 conversion), built twice on x86-64 with GCC: for AVX2 and for the baseline, picked at
- * load time. The results are bitwise the same: the operations are IEEE ones in the same order,
- * and ISO C11 mode keeps GCC from contracting them into FMAs. A whole-program AVX2+FMA build
- * gave the same checkpoint, byte for byte, after 12 training steps (docs/benchmarks.md). */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define MT_CPU_CLONES __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef MT_CPU_CLONES
-#define MT_CPU_CLONES
-#endif
-
-typedef uint16_t mt_bf16; /* bfloat16 bit pattern */
-
-/* fp32 <-> bf16, round to nearest even; NaN stays NaN. */
-void mt_cpu_f32_to_bf16(int64_t n, const float *in, mt_bf16 *out);
 /* dst[0, n) = src[0, n) with non-temporal stores where the target has them (SSE2): the target
  * lines are not read first, as ordinary stores to lines not in cache would. Then
  * mt_cpu_copy_past_cache_done orders those stores before anything the caller publishes. */
 void mt_cpu_copy_past_cache_f32(int64_t n, const float *src, float *dst);
 void mt_cpu_copy_past_cache_done(void);
-void mt_cpu_bf16_to_f32(int64_t n, const mt_bf16 *in, float *out);
-mt_bf16 mt_bf16_from_float(float x);
-float mt_float_from_bf16(mt_bf16 x);
 
 /* Rotary inverse frequencies (D/2 values, HF half-split convention), with Llama-3 scaling when
  * cfg->rope_scaling_factor > 0. Computed in double. */

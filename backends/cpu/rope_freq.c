@@ -2,7 +2,7 @@
  * Llama 3.x does (HF transformers' _compute_llama3_parameters). Computed once, in double. */
 #include <math.h>
 
-#include "ops.h"
+#include "backends/cpu/ops.h"
 
 /* inv_freq (D/2), D = cfg->head_dim. */
 void mt_rope_inv_freq(const mt_model_config *cfg, double *inv_freq)

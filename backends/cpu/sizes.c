@@ -1,7 +1,7 @@
 /* How much memory the CPU decoder layer and head ask their callers for: the element counts of the
  * layer's `saved` and `scratch` buffers and of the head's per-chunk scratch. These sums mirror
  * the buffer plans at the top of layer.inc and head.inc; change them together. */
-#include "ops.h"
+#include "backends/cpu/ops.h"
 
 #include <assert.h>
 

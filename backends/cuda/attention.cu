@@ -36,8 +36,8 @@
 
 #include <atomic>
 
-#include "attention_cudnn.h"
-#include "common.cuh"
+#include "backends/cuda/attention_cudnn.h"
+#include "backends/cuda/common.cuh"
 
 namespace {
 

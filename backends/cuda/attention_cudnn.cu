@@ -75,8 +75,8 @@
 #include <mutex>
 #include <vector>
 
-#include "attention_cudnn.h"
-#include "common.cuh"
+#include "backends/cuda/attention_cudnn.h"
+#include "backends/cuda/common.cuh"
 
 namespace {
 

@@ -17,7 +17,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "kernels.h"
+#include "backends/cuda/kernels.h"
 #include "mt_build_config.h"
 
 #ifdef __cplusplus

@@ -15,8 +15,8 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "attention_f32.h"
-#include "common.cuh"
+#include "backends/cuda/attention_f32.h"
+#include "backends/cuda/common.cuh"
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels.h"
+#include "backends/cuda/kernels.h"
 
 #ifdef __cplusplus
 extern "C" {

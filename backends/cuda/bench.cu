@@ -2,12 +2,12 @@
 // bandwidth (test_cuda's MT_CUDA_BENCH=1 table). Here: the harness of bench.cuh, the copy
 // baseline, and the kernels behind public launchers; layer.cu and head.cu time their own.
 extern "C" { // C header without its own linkage guard: mt_layout_build
-#include "layout.h"
+#include "models/layout.h"
 }
 
 #include <algorithm>
 
-#include "bench.cuh"
+#include "backends/cuda/bench.cuh"
 
 // splitmix64: a counter-based hash, so every random value is a pure function of (seed, index).
 static __host__ __device__ __forceinline__ uint64_t splitmix64(uint64_t z)

@@ -5,7 +5,7 @@
 #ifndef MT_BACKENDS_CUDA_BENCH_CUH
 #define MT_BACKENDS_CUDA_BENCH_CUH
 
-#include "common.cuh"
+#include "backends/cuda/common.cuh"
 
 #define MT_KERNEL_BENCH_MAX_BUFFERS 64
 

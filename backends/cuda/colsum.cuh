@@ -5,7 +5,7 @@
 #ifndef MT_BACKENDS_CUDA_COLSUM_CUH
 #define MT_BACKENDS_CUDA_COLSUM_CUH
 
-#include "common.cuh"
+#include "backends/cuda/common.cuh"
 
 #define MT_COLSUM_MAX_CHUNKS 64 // row chunks of stage 1: partials are (chunks, C) fp32
 

@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "kernels.h"
+#include "backends/cuda/kernels.h"
 
 // ---- error checks: every CUDA / cuBLASLt call goes through one of these ----
 

@@ -1,7 +1,7 @@
 // The per-thread GPU context (cuBLASLt handle, GEMM workspace, reduction partials) and the small
 // whole-buffer kernels: fp32 <-> bf16 conversion and the deterministic sum of squares that the
 // gradient-norm task uses.
-#include "common.cuh"
+#include "backends/cuda/common.cuh"
 
 // Created on first use by the calling thread; never freed (it lives as long as the worker thread,
 // and freeing at thread exit would synchronise the device at an arbitrary moment).
@@ -37,7 +37,7 @@ __global__ static void bf16_to_f32_kernel(const bf16 *in, float *out, int64_t n)
         out[i] = bf2f(in[i]);
 }
 
-// in (n) fp32 -> out (n) bf16, round to nearest even (as mt_cpu_f32_to_bf16)
+// in (n) fp32 -> out (n) bf16, round to nearest even (as mt_f32_to_bf16)
 extern "C" void mt_cuda_f32_to_bf16(const float *in, mt_cuda_bf16 *out, int64_t n, mt_cuda_stream stream)
 {
     if (n <= 0) return;

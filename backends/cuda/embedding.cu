@@ -4,7 +4,7 @@
 // workspace size depends on ntok only, not on the device). Then one block per distinct token adds
 // its rows in position order onto dtable: the same additions, in the same order, as the CPU
 // loop, so the result is bitwise repeatable and equal to mt_cpu_embedding_backward_f32.
-#include "common.cuh"
+#include "backends/cuda/common.cuh"
 
 enum {
     SCATTER_THREADS = 128,

@@ -1,7 +1,7 @@
 // fill: the smallest CUDA kernel, and the pinned-memory probe used by `megatrain info`.
 #include <cuda_runtime.h>
 
-#include "kernels.h"
+#include "backends/cuda/kernels.h"
 
 __global__ static void fill_kernel(float *x, int64_t n, float value)
 {

@@ -5,13 +5,13 @@
 #include <math.h>
 
 extern "C" { // C header without its own linkage guard: mt_layout_build
-#include "layout.h"
+#include "models/layout.h"
 }
 
-#include "bench.cuh"
-#include "colsum.cuh"
-#include "linear.cuh"
-#include "rmsnorm.cuh"
+#include "backends/cuda/bench.cuh"
+#include "backends/cuda/colsum.cuh"
+#include "backends/cuda/linear.cuh"
+#include "backends/cuda/rmsnorm.cuh"
 
 enum { CE_THREADS = 512, LOSS_THREADS = 256 };
 

@@ -14,8 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
-#include "layout.h"
+#include "models/config.h"
+#include "models/layout.h"
 
 #ifdef __cplusplus
 extern "C" {

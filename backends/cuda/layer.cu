@@ -5,16 +5,16 @@
 // Fused here: q/k-norm + RoPE on q and k in one launch (and their backward with the cast to E);
 // rmsnorm + cast to E; the residual adds ride in the o/down GEMM epilogues; bias adds in q/k/v's.
 extern "C" { // C headers without their own linkage guards
-#include "ops.h" // mt_rope_inv_freq: the same double frequencies as the CPU path
+#include "backends/cpu/ops.h" // mt_rope_inv_freq: the same double frequencies as the CPU path
 }
 
 #include <type_traits>
 
-#include "attention_f32.h"
-#include "bench.cuh"
-#include "colsum.cuh"
-#include "linear.cuh"
-#include "rmsnorm.cuh"
+#include "backends/cuda/attention_f32.h"
+#include "backends/cuda/bench.cuh"
+#include "backends/cuda/colsum.cuh"
+#include "backends/cuda/linear.cuh"
+#include "backends/cuda/rmsnorm.cuh"
 
 #define LAYER_MAX_HEAD_DIM 256 // RoPE pairs held in registers: 4 per lane of a warp
 #define ROPE_PAIRS_PER_LANE (LAYER_MAX_HEAD_DIM / 2 / 32)

@@ -7,7 +7,7 @@
 // Descriptors and the heuristic's algorithm are cached per shape in the thread's context.
 #include <string.h>
 
-#include "linear.cuh"
+#include "backends/cuda/linear.cuh"
 
 // Everything that makes two GEMM calls interchangeable for one cached plan. Pointer alignments
 // are part of it: the algorithm chosen for 256-byte aligned operands may not accept 128.

@@ -4,7 +4,7 @@
 #ifndef MT_BACKENDS_CUDA_LINEAR_CUH
 #define MT_BACKENDS_CUDA_LINEAR_CUH
 
-#include "common.cuh"
+#include "backends/cuda/common.cuh"
 
 // y (n, out) = x (n, in) W^T (+ bias (out), may be NULL). y is T (ytype mt_cuda_type<T>()) or fp32
 // (CUDA_R_32F); a bias needs y of type T (it is added in the epilogue, in y's type).

@@ -1,8 +1,8 @@
 // RMSNorm forward and backward on the GPU, mirroring backends/cpu/rmsnorm.inc operation by
 // operation (double sums, the same float products) so the two differ only by summation order
 // and, on the bf16 path, the rounding of the outputs the GEMMs consume.
-#include "colsum.cuh"
-#include "rmsnorm.cuh"
+#include "backends/cuda/colsum.cuh"
+#include "backends/cuda/rmsnorm.cuh"
 
 enum { NORM_THREADS = 256 };
 

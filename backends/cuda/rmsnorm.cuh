@@ -4,7 +4,7 @@
 #ifndef MT_BACKENDS_CUDA_RMSNORM_CUH
 #define MT_BACKENDS_CUDA_RMSNORM_CUH
 
-#include "common.cuh"
+#include "backends/cuda/common.cuh"
 
 // y (n, d) T = x (n, d) * inv_rms * w (d);  inv_rms (n) = 1/sqrt(mean(x^2) + eps), may be NULL.
 template <class T>
