@@ -330,6 +330,17 @@ static int check_size(const char *name, const char *key, int64_t v, char *err, s
 
 static int64_t round_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
+/* *out = a * b, or a + b, when it neither overflows nor exceeds MAX_PARAMS (so that rounding it
+ * up to the tile alignment cannot overflow either); false otherwise. */
+static bool size_product(int64_t a, int64_t b, int64_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out) && *out <= MAX_PARAMS;
+}
+static bool size_sum(int64_t a, int64_t b, int64_t *out)
+{
+    return !__builtin_add_overflow(a, b, out) && *out <= MAX_PARAMS;
+}
+
 int mt_config_validate(const mt_model_config *cfg, const char *name, char *err, size_t errlen)
 {
     if (!name) name = "config";
@@ -393,25 +404,28 @@ int mt_config_validate(const mt_model_config *cfg, const char *name, char *err, 
         return mt_fail(err, errlen, "%s: key 'model_type': unknown family %d", name, (int)cfg->family);
     }
 
-    /* Each factor is at most 2^31, so each product of two fits in int64; the sums are checked,
-     * and the total is bounded by MAX_PARAMS so the plan's byte counts cannot overflow. */
+    /* Every product and sum below is checked (the numbers come from a file), and the total is
+     * bounded by MAX_PARAMS so that the layout's offsets and the plan's byte counts, which
+     * multiply it by a few dozen at most, cannot overflow either. */
     int64_t d = cfg->hidden, D = cfg->head_dim, I = cfg->intermediate;
-    int64_t q = cfg->heads * D, kv = cfg->kv_heads * D;
-    if (q > MAX_SIZE || kv > MAX_SIZE)
-        return mt_fail(err, errlen, "%s: key 'num_attention_heads': num_attention_heads * head_dim = %lld is absurdly large",
-                    name, (long long)q);
-    const int64_t parts[] = {d, q * d, q, kv * d, kv, kv * d, kv, d * q, D, D, d, I * d, I * d, d * I};
-    int64_t layer = 0;
-    bool overflow = false;
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
-        overflow |= __builtin_add_overflow(layer, round_up(parts[i], MT_TILE_ALIGN), &layer);
-    if (overflow || layer > MAX_PARAMS)
-        return mt_fail(err, errlen, "%s: key 'hidden_size': a layer with hidden_size %lld and intermediate_size %lld "
-                    "is absurdly large", name, (long long)d, (long long)I);
-    if (layer > MAX_PARAMS / cfg->layers)
+    int64_t q, kv;
+    if (!size_product(cfg->heads, D, &q) || !size_product(cfg->kv_heads, D, &kv) || q > MAX_SIZE || kv > MAX_SIZE)
+        return mt_fail(err, errlen, "%s: key 'num_attention_heads': num_attention_heads * head_dim = %lld * %lld is absurdly large",
+                    name, (long long)cfg->heads, (long long)D);
+    const int64_t factors[][2] = {{d, 1}, {q, d}, {q, 1}, {kv, d}, {kv, 1}, {kv, d}, {kv, 1}, {d, q}, {D, 1}, {D, 1},
+                                  {d, 1}, {I, d}, {I, d}, {d, I}};
+    int64_t layer = 0, part;
+    for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++)
+        if (!size_product(factors[i][0], factors[i][1], &part) || !size_sum(layer, round_up(part, MT_TILE_ALIGN), &layer))
+            return mt_fail(err, errlen, "%s: key 'hidden_size': a layer with hidden_size %lld and intermediate_size %lld "
+                        "is absurdly large", name, (long long)d, (long long)I);
+    int64_t layers_total;
+    if (!size_product(cfg->layers, layer, &layers_total))
         return mt_fail(err, errlen, "%s: key 'num_hidden_layers': %lld layers of %lld parameters each is absurdly large",
                     name, (long long)cfg->layers, (long long)layer);
-    if (cfg->layers * layer + 2 * round_up(cfg->vocab * d, MT_TILE_ALIGN) > MAX_PARAMS)
+    int64_t table, tables, total;
+    if (!size_product(cfg->vocab, d, &table) || !size_product(round_up(table, MT_TILE_ALIGN), 2, &tables) ||
+        !size_sum(layers_total, tables, &total))
         return mt_fail(err, errlen, "%s: key 'vocab_size': %lld * hidden_size %lld makes the model absurdly large",
                     name, (long long)cfg->vocab, (long long)d);
     return 0;

@@ -335,6 +335,11 @@ static const struct bad_case {
     {"{\"model_type\": \"llama\", \"hidden_size\": 65536, \"intermediate_size\": 65536, "
      "\"num_hidden_layers\": 2147483647, \"vocab_size\": 50, \"num_attention_heads\": 1}",
      "num_hidden_layers", "absurd"},
+    /* Small heads keep each layer small while the table is 2^62 elements: the table's two
+     * copies are 2^63, which wrapped to a negative total that passed as fitting. */
+    {"{\"model_type\": \"llama\", \"hidden_size\": 2147483647, \"intermediate_size\": 1, "
+     "\"num_hidden_layers\": 1, \"vocab_size\": 2147483647, \"num_attention_heads\": 1, \"head_dim\": 2}",
+     "vocab_size", "absurd"},
     {"{\"model_type\": \"mistral\", \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
      "\"vocab_size\": 50, \"num_attention_heads\": 4, \"attention_bias\": true}", "attention_bias", "mistral"},
     /* Keys that change what transformers computes and are not implemented. */
