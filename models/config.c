@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -277,6 +279,17 @@ out:
 
 int mt_config_load(const char *path, mt_model_config *cfg, char *err, size_t errlen)
 {
+    /* A model directory stands for the config.json inside it. */
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        char inner[4096];
+        if (snprintf(inner, sizeof inner, "%s/config.json", path) >= (int)sizeof inner)
+            return mt_fail(err, errlen, "%s: path too long", path);
+        if (access(inner, F_OK) != 0)
+            return mt_fail(err, errlen, "%s: a directory without a config.json (give the config file, or a model "
+                           "directory holding one)", path);
+        return mt_config_load(inner, cfg, err, errlen);
+    }
     /* Read the file ourselves so a missing file reports errno, not a parse error. */
     FILE *f = fopen(path, "rb");
     if (!f) return mt_fail(err, errlen, "%s: cannot open the config: %s", path, strerror(errno));

@@ -42,6 +42,32 @@ static void shape_of(const mt_host_state *st, int64_t shape[NSHAPE], double fsha
     fshape[1] = c->rms_eps;
 }
 
+/* The message for a checkpoint of another model: every field of the shape that differs, with the
+ * checkpoint's value and this run's, under the config.json key that sets it. */
+static void describe_difference(const char *path, uint32_t ntiles, const int64_t shape[NSHAPE], const double fshape[2],
+                                const mt_host_state *st, const int64_t want[NSHAPE], const double fwant[2], char *err,
+                                size_t errlen)
+{
+    static const char *const keys[NSHAPE] = { "hidden_size", "intermediate_size", "num_hidden_layers",
+                                              "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+                                              NULL };
+    static const char *const flags[3] = { "tie_word_embeddings", "q/k/v biases", "q/k norms" };
+    char list[1024] = "";
+    size_t n = 0;
+#define ADD(...) (n += (size_t)snprintf(list + n, n < sizeof list ? sizeof list - n : 0, __VA_ARGS__))
+    for (int i = 0; i < NSHAPE - 1; i++)
+        if (shape[i] != want[i]) ADD("%s%s %lld (this run: %lld)", n ? ", " : "", keys[i], (long long)shape[i], (long long)want[i]);
+    for (int b = 0; b < 3; b++)
+        if ((shape[NSHAPE - 1] >> b & 1) != (want[NSHAPE - 1] >> b & 1))
+            ADD("%s%s %s (this run: %s)", n ? ", " : "", flags[b], shape[NSHAPE - 1] >> b & 1 ? "on" : "off",
+                want[NSHAPE - 1] >> b & 1 ? "on" : "off");
+    if (fshape[0] != fwant[0]) ADD("%srope_theta %.17g (this run: %.17g)", n ? ", " : "", fshape[0], fwant[0]);
+    if (fshape[1] != fwant[1]) ADD("%srms_norm_eps %.17g (this run: %.17g)", n ? ", " : "", fshape[1], fwant[1]);
+    if (!n && ntiles != (uint32_t)st->ntiles) ADD("%u tiles (this run: %d)", ntiles, st->ntiles);
+#undef ADD
+    snprintf(err, errlen, "%s: checkpoint of another model: %s", path, list);
+}
+
 int mt_checkpoint_save(const char *path, const mt_host_state *st, const mt_checkpoint_meta *meta,
                        char *err, size_t errlen)
 {
@@ -137,9 +163,7 @@ int mt_checkpoint_load(const char *path, mt_host_state *st, mt_checkpoint_meta *
     if (get(&r, shape, sizeof shape, "the model shape") || get(&r, fshape, sizeof fshape, "the model shape")) goto out;
     shape_of(st, want, fwant);
     if (ntiles != (uint32_t)st->ntiles || memcmp(shape, want, sizeof shape) != 0 || memcmp(fshape, fwant, sizeof fshape) != 0) {
-        snprintf(err, errlen, "%s: checkpoint of another model (hidden %lld, layers %lld, vocab %lld; this run: %lld, %lld, %lld)",
-                 path, (long long)shape[0], (long long)shape[2], (long long)shape[6], (long long)want[0],
-                 (long long)want[2], (long long)want[6]);
+        describe_difference(path, ntiles, shape, fshape, st, want, fwant, err, errlen);
         goto out;
     }
     if (get(&r, m3, sizeof m3, "the step")) goto out;

@@ -155,6 +155,19 @@ START_TEST(test_damaged_checkpoints_refused)
     ck_assert_int_eq(mt_train_run(&o, &r, NULL, err, sizeof err), -1);
     free(r.losses);
     ck_assert_msg(strstr(err, "another model") != NULL && strstr(err, good) != NULL, "%s", err);
+    ck_assert_msg(strstr(err, "num_hidden_layers 6 (this run: 5)") != NULL, "%s", err);
+
+    /* Differences in what the old message did not print: each is named with both values. */
+    f = fopen(cfgpath, "w");
+    fputs("{\"model_type\": \"qwen2\", \"hidden_size\": 192, \"intermediate_size\": 384, \"num_hidden_layers\": 6,"
+          " \"num_attention_heads\": 12, \"num_key_value_heads\": 2, \"head_dim\": 16, \"vocab_size\": 256,"
+          " \"max_position_embeddings\": 256, \"rope_theta\": 500000.0, \"tie_word_embeddings\": true}", f);
+    fclose(f);
+    ck_assert_int_eq(mt_train_run(&o, &r, NULL, err, sizeof err), -1);
+    free(r.losses);
+    ck_assert_msg(strstr(err, "intermediate_size 512 (this run: 384)") && strstr(err, "num_attention_heads 6 (this run: 12)") &&
+                  strstr(err, "head_dim 32 (this run: 16)") && strstr(err, "rope_theta 10000 (this run: 500000)") &&
+                  !strstr(err, "hidden_size"), "%s", err);
 
     /* A crash while saving leaves a partial temporary file: the checkpoint itself still loads. */
     char tmp[600];

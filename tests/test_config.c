@@ -392,6 +392,26 @@ START_TEST(test_nonexistent_file)
 }
 END_TEST
 
+/* A directory stands for its config.json; one without says so instead of "read error". */
+START_TEST(test_config_directory)
+{
+    mt_model_config c;
+    char err[512] = "", dir[] = "/tmp/mt_config_dir_XXXXXX", path[600];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ck_assert_int_eq(mt_config_load(dir, &c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, dir) && strstr(err, "without a config.json"), "%s", err);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs("{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2,"
+          " \"vocab_size\": 50, \"num_attention_heads\": 4}", f);
+    fclose(f);
+    ck_assert_msg(mt_config_load(dir, &c, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(c.hidden, 64);
+    unlink(path);
+    rmdir(dir);
+}
+END_TEST
+
 START_TEST(test_param_counts)
 {
     mt_model_config c;
@@ -554,6 +574,7 @@ int main(void)
     tcase_add_test(tc, test_save_load_round_trip);
     tcase_add_loop_test(tc, test_bad_inputs, 0, (int)(sizeof bad_cases / sizeof bad_cases[0]));
     tcase_add_test(tc, test_nonexistent_file);
+    tcase_add_test(tc, test_config_directory);
     tcase_add_test(tc, test_param_counts);
     tcase_add_test(tc, test_layout);
     tcase_add_test(tc, test_full_names);
