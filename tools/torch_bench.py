@@ -6,13 +6,14 @@ parameters but the embedding table (the LM head counts also when tied), recomput
 Also times torch's flash SDPA forward+backward at the attention benchmark's shape.
 
     python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048
+    python3 tools/torch_bench.py --shape qwen2.5-7b --layers 12    # the 7B width, 12 layers
 """
 import argparse
 import statistics
 import sys
 import time
 
-SHAPES = {  # design.md's table (HF config.json values)
+SHAPES = {  # the published shapes megatrain bench knows (HF config.json values)
     "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                          num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
     "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
@@ -27,8 +28,11 @@ SHAPES = {  # design.md's table (HF config.json values)
 
 
 def model_bench(args, torch, transformers):
-    cfg = transformers.Qwen2Config(**SHAPES[args.shape], rope_theta=1e6, rms_norm_eps=1e-6,
-                                   max_position_embeddings=32768, attn_implementation="sdpa")
+    shape = dict(SHAPES[args.shape])
+    if args.layers:
+        shape["num_hidden_layers"] = args.layers
+    cfg = transformers.Qwen2Config(**shape, rope_theta=1e6, rms_norm_eps=1e-6,
+                                   max_position_embeddings=max(32768, args.seq_len), attn_implementation="sdpa")
     torch.manual_seed(0)
     model = transformers.Qwen2ForCausalLM(cfg).cuda()
     model.gradient_checkpointing_enable()
@@ -56,7 +60,8 @@ def model_bench(args, torch, transformers):
     tokens = B * T
     tflops = (6 * n + 6 * L * d * T) * tokens / step / 1e12
     peak = torch.cuda.max_memory_allocated() / 2**30
-    print(f"| torch {args.shape} | {B} x {T} | step {step:.3f} s | {tokens / step:.0f} tok/s | "
+    name = args.shape + (f" ({L} layers)" if args.layers else "")
+    print(f"| torch {name} | {B} x {T} | step {step:.3f} s | {tokens / step:.0f} tok/s | "
           f"{tflops:.1f} model TFLOP/s | peak GPU {peak:.1f} GiB | loss {loss.item():.4f} |")
 
 
@@ -90,6 +95,7 @@ def main():
     ap.add_argument("--shape", default="qwen2.5-3b", choices=sorted(SHAPES))
     ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=0, help="decoder layers (default: the shape's own)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--attention-only", action="store_true")
