@@ -122,7 +122,7 @@ check_error "plan --bogus" "--bogus" plan --bogus
 check_error "train --steps abc" "--steps.*'abc'" train --steps abc
 check_error "train --clip-speculate maybe" "--clip-speculate: 'maybe' is not auto, off, unit or ranged" train --clip-speculate maybe
 check_error "bench --clip-speculate 1" "--clip-speculate: '1' is not auto, off, unit or ranged" bench --clip-speculate 1
-check_error "train --clip-speculate on (now unit)" "--clip-speculate: 'on' is not auto, off, unit or ranged" train --clip-speculate on
+check_error "train --clip-speculate on is no mode" "--clip-speculate: 'on' is not auto, off, unit or ranged" train --clip-speculate on
 check_ok "train --help lists --clip-speculate" '--clip-speculate M +auto\|off\|unit\|ranged' train --help
 check_error "train --clip-range 1" "--clip-range: '1' must be above 1" train --clip-range 1
 check_error "bench --clip-range-max x" "--clip-range-max: 'x' is not a number" bench --clip-range-max x

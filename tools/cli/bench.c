@@ -126,7 +126,7 @@ int cli_bench(int argc, char **argv)
         CLI_GROUP("clipping", clip_options, &o),
         CLI_GROUP_ONLY(NULL, cli_clip_options, &o.step,
                        "clip-speculate clip-range clip-range-max clip-range-grow clip-range-memory clip-range-check"),
-        CLI_GROUP("memory and research", memory_options, &o),
+        CLI_GROUP("GPU memory", memory_options, &o),
         CLI_GROUP("workers", cli_worker_options, &o.runtime),
     };
     const cli_command c = {
@@ -147,8 +147,8 @@ int cli_bench(int argc, char **argv)
         .ngroups = sizeof groups / sizeof groups[0],
         .advanced_note = cli_speculation_note,
     };
-    const cli_outcome r = cli_parse(&c, argc, argv, NULL);
-    if (r != CLI_PARSED) return cli_exit_status(r);
+    int status;
+    if (!cli_parse(&c, argc, argv, NULL, &status)) return status;
     const int env = cli_environment(cmd, &o.runtime, &o.step);
     if (env) return env;
     o.shape = model.shape;

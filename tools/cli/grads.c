@@ -48,8 +48,8 @@ int cli_grads(int argc, char **argv)
         .ngroups = sizeof groups / sizeof groups[0],
     };
     cli_given given;
-    const cli_outcome r = cli_parse(&c, argc, argv, &given);
-    if (r != CLI_PARSED) return cli_exit_status(r);
+    int status;
+    if (!cli_parse(&c, argc, argv, &given, &status)) return status;
     const int env = cli_environment(cmd, &o.runtime, NULL);
     if (env) return env;
     o.model_dir = model.model_dir;

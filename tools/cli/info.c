@@ -93,8 +93,8 @@ int cli_info(int argc, char **argv)
         .groups = groups,
         .ngroups = sizeof groups / sizeof groups[0],
     };
-    const cli_outcome r = cli_parse(&c, argc, argv, NULL);
-    if (r != CLI_PARSED) return cli_exit_status(r);
+    int status;
+    if (!cli_parse(&c, argc, argv, NULL, &status)) return status;
     const int env = cli_environment(cmd, &ro, NULL);
     if (env) return env;
     char err[512];

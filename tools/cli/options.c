@@ -32,8 +32,6 @@ int cli_failed(const char *cmd, const char *err)
     return 1;
 }
 
-int cli_exit_status(cli_outcome r) { return r == CLI_HELPED ? 0 : 2; }
-
 int cli_parse_int(const char *cmd, const char *flag, const char *s, long long lo, long long hi, long long *out)
 {
     char *end;
@@ -231,17 +229,22 @@ static void print_option(const cli_option *o, const void *target)
     print_line(o->name, o->arg, o->help, o->show_default ? default_text(o, target, buf, sizeof buf) : NULL);
 }
 
-/* The help: usage, each group's section (the defaults read from the targets as they are),
- * then, with all, the advanced options. */
+/* The help: usage, the sections of the options that are not advanced (the defaults read from
+ * the targets as they are), then, with all, the advanced options. */
 static void print_help(const cli_command *c, const option_list *l, bool all)
 {
     fputs(c->usage, stdout);
     int advanced = 0;
+    const char *printed = NULL; /* the heading of the section printed last */
     for (int k = 0; k < l->count; k++) {
-        const cli_group *g = &c->groups[l->group[k]];
-        if (g->title && (k == 0 || l->group[k - 1] != l->group[k])) printf("\n%s:\n", g->title);
-        if (l->options[k]->advanced) advanced++;
-        else print_option(l->options[k], g->target);
+        if (l->options[k]->advanced) {
+            advanced++;
+            continue;
+        }
+        const char *section = NULL; /* the title of this group, or of the nearest group above */
+        for (int g = l->group[k]; g >= 0 && !section; g--) section = c->groups[g].title;
+        if (section && section != printed) printf("\n%s:\n", printed = section);
+        print_option(l->options[k], c->groups[l->group[k]].target);
     }
     print_line("help", NULL, advanced ? "this help; --help-all: also the advanced options" : "this help", NULL);
     if (!all || !advanced) return;
@@ -292,7 +295,7 @@ bool cli_was_given(const cli_given *g, const char *name)
     return false;
 }
 
-cli_outcome cli_parse(const cli_command *c, int argc, char **argv, cli_given *given)
+bool cli_parse(const cli_command *c, int argc, char **argv, cli_given *given, int *status)
 {
     option_list l;
     list_options(c, &l);
@@ -308,18 +311,21 @@ cli_outcome cli_parse(const cli_command *c, int argc, char **argv, cli_given *gi
     while ((ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         if (ch == HELP || ch == HELP_ALL) {
             print_help(c, &l, ch == HELP_ALL);
-            return CLI_HELPED;
+            *status = 0;
+            return false;
         }
-        if (ch < FIRST || ch >= FIRST + l.count) return CLI_BAD; /* getopt named the option */
+        *status = 2;
+        if (ch < FIRST || ch >= FIRST + l.count) return false; /* getopt named the option */
         const cli_option *o = l.options[ch - FIRST];
-        if (take(c->name, o, optarg, c->groups[l.group[ch - FIRST]].target)) return CLI_BAD;
+        if (take(c->name, o, optarg, c->groups[l.group[ch - FIRST]].target)) return false;
         if (given && !cli_was_given(given, o->name)) given->names[given->count++] = o->name;
     }
     if (optind < argc) {
-        cli_usage_error(c->name, "unexpected argument '%s'", argv[optind]);
-        return CLI_BAD;
+        *status = cli_usage_error(c->name, "unexpected argument '%s'", argv[optind]);
+        return false;
     }
-    return CLI_PARSED;
+    *status = 0;
+    return true;
 }
 
 /* ---- the shared options ------------------------------------------------------------------ */

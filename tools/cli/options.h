@@ -86,16 +86,12 @@ typedef struct cli_given {
     int count;
 } cli_given;
 
-typedef enum cli_outcome { CLI_PARSED, CLI_HELPED, CLI_BAD } cli_outcome;
-
 /* Parses argv (argv[0]: the command's name, for getopt's messages) into the groups' targets,
- * which hold the defaults on entry. --help and --help-all print the help (CLI_HELPED); a bad
- * option, value or a positional argument is named on stderr (CLI_BAD). given may be NULL. */
-cli_outcome cli_parse(const cli_command *c, int argc, char **argv, cli_given *given);
+ * which hold the defaults on entry. True when the command is to run; false when it is done,
+ * with *status its exit status: 0 after --help or --help-all printed the help, 2 after a bad
+ * option, value or positional argument was named on stderr. given may be NULL. */
+bool cli_parse(const cli_command *c, int argc, char **argv, cli_given *given, int *status);
 bool cli_was_given(const cli_given *g, const char *name);
-
-/* The exit status for cli_parse's outcome: 0 after help, 2 after a usage error. */
-int cli_exit_status(cli_outcome r);
 
 /* "cmd: message (try 'cmd --help')" on stderr; returns 2, the exit status of a usage error. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -42,8 +42,8 @@ int cli_plan(int argc, char **argv)
         .groups = groups,
         .ngroups = sizeof groups / sizeof groups[0],
     };
-    const cli_outcome r = cli_parse(&c, argc, argv, NULL);
-    if (r != CLI_PARSED) return cli_exit_status(r);
+    int status;
+    if (!cli_parse(&c, argc, argv, NULL, &status)) return status;
     if (!model.shape == !model.config_path) return cli_usage_error(cmd, "give exactly one of --shape and --config");
     mt_model_config cfg;
     const int bad = cli_model_config(cmd, &model, &cfg);

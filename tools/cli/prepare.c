@@ -66,8 +66,8 @@ int cli_prepare(int argc, char **argv)
         .ngroups = sizeof groups / sizeof groups[0],
     };
     cli_given given;
-    const cli_outcome r = cli_parse(&c, argc, argv, &given);
-    if (r != CLI_PARSED) return cli_exit_status(r);
+    int status;
+    if (!cli_parse(&c, argc, argv, &given, &status)) return status;
     /* The format, family and length have defaults in mt_prepare_options, but a run must name them. */
     if (!o.tokenizer_path) return cli_usage_error(cmd, "--tokenizer FILE is required");
     if (!cli_was_given(&given, "format")) return cli_usage_error(cmd, "--format text|alpaca|sharegpt is required");

@@ -110,8 +110,8 @@ int cli_train(int argc, char **argv)
         .advanced_note = cli_speculation_note,
     };
     cli_given given;
-    const cli_outcome r = cli_parse(&c, argc, argv, &given);
-    if (r != CLI_PARSED) return cli_exit_status(r);
+    int status;
+    if (!cli_parse(&c, argc, argv, &given, &status)) return status;
     const int env = cli_environment(cmd, &o.runtime, &o.step);
     if (env) return env;
     o.config_path = model.config_path;
