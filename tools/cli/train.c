@@ -1,0 +1,132 @@
+/* megatrain train: the training job (runtime/train.h) on a text corpus or prepared shards,
+ * from a config or an HF model directory. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/dataset.h"
+#include "runtime/train.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/options.h"
+
+static const char cmd[] = "megatrain train";
+
+_Static_assert(sizeof(mt_lr_schedule) == sizeof(int), "--schedule stores an int");
+
+/* --data-order shuffled|sequential into data_shuffle. */
+static int parse_order(const char *cmd, const cli_option *opt, const char *arg, void *target)
+{
+    mt_train_options *o = target;
+    if (!strcmp(arg, "shuffled")) o->data_shuffle = true;
+    else if (!strcmp(arg, "sequential")) o->data_shuffle = false;
+    else return cli_usage_error(cmd, "--data-order: '%s' is not shuffled or sequential", arg);
+    return 0;
+}
+
+static const char *show_order(const void *field, char *buf, size_t size)
+{
+    return *(const bool *)field ? "shuffled" : "sequential";
+}
+
+static const cli_word schedules[] = { { "cosine", MT_LR_COSINE }, { "constant", MT_LR_CONSTANT }, { NULL, 0 } };
+
+#define FIELD(name) offsetof(mt_train_options, name)
+
+static const cli_option data_options[] = {
+    { .name = "save-model", .arg = "DIR", .kind = CLI_STRING, .field = FIELD(save_model_dir),
+      .help = "write the trained model as an HF directory (fp32 safetensors)" },
+    { .name = "data", .arg = "PATH", .kind = CLI_STRING, .field = FIELD(data_path), .show_default = true,
+      .help = "a text file or directory, or a 'megatrain prepare' directory" },
+    { .name = "data-order", .arg = "ORDER", .kind = CLI_CUSTOM, .field = FIELD(data_shuffle), .parse = parse_order,
+      .show_default = true, .show = show_order, .help = "prepared data: shuffled (seeded, per epoch) or sequential" },
+    { .name = "dtype", .arg = "fp32|bf16", .kind = CLI_CUSTOM, .field = FIELD(dtype), .parse = cli_dtype_option,
+      .help = "streamed weights and compute (default: bf16 on a GPU, else fp32)" },
+    { .name = "seed", .arg = "N", .kind = CLI_UINT64, .field = FIELD(seed), .min = 0, .max = LLONG_MAX,
+      .show_default = true, .help = "initialisation and sampling seed" },
+};
+
+static const cli_option tokens_options[] = {
+    { .name = "tokens-per-step", .arg = "N", .kind = CLI_INT64, .field = FIELD(tokens_per_step), .min = 1,
+      .max = 1LL << 40, .help = "tokens per step: micro-batch and accum then fit --activation-budget" },
+    { .name = "activation-budget", .arg = "BYTES", .kind = CLI_UINT64, .field = FIELD(activation_budget), .min = 1,
+      .max = LLONG_MAX, .show_default = true, .help = "activation memory of one micro-batch" },
+};
+
+static const cli_option optimizer_options[] = {
+    { .name = "steps", .arg = "N", .kind = CLI_INT64, .field = FIELD(steps), .min = 1, .max = 1LL << 40,
+      .show_default = true, .help = "optimizer steps" },
+    { .name = "lr", .arg = "X", .kind = CLI_DOUBLE, .field = FIELD(lr), .lo = 0, .hi = 10, .show_default = true,
+      .help = "peak learning rate" },
+    { .name = "schedule", .arg = "S", .kind = CLI_WORD, .field = FIELD(schedule), .words = schedules,
+      .show_default = true, .help = "cosine (linear warm-up, then cosine) or constant" },
+    { .name = "warmup", .arg = "N", .kind = CLI_INT64, .field = FIELD(warmup), .min = 0, .max = 1LL << 40,
+      .show_default = true, .help = "linear warm-up steps; if not below --steps, a tenth of them" },
+    { .name = "weight-decay", .arg = "X", .kind = CLI_DOUBLE, .field = FIELD(step.weight_decay), .lo = 0, .hi = 10,
+      .show_default = true, .help = "AdamW decoupled weight decay on matrices" },
+};
+
+static const cli_option progress_options[] = {
+    { .name = "eval-every", .arg = "N", .kind = CLI_INT64, .field = FIELD(eval_every), .min = 0, .max = 1LL << 40,
+      .show_default = true, .help = "validation every N steps, 0 = at the end only" },
+    { .name = "log-every", .arg = "N", .kind = CLI_INT64, .field = FIELD(log_every), .min = 1, .max = 1LL << 40,
+      .show_default = true, .help = "progress line every N steps" },
+    { .name = "sample-bytes", .arg = "N", .kind = CLI_INT64, .field = FIELD(sample_bytes), .min = 0, .max = 1 << 20,
+      .show_default = true, .help = "bytes of text generated at the end" },
+    { .name = "time-limit", .arg = "SEC", .kind = CLI_DOUBLE, .field = FIELD(time_limit), .lo = 0, .hi = 1e9,
+      .help = "stop after the step that passes SEC seconds (default none)" },
+    { .name = "stop-after", .arg = "N", .kind = CLI_INT64, .field = FIELD(stop_after), .min = 1, .max = 1LL << 40,
+      .help = "stop after step N (the schedule still spans --steps)" },
+    { .name = "checkpoint", .arg = "FILE", .kind = CLI_STRING, .field = FIELD(checkpoint_path),
+      .help = "save a training checkpoint (weights, AdamW, step, data position) at the end" },
+    { .name = "save-every", .arg = "N", .kind = CLI_INT64, .field = FIELD(save_every), .min = 0, .max = 1LL << 40,
+      .help = "also every N steps" },
+    { .name = "resume", .arg = "FILE", .kind = CLI_STRING, .field = FIELD(resume_path),
+      .help = "continue a run from its checkpoint, bit for bit" },
+};
+
+int cli_train(int argc, char **argv)
+{
+    mt_train_options o = mt_train_defaults();
+    cli_model model = { .config_path = o.config_path };
+    const cli_group groups[] = {
+        CLI_GROUP_ONLY("model and data", cli_model_options, &model, "config model"),
+        CLI_GROUP(NULL, data_options, &o),
+        CLI_GROUP("batch", cli_batch_options, &o.step),
+        CLI_GROUP(NULL, tokens_options, &o),
+        CLI_GROUP("optimizer", optimizer_options, &o),
+        CLI_GROUP(NULL, cli_clip_options, &o.step),
+        CLI_GROUP("progress and checkpoints", progress_options, &o),
+        CLI_GROUP("workers", cli_worker_options, &o.runtime),
+    };
+    const cli_command c = {
+        .name = cmd,
+        .usage = "usage: megatrain train [options]\n\n"
+                 "Trains a model on a text corpus with the streaming step (a StarPU task graph), shows\n"
+                 "progress and validation loss, and ends with a sample of generated text. With no\n"
+                 "options: the built-in byte-level model on the fortunes corpus.\n",
+        .groups = groups,
+        .ngroups = sizeof groups / sizeof groups[0],
+        .advanced_note = cli_speculation_note,
+    };
+    cli_given given;
+    int status;
+    if (!cli_parse(&c, argc, argv, &given, &status)) return status;
+    const int env = cli_environment(cmd, &o.runtime, &o.step);
+    if (env) return env;
+    o.config_path = model.config_path;
+    o.model_dir = model.model_dir;
+    o.dtype_explicit = cli_was_given(&given, "dtype");
+    if (o.warmup >= o.steps) o.warmup = o.steps / 10;
+    char err[1024];
+    /* Prepared data set the sequence length unless --seq-len gives one. */
+    if (!cli_was_given(&given, "seq-len") && mt_dataset_is_prepared(o.data_path)) {
+        int64_t T;
+        if (mt_dataset_seq_len(o.data_path, &T, err, sizeof err)) return cli_failed(cmd, err);
+        o.step.T = T;
+    }
+    mt_train_result res;
+    const int failed = mt_train_run(&o, &res, stdout, err, sizeof err);
+    free(res.losses);
+    return failed ? cli_failed(cmd, err) : 0;
+}
