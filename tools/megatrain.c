@@ -10,6 +10,7 @@
 
 #include "models/config.h"
 #include "runtime/dataset.h"
+#include "runtime/prepare.h"
 #include "mt_build_config.h"
 #include "mt_commit.h"
 #include "codelets/mt_starpu.h"
