@@ -134,6 +134,17 @@ static void info_help(void)
            "a host state tile is pinned where a GPU is present.\n");
 }
 
+/* MT_ATTENTION and MT_ATTENTION_QBLOCK, the CUDA backend's documented environment, into the
+ * runtime's options; a value that names nothing is reported and the default kept. */
+static void runtime_env(mt_runtime_options *ro)
+{
+    char err[128];
+    if (mt_runtime_parse_attention(getenv("MT_ATTENTION"), &ro->cuda.attention, err, sizeof err))
+        fprintf(stderr, "megatrain: %s; using auto\n", err);
+    if (mt_runtime_parse_qblock(getenv("MT_ATTENTION_QBLOCK"), &ro->cuda.qblock, err, sizeof err))
+        fprintf(stderr, "megatrain: %s; using 128w\n", err);
+}
+
 static int cmd_info(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -141,6 +152,7 @@ static int cmd_info(int argc, char **argv)
         { "ncuda", required_argument, 0, 'g' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
     };
     mt_runtime_options ro = mt_runtime_defaults();
+    runtime_env(&ro);
     long long v;
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -459,6 +471,7 @@ static int cmd_train(int argc, char **argv)
         { 0, 0, 0, 0 },
     };
     mt_train_options o = mt_train_defaults();
+    runtime_env(&o.runtime);
     bool seq_len_given = false;
     long long v;
     double x;
@@ -691,6 +704,7 @@ static int cmd_bench(int argc, char **argv)
         { 0, 0, 0, 0 },
     };
     mt_bench_options o = mt_bench_defaults();
+    runtime_env(&o.runtime);
     long long v;
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -813,6 +827,7 @@ static int cmd_grads(int argc, char **argv)
         { "dtype", required_argument, 0, O_DTYPE }, { 0, 0, 0, 0 },
     };
     mt_grads_options o = { .K = 2, .runtime = mt_runtime_defaults() };
+    runtime_env(&o.runtime);
     long long v;
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
