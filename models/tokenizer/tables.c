@@ -22,7 +22,7 @@ void mt_tok_str_map_insert(str_map *m, const char *pool, uint32_t key_off, uint3
         for (size_t i = 0; i < old.cap; i++)
             if (old.slots[i].key_len != UINT32_MAX)
                 mt_tok_str_map_insert(m, pool, old.slots[i].key_off, old.slots[i].key_len, old.slots[i].value,
-                               old.slots[i].aux);
+                                      old.slots[i].aux);
         free(old.slots);
     }
     uint64_t h = hash_bytes(pool + key_off, key_len);
