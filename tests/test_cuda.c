@@ -656,7 +656,7 @@ START_TEST(test_bench)
     mt_tile_layout lay, hl;
     mt_layout_build(&cfg, MT_TILE_LAYER, &lay);
     mt_layout_build(&cfg, MT_TILE_HEAD, &hl);
-    printf("bench (median of %d, cudaEvent; FLOPs in the design.md convention: 2 N + 2 d T per token forward, "
+    printf("bench (median of %d, cudaEvent; FLOPs: 2 N + 2 d T per token forward, "
            "twice that backward, attention counted once):\n  layer B=%lld T=%lld d=%lld H=%lld KV=%lld D=%lld "
            "I=%lld, head V=%lld\n",
            BENCH_REPS, (long long)B, (long long)T, (long long)d, (long long)cfg.heads, (long long)cfg.kv_heads,

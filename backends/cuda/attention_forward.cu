@@ -16,7 +16,7 @@ namespace {
 // running max from the start (a warp's 16 RPW rows, RPW <= 2, never straddle a key block). A
 // warp skips the blocks entirely after its rows (QW RPW > 4: the top of the diagonal) but still
 // loads and synchronises with the CTA.
-// Forms: QW = 4, RPW = 1 (64-row query blocks, the only form until 2026-11-29); QW = 8, RPW = 1
+// Forms (mt_cuda_qblock): QW = 4, RPW = 1 (64-row query blocks); QW = 8, RPW = 1
 // (128 rows, 8 warps: each K/V tile in shared memory feeds twice the rows, but each warp still
 // reads one K/V fragment per two MMAs); QW = 4, RPW = 2 (128 rows, 4 warps of 32 rows: each
 // K/V fragment a warp reads from shared memory feeds four MMAs, as FlashAttention-2's forward

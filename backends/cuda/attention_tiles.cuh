@@ -1,8 +1,11 @@
 // The building blocks of the own flash-attention kernels (attention_forward.cu,
 // attention_backward.cu): tiles of 64 rows in shared memory, mma.sync m16n8k16 (bf16 in, fp32
 // accumulate) fed by ldmatrix, global -> shared copies with cp.async (double buffered by the
-// kernels, so the next tile streams in while the current one is multiplied). Internal to
-// backends/cuda; everything here is inline device code or a compile-time constant.
+// kernels, so the next tile streams in while the current one is multiplied). Every grid of the
+// kernels launches its longest blocks first (the block index in the slowest grid dimension): the
+// causal blocks' lengths grow with their position, and short blocks launched between the long
+// ones leave SMs idle in the grid's tail. Internal to backends/cuda; everything here is inline
+// device code or a compile-time constant.
 #ifndef MT_BACKENDS_CUDA_ATTENTION_TILES_CUH
 #define MT_BACKENDS_CUDA_ATTENTION_TILES_CUH
 
