@@ -28,30 +28,43 @@ mt_runtime_options mt_runtime_defaults(void)
     return o;
 }
 
-int mt_runtime_parse_attention(const char *name, mt_cuda_attention *out, char *err, size_t errlen)
+/* names[0..n) are the choices of environment variable `var` in their enum's order: *out gets the
+ * index of name and 1 is returned; 0 for NULL or "" (*out untouched); -1 with err otherwise. */
+static int parse_choice(const char *var, const char *name, const char *const *names, int n, int *out, char *err,
+                        size_t errlen)
 {
     if (!name || !*name) return 0;
-    if (strcmp(name, "auto") == 0) *out = MT_CUDA_ATTENTION_AUTO;
-    else if (strcmp(name, "cudnn") == 0) *out = MT_CUDA_ATTENTION_CUDNN;
-    else if (strcmp(name, "own") == 0) *out = MT_CUDA_ATTENTION_OWN;
-    else {
-        snprintf(err, errlen, "MT_ATTENTION=%s is not one of auto, cudnn, own", name);
-        return -1;
-    }
-    return 0;
+    for (int i = 0; i < n; i++)
+        if (strcmp(name, names[i]) == 0) {
+            *out = i;
+            return 1;
+        }
+    int len = snprintf(err, errlen, "%s=%s is not one of", var, name);
+    for (int i = 0; i < n && len >= 0 && (size_t)len < errlen; i++)
+        len += snprintf(err + len, errlen - (size_t)len, "%s %s", i ? "," : "", names[i]);
+    return -1;
+}
+
+int mt_runtime_parse_attention(const char *name, mt_cuda_attention *out, char *err, size_t errlen)
+{
+    static const char *const names[] = {
+        [MT_CUDA_ATTENTION_AUTO] = "auto", [MT_CUDA_ATTENTION_CUDNN] = "cudnn", [MT_CUDA_ATTENTION_OWN] = "own",
+    };
+    int i;
+    const int rc = parse_choice("MT_ATTENTION", name, names, 3, &i, err, errlen);
+    if (rc > 0) *out = (mt_cuda_attention)i;
+    return rc < 0 ? -1 : 0;
 }
 
 int mt_runtime_parse_qblock(const char *name, mt_cuda_qblock *out, char *err, size_t errlen)
 {
-    if (!name || !*name) return 0;
-    if (strcmp(name, "128w") == 0) *out = MT_CUDA_QBLOCK_128W;
-    else if (strcmp(name, "64") == 0) *out = MT_CUDA_QBLOCK_64;
-    else if (strcmp(name, "128") == 0) *out = MT_CUDA_QBLOCK_128;
-    else {
-        snprintf(err, errlen, "MT_ATTENTION_QBLOCK=%s is not one of 128w, 64, 128", name);
-        return -1;
-    }
-    return 0;
+    static const char *const names[] = {
+        [MT_CUDA_QBLOCK_128W] = "128w", [MT_CUDA_QBLOCK_64] = "64", [MT_CUDA_QBLOCK_128] = "128",
+    };
+    int i;
+    const int rc = parse_choice("MT_ATTENTION_QBLOCK", name, names, 3, &i, err, errlen);
+    if (rc > 0) *out = (mt_cuda_qblock)i;
+    return rc < 0 ? -1 : 0;
 }
 
 #if MT_HAVE_CUDA

@@ -107,7 +107,6 @@ static void mt_kernel_bench_time(mt_kernel_bench *b, const char *name, const cha
     mt_kernel_bench_record(b, name, shape, bytes);
 }
 
-
 // Parameter `slot` of a tile of E, NULL when absent.
 template <class E> static const E *weight(const mt_tile_layout *layout, const E *tile, int slot)
 {
@@ -121,7 +120,7 @@ template <class E> static const E *weight(const mt_tile_layout *layout, const E 
 // KV*D elements of q and k per row, heads = H + KV). The residual adds ride in the o and down
 // GEMMs' epilogues: no kernel of their own.
 static void bench_layer(mt_kernel_bench *b, const mt_model_config *cfg, const mt_tile_layout *layout, int64_t B,
-                           int64_t T)
+                        int64_t T)
 {
     const mt_layer_dims m = mt_layer_dims_of(cfg, B, T);
     mt_layer_check(cfg, layout, &m);
@@ -180,13 +179,14 @@ static void bench_layer(mt_kernel_bench *b, const mt_model_config *cfg, const mt
     mt_kernel_bench_time(b, "rmsnorm forward", nd, 6 * n * d + 2 * d + 4 * n,
                          [&] { mt_rmsnorm_forward(n, d, x, norm_w, cfg->rms_eps, xn, inv_rms, st); });
     // cos, sin (T, D/2) fp32 written; double cos/sin: compute, not memory, bound
-    mt_kernel_bench_time(b, "rope tables", tab, 8 * T * m.half, [&] { mt_layer_rope_tables(cfg, &m, cos_t, sin_t, st); });
+    mt_kernel_bench_time(b, "rope tables", tab, 8 * T * m.half,
+                         [&] { mt_layer_rope_tables(cfg, &m, cos_t, sin_t, st); });
     // q k 2 n qk read and 2 n qk written (bf16), cos sin 8 T D/2 read;
     // [qk_norm: the weights 2 x 2D read, inv_rms 4 n heads written]
     mt_kernel_bench_time(b, cfg->qk_norm ? "q/k-norm + rope forward" : "rope forward", qks,
                          4 * n * qk + 8 * T * m.half + (cfg->qk_norm ? 4 * m.D + 4 * n * heads : 0), [&] {
-                             mt_layer_qk_rope_forward(cfg, &m, cfg->qk_norm ? qpre : q, cfg->qk_norm ? kpre : k, q, k, qw, kw,
-                                             qrms, krms, cos_t, sin_t, st);
+                             mt_layer_qk_rope_forward(cfg, &m, cfg->qk_norm ? qpre : q, cfg->qk_norm ? kpre : k, q, k,
+                                                      qw, kw, qrms, krms, cos_t, sin_t, st);
                          });
     // g u 4 n I read, s 2 n I written
     mt_kernel_bench_time(b, "swiglu forward", ni, 6 * n * I, [&] { mt_layer_swiglu_forward(n * I, g, u, s_dg, st); });
@@ -194,7 +194,8 @@ static void bench_layer(mt_kernel_bench *b, const mt_model_config *cfg, const mt
     mt_kernel_bench_time(b, "rmsnorm apply (recompute)", nd, 6 * n * d + 2 * d + 4 * n,
                          [&] { mt_rmsnorm_apply(n, d, x, norm_w, inv_rms, xn, st); });
     // g u 4 n I + ds 4 n I read, dg du 4 n I written
-    mt_kernel_bench_time(b, "swiglu backward", ni, 12 * n * I, [&] { mt_layer_swiglu_backward(n * I, g, u, ds, s_dg, du, st); });
+    mt_kernel_bench_time(b, "swiglu backward", ni, 12 * n * I,
+                         [&] { mt_layer_swiglu_backward(n * I, g, u, ds, s_dg, du, st); });
     // The MLP norm's: x dy resid 12nd + w 2d + inv_rms 4n read, dx 4nd + its bf16 copy 2nd written
     mt_kernel_bench_time(b, "rmsnorm backward (+ resid, bf16 copy)", nd, 18 * n * d + 2 * d + 4 * n,
                          [&] { mt_rmsnorm_backward(n, d, x, norm_w, inv_rms, dy, resid, dx, dres, st); });
@@ -208,8 +209,8 @@ static void bench_layer(mt_kernel_bench *b, const mt_model_config *cfg, const mt
                          6 * n * qk + 8 * T * m.half + (cfg->qkv_bias ? 4 * n * qk : 0) +
                              (cfg->qk_norm ? 6 * n * qk + 4 * n * heads + 4 * m.D : 0),
                          [&] {
-                             mt_layer_qk_rope_backward(cfg, &m, dq, dk, qpre, kpre, qw, kw, qrms, krms, dq_proj, dk_proj, cos_t,
-                                              sin_t, dq32, dk32, st);
+                             mt_layer_qk_rope_backward(cfg, &m, dq, dk, qpre, kpre, qw, kw, qrms, krms, dq_proj, dk_proj,
+                                                       cos_t, sin_t, dq32, dk32, st);
                          });
     // dq dk 4 n qk read, the two (D) fp32 gradients read and written 16 D
     if (cfg->qk_norm)
@@ -241,7 +242,8 @@ static void bench_head(mt_kernel_bench *b, const mt_model_config *cfg, int64_t r
     snprintf(shape, sizeof shape, "%lldx%lld", (long long)rows, (long long)V);
     // logits 4 rows V + targets 4 rows read, row_loss 8 rows + row_counted 4 rows written
     mt_kernel_bench_time(b, "cross-entropy (loss)", shape, 4 * rows * V + 16 * rows, [&] {
-        mt_head_cross_entropy<bf16>(rows, V, logits, targets, 1.0 / (double)rows, nullptr, row_loss, row_counted, b->stream);
+        mt_head_cross_entropy<bf16>(rows, V, logits, targets, 1.0 / (double)rows, nullptr, row_loss, row_counted,
+                                    b->stream);
     });
     // the same + dlogits 2 rows V written
     mt_kernel_bench_time(b, "cross-entropy (loss + gradient)", shape, 6 * rows * V + 16 * rows, [&] {

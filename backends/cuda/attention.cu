@@ -23,7 +23,8 @@ void check_shapes(const char *what, int64_t B, int64_t T, int64_t H, int64_t KV,
         fprintf(stderr,
                 "%s: unsupported shape B=%lld T=%lld H=%lld KV=%lld D=%lld (need H %% KV == 0, head dim "
                 "32, 64, 96 or 128, B, H <= 65535, T <= %lld: the grid's z dimension counts 64-row blocks)\n",
-                what, (long long)B, (long long)T, (long long)H, (long long)KV, (long long)D, 65535LL * mt_attention::BLOCK);
+                what, (long long)B, (long long)T, (long long)H, (long long)KV, (long long)D,
+                65535LL * mt_attention::BLOCK);
         abort();
     }
     for (int i = 0; i < nptrs; i++)

@@ -275,8 +275,10 @@ void backward(mt_cuda_qblock qblock, int64_t B, int64_t T, int64_t H, int64_t KV
         (int)T, (int)H, (int)KV, q, k, v, dout, lse, delta, dk, dv, scale_log2, scale);
     CUDA_CHECK_LAUNCH();
 
-    if (qblock == MT_CUDA_QBLOCK_128) dq_qw<D, 8>(B, T, H, KV, q, k, v, dout, lse, delta, dq, scale_log2, scale, stream);
-    else dq_qw<D, 4>(B, T, H, KV, q, k, v, dout, lse, delta, dq, scale_log2, scale, stream);
+    if (qblock == MT_CUDA_QBLOCK_128)
+        dq_qw<D, 8>(B, T, H, KV, q, k, v, dout, lse, delta, dq, scale_log2, scale, stream);
+    else
+        dq_qw<D, 4>(B, T, H, KV, q, k, v, dout, lse, delta, dq, scale_log2, scale, stream);
 }
 
 } // namespace

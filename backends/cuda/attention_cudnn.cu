@@ -366,7 +366,7 @@ extern "C" size_t mt_cuda_attention_cudnn_workspace_bytes(int64_t B, int64_t T, 
 }
 
 extern "C" int64_t mt_cuda_attention_cudnn_plan_workspace(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                                                         int backward)
+                                                          int backward)
 {
     const plan_entry *e = find_plan(backward ? BACKWARD : FORWARD, B, T, H, KV, D);
     return e && e->plan ? e->workspace : -1;

@@ -109,7 +109,7 @@ __global__ static void cross_entropy_kernel(int64_t V, const float *logits, cons
 
 template <class T>
 void mt_head_cross_entropy(int64_t rows, int64_t V, const float *logits, const int32_t *targets, double loss_scale,
-                          T *dlogits, double *row_loss, int *row_counted, cudaStream_t stream)
+                           T *dlogits, double *row_loss, int *row_counted, cudaStream_t stream)
 {
     if (dlogits)
         cross_entropy_kernel<T, true><<<(unsigned)rows, CE_THREADS, 0, stream>>>(V, logits, targets, loss_scale,
@@ -190,7 +190,7 @@ static void head_run(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile
         mt_rmsnorm_forward(rows, d, hc, norm_w, cfg->rms_eps, s.hn, s.inv_rms, stream);
         mt_linear_forward(ctx, rows, d, V, s.hn, W, nullptr, s.logits, CUDA_R_32F, stream); // (rows, V)
         mt_head_cross_entropy(rows, V, s.logits, targets + r0, loss_scale, dh ? s.dlogits : nullptr, s.row_loss,
-                      s.row_counted, stream);
+                              s.row_counted, stream);
         loss_sum_kernel<<<1, LOSS_THREADS, 0, stream>>>(rows, s.row_loss, s.row_counted, loss);
         CUDA_CHECK_LAUNCH();
         if (!dh) continue;

@@ -12,7 +12,6 @@
 #include "backends/cuda/linear.cuh"
 #include "backends/cuda/rmsnorm.cuh"
 
-
 // Parameter `slot` of a tile of E, NULL when absent.
 template <class E> static const E *weight(const mt_tile_layout *layout, const E *tile, int slot)
 {
@@ -236,7 +235,7 @@ static void layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt
                       sv.v, mt_cuda_type<E>(), stream);
     mt_layer_rope_tables(cfg, &m, fs.cos_t, fs.sin_t, stream);
     mt_layer_qk_rope_forward(cfg, &m, q_proj, k_proj, sv.q, sv.k, weight(layout, tile, MT_L_Q_NORM),
-                    weight(layout, tile, MT_L_K_NORM), sv.qrms, sv.krms, fs.cos_t, fs.sin_t, stream);
+                             weight(layout, tile, MT_L_K_NORM), sv.qrms, sv.krms, fs.cos_t, fs.sin_t, stream);
     attention_forward(ctx, &m, sv.q, sv.k, sv.v, sv.a, sv.lse, stream_); // a (n, H*D)
     mt_linear_forward_residual(ctx, n, m.qd, m.d, sv.a, weight(layout, tile, MT_L_O_W), x, sv.h, stream);
 
@@ -306,17 +305,17 @@ static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const m
     const float *dq_bias = e_is_f32 ? reinterpret_cast<const float *>(dq_proj) : s.dqp32;
     const float *dk_bias = e_is_f32 ? reinterpret_cast<const float *>(s.dkp) : s.dkp32;
     mt_layer_qk_rope_backward(cfg, &m, s.dq, s.dk, sv.qpre, sv.kpre, weight(layout, tile, MT_L_Q_NORM),
-                     weight(layout, tile, MT_L_K_NORM), sv.qrms, sv.krms, dq_proj, s.dkp, s.cos_t, s.sin_t,
-                     copies ? s.dqp32 : nullptr, copies ? s.dkp32 : nullptr, stream);
+                              weight(layout, tile, MT_L_K_NORM), sv.qrms, sv.krms, dq_proj, s.dkp, s.cos_t, s.sin_t,
+                              copies ? s.dqp32 : nullptr, copies ? s.dkp32 : nullptr, stream);
     if (cfg->qk_norm)
-        mt_layer_qk_norm_weight_grads(&m, s.dq, s.dk, grad(layout, dtile, MT_L_Q_NORM), grad(layout, dtile, MT_L_K_NORM),
-                             s.partials, stream);
+        mt_layer_qk_norm_weight_grads(&m, s.dq, s.dk, grad(layout, dtile, MT_L_Q_NORM),
+                                      grad(layout, dtile, MT_L_K_NORM), s.partials, stream);
     // dv as E for the GEMMs: dv itself when E is float
     const E *dv_e = e_is_f32 ? reinterpret_cast<const E *>(s.dv) : s.dvb;
     if (!e_is_f32) mt_cuda_from_f32(s.dv, s.dvb, n * m.kvd, stream);
     if (cfg->qkv_bias)
-        mt_layer_qkv_bias_grads(&m, dq_bias, dk_bias, s.dv, grad(layout, dtile, MT_L_Q_B), grad(layout, dtile, MT_L_K_B),
-                       grad(layout, dtile, MT_L_V_B), s.partials, stream);
+        mt_layer_qkv_bias_grads(&m, dq_bias, dk_bias, s.dv, grad(layout, dtile, MT_L_Q_B),
+                                grad(layout, dtile, MT_L_K_B), grad(layout, dtile, MT_L_V_B), s.partials, stream);
     const E *attn_norm_w = weight(layout, tile, MT_L_ATTN_NORM);
     mt_rmsnorm_apply(n, m.d, sv.x, attn_norm_w, sv.rms1, s.norm_out, stream); // xn (n, d)
     mt_linear_backward_weight(ctx, n, m.d, m.qd, s.norm_out, dq_proj, grad(layout, dtile, MT_L_Q_W), true, stream);

@@ -50,7 +50,8 @@ __global__ static void rope_table_kernel(int64_t T, int64_t half, rope_freqs fre
     }
 }
 
-void mt_layer_rope_tables(const mt_model_config *cfg, const mt_layer_dims *m, float *cos_t, float *sin_t, cudaStream_t stream)
+void mt_layer_rope_tables(const mt_model_config *cfg, const mt_layer_dims *m, float *cos_t, float *sin_t,
+                          cudaStream_t stream)
 {
     rope_freqs freqs;
     memset(&freqs, 0, sizeof freqs);
@@ -221,8 +222,8 @@ static unsigned qk_blocks(const mt_layer_dims *m)
 // written), else the rotation alone (those four unused).
 template <class E>
 void mt_layer_qk_rope_forward(const mt_model_config *cfg, const mt_layer_dims *m, const E *qsrc, const E *ksrc,
-                            E *qdst, E *kdst, const E *qw, const E *kw, float *qrms, float *krms,
-                            const float *cos_t, const float *sin_t, cudaStream_t stream)
+                              E *qdst, E *kdst, const E *qw, const E *kw, float *qrms, float *krms,
+                              const float *cos_t, const float *sin_t, cudaStream_t stream)
 {
     if (cfg->qk_norm)
         qk_rope_forward_kernel<E, true><<<qk_blocks(m), 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, qsrc,
@@ -238,9 +239,9 @@ void mt_layer_qk_rope_forward(const mt_model_config *cfg, const mt_layer_dims *m
 // The backward launch, same variants: qpre kpre qw kw qrms krms used only with cfg->qk_norm.
 template <class E>
 void mt_layer_qk_rope_backward(const mt_model_config *cfg, const mt_layer_dims *m, float *dq, float *dk, const E *qpre,
-                             const E *kpre, const E *qw, const E *kw, const float *qrms, const float *krms,
-                             E *dq_proj, E *dk_proj, const float *cos_t, const float *sin_t, float *dq32,
-                             float *dk32, cudaStream_t stream)
+                               const E *kpre, const E *qw, const E *kw, const float *qrms, const float *krms,
+                               E *dq_proj, E *dk_proj, const float *cos_t, const float *sin_t, float *dq32,
+                               float *dk32, cudaStream_t stream)
 {
     if (cfg->qk_norm)
         qk_rope_backward_kernel<E, true><<<qk_blocks(m), 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, dq, dk,
@@ -289,7 +290,7 @@ template <class E> void mt_layer_swiglu_forward(int64_t len, const E *gate, cons
 
 template <class E>
 void mt_layer_swiglu_backward(int64_t len, const E *gate, const E *up, const float *dout, E *dgate, E *dup,
-                            cudaStream_t stream)
+                              cudaStream_t stream)
 {
     swiglu_backward_kernel<<<mt_grid_for(len, 256), 256, 0, stream>>>(len, gate, up, dout, dgate, dup);
     CUDA_CHECK_LAUNCH();
@@ -305,7 +306,7 @@ struct f32_element {
 // q/k-norm weight gradients dqw dkw (D) += column sums of the summands mt_layer_qk_rope_backward left in
 // dq (n*H, D) and dk (n*KV, D).
 void mt_layer_qk_norm_weight_grads(const mt_layer_dims *m, const float *dq, const float *dk, float *dqw, float *dkw,
-                                 float *partials, cudaStream_t stream)
+                                   float *partials, cudaStream_t stream)
 {
     mt_colsum(f32_element{dq, m->D}, m->n * m->H, m->D, dqw, true, partials, stream);
     mt_colsum(f32_element{dk, m->D}, m->n * m->KV, m->D, dkw, true, partials, stream);
@@ -314,7 +315,7 @@ void mt_layer_qk_norm_weight_grads(const mt_layer_dims *m, const float *dq, cons
 // q/k/v bias gradients dqb (H*D), dkb dvb (KV*D) += column sums of the fp32 gradients at the
 // projections' outputs dq32 (n, H*D), dk32 dv (n, KV*D).
 void mt_layer_qkv_bias_grads(const mt_layer_dims *m, const float *dq32, const float *dk32, const float *dv, float *dqb,
-                           float *dkb, float *dvb, float *partials, cudaStream_t stream)
+                             float *dkb, float *dvb, float *partials, cudaStream_t stream)
 {
     mt_colsum(f32_element{dq32, m->qd}, m->n, m->qd, dqb, true, partials, stream);
     mt_colsum(f32_element{dk32, m->kvd}, m->n, m->kvd, dkb, true, partials, stream);

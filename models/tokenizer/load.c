@@ -22,7 +22,6 @@ static void byte_level_tables(int cp_to_byte[324])
     }
 }
 
-
 /* Decodes one code point of a valid UTF-8 string (jansson guarantees validity). */
 static uint32_t utf8_next(const uint8_t **s)
 {
@@ -53,7 +52,6 @@ static int byte_level_decode(const int cp_to_byte[324], const char *token, byte_
     return 0;
 }
 
-
 /* Raw bytes of a SentencePiece-style vocabulary token: "\u2581" becomes a space; "<0xXX>" (a
  * fallback byte) gives -2 with the byte in *fallback and nothing in out. -1 when the token holds a
  * literal space, which would be indistinguishable from "\u2581" here (no such file is known). */
@@ -82,7 +80,6 @@ static int spm_piece(const char *token, byte_buf *out, int *fallback)
     return 0;
 }
 
-
 /* Records the bytes of token id (an added token overrides a vocabulary entry of the same id). */
 static void set_piece(mt_tokenizer *tok, int32_t id, const char *bytes, size_t n)
 {
@@ -101,7 +98,7 @@ static int max_id(const json_t *vocab, const json_t *added, const char *path, in
     json_object_foreach((json_t *)vocab, k, v) {
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= INT32_MAX)
             return mt_fail(err, errlen, "%s: key 'model.vocab': token '%s': id must be an integer in [0, 2^31-1), got %s",
-                        path, k, mt_json_type_name(v));
+                           path, k, mt_json_type_name(v));
         if (json_integer_value(v) > max) max = json_integer_value(v);
     }
     size_t i;
@@ -131,7 +128,7 @@ static int parse_vocab(mt_tokenizer *tok, const json_t *vocab, const int cp_to_b
             if (rc == -1) {
                 free(raw.p);
                 return mt_fail(err, errlen, "%s: key 'model.vocab': token '%s' holds a space; SentencePiece-style "
-                            "vocabularies write it as U+2581", path, k);
+                               "vocabularies write it as U+2581", path, k);
             }
             if (rc == -2) { /* a fallback byte: decodes to that byte, never looked up as text */
                 char c = (char)fb;
@@ -146,7 +143,7 @@ static int parse_vocab(mt_tokenizer *tok, const json_t *vocab, const int cp_to_b
         } else if (byte_level_decode(cp_to_byte, k, &raw, &bad)) {
             free(raw.p);
             return mt_fail(err, errlen, "%s: key 'model.vocab': token '%s' has U+%04X, which is not a byte-level "
-                        "character (is this a byte-level BPE?)", path, k, (unsigned)bad);
+                           "character (is this a byte-level BPE?)", path, k, (unsigned)bad);
         }
         if (raw.len == 0) {
             free(raw.p);
@@ -164,14 +161,14 @@ static int parse_vocab(mt_tokenizer *tok, const json_t *vocab, const int cp_to_b
         for (int b = 0; b < 256; b++)
             if (tok->fallback_id[b] < 0)
                 return mt_fail(err, errlen, "%s: key 'model.vocab': no token <0x%02X>; byte_fallback needs all 256",
-                            path, b);
+                               path, b);
         return 0;
     }
     for (int b = 0; b < 256; b++) {
         char c = (char)b;
         const str_slot *s = str_map_find(&tok->vocab, tok->pieces.p, &c, 1);
         if (!s) return mt_fail(err, errlen, "%s: key 'model.vocab': no token for byte 0x%02X; a byte-level BPE "
-                            "needs all 256", path, b);
+                               "needs all 256", path, b);
         tok->byte_id[b] = s->value;
     }
     return 0;
@@ -190,7 +187,7 @@ static int32_t merge_part_id(mt_tokenizer *tok, const int cp_to_byte[324], const
         }
     } else if (byte_level_decode(cp_to_byte, part, raw, &bad)) {
         mt_fail(err, errlen, "%s: key 'model.merges[%zu]': '%s' has U+%04X, not a byte-level character", path, i, part,
-             (unsigned)bad);
+                (unsigned)bad);
         return -1;
     }
     const str_slot *s = str_map_find(&tok->vocab, tok->pieces.p, raw->p, raw->len);
@@ -219,7 +216,7 @@ static int parse_merges(mt_tokenizer *tok, const json_t *merges, const int cp_to
             char *space = split ? strchr(split, ' ') : NULL;
             if (!space || space == split || !space[1] || strchr(space + 1, ' ')) {
                 mt_fail(err, errlen, "%s: key 'model.merges[%zu]': '%s' is not two tokens separated by one space",
-                     path, i, json_string_value(m));
+                        path, i, json_string_value(m));
                 goto out;
             }
             *space = 0;
@@ -231,7 +228,7 @@ static int parse_merges(mt_tokenizer *tok, const json_t *merges, const int cp_to
             right = json_string_value(json_array_get(m, 1));
         } else {
             mt_fail(err, errlen, "%s: key 'model.merges[%zu]': expected \"a b\" or [\"a\", \"b\"], got %s", path, i,
-                 mt_json_type_name(m));
+                    mt_json_type_name(m));
             goto out;
         }
         int32_t l = merge_part_id(tok, cp_to_byte, left, &raw, path, i, err, errlen);
@@ -244,7 +241,7 @@ static int parse_merges(mt_tokenizer *tok, const json_t *merges, const int cp_to
         const str_slot *merged = str_map_find(&tok->vocab, tok->pieces.p, joined.p, joined.len);
         if (!merged) {
             mt_fail(err, errlen, "%s: key 'model.merges[%zu]': '%s%s' (the merge's result) is not in model.vocab",
-                 path, i, left, right);
+                    path, i, left, right);
             goto out;
         }
         uint64_t key = pair_key(l, r);
@@ -281,7 +278,7 @@ static int parse_added(mt_tokenizer *tok, const json_t *added, const char *path,
             return mt_fail(err, errlen, "%s: key 'added_tokens[%zu].content': missing, empty or not a string", path, i);
         if (flag(a, "lstrip") || flag(a, "rstrip") || flag(a, "single_word"))
             return mt_fail(err, errlen, "%s: key 'added_tokens[%zu]' ('%s'): lstrip, rstrip and single_word are not "
-                        "supported", path, i, json_string_value(content));
+                           "supported", path, i, json_string_value(content));
         int32_t id = (int32_t)json_integer_value(lookup(a, "id"));
         size_t len = json_string_length(content);
         added_token *t = &tok->added[tok->n_added++];
@@ -317,11 +314,11 @@ static int parse_model(mt_tokenizer *tok, const json_t *root, const char *path, 
     const char *suffix = json_string_value(lookup(model, "end_of_word_suffix"));
     if ((prefix && *prefix) || (suffix && *suffix))
         return mt_fail(err, errlen, "%s: key 'model.continuing_subword_prefix'/'end_of_word_suffix': not supported",
-                    path);
+                       path);
     json_t *dropout = lookup(model, "dropout");
     if (dropout && json_number_value(dropout) != 0)
         return mt_fail(err, errlen, "%s: key 'model.dropout': BPE dropout is for training tokenizers; not supported",
-                    path);
+                       path);
     tok->ignore_merges = flag(model, "ignore_merges");
 
     int64_t max = -1;

@@ -26,7 +26,7 @@ static int compile_split(mt_tokenizer *tok, const char *pattern, const char *pat
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(code, msg, sizeof msg);
         return mt_fail(err, errlen, "%s: key '%s': PCRE2 cannot compile the regex at offset %zu: %s", path, key,
-                    (size_t)offset, (const char *)msg);
+                       (size_t)offset, (const char *)msg);
     }
     /* JIT is only speed: without it (unsupported CPU) the interpreter gives the same matches. */
     (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
@@ -46,7 +46,7 @@ static int parse_byte_level(mt_tokenizer *tok, const json_t *pre, const char *pa
 {
     if (flag(pre, "add_prefix_space"))
         return mt_fail(err, errlen, "%s: key '%s.add_prefix_space': true is not supported (Llama-3 and Qwen use false)",
-                    path, key);
+                       path, key);
     json_t *use_regex = lookup(pre, "use_regex");
     if (!use_regex || json_is_true(use_regex)) return compile_split(tok, GPT2_PATTERN, path, key, err, errlen);
     return 0;
@@ -57,13 +57,13 @@ int mt_tok_parse_pre_tokenizer(mt_tokenizer *tok, const json_t *root, const char
     json_t *pre = lookup(root, "pre_tokenizer");
     if (!pre)
         return mt_fail(err, errlen, "%s: key 'pre_tokenizer': missing; only byte-level BPE tokenizers are supported",
-                    path);
+                       path);
     const char *type = json_string_value(lookup(pre, "type"));
     if (!type) return mt_fail(err, errlen, "%s: key 'pre_tokenizer.type': missing or not a string", path);
     if (strcmp(type, "ByteLevel") == 0) return parse_byte_level(tok, pre, path, "pre_tokenizer", err, errlen);
     if (strcmp(type, "Sequence") != 0)
         return mt_fail(err, errlen, "%s: key 'pre_tokenizer.type': '%s' is not supported (ByteLevel or Sequence)",
-                    path, type);
+                       path, type);
     json_t *steps = lookup(pre, "pretokenizers");
     if (!json_is_array(steps))
         return mt_fail(err, errlen, "%s: key 'pre_tokenizer.pretokenizers': missing or not an array", path);
@@ -83,11 +83,11 @@ int mt_tok_parse_pre_tokenizer(mt_tokenizer *tok, const json_t *root, const char
         }
         if (!st || strcmp(st, "Split") != 0)
             return mt_fail(err, errlen, "%s: key '%s.type': '%s' is not supported (Split or ByteLevel)", path, key,
-                        st ? st : "(missing)");
+                           st ? st : "(missing)");
         const char *regex = json_string_value(lookup(lookup(step, "pattern"), "Regex"));
         if (!regex)
             return mt_fail(err, errlen, "%s: key '%s.pattern.Regex': missing (string patterns are not supported)",
-                        path, key);
+                           path, key);
         const char *behavior = json_string_value(lookup(step, "behavior"));
         if (!behavior || strcmp(behavior, "Isolated") != 0 || flag(step, "invert"))
             return mt_fail(err, errlen, "%s: key '%s.behavior': only Isolated without invert is supported", path, key);
@@ -97,7 +97,7 @@ int mt_tok_parse_pre_tokenizer(mt_tokenizer *tok, const json_t *root, const char
     }
     if (!byte_level)
         return mt_fail(err, errlen, "%s: key 'pre_tokenizer.pretokenizers': no ByteLevel step; only byte-level BPE "
-                    "tokenizers are supported", path);
+                       "tokenizers are supported", path);
     return 0;
 }
 
@@ -154,7 +154,7 @@ int mt_tok_parse_spm(mt_tokenizer *tok, const json_t *root, const char *path, ch
             else {
                 json_decref(single);
                 return mt_fail(err, errlen, "%s: key 'normalizer': step %zu is not supported with byte_fallback (only "
-                            "Prepend(\"\u2581\") and Replace(\" \", \"\u2581\"), as Llama 2 and Mistral write)", path, i);
+                               "Prepend(\"\u2581\") and Replace(\" \", \"\u2581\"), as Llama 2 and Mistral write)", path, i);
             }
         }
         json_decref(single);
@@ -164,25 +164,25 @@ int mt_tok_parse_spm(mt_tokenizer *tok, const json_t *root, const char *path, ch
     if (pre) {
         if (!str_is(lookup(pre, "type"), "Metaspace") || !str_is(lookup(pre, "replacement"), MT_TOK_METASPACE))
             return mt_fail(err, errlen, "%s: key 'pre_tokenizer': only Metaspace with replacement \"\u2581\" is "
-                        "supported with byte_fallback", path);
+                           "supported with byte_fallback", path);
         if (flag(pre, "split"))
             return mt_fail(err, errlen, "%s: key 'pre_tokenizer.split': true is not supported (Mistral writes false)",
-                        path);
+                           path);
         if (prepend)
             return mt_fail(err, errlen, "%s: key 'pre_tokenizer': a Metaspace pre-tokenizer after a Prepend "
-                        "normalizer is not supported", path);
+                           "normalizer is not supported", path);
         const char *scheme = json_string_value(lookup(pre, "prepend_scheme"));
         if (!metaspace_prepends(pre)) tok->spm_prepend = SPM_PREPEND_NEVER;
         else if (scheme && strcmp(scheme, "first") == 0) tok->spm_prepend = SPM_PREPEND_FIRST;
         else if (!scheme || strcmp(scheme, "always") == 0) tok->spm_prepend = SPM_PREPEND_ALWAYS;
         else return mt_fail(err, errlen, "%s: key 'pre_tokenizer.prepend_scheme': '%s' is not first, always or never",
-                         path, scheme);
+                            path, scheme);
         tok->spm_metaspace = true;
         replace = true;
     }
     if (!replace)
         return mt_fail(err, errlen, "%s: key 'normalizer': spaces are never written as \"\u2581\" (byte_fallback "
-                    "needs a Replace normalizer or a Metaspace pre-tokenizer)", path);
+                       "needs a Replace normalizer or a Metaspace pre-tokenizer)", path);
     json_t *dec = lookup(root, "decoder");
     tok->spm_strip = SPM_STRIP_NONE;
     if (!dec) return 0;

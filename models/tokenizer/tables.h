@@ -48,7 +48,6 @@ static inline void offs_append(off_buf *b, size_t v)
     b->p[b->len++] = v;
 }
 
-
 /* ---- hash maps ---- */
 
 static inline uint64_t hash_bytes(const char *s, size_t n) { return mt_fnv1a64(MT_FNV1A64_START, s, n); }
@@ -79,7 +78,6 @@ static inline str_slot *str_map_find(const str_map *m, const char *pool, const c
         if (s->hash == h && s->key_len == n && memcmp(pool + s->key_off, key, n) == 0) return s;
     }
 }
-
 
 /* Inserts a key already stored in pool at key_off; the caller has checked it is absent. */
 void mt_tok_str_map_insert(str_map *m, const char *pool, uint32_t key_off, uint32_t key_len, int32_t value,
@@ -124,6 +122,5 @@ static inline int utf8_len(const uint8_t *s, size_t n)
         if (s[i] < 0x80 || s[i] > 0xBF) return 0;
     return len;
 }
-
 
 #endif
