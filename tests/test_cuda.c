@@ -315,8 +315,8 @@ static void run_attention_case(int64_t B, int64_t T, int64_t H, int64_t KV, int6
     mt_test_rng_seed(&rng, (uint64_t)(100 + D + KV));
     float *q = frandom(&rng, nq, 1.0f), *k = frandom(&rng, nkv, 1.0f), *v = frandom(&rng, nkv, 1.0f);
     float *dout = frandom(&rng, nq, 1.0f);
-    mt_bf16 *qb = mt_xcalloc(1, (size_t)nq * 2), *kb = mt_xcalloc(1, (size_t)nkv * 2), *vb = mt_xcalloc(1, (size_t)nkv * 2);
-    mt_bf16 *dob = mt_xcalloc(1, (size_t)nq * 2);
+    mt_bf16 *qb = mt_xcalloc((size_t)nq, 2), *kb = mt_xcalloc((size_t)nkv, 2), *vb = mt_xcalloc((size_t)nkv, 2);
+    mt_bf16 *dob = mt_xcalloc((size_t)nq, 2);
     round_bf16(q, nq, qb), round_bf16(k, nkv, kb), round_bf16(v, nkv, vb), round_bf16(dout, nq, dob);
 
     float *out = falloc(nq), *lse = falloc(nl), *dq = falloc(nq), *dk = falloc(nkv), *dv = falloc(nkv);
