@@ -2,7 +2,8 @@
  * style: PCRE2 regex pre-tokenisation, GPT-2 byte-to-unicode mapping) or SentencePiece-style
  * (Llama 2, Mistral: "\u2581" for spaces, byte fallback, one word per section between added
  * tokens). Added tokens are split out literally; merges go by rank. Owns the vocabulary, the
- * merge table and a per-word cache. */
+ * merge table and a per-word cache. Implemented in models/tokenizer/: loading (load.c, the text
+ * pipeline in pipeline.c), BPE (bpe.c), encoding and decoding (encode.c). */
 #ifndef MT_MODELS_TOKENIZER_H
 #define MT_MODELS_TOKENIZER_H
 

@@ -204,7 +204,7 @@ static int trace_capacity(const mt_bench_options *o, const mt_step_config *sc, c
 static void gpu_time(const mt_bench_options *o, bool traced, const timeline *tl, mt_bench_result *r)
 {
     mt_policy_trace_record *records = NULL;
-    int n = 0, dropped = traced ? mt_policy_trace_end(&records, &n) : -1;
+    int n = 0, dropped = traced ? mt_policy_trace_end(MT_SCHED_CTX_INITIAL, &records, &n) : -1;
     mt_bench_gpu_breakdown(records, n, &r->gpu);
     free(records);
     r->gpu.dropped = dropped > 0 ? dropped : 0;
@@ -306,7 +306,7 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
         mt_graph_log_defer(g, log, prefix);
     }
     r->deferred = mt_graph_defers(g);
-    mt_policy_set_prefetch(o->prefetch);
+    mt_policy_set_prefetch(MT_SCHED_CTX_INITIAL, o->prefetch);
     r->layers = cfg->layers;
     r->checkpoints = (cfg->layers + sc->K - 1) / sc->K;
     r->checkpoint_gib = (double)sc->B * sc->T * cfg->hidden * sizeof(float) / 1073741824.0;
@@ -347,7 +347,7 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
             pthread_mutex_lock(&tl.lock);
             tl.peak_gpu = 0;
             pthread_mutex_unlock(&tl.lock);
-            traced = mt_policy_trace_begin(trace_capacity(o, sc, cfg)) == 0;
+            traced = mt_policy_trace_begin(MT_SCHED_CTX_INITIAL, trace_capacity(o, sc, cfg)) == 0;
             adamw_cpu0 = mt_codelet_adamw_seconds();
             mt_codelet_adamw_seconds_by_kind(kind0);
             rc0 = mt_codelet_ranged_counts();

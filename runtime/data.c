@@ -9,6 +9,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "models/util.h"
+
 #define BLOCK 4096
 
 typedef struct buffer { uint8_t *p; int64_t n, cap; } buffer;
@@ -29,28 +31,23 @@ static int append(buffer *b, const uint8_t *src, int64_t n)
     return 0;
 }
 
+/* Appends the file's bytes to b; the first file's buffer becomes b itself, so a corpus of one
+ * file is never copied. */
 static int read_file(const char *path, buffer *b, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-        return -1;
+    size_t len;
+    char *text = mt_read_file(path, &len, err, errlen);
+    if (!text) return -1;
+    if (b->n == 0) {
+        free(b->p);
+        b->p = (uint8_t *)text;
+        b->n = b->cap = (int64_t)len;
+        return 0;
     }
-    uint8_t chunk[1 << 16];
-    size_t got;
-    while ((got = fread(chunk, 1, sizeof chunk, f)) > 0)
-        if (append(b, chunk, (int64_t)got)) {
-            fclose(f);
-            snprintf(err, errlen, "%s: out of memory after %lld bytes of the corpus", path, (long long)b->n);
-            return -1;
-        }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        snprintf(err, errlen, "%s: read error", path);
-        return -1;
-    }
-    return 0;
+    const int rc = append(b, (const uint8_t *)text, (int64_t)len);
+    free(text);
+    if (rc) snprintf(err, errlen, "%s: out of memory after %lld bytes of the corpus", path, (long long)b->n);
+    return rc;
 }
 
 static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }

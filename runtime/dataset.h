@@ -1,76 +1,19 @@
-/* Prepared token data for SFT and pre-training: `megatrain prepare` turns plain text or JSONL
- * conversations (alpaca, sharegpt) into packed token shards with a loss mask; the trainer reads
- * them back in windows. docs/data.md specifies the shard format and meta.json. */
+/* Prepared token data as the trainer reads it: a directory `megatrain prepare` wrote
+ * (runtime/prepare.h: meta.json and the shards of runtime/shard.h) read back in windows, and a
+ * run's training data, which is such a directory or a plain text corpus (runtime/data.h). */
 #ifndef MT_RUNTIME_DATASET_H
 #define MT_RUNTIME_DATASET_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 
-#include "models/chat_template.h"
 #include "runtime/data.h"
-
-typedef enum mt_input_format { MT_INPUT_TEXT, MT_INPUT_ALPACA, MT_INPUT_SHAREGPT } mt_input_format;
-typedef enum mt_text_unit { MT_TEXT_PARAGRAPH, MT_TEXT_FILE } mt_text_unit;
-
-/* ---- shards ------------------------------------------------------------------------------- */
-
-#define MT_SHARD_MAGIC "MTSHARDS"
-#define MT_SHARD_VERSION 1
-#define MT_SHARD_HEADER_BYTES 64
-#define MT_SHARD_DTYPE_INT32 1
-#define MT_SHARD_DTYPE_UINT8 2
-
-/* Writes one shard: the 64-byte header, then tokens (n_seq, seq_len + 1) int32 little-endian,
- * then mask (n_seq, seq_len + 1) uint8. Flushed and fsync'd. -1 with err naming the path. */
-int mt_shard_write(const char *path, int64_t seq_len, int64_t n_seq, const int32_t *tokens, const uint8_t *mask,
-                   char *err, size_t errlen);
-
-/* Reads a shard, checking magic, version, dtypes, size and checksum; *tokens and *mask are
- * malloc'd (free them). -1 with err naming the path and what is wrong. */
-int mt_shard_read(const char *path, int64_t *seq_len, int64_t *n_seq, int32_t **tokens, uint8_t **mask,
-                  char *err, size_t errlen);
-
-/* ---- preparation -------------------------------------------------------------------------- */
-
-typedef struct mt_prepare_options {
-    const char *tokenizer_path;  /* tokenizer.json */
-    const char *input_path;      /* a file, or a directory whose regular files are read in name order */
-    const char *output_dir;      /* must not exist; written as output_dir.tmp, then renamed */
-    mt_input_format format;
-    mt_chat_family family;
-    mt_text_unit text_unit;      /* plain text: a document is a paragraph (default) or a file */
-    int64_t seq_len;             /* T: windows hold T + 1 tokens */
-    double val_fraction;         /* of the documents, after shuffling */
-    uint64_t seed;               /* document shuffle */
-    int64_t shard_sequences;     /* windows per shard file; 0 = about 256 MiB of tokens */
-} mt_prepare_options;
-
-mt_prepare_options mt_prepare_defaults(void);
-
-typedef struct mt_prepare_result {
-    int64_t documents[2], sequences[2], tokens[2], trained[2];  /* [0] train, [1] validation */
-} mt_prepare_result;
-
-/* Runs the preparation. Progress lines go to log (NULL: silent). -1 with err naming the file
- * and line for bad input (JSONL syntax, a missing key, a wrong type, a bad conversation). */
-int mt_prepare(const mt_prepare_options *o, mt_prepare_result *res, FILE *log, char *err, size_t errlen);
 
 /* The document order of a split: a seeded Fisher-Yates permutation of 0..ndocs-1; the first
  * *nval entries are the validation documents (round(val_fraction * ndocs), at least 1 when
  * val_fraction > 0, at most ndocs - 1). order holds ndocs entries. */
 void mt_dataset_split_order(int64_t ndocs, double val_fraction, uint64_t seed, int64_t *order, int64_t *nval);
-
-/* Packs documents (doc i = tokens[offsets[i]..offsets[i+1]) with its mask) in the given order:
- * each document then `separator` (mask separator_mask), concatenated, cut into windows of T + 1
- * tokens with stride T (the last token of a window is the first of the next); the last window is
- * padded with the separator at mask 0. Returns the number of windows; *tokens_out, *mask_out are
- * malloc'd (windows, T + 1). */
-int64_t mt_dataset_pack(const int32_t *tokens, const uint8_t *mask, const int64_t *offsets, const int64_t *order,
-                        int64_t ndocs, int32_t separator, uint8_t separator_mask, int64_t T,
-                        int32_t **tokens_out, uint8_t **mask_out);
 
 /* ---- reading ------------------------------------------------------------------------------ */
 

@@ -13,8 +13,8 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "models/util.h"
 #include "runtime/state.h"
 
 #define MAX_PENDING 64
@@ -70,14 +70,16 @@ typedef struct policy_data {
 
 static void init_policy(unsigned ctx);
 
-/* The policy instance of the running context, or NULL when another policy runs. Assumes
- * StarPU is initialised. StarPU runs a copy of the policy structure (load_sched_policy copies
- * it into the context's own), so the copy is known by its methods, not by its address. */
-static policy_data *running(void)
+/* The policy instance of scheduling context sched_ctx, or NULL when another policy runs there.
+ * Assumes StarPU is initialised. StarPU runs a copy of the policy structure (load_sched_policy
+ * copies it into the context's own), so the copy is known by its methods, not by its address. */
+static policy_data *running(unsigned sched_ctx)
 {
-    const struct starpu_sched_policy *p = starpu_sched_get_sched_policy();
+    STARPU_ASSERT_MSG(sched_ctx < STARPU_NMAX_SCHED_CTXS, "megatrain policy: scheduling context %u does not exist",
+                      sched_ctx);
+    const struct starpu_sched_policy *p = starpu_sched_get_sched_policy_in_ctx(sched_ctx);
     if (!p || p->init_sched != init_policy) return NULL;
-    return starpu_sched_ctx_get_policy_data(0); /* the initial (global) context */
+    return starpu_sched_ctx_get_policy_data(sched_ctx);
 }
 
 static void init_policy(unsigned ctx)
@@ -87,11 +89,10 @@ static void init_policy(unsigned ctx)
     starpu_task_list_init(&d->cpu_tasks);
     STARPU_PTHREAD_MUTEX_INIT(&d->lock, NULL);
     d->ncuda = (int)starpu_cuda_worker_get_count();
-    /* On: layer i+1's weights are prefetched from layer i's pre_exec_hook (design.md). Until
-     * running() knew the policy by its methods the prefetch never ran; made reachable it aborted
-     * StarPU on the GPU ("Could not find a valid copy of the data") because layer 0's backward
-     * hinted tile 0 at its current version while that tile's AdamW partition could be active;
-     * step.c now hints the next step's tile 0, after its update lands. */
+    /* On: layer i+1's weights are prefetched from layer i's pre_exec_hook. A hint never names a
+     * tile whose AdamW partition may still be active (StarPU aborts with "Could not find a valid
+     * copy of the data" when a prefetch meets it), so the graph hints the next step's tile 0 only
+     * for the version its update brings (step.c). */
     d->prefetch = 1;
     /* A priority per tile (the graph ranks AdamW by how soon the next forward needs it). */
     starpu_sched_ctx_set_min_priority(ctx, -1000);
@@ -254,10 +255,8 @@ static void trace_task(policy_data *d, struct starpu_task *task, int kind)
     if (w < 0 || starpu_worker_get_type(w) != STARPU_CUDA_WORKER) return;
     int i = atomic_fetch_add_explicit(&d->nevents, 1, memory_order_relaxed);
     if (i >= d->capacity) return;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
     const char *name = task->cl && task->cl->name ? task->cl->name : starpu_task_get_name(task);
-    d->events[i] = (trace_event){ .task = task, .seq = i, .t = ts.tv_sec + ts.tv_nsec * 1e-9,
+    d->events[i] = (trace_event){ .task = task, .seq = i, .t = mt_clock_s(),
                                   .name = name ? name : "?",
                                   .first = STARPU_TASK_GET_NBUFFERS(task) > 0 ? STARPU_TASK_GET_HANDLE(task, 0) : NULL,
                                   .worker = w, .kind = kind };
@@ -305,10 +304,10 @@ void *mt_policy_hint(int tile, uint32_t version)
  * Never while the graph is submitting an update of the tile (between its partition and
  * unpartition submits, when StarPU counts the handle as partitioned): the prefetch of a
  * partitioned handle makes StarPU submit an implicit unpartition from this worker thread,
- * racing the graph's own (the H200 aborted with "handle is not initialized, it cannot be read"
- * in the graph's unpartition of a small model, whose steps are milliseconds). The window is
- * the submitting thread's few microseconds, not the update's run: holding prefetches back
- * until the update landed cost the 3B step 0.1-0.6 s, as updates are submitted a step ahead. */
+ * racing the graph's own (StarPU then aborts with "handle is not initialized, it cannot be read").
+ * The window is the submitting thread's few microseconds, not the update's run: holding the
+ * prefetch back until the update lands would delay the next layer's weights by a whole update,
+ * as updates are submitted a step ahead. */
 static void prefetch_tile(policy_data *d, int tile, unsigned node)
 {
     if (d->submitting[tile]) return;
@@ -343,18 +342,18 @@ static void post_exec_hook(struct starpu_task *task, unsigned ctx)
     if (tracing(d)) trace_task(d, task, TRACE_END);
 }
 
-void mt_policy_tile_submitting(int tile, bool submitting)
+void mt_policy_tile_submitting(unsigned sched_ctx, int tile, bool submitting)
 {
-    policy_data *d = running();
+    policy_data *d = running(sched_ctx);
     if (!d) return;
     STARPU_PTHREAD_MUTEX_LOCK(&d->lock);
     if (d->st && tile >= 0 && tile < d->st->ntiles) d->submitting[tile] = submitting;
     STARPU_PTHREAD_MUTEX_UNLOCK(&d->lock);
 }
 
-void mt_policy_tile_updated(int tile)
+void mt_policy_tile_updated(unsigned sched_ctx, int tile)
 {
-    policy_data *d = running();
+    policy_data *d = running(sched_ctx);
     if (!d) return;
     STARPU_PTHREAD_MUTEX_LOCK(&d->lock);
     if (d->st && tile >= 0 && tile < d->st->ntiles) {
@@ -371,9 +370,9 @@ void mt_policy_tile_updated(int tile)
     STARPU_PTHREAD_MUTEX_UNLOCK(&d->lock);
 }
 
-void mt_policy_attach(struct mt_host_state *st)
+void mt_policy_attach(unsigned sched_ctx, struct mt_host_state *st)
 {
-    policy_data *d = running();
+    policy_data *d = running(sched_ctx);
     if (!d) return;
     STARPU_PTHREAD_MUTEX_LOCK(&d->lock);
     d->st = st;
@@ -385,9 +384,9 @@ void mt_policy_attach(struct mt_host_state *st)
     STARPU_PTHREAD_MUTEX_UNLOCK(&d->lock);
 }
 
-void mt_policy_detach(void)
+void mt_policy_detach(unsigned sched_ctx)
 {
-    policy_data *d = running();
+    policy_data *d = running(sched_ctx);
     if (!d) return;
     STARPU_PTHREAD_MUTEX_LOCK(&d->lock);
     d->st = NULL;
@@ -395,15 +394,15 @@ void mt_policy_detach(void)
     STARPU_PTHREAD_MUTEX_UNLOCK(&d->lock);
 }
 
-void mt_policy_set_prefetch(int enabled)
+void mt_policy_set_prefetch(unsigned sched_ctx, int enabled)
 {
-    policy_data *d = running();
+    policy_data *d = running(sched_ctx);
     if (d) d->prefetch = enabled;
 }
 
-int mt_policy_trace_begin(int capacity)
+int mt_policy_trace_begin(unsigned sched_ctx, int capacity)
 {
-    policy_data *d = running();
+    policy_data *d = running(sched_ctx);
     if (!d) return -1;
     STARPU_ASSERT_MSG(capacity > 0, "mt_policy_trace_begin: capacity %d, give room for at least one event", capacity);
     STARPU_ASSERT_MSG(!tracing(d), "mt_policy_trace_begin: a trace is already on; end it first");
@@ -433,11 +432,11 @@ static int tile_of(const policy_data *d, starpu_data_handle_t h)
     return -1;
 }
 
-int mt_policy_trace_end(mt_policy_trace_record **records, int *n)
+int mt_policy_trace_end(unsigned sched_ctx, mt_policy_trace_record **records, int *n)
 {
     *records = NULL;
     *n = 0;
-    policy_data *d = running();
+    policy_data *d = running(sched_ctx);
     if (!d || !tracing(d)) return -1;
     atomic_store_explicit(&d->tracing, 0, memory_order_seq_cst);
     int claimed = atomic_load_explicit(&d->nevents, memory_order_acquire);

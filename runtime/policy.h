@@ -1,6 +1,6 @@
 /* The "megatrain" StarPU scheduling policy: GPU tasks run in program order, CPU tasks by
  * priority, and the weights of the next layer are prefetched to the GPU from the pre-execution
- * hook of the current one (design.md: prefetching from pop_task thrashes under a tight budget),
+ * hook of the current one (prefetching from pop_task thrashes under a tight memory budget),
  * only once that layer's AdamW update has landed. */
 #ifndef MT_RUNTIME_POLICY_H
 #define MT_RUNTIME_POLICY_H
@@ -20,22 +20,29 @@ extern struct starpu_sched_policy mt_sched_policy;
  * that tile have landed. Encoded in the pointer itself: nothing to free. tile < 0: no hint. */
 void *mt_policy_hint(int tile, uint32_t version);
 
-/* Binds the policy (when it is the running one) to a host state's weight handles; detach before
- * the state is destroyed. No effect under other policies. */
-void mt_policy_attach(struct mt_host_state *st);
-void mt_policy_detach(void);
+/* StarPU's initial scheduling context, the one starpu_init (so mt_runtime_init) creates and the
+ * policy it was given runs in: id 0 in StarPU's API, where starpu_sched_ctx_create hands out the
+ * others. The functions below take the context whose policy they address; each is a no-op (or
+ * returns -1) when another policy runs there, and assumes StarPU is initialised. */
+#define MT_SCHED_CTX_INITIAL 0u
+
+/* Binds the context's policy to a host state's weight handles; detach before the state is
+ * destroyed. */
+void mt_policy_attach(unsigned sched_ctx, struct mt_host_state *st);
+void mt_policy_detach(unsigned sched_ctx);
 
 /* The graph brackets its submission of an update of `tile` (partition, AdamW tasks, unpartition)
  * with this, true then false: meanwhile the tile is not prefetched (StarPU counts the handle as
  * partitioned then, and prefetching a partitioned handle unpartitions it). */
-void mt_policy_tile_submitting(int tile, bool submitting);
+void mt_policy_tile_submitting(unsigned sched_ctx, int tile, bool submitting);
 
 /* The graph calls this when an update of `tile` has landed (its streamed weights are whole and
  * current in host memory): issues a prefetch that was waiting for it. */
-void mt_policy_tile_updated(int tile);
+void mt_policy_tile_updated(unsigned sched_ctx, int tile);
 
-/* Whether prefetching is on; off by default (see init_policy in policy.c): `bench --prefetch`. */
-void mt_policy_set_prefetch(int enabled);
+/* Whether the pre-execution hook prefetches; on from the policy's start (`bench --no-prefetch`
+ * turns it off to measure what it brings). */
+void mt_policy_set_prefetch(unsigned sched_ctx, int enabled);
 
 /* One task a CUDA worker ran while the trace was on. Times are CLOCK_MONOTONIC seconds. */
 typedef struct mt_policy_trace_record {
@@ -49,14 +56,14 @@ typedef struct mt_policy_trace_record {
 } mt_policy_trace_record;
 
 /* Starts recording every task a CUDA worker runs, into room for `capacity` events (three per
- * task: pop, start, end). Returns 0, or -1 when the megatrain policy is not the running one (other
- * policies have no hooks). Costs nothing while off; while on, one atomic add per event. */
-int mt_policy_trace_begin(int capacity);
+ * task: pop, start, end). Returns 0, or -1 when the megatrain policy does not run in the context
+ * (other policies have no hooks). Costs nothing while off; while on, one atomic add per event. */
+int mt_policy_trace_begin(unsigned sched_ctx, int capacity);
 
 /* Stops the trace; call it with no task running (after starpu_task_wait_for_all). *records gets
  * the tasks that both started and ended while it ran, in no particular order (malloc'd, the
  * caller frees it), *n their count. Returns how many events did not fit in the capacity (0: complete), or -1
  * when no trace runs. */
-int mt_policy_trace_end(mt_policy_trace_record **records, int *n);
+int mt_policy_trace_end(unsigned sched_ctx, mt_policy_trace_record **records, int *n);
 
 #endif

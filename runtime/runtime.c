@@ -1,5 +1,6 @@
-/* Starting and stopping StarPU for megatrain. Policy and worker counts are always explicit:
- * StarPU's default policy (lws) was seen stalling on many small CPU tasks (design.md). */
+/* Starting and stopping StarPU for megatrain. Policy and worker counts are always explicit: a
+ * run does what its options say whatever STARPU_SCHED says, and StarPU's default policy (lws)
+ * can stall on the step's many small CPU tasks. */
 #include "runtime/runtime.h"
 
 #include <cblas.h>
@@ -11,6 +12,9 @@
 
 #include "mt_build_config.h"
 #include "runtime/policy.h"
+#if MT_HAVE_CUDA
+#include "backends/cuda/kernels.h"
+#endif
 
 static const char *const known_policies[] = {
     "megatrain", "eager", "dmda", "dm", "dmdas", "prio", "random", "ws", "lws", "heft", "peager", NULL,
@@ -20,9 +24,54 @@ const char *mt_default_sched(void) { return "megatrain"; }
 
 mt_runtime_options mt_runtime_defaults(void)
 {
-    mt_runtime_options o = { .sched = NULL, .ncpu = -1, .ncuda = -1 };
+    mt_runtime_options o = { .sched = NULL, .ncpu = -1, .ncuda = -1, .cuda = { 0 } };
     return o;
 }
+
+/* names[0..n) are the choices of environment variable `var` in their enum's order: *out gets the
+ * index of name and 1 is returned; 0 for NULL or "" (*out untouched); -1 with err otherwise. */
+static int parse_choice(const char *var, const char *name, const char *const *names, int n, int *out, char *err,
+                        size_t errlen)
+{
+    if (!name || !*name) return 0;
+    for (int i = 0; i < n; i++)
+        if (strcmp(name, names[i]) == 0) {
+            *out = i;
+            return 1;
+        }
+    int len = snprintf(err, errlen, "%s=%s is not one of", var, name);
+    for (int i = 0; i < n && len >= 0 && (size_t)len < errlen; i++)
+        len += snprintf(err + len, errlen - (size_t)len, "%s %s", i ? "," : "", names[i]);
+    return -1;
+}
+
+int mt_runtime_parse_attention(const char *name, mt_cuda_attention *out, char *err, size_t errlen)
+{
+    static const char *const names[] = {
+        [MT_CUDA_ATTENTION_AUTO] = "auto", [MT_CUDA_ATTENTION_CUDNN] = "cudnn", [MT_CUDA_ATTENTION_OWN] = "own",
+    };
+    int i;
+    const int rc = parse_choice("MT_ATTENTION", name, names, 3, &i, err, errlen);
+    if (rc > 0) *out = (mt_cuda_attention)i;
+    return rc < 0 ? -1 : 0;
+}
+
+int mt_runtime_parse_qblock(const char *name, mt_cuda_qblock *out, char *err, size_t errlen)
+{
+    static const char *const names[] = {
+        [MT_CUDA_QBLOCK_128W] = "128w", [MT_CUDA_QBLOCK_64] = "64", [MT_CUDA_QBLOCK_128] = "128",
+    };
+    int i;
+    const int rc = parse_choice("MT_ATTENTION_QBLOCK", name, names, 3, &i, err, errlen);
+    if (rc > 0) *out = (mt_cuda_qblock)i;
+    return rc < 0 ? -1 : 0;
+}
+
+#if MT_HAVE_CUDA
+/* Runs on each CUDA worker's thread (starpu_execute_on_each_worker): that thread's backend
+ * context takes the options; its device resources still wait for the first task. */
+static void configure_cuda_worker(void *arg) { mt_cuda_ctx_configure(arg); }
+#endif
 
 static bool policy_known(const char *name)
 {
@@ -61,6 +110,9 @@ int mt_runtime_init(const mt_runtime_options *opts, char *err, size_t errlen)
         snprintf(err, errlen, "starpu_init failed (%d)", ret);
         return -1;
     }
+#if MT_HAVE_CUDA
+    if (starpu_cuda_worker_get_count() > 0) starpu_execute_on_each_worker(configure_cuda_worker, &o.cuda, STARPU_CUDA);
+#endif
     return 0;
 }
 

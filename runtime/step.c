@@ -254,7 +254,7 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
     g->h_eval_tokens = host_vector(g->eval_tokens, g->ntok, sizeof(int32_t));
     g->h_eval_targets = host_vector(g->eval_targets, g->ntok, sizeof(int32_t));
     g->h_eval_loss = host_vector(g->eval_loss, 2, sizeof(double));
-    mt_policy_attach(st);
+    mt_policy_attach(MT_SCHED_CTX_INITIAL, st);
     return g;
 }
 
@@ -273,7 +273,7 @@ void mt_graph_destroy(mt_graph *g)
     if (!g) return;
     mt_graph_flush(g);
     starpu_task_wait_for_all();
-    mt_policy_detach();
+    mt_policy_detach(MT_SCHED_CTX_INITIAL);
     for (int b = 0; b < g->nblocks * g->sc.accum; b++) starpu_data_unregister(g->ckpt[b]);
     for (int u = 0; u < g->sc.accum; u++)
         for (int i = 0; i < 2; i++) {
@@ -646,7 +646,7 @@ void mt_graph_submit_norm(mt_graph *g)
 static void tile_updated(void *arg)
 {
     struct ready_note *n = arg;
-    mt_policy_tile_updated(n->tile);
+    mt_policy_tile_updated(MT_SCHED_CTX_INITIAL, n->tile);
     if (n->g->observer) n->g->observer(n->g->observer_user, MT_EV_TILE_READY, n->step, n->tile);
 }
 
@@ -915,7 +915,7 @@ static void submit_embedding_early(mt_graph *g, int slot_id, int64_t step, doubl
     /* Moments pending from the last update (deferred): the table's go into its early ranged
      * runs, as submit_update's do for the other tiles. */
     const bool take_over = take_over_pending(g, sp);
-    mt_policy_tile_submitting(0, true);
+    mt_policy_tile_submitting(MT_SCHED_CTX_INITIAL, 0, true);
     starpu_data_partition_submit(t->h_weights, t->nchunks, t->h_weights_chunk);
     starpu_data_partition_submit(t->h_grad, t->nchunks, t->h_grad_chunk);
     const int nbuf = 1 + 2 * M + 4 + 2 * clipped + 1;
@@ -1017,7 +1017,7 @@ static void submit_update(mt_graph *g, int64_t step, double lr, speculation sp, 
         int prio = STARPU_MAX_PRIO - i;
         if (prio < STARPU_MIN_PRIO) prio = STARPU_MIN_PRIO;
         if (!started) {
-            mt_policy_tile_submitting(i, true);
+            mt_policy_tile_submitting(MT_SCHED_CTX_INITIAL, i, true);
             starpu_data_partition_submit(t->h_weights, t->nchunks, t->h_weights_chunk);
             starpu_data_partition_submit(t->h_grad, t->nchunks, t->h_grad_chunk);
         }
@@ -1059,7 +1059,7 @@ static void submit_update(mt_graph *g, int64_t step, double lr, speculation sp, 
         if (take_over && !started)
             starpu_data_unpartition_submit(t->h_grad_alt, t->nchunks, t->h_grad_alt_chunk, STARPU_MAIN_RAM);
         if (pingpong) mt_tile_swap_state(t); /* what comes next reads the new state */
-        mt_policy_tile_submitting(i, false);
+        mt_policy_tile_submitting(MT_SCHED_CTX_INITIAL, i, false);
         g->updates_submitted[i]++;
     }
     if (defer)

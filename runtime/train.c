@@ -5,11 +5,11 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "codelets/codelets.h"
 #include "models/config.h"
+#include "models/util.h"
 #include "runtime/data.h"
 #include "runtime/dataset.h"
 #include "mt_build_config.h"
@@ -77,13 +77,6 @@ double mt_lr_at(const mt_train_options *o, int64_t s)
     if (prog > 1) prog = 1;
     double min_lr = o->lr * o->min_lr_ratio;
     return min_lr + 0.5 * (o->lr - min_lr) * (1 + cos(M_PI * prog));
-}
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static void format_duration(double s, char *buf, size_t len)
@@ -227,7 +220,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     res->first_val = validate(g, corpus, ds, o, vtok, vtgt, &counted);
     if (log) fprintf(log, "step %5lld | val %.4f\n", (long long)(first - 1), res->first_val);
 
-    double t0 = now();
+    double t0 = mt_clock_s();
     const mt_ranged_counts rc0 = mt_codelet_ranged_counts();
     int slot = -1;
     int64_t last = o->stop_after > 0 && o->stop_after < o->steps ? o->stop_after : o->steps;
@@ -242,7 +235,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
             res->steps_done = p;
             if (p == first) res->first_loss = loss;
             res->last_loss = loss;
-            double el = now() - t0;
+            double el = mt_clock_s() - t0;
             int64_t done = p - first + 1;
             if (!isfinite(loss)) {
                 snprintf(err, errlen, "training diverged at step %lld (loss %g); try a lower --lr", (long long)p, loss);
@@ -283,7 +276,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     }
     mt_graph_flush(g);
     starpu_task_wait_for_all();
-    res->seconds = now() - t0;
+    res->seconds = mt_clock_s() - t0;
     res->tokens_per_second = (res->steps_done - first + 1) * per_step / res->seconds;
     res->weights_hash = mt_state_hash(st);
     if (o->save_model_dir) {

@@ -206,19 +206,19 @@ START_TEST(test_trace_under_policies)
     ck_assert_msg(mt_runtime_init(&ro, err, sizeof err) == 0, "%s", err);
     mt_policy_trace_record *r = NULL;
     int n = -1;
-    ck_assert_int_eq(mt_policy_trace_end(&r, &n), -1); /* none began */
-    ck_assert_int_eq(mt_policy_trace_begin(64), 0);
+    ck_assert_int_eq(mt_policy_trace_end(MT_SCHED_CTX_INITIAL, &r, &n), -1); /* none began */
+    ck_assert_int_eq(mt_policy_trace_begin(MT_SCHED_CTX_INITIAL, 64), 0);
     for (int i = 0; i < 8; i++) ck_assert_int_eq(starpu_task_insert(&noop_cl, 0), 0);
     starpu_task_wait_for_all();
-    ck_assert_int_eq(mt_policy_trace_end(&r, &n), 0);
+    ck_assert_int_eq(mt_policy_trace_end(MT_SCHED_CTX_INITIAL, &r, &n), 0);
     ck_assert_int_eq(n, 0);
     free(r);
     mt_runtime_shutdown();
 
     ro.sched = "eager";
     ck_assert_msg(mt_runtime_init(&ro, err, sizeof err) == 0, "%s", err);
-    ck_assert_int_eq(mt_policy_trace_begin(64), -1);
-    ck_assert_int_eq(mt_policy_trace_end(&r, &n), -1);
+    ck_assert_int_eq(mt_policy_trace_begin(MT_SCHED_CTX_INITIAL, 64), -1);
+    ck_assert_int_eq(mt_policy_trace_end(MT_SCHED_CTX_INITIAL, &r, &n), -1);
     ck_assert_ptr_null(r);
     ck_assert_int_eq(n, 0);
     mt_runtime_shutdown();

@@ -15,7 +15,10 @@
 #include <string.h>
 
 #include "backends/cuda/kernels.h"
+#include "runtime/runtime.h"
+#include "tests/cuda_kernel_bench.h"
 #include "backends/cpu/ops.h"
+#include "models/util.h"
 #include "tests/testutil.h"
 
 #define BF16_TOL 1e-2  /* ||gpu - cpu|| / ||cpu|| per tensor where the GPU feeds bf16 to GEMMs */
@@ -35,14 +38,7 @@ enum { TB = 2, TT = 77, TD = 200, TI = 333, TV = 1001 };
 
 /* ---------- host and device helpers ---------- */
 
-static void *xmalloc(size_t bytes)
-{
-    void *p = calloc(1, bytes ? bytes : 1);
-    ck_assert_msg(p != NULL, "out of host memory (%zu bytes)", bytes);
-    return p;
-}
-
-static float *falloc(int64_t n) { return xmalloc((size_t)(n > 0 ? n : 1) * sizeof(float)); }
+static float *falloc(int64_t n) { return mt_xcalloc(1, (size_t)(n > 0 ? n : 1) * sizeof(float)); }
 
 static float *frandom(mt_test_rng *rng, int64_t n, float scale)
 {
@@ -54,7 +50,7 @@ static float *frandom(mt_test_rng *rng, int64_t n, float scale)
 /* x rounded to bf16 in place (so the CPU sees exactly the GPU's operands); bits optional. */
 static void round_bf16(float *x, int64_t n, mt_bf16 *bits)
 {
-    mt_bf16 *b = bits ? bits : xmalloc((size_t)n * sizeof(mt_bf16));
+    mt_bf16 *b = bits ? bits : mt_xcalloc(1, (size_t)n * sizeof(mt_bf16));
     mt_f32_to_bf16(n, x, b);
     mt_bf16_to_f32(n, b, x);
     if (!bits) free(b);
@@ -62,7 +58,7 @@ static void round_bf16(float *x, int64_t n, mt_bf16 *bits)
 
 static mt_bf16 *bf16_of(const float *x, int64_t n)
 {
-    mt_bf16 *b = xmalloc((size_t)(n > 0 ? n : 1) * sizeof(mt_bf16));
+    mt_bf16 *b = mt_xcalloc(1, (size_t)(n > 0 ? n : 1) * sizeof(mt_bf16));
     mt_f32_to_bf16(n, x, b);
     return b;
 }
@@ -89,7 +85,7 @@ static float *download_f32(const float *dev, int64_t n)
 
 static float *download_bf16_as_f32(const mt_cuda_bf16 *dev, int64_t n)
 {
-    mt_bf16 *b = xmalloc((size_t)n * sizeof(mt_bf16));
+    mt_bf16 *b = mt_xcalloc(1, (size_t)n * sizeof(mt_bf16));
     CK_CUDA(cudaMemcpy(b, dev, (size_t)n * sizeof(mt_bf16), cudaMemcpyDeviceToHost));
     float *h = falloc(n);
     mt_bf16_to_f32(n, b, h);
@@ -116,7 +112,7 @@ static void check_bitwise(const char *what, const void *a, const void *b, size_t
 /* Elements of a gradient tile outside every present tensor must be exactly 0. */
 static void check_padding_zero(const char *what, const mt_tile_layout *lay, const float *dtile)
 {
-    char *inside = xmalloc((size_t)lay->numel);
+    char *inside = mt_xcalloc(1, (size_t)lay->numel);
     for (int s = 0; s < lay->ntensors; s++)
         memset(inside + lay->tensors[s].offset, 1, (size_t)lay->tensors[s].numel);
     int64_t bad = 0;
@@ -197,7 +193,7 @@ START_TEST(test_conversions)
     mt_cuda_f32_to_bf16(d_x, d_b, n, (mt_cuda_stream)st);
     mt_cuda_bf16_to_f32(d_b, d_back, n, (mt_cuda_stream)st);
     CK_CUDA(cudaStreamSynchronize(st));
-    mt_bf16 *gpu_bits = xmalloc((size_t)n * sizeof(mt_bf16));
+    mt_bf16 *gpu_bits = mt_xcalloc(1, (size_t)n * sizeof(mt_bf16));
     CK_CUDA(cudaMemcpy(gpu_bits, d_b, (size_t)n * sizeof(mt_bf16), cudaMemcpyDeviceToHost));
     check_bitwise("f32 -> bf16 bits vs mt_f32_to_bf16", gpu_bits, cpu_bits, (size_t)n * sizeof(mt_bf16));
     float *back = download_f32(d_back, n), *cpu_back = falloc(n);
@@ -253,13 +249,13 @@ START_TEST(test_embedding)
     printf("embedding: ntok=%lld d=%lld V=%lld, repeated tokens\n", (long long)ntok, (long long)d, (long long)V);
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 13);
-    int32_t *tokens = xmalloc((size_t)ntok * sizeof(int32_t));
+    int32_t *tokens = mt_xcalloc(1, (size_t)ntok * sizeof(int32_t));
     for (int64_t i = 0; i < ntok; i++) /* mostly a small range, so most tokens repeat */
         tokens[i] = (int32_t)(i % 5 == 0 ? (int64_t)(mt_test_uniform(&rng) * V) : (int64_t)(mt_test_uniform(&rng) * 17));
     tokens[ntok - 1] = (int32_t)(V - 1);
     tokens[0] = 0;
     float *table = frandom(&rng, V * d, 1.0f);
-    mt_bf16 *table_bits = xmalloc((size_t)(V * d) * sizeof(mt_bf16));
+    mt_bf16 *table_bits = mt_xcalloc(1, (size_t)(V * d) * sizeof(mt_bf16));
     round_bf16(table, V * d, table_bits);
     float *dh0 = frandom(&rng, ntok * d, 1.0f);
     float *dtable = frandom(&rng, V * d, 1.0f); /* += onto arbitrary values */
@@ -319,8 +315,8 @@ static void run_attention_case(int64_t B, int64_t T, int64_t H, int64_t KV, int6
     mt_test_rng_seed(&rng, (uint64_t)(100 + D + KV));
     float *q = frandom(&rng, nq, 1.0f), *k = frandom(&rng, nkv, 1.0f), *v = frandom(&rng, nkv, 1.0f);
     float *dout = frandom(&rng, nq, 1.0f);
-    mt_bf16 *qb = xmalloc((size_t)nq * 2), *kb = xmalloc((size_t)nkv * 2), *vb = xmalloc((size_t)nkv * 2);
-    mt_bf16 *dob = xmalloc((size_t)nq * 2);
+    mt_bf16 *qb = mt_xcalloc((size_t)nq, 2), *kb = mt_xcalloc((size_t)nkv, 2), *vb = mt_xcalloc((size_t)nkv, 2);
+    mt_bf16 *dob = mt_xcalloc((size_t)nq, 2);
     round_bf16(q, nq, qb), round_bf16(k, nkv, kb), round_bf16(v, nkv, vb), round_bf16(dout, nq, dob);
 
     float *out = falloc(nq), *lse = falloc(nl), *dq = falloc(nq), *dk = falloc(nkv), *dv = falloc(nkv);
@@ -335,9 +331,10 @@ static void run_attention_case(int64_t B, int64_t T, int64_t H, int64_t KV, int6
     float *d_dq = gpu_buffer(NULL, (size_t)nq * 4), *d_dk = gpu_buffer(NULL, (size_t)nkv * 4);
     float *d_dv = gpu_buffer(NULL, (size_t)nkv * 4);
     void *d_ws = gpu_buffer(NULL, mt_cuda_attention_workspace_bytes(B, T, H, KV, D));
-    mt_cuda_attention_forward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, (mt_cuda_stream)st);
+    mt_cuda_ctx *ctx = mt_cuda_ctx_get();
+    mt_cuda_attention_forward(ctx, B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, (mt_cuda_stream)st);
     /* Backward from the GPU's own (bf16) output, as the layer runs it. */
-    mt_cuda_attention_backward(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, d_do, d_dq, d_dk, d_dv, d_ws,
+    mt_cuda_attention_backward(ctx, B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, d_do, d_dq, d_dk, d_dv, d_ws,
                                (mt_cuda_stream)st);
     CK_CUDA(cudaStreamSynchronize(st));
     float *g_out = download_bf16_as_f32(d_out, nq), *g_lse = download_f32(d_lse, nl);
@@ -422,7 +419,7 @@ static void run_layer_prec(const char *name, mt_model_config cfg, int64_t B, int
         check_close(what, dtile + desc->offset, dtile_cpu + desc->offset, desc->numel, tol);
     }
     check_padding_zero("dtile padding (=)", &lay, dtile);
-    if (f32 || mt_cuda_attention_reproducible(B, T, cfg.heads, cfg.kv_heads, cfg.head_dim))
+    if (f32 || mt_cuda_attention_reproducible(ctx, B, T, cfg.heads, cfg.kv_heads, cfg.head_dim))
         check_bitwise("dtile, backward run twice", dtile, dtile2, tile_bytes);
     else /* cuDNN's attention backward (float atomics on dQ) may change the last bits */
         check_close("dtile, backward run twice (cuDNN attention)", dtile2, dtile, lay.numel, tol);
@@ -506,7 +503,7 @@ static void run_head_prec(const char *name, bool tied, bool first_chunk_ignored,
     float *head = random_tile(&rng, &hl, 0.05f, !f32), *embed = random_tile(&rng, &el, 0.05f, !f32);
     mt_bf16 *head_bits = bf16_of(head, hl.numel), *embed_bits = bf16_of(embed, el.numel);
     float *h = frandom(&rng, ntok * d, 1.0f);
-    int32_t *targets = xmalloc((size_t)ntok * sizeof(int32_t));
+    int32_t *targets = mt_xcalloc(1, (size_t)ntok * sizeof(int32_t));
     for (int64_t i = 0; i < ntok; i++) {
         const bool ignored = mt_test_uniform(&rng) < 0.2 || (first_chunk_ignored && i < chunk);
         targets[i] = ignored ? -100 : (int32_t)(mt_test_uniform(&rng) * V);
@@ -631,7 +628,7 @@ enum { BENCH_REPS = 7 };
 
 /* The memory-bound kernels' table: GB/s from the least bytes each must move (1 GB = 1e9 B),
  * against t[0], the device's own copy measured the same way. */
-static void print_memory_timings(const mt_cuda_kernel_timing *t, int count)
+static void print_memory_timings(const mt_test_kernel_timing *t, int count)
 {
     const double copy_gbs = (double)t[0].bytes / (t[0].ms * 1e-3) / 1e9;
     printf("  %-40s %-24s %9s %13s %8s %9s\n", "kernel", "shape", "ms", "bytes", "GB/s", "% of copy");
@@ -659,7 +656,7 @@ START_TEST(test_bench)
     mt_tile_layout lay, hl;
     mt_layout_build(&cfg, MT_TILE_LAYER, &lay);
     mt_layout_build(&cfg, MT_TILE_HEAD, &hl);
-    printf("bench (median of %d, cudaEvent; FLOPs in the design.md convention: 2 N + 2 d T per token forward, "
+    printf("bench (median of %d, cudaEvent; FLOPs: 2 N + 2 d T per token forward, "
            "twice that backward, attention counted once):\n  layer B=%lld T=%lld d=%lld H=%lld KV=%lld D=%lld "
            "I=%lld, head V=%lld\n",
            BENCH_REPS, (long long)B, (long long)T, (long long)d, (long long)cfg.heads, (long long)cfg.kv_heads,
@@ -671,9 +668,9 @@ START_TEST(test_bench)
     float *x = frandom(&rng, n * d, 1.0f);
     float *emb = frandom(&rng, V * d, 0.02f);
     mt_bf16 *emb_bits = bf16_of(emb, V * d);
-    mt_bf16 *norm_bits = xmalloc((size_t)hl.numel * 2);
+    mt_bf16 *norm_bits = mt_xcalloc(1, (size_t)hl.numel * 2);
     for (int64_t i = 0; i < hl.numel; i++) norm_bits[i] = mt_bf16_from_float(1.0f);
-    int32_t *targets = xmalloc((size_t)n * 4);
+    int32_t *targets = mt_xcalloc(1, (size_t)n * 4);
     for (int64_t i = 0; i < n; i++) targets[i] = (int32_t)(mt_test_uniform(&rng) * V);
 
     cudaStream_t st = new_stream();
@@ -729,9 +726,9 @@ START_TEST(test_bench)
     float *dk = gpu_buffer(NULL, (size_t)(n * KV * D) * 4), *dv = gpu_buffer(NULL, (size_t)(n * KV * D) * 4);
     void *aws = gpu_buffer(NULL, mt_cuda_attention_workspace_bytes(B, T, H, KV, D));
     const double attn_flops = 2.0 * 2.0 * B * H * (double)T * T * D / 2.0; /* QK^T and PV, causal half */
-    BENCH("attention forward", attn_flops, mt_cuda_attention_forward(B, T, H, KV, D, q, k, v, o, lse, s));
+    BENCH("attention forward", attn_flops, mt_cuda_attention_forward(ctx, B, T, H, KV, D, q, k, v, o, lse, s));
     BENCH("attention backward", 2.5 * attn_flops,
-          mt_cuda_attention_backward(B, T, H, KV, D, q, k, v, o, lse, o, dq, dk, dv, aws, s));
+          mt_cuda_attention_backward(ctx, B, T, H, KV, D, q, k, v, o, lse, o, dq, dk, dv, aws, s));
 
     /* Head over the same tokens, tied, chunk 4096 rows. */
     const int64_t chunk = 4096;
@@ -760,8 +757,8 @@ START_TEST(test_bench)
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CK_CUDA(cudaFree(bufs[i]));
 
     /* Memory-bound kernels at the same layer shape, on their own buffers (the ones above freed). */
-    mt_cuda_kernel_timing timings[MT_CUDA_BENCH_MAX_KERNELS];
-    const int ntimings = mt_cuda_bench_memory_kernels(&cfg, B, T, BENCH_REPS, timings, MT_CUDA_BENCH_MAX_KERNELS);
+    mt_test_kernel_timing timings[MT_TEST_BENCH_MAX_KERNELS];
+    const int ntimings = mt_test_bench_memory_kernels(&cfg, B, T, BENCH_REPS, timings, MT_TEST_BENCH_MAX_KERNELS);
     printf("memory-bound kernels (median of %d, cudaEvent, L2 flushed before each run; bytes: the least traffic, "
            "each input read and each output written once; %% of the first line, a device-to-device copy):\n",
            BENCH_REPS);
@@ -811,13 +808,22 @@ int main(void)
         printf("no GPU: skipped\n");
         return 77;
     }
-    /* The layer cases check the own attention kernels (MT_ATTENTION=own unless another value is
-     * given): cuDNN's attention is checked by test_cuda_attention (kernel) and test_gpu_step (the
-     * step, under the default). Under cuDNN's forward the qwen3 D=128 case's k_proj.bias gradient
-     * came out at 1.002e-2 against the 1e-2 bound (the own kernels gave 8e-3..9.9e-3 there: a
-     * column sum over 131 rows and two query heads, the worst-conditioned tensor of the suite). */
-    setenv("MT_ATTENTION", "own", 0);
-    printf("attention: MT_ATTENTION=%s\n", getenv("MT_ATTENTION"));
+    /* The attention kernels of every case, on this (the only) thread's context: MT_ATTENTION and
+     * MT_ATTENTION_QBLOCK as the CLI reads them, except that MT_ATTENTION defaults to "own" here.
+     * The layer cases check the own kernels: cuDNN's attention is checked by test_cuda_attention
+     * (kernel) and test_gpu_step (the step, under the default). Under cuDNN's forward the qwen3
+     * D=128 case's k_proj.bias gradient comes out at the 1e-2 bound (a column sum over 131 rows
+     * and two query heads, the worst-conditioned tensor of the suite). */
+    const char *attn = getenv("MT_ATTENTION") ? getenv("MT_ATTENTION") : "own";
+    mt_cuda_options opts = { .attention = MT_CUDA_ATTENTION_OWN };
+    char why[256];
+    if (mt_runtime_parse_attention(attn, &opts.attention, why, sizeof why) ||
+        mt_runtime_parse_qblock(getenv("MT_ATTENTION_QBLOCK"), &opts.qblock, why, sizeof why)) {
+        fprintf(stderr, "test_cuda: %s\n", why);
+        return 1;
+    }
+    mt_cuda_ctx_configure(&opts);
+    printf("attention: MT_ATTENTION=%s\n", attn);
     /* CUDA is already initialised in this process (the device count): a forked child could not
      * use it, so the tests run in this process. */
     return mt_test_run(cuda_suite(), true);

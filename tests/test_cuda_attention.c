@@ -7,8 +7,8 @@
  * and 128 cases against the same reference and tolerance when libcudnn.so.9 loads (its backward
  * is not required to be bitwise reproducible; with a cuDNN older than 9.15.1 a T no multiple of
  * 128 checks the dispatcher's fallback to the own backward instead), and is timed beside the own
- * kernels, which run under MT_ATTENTION=own here whatever the default; with
- * MT_ATTENTION=cudnn, main first prints whether it is available and why not. Without a CUDA
+ * kernels, which the dispatcher runs here under MT_CUDA_ATTENTION_OWN whatever the default;
+ * with MT_ATTENTION=cudnn, main first prints whether it is available and why not. Without a CUDA
  * device it prints "no GPU: skipped" and exits 77. */
 #include <check.h>
 #include <cuda_runtime.h>
@@ -217,15 +217,27 @@ static void bf16_inputs_free(bf16_inputs *in)
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
 }
 
-/* Every case under each query-block form (MT_ATTENTION_QBLOCK): 64 rows (the default), 128
- * rows of 8 warps, 128 rows of 4 warps with 32 rows each (forward only). */
-static const char *const forms[] = {"64", "128", "128w"};
+/* Every case under each query-block form (mt_cuda_qblock, named as MT_ATTENTION_QBLOCK names
+ * them): 64 rows, 128 rows of 8 warps, 128 rows of 4 warps with 32 rows each (the default; its
+ * dQ pass is the 64-row one). */
+static const struct {
+    const char *name;
+    mt_cuda_qblock qblock;
+} forms[] = {{"64", MT_CUDA_QBLOCK_64}, {"128", MT_CUDA_QBLOCK_128}, {"128w", MT_CUDA_QBLOCK_128W}};
 #define NFORMS ((int)(sizeof forms / sizeof forms[0]))
+
+/* This thread's CUDA context, set to run these attention kernels (the tests run on one thread). */
+static mt_cuda_ctx *attention_ctx(mt_cuda_attention attention, mt_cuda_qblock qblock)
+{
+    const mt_cuda_options o = { .attention = attention, .qblock = qblock };
+    mt_cuda_ctx_configure(&o);
+    return mt_cuda_ctx_get();
+}
 START_TEST(test_attention_vs_cpu)
 {
     const shape *s = &cases[_i % NCASES];
-    const char *qblock = forms[_i / NCASES];
-    setenv("MT_ATTENTION_QBLOCK", qblock, 1);
+    const char *qblock = forms[_i / NCASES].name;
+    mt_cuda_ctx *ctx = attention_ctx(MT_CUDA_ATTENTION_OWN, forms[_i / NCASES].qblock);
     const int64_t B = s->B, T = s->T, H = s->H, KV = s->KV, D = s->D;
     bf16_inputs in = bf16_inputs_new(s, 1000 + (uint64_t)_i);
     attn_results ref = cpu_reference(s, in.q, in.k, in.v, in.dout);
@@ -233,11 +245,11 @@ START_TEST(test_attention_vs_cpu)
     attn_dev d = dev_alloc(s, 2, in.qb, in.kb, in.vb, in.dob, mt_cuda_attention_workspace_bytes(B, T, H, KV, D));
     cudaStream_t stream;
     CK_CUDA(cudaStreamCreate(&stream));
-    mt_cuda_attention_forward(B, T, H, KV, D, d.q, d.k, d.v, d.out, d.lse, (mt_cuda_stream)stream);
-    mt_cuda_attention_backward(B, T, H, KV, D, d.q, d.k, d.v, d.out, d.lse, d.dout, d.dq, d.dk, d.dv, d.ws,
+    mt_cuda_attention_forward(ctx, B, T, H, KV, D, d.q, d.k, d.v, d.out, d.lse, (mt_cuda_stream)stream);
+    mt_cuda_attention_backward(ctx, B, T, H, KV, D, d.q, d.k, d.v, d.out, d.lse, d.dout, d.dq, d.dk, d.dv, d.ws,
                                (mt_cuda_stream)stream);
     /* the same backward again (workspace reused): must match bitwise */
-    mt_cuda_attention_backward(B, T, H, KV, D, d.q, d.k, d.v, d.out, d.lse, d.dout, d.dq2, d.dk2, d.dv2, d.ws,
+    mt_cuda_attention_backward(ctx, B, T, H, KV, D, d.q, d.k, d.v, d.out, d.lse, d.dout, d.dq2, d.dk2, d.dv2, d.ws,
                                (mt_cuda_stream)stream);
     CK_CUDA(cudaStreamSynchronize(stream));
     CK_CUDA(cudaGetLastError());
@@ -265,8 +277,8 @@ static const shape cases_cudnn[] = {
 };
 #define NCUDNN ((int)(sizeof cases_cudnn / sizeof cases_cudnn[0]))
 
-/* MT_ATTENTION=cudnn was given: the cuDNN path must load (main reads it, then sets "own" so that
- * the own kernels' tests, which call the dispatcher, run the own kernels whatever the default). */
+/* MT_ATTENTION=cudnn was given: the cuDNN path must load (main reads it; the own kernels' tests,
+ * which call the dispatcher, run it under MT_CUDA_ATTENTION_OWN whatever it says). */
 static int cudnn_asked;
 
 /* 1 when the cuDNN path loads on this thread; otherwise prints why (once) and returns 0. */
@@ -306,17 +318,17 @@ START_TEST(test_attention_cudnn_vs_cpu)
                                           ws_bytes, (mt_cuda_stream)stream, why, sizeof why);
     const char *label = "(cudnn)";
     if (!mt_cuda_attention_cudnn_backward_takes_T(T)) {
-        /* an older cuDNN declines this T, saying why; MT_ATTENTION=cudnn then runs the own
+        /* an older cuDNN declines this T, saying why; MT_CUDA_ATTENTION_CUDNN then runs the own
          * backward through the dispatcher (checked below as the cuDNN one would be) */
         ck_assert_msg(rc != 0 && strstr(why, "T % 128 == 0"), "cudnn backward T=%d: declined without the T reason: %s",
                       s->T, why);
         printf("attention cudnn backward T=%d declined (%s): the dispatcher's fallback is checked instead\n", s->T, why);
-        setenv("MT_ATTENTION", "cudnn", 1);
-        mt_cuda_attention_backward(B, T, H, KV, D, d.q, d.k, d.v, d.out, d.lse, d.dout, d.dq, d.dk, d.dv, d.ws,
+        mt_cuda_ctx *ctx = attention_ctx(MT_CUDA_ATTENTION_CUDNN, MT_CUDA_QBLOCK_128W);
+        mt_cuda_attention_backward(ctx, B, T, H, KV, D, d.q, d.k, d.v, d.out, d.lse, d.dout, d.dq, d.dk, d.dv, d.ws,
                                    (mt_cuda_stream)stream);
-        mt_cuda_attention_backward(B, T, H, KV, D, d.q, d.k, d.v, d.out, d.lse, d.dout, d.dq2, d.dk2, d.dv2, d.ws,
-                                   (mt_cuda_stream)stream);
-        setenv("MT_ATTENTION", "own", 1); /* as main left it */
+        mt_cuda_attention_backward(ctx, B, T, H, KV, D, d.q, d.k, d.v, d.out, d.lse, d.dout, d.dq2, d.dk2, d.dv2,
+                                   d.ws, (mt_cuda_stream)stream);
+        attention_ctx(MT_CUDA_ATTENTION_OWN, MT_CUDA_QBLOCK_128W); /* as main left it */
         label = "(cudnn forward, own backward)";
     } else {
         ck_assert_msg(rc == 0, "cudnn backward B=%d T=%d H=%d KV=%d D=%d: %s", s->B, s->T, s->H, s->KV, s->D, why);
@@ -402,8 +414,9 @@ static bool bench_profile(void)
     return env && strcmp(env, "profile") == 0;
 }
 
-/* The buffers of a timed attention call, and the calls timed: the dispatcher (own kernels under
- * MT_ATTENTION=own), the cuDNN entry points (a failure fails the bench), the fp32 kernels. */
+/* The buffers of a timed attention call, and the calls timed: the dispatcher (the own kernels,
+ * under MT_CUDA_ATTENTION_OWN), the cuDNN entry points (a failure fails the bench), the fp32
+ * kernels. */
 typedef struct bench_bufs {
     int64_t B, T, H, KV, D;
     void *q, *k, *v, *dout, *out;
@@ -417,11 +430,11 @@ typedef void (*bench_call)(const bench_bufs *b, bool fwd);
 static void call_own(const bench_bufs *b, bool fwd)
 {
     if (fwd)
-        mt_cuda_attention_forward(b->B, b->T, b->H, b->KV, b->D, b->q, b->k, b->v, b->out, b->lse,
+        mt_cuda_attention_forward(mt_cuda_ctx_get(), b->B, b->T, b->H, b->KV, b->D, b->q, b->k, b->v, b->out, b->lse,
                                   (mt_cuda_stream)b->stream);
     else
-        mt_cuda_attention_backward(b->B, b->T, b->H, b->KV, b->D, b->q, b->k, b->v, b->out, b->lse, b->dout, b->dq,
-                                   b->dk, b->dv, b->ws, (mt_cuda_stream)b->stream);
+        mt_cuda_attention_backward(mt_cuda_ctx_get(), b->B, b->T, b->H, b->KV, b->D, b->q, b->k, b->v, b->out, b->lse,
+                                   b->dout, b->dq, b->dk, b->dv, b->ws, (mt_cuda_stream)b->stream);
 }
 
 static void call_cudnn(const bench_bufs *b, bool fwd)
@@ -505,7 +518,7 @@ START_TEST(test_attention_bench)
                              mt_cuda_attention_workspace_bytes(B, T, H, KV, D), stream};
     /* passes 2f, 2f + 1: forward, backward under form f */
     for (int pass = 0; pass < 2 * NFORMS; pass++) {
-        setenv("MT_ATTENTION_QBLOCK", forms[pass / 2], 1);
+        attention_ctx(MT_CUDA_ATTENTION_OWN, forms[pass / 2].qblock);
         const bool fwd = pass % 2 == 0;
         if (profile) {
             call_own(&bufs, fwd);
@@ -513,10 +526,10 @@ START_TEST(test_attention_bench)
             continue;
         }
         char tag[64];
-        snprintf(tag, sizeof tag, " (MT_ATTENTION_QBLOCK=%s)", forms[pass / 2]);
+        snprintf(tag, sizeof tag, " (MT_ATTENTION_QBLOCK=%s)", forms[pass / 2].name);
         time_call("attention bench", tag, "", call_own, &bufs, fwd, start, stop);
     }
-    unsetenv("MT_ATTENTION_QBLOCK");
+    attention_ctx(MT_CUDA_ATTENTION_OWN, MT_CUDA_QBLOCK_128W);
 
     /* The cuDNN path, called directly (a failure fails the bench instead of timing the own
      * kernel), on the same buffers; its forward first leaves its own out and lse. */
@@ -615,7 +628,6 @@ int main(void)
         fflush(stdout);
         if (gqa == -1 || mha == -1) return 1;
     }
-    setenv("MT_ATTENTION", "own", 1);
     int ndev = 0;
     cudaError_t err = cudaGetDeviceCount(&ndev);
     if (err != cudaSuccess || ndev == 0) {
@@ -623,6 +635,8 @@ int main(void)
         return 77;
     }
     /* CUDA is already initialised in this process (the device count): a forked child could not
-     * use it, so the tests run in-process. */
+     * use it, so the tests run in-process, on this thread's context. */
+    const mt_cuda_options own = { .attention = MT_CUDA_ATTENTION_OWN };
+    mt_cuda_ctx_configure(&own);
     return mt_test_run(cuda_attention_suite(), true);
 }

@@ -13,6 +13,8 @@
 
 #include "models/chat_template.h"
 #include "runtime/dataset.h"
+#include "runtime/prepare.h"
+#include "runtime/shard.h"
 #include "tests/testutil.h"
 #include "models/tokenizer.h"
 #include "runtime/train.h"

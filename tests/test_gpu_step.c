@@ -70,6 +70,10 @@ static void assert_pinned(const mt_host_state *st, bool alt)
     }
 }
 
+/* The fixtures' runtimes run the attention MT_ATTENTION names (as the CLI maps it), or the own
+ * kernels while a test that compares bits sets this. */
+static bool fixture_own_attention;
+
 static fixture fixture_open(bool tied, int ncpu, int ncuda, mt_dtype dtype, uint64_t weight_seed, int K, int accum,
                             double clip, uint64_t data_seed, bool ignore_some)
 {
@@ -79,6 +83,9 @@ static fixture fixture_open(bool tied, int ncpu, int ncuda, mt_dtype dtype, uint
     ro.ncpu = ncpu;
     ro.ncuda = ncuda;
     char err[256];
+    ck_assert_msg(mt_runtime_parse_attention(getenv("MT_ATTENTION"), &ro.cuda.attention, err, sizeof err) == 0, "%s",
+                  err);
+    if (fixture_own_attention) ro.cuda.attention = MT_CUDA_ATTENTION_OWN;
     ck_assert_msg(mt_runtime_init(&ro, err, sizeof err) == 0, "%s", err);
     f.cfg = config(tied);
     f.st = mt_state_create(&f.cfg, dtype, 0, err, sizeof err);
@@ -280,8 +287,7 @@ START_TEST(test_default_ranged_bitwise)
     int64_t checked_off, checked_off2, checked_auto;
     /* the own attention kernels: cuDNN's backward (the default where it loads and takes the
      * shape) is not bitwise reproducible, and this compares bits */
-    char *attn = getenv("MT_ATTENTION") ? strdup(getenv("MT_ATTENTION")) : NULL;
-    setenv("MT_ATTENTION", "own", 1);
+    fixture_own_attention = true;
     state_copy off = clipped_steps(0, 5, &checked_off);
     state_copy off2 = clipped_steps(0, 5, &checked_off2);
     state_copy au = clipped_steps(-1, 5, &checked_auto);
@@ -298,9 +304,7 @@ START_TEST(test_default_ranged_bitwise)
     } else {
         ck_assert_msg(states_equal(&off, &au, what, sizeof what), "default (ranged) vs plain clipping: %s differs", what);
     }
-    if (attn) setenv("MT_ATTENTION", attn, 1);
-    else unsetenv("MT_ATTENTION");
-    free(attn);
+    fixture_own_attention = false;
     state_copy_free(&au);
     state_copy_free(&off2);
     state_copy_free(&off);

@@ -19,6 +19,7 @@
 #include "models/layout.h"
 #include "runtime/runtime.h"
 #include "models/safetensors.h"
+#include "models/util.h"
 #include "runtime/state.h"
 #include "tests/testutil.h"
 
@@ -488,14 +489,9 @@ static void expect_ok(bad_fixture *b, const char *what)
 /* The file's bytes; *len set. */
 static unsigned char *slurp(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    ck_assert(f != NULL);
-    fseek(f, 0, SEEK_END);
-    *len = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *p = malloc(*len + 1);
-    ck_assert(fread(p, 1, *len, f) == *len);
-    fclose(f);
+    char err[512];
+    unsigned char *p = (unsigned char *)mt_read_file(path, len, err, sizeof err);
+    ck_assert_msg(p != NULL, "%s", err);
     return p;
 }
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backends/cpu/ops.h"
+#include "models/util.h"
 #include "tests/testutil.h"
 
 #define FD_STEP 1e-6
@@ -52,14 +53,7 @@ static mt_model_config make_cfg(cfg_opts o)
     return c;
 }
 
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    ck_assert_msg(p != NULL, "out of memory (%zu bytes)", bytes);
-    return p;
-}
-
-static double *alloc_f64(int64_t n) { return xmalloc((size_t)n * sizeof(double)); }
+static double *alloc_f64(int64_t n) { return mt_xmalloc((size_t)n * sizeof(double)); }
 
 /* Random tile: norm weights near 1 (as trained models have them), everything else N(0, scale). */
 static void fill_tile(mt_test_rng *rng, const mt_tile_layout *lay, double *tile, double scale)
@@ -344,8 +338,8 @@ static void tiny_init(tiny_model *m, cfg_opts o, uint64_t seed)
     m->embed = alloc_f64(m->elay.numel);
     m->dembed = alloc_f64(m->elay.numel);
     fill_tile(&rng, &m->elay, m->embed, 1.0);
-    m->layer = xmalloc((size_t)L * sizeof(double *));
-    m->dlayer = xmalloc((size_t)L * sizeof(double *));
+    m->layer = mt_xmalloc((size_t)L * sizeof(double *));
+    m->dlayer = mt_xmalloc((size_t)L * sizeof(double *));
     for (int64_t l = 0; l < L; l++) {
         m->layer[l] = alloc_f64(m->llay.numel);
         m->dlayer[l] = alloc_f64(m->llay.numel);
@@ -463,7 +457,7 @@ END_TEST
 
 static float *to_f32(const double *x, int64_t n)
 {
-    float *y = xmalloc((size_t)n * sizeof(float));
+    float *y = mt_xmalloc((size_t)n * sizeof(float));
     for (int64_t i = 0; i < n; i++) y[i] = (float)x[i];
     return y;
 }
@@ -479,11 +473,11 @@ static void run_f32_vs_f64(cfg_opts o, uint64_t seed)
     mt_cpu_head_logits_f64(&m.cfg, &m.hlay, m.head, m.embed, TEST_NTOK, m.acts + L * nd, logits64, m.scratch);
 
     float *embed = to_f32(m.embed, m.elay.numel), *head = to_f32(m.head, m.hlay.numel);
-    float *x = xmalloc((size_t)nd * sizeof(float)), *y = xmalloc((size_t)nd * sizeof(float));
+    float *x = mt_xmalloc((size_t)nd * sizeof(float)), *y = mt_xmalloc((size_t)nd * sizeof(float));
     int64_t scratch_n = mt_layer_scratch_numel(&m.cfg, TEST_B, TEST_T);
     if (mt_head_scratch_numel(&m.cfg, TEST_NTOK) > scratch_n) scratch_n = mt_head_scratch_numel(&m.cfg, TEST_NTOK);
-    float *scratch = xmalloc((size_t)scratch_n * sizeof(float));
-    float *saved = xmalloc((size_t)m.saved_n * sizeof(float));
+    float *scratch = mt_xmalloc((size_t)scratch_n * sizeof(float));
+    float *saved = mt_xmalloc((size_t)m.saved_n * sizeof(float));
     mt_cpu_embedding_forward_f32(TEST_NTOK, d, embed + m.elay.tensors[MT_E_EMBED].offset, m.tokens, x);
     for (int64_t l = 0; l < L; l++) {
         float *tile = to_f32(m.layer[l], m.llay.numel);
@@ -491,7 +485,7 @@ static void run_f32_vs_f64(cfg_opts o, uint64_t seed)
         float *t = x; x = y; y = t;
         free(tile);
     }
-    float *logits32 = xmalloc((size_t)(TEST_NTOK * V) * sizeof(float));
+    float *logits32 = mt_xmalloc((size_t)(TEST_NTOK * V) * sizeof(float));
     mt_cpu_head_logits_f32(&m.cfg, &m.hlay, head, embed, TEST_NTOK, x, logits32, scratch);
     int64_t counted;
     const double loss32 = mt_cpu_head_f32(&m.cfg, &m.hlay, head, embed, TEST_NTOK, x, m.targets, 1.0,

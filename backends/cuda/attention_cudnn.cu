@@ -1,15 +1,16 @@
 // attention_cudnn: the optional cuDNN 9 fused-attention path behind mt_cuda_attention_forward /
-// backward (selected by MT_ATTENTION=cudnn in attention.cu; the own kernel stays the default until
-// this path has been measured). Written and built, not yet run on a GPU.
+// backward (attention.cu tries it first unless the context's options say
+// MT_CUDA_ATTENTION_OWN).
 //
 // Why the backend ("graph") C API and dlopen: cuDNN's fused flash-attention engines are reached by
-// describing attention as an operation graph that their pattern matcher recognises; cudnn-frontend's
-// sdpa nodes build exactly such graphs from backend descriptors. This file builds the same graphs
-// (the op sequence of cudnn-frontend 1.x's SDPANode / SDPABackwardNode for a causal, unbiased,
-// dropout-free attention with GQA) with plain cudnnBackend* calls, so the project needs neither the
-// frontend's headers nor a link against cuDNN: libcudnn.so.9 is opened with dlopen at first use,
-// and every way that can fail (no library, no GPU, an engine that does not take the graph, too
-// little workspace) returns a reason and lets the caller run the own kernel.
+// describing attention as an operation graph that their pattern matcher recognises;
+// cudnn-frontend's sdpa nodes build exactly such graphs from backend descriptors.
+// attention_cudnn_graph.cu builds the same graphs (the op sequence of cudnn-frontend 1.x's
+// SDPANode / SDPABackwardNode for a causal, unbiased, dropout-free attention with GQA) with plain
+// cudnnBackend* calls, so the project needs neither the frontend's headers nor a link against
+// cuDNN: libcudnn.so.9 is opened with dlopen at first use, and every way that can fail (no
+// library, no GPU, an engine that does not take the graph, too little workspace) returns a reason
+// and lets the caller run the own kernel.
 //
 // Tensors: the project's BTHD memory (row b*T + t, then head, then D) viewed as (B, heads, T, D)
 // with strides (T*heads*D, D, heads*D, 1); K (and V in the backward) as the transposed view
@@ -60,10 +61,12 @@
 //   dQ accumulator (fp32)    4 B H T D
 //   the plan's own workspace 4 B H T D + 64 MiB (CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE is
 //                            checked at every call against what is left; more needed: the own
-//                            kernel runs). cuDNN 9.14's backward plan on the H200 asked for
-//                            4 B H T D + 256 bytes (B 8 and 16, T 2048, H 16, KV 2, D 128,
-//                            docs/gpu-logs/44-*): an fp32 dQ-sized buffer of its own.
-#include <cudnn.h>
+//                            kernel runs). cuDNN 9.14's backward plans ask for 4 B H T D + 256
+//                            bytes at B 8 and 16, T 2048, H 16, KV 2, D 128: an fp32
+//                            dQ-sized buffer of their own.
+//
+// This file: loading the library, the per-thread handle and plan cache, the variant packs and the
+// entry points; attention_cudnn_graph.cu builds the graphs and their plans.
 #include <dlfcn.h>
 #include <float.h>
 #include <math.h>
@@ -73,43 +76,24 @@
 #include <string.h>
 
 #include <mutex>
-#include <vector>
 
 #include "backends/cuda/attention_cudnn.h"
-#include "backends/cuda/common.cuh"
+#include "backends/cuda/attention_cudnn_graph.cuh"
 
-namespace {
-
-typedef cudnnBackendDescriptor_t desc;
+using namespace mt_cudnn;
 
 // ---------------------------------------------------------------- the library, loaded once
 
-// The functions used, typed from cudnn.h; filled by dlsym.
-struct cudnn_api {
-    decltype(&cudnnGetVersion) GetVersion;
-    decltype(&cudnnGetErrorString) GetErrorString;
-    decltype(&cudnnGetLastErrorString) GetLastErrorString; // optional: the detail of the last error
-    decltype(&cudnnCreate) Create;
-    decltype(&cudnnSetStream) SetStream;
-    decltype(&cudnnBackendCreateDescriptor) CreateDescriptor;
-    decltype(&cudnnBackendDestroyDescriptor) DestroyDescriptor;
-    decltype(&cudnnBackendSetAttribute) SetAttribute;
-    decltype(&cudnnBackendGetAttribute) GetAttribute;
-    decltype(&cudnnBackendFinalize) Finalize;
-    decltype(&cudnnBackendExecute) Execute;
-};
-
+namespace mt_cudnn {
 cudnn_api api;
-size_t api_version;    // cudnnGetVersion() of the loaded library, e.g. 91900
+size_t api_version;
+} // namespace mt_cudnn
+
+namespace {
+
 bool api_loaded;       // set once by load_once
 char api_why[256];     // why not, when not
 std::once_flag api_once;
-
-// The HANDLE attributes of the operation graph and the execution plan are deprecated in cuDNN
-// 9.19 in favour of DEVICEPROP descriptors, which older 9.x releases lack; the handle form works
-// on every 9.x. Named by value so the deprecation attribute does not warn.
-const cudnnBackendAttributeName_t ATTR_OPERATIONGRAPH_HANDLE = (cudnnBackendAttributeName_t)800;
-const cudnnBackendAttributeName_t ATTR_EXECUTION_PLAN_HANDLE = (cudnnBackendAttributeName_t)400;
 
 void load_once()
 {
@@ -153,7 +137,9 @@ void load_once()
     api_loaded = true; // the library stays open for the process's life
 }
 
-bool load(char *why, size_t n)
+} // namespace
+
+bool mt_cudnn::load(char *why, size_t n)
 {
     std::call_once(api_once, load_once);
     if (!api_loaded) snprintf(why, n, "%s", api_why);
@@ -162,7 +148,7 @@ bool load(char *why, size_t n)
 
 // "call (what): status text (code): detail" into why; clears a CUDA runtime error a failed call
 // may have left behind, so that the own kernel's launch checks that follow do not see it.
-void status_why(char *why, size_t n, const char *call, const char *what, cudnnStatus_t s)
+void mt_cudnn::status_why(char *why, size_t n, const char *call, const char *what, cudnnStatus_t s)
 {
     char detail[192] = "";
     if (api.GetLastErrorString) {
@@ -174,6 +160,8 @@ void status_why(char *why, size_t n, const char *call, const char *what, cudnnSt
              api.GetErrorString(s), (int)s, detail[0] ? ": " : "", detail);
     (void)cudaGetLastError();
 }
+
+namespace {
 
 // ---------------------------------------------------------------- per-thread handle and plans
 
@@ -226,408 +214,6 @@ cudnnHandle_t thread_handle(char *why, size_t n)
     return tls.handle;
 }
 
-// ---------------------------------------------------------------- graph building
-
-// Collects every descriptor it creates (destroyed together on failure, kept with the plan on
-// success) and the first error. Every helper does nothing once an error is recorded, so a graph
-// is written as a straight sequence of calls and checked once at the end.
-struct graph {
-    std::vector<desc> owned;
-    std::vector<desc> ops;
-    int64_t next_uid = 100; // virtual tensors; the non-virtual ones use the UID_ constants
-    bool failed = false;
-    char why[256] = "";
-
-    void fail(const char *call, const char *what, cudnnStatus_t s)
-    {
-        if (failed) return;
-        failed = true;
-        status_why(why, sizeof why, call, what, s);
-    }
-    void destroy_all()
-    {
-        for (size_t i = owned.size(); i-- > 0;) api.DestroyDescriptor(owned[i]);
-        owned.clear();
-        ops.clear();
-    }
-};
-
-desc create(graph &g, cudnnBackendDescriptorType_t type, const char *what)
-{
-    if (g.failed) return nullptr;
-    desc d = nullptr;
-    cudnnStatus_t s = api.CreateDescriptor(type, &d);
-    if (s != CUDNN_STATUS_SUCCESS) {
-        g.fail("cudnnBackendCreateDescriptor", what, s);
-        return nullptr;
-    }
-    g.owned.push_back(d);
-    return d;
-}
-
-void set_attr(graph &g, desc d, cudnnBackendAttributeName_t attr, cudnnBackendAttributeType_t type, int64_t count,
-              const void *value, const char *attr_name)
-{
-    if (g.failed) return;
-    cudnnStatus_t s = api.SetAttribute(d, attr, type, count, value);
-    if (s != CUDNN_STATUS_SUCCESS) g.fail("cudnnBackendSetAttribute", attr_name, s);
-}
-#define SET(g, d, attr, type, count, value) set_attr(g, d, attr, type, count, value, #attr)
-
-void finalize(graph &g, desc d, const char *what)
-{
-    if (g.failed) return;
-    cudnnStatus_t s = api.Finalize(d);
-    if (s != CUDNN_STATUS_SUCCESS) g.fail("cudnnBackendFinalize", what, s);
-}
-
-struct layout {
-    int64_t dim[4], stride[4];
-};
-
-// UIDs of the tensors the variant pack binds (virtual ones count up from 100).
-enum : int64_t {
-    UID_Q = 1, UID_K, UID_V, UID_O, UID_STATS, UID_DO, UID_DQ, UID_DK, UID_DV, UID_SUM, UID_DQACC,
-    UID_SCALE, UID_ONE, UID_FILL,
-};
-
-desc tensor(graph &g, const char *what, cudnnDataType_t type, const layout &l, bool is_virtual, int64_t uid = 0)
-{
-    desc t = create(g, CUDNN_BACKEND_TENSOR_DESCRIPTOR, what);
-    if (uid == 0) uid = g.next_uid++;
-    const int64_t align = 16;
-    SET(g, t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
-    SET(g, t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, l.dim);
-    SET(g, t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, l.stride);
-    SET(g, t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
-    SET(g, t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
-    if (is_virtual) {
-        const bool v = true;
-        SET(g, t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &v);
-    }
-    finalize(g, t, what);
-    return t;
-}
-
-// A by-value fp32 scalar (1,1,1,1): its variant-pack pointer is a host pointer to the value.
-desc scalar(graph &g, const char *what, int64_t uid)
-{
-    const layout one = {{1, 1, 1, 1}, {1, 1, 1, 1}};
-    desc t = create(g, CUDNN_BACKEND_TENSOR_DESCRIPTOR, what);
-    const cudnnDataType_t type = CUDNN_DATA_FLOAT;
-    const int64_t align = 16;
-    const bool by_value = true;
-    SET(g, t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
-    SET(g, t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, one.dim);
-    SET(g, t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, one.stride);
-    SET(g, t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
-    SET(g, t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
-    SET(g, t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value);
-    finalize(g, t, what);
-    return t;
-}
-
-void add_op(graph &g, desc op, const char *what)
-{
-    finalize(g, op, what);
-    if (!g.failed) g.ops.push_back(op);
-}
-
-// y = mode(x [, b [, t]]) computed in prec; axis >= 0 for GEN_INDEX. BINARY_SELECT: y = t ? x : b.
-void pointwise(graph &g, const char *what, cudnnPointwiseMode_t mode, cudnnDataType_t prec, desc x, desc b, desc t,
-               desc y, int64_t axis = -1)
-{
-    desc pw = create(g, CUDNN_BACKEND_POINTWISE_DESCRIPTOR, what);
-    SET(g, pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
-    SET(g, pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
-    if (axis >= 0) SET(g, pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
-    finalize(g, pw, what);
-    desc op = create(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, what);
-    SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw);
-    SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
-    if (b) SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
-    if (t) SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t);
-    SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
-    add_op(g, op, what);
-}
-
-// fp32 pointwise, the common case
-void pw_f32(graph &g, const char *what, cudnnPointwiseMode_t mode, desc x, desc b, desc y)
-{
-    pointwise(g, what, mode, CUDNN_DATA_FLOAT, x, b, nullptr, y);
-}
-
-// c = a b over the last two dims, batched over the first two (broadcast where a's or b's head
-// dim is smaller: GQA), fp32 accumulation.
-void matmul(graph &g, const char *what, desc a, desc b, desc c)
-{
-    desc mm = create(g, CUDNN_BACKEND_MATMUL_DESCRIPTOR, what);
-    const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
-    SET(g, mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
-    finalize(g, mm, what);
-    desc op = create(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, what);
-    SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a);
-    SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
-    SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c);
-    SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm);
-    add_op(g, op, what);
-}
-
-// y = reduce(x) over the dims where y's extent is smaller than x's.
-void reduction(graph &g, const char *what, cudnnReduceTensorOp_t mode, desc x, desc y)
-{
-    desc r = create(g, CUDNN_BACKEND_REDUCTION_DESCRIPTOR, what);
-    const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
-    SET(g, r, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode);
-    SET(g, r, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
-    finalize(g, r, what);
-    desc op = create(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, what);
-    SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
-    SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
-    SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &r);
-    add_op(g, op, what);
-}
-
-// y = x seen through y's dims and strides (the transposes of the backward).
-void reshape(graph &g, const char *what, desc x, desc y)
-{
-    desc op = create(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, what);
-    SET(g, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
-    SET(g, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
-    add_op(g, op, what);
-}
-
-// The layouts of one shape.
-struct layouts {
-    layout q;      // (B,H,T,D) over BTHD memory: Q, O, dO, dQ
-    layout kt;     // (B,KV,D,T) over BTHD memory: K^T (and V^T in the backward)
-    layout kv;     // (B,KV,T,D) over BTHD memory: V, dK, dV, and K again in the backward
-    layout ss;     // (B,H,T,T) scores, packed
-    layout ss_t;   // (B,H,T,T) transposed strides: P^T, dS^T
-    layout row;    // (B,H,T,1) row statistics (Stats, softmax sums)
-    layout full;   // (B,H,T,D) packed: dQ accumulator, full-head dK dV, dO*O
-};
-
-layouts layouts_of(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D)
-{
-    layouts l = {
-        {{B, H, T, D}, {T * H * D, D, H * D, 1}},
-        {{B, KV, D, T}, {T * KV * D, D, 1, KV * D}},
-        {{B, KV, T, D}, {T * KV * D, D, KV * D, 1}},
-        {{B, H, T, T}, {H * T * T, T * T, T, 1}},
-        {{B, H, T, T}, {H * T * T, T * T, 1, T}},
-        {{B, H, T, 1}, {H * T, T, 1, 1}},
-        {{B, H, T, D}, {H * T * D, T * D, D, 1}},
-    };
-    return l;
-}
-
-const cudnnDataType_t F32 = CUDNN_DATA_FLOAT, BF16 = CUDNN_DATA_BFLOAT16;
-
-// The causal mask on scores s (virtual fp32, layout ss): keep where row >= column, else fill.
-desc causal_mask(graph &g, const layouts &l, desc s, desc fill)
-{
-    desc row = tensor(g, "row index", CUDNN_DATA_INT32, l.ss, true);
-    desc col = tensor(g, "column index", CUDNN_DATA_INT32, l.ss, true);
-    desc keep = tensor(g, "causal keep", CUDNN_DATA_BOOLEAN, l.ss, true);
-    desc out = tensor(g, "masked scores", F32, l.ss, true);
-    pointwise(g, "GEN_INDEX row", CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s, nullptr, nullptr, row, 2);
-    pointwise(g, "GEN_INDEX column", CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s, nullptr, nullptr, col, 3);
-    pointwise(g, "CMP_GE row column", CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, col, nullptr, keep);
-    pointwise(g, "BINARY_SELECT causal", CUDNN_POINTWISE_BINARY_SELECT, F32, s, fill, keep, out);
-    return out;
-}
-
-void build_forward(graph &g, const layouts &l)
-{
-    desc Q = tensor(g, "Q", BF16, l.q, false, UID_Q);
-    desc KT = tensor(g, "K^T", BF16, l.kt, false, UID_K);
-    desc V = tensor(g, "V", BF16, l.kv, false, UID_V);
-    desc O = tensor(g, "O", BF16, l.q, false, UID_O);
-    desc stats = tensor(g, "Stats", F32, l.row, false, UID_STATS);
-    desc scale = scalar(g, "scale", UID_SCALE);
-    desc fill = scalar(g, "mask fill", UID_FILL);
-
-    desc S = tensor(g, "S", F32, l.ss, true);
-    matmul(g, "S = Q K^T", Q, KT, S);
-    desc S1 = tensor(g, "S scaled", F32, l.ss, true);
-    pw_f32(g, "S * scale", CUDNN_POINTWISE_MUL, S, scale, S1);
-    desc S2 = causal_mask(g, l, S1, fill);
-
-    desc M = tensor(g, "row max", F32, l.row, true);
-    reduction(g, "REDUCTION MAX", CUDNN_REDUCE_TENSOR_MAX, S2, M);
-    desc S3 = tensor(g, "S - max", F32, l.ss, true);
-    pw_f32(g, "SUB max", CUDNN_POINTWISE_SUB, S2, M, S3);
-    desc E = tensor(g, "exp", F32, l.ss, true);
-    pw_f32(g, "EXP", CUDNN_POINTWISE_EXP, S3, nullptr, E);
-    desc Z = tensor(g, "row sum", F32, l.row, true);
-    reduction(g, "REDUCTION ADD", CUDNN_REDUCE_TENSOR_ADD, E, Z);
-    desc logZ = tensor(g, "log row sum", F32, l.row, true);
-    pw_f32(g, "LOG", CUDNN_POINTWISE_LOG, Z, nullptr, logZ);
-    pw_f32(g, "Stats = max + log sum", CUDNN_POINTWISE_ADD, M, logZ, stats);
-    desc P = tensor(g, "P", BF16, l.ss, true);
-    pw_f32(g, "P = exp / sum", CUDNN_POINTWISE_DIV, E, Z, P);
-
-    matmul(g, "O = P V", P, V, O);
-}
-
-// c (B,KV,T,D) = a b summed over the query heads of each group: with GQA the product over all H
-// heads into a virtual bf16 (B,H,T,D), then REDUCTION ADD down to KV heads (as cudnn-frontend
-// builds dK and dV); without, the product straight into c.
-void matmul_to_kv_heads(graph &g, const layouts &l, bool gqa, const char *what, desc a, desc b, desc c)
-{
-    if (!gqa) {
-        matmul(g, what, a, b, c);
-        return;
-    }
-    desc all = tensor(g, what, BF16, l.full, true);
-    matmul(g, what, a, b, all);
-    reduction(g, "REDUCTION ADD over the query heads", CUDNN_REDUCE_TENSOR_ADD, all, c);
-}
-
-void build_backward(graph &g, const layouts &l, bool gqa)
-{
-    desc Q = tensor(g, "Q", BF16, l.q, false, UID_Q);
-    desc KT = tensor(g, "K^T", BF16, l.kt, false, UID_K);
-    desc VT = tensor(g, "V^T", BF16, l.kt, false, UID_V);
-    desc O = tensor(g, "O", BF16, l.q, false, UID_O);
-    desc dO = tensor(g, "dO", BF16, l.q, false, UID_DO);
-    desc stats = tensor(g, "Stats", F32, l.row, false, UID_STATS);
-    desc dQ = tensor(g, "dQ", BF16, l.q, false, UID_DQ);
-    desc dK = tensor(g, "dK", BF16, l.kv, false, UID_DK);
-    desc dV = tensor(g, "dV", BF16, l.kv, false, UID_DV);
-    desc sum = tensor(g, "softmax sum", F32, l.row, false, UID_SUM);
-    desc dQacc = tensor(g, "dQ accumulator", F32, l.full, false, UID_DQACC);
-    desc scale = scalar(g, "scale", UID_SCALE);
-    desc one = scalar(g, "one", UID_ONE);
-    desc fill = scalar(g, "mask fill", UID_FILL);
-
-    // sum = rowsum(dO * O) (the softmax backward's Delta)
-    desc dOO = tensor(g, "dO * O", F32, l.full, true);
-    pw_f32(g, "MUL dO O", CUDNN_POINTWISE_MUL, dO, O, dOO);
-    desc rs = tensor(g, "row sum dO O", F32, l.row, true);
-    reduction(g, "REDUCTION ADD dO O", CUDNN_REDUCE_TENSOR_ADD, dOO, rs);
-    pw_f32(g, "softmax sum * 1", CUDNN_POINTWISE_MUL, rs, one, sum);
-
-    // P = exp(mask(S * scale - Stats))
-    desc S = tensor(g, "S", F32, l.ss, true);
-    matmul(g, "S = Q K^T", Q, KT, S);
-    desc S1 = tensor(g, "S scaled", F32, l.ss, true);
-    pw_f32(g, "S * scale", CUDNN_POINTWISE_MUL, S, scale, S1);
-    desc S2 = tensor(g, "S - Stats", F32, l.ss, true);
-    pw_f32(g, "SUB Stats", CUDNN_POINTWISE_SUB, S1, stats, S2);
-    desc S3 = causal_mask(g, l, S2, fill);
-    desc P = tensor(g, "P", F32, l.ss, true);
-    pw_f32(g, "EXP", CUDNN_POINTWISE_EXP, S3, nullptr, P);
-
-    // dV = P^T dO (summed over the query heads of a group)
-    desc PT = tensor(g, "P^T", BF16, l.ss_t, true);
-    reshape(g, "RESHAPE P^T", P, PT);
-    matmul_to_kv_heads(g, l, gqa, "dV = P^T dO", PT, dO, dV);
-
-    // dS = P (dO V^T - sum) scale
-    desc dP = tensor(g, "dP", F32, l.ss, true);
-    matmul(g, "dP = dO V^T", dO, VT, dP);
-    // (cudnn-frontend's CompositeSDPABackwardNode goes straight from matmul_dO_VT to
-    // sub_dP_softmax_sum when there is no dropout; an extra MUL by 1 here is an op the fused
-    // backward engines' pattern does not have)
-    desc dP2 = tensor(g, "dP - sum", F32, l.ss, true);
-    pw_f32(g, "SUB softmax sum", CUDNN_POINTWISE_SUB, dP, sum, dP2);
-    desc dS = tensor(g, "dS unscaled", F32, l.ss, true);
-    pw_f32(g, "MUL P", CUDNN_POINTWISE_MUL, dP2, P, dS);
-    desc dS1 = tensor(g, "dS", F32, l.ss, true);
-    pw_f32(g, "dS * scale", CUDNN_POINTWISE_MUL, dS, scale, dS1);
-
-    // dK = dS^T Q (summed over the query heads of a group)
-    desc dST = tensor(g, "dS^T", BF16, l.ss_t, true);
-    reshape(g, "RESHAPE dS^T", dS1, dST);
-    matmul_to_kv_heads(g, l, gqa, "dK = dS^T Q", dST, Q, dK);
-
-    // dQ = dS K, through the fp32 accumulator
-    desc K = tensor(g, "K", F32, l.kv, true);
-    reshape(g, "RESHAPE K", KT, K);
-    matmul(g, "dQacc = dS K", dS1, K, dQacc);
-    pw_f32(g, "IDENTITY dQ", CUDNN_POINTWISE_IDENTITY, dQacc, nullptr, dQ);
-}
-
-// The operation graph of g, heuristics (mode A, then FALLBACK) and the first engine config whose
-// execution plan finalizes: e->plan and e->workspace. False with e->why otherwise.
-bool make_plan(graph &g, cudnnHandle_t h, plan_entry *e)
-{
-    desc og = create(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
-    SET(g, og, ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
-    SET(g, og, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, (int64_t)g.ops.size(), g.ops.data());
-    finalize(g, og, "operation graph");
-    if (g.failed) {
-        snprintf(e->why, sizeof e->why, "%s", g.why);
-        return false;
-    }
-    char last[256] = "no engine config";
-    int64_t tried = 0;
-    const cudnnBackendHeurMode_t modes[] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
-    for (cudnnBackendHeurMode_t mode : modes) {
-        const char *mode_name = mode == CUDNN_HEUR_MODE_A ? "heuristics mode A" : "heuristics mode FALLBACK";
-        graph hg; // this mode's descriptors: its errors are not fatal to the next mode
-        desc heur = create(hg, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, mode_name);
-        SET(hg, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &og);
-        SET(hg, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-        finalize(hg, heur, mode_name);
-        int64_t count = 0;
-        if (!hg.failed) {
-            cudnnStatus_t s =
-                api.GetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr);
-            if (s != CUDNN_STATUS_SUCCESS) hg.fail("cudnnBackendGetAttribute", "CUDNN_ATTR_ENGINEHEUR_RESULTS count", s);
-        }
-        std::vector<desc> cfgs;
-        for (int64_t i = 0; i < count && !hg.failed; i++)
-            cfgs.push_back(create(hg, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config"));
-        int64_t got = 0;
-        if (!hg.failed && count > 0) {
-            cudnnStatus_t s = api.GetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                               count, &got, cfgs.data());
-            if (s != CUDNN_STATUS_SUCCESS) hg.fail("cudnnBackendGetAttribute", "CUDNN_ATTR_ENGINEHEUR_RESULTS", s);
-        }
-        if (hg.failed) {
-            snprintf(last, sizeof last, "%s", hg.why);
-            hg.destroy_all();
-            continue;
-        }
-        for (int64_t i = 0; i < got && i < count; i++) {
-            tried++;
-            desc plan = nullptr;
-            cudnnStatus_t s = api.CreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan);
-            if (s != CUDNN_STATUS_SUCCESS) {
-                status_why(last, sizeof last, "cudnnBackendCreateDescriptor", "execution plan", s);
-                break;
-            }
-            s = api.SetAttribute(plan, ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
-            if (s == CUDNN_STATUS_SUCCESS)
-                s = api.SetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-                                     &cfgs[(size_t)i]);
-            if (s == CUDNN_STATUS_SUCCESS) s = api.Finalize(plan);
-            int64_t ws = 0, n = 0;
-            if (s == CUDNN_STATUS_SUCCESS)
-                s = api.GetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &ws);
-            if (s == CUDNN_STATUS_SUCCESS) {
-                // keep the heuristics' descriptors (the chosen config among them) with the plan
-                g.owned.insert(g.owned.end(), hg.owned.begin(), hg.owned.end());
-                e->plan = plan;
-                e->workspace = ws;
-                return true;
-            }
-            char what[96];
-            snprintf(what, sizeof what, "execution plan, engine config %lld of %lld, %s", (long long)i + 1,
-                     (long long)got, mode_name);
-            status_why(last, sizeof last, "cudnnBackendFinalize", what, s);
-            api.DestroyDescriptor(plan);
-        }
-        hg.destroy_all();
-    }
-    snprintf(e->why, sizeof e->why, "no execution plan (%lld engine configs tried); last: %s", (long long)tried, last);
-    return false;
-}
-
-// The plan of this shape and direction on this thread, built at first use. NULL with why.
 // This thread's plan entry of the shape and direction (a failed build included), or NULL.
 plan_entry *find_plan(direction dir, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D)
 {
@@ -638,6 +224,7 @@ plan_entry *find_plan(direction dir, int64_t B, int64_t T, int64_t H, int64_t KV
     return nullptr;
 }
 
+// The plan of this shape and direction on this thread, built at first use. NULL with why.
 plan_entry *get_plan(cudnnHandle_t h, direction dir, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, char *why,
                      size_t n)
 {
@@ -650,7 +237,8 @@ plan_entry *get_plan(cudnnHandle_t h, direction dir, int64_t B, int64_t T, int64
         if (dir == FORWARD) build_forward(g, l);
         else build_backward(g, l, H != KV);
         if (g.failed) snprintf(e->why, sizeof e->why, "%s", g.why);
-        else if (make_plan(g, h, e) && dir == FORWARD && e->workspace > 0) {
+        else if (make_plan(g, h, &e->plan, &e->workspace, e->why, sizeof e->why) && dir == FORWARD &&
+                 e->workspace > 0) {
             cudaError_t ce = cudaMalloc(&e->fwd_workspace, (size_t)e->workspace);
             if (ce != cudaSuccess) {
                 (void)cudaGetLastError();
@@ -778,7 +366,7 @@ extern "C" size_t mt_cuda_attention_cudnn_workspace_bytes(int64_t B, int64_t T, 
 }
 
 extern "C" int64_t mt_cuda_attention_cudnn_plan_workspace(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                                                         int backward)
+                                                          int backward)
 {
     const plan_entry *e = find_plan(backward ? BACKWARD : FORWARD, B, T, H, KV, D);
     return e && e->plan ? e->workspace : -1;

@@ -113,9 +113,13 @@ template <class T> void mt_cuda_from_f32(const float *in, T *out, int64_t n, cud
 struct mt_gemm_cache; // linear.cu: cuBLASLt descriptors and algorithms per GEMM shape
 
 // One per host thread (StarPU runs each CUDA worker on its own thread), bound to the device that
-// was current when it was created. Buffers are allocated once, here, never by a launcher; they
-// are shared by every call of the thread, so those calls must be ordered (one stream per thread).
+// was current when its device resources were created (mt_cuda_ctx_get). Buffers are allocated
+// once, there, never by a launcher; they are shared by every call of the thread, so those calls
+// must be ordered (one stream per thread).
 struct mt_cuda_ctx {
+    mt_cuda_options options;   // mt_cuda_ctx_configure; zero (every default) until then
+    bool cudnn_fallback_said[2]; // the cuDNN attention's failure was reported: [0] forward, [1] backward
+    bool ready;                // the device resources below exist
     int device;
     cublasLtHandle_t lt;
     void *gemm_workspace; // MT_CUDA_GEMM_WORKSPACE bytes for cuBLASLt (split-K and friends)

@@ -1,17 +1,29 @@
-// The per-thread GPU context (cuBLASLt handle, GEMM workspace, reduction partials) and the small
+// The per-thread GPU context (options, cuBLASLt handle, GEMM workspace, reduction partials) and the small
 // whole-buffer kernels: fp32 <-> bf16 conversion and the deterministic sum of squares that the
 // gradient-norm task uses.
 #include "backends/cuda/common.cuh"
 
-// Created on first use by the calling thread; never freed (it lives as long as the worker thread,
-// and freeing at thread exit would synchronise the device at an arbitrary moment).
+// Created on first use by the calling thread (or by mt_cuda_ctx_configure, without its device
+// resources); never freed (it lives as long as the worker thread, and freeing at thread exit
+// would synchronise the device at an arbitrary moment).
 static thread_local mt_cuda_ctx *tls_ctx = nullptr;
 
-extern "C" mt_cuda_ctx *mt_cuda_ctx_get(void)
+// The calling thread's context, its device resources not necessarily created.
+static mt_cuda_ctx *thread_ctx()
 {
     if (tls_ctx) return tls_ctx;
     mt_cuda_ctx *ctx = (mt_cuda_ctx *)calloc(1, sizeof *ctx);
     MT_CUDA_REQUIRE(ctx != nullptr, "out of host memory for the CUDA context");
+    tls_ctx = ctx;
+    return ctx;
+}
+
+extern "C" void mt_cuda_ctx_configure(const mt_cuda_options *options) { thread_ctx()->options = *options; }
+
+extern "C" mt_cuda_ctx *mt_cuda_ctx_get(void)
+{
+    mt_cuda_ctx *ctx = thread_ctx();
+    if (ctx->ready) return ctx;
     CUDA_CHECK(cudaGetDevice(&ctx->device));
     CUBLAS_CHECK(cublasLtCreate(&ctx->lt));
     // The only allocations of the backend: once per thread, here, never inside a launcher.
@@ -19,7 +31,7 @@ extern "C" mt_cuda_ctx *mt_cuda_ctx_get(void)
     CUDA_CHECK(cudaMalloc(&ctx->gemm_workspace, ctx->gemm_workspace_bytes));
     CUDA_CHECK(cudaMalloc((void **)&ctx->reduce_partials, MT_CUDA_REDUCE_BLOCKS * sizeof(double)));
     ctx->gemm_cache = nullptr;
-    tls_ctx = ctx;
+    ctx->ready = true;
     return ctx;
 }
 

@@ -8,8 +8,8 @@ extern "C" { // C header without its own linkage guard: mt_layout_build
 #include "models/layout.h"
 }
 
-#include "backends/cuda/bench.cuh"
 #include "backends/cuda/colsum.cuh"
+#include "backends/cuda/head.cuh"
 #include "backends/cuda/linear.cuh"
 #include "backends/cuda/rmsnorm.cuh"
 
@@ -107,10 +107,9 @@ __global__ static void cross_entropy_kernel(int64_t V, const float *logits, cons
     }
 }
 
-// The launch: with dlogits (rows, V) the gradient too, without (NULL) the loss alone.
 template <class T>
-static void cross_entropy(int64_t rows, int64_t V, const float *logits, const int32_t *targets, double loss_scale,
-                          T *dlogits, double *row_loss, int *row_counted, cudaStream_t stream)
+void mt_head_cross_entropy(int64_t rows, int64_t V, const float *logits, const int32_t *targets, double loss_scale,
+                           T *dlogits, double *row_loss, int *row_counted, cudaStream_t stream)
 {
     if (dlogits)
         cross_entropy_kernel<T, true><<<(unsigned)rows, CE_THREADS, 0, stream>>>(V, logits, targets, loss_scale,
@@ -120,6 +119,10 @@ static void cross_entropy(int64_t rows, int64_t V, const float *logits, const in
                                                                                   nullptr, row_loss, row_counted);
     CUDA_CHECK_LAUNCH();
 }
+template void mt_head_cross_entropy<bf16>(int64_t, int64_t, const float *, const int32_t *, double, bf16 *, double *,
+                                          int *, cudaStream_t);
+template void mt_head_cross_entropy<float>(int64_t, int64_t, const float *, const int32_t *, double, float *,
+                                           double *, int *, cudaStream_t);
 
 // loss[0] += sum of row_loss (rows), loss[1] += counted rows: one block, fixed order.
 __global__ static void loss_sum_kernel(int64_t rows, const double *row_loss, const int *row_counted, double *loss)
@@ -186,8 +189,8 @@ static void head_run(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile
         const float *hc = h + r0 * d; // (rows, d)
         mt_rmsnorm_forward(rows, d, hc, norm_w, cfg->rms_eps, s.hn, s.inv_rms, stream);
         mt_linear_forward(ctx, rows, d, V, s.hn, W, nullptr, s.logits, CUDA_R_32F, stream); // (rows, V)
-        cross_entropy(rows, V, s.logits, targets + r0, loss_scale, dh ? s.dlogits : nullptr, s.row_loss,
-                      s.row_counted, stream);
+        mt_head_cross_entropy(rows, V, s.logits, targets + r0, loss_scale, dh ? s.dlogits : nullptr, s.row_loss,
+                              s.row_counted, stream);
         loss_sum_kernel<<<1, LOSS_THREADS, 0, stream>>>(rows, s.row_loss, s.row_counted, loss);
         CUDA_CHECK_LAUNCH();
         if (!dh) continue;
@@ -212,28 +215,4 @@ extern "C" void mt_cuda_head(mt_cuda_ctx *ctx, const mt_model_config *cfg, const
     else
         head_run(ctx, cfg, head_layout, (const bf16 *)head_tile, (const bf16 *)embed_tile, ntok, h, targets,
                  loss_scale, chunk, dh, dhead, dembed, accumulate, loss, scratch, stream);
-}
-
-// ---- timings (mt_cuda_bench_memory_kernels, bench.cu) ----
-// The cross-entropy over `rows` rows of random logits, without and with the gradient. The head's
-// norm is the layer's rmsnorm at the same (rows, d), timed there; loss_sum_kernel is one block
-// over `rows` doubles (latency, not bandwidth); the GEMMs are not memory-bound.
-void mt_kernel_bench_head(mt_kernel_bench *b, const mt_model_config *cfg, int64_t rows, const int32_t *targets)
-{
-    const int64_t V = cfg->vocab;
-    MT_CUDA_REQUIRE(rows > 0 && rows < (1ll << 31), "bench rows %lld exceed the grid", (long long)rows);
-    const float *logits = mt_kernel_bench_random_f32(b, rows * V);                       // (rows, V)
-    bf16 *dlogits = (bf16 *)mt_kernel_bench_alloc(b, (size_t)(rows * V) * sizeof(bf16)); // (rows, V)
-    double *row_loss = (double *)mt_kernel_bench_alloc(b, (size_t)rows * sizeof(double));
-    int *row_counted = (int *)mt_kernel_bench_alloc(b, (size_t)rows * sizeof(int));
-    char shape[48];
-    snprintf(shape, sizeof shape, "%lldx%lld", (long long)rows, (long long)V);
-    // logits 4 rows V + targets 4 rows read, row_loss 8 rows + row_counted 4 rows written
-    mt_kernel_bench_time(b, "cross-entropy (loss)", shape, 4 * rows * V + 16 * rows, [&] {
-        cross_entropy<bf16>(rows, V, logits, targets, 1.0 / (double)rows, nullptr, row_loss, row_counted, b->stream);
-    });
-    // the same + dlogits 2 rows V written
-    mt_kernel_bench_time(b, "cross-entropy (loss + gradient)", shape, 6 * rows * V + 16 * rows, [&] {
-        cross_entropy(rows, V, logits, targets, 1.0 / (double)rows, dlogits, row_loss, row_counted, b->stream);
-    });
 }

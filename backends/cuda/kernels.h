@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backends/cuda/options.h"
 #include "models/config.h"
 #include "models/layout.h"
 
@@ -31,10 +32,15 @@ typedef uint16_t mt_cuda_bf16; /* bfloat16 bits, as on the host */
  *                 path to fp32 rounding, several times slower (--dtype fp32). */
 typedef enum mt_cuda_prec { MT_CUDA_BF16, MT_CUDA_F32 } mt_cuda_prec;
 
-/* Per-thread GPU context (cuBLASLt handle and workspace), created on first use on the calling
- * thread's current device. StarPU runs each CUDA worker on its own thread. */
+/* Per-thread GPU context (options, cuBLASLt handle and workspace), its device resources created on
+ * first use on the calling thread's current device. StarPU runs each CUDA worker on its own
+ * thread; the runtime configures each worker's context when it starts. */
 typedef struct mt_cuda_ctx mt_cuda_ctx;
 mt_cuda_ctx *mt_cuda_ctx_get(void);
+/* Sets the options of the calling thread's context, creating the context (not yet its device
+ * resources) when the thread has none. A thread never configured runs with every option at its
+ * default. */
+void mt_cuda_ctx_configure(const mt_cuda_options *options);
 
 /* ---- small kernels ---- */
 /* x (n) = value */
@@ -50,18 +56,20 @@ void mt_cuda_bf16_to_f32(const mt_cuda_bf16 *in, float *out, int64_t n, mt_cuda_
 void mt_cuda_sumsq_f32(const float *x, int64_t n, double *out, mt_cuda_stream stream);
 
 /* ---- attention (backends/cuda/attention.cu) ---- */
-/* Causal grouped-query attention, scale 1/sqrt(D), never a T x T matrix in memory.
+/* Causal grouped-query attention, scale 1/sqrt(D), never a T x T matrix in memory, with the
+ * kernels ctx's options choose (mt_cuda_attention, mt_cuda_qblock).
  * q (B,T,H,D), k v (B,T,KV,D) bf16; out (B,T,H,D) bf16 =; lse (B,H,T) fp32 = (natural log). */
-void mt_cuda_attention_forward(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+void mt_cuda_attention_forward(mt_cuda_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                                const mt_cuda_bf16 *q, const mt_cuda_bf16 *k, const mt_cuda_bf16 *v,
                                mt_cuda_bf16 *out, float *lse, mt_cuda_stream stream);
-/* dq (B,T,H,D) fp32 =, dk dv (B,T,KV,D) fp32 =. workspace: mt_cuda_attention_workspace_bytes. */
+/* dq (B,T,H,D) fp32 =, dk dv (B,T,KV,D) fp32 =. workspace: mt_cuda_attention_workspace_bytes,
+ * enough for either kernel whatever the options. */
 size_t mt_cuda_attention_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
-/* 1 when the backward of this shape runs the own kernel, bitwise reproducible run to run; 0 when
- * it runs cuDNN's (MT_ATTENTION unset, auto or cudnn, and the library loads and takes the shape),
- * whose float atomics on dQ can change the last bits. */
-int mt_cuda_attention_reproducible(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
-void mt_cuda_attention_backward(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+/* 1 when the backward of this shape runs the own kernel under ctx's options, bitwise
+ * reproducible run to run; 0 when it runs cuDNN's (attention auto or cudnn, and the library
+ * loads and takes the shape), whose float atomics on dQ can change the last bits. */
+int mt_cuda_attention_reproducible(const mt_cuda_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
+void mt_cuda_attention_backward(mt_cuda_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                                 const mt_cuda_bf16 *q, const mt_cuda_bf16 *k, const mt_cuda_bf16 *v,
                                 const mt_cuda_bf16 *out, const float *lse, const mt_cuda_bf16 *dout,
                                 float *dq, float *dk, float *dv, void *workspace, mt_cuda_stream stream);
@@ -98,24 +106,6 @@ void mt_cuda_head(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_la
                   const float *h, const int32_t *targets, double loss_scale, int64_t chunk,
                   float *dh, float *dhead, float *dembed, bool accumulate, double *loss,
                   void *scratch, mt_cuda_stream stream);
-
-/* ---- timings (backends/cuda/bench.cu) ---- */
-typedef struct mt_cuda_kernel_timing {
-    char name[48];  /* e.g. "rmsnorm forward" */
-    char shape[48]; /* e.g. "4096x2048" */
-    double ms;      /* median over the runs, cudaEvent */
-    int64_t bytes;  /* the least traffic: every input read once, every output written once */
-} mt_cuda_kernel_timing;
-#define MT_CUDA_BENCH_MAX_KERNELS 32
-/* Times the memory-bound kernels of a layer call at (B, T), the conversions and sum of squares
- * on a layer tile's worth of elements, the embedding over B*T tokens and the head's
- * cross-entropy over B*T rows: each launched as the model code does, on its own random buffers
- * (about 10 GiB at a 3B shape), one warm-up then `reps` runs with L2 flushed before each. out[0]
- * is the baseline: a cudaMemcpyAsync of 1 GiB device to device, bytes = 2 GiB (read + write).
- * Returns the entries filled (aborts if max is too small). Unlike the launchers it allocates and
- * synchronises the device: for benchmarks only. */
-int mt_cuda_bench_memory_kernels(const mt_model_config *cfg, int64_t B, int64_t T, int reps,
-                                 mt_cuda_kernel_timing *out, int max);
 
 #ifdef __cplusplus
 }

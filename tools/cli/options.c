@@ -445,11 +445,15 @@ const cli_option cli_worker_options[3] = {
 
 int cli_environment(const char *cmd, mt_runtime_options *runtime, mt_step_config *step)
 {
-    /* The library still reads these itself; each moves here as the library gains its option:
-     *   MT_ATTENTION        the attention kernels (cudnn, own), into runtime
-     *   MT_ATTENTION_QBLOCK the own kernels' query block, into runtime
-     *   MT_RANGED_SIDE_ROOM the ranged pass's side-entry room, into step (NULL: not a training run)
-     * A bad value is a usage error naming the variable. Nothing else in the command line reads
-     * the environment on the library's behalf. */
+    /* MT_ATTENTION (the bf16 attention kernels: auto, cudnn, own) and MT_ATTENTION_QBLOCK (the own
+     * kernels' query block) into the runtime's CUDA options. A value that names nothing is
+     * reported and the default kept, as the kernels did when they read it themselves. Nothing
+     * else in the command line reads the environment on the library's behalf. */
+    char err[128];
+    if (mt_runtime_parse_attention(getenv("MT_ATTENTION"), &runtime->cuda.attention, err, sizeof err))
+        fprintf(stderr, "megatrain %s: %s; using auto\n", cmd, err);
+    if (mt_runtime_parse_qblock(getenv("MT_ATTENTION_QBLOCK"), &runtime->cuda.qblock, err, sizeof err))
+        fprintf(stderr, "megatrain %s: %s; using 128w\n", cmd, err);
+    (void)step;
     return 0;
 }

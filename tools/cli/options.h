@@ -137,7 +137,8 @@ extern const char cli_speculation_note[];
 extern const cli_option cli_worker_options[3];
 
 /* Maps the documented environment variables to the library's options; the one place the
- * command line reads the environment for the library. 0, or 2 after naming a bad value. */
+ * command line reads the environment for the library. A value that names nothing is reported
+ * and the default kept; returns 0, or 2 when the command must stop. */
 int cli_environment(const char *cmd, mt_runtime_options *runtime, mt_step_config *step);
 
 #endif

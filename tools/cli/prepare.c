@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include "runtime/dataset.h"
+#include "runtime/prepare.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/options.h"
 
