@@ -47,27 +47,6 @@ static void adamw_streamed(void *buffers[], mt_adamw_params p, mt_dtype dtype, i
         return;
     }
     const size_t wsz = dtype == MT_DTYPE_BF16 ? sizeof(mt_bf16) : sizeof(float);
-    /* Double-buffered state (mt_state_enable_spare): the new master, m and v go to the three
-     * buffers after the others, the old ones stay as they were. */
-    const unsigned base = clipped ? 6 : 5;
-    if (STARPU_TASK_GET_NBUFFERS(starpu_task_get_current()) == base + 3) {
-        float *mo = (float *)STARPU_VECTOR_GET_PTR(buffers[base]);
-        float *m_o = (float *)STARPU_VECTOR_GET_PTR(buffers[base + 1]), *v_o = (float *)STARPU_VECTOR_GET_PTR(buffers[base + 2]);
-        /* Computed into cache-resident blocks, then stored past the cache: ordinary stores to
-         * lines not yet read would first read them (12 more bytes per parameter of traffic,
-         * most of what writing out of place saves). */
-        static _Thread_local float nm[BLOCK], nmm[BLOCK], nv[BLOCK];
-        for (int64_t o = 0; o < n; o += BLOCK) {
-            int64_t len = n - o < BLOCK ? n - o : BLOCK;
-            mt_cpu_adamw_to_f32(len, master + o, grad + o, m + o, v + o, nm, nmm, nv, &p);
-            write_streamed(len, nm, w + (size_t)o * wsz, dtype);
-            mt_cpu_copy_past_cache_f32(len, nm, mo + o);
-            mt_cpu_copy_past_cache_f32(len, nmm, m_o + o);
-            mt_cpu_copy_past_cache_f32(len, nv, v_o + o);
-        }
-        mt_cpu_copy_past_cache_done();
-        return;
-    }
     for (int64_t o = 0; o < n; o += BLOCK) {
         int64_t len = n - o < BLOCK ? n - o : BLOCK;
         mt_cpu_adamw_f32(len, master + o, grad + o, m + o, v + o, &p);

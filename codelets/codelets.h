@@ -180,10 +180,7 @@ extern struct starpu_codelet mt_cl_clip;
  *   backward came before it; the table's head part) */
 extern struct starpu_codelet mt_cl_known;
 /* adamw: [0] master RW, [1] m RW, [2] v RW, [3] grad R, [4] streamed weights W,
- *   [5] clip R (when clipped); args: mt_adamw_params, mt_dtype, int clipped (mt_adamw_clip).
- *   Out of place (double-buffered state) with three more buffers after those: the new master,
- *   m and v (W); [0..2] are then R. With MT_ADAMW_CONFIRM (weights and the new state RW) it does
- *   nothing when the scale is 1, else the update again with it. */
+ *   [5] clip R (when clipped); args: mt_adamw_params, mt_dtype, int clipped (mt_adamw_clip). */
 extern struct starpu_codelet mt_cl_adamw;
 /* The `clipped` argument of the AdamW codelets. */
 enum mt_adamw_clip {
@@ -287,7 +284,7 @@ mt_ranged_counts mt_codelet_ranged_counts(void);
 double mt_codelet_adamw_seconds(void);
 /* The same time by kind of task, for bench to say where AdamW's CPU time goes. */
 typedef enum mt_adamw_kind {
-    MT_AK_FUSED,            /* adamw: the whole update (in place, or into the spare state) */
+    MT_AK_FUSED,            /* adamw: the whole update */
     MT_AK_WEIGHTS,          /* adamw_params: the weights half, plain or speculated as if scale 1 */
     MT_AK_CONFIRM,          /* adamw_params, MT_ADAMW_CONFIRM: the redo of a unit speculation */
     MT_AK_RANGED,           /* adamw_params, MT_ADAMW_RANGED: the ranged pass */

@@ -297,9 +297,6 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
         mt_graph_destroy(g);
         return -1;
     }
-    if (log && st->ntiles > 2 && st->tiles[2].master_spare)
-        fprintf(log, "bench: K=%d clip %g: AdamW state double-buffered (spare master, m and v of layers 1..L-1 and the head)\n",
-                sc->K, sc->clip);
     if (log) {
         char prefix[64];
         snprintf(prefix, sizeof prefix, "bench: K=%d clip %g", sc->K, sc->clip);

@@ -100,9 +100,6 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
     plan->host[MT_PLAN_ADAM_M] = host_state_bytes(plan, 4);
     plan->host[MT_PLAN_ADAM_V] = host_state_bytes(plan, 4);
     for (int k = MT_PLAN_WEIGHTS; k <= MT_PLAN_ADAM_V; k++) plan->host_pinned[k] = p->use_gpu;
-    /* state.c allocates the spare state per tile, unpinned, the same way (step.c: from tile 2) */
-    plan->host_spare = 3 * (host_state_bytes(plan, 4) - round_up_u64((uint64_t)plan->tile_numel[MT_TILE_EMBED] * 4, MT_PLAN_TILE_BYTES_ALIGN) -
-                            round_up_u64((uint64_t)plan->tile_numel[MT_TILE_LAYER] * 4, MT_PLAN_TILE_BYTES_ALIGN));
     /* step.c's ranged flags buffers (mt_codelet_ranged_bitmap_bytes: a bit per element and room
      * for the inputs of 1/16 of them), counted per tile, not per AdamW chunk: each chunk past a
      * tile's first has its own header and spare entries, a few hundred bytes, left out */
@@ -230,8 +227,6 @@ void mt_plan_print(const mt_plan *plan, FILE *out)
     fprintf(out, "  host: %s pinned; training state %.2f bytes per parameter\n",
             mt_format_bytes(plan->host_pinned_total, a, sizeof a),
             plan->param_count ? (double)state / (double)plan->param_count : 0.0);
-    fprintf(out, "  with --adamw-spare on (or auto, with clipping, when it fits): + %s of spare AdamW state (not pinned)\n",
-            mt_format_bytes(plan->host_spare, a, sizeof a));
     fprintf(out, "  with ranged speculation and --adamw-defer auto (the default; when it fits in 80%% of the memory "
                  "available) or on: + %s of a second gradient (%s)\n",
             mt_format_bytes(plan->host_grad_alt, a, sizeof a), plan->params.use_gpu ? "pinned" : "not pinned");

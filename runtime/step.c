@@ -91,7 +91,7 @@ mt_step_config mt_step_defaults(void)
     mt_step_config c = {
         .B = 8, .T = 128, .accum = 1, .K = 4, .clip = 1.0, .head_chunk = 1024,
         .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0, .adamw_split = -1,
-        .clip_speculate = -1, .clip_range_check = -1, .adamw_spare = 0, .adamw_defer = -1,
+        .clip_speculate = -1, .clip_range_check = -1, .adamw_defer = -1,
     };
     return c;
 }
@@ -116,8 +116,8 @@ static starpu_data_handle_t host_vector(void *p, int64_t n, size_t esz)
     return h;
 }
 
-/* Whether the extra host state an auto option (adamw_spare, adamw_defer) adds may be had: at
- * most 80% of the host memory available now. */
+/* Whether the extra host state an auto option (adamw_defer) adds may be had: at most 80% of the
+ * host memory available now. */
 static bool fits_host(uint64_t bytes) { return bytes <= mt_host_memory_available() / 10 * 8; }
 
 mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err, size_t errlen)
@@ -152,14 +152,6 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
                      (long long)sc->B, (long long)sc->T, biggest[i]);
             return NULL;
         }
-    /* Double-buffered AdamW state for the speculated update (tiles from layer 1 on: the table and
-     * layer 0 stay split, their updates being the step boundary's). Auto: with clipping and
-     * speculation allowed, when it takes at most 80% of the host memory available now. */
-    const int first_spare = 2;
-    const bool may_speculate = sc->clip > 0 && sc->clip_speculate != 0;
-    if (sc->adamw_spare > 0 || (sc->adamw_spare < 0 && may_speculate && fits_host(mt_state_spare_bytes(st, first_spare)))) {
-        if (mt_state_enable_spare(st, first_spare, err, errlen)) return NULL;
-    }
     /* Deferred moments halves (ranged speculation): a second gradient for every tile, the table's
      * included (its moments half goes into its early path). Auto: when it takes at most 80% of
      * the host memory available now. */
@@ -762,9 +754,7 @@ static void insert_moments(mt_graph *g, mt_tile *t, int c, starpu_data_handle_t 
 static void insert_adamw(mt_graph *g, mt_tile *t, int c, struct starpu_codelet *cl, int clip, int prio,
                          const mt_adamw_params *p, int64_t step, bool observe, const speculation *sp)
 {
-    /* the fused update out of place, into the tile's spare master, m and v (submit_update) */
-    const bool spare = cl == &mt_cl_adamw && t->master_spare && sp && sp->mode == SPEC_UNIT;
-    const enum starpu_data_access_mode state = cl == &mt_cl_adamw && !spare ? STARPU_RW : STARPU_R;
+    const enum starpu_data_access_mode state = cl == &mt_cl_adamw ? STARPU_RW : STARPU_R;
     const bool confirm = clip == MT_ADAMW_CONFIRM || clip == MT_ADAMW_CONFIRM_RANGED;
     const enum starpu_data_access_mode weights = confirm ? STARPU_RW : STARPU_W;
     struct starpu_data_descr d[9];
@@ -783,12 +773,6 @@ static void insert_adamw(mt_graph *g, mt_tile *t, int c, struct starpu_codelet *
         ra = ranged_args_of(g, t->index, *sp, g->norm_seq); /* after the step's norm was submitted */
     }
     if (clip == MT_ADAMW_CONFIRM_RANGED) d[nbuf++] = (struct starpu_data_descr){ g->flags[t->index][c], STARPU_R };
-    if (spare) {
-        const enum starpu_data_access_mode out = confirm ? STARPU_RW : STARPU_W;
-        d[nbuf++] = (struct starpu_data_descr){ t->h_master_spare_chunk[c], out };
-        d[nbuf++] = (struct starpu_data_descr){ t->h_m_spare_chunk[c], out };
-        d[nbuf++] = (struct starpu_data_descr){ t->h_v_spare_chunk[c], out };
-    }
     mt_dtype dtype = g->st->compute_dtype;
     /* the last argument, the last step's parameters, is read by MT_ADAMW_RANGED_DEFERRED only
      * (insert_ranged_deferred) */
@@ -796,7 +780,7 @@ static void insert_adamw(mt_graph *g, mt_tile *t, int c, struct starpu_codelet *
                                  STARPU_VALUE, &dtype, sizeof dtype, STARPU_VALUE, &clip, sizeof clip,
                                  STARPU_VALUE, &ra, sizeof ra, STARPU_VALUE, p, sizeof *p,
                                  STARPU_PRIORITY, prio, STARPU_EXECUTE_WHERE, STARPU_CPU,
-                                 STARPU_NAME, confirm ? "adamw_confirm" : clip == MT_ADAMW_RANGED ? "adamw_ranged" : spare ? "adamw_spare" : cl->name,
+                                 STARPU_NAME, confirm ? "adamw_confirm" : clip == MT_ADAMW_RANGED ? "adamw_ranged" : cl->name,
                                  OBSERVE_END(g, observe, MT_EV_ADAMW, step, t->index), 0);
     check_insert(ret, cl->name);
 }
@@ -1008,11 +992,7 @@ static void submit_update(mt_graph *g, int64_t step, double lr, speculation sp, 
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
         const bool started = embed_started && i == 0;
-        /* Double-buffered state, speculating a scale of 1: the fused update (30 bytes per
-         * parameter, against the split one's 46) as the gradient lands, into the spare master, m
-         * and v, the current ones kept for the redo if the scale is not 1. */
-        const bool pingpong = sp.mode == SPEC_UNIT && t->master_spare && !started;
-        const bool split = !pingpong && (speculate || split_update(g, i));
+        const bool split = speculate || split_update(g, i);
         /* The next forward needs tile 0 first: earlier tiles get higher priority. */
         int prio = STARPU_MAX_PRIO - i;
         if (prio < STARPU_MIN_PRIO) prio = STARPU_MIN_PRIO;
@@ -1028,9 +1008,6 @@ static void submit_update(mt_graph *g, int64_t step, double lr, speculation sp, 
                     insert_adamw(g, t, c, &mt_cl_adamw_params,
                                  sp.mode == SPEC_RANGED ? MT_ADAMW_CONFIRM_RANGED : MT_ADAMW_CONFIRM, prio, &p, step,
                                  true, NULL);
-            } else if (pingpong) {
-                insert_adamw(g, t, c, &mt_cl_adamw, MT_ADAMW_UNCLIPPED, prio, &p, step, false, &sp);
-                insert_adamw(g, t, c, &mt_cl_adamw, MT_ADAMW_CONFIRM, prio, &p, step, true, &sp);
             } else if (sp.mode == SPEC_UNIT) {
                 /* As the gradient lands (no wait for the norm), then confirmed after it. */
                 insert_adamw(g, t, c, &mt_cl_adamw_params, MT_ADAMW_UNCLIPPED, prio, &p, step, false, NULL);
@@ -1058,7 +1035,6 @@ static void submit_update(mt_graph *g, int64_t step, double lr, speculation sp, 
         /* the table's early path took its pending moments over, and gave the last gradient back */
         if (take_over && !started)
             starpu_data_unpartition_submit(t->h_grad_alt, t->nchunks, t->h_grad_alt_chunk, STARPU_MAIN_RAM);
-        if (pingpong) mt_tile_swap_state(t); /* what comes next reads the new state */
         mt_policy_tile_submitting(i, false);
         g->updates_submitted[i]++;
     }

@@ -55,15 +55,6 @@ typedef struct mt_step_config {
                             * batch, in range for 24% of the chunks: 2.20-2.27 s a step, against
                             * 1.88-1.90 when the ranges held). Nonzero (the default, -1): on; 0:
                             * off. Only the work changes, never the result. */
-    int adamw_spare;       /* Double-buffered AdamW state (12 more bytes per parameter of layers
-                            * 1..L-1 and the head, in host memory): a speculated update (scale 1)
-                            * then runs fused, 30 bytes per parameter, into the spare master, m and
-                            * v, the current ones kept for a redo, instead of split (46 bytes).
-                            * Bitwise the same results. -1: with clipping and speculation allowed,
-                            * when it takes at most 80% of the host memory available when the
-                            * graph is created; 0 never (the default: on an H200 at 3B it saved
-                            * no measurable CPU time, docs/benchmarks.md); 1 always
-                            * (mt_graph_create fails when the memory cannot be had). */
     int adamw_defer;       /* Ranged speculation (clip_speculate 2): each tile's moments half is
                             * not run after the norm but in the next step, fused with that
                             * step's ranged run on the same chunk (the table's: its early path's),
@@ -87,7 +78,7 @@ typedef struct mt_step_config {
 #define MT_CLIP_RANGE_MEMORY_MAX 16 /* MT_NORM_MEMORY_MAX (codelets.h) */
 
 /* Defaults: accum 1, K 4, clip 1.0, head_chunk 1024, betas (0.9, 0.999), eps 1e-8, wd 0,
- * adamw_split -1, clip_speculate -1, adamw_spare 0, adamw_defer -1. */
+ * adamw_split -1, clip_speculate -1, adamw_defer -1. */
 mt_step_config mt_step_defaults(void);
 
 /* What an observer hears: a compute task of a training step ended. */

@@ -204,9 +204,6 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
                 o->lr, o->schedule == MT_LR_COSINE ? "warm-up + cosine" : "constant", mt_runtime_ncpu(),
                 mt_runtime_ncuda(), o->runtime.sched ? o->runtime.sched : mt_default_sched());
         mt_graph_log_defer(g, log, "megatrain");
-        if (st->ntiles > 2 && st->tiles[2].master_spare)
-            fprintf(log, "megatrain: AdamW state double-buffered (--adamw-spare): %.2f GB more host memory\n",
-                    (double)mt_state_spare_bytes(st, 2) / 1e9);
     }
     mt_rng rng;
     mt_rng_seed(&rng, o->seed);

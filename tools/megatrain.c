@@ -284,7 +284,7 @@ static int parse_speculate(const char *arg, int *out)
     return 0;
 }
 
-/* auto|on|off -> -1, 1, 0 (--adamw-spare, --adamw-defer, and bench's list of --adamw-defer). */
+/* auto|on|off -> -1, 1, 0 (--adamw-defer, and bench's list of --adamw-defer). */
 static const char *const auto_on_off_names[] = { "auto", "on", "off" };
 static const int auto_on_off_values[] = { -1, 1, 0 };
 
@@ -322,14 +322,14 @@ static int parse_ratio(const char *flag, const char *arg, double *out)
 
 /* The options of clip speculation and the AdamW state, the same in train and bench (their help:
  * SPECULATE_HELP): one list of long options and one parser, past both commands' own codes. */
-enum { O_SPEC = 512, O_CRANGE, O_CRANGE_MAX, O_CRANGE_CHECK, O_CRANGE_GROW, O_CRANGE_MEMORY, O_SPARE, O_DEFER };
+enum { O_SPEC = 512, O_CRANGE, O_CRANGE_MAX, O_CRANGE_CHECK, O_CRANGE_GROW, O_CRANGE_MEMORY, O_DEFER };
 #define STEP_LONG_OPTIONS                                                                           \
     { "clip-speculate", required_argument, 0, O_SPEC }, { "clip-range", required_argument, 0, O_CRANGE }, \
     { "clip-range-max", required_argument, 0, O_CRANGE_MAX },                                       \
     { "clip-range-check", required_argument, 0, O_CRANGE_CHECK },                                   \
     { "clip-range-grow", required_argument, 0, O_CRANGE_GROW },                                     \
     { "clip-range-memory", required_argument, 0, O_CRANGE_MEMORY },                                 \
-    { "adamw-spare", required_argument, 0, O_SPARE }, { "adamw-defer", required_argument, 0, O_DEFER }
+    { "adamw-defer", required_argument, 0, O_DEFER }
 
 /* Option c of STEP_LONG_OPTIONS into s: 1 when taken, 0 when c is none of them (getopt's '?' for
  * an unknown option included), -1 (message printed) when its argument is bad. */
@@ -346,7 +346,6 @@ static int parse_step_option(int c, const char *arg, mt_step_config *s)
         if (parse_int("--clip-range-memory", arg, 1, MT_CLIP_RANGE_MEMORY_MAX, &v)) return -1;
         s->clip_range_memory = (int)v;
         return 1;
-    case O_SPARE: return parse_auto_on_off("--adamw-spare", arg, &s->adamw_spare) ? -1 : 1;
     case O_DEFER: return parse_auto_on_off("--adamw-defer", arg, &s->adamw_defer) ? -1 : 1;
     default: return 0;
     }
@@ -380,14 +379,7 @@ static int parse_step_option(int c, const char *arg, mt_step_config *s)
     "                       results; auto: with ranged speculation, when the second gradient\n"  \
     "                       takes at most 80%% of the memory available (megatrain plan shows\n"  \
     "                       its size); on an H200 at 3B: AdamW 0.37-0.46 s per 1e9 parameters\n" \
-    "                       in the step against 0.45-0.52 (docs/benchmarks.md)\n"                 \
-    "  --adamw-spare M      auto|on|off (default off): keep a spare master, m and v (12 bytes\n"   \
-    "                       per parameter more host memory, not pinned) so that a speculated\n"   \
-    "                       update runs fused into them (32 bytes of memory traffic per\n"       \
-    "                       parameter instead of 46), the current ones kept for a redo; bitwise\n"\
-    "                       the same results; auto: with clipping, when it takes at most 80%%\n"  \
-    "                       of the memory available (megatrain plan shows its size); on an H200\n"\
-    "                       at 3B it saved no measurable CPU time (docs/benchmarks.md)\n"
+    "                       in the step against 0.45-0.52 (docs/benchmarks.md)\n"
 
 static void train_help(const mt_train_options *d)
 {
