@@ -68,9 +68,10 @@ typedef struct mt_plan {
      * deferred moments halves add (mt_step_config.adamw_defer, --adamw-defer on). */
     uint64_t host_grad_alt;
     /* Ranged clip speculation's flags (one bit per parameter and room for the inputs of 1/16 of
-     * them: codelets/adamw.c), host memory a run with a GPU, bf16 weights and clipping allocates
-     * by default (--clip-speculate auto): about 1.4 bytes per parameter. In the totals
-     * (MT_PLAN_CLIP_FLAGS) when the plan has a GPU and bf16 weights, clipping taken as on. */
+     * them: backends/cpu/ranged_flags.h), host memory a run with a GPU, bf16 weights and
+     * clipping allocates by default (--clip-speculate auto): about 1.4 bytes per parameter. In
+     * the totals (MT_PLAN_CLIP_FLAGS) when the plan has a GPU and bf16 weights, clipping taken as
+     * on. */
     uint64_t host_clip_flags;
     char error[256];           /* why mt_plan_compute failed */
 } mt_plan;

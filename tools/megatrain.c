@@ -723,11 +723,11 @@ static int cmd_bench(int argc, char **argv)
         case O_BOUNDS: {
             const char *names[3];
             int values[3];
-            for (int b = 0; b < 3; b++) names[b] = mt_codelet_ranged_bounds_option((mt_ranged_bounds)(values[b] = b));
+            for (int b = 0; b < 3; b++) names[b] = mt_ranged_bounds_option((mt_ranged_bounds)(values[b] = b));
             if (parse_word_list("--ranged-bounds", optarg, names, values, 3, "avx2, avx512 or exact", o.sweep_bounds,
                                 MT_BENCH_MAX_SWEEP, &o.nsweep_bounds))
                 return 2;
-            o.ranged_bounds = o.sweep_bounds[0];
+            o.step.ranged_bounds = (mt_ranged_bounds)o.sweep_bounds[0];
             break;
         }
         case O_DEFER: { /* bench takes a list (the step option's parser takes one value) */

@@ -25,8 +25,8 @@ typedef struct mt_adamw_params {
     double weight_decay;   /* applied as p -= lr * wd * p; the caller passes 0 for norms/biases */
     int64_t step;          /* 1-based step count after this update (bias correction) */
     double grad_scale;     /* multiplies the gradient first: clip factor * 1/accumulation */
-    double grad_scale_lo;  /* ranged speculation (codelets/adamw.c): the scales [lo, grad_scale] the
-                            * streamed weights are checked against; 0 otherwise */
+    double grad_scale_lo;  /* ranged passes (ranged.h): the scales [lo, grad_scale] the streamed
+                            * weights are checked against; 0 otherwise */
 } mt_adamw_params;
 
 /* Elements of `saved` one decoder layer keeps for its backward, and of `scratch` its forward or
