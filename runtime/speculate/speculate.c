@@ -31,7 +31,8 @@ static starpu_data_handle_t new_bytes(size_t bytes)
  * available now. */
 static bool fits_host(uint64_t bytes) { return bytes <= mt_host_memory_available() / 10 * 8; }
 
-int mt_spec_init(mt_speculation *s, mt_host_state *st, const mt_step_config *sc, bool gpu, char *err, size_t errlen)
+int mt_speculation_init(mt_speculation *s, mt_host_state *st, const mt_step_config *sc, bool gpu, char *err,
+                        size_t errlen)
 {
     *s = (mt_speculation){
         .clip = sc->clip, .option = sc->clip_speculate, .defer_option = sc->adamw_defer,
@@ -55,7 +56,7 @@ int mt_spec_init(mt_speculation *s, mt_host_state *st, const mt_step_config *sc,
     return 0;
 }
 
-void mt_spec_register(mt_speculation *s, const mt_host_state *st)
+void mt_speculation_register(mt_speculation *s, const mt_host_state *st)
 {
     if (s->ranged) {
         /* one bit per parameter and room for side entries, per AdamW chunk */
@@ -81,7 +82,7 @@ void mt_spec_register(mt_speculation *s, const mt_host_state *st)
     }
 }
 
-void mt_spec_destroy(mt_speculation *s, const mt_host_state *st)
+void mt_speculation_destroy(mt_speculation *s, const mt_host_state *st)
 {
     for (int i = 0; s->flags && i < st->ntiles; i++) {
         for (int c = 0; c < st->tiles[i].nchunks; c++) starpu_data_unregister(s->flags[i][c]);
@@ -101,20 +102,20 @@ void mt_spec_destroy(mt_speculation *s, const mt_host_state *st)
     free(s->log_mem);
 }
 
-mt_spec_choice mt_spec_choose(const mt_speculation *s)
+mt_speculation_choice mt_speculation_choose(const mt_speculation *s)
 {
-    if (s->clip <= 0 || s->option == 0) return (mt_spec_choice){ MT_SPEC_NONE, 0, 0 };
-    if (s->option == 1 || s->last_scale == 1.0) return (mt_spec_choice){ MT_SPEC_UNIT, 1.0, 1.0 };
+    if (s->clip <= 0 || s->option == 0) return (mt_speculation_choice){ MT_SPECULATION_NONE, 0, 0 };
+    if (s->option == 1 || s->last_scale == 1.0) return (mt_speculation_choice){ MT_SPECULATION_UNIT, 1.0, 1.0 };
     if ((s->option == 2 || s->option < 0) && s->flags) {
-        if (s->last_scale <= 0) return (mt_spec_choice){ MT_SPEC_RANGED, 0, 1.0 };
-        return (mt_spec_choice){ MT_SPEC_RANGED, s->last_scale / 1.25, fmin(1.0, s->last_scale * 1.25) };
+        if (s->last_scale <= 0) return (mt_speculation_choice){ MT_SPECULATION_RANGED, 0, 1.0 };
+        return (mt_speculation_choice){ MT_SPECULATION_RANGED, s->last_scale / 1.25, fmin(1.0, s->last_scale * 1.25) };
     }
-    return (mt_spec_choice){ MT_SPEC_NONE, 0, 0 };
+    return (mt_speculation_choice){ MT_SPECULATION_NONE, 0, 0 };
 }
 
-bool mt_spec_early_table(mt_spec_choice sp) { return sp.mode != MT_SPEC_NONE; }
+bool mt_speculation_early_table(mt_speculation_choice sp) { return sp.mode != MT_SPECULATION_NONE; }
 
-void mt_spec_scale_read(mt_speculation *s, double scale, bool speculated)
+void mt_speculation_scale_read(mt_speculation *s, double scale, bool speculated)
 {
     s->last_scale = scale;
     if (!speculated) return;
@@ -124,7 +125,8 @@ void mt_spec_scale_read(mt_speculation *s, double scale, bool speculated)
     s->held += (float)scale == 1.0f;
 }
 
-mt_ranged_args mt_spec_ranged_args(const mt_speculation *s, int first_tile, mt_spec_choice sp, int64_t seq)
+mt_ranged_args mt_speculation_ranged_args(const mt_speculation *s, int first_tile, mt_speculation_choice sp,
+                                          int64_t seq)
 {
     return (mt_ranged_args){
         .range = mt_norm_range, .seq = seq, .first_tile = first_tile, .head_table = s->head_table != NULL,
@@ -133,9 +135,13 @@ mt_ranged_args mt_spec_ranged_args(const mt_speculation *s, int first_tile, mt_s
     };
 }
 
-starpu_data_handle_t mt_spec_last_record(const mt_speculation *s, int64_t seq) { return s->record[(seq - 1) % 2]; }
+starpu_data_handle_t mt_speculation_last_record(const mt_speculation *s, int64_t seq)
+{
+    return s->record[(seq - 1) % 2];
+}
 
-void mt_spec_insert_known(const mt_speculation *s, const mt_host_state *st, const starpu_data_handle_t *partials, int i)
+void mt_speculation_insert_known(const mt_speculation *s, const mt_host_state *st, const starpu_data_handle_t *partials,
+                                 int i)
 {
     if (!s->known) return;
     const int head_tile = st->ntiles - 1;
@@ -151,8 +157,8 @@ void mt_spec_insert_known(const mt_speculation *s, const mt_host_state *st, cons
                          "known");
 }
 
-int64_t mt_spec_insert_norm(mt_speculation *s, const mt_host_state *st, const starpu_data_handle_t *partials,
-                            starpu_data_handle_t clip)
+int64_t mt_speculation_insert_norm(mt_speculation *s, const mt_host_state *st, const starpu_data_handle_t *partials,
+                                   starpu_data_handle_t clip)
 {
     const int64_t seq = ++s->norm_seq;
     /* The partial sums were left by each tile's last backward task of the step; the table's head
@@ -176,7 +182,7 @@ int64_t mt_spec_insert_norm(mt_speculation *s, const mt_host_state *st, const st
     return seq;
 }
 
-int mt_spec_keep_norms(mt_speculation *s, const mt_host_state *st, int64_t max_norms)
+int mt_speculation_keep_norms(mt_speculation *s, const mt_host_state *st, int64_t max_norms)
 {
     starpu_task_wait_for_all(); /* no clip task writes the log while it moves */
     if (s->log) starpu_data_unregister(s->log);
@@ -194,7 +200,7 @@ int mt_spec_keep_norms(mt_speculation *s, const mt_host_state *st, int64_t max_n
     return 0;
 }
 
-const double *mt_spec_kept_norms(const mt_speculation *s, const mt_host_state *st, int64_t *count, int *width)
+const double *mt_speculation_kept_norms(const mt_speculation *s, const mt_host_state *st, int64_t *count, int *width)
 {
     *width = st->ntiles + 1;
     const int64_t n = s->norm_seq - s->log_from;
@@ -207,7 +213,7 @@ const double *mt_spec_kept_norms(const mt_speculation *s, const mt_host_state *s
     return mt_norm_log_rows(s->log_mem);
 }
 
-void mt_spec_log_defer(const mt_speculation *s, const mt_host_state *st, FILE *log, const char *prefix)
+void mt_speculation_log_defer(const mt_speculation *s, const mt_host_state *st, FILE *log, const char *prefix)
 {
     const double gb = (double)mt_state_grad_alt_bytes(st, 0) / 1e9;
     if (s->defer_option > 0 && !s->defer)

@@ -112,7 +112,7 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
         const enum starpu_data_access_mode gmode = first ? STARPU_W : STARPU_RW;
         mt_compute_args a = { .model = &g->model, .B = g->sc.B, .T = g->sc.T, .accumulate = !first,
                               .loss_scale = loss_scale, .head_chunk = g->sc.head_chunk, .sumsq = sumsq,
-                              .table_sumsq = sumsq && g->spec.head_table };
+                              .table_sumsq = sumsq && g->speculation.head_table };
         struct starpu_data_descr hd[11] = {
             { head->h_weights, STARPU_R }, { g->act[u][L % 2], STARPU_R }, { sl->h_targets[u], STARPU_R },
             { g->grad[u][L % 2], STARPU_W }, { head->h_grad, gmode }, { sl->h_loss[u], STARPU_W },
@@ -120,12 +120,12 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
         };
         int nhd = st->cfg.tied ? 9 : 7;
         if (sumsq) hd[nhd++] = (struct starpu_data_descr){ g->partial[head_tile], STARPU_W };
-        if (a.table_sumsq) hd[nhd++] = (struct starpu_data_descr){ g->spec.head_table, STARPU_W };
+        if (a.table_sumsq) hd[nhd++] = (struct starpu_data_descr){ g->speculation.head_table, STARPU_W };
         mt_step_check_insert(starpu_task_insert(&mt_cl_head, STARPU_DATA_MODE_ARRAY, hd, nhd, STARPU_VALUE, &a, sizeof a,
                                         STARPU_NAME, "head", STARPU_EXECUTE_WHERE, g->where,
                                         STARPU_TASK_SCHED_DATA, first ? mt_step_hint(g, last_block * K + 1, 0) : NULL, 0),
                      "head");
-        if (sumsq) mt_spec_insert_known(&g->spec, st, g->partial, head_tile);
+        if (sumsq) mt_speculation_insert_known(&g->speculation, st, g->partial, head_tile);
         /* The forward's hidden states are dead now (the recompute rewrites them): dropped, so
          * that making room on the GPU never copies them back to the host. */
         mt_step_drop(g->act[u][0]);
@@ -165,15 +165,15 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
                                                 STARPU_EXECUTE_WHERE, g->where, STARPU_TASK_SCHED_DATA, hint,
                                                 MT_OBSERVE_END(&g->observer, last, MT_EV_BACKWARD, step, t->index), 0),
                              "layer_backward");
-                if (sumsq) mt_spec_insert_known(&g->spec, st, g->partial, t->index);
+                if (sumsq) mt_speculation_insert_known(&g->speculation, st, g->partial, t->index);
                 mt_step_drop(g->saved[i - lo]);
             }
             mt_step_drop(g->act[u][0]);
             mt_step_drop(g->act[u][1]);
         }
     }
-    /* With the table's update started early, the embedding backward runs on its chunks in
-     * submit_embedding_early, which reads dh0 (grad[u][0]). */
+    /* With the table's update started early, the embedding backward runs on its chunks in its
+     * early path (table.c), which reads dh0 (grad[u][0]). */
     if (early_table) {
         for (int u = 0; u < M; u++) mt_step_drop(g->grad[u][1]);
         return;
@@ -208,7 +208,7 @@ static void fill_handle(starpu_data_handle_t h, void *dst, const void *src, size
 
 int mt_step_submit_compute(mt_graph *g, int64_t step, const int32_t *tokens, const int32_t *targets, bool early_table)
 {
-    mt_spec_begin_step(&g->spec, &g->update);
+    mt_speculation_begin_step(&g->speculation, &g->update);
     int s = g->next_slot;
     g->next_slot = (g->next_slot + 1) % MT_STEP_SLOTS;
     mt_step_slot *sl = &g->slots[s];
@@ -248,7 +248,7 @@ double mt_graph_wait_loss(mt_graph *g, int slot_id, double *grad_norm)
         norm = sl->clip_result[0];
         const double scale = sl->clip_result[1];
         starpu_data_release(sl->h_clip_copy);
-        mt_spec_scale_read(&g->spec, scale, sl->speculated);
+        mt_speculation_scale_read(&g->speculation, scale, sl->speculated);
         sl->updated = false;
     }
     if (grad_norm) *grad_norm = norm;

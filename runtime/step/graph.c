@@ -112,7 +112,7 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
     const bool gpu = starpu_cuda_worker_get_count() > 0;
     if (check_config(st, sc, gpu, err, errlen)) return NULL;
     mt_graph *g = calloc(1, sizeof *g);
-    if (mt_spec_init(&g->spec, st, sc, gpu, err, errlen)) {
+    if (mt_speculation_init(&g->speculation, st, sc, gpu, err, errlen)) {
         free(g);
         return NULL;
     }
@@ -150,7 +150,7 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
     g->embed_partial_mem = calloc(nc0, sizeof(double));
     g->embed_partial = calloc(nc0, sizeof *g->embed_partial);
     for (int c = 0; c < nc0; c++) g->embed_partial[c] = host_vector(&g->embed_partial_mem[c], 1, sizeof(double));
-    mt_spec_register(&g->spec, st);
+    mt_speculation_register(&g->speculation, st);
     g->embed_rows = calloc(nc0, sizeof *g->embed_rows);
     g->embed_rows_mem = calloc(nc0, sizeof *g->embed_rows_mem);
     for (int c = 0; c < nc0; c++) {
@@ -214,7 +214,7 @@ void mt_graph_destroy(mt_graph *g)
     starpu_data_unregister(g->scratch_layer);
     starpu_data_unregister(g->scratch_head);
     for (int i = 0; i < g->st->ntiles; i++) starpu_data_unregister(g->partial[i]);
-    mt_spec_destroy(&g->spec, g->st);
+    mt_speculation_destroy(&g->speculation, g->st);
     for (int c = 0; c < mt_state_embed(g->st)->nchunks; c++) {
         starpu_data_unregister(g->embed_partial[c]);
         starpu_data_unregister(g->embed_rows[c]);
@@ -256,28 +256,34 @@ void mt_graph_set_adamw_split(mt_graph *g, int split) { g->sc.adamw_split = spli
 void mt_graph_set_clip_speculate(mt_graph *g, int speculate)
 {
     g->sc.clip_speculate = speculate;
-    g->spec.option = speculate;
+    g->speculation.option = speculate;
 }
 
 void mt_graph_speculation_counts(const mt_graph *g, int64_t *speculated, int64_t *held)
 {
-    *speculated = g->spec.speculated;
-    *held = g->spec.held;
+    *speculated = g->speculation.speculated;
+    *held = g->speculation.held;
 }
 
 const struct mt_adamw_stats *mt_graph_adamw_stats(const mt_graph *g) { return &g->stats; }
 
-int mt_graph_keep_norms(mt_graph *g, int64_t max_norms) { return mt_spec_keep_norms(&g->spec, g->st, max_norms); }
+int mt_graph_keep_norms(mt_graph *g, int64_t max_norms)
+{
+    return mt_speculation_keep_norms(&g->speculation, g->st, max_norms);
+}
 
 const double *mt_graph_kept_norms(const mt_graph *g, int64_t *count, int *width)
 {
-    return mt_spec_kept_norms(&g->spec, g->st, count, width);
+    return mt_speculation_kept_norms(&g->speculation, g->st, count, width);
 }
 
-void mt_graph_flush(mt_graph *g) { mt_spec_flush(&g->spec, &g->update); }
+void mt_graph_flush(mt_graph *g) { mt_speculation_flush(&g->speculation, &g->update); }
 
-bool mt_graph_defers(const mt_graph *g) { return g->spec.defer; }
+bool mt_graph_defers(const mt_graph *g) { return g->speculation.defer; }
 
-void mt_graph_log_defer(const mt_graph *g, FILE *log, const char *prefix) { mt_spec_log_defer(&g->spec, g->st, log, prefix); }
+void mt_graph_log_defer(const mt_graph *g, FILE *log, const char *prefix)
+{
+    mt_speculation_log_defer(&g->speculation, g->st, log, prefix);
+}
 
 starpu_data_handle_t mt_graph_clip_handle(mt_graph *g) { return g->clip; }

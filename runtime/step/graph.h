@@ -77,7 +77,7 @@ struct mt_graph {
     mt_ready_note *ready_notes;               /* (MT_STEP_READY_RING * ntiles) */
     mt_adamw_stats stats;                     /* the AdamW tasks' counters and timers */
     mt_update_ctx update;                     /* what the AdamW tasks share */
-    mt_speculation spec;
+    mt_speculation speculation;
 };
 
 /* Checkpoint of block b for micro-batch u. */
@@ -99,6 +99,6 @@ bool mt_step_split_update(const mt_graph *g, int tile);
 
 /* table.c: the table's update started before its embedding backward (clipping: sp says how it
  * speculates). */
-void mt_step_submit_table_early(mt_graph *g, int slot, int64_t step, double lr, mt_spec_choice sp);
+void mt_step_submit_table_early(mt_graph *g, int slot, int64_t step, double lr, mt_speculation_choice sp);
 
 #endif

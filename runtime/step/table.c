@@ -20,13 +20,13 @@
  * again at its end). Ranged: the chunks' ranges come from the head tile's known buffer, in by
  * then; with moments pending (deferred), the table's run in its early ranged runs, as the
  * update's do for the other tiles. */
-void mt_step_submit_table_early(mt_graph *g, int slot_id, int64_t step, double lr, mt_spec_choice sp)
+void mt_step_submit_table_early(mt_graph *g, int slot_id, int64_t step, double lr, mt_speculation_choice sp)
 {
     mt_host_state *st = g->st;
     mt_tile *t = mt_state_embed(st);
     mt_step_slot *sl = &g->slots[slot_id];
     const int M = g->sc.accum, clipped = g->sc.clip > 0;
-    const bool take_over = mt_spec_take_over(&g->spec, &g->update, sp);
+    const bool take_over = mt_speculation_take_over(&g->speculation, &g->update, sp);
     mt_policy_tile_submitting(0, true);
     starpu_data_partition_submit(t->h_weights, t->nchunks, t->h_weights_chunk);
     starpu_data_partition_submit(t->h_grad, t->nchunks, t->h_grad_chunk);
@@ -42,18 +42,20 @@ void mt_step_submit_table_early(mt_graph *g, int slot_id, int64_t step, double l
         }
         mt_embed_chunk_args a = { .offset = t->chunks[c].offset, .d = st->cfg.hidden, .ntok = g->ntok,
                                   .micro_batches = M, .sumsq = clipped, .p = p, .dtype = st->compute_dtype,
-                                  .ranged = sp.mode == MT_SPEC_RANGED, .stats = &g->stats };
+                                  .ranged = sp.mode == MT_SPECULATION_RANGED, .stats = &g->stats };
         /* the step's norm is the next one: not submitted yet */
-        if (a.ranged) a.ra = mt_spec_ranged_args(&g->spec, st->ntiles - 1, sp, g->spec.norm_seq + 1);
+        if (a.ranged)
+            a.ra = mt_speculation_ranged_args(&g->speculation, st->ntiles - 1, sp, g->speculation.norm_seq + 1);
         a.deferred = take_over;
-        if (take_over) a.po = mt_spec_pending_params(&g->spec, &g->update, t, c);
+        if (take_over) a.po = mt_speculation_pending_params(&g->speculation, &g->update, t, c);
         const enum starpu_data_access_mode state = take_over ? STARPU_RW : STARPU_R;
         struct starpu_data_descr ud[11] = {
             { t->h_master_chunk[c], state }, { t->h_m_chunk[c], state }, { t->h_v_chunk[c], state },
             { t->h_grad_chunk[c], STARPU_R }, { t->h_weights_chunk[c], STARPU_W }, { g->embed_rows[c], STARPU_W },
-            { a.ranged ? g->spec.flags[0][c] : NULL, STARPU_W }, { a.ranged ? g->spec.known[st->ntiles - 1] : NULL, STARPU_R },
-            { a.ranged ? mt_spec_last_record(&g->spec, a.ra.seq) : NULL, STARPU_R },
-            { take_over ? t->h_grad_alt_chunk[c] : NULL, STARPU_R }, { g->spec.pend.clip, STARPU_R },
+            { a.ranged ? g->speculation.flags[0][c] : NULL, STARPU_W },
+            { a.ranged ? g->speculation.known[st->ntiles - 1] : NULL, STARPU_R },
+            { a.ranged ? mt_speculation_last_record(&g->speculation, a.ra.seq) : NULL, STARPU_R },
+            { take_over ? t->h_grad_alt_chunk[c] : NULL, STARPU_R }, { g->speculation.pend.clip, STARPU_R },
         };
         mt_step_check_insert(starpu_task_insert(&mt_cl_embedding_update_early, STARPU_DATA_MODE_ARRAY, ud,
                                         take_over ? 11 : a.ranged ? 9 : 6,
@@ -74,7 +76,7 @@ void mt_step_submit_table_early(mt_graph *g, int slot_id, int64_t step, double l
             d[k++] = (struct starpu_data_descr){ g->embed_rows[c], STARPU_RW };
             d[k++] = (struct starpu_data_descr){ g->embed_partial[c], STARPU_W };
         }
-        if (a.ranged) d[k++] = (struct starpu_data_descr){ g->spec.flags[0][c], STARPU_RW };
+        if (a.ranged) d[k++] = (struct starpu_data_descr){ g->speculation.flags[0][c], STARPU_RW };
         mt_step_check_insert(starpu_task_insert(&mt_cl_embedding_backward_chunk, STARPU_DATA_MODE_ARRAY, d, k,
                                         STARPU_VALUE, &a, sizeof a, STARPU_EXECUTE_WHERE, STARPU_CPU,
                                         STARPU_PRIORITY, STARPU_MAX_PRIO, STARPU_NAME, "embedding_backward_chunk",

@@ -32,15 +32,15 @@ bool mt_step_split_update(const mt_graph *g, int tile)
 /* Whether this step's update of the table starts before its embedding backward
  * (runtime/step/table.c): when the weights half of that update runs as soon as a gradient is
  * in, i.e. split, and without clipping or speculatively. */
-static bool early_table(const mt_graph *g, mt_spec_choice sp)
+static bool early_table(const mt_graph *g, mt_speculation_choice sp)
 {
-    return g->sc.clip > 0 ? mt_spec_early_table(sp) : mt_step_split_update(g, 0);
+    return g->sc.clip > 0 ? mt_speculation_early_table(sp) : mt_step_split_update(g, 0);
 }
 
 void mt_graph_submit_norm(mt_graph *g)
 {
     if (g->sc.clip <= 0) return;
-    mt_spec_insert_norm(&g->spec, g->st, g->partial, g->clip);
+    mt_speculation_insert_norm(&g->speculation, g->st, g->partial, g->clip);
 }
 
 /* The plain AdamW task of chunk c of tile t: the fused update or the weights half, clipped or
@@ -57,11 +57,11 @@ static void insert_plain(mt_graph *g, mt_tile *t, int c, bool split, int clipped
 
 /* The update of every tile; `table_started`: the table's early path did tile 0's partition and
  * weights half. */
-static void submit_update(mt_graph *g, int64_t step, double lr, mt_spec_choice sp, bool table_started)
+static void submit_update(mt_graph *g, int64_t step, double lr, mt_speculation_choice sp, bool table_started)
 {
     mt_host_state *st = g->st;
     const int clipped = g->sc.clip > 0 ? MT_ADAMW_CLIPPED : MT_ADAMW_UNCLIPPED;
-    const bool speculate = sp.mode != MT_SPEC_NONE;
+    const bool speculate = sp.mode != MT_SPECULATION_NONE;
     const int slot_id = (g->next_slot + MT_STEP_SLOTS - 1) % MT_STEP_SLOTS;
     g->slots[slot_id].updated = true;
     g->slots[slot_id].speculated = speculate;
@@ -72,10 +72,10 @@ static void submit_update(mt_graph *g, int64_t step, double lr, mt_spec_choice s
     }
     /* Moments pending from the last update: taken over by this one's ranged runs; or, when this
      * update is not ranged (the mode changed between compute and update), run first. */
-    const bool take_over = mt_spec_take_over(&g->spec, &g->update, sp);
+    const bool take_over = mt_speculation_take_over(&g->speculation, &g->update, sp);
     /* This update's own moments halves wait for the next step's ranged runs (the table's for its
      * next early path). */
-    const bool defer = mt_spec_defers(&g->spec, sp);
+    const bool defer = mt_speculation_defers(&g->speculation, sp);
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
         const bool started = table_started && i == 0;
@@ -91,9 +91,9 @@ static void submit_update(mt_graph *g, int64_t step, double lr, mt_spec_choice s
         for (int c = 0; c < t->nchunks; c++) {
             const mt_adamw_params p = mt_step_adamw_params(&g->sc, &t->chunks[c], step, lr);
             if (started) {
-                if (clipped) mt_spec_insert_table_confirm(&g->spec, &g->update, t, c, sp, prio, &p, step);
+                if (clipped) mt_speculation_insert_table_confirm(&g->speculation, &g->update, t, c, sp, prio, &p, step);
             } else if (speculate) {
-                mt_spec_insert_chunk(&g->spec, &g->update, t, c, sp, take_over, prio, &p, step);
+                mt_speculation_insert_chunk(&g->speculation, &g->update, t, c, sp, take_over, prio, &p, step);
             } else {
                 insert_plain(g, t, c, split, clipped, prio, &p, step);
             }
@@ -116,17 +116,17 @@ static void submit_update(mt_graph *g, int64_t step, double lr, mt_spec_choice s
         mt_policy_tile_submitting(i, false);
         g->updates_submitted[i]++;
     }
-    mt_spec_update_submitted(&g->spec, sp, take_over, step, lr, g->slots[slot_id].h_clip_copy);
+    mt_speculation_update_submitted(&g->speculation, sp, take_over, step, lr, g->slots[slot_id].h_clip_copy);
 }
 
 void mt_graph_submit_update(mt_graph *g, int64_t step, double lr)
 {
-    submit_update(g, step, lr, mt_spec_choose(&g->spec), false);
+    submit_update(g, step, lr, mt_speculation_choose(&g->speculation), false);
 }
 
 int mt_graph_submit_step(mt_graph *g, int64_t step, const int32_t *tokens, const int32_t *targets, double lr)
 {
-    const mt_spec_choice sp = mt_spec_choose(&g->spec);
+    const mt_speculation_choice sp = mt_speculation_choose(&g->speculation);
     const bool early = early_table(g, sp);
     int s = mt_step_submit_compute(g, step, tokens, targets, early);
     if (early) mt_step_submit_table_early(g, s, step, lr, sp);
