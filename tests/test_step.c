@@ -643,10 +643,10 @@ START_TEST(test_gates_megatrain_policy)
 END_TEST
 
 /* The megatrain policy runs ready CPU tasks by priority, and those of equal priority first-in
- * first-out. StarPU's job ids
- * (the policy's tie-break) are all 0 without an FxT trace, and the sorted insert once put each
- * new task in front of its equals: last-in first-out. One CPU worker is held busy while three
- * equal tasks queue; they must then run in submission order. */
+ * first-out. StarPU's job ids (a natural tie-break) are all 0 without an FxT trace, so a sorted
+ * insert that placed each new task in front of its equals would run them last-in first-out. One
+ * CPU worker is held busy while three equal tasks queue; they must then run in submission
+ * order. */
 static atomic_int fifo_release, fifo_next, fifo_order[16];
 
 static void fifo_blocker_cpu(void *buffers[], void *arg)
