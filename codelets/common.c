@@ -1,18 +1,13 @@
-/* Helpers shared by the CPU implementations of the codelets: bf16 weight views and scratch
- * sizes. */
-#include "codelets/codelets.h"
+/* Helpers shared by the CPU implementations of the codelets: bf16 weight views, scratch sizes,
+ * the clock. */
+#include "codelets/common.h"
 
-#include "models/layout.h"
+#include <time.h>
 
-#include "mt_build_config.h"
-#if MT_HAVE_CUDA
-#include "backends/cuda/kernels.h"
-#endif
-
-const float *mt_codelet_weights_f32(const mt_host_state *st, void *buffer, float *tmp)
+const float *mt_codelet_weights_f32(const mt_codelet_model *model, void *buffer, float *tmp)
 {
     void *w = (void *)STARPU_VECTOR_GET_PTR(buffer);
-    if (st->compute_dtype == MT_DTYPE_F32) return w;
+    if (model->dtype == MT_DTYPE_F32) return w;
     mt_bf16_to_f32((int64_t)STARPU_VECTOR_GET_NX(buffer), w, tmp);
     return tmp;
 }
@@ -70,4 +65,11 @@ void mt_codelet_sumsq_cpu(void *grad_buffer, void *sumsq_buffer)
 {
     double *out = (double *)STARPU_VECTOR_GET_PTR(sumsq_buffer);
     out[0] = mt_cpu_sumsq_f32((int64_t)STARPU_VECTOR_GET_NX(grad_buffer), (const float *)STARPU_VECTOR_GET_PTR(grad_buffer));
+}
+
+int64_t mt_codelet_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }

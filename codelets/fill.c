@@ -1,11 +1,6 @@
 /* fill: sets an fp32 vector to a value. The smallest codelet with CPU and CUDA implementations;
  * `megatrain info` uses it to prove both kinds of worker run. */
-#include "codelets/codelets.h"
-
-#include "mt_build_config.h"
-#if MT_HAVE_CUDA
-#include "backends/cuda/kernels.h"
-#endif
+#include "codelets/fill.h"
 
 static void fill_cpu(void *buffers[], void *cl_arg)
 {

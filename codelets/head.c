@@ -1,24 +1,19 @@
 /* The loss anchor as StarPU tasks: final norm + LM head + cross-entropy, chunked over tokens,
  * with its backward (training) or alone (validation). */
-#include "codelets/codelets.h"
+#include "codelets/head.h"
 
 #include <string.h>
-
-#include "mt_build_config.h"
-#if MT_HAVE_CUDA
-#include "backends/cuda/kernels.h"
-#endif
 
 static void head_cpu(void *buffers[], void *cl_arg)
 {
     mt_compute_args a;
     starpu_codelet_unpack_args(cl_arg, &a);
-    const mt_host_state *st = a.st;
-    const bool tied = st->cfg.tied;
+    const mt_codelet_model *md = a.model;
+    const bool tied = md->cfg.tied;
     float *scratch = (float *)STARPU_VECTOR_GET_PTR(buffers[6]);
-    float *tmp = scratch + mt_head_scratch_numel(&st->cfg, a.head_chunk);
-    const float *head = mt_codelet_weights_f32(st, buffers[0], tmp);
-    const float *embed = tied ? mt_codelet_weights_f32(st, buffers[7], tmp + st->layout_head.numel) : NULL;
+    float *tmp = scratch + mt_head_scratch_numel(&md->cfg, a.head_chunk);
+    const float *head = mt_codelet_weights_f32(md, buffers[0], tmp);
+    const float *embed = tied ? mt_codelet_weights_f32(md, buffers[7], tmp + md->layout_head.numel) : NULL;
     float *dhead = (float *)STARPU_VECTOR_GET_PTR(buffers[4]);
     float *dembed = tied ? (float *)STARPU_VECTOR_GET_PTR(buffers[8]) : NULL;
     if (!a.accumulate) {
@@ -27,7 +22,7 @@ static void head_cpu(void *buffers[], void *cl_arg)
     }
     int64_t counted = 0;
     double *loss = (double *)STARPU_VECTOR_GET_PTR(buffers[5]);
-    loss[0] = mt_cpu_head_f32(&st->cfg, &st->layout_head, head, embed, a.B * a.T,
+    loss[0] = mt_cpu_head_f32(&md->cfg, &md->layout_head, head, embed, a.B * a.T,
                               (const float *)STARPU_VECTOR_GET_PTR(buffers[1]),
                               (const int32_t *)STARPU_VECTOR_GET_PTR(buffers[2]), a.loss_scale,
                               a.head_chunk, (float *)STARPU_VECTOR_GET_PTR(buffers[3]), dhead,
@@ -41,15 +36,15 @@ static void head_eval_cpu(void *buffers[], void *cl_arg)
 {
     mt_compute_args a;
     starpu_codelet_unpack_args(cl_arg, &a);
-    const mt_host_state *st = a.st;
-    const bool tied = st->cfg.tied;
+    const mt_codelet_model *md = a.model;
+    const bool tied = md->cfg.tied;
     float *scratch = (float *)STARPU_VECTOR_GET_PTR(buffers[4]);
-    float *tmp = scratch + mt_head_scratch_numel(&st->cfg, a.head_chunk);
-    const float *head = mt_codelet_weights_f32(st, buffers[0], tmp);
-    const float *embed = tied ? mt_codelet_weights_f32(st, buffers[5], tmp + st->layout_head.numel) : NULL;
+    float *tmp = scratch + mt_head_scratch_numel(&md->cfg, a.head_chunk);
+    const float *head = mt_codelet_weights_f32(md, buffers[0], tmp);
+    const float *embed = tied ? mt_codelet_weights_f32(md, buffers[5], tmp + md->layout_head.numel) : NULL;
     int64_t counted = 0;
     double *loss = (double *)STARPU_VECTOR_GET_PTR(buffers[3]);
-    loss[0] = mt_cpu_head_f32(&st->cfg, &st->layout_head, head, embed, a.B * a.T,
+    loss[0] = mt_cpu_head_f32(&md->cfg, &md->layout_head, head, embed, a.B * a.T,
                               (const float *)STARPU_VECTOR_GET_PTR(buffers[1]),
                               (const int32_t *)STARPU_VECTOR_GET_PTR(buffers[2]), 0.0, a.head_chunk,
                               NULL, NULL, NULL, scratch, &counted);
@@ -61,11 +56,11 @@ static void head_cuda(void *buffers[], void *cl_arg)
 {
     mt_compute_args a;
     starpu_codelet_unpack_args(cl_arg, &a);
-    const mt_host_state *st = a.st;
-    const bool tied = st->cfg.tied;
+    const mt_codelet_model *md = a.model;
+    const bool tied = md->cfg.tied;
     cudaStream_t stream = starpu_cuda_get_local_stream();
     float *dhead = (float *)STARPU_VECTOR_GET_PTR(buffers[4]);
-    mt_cuda_head(mt_cuda_ctx_get(), &st->cfg, &st->layout_head, mt_codelet_cuda_prec(st->compute_dtype),
+    mt_cuda_head(mt_cuda_ctx_get(), &md->cfg, &md->layout_head, mt_codelet_cuda_prec(md->dtype),
                  (const void *)STARPU_VECTOR_GET_PTR(buffers[0]),
                  tied ? (const void *)STARPU_VECTOR_GET_PTR(buffers[7]) : NULL, a.B * a.T,
                  (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), (const int32_t *)STARPU_VECTOR_GET_PTR(buffers[2]),
@@ -84,9 +79,9 @@ static void head_eval_cuda(void *buffers[], void *cl_arg)
 {
     mt_compute_args a;
     starpu_codelet_unpack_args(cl_arg, &a);
-    const mt_host_state *st = a.st;
-    const bool tied = st->cfg.tied;
-    mt_cuda_head(mt_cuda_ctx_get(), &st->cfg, &st->layout_head, mt_codelet_cuda_prec(st->compute_dtype),
+    const mt_codelet_model *md = a.model;
+    const bool tied = md->cfg.tied;
+    mt_cuda_head(mt_cuda_ctx_get(), &md->cfg, &md->layout_head, mt_codelet_cuda_prec(md->dtype),
                  (const void *)STARPU_VECTOR_GET_PTR(buffers[0]),
                  tied ? (const void *)STARPU_VECTOR_GET_PTR(buffers[5]) : NULL, a.B * a.T,
                  (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), (const int32_t *)STARPU_VECTOR_GET_PTR(buffers[2]),

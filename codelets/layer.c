@@ -1,23 +1,18 @@
 /* One decoder layer as StarPU tasks: forward (optionally keeping what backward needs) and
  * backward (dx, and the layer's weight gradient written or accumulated). */
-#include "codelets/codelets.h"
+#include "codelets/layer.h"
 
 #include <string.h>
-
-#include "mt_build_config.h"
-#if MT_HAVE_CUDA
-#include "backends/cuda/kernels.h"
-#endif
 
 static void layer_forward_cpu(void *buffers[], void *cl_arg)
 {
     mt_compute_args a;
     starpu_codelet_unpack_args(cl_arg, &a);
-    const mt_host_state *st = a.st;
+    const mt_codelet_model *md = a.model;
     float *scratch = (float *)STARPU_VECTOR_GET_PTR(buffers[3]);
-    float *wtmp = scratch + mt_layer_scratch_numel(&st->cfg, a.B, a.T); /* bf16 only */
-    const float *w = mt_codelet_weights_f32(st, buffers[0], wtmp);
-    mt_cpu_layer_forward_f32(&st->cfg, &st->layout_layer, w, a.B, a.T,
+    float *wtmp = scratch + mt_layer_scratch_numel(&md->cfg, a.B, a.T); /* bf16 only */
+    const float *w = mt_codelet_weights_f32(md, buffers[0], wtmp);
+    mt_cpu_layer_forward_f32(&md->cfg, &md->layout_layer, w, a.B, a.T,
                              (const float *)STARPU_VECTOR_GET_PTR(buffers[1]),
                              (float *)STARPU_VECTOR_GET_PTR(buffers[2]),
                              a.save ? (float *)STARPU_VECTOR_GET_PTR(buffers[4]) : NULL, scratch);
@@ -27,13 +22,13 @@ static void layer_backward_cpu(void *buffers[], void *cl_arg)
 {
     mt_compute_args a;
     starpu_codelet_unpack_args(cl_arg, &a);
-    const mt_host_state *st = a.st;
+    const mt_codelet_model *md = a.model;
     float *scratch = (float *)STARPU_VECTOR_GET_PTR(buffers[5]);
-    float *wtmp = scratch + mt_layer_scratch_numel(&st->cfg, a.B, a.T);
-    const float *w = mt_codelet_weights_f32(st, buffers[0], wtmp);
+    float *wtmp = scratch + mt_layer_scratch_numel(&md->cfg, a.B, a.T);
+    const float *w = mt_codelet_weights_f32(md, buffers[0], wtmp);
     float *dtile = (float *)STARPU_VECTOR_GET_PTR(buffers[4]);
     if (!a.accumulate) memset(dtile, 0, STARPU_VECTOR_GET_NX(buffers[4]) * sizeof(float));
-    mt_cpu_layer_backward_f32(&st->cfg, &st->layout_layer, w, a.B, a.T,
+    mt_cpu_layer_backward_f32(&md->cfg, &md->layout_layer, w, a.B, a.T,
                               (const float *)STARPU_VECTOR_GET_PTR(buffers[1]),
                               (const float *)STARPU_VECTOR_GET_PTR(buffers[2]),
                               (float *)STARPU_VECTOR_GET_PTR(buffers[3]), dtile, scratch);
@@ -45,8 +40,8 @@ static void layer_forward_cuda(void *buffers[], void *cl_arg)
 {
     mt_compute_args a;
     starpu_codelet_unpack_args(cl_arg, &a);
-    const mt_host_state *st = a.st;
-    mt_cuda_layer_forward(mt_cuda_ctx_get(), &st->cfg, &st->layout_layer, mt_codelet_cuda_prec(st->compute_dtype),
+    const mt_codelet_model *md = a.model;
+    mt_cuda_layer_forward(mt_cuda_ctx_get(), &md->cfg, &md->layout_layer, mt_codelet_cuda_prec(md->dtype),
                           (const void *)STARPU_VECTOR_GET_PTR(buffers[0]), a.B, a.T,
                           (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), (float *)STARPU_VECTOR_GET_PTR(buffers[2]),
                           a.save ? (void *)STARPU_VECTOR_GET_PTR(buffers[4]) : NULL,
@@ -57,10 +52,10 @@ static void layer_backward_cuda(void *buffers[], void *cl_arg)
 {
     mt_compute_args a;
     starpu_codelet_unpack_args(cl_arg, &a);
-    const mt_host_state *st = a.st;
+    const mt_codelet_model *md = a.model;
     cudaStream_t stream = starpu_cuda_get_local_stream();
     float *dtile = (float *)STARPU_VECTOR_GET_PTR(buffers[4]);
-    mt_cuda_layer_backward(mt_cuda_ctx_get(), &st->cfg, &st->layout_layer, mt_codelet_cuda_prec(st->compute_dtype),
+    mt_cuda_layer_backward(mt_cuda_ctx_get(), &md->cfg, &md->layout_layer, mt_codelet_cuda_prec(md->dtype),
                            (const void *)STARPU_VECTOR_GET_PTR(buffers[0]), a.B, a.T,
                            (const void *)STARPU_VECTOR_GET_PTR(buffers[1]), (const float *)STARPU_VECTOR_GET_PTR(buffers[2]),
                            (float *)STARPU_VECTOR_GET_PTR(buffers[3]), dtile, a.accumulate,

@@ -10,7 +10,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "codelets/codelets.h"
+#include "backends/cpu/ranged.h"
+#include "codelets/adamw.h"
 #include "models/config.h"
 #include "runtime/dataset.h"
 #include "mt_build_config.h"
@@ -25,7 +26,7 @@ mt_bench_options mt_bench_defaults(void)
 {
     mt_bench_options o = { .shape = "qwen2.5-0.5b", .step = mt_step_defaults(), .warmup = 2, .steps = 5,
                            .resident = false, .prefetch = true, .gpu_limit_mib = 0, .dtype = MT_DTYPE_BF16,
-                           .ranged_bounds = MT_RANGED_BOUNDS_DEFAULT, .runtime = mt_runtime_defaults() };
+                           .runtime = mt_runtime_defaults() };
     o.step.B = 8;
     o.step.T = 2048;
     o.step.K = 4;
@@ -182,7 +183,7 @@ static void pair_of(const mt_bench_options *o, int i, mt_bench_result *r)
 {
     const int nb = o->nsweep_bounds > 0 ? o->nsweep_bounds : 1, nd = o->nsweep_defer > 0 ? o->nsweep_defer : 1;
     const int nc = o->nsweep_clip > 0 ? o->nsweep_clip : 1;
-    r->bounds = o->nsweep_bounds > 0 ? o->sweep_bounds[i % nb] : o->ranged_bounds;
+    r->bounds = o->nsweep_bounds > 0 ? o->sweep_bounds[i % nb] : (int)o->step.ranged_bounds;
     i /= nb;
     r->defer = o->nsweep_defer > 0 ? o->sweep_defer[i % nd] : o->step.adamw_defer;
     i /= nd;
@@ -297,9 +298,6 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
         mt_graph_destroy(g);
         return -1;
     }
-    if (log && st->ntiles > 2 && st->tiles[2].master_spare)
-        fprintf(log, "bench: K=%d clip %g: AdamW state double-buffered (spare master, m and v of layers 1..L-1 and the head)\n",
-                sc->K, sc->clip);
     if (log) {
         char prefix[64];
         snprintf(prefix, sizeof prefix, "bench: K=%d clip %g", sc->K, sc->clip);
@@ -335,7 +333,8 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
         tgt[i] = (int32_t)((s >> 33) % (uint64_t)cfg->vocab);
     }
     int *slots = calloc(total + 1, sizeof(int));
-    mt_ranged_counts rc0 = mt_codelet_ranged_counts();
+    const mt_adamw_stats *stats = mt_graph_adamw_stats(g);
+    mt_ranged_counts rc0 = mt_adamw_stats_ranged(stats);
     double measure_start = 0, adamw_cpu0 = 0, kind0[MT_AK_COUNT] = { 0 };
     bool traced = false;
     for (int step = 1; step <= total; step++) {
@@ -348,9 +347,9 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
             tl.peak_gpu = 0;
             pthread_mutex_unlock(&tl.lock);
             traced = mt_policy_trace_begin(MT_SCHED_CTX_INITIAL, trace_capacity(o, sc, cfg)) == 0;
-            adamw_cpu0 = mt_codelet_adamw_seconds();
-            mt_codelet_adamw_seconds_by_kind(kind0);
-            rc0 = mt_codelet_ranged_counts();
+            adamw_cpu0 = mt_adamw_stats_seconds(stats);
+            mt_adamw_stats_seconds_by_kind(stats, kind0);
+            rc0 = mt_adamw_stats_ranged(stats);
             measure_start = now();
         }
         bench_data_batch(data, sc, tok, tgt);
@@ -369,7 +368,7 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
         fflush(norms);
     }
     mt_graph_speculation_counts(g, &r->speculated, &r->speculation_held);
-    const mt_ranged_counts rc = mt_codelet_ranged_counts();
+    const mt_ranged_counts rc = mt_adamw_stats_ranged(stats);
     const int64_t rchecked = rc.checked - rc0.checked, rskipped = rc.skipped - rc0.skipped;
     if (rchecked + rskipped > 0) {
         r->ranged_spec = (double)rchecked / (double)(rchecked + rskipped);
@@ -380,7 +379,7 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
         fprintf(log, "bench: K=%d clip %g: ranged speculation (%s bounds) checked %lld parameter updates and flagged "
                      "%.3f%% of them; %lld not speculated (range too wide: %lld; the last norm's prediction missed: "
                      "%lld), %lld redone whole (scale outside the range; below it: %lld)\n",
-                sc->K, sc->clip, mt_codelet_ranged_bounds_name(), (long long)rchecked,
+                sc->K, sc->clip, mt_ranged_bounds_name(sc->ranged_bounds), (long long)rchecked,
                 rchecked ? 100.0 * (double)(rc.flagged - rc0.flagged) / (double)rchecked : 0.0,
                 (long long)rskipped, (long long)(rskipped - (rc.unheld - rc0.unheld)), (long long)(rc.unheld - rc0.unheld),
                 (long long)(rc.outside - rc0.outside), (long long)(rc.below - rc0.below));
@@ -396,15 +395,15 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
         fprintf(log, "bench: K=%d clip %g: the redo took %lld flagged elements' inputs from side entries, %lld (%.1f%%) "
                      "from the arrays (past a chunk's room for entries, 1/%d of it; stale entries; words redone whole)\n",
                 sc->K, sc->clip, (long long)rside, (long long)rarrays, 100.0 * (double)rarrays / (double)(rside + rarrays),
-                mt_codelet_ranged_side_room());
+                sc->ranged_side_room > 0 ? sc->ranged_side_room : MT_RANGED_SIDE_ROOM_DEFAULT);
     double window = now() - measure_start;
     gpu_time(o, traced, &tl, r);
     /* The measured steps' AdamW tasks, all of them (the warm-up's drained before the window). */
-    r->adamw_step_cpu_s = (mt_codelet_adamw_seconds() - adamw_cpu0) / o->steps;
+    r->adamw_step_cpu_s = (mt_adamw_stats_seconds(stats) - adamw_cpu0) / o->steps;
     if (log && o->steps > 0) {
         /* where that time goes, by kind of task */
         double kind1[MT_AK_COUNT];
-        mt_codelet_adamw_seconds_by_kind(kind1);
+        mt_adamw_stats_seconds_by_kind(stats, kind1);
         fprintf(log, "bench: K=%d clip %g: AdamW tasks, CPU-s per measured step:", sc->K, sc->clip);
         for (int k = 0; k < MT_AK_COUNT; k++)
             if (kind1[k] > kind0[k]) fprintf(log, " %s %.3f;", mt_adamw_kind_names[k], (kind1[k] - kind0[k]) / o->steps);
@@ -566,8 +565,8 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         sc.K = r->K;
         sc.clip = r->clip;
         sc.adamw_defer = r->defer;
-        mt_codelet_ranged_set_bounds((mt_ranged_bounds)r->bounds);
-        r->bounds_used = (int)mt_codelet_ranged_bounds_used();
+        sc.ranged_bounds = (mt_ranged_bounds)r->bounds;
+        r->bounds_used = (int)mt_ranged_bounds_used(sc.ranged_bounds);
         if (measure(o, &sc, &cfg, st, &data, r, log, norms, err, errlen)) goto out;
         if (table) {
             mt_bench_print(o, r, i == 0, table);
@@ -601,7 +600,7 @@ void mt_bench_print(const mt_bench_options *o, const mt_bench_result *r, bool he
     if (r->ranged_spec > 0)
         snprintf(spec, sizeof spec, "ranged %.0f%%, in range %.0f%%, %.2f%% flagged, %s bounds%s", 100 * r->ranged_spec,
                  100 * r->ranged_in, 100 * r->ranged_flagged,
-                 mt_codelet_ranged_bounds_option((mt_ranged_bounds)r->bounds_used),
+                 mt_ranged_bounds_option((mt_ranged_bounds)r->bounds_used),
                  r->deferred ? ", deferred" : "");
     if (!isnan(r->gpu_idle_s)) snprintf(idle, sizeof idle, "%.3f", r->gpu_idle_s);
     fprintf(out, "| %s | %d x %lld x %lld | %d | %g | %s | %s | %s | %.3f | %.0f | %.1f | %.2f (%.1f) | %.2f (%.1f) | %.2f | %s | %.2f (%.3f) | %.2f (%.3f) | %.3f | %.3f | %.3f | %.2f (%.2f) | %.1f | %s |\n",

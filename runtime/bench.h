@@ -69,8 +69,6 @@ typedef struct mt_bench_options {
                                    * PyTorch script feeds); else a text file or directory (bytes
                                    * as tokens) or a prepared directory: a fresh batch each step */
     mt_dtype dtype;               /* weights and compute: bf16 (default) or fp32 (exact, slower) */
-    int ranged_bounds;            /* mt_ranged_bounds (codelets.h): how ranged passes bound each
-                                   * weight; MT_RANGED_BOUNDS_DEFAULT by default */
     mt_runtime_options runtime;
     /* Sweeps: every (K, clip) pair is measured on the same host state, one graph after the
      * other, so the costly state set-up happens once. 0 entries: step.K and step.clip only. The
@@ -80,7 +78,7 @@ typedef struct mt_bench_options {
     int sweep_K[MT_BENCH_MAX_SWEEP];
     double sweep_clip[MT_BENCH_MAX_SWEEP];
     /* Also swept on the same host state, inside the pairs: step.adamw_defer's values (deferral
-     * on and off compared on one machine state), then ranged_bounds'. 0 entries: the one value.
+     * on and off compared on one machine state), then step.ranged_bounds'. 0 entries: the one value.
      * A value may repeat (runs of one setting, for their spread). Each run trains on from the
      * state the last one left (and, with data, on the next batches), so later runs see a model
      * further on: alternate the settings to compare them. */
@@ -111,7 +109,7 @@ typedef struct mt_bench_result {
     int64_t layers;
     int K;                                        /* the pair this result measured */
     double clip;
-    int defer, bounds;                            /* its adamw_defer and ranged_bounds as asked */
+    int defer, bounds;                            /* its adamw_defer and ranged_bounds (mt_ranged_bounds) as asked */
     bool deferred;                                /* its graph deferred the moments halves */
     int bounds_used;                              /* mt_ranged_bounds the passes ran (the CPU's fallback) */
     int64_t speculated, speculation_held;         /* steps with a speculative clipped update; of those, held */

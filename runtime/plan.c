@@ -9,7 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "codelets/codelets.h"
+#include "backends/cpu/ranged_flags.h"
+#include "codelets/common.h"
 #include "models/layout.h"
 
 static int plan_fail(mt_plan *plan, const char *fmt, ...)
@@ -100,23 +101,21 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
     plan->host[MT_PLAN_ADAM_M] = host_state_bytes(plan, 4);
     plan->host[MT_PLAN_ADAM_V] = host_state_bytes(plan, 4);
     for (int k = MT_PLAN_WEIGHTS; k <= MT_PLAN_ADAM_V; k++) plan->host_pinned[k] = p->use_gpu;
-    /* state.c allocates the spare state per tile, unpinned, the same way (step.c: from tile 2) */
-    plan->host_spare = 3 * (host_state_bytes(plan, 4) - round_up_u64((uint64_t)plan->tile_numel[MT_TILE_EMBED] * 4, MT_PLAN_TILE_BYTES_ALIGN) -
-                            round_up_u64((uint64_t)plan->tile_numel[MT_TILE_LAYER] * 4, MT_PLAN_TILE_BYTES_ALIGN));
-    /* step.c's ranged flags buffers (mt_codelet_ranged_bitmap_bytes: a bit per element and room
-     * for the inputs of 1/16 of them), counted per tile, not per AdamW chunk: each chunk past a
-     * tile's first has its own header and spare entries, a few hundred bytes, left out */
+    /* the ranged flags buffers (runtime/speculate: mt_ranged_flags_bytes, a bit per element and
+     * room for the inputs of 1/16 of them), counted per tile, not per AdamW chunk: each chunk
+     * past a tile's first has its own header and 16 more entries, a few hundred bytes, left out */
     plan->host_clip_flags = 0;
     for (int t = MT_TILE_EMBED; t <= MT_TILE_HEAD; t++) {
-        const uint64_t bytes = mt_codelet_ranged_bitmap_bytes(plan->tile_numel[t]);
+        const uint64_t bytes = mt_ranged_flags_bytes(plan->tile_numel[t], MT_RANGED_SIDE_ROOM_DEFAULT);
         plan->host_clip_flags += t == MT_TILE_LAYER ? (uint64_t)(plan->num_tiles - 2) * bytes : bytes;
     }
-    /* state.c's mt_state_enable_grad_alt: every tile (step.c defers the table's moments too) */
+    /* state.c's mt_state_enable_grad_alt: every tile (the table's moments are deferred too) */
     plan->host_grad_alt = host_state_bytes(plan, 4);
 
     /* Working set: where the layers compute, one entry per buffer the step graph registers
-     * (step.c), sized by the same functions for the kind of worker that computes. A CPU-only
-     * run reads and writes the host tiles in place, so it needs no weight or gradient buffers. */
+     * (runtime/step/graph.c), sized by the same functions for the kind of worker that computes.
+     * A CPU-only run reads and writes the host tiles in place, so it needs no weight or gradient
+     * buffers. */
     uint64_t work[MT_PLAN_KIND_COUNT] = {0};
     if (p->use_gpu) {
         /* Double buffering: the layer computing and the next one streaming in. Every weight
@@ -135,7 +134,7 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
         return plan_fail(plan, "%" PRId64 " x %" PRId64 " tokens per micro-batch is absurdly large", p->micro_batch,
                          p->seq_len);
     /* Every micro-batch keeps its own checkpoints, ping-pong activations and inputs: the graph
-     * passes all micro-batches through a layer while its weights are resident (step.c). The
+     * passes all micro-batches through a layer while its weights are resident (runtime/step/). The
      * residual stream (checkpoints, activations, their gradients) is fp32 on every worker. */
     const uint64_t mb = (uint64_t)p->grad_accum, hidden = mul(mul(ntok, d, &of), 4, &of);
     work[MT_PLAN_CHECKPOINTS] = mul(mb, mul((uint64_t)plan->num_checkpoints, hidden, &of), &of);
@@ -230,8 +229,6 @@ void mt_plan_print(const mt_plan *plan, FILE *out)
     fprintf(out, "  host: %s pinned; training state %.2f bytes per parameter\n",
             mt_format_bytes(plan->host_pinned_total, a, sizeof a),
             plan->param_count ? (double)state / (double)plan->param_count : 0.0);
-    fprintf(out, "  with --adamw-spare on (or auto, with clipping, when it fits): + %s of spare AdamW state (not pinned)\n",
-            mt_format_bytes(plan->host_spare, a, sizeof a));
     fprintf(out, "  with ranged speculation and --adamw-defer auto (the default; when it fits in 80%% of the memory "
                  "available) or on: + %s of a second gradient (%s)\n",
             mt_format_bytes(plan->host_grad_alt, a, sizeof a), plan->params.use_gpu ? "pinned" : "not pinned");

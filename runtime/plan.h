@@ -64,16 +64,14 @@ typedef struct mt_plan {
     uint64_t gpu[MT_PLAN_KIND_COUNT];
     bool host_pinned[MT_PLAN_KIND_COUNT];
     uint64_t host_total, host_pinned_total, gpu_total;
-    /* Not in the totals: the spare (double-buffered) AdamW state a run adds when asked
-     * (mt_step_config.adamw_spare): master, m and v again for layers 1..L-1 and the head. */
-    uint64_t host_spare;
-    /* Not in the totals either: the second gradient of every tile (pinned with a GPU) that
+    /* Not in the totals: the second gradient of every tile (pinned with a GPU) that
      * deferred moments halves add (mt_step_config.adamw_defer, --adamw-defer on). */
     uint64_t host_grad_alt;
     /* Ranged clip speculation's flags (one bit per parameter and room for the inputs of 1/16 of
-     * them: codelets/adamw.c), host memory a run with a GPU, bf16 weights and clipping allocates
-     * by default (--clip-speculate auto): about 1.4 bytes per parameter. In the totals
-     * (MT_PLAN_CLIP_FLAGS) when the plan has a GPU and bf16 weights, clipping taken as on. */
+     * them: backends/cpu/ranged_flags.h), host memory a run with a GPU, bf16 weights and
+     * clipping allocates by default (--clip-speculate auto): about 1.4 bytes per parameter. In
+     * the totals (MT_PLAN_CLIP_FLAGS) when the plan has a GPU and bf16 weights, clipping taken as
+     * on. */
     uint64_t host_clip_flags;
     char error[256];           /* why mt_plan_compute failed */
 } mt_plan;

@@ -153,7 +153,7 @@ static int build_chunks(const mt_tile_layout *lay, int64_t chunk_numel, mt_chunk
     return n;
 }
 
-/* One handle per AdamW chunk over each of three state arrays (master, m, v, or their spares):
+/* One handle per AdamW chunk over each of three state arrays (master, m, v):
  * the handle arrays are allocated into *chunks[k]. */
 static void register_state_chunks(const mt_tile *t, float *const state[3], starpu_data_handle_t **chunks[3])
 {
@@ -271,83 +271,7 @@ mt_host_state *mt_state_create(const mt_model_config *cfg, mt_dtype compute_dtyp
     return st;
 }
 
-/* The spare state is never read by a GPU: plain pageable memory (pinning tens of GB costs time
- * and locks memory for nothing), its pages touched up front in parallel (touch_spare) so that
- * the first steps do not pay the page faults. */
-static void *alloc_spare(size_t bytes)
-{
-    void *p = NULL;
-    if (posix_memalign(&p, TILE_ALIGN_BYTES, round_up(bytes, TILE_ALIGN_BYTES)) != 0) return NULL;
-    return p;
-}
-
-static void touch_spare(mt_host_state *st, int i, void *arg)
-{
-    const bool *fresh = arg; /* the tiles mt_state_enable_spare allocated for */
-    mt_tile *t = &st->tiles[i];
-    if (!fresh[i]) return;
-    const size_t fbytes = (size_t)t->numel * sizeof(float);
-    memset(t->master_spare, 0, fbytes);
-    memset(t->m_spare, 0, fbytes);
-    memset(t->v_spare, 0, fbytes);
-}
-
-static void drop_spare(mt_tile *t)
-{
-    unregister_state_chunks(t, (starpu_data_handle_t **[3]){ &t->h_master_spare_chunk, &t->h_m_spare_chunk, &t->h_v_spare_chunk });
-    free(t->master_spare);
-    free(t->m_spare);
-    free(t->v_spare);
-    t->master_spare = t->m_spare = t->v_spare = NULL;
-}
-
-uint64_t mt_state_spare_bytes(const mt_host_state *st, int first)
-{
-    uint64_t b = 0;
-    for (int i = first; i < st->ntiles; i++) b += 3 * (uint64_t)st->tiles[i].numel * sizeof(float);
-    return b;
-}
-
-int mt_state_enable_spare(mt_host_state *st, int first, char *err, size_t errlen)
-{
-    bool *fresh = calloc(st->ntiles, sizeof *fresh); /* allocated by this call */
-    for (int i = first; i < st->ntiles; i++) {
-        mt_tile *t = &st->tiles[i];
-        if (t->master_spare) continue;
-        fresh[i] = true;
-        const size_t fbytes = (size_t)t->numel * sizeof(float);
-        t->master_spare = alloc_spare(fbytes);
-        t->m_spare = alloc_spare(fbytes);
-        t->v_spare = alloc_spare(fbytes);
-        if (!t->master_spare || !t->m_spare || !t->v_spare) {
-            snprintf(err, errlen, "out of host memory allocating the spare AdamW state of tile %d (%zu bytes per kind)",
-                     i, fbytes);
-            for (int j = first; j <= i; j++)
-                if (fresh[j]) drop_spare(&st->tiles[j]);
-            free(fresh);
-            return -1;
-        }
-        register_state_chunks(t, (float *const[3]){ t->master_spare, t->m_spare, t->v_spare },
-                              (starpu_data_handle_t **[3]){ &t->h_master_spare_chunk, &t->h_m_spare_chunk,
-                                                            &t->h_v_spare_chunk });
-    }
-    for_each_tile(st, touch_spare, fresh);
-    free(fresh);
-    return 0;
-}
-
 #define SWAP(a, b) do { __typeof__(a) tmp_ = (a); (a) = (b); (b) = tmp_; } while (0)
-
-void mt_tile_swap_state(mt_tile *t)
-{
-    SWAP(t->master, t->master_spare);
-    SWAP(t->adam_m, t->m_spare);
-    SWAP(t->adam_v, t->v_spare);
-    SWAP(t->h_master_chunk, t->h_master_spare_chunk);
-    SWAP(t->h_m_chunk, t->h_m_spare_chunk);
-    SWAP(t->h_v_chunk, t->h_v_spare_chunk);
-    t->spare_current = !t->spare_current;
-}
 
 static void drop_grad_alt(mt_tile *t)
 {
@@ -415,8 +339,6 @@ void mt_state_destroy(mt_host_state *st)
     if (!st) return;
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
-        if (t->spare_current) mt_tile_swap_state(t); /* each allocation back with its own kind */
-        drop_spare(t);
         if (t->grad_alt_current) mt_tile_swap_grad(t);
         drop_grad_alt(t);
         unregister_state_chunks(t, (starpu_data_handle_t **[3]){ &t->h_master_chunk, &t->h_m_chunk, &t->h_v_chunk });

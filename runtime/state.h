@@ -35,12 +35,6 @@ typedef struct mt_tile {
     mt_chunk *chunks;
     starpu_data_handle_t *h_weights_chunk, *h_grad_chunk;  /* planned partitions of the above */
     starpu_data_handle_t *h_master_chunk, *h_m_chunk, *h_v_chunk;
-    /* Double-buffered AdamW state (mt_state_enable_spare): a second master, m and v that an
-     * out-of-place update writes, leaving the old values for a redo; mt_tile_swap_state then
-     * makes them current. NULL when not enabled. */
-    float *master_spare, *m_spare, *v_spare;
-    starpu_data_handle_t *h_master_spare_chunk, *h_m_spare_chunk, *h_v_spare_chunk;
-    bool spare_current;      /* swapped an odd number of times: master etc. are the spare allocations */
     /* A second gradient (mt_state_enable_grad_alt), pinned and registered as the first: a step
      * writes one while the deferred AdamW moments of the last step read the other;
      * mt_tile_swap_grad swaps them. NULL when not enabled. */
@@ -69,17 +63,6 @@ typedef struct mt_host_state {
 mt_host_state *mt_state_create(const mt_model_config *cfg, mt_dtype compute_dtype,
                                int64_t chunk_numel, char *err, size_t errlen);
 void mt_state_destroy(mt_host_state *st);
-
-/* Allocates and registers the spare master, m and v of tiles first..ntiles-1 (double-buffered
- * AdamW state: 12 more bytes per parameter of those tiles). Returns -1 with err set when memory
- * cannot be had (the state is then as before). */
-int mt_state_enable_spare(mt_host_state *st, int first, char *err, size_t errlen);
-/* Bytes of spare state mt_state_enable_spare(st, first) allocates. */
-uint64_t mt_state_spare_bytes(const mt_host_state *st, int first);
-/* Makes the spare master, m and v of a tile current and the current ones spare: pointers and
- * chunk handles swap. Called when the tasks writing the spare ones were submitted (StarPU
- * orders what comes after by the handles); a reader of t->master outside tasks waits for them. */
-void mt_tile_swap_state(mt_tile *t);
 
 /* Allocates (pinned, zeroed) and registers a second gradient for tiles first..ntiles-1
  * (4 more bytes per parameter of those tiles). Returns -1 with err set when memory cannot be had

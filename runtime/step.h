@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "backends/cpu/ranged.h"
 #include "runtime/state.h"
 
 typedef struct mt_step_config {
@@ -23,71 +24,62 @@ typedef struct mt_step_config {
                             * moments after (off it); -1: every tile when clipping, else the
                             * embedding and layer 0 (the step boundary); 0 never, 1 always.
                             * Bitwise the same result either way. */
-    int clip_speculate;    /* With clipping: run each tile's weights half as its gradient lands,
-                            * as if the scale were 1, and only redo it after the norm when the
-                            * scale is below 1 (exact either way: the clipped kernel multiplies
-                            * by 1.0). The update then overlaps the backward as without clipping.
-                            * -1 (auto): when the last scale read (mt_graph_wait_loss) was 1, and
-                            * ranged when it was below 1 with bf16 weights and a GPU running the
-                            * compute (on the H200 at 3B, clip 1.0 scaling every step: 1.86-2.02
-                            * s a step against 1.99-2.16 without speculation); 0 never;
-                            * 1 always, as if 1; 2 (ranged): as -1, and with bf16 streamed
-                            * weights and a last scale below 1 (with or without a GPU), for a range of scales: the
-                            * bound the gradients already in put on the norm, and the rest of it
-                            * predicted from the last norm (mt_ranged_args, codelets.h); after the
-                            * norm only the elements whose bf16 weight could differ within the
-                            * range are redone (all when the scale falls outside). */
+    int clip_speculate;    /* With clipping: run each tile's weights half as its gradient lands
+                            * and confirm it after the norm (runtime/speculate/speculate.h), so
+                            * that the update overlaps the backward as without clipping; exact
+                            * either way. 0 never; 1 (unit) always, as if the scale were 1, the
+                            * confirm redoing the update when it was not; 2 (ranged): unit when
+                            * the last scale read (mt_graph_wait_loss) was 1, else, with bf16
+                            * streamed weights, for the range of scales the gradients already in
+                            * and the last norm allow (mt_ranged_args, codelets/adamw.h), the
+                            * confirm redoing only the elements whose bf16 weight could differ
+                            * within it; -1 (auto, the default): as 2 where a GPU runs the
+                            * compute, else unit when the last scale was 1 and none otherwise. */
     double clip_range;     /* ranged: the rest of the norm's square is taken to lie within
-                            * [predicted / clip_range, predicted * clip_range]; > 1 (0: default) */
+                            * [predicted / clip_range, predicted * clip_range]; > 1
+                            * (0: MT_CLIP_SPREAD_DEFAULT) */
     double clip_range_max; /* ranged: a chunk whose range of scales is wider than this ratio
                             * (times the growth of clip_range below) is not speculated (too many
-                            * flagged to pay); > 1 (0: default) */
+                            * flagged to pay); > 1 (0: MT_CLIP_RANGE_MAX_DEFAULT) */
     double clip_range_grow; /* ranged: after a norm whose rest the prediction missed by a factor
                             * x, the next ranges take clip_range times x, up to this (a wider
                             * range flags more elements for the redo, a missed one redoes all);
-                            * 1: fixed at clip_range; 0: default */
+                            * 1: fixed at clip_range; 0: MT_CLIP_RANGE_GROW_DEFAULT */
     int clip_range_memory; /* ranged: x is the largest such factor over the last this many norms
-                            * (1..MT_CLIP_RANGE_MEMORY_MAX; 0: default) */
+                            * (1..MT_CLIP_RANGE_MEMORY_MAX; 0: MT_CLIP_RANGE_MEMORY_DEFAULT) */
     int clip_range_check;  /* ranged: a tile's chunks are not speculated when the range predicted
-                            * for it at the last norm missed (mt_norm_history.check): the norm is
-                            * then moving in ways the prediction does not follow, and a miss costs
-                            * the ranged pass and a whole redo (H200, 3B, a model memorising its
-                            * batch, in range for 24% of the chunks: 2.20-2.27 s a step, against
-                            * 1.88-1.90 when the ranges held). Nonzero (the default, -1): on; 0:
-                            * off. Only the work changes, never the result. */
-    int adamw_spare;       /* Double-buffered AdamW state (12 more bytes per parameter of layers
-                            * 1..L-1 and the head, in host memory): a speculated update (scale 1)
-                            * then runs fused, 30 bytes per parameter, into the spare master, m and
-                            * v, the current ones kept for a redo, instead of split (46 bytes).
-                            * Bitwise the same results. -1: with clipping and speculation allowed,
-                            * when it takes at most 80% of the host memory available when the
-                            * graph is created; 0 never (the default: on an H200 at 3B it saved
-                            * no measurable CPU time, docs/benchmarks.md); 1 always
-                            * (mt_graph_create fails when the memory cannot be had). */
-    int adamw_defer;       /* Ranged speculation (clip_speculate 2): each tile's moments half is
-                            * not run after the norm but in the next step, fused with that
-                            * step's ranged run on the same chunk (the table's: its early path's),
-                            * which reads master, m and v anyway: 34 bytes per parameter a step
-                            * instead of 46. The gradient is then double-buffered (a second one,
-                            * 4 bytes per parameter, pinned host memory). Bitwise the same
-                            * results; the last update's moments are run by mt_graph_flush.
-                            * 1: with ranged speculation; -1 (the default): with ranged
-                            * speculation, when the second gradient takes at most 80% of the
-                            * host memory available when the graph is created (on the H200 at
-                            * 3B, clip 1, real text: AdamW 17.3-21.2 CPU-s a step against
-                            * 21.0-23.7, the step 1.745-1.801 s against 1.785-1.802; it was
-                            * slower while the ranged pass was dearer, docs/benchmarks.md);
-                            * 0 never. */
+                            * for it at the last norm missed: the norm is then moving in ways the
+                            * prediction does not follow, and a miss costs the ranged pass and a
+                            * whole redo. Nonzero (the default, -1): on; 0: off. Only the work
+                            * changes, never the result. */
+    int adamw_defer;       /* Ranged speculation: each tile's moments half is not run after the
+                            * norm but in the next step, fused with that step's ranged run on the
+                            * same chunk (the table's: its early path's), which reads master, m
+                            * and v anyway: 34 bytes per parameter a step instead of 46. The
+                            * gradient is then double-buffered (a second one, 4 bytes per
+                            * parameter, pinned host memory). Bitwise the same results; the last
+                            * update's moments are run by mt_graph_flush. 1: with ranged
+                            * speculation; -1 (the default): with ranged speculation, when the
+                            * second gradient takes at most 80% of the host memory available
+                            * when the graph is created; 0 never. */
+    mt_ranged_bounds ranged_bounds; /* ranged: how the passes bound each weight
+                            * (backends/cpu/ranged.h; MT_RANGED_BOUNDS_DEFAULT; the CPU's
+                            * fallback when it lacks the instructions). Only the work changes. */
+    int ranged_side_room;  /* ranged: the flags buffers hold the inputs of 1/this of their chunk's
+                            * elements for the redo (MT_RANGED_SIDE_ROOM_MIN.._MAX; 0: the default,
+                            * MT_RANGED_SIDE_ROOM_DEFAULT). Only the work and the memory change. */
 } mt_step_config;
 
+/* What 0 means for the ranged settings above. */
 #define MT_CLIP_SPREAD_DEFAULT 1.25
 #define MT_CLIP_RANGE_MAX_DEFAULT 1.4
 #define MT_CLIP_RANGE_GROW_DEFAULT 3.0
 #define MT_CLIP_RANGE_MEMORY_DEFAULT 4
-#define MT_CLIP_RANGE_MEMORY_MAX 16 /* MT_NORM_MEMORY_MAX (codelets.h) */
+#define MT_CLIP_RANGE_MEMORY_MAX 16 /* MT_NORM_MEMORY_MAX (runtime/speculate/history.h) */
 
 /* Defaults: accum 1, K 4, clip 1.0, head_chunk 1024, betas (0.9, 0.999), eps 1e-8, wd 0,
- * adamw_split -1, clip_speculate -1, adamw_spare 0, adamw_defer -1. */
+ * adamw_split -1, clip_speculate -1, clip_range_check -1, adamw_defer -1, ranged_bounds
+ * MT_RANGED_BOUNDS_DEFAULT, the rest 0 (their defaults). */
 mt_step_config mt_step_defaults(void);
 
 /* What an observer hears: a compute task of a training step ended. */
@@ -129,8 +121,12 @@ void mt_graph_set_adamw_split(mt_graph *g, int split);
 void mt_graph_set_clip_speculate(mt_graph *g, int speculate);
 /* Of the steps whose loss mt_graph_wait_loss has returned: how many were submitted with a
  * speculative update, and in how many of those the scale was 1 (a unit speculation held; how
- * ranged ones fared, chunk by chunk: mt_codelet_ranged_counts). */
+ * ranged ones fared, chunk by chunk: mt_graph_adamw_stats). */
 void mt_graph_speculation_counts(const mt_graph *g, int64_t *speculated, int64_t *held);
+/* What the graph's AdamW tasks have done since it was created: their CPU time by kind and the
+ * ranged runs' counts (codelets/adamw.h: mt_adamw_stats_seconds, mt_adamw_stats_ranged).
+ * Updated by the tasks as they end. */
+const struct mt_adamw_stats *mt_graph_adamw_stats(const mt_graph *g);
 /* Keeps each gradient norm's sums of squares per tile, for the first max_norms norms the graph
  * computes from now on (those of earlier norms are not kept): what ranged speculation predicts
  * from (bench --norm-log). Waits for every submitted task first. 0 on success, -1 when out of

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "codelets/codelets.h"
+#include "codelets/adamw.h"
 #include "models/config.h"
 #include "models/util.h"
 #include "runtime/data.h"
@@ -197,9 +197,6 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
                 o->lr, o->schedule == MT_LR_COSINE ? "warm-up + cosine" : "constant", mt_runtime_ncpu(),
                 mt_runtime_ncuda(), o->runtime.sched ? o->runtime.sched : mt_default_sched());
         mt_graph_log_defer(g, log, "megatrain");
-        if (st->ntiles > 2 && st->tiles[2].master_spare)
-            fprintf(log, "megatrain: AdamW state double-buffered (--adamw-spare): %.2f GB more host memory\n",
-                    (double)mt_state_spare_bytes(st, 2) / 1e9);
     }
     mt_rng rng;
     mt_rng_seed(&rng, o->seed);
@@ -221,7 +218,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     if (log) fprintf(log, "step %5lld | val %.4f\n", (long long)(first - 1), res->first_val);
 
     double t0 = mt_clock_s();
-    const mt_ranged_counts rc0 = mt_codelet_ranged_counts();
+    const mt_ranged_counts rc0 = mt_adamw_stats_ranged(mt_graph_adamw_stats(g));
     int slot = -1;
     int64_t last = o->stop_after > 0 && o->stop_after < o->steps ? o->stop_after : o->steps;
     for (int64_t s = first; s <= last + 1; s++) {
@@ -292,7 +289,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     if (log && o->step.clip > 0)
         fprintf(log, "clipping at %g: the update ran ahead of the norm in %lld steps; the norm was within the bound in "
                      "%lld of them (--clip-speculate)\n", o->step.clip, (long long)speculated, (long long)held);
-    const mt_ranged_counts rc1 = mt_codelet_ranged_counts();
+    const mt_ranged_counts rc1 = mt_adamw_stats_ranged(mt_graph_adamw_stats(g));
     const long long checked = rc1.checked - rc0.checked, skipped = rc1.skipped - rc0.skipped;
     if (log && checked + skipped > 0)
         fprintf(log, "clipping at %g: ranged speculation checked %lld parameter updates, flagged %.3f%% of them for a "

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codelets/codelets.h"
+#include "codelets/adamw.h"
 #include "backends/cuda/kernels.h"
 #include "models/config.h"
 #include "runtime/plan.h"
@@ -229,7 +229,7 @@ static state_copy clipped_steps(int speculate, int steps, int64_t *checked)
     fixture_speculate = speculate;
     fixture f = fixture_open(true, 4, 1, MT_DTYPE_BF16, 5, 2, 1, 0.05, 7, false);
     fixture_speculate = -1;
-    const mt_ranged_counts c0 = mt_codelet_ranged_counts();
+    const mt_ranged_counts c0 = mt_adamw_stats_ranged(mt_graph_adamw_stats(f.g));
     int prev = -1;
     for (int s = 1; s <= steps; s++) {
         int slot = mt_graph_submit_step(f.g, s, f.tok, f.tgt, 1e-3);
@@ -239,7 +239,7 @@ static state_copy clipped_steps(int speculate, int steps, int64_t *checked)
     mt_graph_wait_loss(f.g, prev, NULL);
     mt_graph_flush(f.g);
     starpu_task_wait_for_all();
-    *checked = mt_codelet_ranged_counts().checked - c0.checked;
+    *checked = mt_adamw_stats_ranged(mt_graph_adamw_stats(f.g)).checked - c0.checked;
     state_copy c = { .ntiles = f.st->ntiles, .deferred = mt_graph_defers(f.g) };
     if (c.deferred) assert_pinned(f.st, true);
     c.numel = calloc(c.ntiles, sizeof *c.numel);

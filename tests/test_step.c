@@ -10,7 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "codelets/codelets.h"
+#include "codelets/adamw.h"
 #include "models/config.h"
 #include "runtime/plan.h"
 #include "runtime/runtime.h"
@@ -62,7 +62,7 @@ typedef struct outcome {
     float **master, **grad, **m, **v;
     double loss[8];
     int64_t speculated, held;  /* mt_graph_speculation_counts at the end */
-    bool spare;                /* the graph ran with double-buffered AdamW state */
+    mt_ranged_counts ranged;   /* what the graph's ranged runs did (mt_graph_adamw_stats) */
     bool deferred;             /* with a second gradient (deferred moments halves) */
 } outcome;
 
@@ -73,8 +73,6 @@ static int split_mode = -1;
 static int speculate_mode = -1;
 static double speculate_range = 0, speculate_range_max = 0;
 static int range_check_mode = -1; /* clip_range_check (-1: the default, on) */
-/* adamw_spare of the runs below (0: the default). */
-static int spare_mode = 0;
 /* adamw_defer of the runs below (0: off; the library's default is -1, auto); from step
  * switch_step on, clip_speculate switch_to (0: never switch). */
 static int defer_mode = 0;
@@ -104,7 +102,6 @@ static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int n
     sc.weight_decay = 0.1;
     sc.adamw_split = split_mode;
     sc.clip_speculate = speculate_mode;
-    sc.adamw_spare = spare_mode;
     sc.adamw_defer = defer_mode;
     mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
     ck_assert_msg(g != NULL, "%s", err);
@@ -125,7 +122,7 @@ static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int n
     mt_graph_flush(g); /* deferred moments halves of the last update */
     starpu_task_wait_for_all();
     mt_graph_speculation_counts(g, &o.speculated, &o.held);
-    o.spare = st->tiles[2].master_spare != NULL;
+    o.ranged = mt_adamw_stats_ranged(mt_graph_adamw_stats(g));
     o.deferred = st->tiles[1].grad_alt != NULL;
     /* every tile's moments are deferred, the table's too (into its early path), or none */
     for (int i = 0; i < st->ntiles; i++) ck_assert((st->tiles[i].grad_alt != NULL) == o.deferred);
@@ -315,46 +312,6 @@ START_TEST(test_clip_speculation_bitwise)
 }
 END_TEST
 
-/* Double-buffered AdamW state: the speculated update runs fused into the spare master, m and v,
- * and is redone from the kept ones when the scale is not 1. Bitwise the split update, with the
- * speculation holding (bound 1e3) and failing (1e-3) every step, tied and untied, over 7 steps
- * (an odd number of swaps: the state read back is the spare allocation); the default leaves it
- * off, auto turns it on here (a tiny model) with clipping, not without. */
-START_TEST(test_spare_state_bitwise)
-{
-    const double bounds[] = { 1e3, 1e-3 };
-    for (int tied = 0; tied < 2; tied++)
-        for (int b = 0; b < 2; b++) {
-            speculate_mode = 1;
-            spare_mode = 0;
-            outcome split = run_steps("megatrain", tied, 2, tied ? 1 : 2, 7, bounds[b]);
-            spare_mode = 1;
-            outcome spare = run_steps("megatrain", tied, 2, tied ? 1 : 2, 7, bounds[b]);
-            spare_mode = 0;
-            speculate_mode = -1;
-            char what[80];
-            snprintf(what, sizeof what, "spare vs split state, clip %g, %s", bounds[b], tied ? "tied" : "untied");
-            ck_assert(!split.spare && spare.spare);
-            assert_bitwise(&split, &spare, 7, what);
-            ck_assert_int_eq(spare.speculated, 7);
-            ck_assert_int_eq(spare.held, b == 0 ? 7 : 0);
-            outcome_free(&spare);
-            outcome_free(&split);
-        }
-    outcome dflt = run_steps("megatrain", true, 2, 1, 3, 1e3);
-    ck_assert_msg(!dflt.spare, "the default doubled the AdamW state");
-    outcome_free(&dflt);
-    spare_mode = -1;
-    outcome autom = run_steps("megatrain", true, 2, 1, 3, 1e3);
-    ck_assert_msg(autom.spare, "auto did not double the AdamW state of a tiny model with clipping");
-    outcome_free(&autom);
-    outcome none = run_steps("megatrain", true, 2, 1, 3, 0.0);
-    ck_assert_msg(!none.spare, "auto doubled the AdamW state without clipping");
-    outcome_free(&none);
-    spare_mode = 0;
-}
-END_TEST
-
 /* Ranged speculation (bf16 streamed weights, clipping with a scale below 1): each chunk's weights
  * half runs as its gradient lands, for the range of scales the gradients already in and the last
  * norm allow; it flags the elements whose bf16 weight could differ within that range, and after
@@ -377,9 +334,9 @@ START_TEST(test_clip_ranged_speculation_bitwise)
         speculate_range = cases[r].spread;
         speculate_range_max = cases[r].max_ratio;
         range_check_mode = cases[r].check;
-        const mt_ranged_counts c0 = mt_codelet_ranged_counts();
+        const mt_ranged_counts c0 = { 0 };
         outcome spec = run_steps("megatrain", true, 2, 1, 6, 0.05);
-        const mt_ranged_counts c1 = mt_codelet_ranged_counts();
+        const mt_ranged_counts c1 = spec.ranged; /* the run's graph counted from 0 */
         speculate_mode = -1;
         speculate_range = speculate_range_max = 0;
         range_check_mode = -1;
@@ -686,10 +643,10 @@ START_TEST(test_gates_megatrain_policy)
 END_TEST
 
 /* The megatrain policy runs ready CPU tasks by priority, and those of equal priority first-in
- * first-out. StarPU's job ids
- * (the policy's tie-break) are all 0 without an FxT trace, and the sorted insert once put each
- * new task in front of its equals: last-in first-out. One CPU worker is held busy while three
- * equal tasks queue; they must then run in submission order. */
+ * first-out. StarPU's job ids (a natural tie-break) are all 0 without an FxT trace, so a sorted
+ * insert that placed each new task in front of its equals would run them last-in first-out. One
+ * CPU worker is held busy while three equal tasks queue; they must then run in submission
+ * order. */
 static atomic_int fifo_release, fifo_next, fifo_order[16];
 
 static void fifo_blocker_cpu(void *buffers[], void *arg)
@@ -818,7 +775,6 @@ int main(void)
     tcase_add_test(tc, test_clip_speculation_bitwise);
     tcase_add_test(tc, test_clip_ranged_speculation_bitwise);
     tcase_add_test(tc, test_clip_ranged_deferred_bitwise);
-    tcase_add_test(tc, test_spare_state_bitwise);
     tcase_add_test(tc, test_gate_adamw_no_clip);
     tcase_add_test(tc, test_gate_adamw_clip);
     tcase_add_test(tc, test_gate_norm_task);

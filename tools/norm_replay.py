@@ -2,8 +2,8 @@
 """Replays ranged clip speculation's range prediction on a norm log (megatrain bench --norm-log).
 
 For each clipped run in the log, each norm t >= 2 and each layer or head tile f, it forms the
-range a ranged run of tile f would have had (codelets/adamw.c, ranged_range: the rest of the
-norm predicted from norm t - 1, times or over the spread; the spread grows after a norm the
+range a ranged run of tile f would have had (runtime/speculate/history.c, mt_norm_range: the
+rest of the norm predicted from norm t - 1, times or over the spread; the spread grows after a norm the
 prediction missed, as --clip-range-grow has it) and says whether norm t's clip scale fell
 inside it ("held"). It then scores rules that decide, from earlier norms only, whether to
 speculate a tile: a tile-step that is speculated and holds counts +1, one that is speculated and
@@ -26,7 +26,7 @@ def scale_of(clip, norm):
 
 
 def predicted_rest(prev, f, known, head_now):
-    """prev: (tiles, table head part) of the last norm; as codelets/adamw.c predicted_rest."""
+    """prev: (tiles, table head part) of the last norm; as runtime/speculate/history.c predicted_rest."""
     tiles, head = prev
     same = head + sum(tiles[f:])
     other = sum(tiles[:f])
@@ -37,7 +37,7 @@ def predicted_rest(prev, f, known, head_now):
 def replay(run, clip, spread, grow=0.0, memory=1):
     """held[t][f], err[t][f] (actual rest / predicted, folded to >= 1) and the spread of each norm
     t's ranges: spread, or when the largest error over the tiles of the last `memory` norms was x,
-    spread times x up to grow when grow > spread (codelets/adamw.c, mt_codelet_norm_recorded's
+    spread times x up to grow when grow > spread (runtime/speculate/history.c, mt_norm_record's
     next_spread)."""
     held, err, spreads = [], [], []
     for t, (tiles, head) in enumerate(run):

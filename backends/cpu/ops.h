@@ -15,12 +15,6 @@
 #include "models/dtype.h"
 #include "models/layout.h"
 
-/* dst[0, n) = src[0, n) with non-temporal stores where the target has them (SSE2): the target
- * lines are not read first, as ordinary stores to lines not in cache would. Then
- * mt_cpu_copy_past_cache_done orders those stores before anything the caller publishes. */
-void mt_cpu_copy_past_cache_f32(int64_t n, const float *src, float *dst);
-void mt_cpu_copy_past_cache_done(void);
-
 /* Rotary inverse frequencies (D/2 values, HF half-split convention), with Llama-3 scaling when
  * cfg->rope_scaling_factor > 0. Computed in double. */
 void mt_rope_inv_freq(const mt_model_config *cfg, double *inv_freq);
@@ -31,8 +25,8 @@ typedef struct mt_adamw_params {
     double weight_decay;   /* applied as p -= lr * wd * p; the caller passes 0 for norms/biases */
     int64_t step;          /* 1-based step count after this update (bias correction) */
     double grad_scale;     /* multiplies the gradient first: clip factor * 1/accumulation */
-    double grad_scale_lo;  /* ranged speculation (codelets/adamw.c): the scales [lo, grad_scale] the
-                            * streamed weights are checked against; 0 otherwise */
+    double grad_scale_lo;  /* ranged passes (ranged.h): the scales [lo, grad_scale] the streamed
+                            * weights are checked against; 0 otherwise */
 } mt_adamw_params;
 
 /* Elements of `saved` one decoder layer keeps for its backward, and of `scratch` its forward or
@@ -91,11 +85,6 @@ int64_t mt_head_scratch_numel(const mt_model_config *cfg, int64_t chunk);
     /* AdamW on n elements: master, m, v updated in place from grad */                           \
     void mt_cpu_adamw_##sfx(int64_t n, real *master, const real *grad, real *m, real *v,         \
                             const mt_adamw_params *p);                                           \
-    /* The same update out of place: master, m, v read, their new values written to          \
-     * master_out, m_out, v_out (other arrays); bitwise mt_cpu_adamw's. */                       \
-    void mt_cpu_adamw_to_##sfx(int64_t n, const real *master, const real *grad, const real *m,     \
-                               const real *v, real *master_out, real *m_out, real *v_out,        \
-                               const mt_adamw_params *p);                                        \
     /* The updated weights into out (n) without writing master, grad, m or v: the first half   \
      * of a split update whose second half is mt_cpu_adamw; bitwise its master. */              \
     void mt_cpu_adamw_params_##sfx(int64_t n, const real *master, const real *grad, const real *m, \

@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "codelets/codelets.h"
+#include "backends/cpu/ranged.h"
 #include "mt_build_config.h"
 #include "mt_commit.h"
 #include "runtime/bench.h"
@@ -51,10 +51,10 @@ static int parse_bounds_list(const char *cmd, const cli_option *opt, const char 
 {
     mt_bench_options *o = target;
     cli_word names[4] = { { NULL, 0 } };
-    for (int b = 0; b < 3; b++) names[b] = (cli_word){ mt_codelet_ranged_bounds_option((mt_ranged_bounds)b), b };
+    for (int b = 0; b < 3; b++) names[b] = (cli_word){ mt_ranged_bounds_option((mt_ranged_bounds)b), b };
     if (cli_parse_word_list(cmd, "--ranged-bounds", arg, names, o->sweep_bounds, MT_BENCH_MAX_SWEEP, &o->nsweep_bounds))
         return 2;
-    o->ranged_bounds = o->sweep_bounds[0];
+    o->step.ranged_bounds = (mt_ranged_bounds)o->sweep_bounds[0];
     return 0;
 }
 
@@ -107,7 +107,7 @@ static const cli_option memory_options[] = {
     { .name = "adamw-defer", .arg = "M", .kind = CLI_CUSTOM, .field = FIELD(step.adamw_defer),
       .parse = parse_defer_list, .advanced = true,
       .help = "ranged: auto|on|off, AdamW moments deferred; a list measures each" },
-    { .name = "ranged-bounds", .arg = "B", .kind = CLI_CUSTOM, .field = FIELD(ranged_bounds),
+    { .name = "ranged-bounds", .arg = "B", .kind = CLI_CUSTOM, .field = FIELD(step.ranged_bounds),
       .parse = parse_bounds_list, .advanced = true,
       .help = "avx512|avx2 (approximate) or exact; a list measures each (default avx512)" },
     { .name = "norm-log", .arg = "FILE", .kind = CLI_STRING, .field = FIELD(norm_log), .advanced = true,

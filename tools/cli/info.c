@@ -3,7 +3,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "codelets/codelets.h"
+#include "codelets/fill.h"
 #include "codelets/mt_starpu.h"
 #include "models/config.h"
 #include "mt_build_config.h"

@@ -2,6 +2,8 @@
  * parsers every subcommand uses, and the tables of the options several subcommands share. */
 #include "tools/cli/options.h"
 
+#include "backends/cpu/ranged_flags.h"
+
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -446,14 +448,25 @@ const cli_option cli_worker_options[3] = {
 int cli_environment(const char *cmd, mt_runtime_options *runtime, mt_step_config *step)
 {
     /* MT_ATTENTION (the bf16 attention kernels: auto, cudnn, own) and MT_ATTENTION_QBLOCK (the own
-     * kernels' query block) into the runtime's CUDA options. A value that names nothing is
-     * reported and the default kept, as the kernels did when they read it themselves. Nothing
-     * else in the command line reads the environment on the library's behalf. */
+     * kernels' query block) into the runtime's CUDA options; MT_RANGED_SIDE_ROOM=R (ranged
+     * speculation's side entries hold the inputs of 1/R of a chunk, a measurement knob) into the
+     * step's. A value that names nothing is reported and the default kept. Nothing else in the
+     * command line reads the environment on the library's behalf. */
     char err[128];
     if (mt_runtime_parse_attention(getenv("MT_ATTENTION"), &runtime->cuda.attention, err, sizeof err))
         fprintf(stderr, "megatrain %s: %s; using auto\n", cmd, err);
     if (mt_runtime_parse_qblock(getenv("MT_ATTENTION_QBLOCK"), &runtime->cuda.qblock, err, sizeof err))
         fprintf(stderr, "megatrain %s: %s; using 128w\n", cmd, err);
-    (void)step;
+    const char *room = getenv("MT_RANGED_SIDE_ROOM");
+    if (step && room && *room) {
+        char *end;
+        const long r = strtol(room, &end, 10);
+        if (*end || r < MT_RANGED_SIDE_ROOM_MIN || r > MT_RANGED_SIDE_ROOM_MAX)
+            fprintf(stderr, "megatrain %s: MT_RANGED_SIDE_ROOM=%s ignored: expected a whole number from %d to %d (room "
+                            "for 1/R of a chunk's elements); using %d\n", cmd, room, MT_RANGED_SIDE_ROOM_MIN,
+                    MT_RANGED_SIDE_ROOM_MAX, MT_RANGED_SIDE_ROOM_DEFAULT);
+        else
+            step->ranged_side_room = (int)r;
+    }
     return 0;
 }

@@ -1,0 +1,281 @@
+/* The compute of a step and of an evaluation (runtime/step/graph.h): the streaming forward with
+ * a checkpoint every K layers, the loss anchor, and the block-wise backward (recompute a block
+ * from its checkpoint, then backward layer by layer, gradients home), each tile's partial sum of
+ * squares left by its last backward task when clipping. */
+#include "runtime/step/graph.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codelets/embedding.h"
+#include "codelets/head.h"
+#include "codelets/layer.h"
+#include "runtime/policy.h"
+
+void *mt_step_hint(mt_graph *g, int tile, uint32_t ahead)
+{
+    if (tile < 0) return NULL;
+    return mt_policy_hint(tile, g->updates_submitted[tile] + ahead);
+}
+
+/* Input handle of layer i (0-based) in the forward pass of micro-batch u. */
+static starpu_data_handle_t forward_input(mt_graph *g, int i, int u)
+{
+    return i % g->sc.K == 0 ? mt_step_ckpt(g, i / g->sc.K, u) : g->act[u][i % 2];
+}
+
+/* Output handle of layer i: the next block's checkpoint, or the ping-pong buffer. */
+static starpu_data_handle_t forward_output(mt_graph *g, int i, int u)
+{
+    int L = (int)g->st->cfg.layers;
+    if ((i + 1) % g->sc.K == 0 && i + 1 < L) return mt_step_ckpt(g, (i + 1) / g->sc.K, u);
+    return g->act[u][(i + 1) % 2];
+}
+
+/* observe: report start/end of this forward (the streaming pass of a training step). */
+static void insert_layer_forward(mt_graph *g, int i, starpu_data_handle_t x, starpu_data_handle_t y,
+                                 starpu_data_handle_t saved, int64_t step, bool observe, void *hint)
+{
+    mt_tile *t = mt_state_layer(g->st, i);
+    mt_compute_args a = { .model = &g->model, .B = g->sc.B, .T = g->sc.T, .save = saved != NULL };
+    struct starpu_data_descr d[5] = {
+        { t->h_weights, STARPU_R }, { x, STARPU_R }, { y, STARPU_W }, { g->scratch_layer, STARPU_SCRATCH },
+        { saved, STARPU_W },
+    };
+    mt_step_check_insert(starpu_task_insert(&mt_cl_layer_forward, STARPU_DATA_MODE_ARRAY, d, saved ? 5 : 4,
+                                    STARPU_VALUE, &a, sizeof a, STARPU_NAME, "layer_forward",
+                                    STARPU_EXECUTE_WHERE, g->where, STARPU_TASK_SCHED_DATA, hint,
+                                    MT_OBSERVE_END(&g->observer, observe, MT_EV_FORWARD, step, t->index),
+                                    MT_OBSERVE_START(&g->observer, observe, MT_EV_FORWARD_START, step, t->index), 0),
+                 "layer_forward");
+}
+
+/* The forward pass of micro-batches 0..n-1 up to x_L (act[u][L % 2]), layer by layer: each
+ * layer's weights serve every micro-batch in turn. The first micro-batch's task carries the
+ * prefetch hint for the next tile. */
+static void submit_forward(mt_graph *g, const starpu_data_handle_t *tokens, int n, int64_t step, bool observe)
+{
+    const int L = (int)g->st->cfg.layers;
+    mt_compute_args a = { .model = &g->model, .B = g->sc.B, .T = g->sc.T };
+    for (int u = 0; u < n; u++)
+        mt_step_check_insert(starpu_task_insert(&mt_cl_embedding_forward, STARPU_R, mt_state_embed(g->st)->h_weights,
+                                        STARPU_R, tokens[u], STARPU_W, mt_step_ckpt(g, 0, u), STARPU_VALUE, &a, sizeof a,
+                                        STARPU_EXECUTE_WHERE, g->where,
+                                        STARPU_TASK_SCHED_DATA, u == 0 ? mt_step_hint(g, 1, 0) : NULL,
+                                        MT_OBSERVE_START(&g->observer, observe && u == 0, MT_EV_FORWARD_START, step, 0), 0),
+                     "embedding_forward");
+    for (int i = 0; i < L; i++) {
+        int next = i + 1 < L ? i + 2 : g->st->ntiles - 1; /* the next layer, or the head */
+        for (int u = 0; u < n; u++)
+            insert_layer_forward(g, i, forward_input(g, i, u), forward_output(g, i, u), NULL, step, observe && u == 0,
+                                 u == 0 ? mt_step_hint(g, next, 0) : NULL);
+    }
+}
+
+/* Drops the contents of an activation buffer once its last reader is submitted (ordered after
+ * it, like a task). An activation has no home node, so a valid copy StarPU evicts to make room
+ * is written back to host memory first: without the drop, stale checkpoints and saved
+ * activations would be copied back to the host whenever the GPU needs room. Dropped, the buffer
+ * is free to recycle with no copy. */
+void mt_step_drop(starpu_data_handle_t h) { starpu_data_invalidate_submit(h); }
+
+/* Prefetch hint for the weights the GPU needs after layer i's backward (block-wise order): the
+ * previous layer, or the first layer of the previous block's recompute; after layer 0, the
+ * embedding backward reads no weights, so the next step's embedding forward, once this step's
+ * update of tile 0 has landed. Not tile 0 at its current version: its AdamW partition may be
+ * active by then (its last reader, the tied head, ran at the start of the backward), and StarPU
+ * aborts on a prefetch of a partitioned handle. */
+static void *hint_after_backward(mt_graph *g, int i)
+{
+    const int K = g->sc.K;
+    if (i % K != 0) return mt_step_hint(g, i, 0);                      /* layer i-1 is tile i */
+    if (i == 0) return mt_step_hint(g, 0, 1);                          /* next step's embedding */
+    return mt_step_hint(g, (i / K - 1) * K + 1, 0);                    /* first layer of block i/K - 1 */
+}
+
+/* Forward, loss anchor and block-wise backward of every micro-batch of a step. Gradients of a
+ * tile are written (=) by micro-batch 0 and accumulated (+=) by the others, in micro-batch
+ * order; the last writer of each tile also leaves its sum of squares when clipping. */
+static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, double loss_scale, bool early_table)
+{
+    mt_host_state *st = g->st;
+    const int L = (int)st->cfg.layers, K = g->sc.K, M = g->sc.accum;
+    mt_tile *embed = mt_state_embed(st), *head = mt_state_head(st);
+    const int head_tile = st->ntiles - 1, last_block = g->nblocks - 1;
+
+    submit_forward(g, sl->h_tokens, M, step, true);
+
+    /* Loss anchor: dh_L goes to grad[u][L % 2], the input of layer L-1's backward. */
+    for (int u = 0; u < M; u++) {
+        const bool first = u == 0, sumsq = u == M - 1 && g->sc.clip > 0;
+        const enum starpu_data_access_mode gmode = first ? STARPU_W : STARPU_RW;
+        mt_compute_args a = { .model = &g->model, .B = g->sc.B, .T = g->sc.T, .accumulate = !first,
+                              .loss_scale = loss_scale, .head_chunk = g->sc.head_chunk, .sumsq = sumsq,
+                              .table_sumsq = sumsq && g->speculation.head_table };
+        struct starpu_data_descr hd[11] = {
+            { head->h_weights, STARPU_R }, { g->act[u][L % 2], STARPU_R }, { sl->h_targets[u], STARPU_R },
+            { g->grad[u][L % 2], STARPU_W }, { head->h_grad, gmode }, { sl->h_loss[u], STARPU_W },
+            { g->scratch_head, STARPU_SCRATCH }, { embed->h_weights, STARPU_R }, { embed->h_grad, gmode },
+        };
+        int nhd = st->cfg.tied ? 9 : 7;
+        if (sumsq) hd[nhd++] = (struct starpu_data_descr){ g->partial[head_tile], STARPU_W };
+        if (a.table_sumsq) hd[nhd++] = (struct starpu_data_descr){ g->speculation.head_table, STARPU_W };
+        mt_step_check_insert(starpu_task_insert(&mt_cl_head, STARPU_DATA_MODE_ARRAY, hd, nhd, STARPU_VALUE, &a, sizeof a,
+                                        STARPU_NAME, "head", STARPU_EXECUTE_WHERE, g->where,
+                                        STARPU_TASK_SCHED_DATA, first ? mt_step_hint(g, last_block * K + 1, 0) : NULL, 0),
+                     "head");
+        if (sumsq) mt_speculation_insert_known(&g->speculation, st, g->partial, head_tile);
+        /* The forward's hidden states are dead now (the recompute rewrites them): dropped, so
+         * that making room on the GPU never copies them back to the host. */
+        mt_step_drop(g->act[u][0]);
+        mt_step_drop(g->act[u][1]);
+    }
+
+    /* Block-wise backward: for each block, each micro-batch recomputes it from its checkpoint and
+     * walks it back, while the block's weights and gradients stay on the GPU. Hints: the first
+     * micro-batch brings the block in; the last one points past the block. */
+    for (int b = last_block; b >= 0; b--) {
+        int lo = b * K, hi = lo + K < L ? lo + K : L;
+        for (int u = 0; u < M; u++) {
+            const bool first = u == 0, last = u == M - 1;
+            const bool sumsq = last && g->sc.clip > 0;
+            const enum starpu_data_access_mode gmode = first ? STARPU_W : STARPU_RW;
+            for (int i = lo; i < hi; i++) {
+                starpu_data_handle_t x = i == lo ? mt_step_ckpt(g, b, u) : g->act[u][i % 2];
+                /* after the last recompute comes its own backward, then layer hi-2's */
+                void *hint = !first ? NULL
+                             : i + 1 < hi ? mt_step_hint(g, i + 2, 0)
+                             : hi - 2 >= lo ? mt_step_hint(g, hi - 1, 0) : hint_after_backward(g, lo);
+                insert_layer_forward(g, i, x, g->act[u][(i + 1) % 2], g->saved[i - lo], step, false, hint);
+                if (i == lo) mt_step_drop(x); /* the block's checkpoint has served */
+            }
+            for (int i = hi - 1; i >= lo; i--) {
+                mt_tile *t = mt_state_layer(st, i);
+                mt_compute_args ba = { .model = &g->model, .B = g->sc.B, .T = g->sc.T, .accumulate = !first, .sumsq = sumsq };
+                struct starpu_data_descr bd[7] = {
+                    { t->h_weights, STARPU_R }, { g->saved[i - lo], STARPU_R }, { g->grad[u][(i + 1) % 2], STARPU_R },
+                    { g->grad[u][i % 2], STARPU_W }, { t->h_grad, gmode }, { g->scratch_layer, STARPU_SCRATCH },
+                    { g->partial[t->index], STARPU_W },
+                };
+                bool leaves_block = i % K == 0;
+                void *hint = (leaves_block ? last : first) ? hint_after_backward(g, i) : NULL;
+                mt_step_check_insert(starpu_task_insert(&mt_cl_layer_backward, STARPU_DATA_MODE_ARRAY, bd, sumsq ? 7 : 6,
+                                                STARPU_VALUE, &ba, sizeof ba, STARPU_NAME, "layer_backward",
+                                                STARPU_EXECUTE_WHERE, g->where, STARPU_TASK_SCHED_DATA, hint,
+                                                MT_OBSERVE_END(&g->observer, last, MT_EV_BACKWARD, step, t->index), 0),
+                             "layer_backward");
+                if (sumsq) mt_speculation_insert_known(&g->speculation, st, g->partial, t->index);
+                mt_step_drop(g->saved[i - lo]);
+            }
+            mt_step_drop(g->act[u][0]);
+            mt_step_drop(g->act[u][1]);
+        }
+    }
+    /* With the table's update started early, the embedding backward runs on its chunks in its
+     * early path (table.c), which reads dh0 (grad[u][0]). */
+    if (early_table) {
+        for (int u = 0; u < M; u++) mt_step_drop(g->grad[u][1]);
+        return;
+    }
+    /* With a tied head the head tasks already wrote the embedding gradient this step. The last
+     * one points at the next step's first layer (after its update). */
+    for (int u = 0; u < M; u++) {
+        const bool last = u == M - 1;
+        mt_compute_args ea = { .model = &g->model, .B = g->sc.B, .T = g->sc.T, .accumulate = u > 0 || st->cfg.tied,
+                               .sumsq = last && g->sc.clip > 0 };
+        struct starpu_data_descr ed[5] = {
+            { sl->h_tokens[u], STARPU_R }, { g->grad[u][0], STARPU_R }, { embed->h_grad, ea.accumulate ? STARPU_RW : STARPU_W },
+            { g->scratch_layer, STARPU_SCRATCH }, { g->partial[0], STARPU_W },
+        };
+        mt_step_check_insert(starpu_task_insert(&mt_cl_embedding_backward, STARPU_DATA_MODE_ARRAY, ed, ea.sumsq ? 5 : 4,
+                                        STARPU_VALUE, &ea, sizeof ea, STARPU_NAME, "embedding_backward",
+                                        STARPU_EXECUTE_WHERE, g->where,
+                                        STARPU_TASK_SCHED_DATA, last ? mt_step_hint(g, 1, 1) : NULL, 0),
+                     "embedding_backward");
+        mt_step_drop(g->grad[u][0]);
+        mt_step_drop(g->grad[u][1]);
+    }
+}
+
+/* Copies host data into a registered host handle once its earlier readers are done. */
+static void fill_handle(starpu_data_handle_t h, void *dst, const void *src, size_t bytes)
+{
+    starpu_data_acquire(h, STARPU_W);
+    memcpy(dst, src, bytes);
+    starpu_data_release(h);
+}
+
+int mt_step_submit_compute(mt_graph *g, int64_t step, const int32_t *tokens, const int32_t *targets, bool early_table)
+{
+    mt_speculation_begin_step(&g->speculation, &g->update);
+    int s = g->next_slot;
+    g->next_slot = (g->next_slot + 1) % MT_STEP_SLOTS;
+    mt_step_slot *sl = &g->slots[s];
+    sl->updated = sl->speculated = false;
+    const int accum = g->sc.accum;
+    int64_t counted = 0;
+    for (int64_t e = 0; e < accum * g->ntok; e++) counted += targets[e] >= 0;
+    for (int u = 0; u < accum; u++) {
+        fill_handle(sl->h_tokens[u], sl->tokens + u * g->ntok, tokens + u * g->ntok, g->ntok * sizeof(int32_t));
+        fill_handle(sl->h_targets[u], sl->targets + u * g->ntok, targets + u * g->ntok, g->ntok * sizeof(int32_t));
+    }
+    /* The step's loss is the mean over every counted target of every micro-batch. */
+    double loss_scale = counted > 0 ? 1.0 / (double)counted : 0.0;
+    submit_micro_batches(g, sl, step, loss_scale, early_table);
+
+    return s;
+}
+
+int mt_graph_submit_compute(mt_graph *g, int64_t step, const int32_t *tokens, const int32_t *targets)
+{
+    return mt_step_submit_compute(g, step, tokens, targets, false);
+}
+
+double mt_graph_wait_loss(mt_graph *g, int slot_id, double *grad_norm)
+{
+    mt_step_slot *sl = &g->slots[slot_id];
+    double sum = 0, count = 0;
+    for (int u = 0; u < g->sc.accum; u++) {
+        starpu_data_acquire(sl->h_loss[u], STARPU_R);
+        sum += sl->loss[2 * u];
+        count += sl->loss[2 * u + 1];
+        starpu_data_release(sl->h_loss[u]);
+    }
+    double norm = NAN;
+    if (g->sc.clip > 0 && sl->updated) {
+        starpu_data_acquire(sl->h_clip_copy, STARPU_R);
+        norm = sl->clip_result[0];
+        const double scale = sl->clip_result[1];
+        starpu_data_release(sl->h_clip_copy);
+        mt_speculation_scale_read(&g->speculation, scale, sl->speculated);
+        sl->updated = false;
+    }
+    if (grad_norm) *grad_norm = norm;
+    return count > 0 ? sum / count : NAN;
+}
+
+double mt_graph_eval(mt_graph *g, int64_t n_seq, const int32_t *tokens, const int32_t *targets, int64_t *counted)
+{
+    mt_host_state *st = g->st;
+    double sum = 0, count = 0;
+    for (int64_t s0 = 0; s0 + g->sc.B <= n_seq; s0 += g->sc.B) {
+        fill_handle(g->h_eval_tokens, g->eval_tokens, tokens + s0 * g->sc.T, g->ntok * sizeof(int32_t));
+        fill_handle(g->h_eval_targets, g->eval_targets, targets + s0 * g->sc.T, g->ntok * sizeof(int32_t));
+        submit_forward(g, &g->h_eval_tokens, 1, 0, false);
+        starpu_data_handle_t xL = g->act[0][st->cfg.layers % 2];
+        mt_compute_args a = { .model = &g->model, .B = g->sc.B, .T = g->sc.T, .head_chunk = g->sc.head_chunk };
+        struct starpu_data_descr hd[6] = {
+            { mt_state_head(st)->h_weights, STARPU_R }, { xL, STARPU_R }, { g->h_eval_targets, STARPU_R },
+            { g->h_eval_loss, STARPU_W }, { g->scratch_head, STARPU_SCRATCH }, { mt_state_embed(st)->h_weights, STARPU_R },
+        };
+        mt_step_check_insert(starpu_task_insert(&mt_cl_head_eval, STARPU_DATA_MODE_ARRAY, hd, st->cfg.tied ? 6 : 5,
+                                        STARPU_VALUE, &a, sizeof a, STARPU_EXECUTE_WHERE, g->where, 0), "head_eval");
+        starpu_data_acquire(g->h_eval_loss, STARPU_R);
+        sum += g->eval_loss[0];
+        count += g->eval_loss[1];
+        starpu_data_release(g->h_eval_loss);
+    }
+    if (counted) *counted = (int64_t)count;
+    return count > 0 ? sum / count : NAN;
+}

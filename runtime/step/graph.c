@@ -1,0 +1,289 @@
+/* The step graph's buffers and life (runtime/step/graph.h): the configuration's checks, the
+ * activation, scratch and I/O handles, the model description the tasks see, and the accessors of
+ * runtime/step.h. */
+#include "runtime/step/graph.h"
+
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/cpu/table_sumsq.h"
+#include "runtime/policy.h"
+
+mt_step_config mt_step_defaults(void)
+{
+    mt_step_config c = {
+        .B = 8, .T = 128, .accum = 1, .K = 4, .clip = 1.0, .head_chunk = 1024,
+        .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0, .adamw_split = -1,
+        .clip_speculate = -1, .clip_range_check = -1, .adamw_defer = -1, .ranged_bounds = MT_RANGED_BOUNDS_DEFAULT,
+    };
+    return c;
+}
+
+static starpu_data_handle_t new_floats(int64_t n)
+{
+    starpu_data_handle_t h;
+    starpu_vector_data_register(&h, -1, 0, (uint32_t)n, sizeof(float));
+    return h;
+}
+
+/* A buffer of at least `bytes`, counted in floats (a vector's length is 32-bit). */
+static starpu_data_handle_t new_bytes(size_t bytes)
+{
+    return new_floats((int64_t)((bytes + sizeof(float) - 1) / sizeof(float)));
+}
+
+static starpu_data_handle_t host_vector(void *p, int64_t n, size_t esz)
+{
+    starpu_data_handle_t h;
+    starpu_vector_data_register(&h, STARPU_MAIN_RAM, (uintptr_t)p, (uint32_t)n, esz);
+    return h;
+}
+
+/* The configuration against the model; 0 or -1 with err set. */
+static int check_config(const mt_host_state *st, const mt_step_config *sc, bool gpu, char *err, size_t errlen)
+{
+    const int64_t L = st->cfg.layers;
+    if (sc->B < 1 || sc->T < 1 || sc->accum < 1 || sc->K < 1 || sc->K > L || sc->head_chunk < 1 || sc->clip < 0) {
+        snprintf(err, errlen, "invalid step configuration: B=%lld T=%lld accum=%d K=%d (1..%lld) head_chunk=%lld clip=%g",
+                 (long long)sc->B, (long long)sc->T, sc->accum, sc->K, (long long)L, (long long)sc->head_chunk, sc->clip);
+        return -1;
+    }
+    if (sc->ranged_side_room != 0 &&
+        (sc->ranged_side_room < MT_RANGED_SIDE_ROOM_MIN || sc->ranged_side_room > MT_RANGED_SIDE_ROOM_MAX)) {
+        snprintf(err, errlen, "invalid step configuration: ranged_side_room=%d (room for 1/R of a chunk's elements: "
+                 "%d..%d, or 0 for the default %d)", sc->ranged_side_room, MT_RANGED_SIDE_ROOM_MIN,
+                 MT_RANGED_SIDE_ROOM_MAX, MT_RANGED_SIDE_ROOM_DEFAULT);
+        return -1;
+    }
+    if ((unsigned)sc->ranged_bounds > MT_RANGED_BOUNDS_EXACT) {
+        snprintf(err, errlen, "invalid step configuration: ranged_bounds=%d (avx2 %d, avx512 %d, exact %d)",
+                 (int)sc->ranged_bounds, MT_RANGED_BOUNDS_AVX2, MT_RANGED_BOUNDS_AVX512, MT_RANGED_BOUNDS_EXACT);
+        return -1;
+    }
+    if (sc->T > st->cfg.max_positions) {
+        snprintf(err, errlen, "sequence length %lld exceeds the model's max_position_embeddings %lld",
+                 (long long)sc->T, (long long)st->cfg.max_positions);
+        return -1;
+    }
+    if (st->cfg.sliding_window > 0 && sc->T > st->cfg.sliding_window) {
+        snprintf(err, errlen, "sequence length %lld exceeds the model's sliding_window %lld: sliding-window attention is "
+                 "not implemented (full causal attention, which is the same up to that length)",
+                 (long long)sc->T, (long long)st->cfg.sliding_window);
+        return -1;
+    }
+    /* A StarPU vector is at most 2^32 elements: 16 GiB of floats per buffer. */
+    const size_t limit = (size_t)UINT32_MAX * sizeof(float);
+    const size_t biggest[3] = {
+        mt_codelet_layer_saved_bytes(&st->cfg, st->compute_dtype, gpu, sc->B, sc->T),
+        mt_codelet_layer_scratch_bytes(&st->cfg, st->compute_dtype, gpu, sc->B, sc->T),
+        (size_t)(sc->B * sc->T) * (size_t)st->cfg.hidden * sizeof(float),
+    };
+    for (int i = 0; i < 3; i++)
+        if (biggest[i] > limit) {
+            snprintf(err, errlen, "a micro-batch of %lld x %lld tokens needs a %zu-byte activation buffer, over the 16 GiB a "
+                     "StarPU vector holds: use a smaller micro-batch (gradient accumulation keeps the step's tokens)",
+                     (long long)sc->B, (long long)sc->T, biggest[i]);
+            return -1;
+        }
+    return 0;
+}
+
+/* The model as the compute tasks see it, the table's chunks as boundaries (they tile the
+ * table: a partition must). */
+static void describe_model(mt_graph *g)
+{
+    const mt_host_state *st = g->st;
+    const mt_tile *t = &st->tiles[0];
+    int64_t *chunks = malloc(sizeof *chunks * (size_t)(t->nchunks + 1));
+    for (int c = 0; c < t->nchunks; c++) {
+        chunks[c] = t->chunks[c].offset;
+        assert(c == 0 || chunks[c] == t->chunks[c - 1].offset + t->chunks[c - 1].numel);
+    }
+    chunks[t->nchunks] = t->chunks[t->nchunks - 1].offset + t->chunks[t->nchunks - 1].numel;
+    g->model = (mt_codelet_model){ .cfg = st->cfg, .dtype = st->compute_dtype, .layout_embed = st->layout_embed,
+                                   .layout_layer = st->layout_layer, .layout_head = st->layout_head,
+                                   .table_nchunks = t->nchunks, .table_chunks = chunks };
+}
+
+mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err, size_t errlen)
+{
+    const bool gpu = starpu_cuda_worker_get_count() > 0;
+    if (check_config(st, sc, gpu, err, errlen)) return NULL;
+    mt_graph *g = calloc(1, sizeof *g);
+    if (mt_speculation_init(&g->speculation, st, sc, gpu, err, errlen)) {
+        free(g);
+        return NULL;
+    }
+    g->st = st;
+    g->where = gpu ? STARPU_CUDA : STARPU_CPU; /* every compute task runs there: buffers are sized for it */
+    g->updates_submitted = calloc(st->ntiles, sizeof *g->updates_submitted);
+    g->ready_notes = calloc((size_t)MT_STEP_READY_RING * st->ntiles, sizeof *g->ready_notes);
+    g->sc = *sc;
+    g->ntok = sc->B * sc->T;
+    g->nblocks = (int)((st->cfg.layers + sc->K - 1) / sc->K);
+    const int64_t d = st->cfg.hidden;
+    describe_model(g);
+
+    g->ckpt = calloc((size_t)g->nblocks * sc->accum, sizeof *g->ckpt);
+    for (int b = 0; b < g->nblocks * sc->accum; b++) g->ckpt[b] = new_floats(g->ntok * d);
+    g->act = calloc(sc->accum, sizeof *g->act);
+    g->grad = calloc(sc->accum, sizeof *g->grad);
+    for (int u = 0; u < sc->accum; u++)
+        for (int i = 0; i < 2; i++) {
+            g->act[u][i] = new_floats(g->ntok * d);
+            g->grad[u][i] = new_floats(g->ntok * d);
+        }
+    g->saved = calloc(sc->K, sizeof *g->saved);
+    const size_t saved_bytes = mt_codelet_layer_saved_bytes(&st->cfg, st->compute_dtype, gpu, sc->B, sc->T);
+    for (int j = 0; j < sc->K; j++) g->saved[j] = new_bytes(saved_bytes);
+    g->scratch_layer = new_bytes(mt_codelet_layer_scratch_bytes(&st->cfg, st->compute_dtype, gpu, sc->B, sc->T));
+    int64_t chunk = sc->head_chunk < g->ntok ? sc->head_chunk : g->ntok;
+    g->sc.head_chunk = chunk;
+    g->scratch_head = new_bytes(mt_codelet_head_scratch_bytes(&st->cfg, st->compute_dtype, gpu, chunk));
+
+    g->partial_mem = calloc(st->ntiles, sizeof(double));
+    g->partial = calloc(st->ntiles, sizeof *g->partial);
+    for (int i = 0; i < st->ntiles; i++) g->partial[i] = host_vector(&g->partial_mem[i], 1, sizeof(double));
+    const int nc0 = mt_state_embed(st)->nchunks;
+    g->embed_partial_mem = calloc(nc0, sizeof(double));
+    g->embed_partial = calloc(nc0, sizeof *g->embed_partial);
+    for (int c = 0; c < nc0; c++) g->embed_partial[c] = host_vector(&g->embed_partial_mem[c], 1, sizeof(double));
+    mt_speculation_register(&g->speculation, st);
+    g->embed_rows = calloc(nc0, sizeof *g->embed_rows);
+    g->embed_rows_mem = calloc(nc0, sizeof *g->embed_rows_mem);
+    for (int c = 0; c < nc0; c++) {
+        const mt_chunk *ch = &mt_state_embed(st)->chunks[c];
+        const int64_t nrows = mt_cpu_chunk_rows(ch->offset, ch->numel, st->cfg.hidden);
+        g->embed_rows_mem[c] = calloc(nrows, sizeof(double));
+        g->embed_rows[c] = host_vector(g->embed_rows_mem[c], nrows, sizeof(double));
+    }
+    g->clip = host_vector(g->clip_mem, 2, sizeof(double));
+
+    for (int s = 0; s < MT_STEP_SLOTS; s++) {
+        mt_step_slot *sl = &g->slots[s];
+        sl->tokens = calloc((size_t)sc->accum * g->ntok, sizeof(int32_t));
+        sl->targets = calloc((size_t)sc->accum * g->ntok, sizeof(int32_t));
+        sl->loss = calloc((size_t)sc->accum * 2, sizeof(double));
+        sl->h_tokens = calloc(sc->accum, sizeof(starpu_data_handle_t));
+        sl->h_targets = calloc(sc->accum, sizeof(starpu_data_handle_t));
+        sl->h_loss = calloc(sc->accum, sizeof(starpu_data_handle_t));
+        for (int u = 0; u < sc->accum; u++) {
+            sl->h_tokens[u] = host_vector(sl->tokens + u * g->ntok, g->ntok, sizeof(int32_t));
+            sl->h_targets[u] = host_vector(sl->targets + u * g->ntok, g->ntok, sizeof(int32_t));
+            sl->h_loss[u] = host_vector(sl->loss + 2 * u, 2, sizeof(double));
+        }
+        sl->h_clip_copy = host_vector(sl->clip_result, 2, sizeof(double));
+    }
+    g->eval_tokens = calloc(g->ntok, sizeof(int32_t));
+    g->eval_targets = calloc(g->ntok, sizeof(int32_t));
+    g->h_eval_tokens = host_vector(g->eval_tokens, g->ntok, sizeof(int32_t));
+    g->h_eval_targets = host_vector(g->eval_targets, g->ntok, sizeof(int32_t));
+    g->h_eval_loss = host_vector(g->eval_loss, 2, sizeof(double));
+    g->update = (mt_update_ctx){ .st = st, .sc = &g->sc, .clip = g->clip, .stats = &g->stats, .observer = &g->observer };
+    mt_policy_attach(MT_SCHED_CTX_INITIAL, st);
+    return g;
+}
+
+uint64_t mt_graph_working_bytes(const mt_graph *g)
+{
+    uint64_t n = starpu_data_get_size(g->scratch_layer) + starpu_data_get_size(g->scratch_head);
+    for (int b = 0; b < g->nblocks * g->sc.accum; b++) n += starpu_data_get_size(g->ckpt[b]);
+    for (int u = 0; u < g->sc.accum; u++)
+        for (int i = 0; i < 2; i++) n += starpu_data_get_size(g->act[u][i]) + starpu_data_get_size(g->grad[u][i]);
+    for (int j = 0; j < g->sc.K; j++) n += starpu_data_get_size(g->saved[j]);
+    return n;
+}
+
+void mt_graph_destroy(mt_graph *g)
+{
+    if (!g) return;
+    mt_graph_flush(g);
+    starpu_task_wait_for_all();
+    mt_policy_detach(MT_SCHED_CTX_INITIAL);
+    for (int b = 0; b < g->nblocks * g->sc.accum; b++) starpu_data_unregister(g->ckpt[b]);
+    for (int u = 0; u < g->sc.accum; u++)
+        for (int i = 0; i < 2; i++) {
+            starpu_data_unregister(g->act[u][i]);
+            starpu_data_unregister(g->grad[u][i]);
+        }
+    free(g->act);
+    free(g->grad);
+    for (int j = 0; j < g->sc.K; j++) starpu_data_unregister(g->saved[j]);
+    starpu_data_unregister(g->scratch_layer);
+    starpu_data_unregister(g->scratch_head);
+    for (int i = 0; i < g->st->ntiles; i++) starpu_data_unregister(g->partial[i]);
+    mt_speculation_destroy(&g->speculation, g->st);
+    for (int c = 0; c < mt_state_embed(g->st)->nchunks; c++) {
+        starpu_data_unregister(g->embed_partial[c]);
+        starpu_data_unregister(g->embed_rows[c]);
+        free(g->embed_rows_mem[c]);
+    }
+    starpu_data_unregister(g->clip);
+    for (int s = 0; s < MT_STEP_SLOTS; s++) {
+        mt_step_slot *sl = &g->slots[s];
+        for (int u = 0; u < g->sc.accum; u++) {
+            starpu_data_unregister(sl->h_tokens[u]);
+            starpu_data_unregister(sl->h_targets[u]);
+            starpu_data_unregister(sl->h_loss[u]);
+        }
+        starpu_data_unregister(sl->h_clip_copy);
+        free(sl->tokens); free(sl->targets); free(sl->loss);
+        free(sl->h_tokens); free(sl->h_targets); free(sl->h_loss);
+    }
+    starpu_data_unregister(g->h_eval_tokens);
+    starpu_data_unregister(g->h_eval_targets);
+    starpu_data_unregister(g->h_eval_loss);
+    free(g->eval_tokens); free(g->eval_targets);
+    free(g->ckpt); free(g->saved); free(g->partial); free(g->partial_mem);
+    free(g->embed_partial); free(g->embed_partial_mem);
+    free(g->embed_rows); free(g->embed_rows_mem);
+    free(g->updates_submitted);
+    free(g->ready_notes);
+    free((void *)g->model.table_chunks);
+    free(g);
+}
+
+void mt_graph_set_observer(mt_graph *g, mt_observer_fn fn, void *user)
+{
+    g->observer.fn = fn;
+    g->observer.user = user;
+}
+
+void mt_graph_set_adamw_split(mt_graph *g, int split) { g->sc.adamw_split = split; }
+
+void mt_graph_set_clip_speculate(mt_graph *g, int speculate)
+{
+    g->sc.clip_speculate = speculate;
+    g->speculation.option = speculate;
+}
+
+void mt_graph_speculation_counts(const mt_graph *g, int64_t *speculated, int64_t *held)
+{
+    *speculated = g->speculation.speculated;
+    *held = g->speculation.held;
+}
+
+const struct mt_adamw_stats *mt_graph_adamw_stats(const mt_graph *g) { return &g->stats; }
+
+int mt_graph_keep_norms(mt_graph *g, int64_t max_norms)
+{
+    return mt_speculation_keep_norms(&g->speculation, g->st, max_norms);
+}
+
+const double *mt_graph_kept_norms(const mt_graph *g, int64_t *count, int *width)
+{
+    return mt_speculation_kept_norms(&g->speculation, g->st, count, width);
+}
+
+void mt_graph_flush(mt_graph *g) { mt_speculation_flush(&g->speculation, &g->update); }
+
+bool mt_graph_defers(const mt_graph *g) { return g->speculation.defer; }
+
+void mt_graph_log_defer(const mt_graph *g, FILE *log, const char *prefix)
+{
+    mt_speculation_log_defer(&g->speculation, g->st, log, prefix);
+}
+
+starpu_data_handle_t mt_graph_clip_handle(mt_graph *g) { return g->clip; }

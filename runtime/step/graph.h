@@ -1,0 +1,104 @@
+/* The training step graph's state, shared by the files that submit its tasks: graph.c (the
+ * buffers and the graph's life), compute.c (forward, loss anchor, backward, evaluation),
+ * update.c (the norm and the update) and table.c (the table's early update). Internal to the
+ * runtime; runtime/step.h is the interface.
+ *
+ * With several micro-batches, every micro-batch passes through a layer while its weights (and,
+ * in the backward, its gradient) are on the GPU: the micro-batch loop is inside the layer loop,
+ * so weights and gradients move once per step, not once per micro-batch. Handles, per
+ * micro-batch u:
+ *   ckpt[b][u]  input of block b (layers bK .. bK+K-1), kept from forward to backward
+ *   act[u][2]   forward ping-pong between checkpoints; grad[u][2] backward ping-pong
+ * and shared:
+ *   saved[j]    what layer j of the block being recomputed keeps for its backward (the
+ *               micro-batches recompute and walk back a block one after the other)
+ *   slot data   tokens, targets and loss of each micro-batch, two slots so step s+1 can be
+ *               filled while step s still runs
+ * Activations have no home (-1): StarPU allocates them where the task runs. */
+#ifndef MT_RUNTIME_STEP_GRAPH_H
+#define MT_RUNTIME_STEP_GRAPH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "codelets/adamw.h"
+#include "codelets/common.h"
+#include "runtime/speculate/speculate.h"
+#include "runtime/state.h"
+#include "runtime/step.h"
+#include "runtime/step/tasks.h"
+
+#define MT_STEP_SLOTS 2
+#define MT_STEP_READY_RING 4
+
+typedef struct mt_step_slot {
+    int32_t *tokens, *targets;               /* (accum, B*T) host arrays */
+    starpu_data_handle_t *h_tokens, *h_targets, *h_loss;
+    double *loss;                            /* (accum, 2): sum, count */
+    double clip_result[2];
+    starpu_data_handle_t h_clip_copy;
+    bool updated, speculated;                /* an update of this slot's step was submitted; speculatively */
+} mt_step_slot;
+
+/* What the unpartition callback of a tile's update reports (its tile's weights are current). */
+typedef struct mt_ready_note {
+    struct mt_graph *g;
+    int tile;
+    int64_t step;
+} mt_ready_note;
+
+struct mt_graph {
+    mt_host_state *st;
+    mt_step_config sc;
+    mt_codelet_model model;                   /* what the compute tasks see of the model */
+    int64_t ntok;                             /* B * T */
+    int nblocks;
+    starpu_data_handle_t *ckpt;               /* (nblocks * accum), mt_step_ckpt() */
+    starpu_data_handle_t (*act)[2], (*grad)[2]; /* (accum) ping-pong pairs */
+    starpu_data_handle_t *saved;
+    starpu_data_handle_t scratch_layer, scratch_head;
+    starpu_data_handle_t *partial;            /* (ntiles) one double each */
+    double *partial_mem;
+    starpu_data_handle_t *embed_partial;      /* (tile 0's nchunks) one double each: the early path */
+    double *embed_partial_mem;
+    starpu_data_handle_t *embed_rows;         /* (tile 0's nchunks) row sums of squares per chunk */
+    double **embed_rows_mem;
+    starpu_data_handle_t clip;                /* 2 doubles: norm, scale */
+    double clip_mem[2];
+    mt_step_slot slots[MT_STEP_SLOTS];
+    int next_slot;
+    /* evaluation I/O (one micro-batch) */
+    int32_t *eval_tokens, *eval_targets;
+    starpu_data_handle_t h_eval_tokens, h_eval_targets, h_eval_loss;
+    double eval_loss[2];
+    mt_observer observer;
+    uint32_t where;                           /* STARPU_CUDA when a GPU runs compute, else STARPU_CPU */
+    uint32_t *updates_submitted;              /* (ntiles) AdamW rounds submitted per tile */
+    mt_ready_note *ready_notes;               /* (MT_STEP_READY_RING * ntiles) */
+    mt_adamw_stats stats;                     /* the AdamW tasks' counters and timers */
+    mt_update_ctx update;                     /* what the AdamW tasks share */
+    mt_speculation speculation;
+};
+
+/* Checkpoint of block b for micro-batch u. */
+static inline starpu_data_handle_t mt_step_ckpt(const mt_graph *g, int b, int u) { return g->ckpt[b * g->sc.accum + u]; }
+
+/* compute.c: the forward, loss anchor and block-wise backward of every micro-batch of a step
+ * (early_table: the table's embedding backward runs in its early update path instead), into a
+ * slot; returns the slot. */
+int mt_step_submit_compute(mt_graph *g, int64_t step, const int32_t *tokens, const int32_t *targets, bool early_table);
+/* compute.c: prefetch hint for a task: the weights of the next tile the GPU will need, current
+ * once the updates submitted so far (plus `ahead`, for the next step's first layer) landed. */
+void *mt_step_hint(mt_graph *g, int tile, uint32_t ahead);
+/* compute.c: drops an activation buffer's contents once its last reader is submitted. */
+void mt_step_drop(starpu_data_handle_t h);
+
+/* update.c: whether tile i's update is split in two (adamw_split; without clipping by default
+ * only the embedding and layer 0). */
+bool mt_step_split_update(const mt_graph *g, int tile);
+
+/* table.c: the table's update started before its embedding backward (clipping: sp says how it
+ * speculates). */
+void mt_step_submit_table_early(mt_graph *g, int slot, int64_t step, double lr, mt_speculation_choice sp);
+
+#endif
