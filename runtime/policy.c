@@ -37,6 +37,16 @@ typedef struct pending_prefetch {
     unsigned node;
 } pending_prefetch;
 
+/* A worker's current task, as the hooks last saw it: taken from the policy (its inputs are
+ * being fetched) or running. A report read from another thread may see one field newer than the
+ * other: it is a diagnostic. */
+enum { WORKER_IDLE, WORKER_FETCHING, WORKER_RUNNING };
+typedef struct worker_now {
+    atomic_int phase;
+    const char *name;
+    double since;             /* CLOCK_MONOTONIC seconds the phase began */
+} worker_now;
+
 /* The CPU list's tasks of one priority are contiguous; `last` is the latest of them. */
 typedef struct prio_group {
     int prio;
@@ -60,6 +70,9 @@ typedef struct policy_data {
     pending_prefetch pending[MAX_PENDING];
     int npending;
     int prefetch;
+    /* What each worker is doing, for mt_policy_report: each worker writes its own entry only. */
+    worker_now now[STARPU_NMAXWORKERS];
+    atomic_ullong finished;        /* tasks whose post_exec_hook ran: the watchdog's progress */
     /* The trace: `events` and `capacity` are set before `tracing` goes on, read after it goes off;
      * `nevents` counts claimed slots and may pass `capacity` (those events are dropped). */
     atomic_int tracing;
@@ -235,6 +248,13 @@ static struct starpu_task *first_runnable(struct starpu_task_list *list, unsigne
     return NULL;
 }
 
+/* The name a report gives a task: its codelet's, else its own. */
+static const char *task_name(const struct starpu_task *task)
+{
+    const char *name = task->cl && task->cl->name ? task->cl->name : starpu_task_get_name((struct starpu_task *)task);
+    return name ? name : "?";
+}
+
 /* Records one event of a task on a CUDA worker; assumes the trace is on. Lock-free: one atomic
  * add claims a slot. Where StarPU calls the hooks for an asynchronous CUDA task (STARPU_CUDA_ASYNC,
  * every codelet of the graph), read in StarPU 1.4.10's src/drivers/cuda/driver_cuda.c and
@@ -255,11 +275,19 @@ static void trace_task(policy_data *d, struct starpu_task *task, int kind)
     if (w < 0 || starpu_worker_get_type(w) != STARPU_CUDA_WORKER) return;
     int i = atomic_fetch_add_explicit(&d->nevents, 1, memory_order_relaxed);
     if (i >= d->capacity) return;
-    const char *name = task->cl && task->cl->name ? task->cl->name : starpu_task_get_name(task);
-    d->events[i] = (trace_event){ .task = task, .seq = i, .t = mt_clock_s(),
-                                  .name = name ? name : "?",
+    d->events[i] = (trace_event){ .task = task, .seq = i, .t = mt_clock_s(), .name = task_name(task),
                                   .first = STARPU_TASK_GET_NBUFFERS(task) > 0 ? STARPU_TASK_GET_HANDLE(task, 0) : NULL,
                                   .worker = w, .kind = kind };
+}
+
+/* Records what worker w now does (a store or two: every hook pays it). */
+static void worker_is(policy_data *d, int w, int phase, const struct starpu_task *task)
+{
+    if (w < 0 || w >= STARPU_NMAXWORKERS) return;
+    worker_now *n = &d->now[w];
+    if (task) n->name = task_name(task);
+    n->since = mt_clock_s();
+    atomic_store_explicit(&n->phase, phase, memory_order_release);
 }
 
 /* Whether the trace is on: one load, all the hooks pay while it is off. */
@@ -290,6 +318,7 @@ static struct starpu_task *pop_task(unsigned ctx)
         erase_cpu(d, t);
     }
     STARPU_PTHREAD_MUTEX_UNLOCK(&d->lock);
+    if (t) worker_is(d, w, WORKER_FETCHING, t);
     if (t && is_gpu && tracing(d)) trace_task(d, t, TRACE_POP);
     return t;
 }
@@ -317,6 +346,7 @@ static void prefetch_tile(policy_data *d, int tile, unsigned node)
 static void pre_exec_hook(struct starpu_task *task, unsigned ctx)
 {
     policy_data *d = starpu_sched_ctx_get_policy_data(ctx);
+    worker_is(d, starpu_worker_get_id(), WORKER_RUNNING, task);
     if (tracing(d)) trace_task(d, task, TRACE_START);
     uintptr_t hint = (uintptr_t)task->sched_data;
     if (!hint || !d->prefetch) return;
@@ -339,6 +369,8 @@ static void pre_exec_hook(struct starpu_task *task, unsigned ctx)
 static void post_exec_hook(struct starpu_task *task, unsigned ctx)
 {
     policy_data *d = starpu_sched_ctx_get_policy_data(ctx);
+    worker_is(d, starpu_worker_get_id(), WORKER_IDLE, NULL);
+    atomic_fetch_add_explicit(&d->finished, 1, memory_order_relaxed);
     if (tracing(d)) trace_task(d, task, TRACE_END);
 }
 
@@ -468,6 +500,46 @@ int mt_policy_trace_end(unsigned sched_ctx, mt_policy_trace_record **records, in
     *records = r;
     *n = count;
     return claimed - nev;
+}
+
+/* Up to `max` names of a list's first tasks; assumes the lock is held. */
+static void print_list_head(FILE *out, const char *what, struct starpu_task_list *list, int max)
+{
+    int n = 0;
+    for (struct starpu_task *t = starpu_task_list_begin(list); t; t = starpu_task_list_next(t)) n++;
+    fprintf(out, "  %s: %d ready task%s", what, n, n == 1 ? "" : "s");
+    int k = 0;
+    for (struct starpu_task *t = starpu_task_list_begin(list); t && k < max; t = starpu_task_list_next(t), k++)
+        fprintf(out, "%s%s (priority %d)", k ? ", " : ", first ", task_name(t), t->priority);
+    fputc('\n', out);
+}
+
+long long mt_policy_finished(unsigned sched_ctx)
+{
+    policy_data *d = running(sched_ctx);
+    return d ? (long long)atomic_load_explicit(&d->finished, memory_order_relaxed) : -1;
+}
+
+int mt_policy_report(unsigned sched_ctx, FILE *out)
+{
+    policy_data *d = running(sched_ctx);
+    if (!d) return -1;
+    const double now = mt_clock_s();
+    const unsigned nw = starpu_worker_get_count();
+    for (unsigned w = 0; w < nw && w < STARPU_NMAXWORKERS; w++) {
+        char name[64];
+        starpu_worker_get_name((int)w, name, sizeof name);
+        const worker_now *n = &d->now[w];
+        const int phase = atomic_load_explicit(&n->phase, memory_order_acquire);
+        if (phase == WORKER_IDLE) continue;
+        fprintf(out, "  %s: %s %s for %.0f s\n", name, phase == WORKER_RUNNING ? "running" : "waiting for the inputs of",
+                n->name ? n->name : "?", now - n->since);
+    }
+    STARPU_PTHREAD_MUTEX_LOCK(&d->lock);
+    if (d->ncuda > 0) print_list_head(out, "GPU list", &d->gpu_tasks, 3);
+    print_list_head(out, "CPU list", &d->cpu_tasks, 3);
+    STARPU_PTHREAD_MUTEX_UNLOCK(&d->lock);
+    return 0;
 }
 
 struct starpu_sched_policy mt_sched_policy = {

@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "codelets/mt_starpu.h"
 
@@ -43,6 +44,14 @@ void mt_policy_tile_updated(unsigned sched_ctx, int tile);
 /* Whether the pre-execution hook prefetches; on from the policy's start (`bench --no-prefetch`
  * turns it off to measure what it brings). */
 void mt_policy_set_prefetch(unsigned sched_ctx, int enabled);
+
+/* Says on `out` what each busy worker is doing (running a task, or waiting for its inputs: the
+ * task's name and for how long) and the policy's ready lists (length, first tasks): what the
+ * watchdog prints when nothing finishes. -1 when the megatrain policy is not the running one. */
+int mt_policy_report(unsigned sched_ctx, FILE *out);
+/* How many tasks have finished under the policy since it started (the watchdog's measure of
+ * progress), or -1 when the megatrain policy is not the running one. */
+long long mt_policy_finished(unsigned sched_ctx);
 
 /* One task a CUDA worker ran while the trace was on. Times are CLOCK_MONOTONIC seconds. */
 typedef struct mt_policy_trace_record {

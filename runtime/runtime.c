@@ -12,9 +12,13 @@
 
 #include "mt_build_config.h"
 #include "runtime/policy.h"
+#include "runtime/watchdog.h"
 #if MT_HAVE_CUDA
 #include "backends/cuda/kernels.h"
 #endif
+
+/* The running StarPU's watchdog: one per process, as StarPU itself is. */
+static mt_watchdog *watchdog;
 
 static const char *const known_policies[] = {
     "megatrain", "eager", "dmda", "dm", "dmdas", "prio", "random", "ws", "lws", "heft", "peager", NULL,
@@ -24,7 +28,7 @@ const char *mt_default_sched(void) { return "megatrain"; }
 
 mt_runtime_options mt_runtime_defaults(void)
 {
-    mt_runtime_options o = { .sched = NULL, .ncpu = -1, .ncuda = -1, .cuda = { 0 } };
+    mt_runtime_options o = { .sched = NULL, .ncpu = -1, .ncuda = -1, .cuda = { 0 }, .watchdog_s = MT_WATCHDOG_DEFAULT_S };
     return o;
 }
 
@@ -113,10 +117,16 @@ int mt_runtime_init(const mt_runtime_options *opts, char *err, size_t errlen)
 #if MT_HAVE_CUDA
     if (starpu_cuda_worker_get_count() > 0) starpu_execute_on_each_worker(configure_cuda_worker, &o.cuda, STARPU_CUDA);
 #endif
+    watchdog = mt_watchdog_start(o.watchdog_s, NULL, "run");
     return 0;
 }
 
-void mt_runtime_shutdown(void) { starpu_shutdown(); }
+void mt_runtime_shutdown(void)
+{
+    mt_watchdog_stop(watchdog);
+    watchdog = NULL;
+    starpu_shutdown();
+}
 
 int mt_runtime_ncpu(void) { return (int)starpu_cpu_worker_get_count(); }
 int mt_runtime_ncuda(void) { return (int)starpu_cuda_worker_get_count(); }

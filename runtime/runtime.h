@@ -20,6 +20,10 @@ typedef struct mt_runtime_options {
      *   cuda.qblock     MT_ATTENTION_QBLOCK: 128w (default), 64 or 128 (the own kernels' query
      *                   blocks) */
     mt_cuda_options cuda;
+    /* Seconds without any task finishing (with tasks pending) after which the run is declared
+     * stalled: reported and ended (runtime/watchdog.h); 0: no watchdog. Default
+     * MT_WATCHDOG_DEFAULT_S. */
+    double watchdog_s;
 } mt_runtime_options;
 
 /* The names of cuda.attention and cuda.qblock, as MT_ATTENTION and MT_ATTENTION_QBLOCK spell
@@ -34,8 +38,9 @@ const char *mt_default_sched(void);
 /* Options with every field at its default. */
 mt_runtime_options mt_runtime_defaults(void);
 
-/* Starts StarPU and configures each CUDA worker's backend context with opts->cuda. Returns 0, or
- * -1 with a message in err (unknown policy, no worker). */
+/* Starts StarPU, configures each CUDA worker's backend context with opts->cuda and starts the
+ * watchdog; mt_runtime_shutdown stops both. Returns 0, or -1 with a message in err (unknown
+ * policy, no worker). */
 int mt_runtime_init(const mt_runtime_options *opts, char *err, size_t errlen);
 void mt_runtime_shutdown(void);
 

@@ -436,13 +436,15 @@ static const char *show_workers(const void *field, char *buf, size_t size)
     return buf;
 }
 
-const cli_option cli_worker_options[3] = {
+const cli_option cli_worker_options[4] = {
     { .name = "sched", .arg = "NAME", .kind = CLI_STRING, .field = offsetof(mt_runtime_options, sched),
       .help = "StarPU policy: megatrain, dmda, eager, ...", .show_default = true, .show = show_sched },
     { .name = "ncpu", .arg = "N", .kind = CLI_INT, .field = offsetof(mt_runtime_options, ncpu), .min = 1,
       .max = CLI_MAX_NCPU, .help = "StarPU CPU workers", .show_default = true, .show = show_workers },
     { .name = "ncuda", .arg = "N", .kind = CLI_INT, .field = offsetof(mt_runtime_options, ncuda), .min = 0,
       .max = CLI_MAX_NCUDA, .help = "StarPU CUDA workers, 0 = CPU only", .show_default = true, .show = show_workers },
+    { .name = "watchdog", .arg = "S", .kind = CLI_DOUBLE, .field = offsetof(mt_runtime_options, watchdog_s), .lo = 0,
+      .hi = 1e9, .advanced = true, .help = "end a run in which no task finished for S seconds (default 300; 0: never)" },
 };
 
 int cli_environment(const char *cmd, mt_runtime_options *runtime, mt_step_config *step)

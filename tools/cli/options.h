@@ -133,8 +133,8 @@ extern const cli_option cli_batch_options[4];
 extern const cli_option cli_clip_options[8];
 /* What clip speculation does, the note above the advanced options of train and bench. */
 extern const char cli_speculation_note[];
-/* --sched, --ncpu, --ncuda into an mt_runtime_options. */
-extern const cli_option cli_worker_options[3];
+/* --sched, --ncpu, --ncuda, --watchdog into an mt_runtime_options. */
+extern const cli_option cli_worker_options[4];
 
 /* Maps the documented environment variables to the library's options; the one place the
  * command line reads the environment for the library. A value that names nothing is reported

@@ -1,0 +1,165 @@
+/* The watchdog (runtime/watchdog.h): a task that never ends is reported by name and ends the
+ * process with MT_WATCHDOG_EXIT within a bounded time; a graph that keeps finishing tasks, however
+ * slowly each, and a host that is busy with no task pending are never taken for a stall. Each
+ * case runs in a child process, since a firing watchdog ends the process it watches. */
+#include <check.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "codelets/mt_starpu.h"
+#include "models/util.h"
+#include "runtime/runtime.h"
+#include "runtime/watchdog.h"
+#include "tests/testutil.h"
+
+static atomic_int release_stall;
+
+/* Sleeps for the number of milliseconds in its argument; -1: until release_stall, which no one sets. */
+static void sleep_cpu(void *buffers[], void *cl_arg)
+{
+    int ms;
+    starpu_codelet_unpack_args(cl_arg, &ms);
+    if (ms < 0) {
+        while (!atomic_load(&release_stall)) usleep(10000);
+        return;
+    }
+    usleep((useconds_t)ms * 1000);
+}
+
+static struct starpu_codelet stall_cl = {
+    .cpu_funcs = { sleep_cpu },
+    .nbuffers = 0,
+    .name = "stall_test_sleep",
+};
+
+static void submit_sleep(int ms)
+{
+    int rc = starpu_task_insert(&stall_cl, STARPU_VALUE, &ms, sizeof ms, 0);
+    if (rc) _exit(90);
+}
+
+/* What a child did: its exit status and what it wrote on stderr. */
+typedef struct child_result {
+    int status;
+    double seconds;
+    char err[8192];
+} child_result;
+
+/* Runs body in a child with the megatrain policy on two CPU workers, stderr into a file. */
+static child_result run_child(void (*body)(void))
+{
+    child_result r = { .status = -1 };
+    char path[] = "/tmp/mt_watchdog_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    const double t0 = mt_clock_s();
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(fd, 2);
+        mt_runtime_options ro = mt_runtime_defaults();
+        ro.ncpu = 2;
+        ro.ncuda = 0;
+        char err[256];
+        if (mt_runtime_init(&ro, err, sizeof err)) {
+            fprintf(stderr, "%s\n", err);
+            _exit(91);
+        }
+        body();
+        _exit(0);
+    }
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    r.seconds = mt_clock_s() - t0;
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    ssize_t n = pread(fd, r.err, sizeof r.err - 1, 0);
+    r.err[n > 0 ? n : 0] = 0;
+    close(fd);
+    unlink(path);
+    return r;
+}
+
+static void stalled_task(void)
+{
+    mt_watchdog *w = mt_watchdog_start(1.0, NULL, "test");
+    submit_sleep(-1);
+    starpu_task_wait_for_all(); /* never returns: the watchdog ends the process */
+    mt_watchdog_stop(w);
+}
+
+START_TEST(test_stall_is_reported_and_ends_the_run)
+{
+    child_result r = run_child(stalled_task);
+    ck_assert_msg(r.status == MT_WATCHDOG_EXIT, "exit status %d, stderr:\n%s", r.status, r.err);
+    ck_assert_msg(r.seconds < 20, "took %.1f s to fire a 1 s watchdog", r.seconds);
+    ck_assert_msg(strstr(r.err, "no task finished for") && strstr(r.err, "1 task submitted and unfinished"), "%s", r.err);
+    /* what waits: the worker running the stuck task, by the task's name */
+    ck_assert_msg(strstr(r.err, "running stall_test_sleep for"), "%s", r.err);
+    ck_assert_msg(strstr(r.err, "memory node"), "%s", r.err);
+}
+END_TEST
+
+/* Twenty tasks of 0.3 s each, one at a time: 6 s in all under a 1 s watchdog. */
+static void slow_but_moving(void)
+{
+    mt_watchdog *w = mt_watchdog_start(1.0, NULL, "test");
+    for (int i = 0; i < 20; i++) {
+        submit_sleep(300);
+        starpu_task_wait_for_all();
+    }
+    mt_watchdog_stop(w);
+}
+
+START_TEST(test_progress_is_no_stall)
+{
+    child_result r = run_child(slow_but_moving);
+    ck_assert_msg(r.status == 0, "exit status %d, stderr:\n%s", r.status, r.err);
+    ck_assert_msg(!strstr(r.err, "no task finished"), "%s", r.err);
+}
+END_TEST
+
+/* The host works for 3 s with nothing pending (as while writing a checkpoint). */
+static void idle_graph(void)
+{
+    mt_watchdog *w = mt_watchdog_start(1.0, NULL, "test");
+    submit_sleep(10);
+    starpu_task_wait_for_all();
+    sleep(3);
+    submit_sleep(10);
+    starpu_task_wait_for_all();
+    mt_watchdog_stop(w);
+}
+
+START_TEST(test_idle_graph_is_no_stall)
+{
+    child_result r = run_child(idle_graph);
+    ck_assert_msg(r.status == 0, "exit status %d, stderr:\n%s", r.status, r.err);
+}
+END_TEST
+
+START_TEST(test_no_limit_no_watchdog)
+{
+    ck_assert_ptr_null(mt_watchdog_start(0, NULL, "test"));
+    ck_assert_ptr_null(mt_watchdog_start(-1, NULL, "test"));
+    mt_watchdog_stop(NULL);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("watchdog");
+    TCase *tc = tcase_create("watchdog");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_stall_is_reported_and_ends_the_run);
+    tcase_add_test(tc, test_progress_is_no_stall);
+    tcase_add_test(tc, test_idle_graph_is_no_stall);
+    tcase_add_test(tc, test_no_limit_no_watchdog);
+    suite_add_tcase(s, tc);
+    return mt_test_run(s, true);
+}
