@@ -456,8 +456,8 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
 
     /* AdamW alone: one update of every tile with nothing else running, fused (the split the
      * step may use for its critical path moves 12 bytes/param more in all), not speculative (a
-     * speculative update is split, and its confirm tasks come on top: the clip-1000 rows of the
-     * H200 runs measured 0.48-0.53 s per 1e9 parameters instead of 0.35 that way). */
+     * speculative update is split and adds its confirm tasks, so it would time more than the
+     * update itself). */
     mt_graph_set_observer(g, NULL, NULL);
     mt_graph_set_adamw_split(g, 0);
     mt_graph_set_clip_speculate(g, 0);
