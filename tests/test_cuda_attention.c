@@ -399,27 +399,46 @@ static bool bench_profile(void)
     return env && strcmp(env, "profile") == 0;
 }
 
-/* The buffers of a timed attention call, and the calls timed: the dispatcher (the own kernels,
- * under MT_CUDA_ATTENTION_OWN), the cuDNN entry points (a failure fails the bench), the fp32
- * kernels. */
+/* The buffers of a timed attention call (dev_alloc's), its stream and the events time_call
+ * records; and the calls timed: the dispatcher (the own kernels, under MT_CUDA_ATTENTION_OWN),
+ * the cuDNN entry points (a failure fails the bench), the fp32 kernels. */
 typedef struct bench_bufs {
     int64_t B, T, H, KV, D;
-    void *q, *k, *v, *dout, *out;
-    float *lse, *dq, *dk, *dv;
-    void *ws;
+    attn_dev d;
     size_t ws_bytes;
     cudaStream_t stream;
+    cudaEvent_t start, stop;
 } bench_bufs;
 typedef void (*bench_call)(const bench_bufs *b, bool fwd);
+
+static bench_bufs bench_open(const shape *s, size_t esize, const void *q, const void *k, const void *v,
+                             const void *dout, size_t ws_bytes)
+{
+    bench_bufs b = { .B = s->B, .T = s->T, .H = s->H, .KV = s->KV, .D = s->D,
+                     .d = dev_alloc(s, esize, q, k, v, dout, ws_bytes), .ws_bytes = ws_bytes };
+    CK_CUDA(cudaStreamCreate(&b.stream));
+    CK_CUDA(cudaEventCreate(&b.start));
+    CK_CUDA(cudaEventCreate(&b.stop));
+    return b;
+}
+
+static void bench_close(bench_bufs *b)
+{
+    CK_CUDA(cudaGetLastError());
+    CK_CUDA(cudaEventDestroy(b->start));
+    CK_CUDA(cudaEventDestroy(b->stop));
+    CK_CUDA(cudaStreamDestroy(b->stream));
+    dev_free(&b->d);
+}
 
 static void call_own(const bench_bufs *b, bool fwd)
 {
     if (fwd)
-        mt_cuda_attention_forward(mt_cuda_ctx_get(), b->B, b->T, b->H, b->KV, b->D, b->q, b->k, b->v, b->out, b->lse,
-                                  (mt_cuda_stream)b->stream);
+        mt_cuda_attention_forward(mt_cuda_ctx_get(), b->B, b->T, b->H, b->KV, b->D, b->d.q, b->d.k, b->d.v, b->d.out,
+                                  b->d.lse, (mt_cuda_stream)b->stream);
     else
-        mt_cuda_attention_backward(mt_cuda_ctx_get(), b->B, b->T, b->H, b->KV, b->D, b->q, b->k, b->v, b->out, b->lse,
-                                   b->dout, b->dq, b->dk, b->dv, b->ws, (mt_cuda_stream)b->stream);
+        mt_cuda_attention_backward(mt_cuda_ctx_get(), b->B, b->T, b->H, b->KV, b->D, b->d.q, b->d.k, b->d.v, b->d.out,
+                                   b->d.lse, b->d.dout, b->d.dq, b->d.dk, b->d.dv, b->d.ws, (mt_cuda_stream)b->stream);
 }
 
 static void call_cudnn(const bench_bufs *b, bool fwd)
@@ -427,38 +446,38 @@ static void call_cudnn(const bench_bufs *b, bool fwd)
     char why[384] = "";
     int rc;
     if (fwd)
-        rc = mt_cuda_attention_cudnn_forward(b->B, b->T, b->H, b->KV, b->D, b->q, b->k, b->v, b->out, b->lse,
+        rc = mt_cuda_attention_cudnn_forward(b->B, b->T, b->H, b->KV, b->D, b->d.q, b->d.k, b->d.v, b->d.out, b->d.lse,
                                              (mt_cuda_stream)b->stream, why, sizeof why);
     else
-        rc = mt_cuda_attention_cudnn_backward(b->B, b->T, b->H, b->KV, b->D, b->q, b->k, b->v, b->out, b->lse, b->dout,
-                                              b->dq, b->dk, b->dv, b->ws, b->ws_bytes, (mt_cuda_stream)b->stream, why,
-                                              sizeof why);
+        rc = mt_cuda_attention_cudnn_backward(b->B, b->T, b->H, b->KV, b->D, b->d.q, b->d.k, b->d.v, b->d.out,
+                                              b->d.lse, b->d.dout, b->d.dq, b->d.dk, b->d.dv, b->d.ws, b->ws_bytes,
+                                              (mt_cuda_stream)b->stream, why, sizeof why);
     ck_assert_msg(rc == 0, "cudnn %s: %s", fwd ? "forward" : "backward", why);
 }
 
 static void call_f32(const bench_bufs *b, bool fwd)
 {
     if (fwd)
-        mt_cuda_attention_forward_f32(b->B, b->T, b->H, b->KV, b->D, b->q, b->k, b->v, b->out, b->lse,
+        mt_cuda_attention_forward_f32(b->B, b->T, b->H, b->KV, b->D, b->d.q, b->d.k, b->d.v, b->d.out, b->d.lse,
                                       (mt_cuda_stream)b->stream);
     else
-        mt_cuda_attention_backward_f32(b->B, b->T, b->H, b->KV, b->D, b->q, b->k, b->v, b->out, b->lse, b->dout,
-                                       b->dq, b->dk, b->dv, b->ws, (mt_cuda_stream)b->stream);
+        mt_cuda_attention_backward_f32(b->B, b->T, b->H, b->KV, b->D, b->d.q, b->d.k, b->d.v, b->d.out, b->d.lse,
+                                       b->d.dout, b->d.dq, b->d.dk, b->d.dv, b->d.ws, (mt_cuda_stream)b->stream);
 }
 
 /* Times call: median of 10 after 3 warm-up runs, printed as "<prefix> forward |backward <tag> B=..
  * median .. ms (min .., max ..), .. TFLOP/s (forward = 4 B H T^2 D / 2, backward = 2.5 x
  * forward<note>)". */
 static void time_call(const char *prefix, const char *tag, const char *note, bench_call call, const bench_bufs *b,
-                      bool fwd, cudaEvent_t start, cudaEvent_t stop)
+                      bool fwd)
 {
     float ms[10];
     for (int r = 0; r < 13; r++) {
-        CK_CUDA(cudaEventRecord(start, b->stream));
+        CK_CUDA(cudaEventRecord(b->start, b->stream));
         call(b, fwd);
-        CK_CUDA(cudaEventRecord(stop, b->stream));
-        CK_CUDA(cudaEventSynchronize(stop));
-        if (r >= 3) CK_CUDA(cudaEventElapsedTime(&ms[r - 3], start, stop));
+        CK_CUDA(cudaEventRecord(b->stop, b->stream));
+        CK_CUDA(cudaEventSynchronize(b->stop));
+        if (r >= 3) CK_CUDA(cudaEventElapsedTime(&ms[r - 3], b->start, b->stop));
     }
     qsort(ms, 10, sizeof ms[0], cmp_float);
     const double fwd_flops = 4.0 * b->B * b->H * (double)b->T * b->T * b->D / 2;
@@ -478,8 +497,9 @@ START_TEST(test_attention_bench)
         printf("attention bench: skipped (set MT_CUDA_BENCH=1)\n");
         return;
     }
-    const int64_t B = 8, T = 2048, H = 16, KV = 2, D = 128;
-    const int64_t nq = B * T * H * D, nkv = B * T * KV * D, nl = B * H * T;
+    const shape bs = {8, 2048, 16, 2, 128};
+    const int64_t B = bs.B, T = bs.T, H = bs.H, KV = bs.KV, D = bs.D;
+    const int64_t nq = B * T * H * D, nkv = B * T * KV * D;
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 7);
     mt_bf16 *qb = malloc(nq * 2), *kb = malloc(nkv * 2), *vb = malloc(nkv * 2), *dob = malloc(nq * 2);
@@ -488,33 +508,19 @@ START_TEST(test_attention_bench)
     random_bf16(&rng, nkv, kb, tmp);
     random_bf16(&rng, nkv, vb, tmp);
     random_bf16(&rng, nq, dob, tmp);
-    void *d_q = mt_test_gpu_buffer(qb, nq * 2), *d_k = mt_test_gpu_buffer(kb, nkv * 2);
-    void *d_v = mt_test_gpu_buffer(vb, nkv * 2);
-    void *d_do = mt_test_gpu_buffer(dob, nq * 2), *d_out = mt_test_gpu_buffer(NULL, nq * 2);
-    float *d_lse = mt_test_gpu_buffer(NULL, nl * 4);
-    float *d_dq = mt_test_gpu_buffer(NULL, nq * 4), *d_dk = mt_test_gpu_buffer(NULL, nkv * 4);
-    float *d_dv = mt_test_gpu_buffer(NULL, nkv * 4);
-    void *d_ws = mt_test_gpu_buffer(NULL, mt_cuda_attention_workspace_bytes(B, T, H, KV, D));
-    cudaStream_t stream;
-    CK_CUDA(cudaStreamCreate(&stream));
-    cudaEvent_t start, stop;
-    CK_CUDA(cudaEventCreate(&start));
-    CK_CUDA(cudaEventCreate(&stop));
-
-    const bench_bufs bufs = {B, T, H, KV, D, d_q, d_k, d_v, d_do, d_out, d_lse, d_dq, d_dk, d_dv, d_ws,
-                             mt_cuda_attention_workspace_bytes(B, T, H, KV, D), stream};
+    bench_bufs bufs = bench_open(&bs, 2, qb, kb, vb, dob, mt_cuda_attention_workspace_bytes(B, T, H, KV, D));
     /* passes 2f, 2f + 1: forward, backward under form f */
     for (int pass = 0; pass < 2 * NFORMS; pass++) {
         attention_ctx(MT_CUDA_ATTENTION_OWN, forms[pass / 2].qblock);
         const bool fwd = pass % 2 == 0;
         if (profile) {
             call_own(&bufs, fwd);
-            CK_CUDA(cudaStreamSynchronize(stream));
+            CK_CUDA(cudaStreamSynchronize(bufs.stream));
             continue;
         }
         char tag[64];
         snprintf(tag, sizeof tag, " (MT_ATTENTION_QBLOCK=%s)", forms[pass / 2].name);
-        time_call("attention bench", tag, "", call_own, &bufs, fwd, start, stop);
+        time_call("attention bench", tag, "", call_own, &bufs, fwd);
     }
     attention_ctx(MT_CUDA_ATTENTION_OWN, MT_CUDA_QBLOCK_128W);
 
@@ -523,7 +529,7 @@ START_TEST(test_attention_bench)
     if (!profile && cudnn_available_or_say()) {
         for (int pass = 0; pass < 2; pass++)
             time_call("attention bench", " (cudnn)", "; the backward includes the bf16 -> fp32 conversion of dq dk dv",
-                      call_cudnn, &bufs, pass == 0, start, stop);
+                      call_cudnn, &bufs, pass == 0);
         printf("attention cudnn plans B=%lld T=%lld H=%lld KV=%lld D=%lld: forward workspace %lld bytes, backward "
                "%lld bytes (of the %zu the backward is given)\n",
                (long long)B, (long long)T, (long long)H, (long long)KV, (long long)D,
@@ -531,12 +537,7 @@ START_TEST(test_attention_bench)
                (long long)mt_cuda_attention_cudnn_plan_workspace(B, T, H, KV, D, 1), bufs.ws_bytes);
         fflush(stdout);
     }
-    CK_CUDA(cudaGetLastError());
-    CK_CUDA(cudaEventDestroy(start));
-    CK_CUDA(cudaEventDestroy(stop));
-    CK_CUDA(cudaStreamDestroy(stream));
-    void *dev[] = {d_q, d_k, d_v, d_do, d_out, d_lse, d_dq, d_dk, d_dv, d_ws};
-    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) CK_CUDA(cudaFree(dev[i]));
+    bench_close(&bufs);
     free(qb), free(kb), free(vb), free(dob), free(tmp);
 }
 END_TEST
@@ -550,35 +551,18 @@ START_TEST(test_attention_f32_bench)
         printf("attention fp32 bench: skipped (set MT_CUDA_BENCH=1)\n");
         return;
     }
-    const int64_t B = 8, T = 2048, H = 16, KV = 2, D = 128;
-    const int64_t nq = B * T * H * D, nkv = B * T * KV * D, nl = B * H * T;
+    const shape bs = {8, 2048, 16, 2, 128};
+    const int64_t nq = (int64_t)bs.B * bs.T * bs.H * bs.D, nkv = (int64_t)bs.B * bs.T * bs.KV * bs.D;
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 8);
     float *tmp = mt_test_alloc_f32(nq);
     mt_test_fill_f32(&rng, tmp, nq, 1.0f);
-    float *d_q = mt_test_gpu_buffer(tmp, nq * 4), *d_do = mt_test_gpu_buffer(tmp, nq * 4);
-    float *d_k = mt_test_gpu_buffer(tmp, nkv * 4), *d_v = mt_test_gpu_buffer(tmp + nkv, nkv * 4);
-    float *d_out = mt_test_gpu_buffer(NULL, nq * 4), *d_lse = mt_test_gpu_buffer(NULL, nl * 4);
-    float *d_dq = mt_test_gpu_buffer(NULL, nq * 4), *d_dk = mt_test_gpu_buffer(NULL, nkv * 4);
-    float *d_dv = mt_test_gpu_buffer(NULL, nkv * 4);
-    void *d_ws = mt_test_gpu_buffer(NULL, mt_cuda_attention_f32_workspace_bytes(B, T, H, KV, D));
-    cudaStream_t stream;
-    CK_CUDA(cudaStreamCreate(&stream));
-    cudaEvent_t start, stop;
-    CK_CUDA(cudaEventCreate(&start));
-    CK_CUDA(cudaEventCreate(&stop));
+    bench_bufs bufs = bench_open(&bs, 4, tmp, tmp, tmp + nkv, tmp,
+                                 mt_cuda_attention_f32_workspace_bytes(bs.B, bs.T, bs.H, bs.KV, bs.D));
     /* the backward reads out and lse: one forward first */
-    mt_cuda_attention_forward_f32(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, (mt_cuda_stream)stream);
-
-    const bench_bufs bufs = {B, T, H, KV, D, d_q, d_k, d_v, d_do, d_out, d_lse, d_dq, d_dk, d_dv, d_ws,
-                             mt_cuda_attention_f32_workspace_bytes(B, T, H, KV, D), stream};
-    for (int pass = 0; pass < 2; pass++) time_call("attention fp32 bench", "", "", call_f32, &bufs, pass == 0, start, stop);
-    CK_CUDA(cudaGetLastError());
-    CK_CUDA(cudaEventDestroy(start));
-    CK_CUDA(cudaEventDestroy(stop));
-    CK_CUDA(cudaStreamDestroy(stream));
-    void *dev[] = {d_q, d_k, d_v, d_do, d_out, d_lse, d_dq, d_dk, d_dv, d_ws};
-    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) CK_CUDA(cudaFree(dev[i]));
+    call_f32(&bufs, true);
+    for (int pass = 0; pass < 2; pass++) time_call("attention fp32 bench", "", "", call_f32, &bufs, pass == 0);
+    bench_close(&bufs);
     free(tmp);
 }
 END_TEST
