@@ -6,6 +6,8 @@
 
 #include <string.h>
 
+#include "models/util.h"
+
 const char *const mt_adamw_kind_names[MT_AK_COUNT] = {
     "fused", "weights half", "confirm", "ranged pass", "ranged pass with last moments", "ranged redo",
     "moments half", "table early",
@@ -144,16 +146,16 @@ static void adamw_confirm_ranged(void *buffers[], const mt_adamw_args *a)
 
 static void adamw_cpu(void *buffers[], void *cl_arg)
 {
-    const int64_t t0 = mt_codelet_now_ns();
+    const int64_t t0 = mt_clock_ns();
     mt_adamw_args a;
     starpu_codelet_unpack_args(cl_arg, &a);
     adamw_streamed(buffers, a.p, a.dtype, a.clipped, true);
-    mt_adamw_stats_time(a.stats, MT_AK_FUSED, mt_codelet_now_ns() - t0);
+    mt_adamw_stats_time(a.stats, MT_AK_FUSED, mt_clock_ns() - t0);
 }
 
 static void adamw_params_cpu(void *buffers[], void *cl_arg)
 {
-    const int64_t t0 = mt_codelet_now_ns();
+    const int64_t t0 = mt_clock_ns();
     mt_adamw_args a;
     starpu_codelet_unpack_args(cl_arg, &a);
     if (a.clipped == MT_ADAMW_RANGED) adamw_params_ranged(buffers, &a);
@@ -164,14 +166,14 @@ static void adamw_params_cpu(void *buffers[], void *cl_arg)
                              : a.clipped == MT_ADAMW_RANGED_DEFERRED ? MT_AK_RANGED_DEFERRED
                              : a.clipped == MT_ADAMW_CONFIRM_RANGED ? MT_AK_CONFIRM_RANGED
                              : a.clipped == MT_ADAMW_CONFIRM ? MT_AK_CONFIRM : MT_AK_WEIGHTS;
-    mt_adamw_stats_time(a.stats, kind, mt_codelet_now_ns() - t0);
+    mt_adamw_stats_time(a.stats, kind, mt_clock_ns() - t0);
 }
 
 /* The second half: master, m and v in place (the fused kernel, without the streamed copy the
  * first half wrote from the same values). */
 static void adamw_moments_cpu(void *buffers[], void *cl_arg)
 {
-    const int64_t t0 = mt_codelet_now_ns();
+    const int64_t t0 = mt_clock_ns();
     mt_adamw_args a;
     starpu_codelet_unpack_args(cl_arg, &a);
     const int64_t n = (int64_t)STARPU_VECTOR_GET_NX(buffers[0]);
@@ -179,7 +181,7 @@ static void adamw_moments_cpu(void *buffers[], void *cl_arg)
     if (a.clipped) p.grad_scale *= clip_scale(buffers[4]);
     mt_cpu_adamw_f32(n, (float *)STARPU_VECTOR_GET_PTR(buffers[0]), (const float *)STARPU_VECTOR_GET_PTR(buffers[3]),
                      (float *)STARPU_VECTOR_GET_PTR(buffers[1]), (float *)STARPU_VECTOR_GET_PTR(buffers[2]), &p);
-    mt_adamw_stats_time(a.stats, MT_AK_MOMENTS, mt_codelet_now_ns() - t0);
+    mt_adamw_stats_time(a.stats, MT_AK_MOMENTS, mt_clock_ns() - t0);
 }
 
 struct starpu_codelet mt_cl_adamw = {

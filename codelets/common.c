@@ -1,8 +1,5 @@
-/* Helpers shared by the CPU implementations of the codelets: bf16 weight views, scratch sizes,
- * the clock. */
+/* Helpers shared by the CPU implementations of the codelets: bf16 weight views, scratch sizes. */
 #include "codelets/common.h"
-
-#include <time.h>
 
 const float *mt_codelet_weights_f32(const mt_codelet_model *model, void *buffer, float *tmp)
 {
@@ -65,11 +62,4 @@ void mt_codelet_sumsq_cpu(void *grad_buffer, void *sumsq_buffer)
 {
     double *out = (double *)STARPU_VECTOR_GET_PTR(sumsq_buffer);
     out[0] = mt_cpu_sumsq_f32((int64_t)STARPU_VECTOR_GET_NX(grad_buffer), (const float *)STARPU_VECTOR_GET_PTR(grad_buffer));
-}
-
-int64_t mt_codelet_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }

@@ -72,7 +72,4 @@ void mt_codelet_sumsq_cpu(void *grad_buffer, void *sumsq_buffer);
  * its conversion into tmp (numel floats) for bf16. */
 const float *mt_codelet_weights_f32(const mt_codelet_model *model, void *buffer, float *tmp);
 
-/* CLOCK_MONOTONIC in nanoseconds: what the AdamW codelets time themselves with. */
-int64_t mt_codelet_now_ns(void);
-
 #endif

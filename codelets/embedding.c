@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "backends/cpu/table_sumsq.h"
+#include "models/util.h"
 
 static void embedding_forward_cpu(void *buffers[], void *cl_arg)
 {
@@ -87,7 +88,7 @@ static void embedding_backward_chunk_cpu(void *buffers[], void *cl_arg)
  * early); deferred, the last update's moments half first, in the same pass. */
 static void embedding_update_early_cpu(void *buffers[], void *cl_arg)
 {
-    const int64_t t0 = mt_codelet_now_ns();
+    const int64_t t0 = mt_clock_ns();
     mt_embed_chunk_args a;
     starpu_codelet_unpack_args(cl_arg, &a);
     const int64_t n = (int64_t)STARPU_VECTOR_GET_NX(buffers[0]), off = a.offset, d = a.d;
@@ -125,7 +126,7 @@ static void embedding_update_early_cpu(void *buffers[], void *cl_arg)
         atomic_fetch_add(&a.stats->table_flagged, (long long)flagged);
     }
     /* counted as AdamW (its row sums ride along) */
-    mt_adamw_stats_time(a.stats, MT_AK_TABLE_EARLY, mt_codelet_now_ns() - t0);
+    mt_adamw_stats_time(a.stats, MT_AK_TABLE_EARLY, mt_clock_ns() - t0);
 }
 
 #if MT_HAVE_CUDA

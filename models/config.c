@@ -508,7 +508,8 @@ int mt_config_save(const mt_model_config *cfg, const char *path, char *err, size
         json_object_set_new(o, "attention_bias", json_boolean(cfg->qkv_bias));
     }
     /* The model's own window, or null (full attention; MistralConfig would read a missing key as
-     * 4096). Training here never passes the window (step.c), where the two agree. */
+     * 4096). Training here never passes the window (runtime/step/graph.c refuses it), where the
+     * two agree. */
     if (cfg->family == MT_FAMILY_MISTRAL)
         json_object_set_new(o, "sliding_window", cfg->sliding_window > 0 ? json_integer(cfg->sliding_window) : json_null());
     if (cfg->rope_scaling_factor > 0) {
@@ -529,7 +530,7 @@ int mt_config_save(const mt_model_config *cfg, const char *path, char *err, size
     return 0;
 }
 
-/* A published Qwen2.5 shape: the values of its HF config.json (design.md, section 4). */
+/* A published Qwen2.5 shape: the values of its HF config.json (docs/design.md, section 4). */
 static void qwen25(mt_model_config *c, int64_t d, int64_t I, int64_t L, int64_t H, int64_t KV, int64_t V,
                    bool tied)
 {

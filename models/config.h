@@ -36,7 +36,7 @@ typedef struct mt_model_config {
     double rope_high_freq_factor;
     int64_t rope_original_max_positions;
     /* Mistral's sliding_window (0: none, the key null). Attention here is full causal, which is
-     * the same up to that many tokens, so longer sequences are refused (step.c). */
+     * the same up to that many tokens, so longer sequences are refused (runtime/step/graph.c). */
     int64_t sliding_window;
 } mt_model_config;
 
@@ -59,7 +59,8 @@ int mt_config_save(const mt_model_config *cfg, const char *path, char *err, size
 int64_t mt_config_param_count(const mt_model_config *cfg);
 int64_t mt_config_flops_params(const mt_model_config *cfg);
 
-/* A named published shape ("qwen2.5-0.5b", "qwen2.5-3b", ... see design.md), or -1 if unknown. */
+/* A named published shape ("qwen2.5-0.5b", "qwen2.5-3b", ... docs/design.md, section 4), or -1 if
+ * unknown. */
 int mt_config_from_shape(const char *shape_name, mt_model_config *cfg);
 
 #endif

@@ -13,6 +13,7 @@
 #include "backends/cpu/ranged.h"
 #include "codelets/adamw.h"
 #include "models/config.h"
+#include "models/util.h"
 #include "runtime/dataset.h"
 #include "mt_build_config.h"
 #include "runtime/plan.h"
@@ -31,13 +32,6 @@ mt_bench_options mt_bench_defaults(void)
     o.step.T = 2048;
     o.step.K = 4;
     return o;
-}
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static double ts_sec(struct timespec t) { return t.tv_sec + t.tv_nsec * 1e-9; }
@@ -59,7 +53,7 @@ typedef struct timeline {
 static void on_event(void *user, mt_event_kind kind, int64_t step, int tile)
 {
     timeline *tl = user;
-    double t = now();
+    double t = mt_clock_s();
     if (step < 1 || step > tl->nsteps) return;
     pthread_mutex_lock(&tl->lock);
     if (kind == MT_EV_FORWARD_START && tile == 1 && tl->fwd0_start[step] == 0) tl->fwd0_start[step] = t;
@@ -350,7 +344,7 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
             adamw_cpu0 = mt_adamw_stats_seconds(stats);
             mt_adamw_stats_seconds_by_kind(stats, kind0);
             rc0 = mt_adamw_stats_ranged(stats);
-            measure_start = now();
+            measure_start = mt_clock_s();
         }
         bench_data_batch(data, sc, tok, tgt);
         slots[step] = mt_graph_submit_step(g, step, tok, tgt, 1e-5);
@@ -396,7 +390,7 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
                      "from the arrays (past a chunk's room for entries, 1/%d of it; stale entries; words redone whole)\n",
                 sc->K, sc->clip, (long long)rside, (long long)rarrays, 100.0 * (double)rarrays / (double)(rside + rarrays),
                 sc->ranged_side_room > 0 ? sc->ranged_side_room : MT_RANGED_SIDE_ROOM_DEFAULT);
-    double window = now() - measure_start;
+    double window = mt_clock_s() - measure_start;
     gpu_time(o, traced, &tl, r);
     /* The measured steps' AdamW tasks, all of them (the warm-up's drained before the window). */
     r->adamw_step_cpu_s = (mt_adamw_stats_seconds(stats) - adamw_cpu0) / o->steps;
@@ -462,17 +456,17 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
 
     /* AdamW alone: one update of every tile with nothing else running, fused (the split the
      * step may use for its critical path moves 12 bytes/param more in all), not speculative (a
-     * speculative update is split, and its confirm tasks come on top: the clip-1000 rows of the
-     * H200 runs measured 0.48-0.53 s per 1e9 parameters instead of 0.35 that way). */
+     * speculative update is split and adds its confirm tasks, so it would time more than the
+     * update itself). */
     mt_graph_set_observer(g, NULL, NULL);
     mt_graph_set_adamw_split(g, 0);
     mt_graph_set_clip_speculate(g, 0);
     mt_graph_flush(g); /* deferred moments of the last step, not timed */
     starpu_task_wait_for_all();
-    double a0 = now();
+    double a0 = mt_clock_s();
     mt_graph_submit_update(g, total + 1, 1e-5);
     starpu_task_wait_for_all();
-    r->adamw_standalone_s = now() - a0;
+    r->adamw_standalone_s = mt_clock_s() - a0;
     r->adamw_s_per_gparam = r->adamw_standalone_s / (mt_config_param_count(cfg) / 1e9);
     r->peak_host_gib = peak_rss_gib();
     if (log && total >= 2) {
@@ -550,13 +544,13 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
     setenv("STARPU_PROFILING", "1", 1);
     if (mt_runtime_init(&o->runtime, err, errlen)) goto fail;
     int rc = -1;
-    double t0 = now();
+    double t0 = mt_clock_s();
     mt_host_state *st = mt_state_create(&cfg, o->dtype, (int64_t)1 << 22, err, errlen);
     if (!st) goto out;
     mt_state_init_random(st, 1, 0.02);
     if (norms) write_norm_header(st, norms);
     if (log) fprintf(log, "bench: %s (%lld layers, %s), %.3fB parameters, host state in %.1f s, GPU limit %s\n", o->shape,
-                     (long long)cfg.layers, mt_dtype_name(o->dtype), mt_config_param_count(&cfg) / 1e9, now() - t0,
+                     (long long)cfg.layers, mt_dtype_name(o->dtype), mt_config_param_count(&cfg) / 1e9, mt_clock_s() - t0,
                      o->resident ? "none (resident)" : "from the memory plan");
     for (int i = 0; i < count; i++) {
         mt_bench_result *r = &results[i];

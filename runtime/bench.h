@@ -59,7 +59,7 @@ typedef struct mt_bench_options {
     mt_step_config step;          /* B, T, accum, K, clip */
     int warmup, steps;            /* steps not measured, then measured */
     bool resident;                /* no GPU memory limit: no weight is ever evicted */
-    bool prefetch;                /* the megatrain policy's next-layer prefetch (default off) */
+    bool prefetch;                /* the megatrain policy's next-layer prefetch (default on) */
     uint64_t gpu_limit_mib;       /* 0: from the run's buffer sizes (ignored when resident) */
     double gpu_limit_margin;      /* > 0: the limit is the plan plus this many percent; 0: plus 2%
                                    * and 256 MiB for StarPU's own small allocations */

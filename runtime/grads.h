@@ -1,5 +1,5 @@
 /* One batch's loss, logits and every parameter gradient, written with HF tensor names: what the
- * parity check against transformers compares (tools/parity.py, tests/test_parity.c). */
+ * parity check against transformers compares (tools/parity_suite.py, tests/test_parity.c). */
 #ifndef MT_RUNTIME_GRADS_H
 #define MT_RUNTIME_GRADS_H
 

@@ -118,9 +118,10 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
      * buffers. */
     uint64_t work[MT_PLAN_KIND_COUNT] = {0};
     if (p->use_gpu) {
-        /* Double buffering: the layer computing and the next one streaming in. Every weight
-         * handle is registered with one allocsize (the largest tile's) so StarPU recycles the
-         * evicted buffer for the next tile; embedding and head stream through the same pair. */
+        /* Double buffering: the tile computing and the next one streaming in, neither larger
+         * than the largest tile. The decoder layers' weight handles share one allocsize, so
+         * StarPU recycles an evicted layer's buffer for the next (runtime/state.c); embedding
+         * and head are registered at their own sizes. */
         work[MT_PLAN_WEIGHTS] = mul(2 * (uint64_t)plan->max_tile_numel, (uint64_t)plan->weight_elem_bytes, &of);
         /* The gradient being written and the one draining to the host, fp32. */
         work[MT_PLAN_GRADS] = mul(2 * (uint64_t)plan->max_tile_numel, 4, &of);

@@ -105,7 +105,7 @@ static void init_policy(unsigned ctx)
     /* On: layer i+1's weights are prefetched from layer i's pre_exec_hook. A hint never names a
      * tile whose AdamW partition may still be active (StarPU aborts with "Could not find a valid
      * copy of the data" when a prefetch meets it), so the graph hints the next step's tile 0 only
-     * for the version its update brings (step.c). */
+     * for the version its update brings (mt_step_hint, runtime/step/compute.c). */
     d->prefetch = 1;
     /* A priority per tile (the graph ranks AdamW by how soon the next forward needs it). */
     starpu_sched_ctx_set_min_priority(ctx, -1000);

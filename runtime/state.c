@@ -22,8 +22,8 @@ static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
  * (where the kernel offers them), then zeroed and, with a GPU, pinned by starpu_memory_pin
  * (cudaHostRegister) tile by tile on one thread per core (zero_and_pin, for_each_tile). Not
  * starpu_malloc_flags(STARPU_MALLOC_PINNED): that is cudaHostAlloc, which zeroes and pins 4 KiB
- * pages one allocation at a time; the 3B bench model's 57 GB took 68-76 s of set-up on the H200
- * machines that way. Sizes round up to 4 KiB. */
+ * pages one allocation at a time on one thread, where this spreads the zeroing and pinning of
+ * tens of GB over every core. Sizes round up to 4 KiB. */
 #define STATE_ALIGN_BYTES ((size_t)2 << 20)
 
 static bool gpu_present(void) { return starpu_cuda_worker_get_count() > 0; }

@@ -75,7 +75,7 @@ template <class T> static T *random_buffer(mt_kernel_bench *b, int64_t n)
 static float *mt_kernel_bench_random_f32(mt_kernel_bench *b, int64_t n) { return random_buffer<float>(b, n); }
 static bf16 *mt_kernel_bench_random_bf16(mt_kernel_bench *b, int64_t n) { return random_buffer<bf16>(b, n); }
 
-// Appends {name, shape, median of b->ms, bytes} to the table: the median as test_cuda's BENCH
+// Appends {name, shape, median of b->ms, bytes} to the table: the median as BENCH (cuda_bench.c)
 // takes it, element reps / 2 of the sorted times.
 static void mt_kernel_bench_record(mt_kernel_bench *b, const char *name, const char *shape, int64_t bytes)
 {

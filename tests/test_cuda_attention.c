@@ -21,17 +21,12 @@
 #include "backends/cuda/attention_f32.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cpu/ops.h"
+#include "tests/cuda_testutil.h"
 #include "tests/testutil.h"
 
 #define TOL 1e-2 /* ||gpu - cpu|| / ||cpu|| per tensor: bf16 operands, P and dS rounded to bf16 */
 #define TOL_F32 1e-5 /* the same for the fp32 kernels: fp32 ~1e-5 relative per the project's bar
                       * (only the summation order differs from the CPU) */
-
-#define CK_CUDA(call)                                                                           \
-    do {                                                                                        \
-        cudaError_t err_ = (call);                                                              \
-        ck_assert_msg(err_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(err_));          \
-    } while (0)
 
 typedef struct { int B, T, H, KV, D; } shape;
 
@@ -45,28 +40,12 @@ static const shape cases[] = {
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
-static float *falloc(int64_t n)
-{
-    float *p = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
-    ck_assert_ptr_nonnull(p);
-    return p;
-}
-
 /* Random N(0,1) values rounded to bf16: bits for the GPU, the same values as floats for the CPU. */
 static void random_bf16(mt_test_rng *rng, int64_t n, mt_bf16 *bits, float *values)
 {
     mt_test_fill_f32(rng, values, n, 1.0f);
     mt_f32_to_bf16(n, values, bits);
     mt_bf16_to_f32(n, bits, values);
-}
-
-static void *dalloc_copy(const void *host, size_t bytes)
-{
-    void *p = NULL;
-    CK_CUDA(cudaMalloc(&p, bytes > 0 ? bytes : 1));
-    if (host) CK_CUDA(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice));
-    else CK_CUDA(cudaMemset(p, 0xff, bytes > 0 ? bytes : 1)); /* all-NaN: every element must be written */
-    return p;
 }
 
 static void check_err_tol(const char *what, const shape *s, double err, double tol)
@@ -100,7 +79,8 @@ static void check_run(const char *label, const shape *s, const attn_results *gpu
 {
     const int64_t nq = (int64_t)s->B * s->T * s->H * s->D, nkv = (int64_t)s->B * s->T * s->KV * s->D;
     const int64_t nl = (int64_t)s->B * s->H * s->T;
-    const double e_out = mt_test_rel_err_f32(gpu->out, ref->out, nq), e_lse = mt_test_rel_err_f32(gpu->lse, ref->lse, nl);
+    const double e_out = mt_test_rel_err_f32(gpu->out, ref->out, nq);
+    const double e_lse = mt_test_rel_err_f32(gpu->lse, ref->lse, nl);
     const double e_dq = mt_test_rel_err_f32(gpu->dq, ref->dq, nq), e_dk = mt_test_rel_err_f32(gpu->dk, ref->dk, nkv);
     const double e_dv = mt_test_rel_err_f32(gpu->dv, ref->dv, nkv);
     const int same = memcmp(gpu->dq, gpu->dq2, nq * 4) == 0 && memcmp(gpu->dk, gpu->dk2, nkv * 4) == 0 &&
@@ -129,7 +109,8 @@ static attn_results cpu_reference(const shape *s, const float *q, const float *k
 {
     const int64_t B = s->B, T = s->T, H = s->H, KV = s->KV, D = s->D;
     const int64_t nq = B * T * H * D, nkv = B * T * KV * D, nl = B * H * T;
-    attn_results r = { .out = falloc(nq), .lse = falloc(nl), .dq = falloc(nq), .dk = falloc(nkv), .dv = falloc(nkv) };
+    attn_results r = { .out = mt_test_alloc_f32(nq), .lse = mt_test_alloc_f32(nl), .dq = mt_test_alloc_f32(nq),
+                       .dk = mt_test_alloc_f32(nkv), .dv = mt_test_alloc_f32(nkv) };
     mt_cpu_attention_forward_f32(B, T, H, KV, D, q, k, v, r.out, r.lse);
     mt_cpu_attention_backward_f32(B, T, H, KV, D, q, k, v, r.out, r.lse, dout, r.dq, r.dk, r.dv);
     return r;
@@ -151,11 +132,13 @@ static attn_dev dev_alloc(const shape *s, size_t esize, const void *q, const voi
     const int64_t nq = (int64_t)s->B * s->T * s->H * s->D, nkv = (int64_t)s->B * s->T * s->KV * s->D;
     const int64_t nl = (int64_t)s->B * s->H * s->T;
     return (attn_dev){
-        .q = dalloc_copy(q, nq * esize), .k = dalloc_copy(k, nkv * esize), .v = dalloc_copy(v, nkv * esize),
-        .dout = dalloc_copy(dout, nq * esize), .out = dalloc_copy(NULL, nq * esize), .ws = dalloc_copy(NULL, ws_bytes),
-        .lse = dalloc_copy(NULL, nl * 4), .dq = dalloc_copy(NULL, nq * 4), .dk = dalloc_copy(NULL, nkv * 4),
-        .dv = dalloc_copy(NULL, nkv * 4), .dq2 = dalloc_copy(NULL, nq * 4), .dk2 = dalloc_copy(NULL, nkv * 4),
-        .dv2 = dalloc_copy(NULL, nkv * 4),
+        .q = mt_test_gpu_buffer(q, nq * esize), .k = mt_test_gpu_buffer(k, nkv * esize),
+        .v = mt_test_gpu_buffer(v, nkv * esize), .dout = mt_test_gpu_buffer(dout, nq * esize),
+        .out = mt_test_gpu_buffer(NULL, nq * esize), .ws = mt_test_gpu_buffer(NULL, ws_bytes),
+        .lse = mt_test_gpu_buffer(NULL, nl * 4), .dq = mt_test_gpu_buffer(NULL, nq * 4),
+        .dk = mt_test_gpu_buffer(NULL, nkv * 4), .dv = mt_test_gpu_buffer(NULL, nkv * 4),
+        .dq2 = mt_test_gpu_buffer(NULL, nq * 4), .dk2 = mt_test_gpu_buffer(NULL, nkv * 4),
+        .dv2 = mt_test_gpu_buffer(NULL, nkv * 4),
     };
 }
 
@@ -170,8 +153,9 @@ static attn_results fetch_results(const shape *s, const attn_dev *d, size_t esiz
 {
     const int64_t nq = (int64_t)s->B * s->T * s->H * s->D, nkv = (int64_t)s->B * s->T * s->KV * s->D;
     const int64_t nl = (int64_t)s->B * s->H * s->T;
-    attn_results r = { .out = falloc(nq), .lse = falloc(nl), .dq = falloc(nq), .dk = falloc(nkv), .dv = falloc(nkv),
-                       .dq2 = falloc(nq), .dk2 = falloc(nkv), .dv2 = falloc(nkv) };
+    attn_results r = { .out = mt_test_alloc_f32(nq), .lse = mt_test_alloc_f32(nl), .dq = mt_test_alloc_f32(nq),
+                       .dk = mt_test_alloc_f32(nkv), .dv = mt_test_alloc_f32(nkv), .dq2 = mt_test_alloc_f32(nq),
+                       .dk2 = mt_test_alloc_f32(nkv), .dv2 = mt_test_alloc_f32(nkv) };
     if (esize == 2) {
         mt_bf16 *outb = malloc(nq * 2);
         ck_assert_ptr_nonnull(outb);
@@ -203,7 +187,7 @@ static bf16_inputs bf16_inputs_new(const shape *s, uint64_t seed)
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
     bf16_inputs in = {malloc(nq * 2), malloc(nkv * 2), malloc(nkv * 2), malloc(nq * 2),
-                      falloc(nq),     falloc(nkv),     falloc(nkv),     falloc(nq)};
+                      mt_test_alloc_f32(nq), mt_test_alloc_f32(nkv), mt_test_alloc_f32(nkv), mt_test_alloc_f32(nq)};
     random_bf16(&rng, nq, in.qb, in.q);
     random_bf16(&rng, nkv, in.kb, in.k);
     random_bf16(&rng, nkv, in.vb, in.v);
@@ -368,7 +352,8 @@ START_TEST(test_attention_f32_vs_cpu)
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 5000 + (uint64_t)_i);
 
-    float *q = falloc(nq), *k = falloc(nkv), *v = falloc(nkv), *dout = falloc(nq);
+    float *q = mt_test_alloc_f32(nq), *k = mt_test_alloc_f32(nkv), *v = mt_test_alloc_f32(nkv);
+    float *dout = mt_test_alloc_f32(nq);
     mt_test_fill_f32(&rng, q, nq, 1.0f);
     mt_test_fill_f32(&rng, k, nkv, 1.0f);
     mt_test_fill_f32(&rng, v, nkv, 1.0f);
@@ -414,27 +399,46 @@ static bool bench_profile(void)
     return env && strcmp(env, "profile") == 0;
 }
 
-/* The buffers of a timed attention call, and the calls timed: the dispatcher (the own kernels,
- * under MT_CUDA_ATTENTION_OWN), the cuDNN entry points (a failure fails the bench), the fp32
- * kernels. */
+/* The buffers of a timed attention call (dev_alloc's), its stream and the events time_call
+ * records; and the calls timed: the dispatcher (the own kernels, under MT_CUDA_ATTENTION_OWN),
+ * the cuDNN entry points (a failure fails the bench), the fp32 kernels. */
 typedef struct bench_bufs {
     int64_t B, T, H, KV, D;
-    void *q, *k, *v, *dout, *out;
-    float *lse, *dq, *dk, *dv;
-    void *ws;
+    attn_dev d;
     size_t ws_bytes;
     cudaStream_t stream;
+    cudaEvent_t start, stop;
 } bench_bufs;
 typedef void (*bench_call)(const bench_bufs *b, bool fwd);
+
+static bench_bufs bench_open(const shape *s, size_t esize, const void *q, const void *k, const void *v,
+                             const void *dout, size_t ws_bytes)
+{
+    bench_bufs b = { .B = s->B, .T = s->T, .H = s->H, .KV = s->KV, .D = s->D,
+                     .d = dev_alloc(s, esize, q, k, v, dout, ws_bytes), .ws_bytes = ws_bytes };
+    CK_CUDA(cudaStreamCreate(&b.stream));
+    CK_CUDA(cudaEventCreate(&b.start));
+    CK_CUDA(cudaEventCreate(&b.stop));
+    return b;
+}
+
+static void bench_close(bench_bufs *b)
+{
+    CK_CUDA(cudaGetLastError());
+    CK_CUDA(cudaEventDestroy(b->start));
+    CK_CUDA(cudaEventDestroy(b->stop));
+    CK_CUDA(cudaStreamDestroy(b->stream));
+    dev_free(&b->d);
+}
 
 static void call_own(const bench_bufs *b, bool fwd)
 {
     if (fwd)
-        mt_cuda_attention_forward(mt_cuda_ctx_get(), b->B, b->T, b->H, b->KV, b->D, b->q, b->k, b->v, b->out, b->lse,
-                                  (mt_cuda_stream)b->stream);
+        mt_cuda_attention_forward(mt_cuda_ctx_get(), b->B, b->T, b->H, b->KV, b->D, b->d.q, b->d.k, b->d.v, b->d.out,
+                                  b->d.lse, (mt_cuda_stream)b->stream);
     else
-        mt_cuda_attention_backward(mt_cuda_ctx_get(), b->B, b->T, b->H, b->KV, b->D, b->q, b->k, b->v, b->out, b->lse,
-                                   b->dout, b->dq, b->dk, b->dv, b->ws, (mt_cuda_stream)b->stream);
+        mt_cuda_attention_backward(mt_cuda_ctx_get(), b->B, b->T, b->H, b->KV, b->D, b->d.q, b->d.k, b->d.v, b->d.out,
+                                   b->d.lse, b->d.dout, b->d.dq, b->d.dk, b->d.dv, b->d.ws, (mt_cuda_stream)b->stream);
 }
 
 static void call_cudnn(const bench_bufs *b, bool fwd)
@@ -442,38 +446,38 @@ static void call_cudnn(const bench_bufs *b, bool fwd)
     char why[384] = "";
     int rc;
     if (fwd)
-        rc = mt_cuda_attention_cudnn_forward(b->B, b->T, b->H, b->KV, b->D, b->q, b->k, b->v, b->out, b->lse,
+        rc = mt_cuda_attention_cudnn_forward(b->B, b->T, b->H, b->KV, b->D, b->d.q, b->d.k, b->d.v, b->d.out, b->d.lse,
                                              (mt_cuda_stream)b->stream, why, sizeof why);
     else
-        rc = mt_cuda_attention_cudnn_backward(b->B, b->T, b->H, b->KV, b->D, b->q, b->k, b->v, b->out, b->lse, b->dout,
-                                              b->dq, b->dk, b->dv, b->ws, b->ws_bytes, (mt_cuda_stream)b->stream, why,
-                                              sizeof why);
+        rc = mt_cuda_attention_cudnn_backward(b->B, b->T, b->H, b->KV, b->D, b->d.q, b->d.k, b->d.v, b->d.out,
+                                              b->d.lse, b->d.dout, b->d.dq, b->d.dk, b->d.dv, b->d.ws, b->ws_bytes,
+                                              (mt_cuda_stream)b->stream, why, sizeof why);
     ck_assert_msg(rc == 0, "cudnn %s: %s", fwd ? "forward" : "backward", why);
 }
 
 static void call_f32(const bench_bufs *b, bool fwd)
 {
     if (fwd)
-        mt_cuda_attention_forward_f32(b->B, b->T, b->H, b->KV, b->D, b->q, b->k, b->v, b->out, b->lse,
+        mt_cuda_attention_forward_f32(b->B, b->T, b->H, b->KV, b->D, b->d.q, b->d.k, b->d.v, b->d.out, b->d.lse,
                                       (mt_cuda_stream)b->stream);
     else
-        mt_cuda_attention_backward_f32(b->B, b->T, b->H, b->KV, b->D, b->q, b->k, b->v, b->out, b->lse, b->dout,
-                                       b->dq, b->dk, b->dv, b->ws, (mt_cuda_stream)b->stream);
+        mt_cuda_attention_backward_f32(b->B, b->T, b->H, b->KV, b->D, b->d.q, b->d.k, b->d.v, b->d.out, b->d.lse,
+                                       b->d.dout, b->d.dq, b->d.dk, b->d.dv, b->d.ws, (mt_cuda_stream)b->stream);
 }
 
 /* Times call: median of 10 after 3 warm-up runs, printed as "<prefix> forward |backward <tag> B=..
  * median .. ms (min .., max ..), .. TFLOP/s (forward = 4 B H T^2 D / 2, backward = 2.5 x
  * forward<note>)". */
 static void time_call(const char *prefix, const char *tag, const char *note, bench_call call, const bench_bufs *b,
-                      bool fwd, cudaEvent_t start, cudaEvent_t stop)
+                      bool fwd)
 {
     float ms[10];
     for (int r = 0; r < 13; r++) {
-        CK_CUDA(cudaEventRecord(start, b->stream));
+        CK_CUDA(cudaEventRecord(b->start, b->stream));
         call(b, fwd);
-        CK_CUDA(cudaEventRecord(stop, b->stream));
-        CK_CUDA(cudaEventSynchronize(stop));
-        if (r >= 3) CK_CUDA(cudaEventElapsedTime(&ms[r - 3], start, stop));
+        CK_CUDA(cudaEventRecord(b->stop, b->stream));
+        CK_CUDA(cudaEventSynchronize(b->stop));
+        if (r >= 3) CK_CUDA(cudaEventElapsedTime(&ms[r - 3], b->start, b->stop));
     }
     qsort(ms, 10, sizeof ms[0], cmp_float);
     const double fwd_flops = 4.0 * b->B * b->H * (double)b->T * b->T * b->D / 2;
@@ -493,41 +497,30 @@ START_TEST(test_attention_bench)
         printf("attention bench: skipped (set MT_CUDA_BENCH=1)\n");
         return;
     }
-    const int64_t B = 8, T = 2048, H = 16, KV = 2, D = 128;
-    const int64_t nq = B * T * H * D, nkv = B * T * KV * D, nl = B * H * T;
+    const shape bs = {8, 2048, 16, 2, 128};
+    const int64_t B = bs.B, T = bs.T, H = bs.H, KV = bs.KV, D = bs.D;
+    const int64_t nq = B * T * H * D, nkv = B * T * KV * D;
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 7);
     mt_bf16 *qb = malloc(nq * 2), *kb = malloc(nkv * 2), *vb = malloc(nkv * 2), *dob = malloc(nq * 2);
-    float *tmp = falloc(nq);
+    float *tmp = mt_test_alloc_f32(nq);
     random_bf16(&rng, nq, qb, tmp);
     random_bf16(&rng, nkv, kb, tmp);
     random_bf16(&rng, nkv, vb, tmp);
     random_bf16(&rng, nq, dob, tmp);
-    void *d_q = dalloc_copy(qb, nq * 2), *d_k = dalloc_copy(kb, nkv * 2), *d_v = dalloc_copy(vb, nkv * 2);
-    void *d_do = dalloc_copy(dob, nq * 2), *d_out = dalloc_copy(NULL, nq * 2);
-    float *d_lse = dalloc_copy(NULL, nl * 4);
-    float *d_dq = dalloc_copy(NULL, nq * 4), *d_dk = dalloc_copy(NULL, nkv * 4), *d_dv = dalloc_copy(NULL, nkv * 4);
-    void *d_ws = dalloc_copy(NULL, mt_cuda_attention_workspace_bytes(B, T, H, KV, D));
-    cudaStream_t stream;
-    CK_CUDA(cudaStreamCreate(&stream));
-    cudaEvent_t start, stop;
-    CK_CUDA(cudaEventCreate(&start));
-    CK_CUDA(cudaEventCreate(&stop));
-
-    const bench_bufs bufs = {B, T, H, KV, D, d_q, d_k, d_v, d_do, d_out, d_lse, d_dq, d_dk, d_dv, d_ws,
-                             mt_cuda_attention_workspace_bytes(B, T, H, KV, D), stream};
+    bench_bufs bufs = bench_open(&bs, 2, qb, kb, vb, dob, mt_cuda_attention_workspace_bytes(B, T, H, KV, D));
     /* passes 2f, 2f + 1: forward, backward under form f */
     for (int pass = 0; pass < 2 * NFORMS; pass++) {
         attention_ctx(MT_CUDA_ATTENTION_OWN, forms[pass / 2].qblock);
         const bool fwd = pass % 2 == 0;
         if (profile) {
             call_own(&bufs, fwd);
-            CK_CUDA(cudaStreamSynchronize(stream));
+            CK_CUDA(cudaStreamSynchronize(bufs.stream));
             continue;
         }
         char tag[64];
         snprintf(tag, sizeof tag, " (MT_ATTENTION_QBLOCK=%s)", forms[pass / 2].name);
-        time_call("attention bench", tag, "", call_own, &bufs, fwd, start, stop);
+        time_call("attention bench", tag, "", call_own, &bufs, fwd);
     }
     attention_ctx(MT_CUDA_ATTENTION_OWN, MT_CUDA_QBLOCK_128W);
 
@@ -536,7 +529,7 @@ START_TEST(test_attention_bench)
     if (!profile && cudnn_available_or_say()) {
         for (int pass = 0; pass < 2; pass++)
             time_call("attention bench", " (cudnn)", "; the backward includes the bf16 -> fp32 conversion of dq dk dv",
-                      call_cudnn, &bufs, pass == 0, start, stop);
+                      call_cudnn, &bufs, pass == 0);
         printf("attention cudnn plans B=%lld T=%lld H=%lld KV=%lld D=%lld: forward workspace %lld bytes, backward "
                "%lld bytes (of the %zu the backward is given)\n",
                (long long)B, (long long)T, (long long)H, (long long)KV, (long long)D,
@@ -544,12 +537,7 @@ START_TEST(test_attention_bench)
                (long long)mt_cuda_attention_cudnn_plan_workspace(B, T, H, KV, D, 1), bufs.ws_bytes);
         fflush(stdout);
     }
-    CK_CUDA(cudaGetLastError());
-    CK_CUDA(cudaEventDestroy(start));
-    CK_CUDA(cudaEventDestroy(stop));
-    CK_CUDA(cudaStreamDestroy(stream));
-    void *dev[] = {d_q, d_k, d_v, d_do, d_out, d_lse, d_dq, d_dk, d_dv, d_ws};
-    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) CK_CUDA(cudaFree(dev[i]));
+    bench_close(&bufs);
     free(qb), free(kb), free(vb), free(dob), free(tmp);
 }
 END_TEST
@@ -563,34 +551,18 @@ START_TEST(test_attention_f32_bench)
         printf("attention fp32 bench: skipped (set MT_CUDA_BENCH=1)\n");
         return;
     }
-    const int64_t B = 8, T = 2048, H = 16, KV = 2, D = 128;
-    const int64_t nq = B * T * H * D, nkv = B * T * KV * D, nl = B * H * T;
+    const shape bs = {8, 2048, 16, 2, 128};
+    const int64_t nq = (int64_t)bs.B * bs.T * bs.H * bs.D, nkv = (int64_t)bs.B * bs.T * bs.KV * bs.D;
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 8);
-    float *tmp = falloc(nq);
+    float *tmp = mt_test_alloc_f32(nq);
     mt_test_fill_f32(&rng, tmp, nq, 1.0f);
-    float *d_q = dalloc_copy(tmp, nq * 4), *d_do = dalloc_copy(tmp, nq * 4);
-    float *d_k = dalloc_copy(tmp, nkv * 4), *d_v = dalloc_copy(tmp + nkv, nkv * 4);
-    float *d_out = dalloc_copy(NULL, nq * 4), *d_lse = dalloc_copy(NULL, nl * 4);
-    float *d_dq = dalloc_copy(NULL, nq * 4), *d_dk = dalloc_copy(NULL, nkv * 4), *d_dv = dalloc_copy(NULL, nkv * 4);
-    void *d_ws = dalloc_copy(NULL, mt_cuda_attention_f32_workspace_bytes(B, T, H, KV, D));
-    cudaStream_t stream;
-    CK_CUDA(cudaStreamCreate(&stream));
-    cudaEvent_t start, stop;
-    CK_CUDA(cudaEventCreate(&start));
-    CK_CUDA(cudaEventCreate(&stop));
+    bench_bufs bufs = bench_open(&bs, 4, tmp, tmp, tmp + nkv, tmp,
+                                 mt_cuda_attention_f32_workspace_bytes(bs.B, bs.T, bs.H, bs.KV, bs.D));
     /* the backward reads out and lse: one forward first */
-    mt_cuda_attention_forward_f32(B, T, H, KV, D, d_q, d_k, d_v, d_out, d_lse, (mt_cuda_stream)stream);
-
-    const bench_bufs bufs = {B, T, H, KV, D, d_q, d_k, d_v, d_do, d_out, d_lse, d_dq, d_dk, d_dv, d_ws,
-                             mt_cuda_attention_f32_workspace_bytes(B, T, H, KV, D), stream};
-    for (int pass = 0; pass < 2; pass++) time_call("attention fp32 bench", "", "", call_f32, &bufs, pass == 0, start, stop);
-    CK_CUDA(cudaGetLastError());
-    CK_CUDA(cudaEventDestroy(start));
-    CK_CUDA(cudaEventDestroy(stop));
-    CK_CUDA(cudaStreamDestroy(stream));
-    void *dev[] = {d_q, d_k, d_v, d_do, d_out, d_lse, d_dq, d_dk, d_dv, d_ws};
-    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) CK_CUDA(cudaFree(dev[i]));
+    call_f32(&bufs, true);
+    for (int pass = 0; pass < 2; pass++) time_call("attention fp32 bench", "", "", call_f32, &bufs, pass == 0);
+    bench_close(&bufs);
     free(tmp);
 }
 END_TEST

@@ -1,7 +1,8 @@
-/* Parity with transformers (issue 5): for every fixture directory under tests/fixtures/parity (or
- * $MT_PARITY_FIXTURES), the loss, logits and every gradient of `megatrain grads` on the fp32 CPU
- * path against what transformers computed in fp32 for the same batch, per tensor
- * ||ours - ref|| / ||ref|| <= 1e-5; and an HF load -> save -> load round trip, bit for bit.
+/* Parity with transformers (docs/parity.md): for every fixture directory under
+ * tests/fixtures/parity (or $MT_PARITY_FIXTURES), the loss, logits and every gradient of
+ * `megatrain grads` on the fp32 CPU path against what transformers computed in fp32 for the same
+ * batch, per tensor ||ours - ref|| / ||ref|| <= 1e-5; and an HF load -> save -> load round trip,
+ * bit for bit.
  *
  * A fixture directory, as tools/parity_suite.py writes it, holds the HF model (config.json and
  * model.safetensors, or shards listed by model.safetensors.index.json, as save_pretrained writes

@@ -121,15 +121,15 @@ START_TEST(test_qwen05_gpu)
     ck_assert_uint_eq(plan.host_total, 988123136ULL + 4 * 1976143872ULL + 17 * 32768 + plan.host_clip_flags);
     ck_assert_uint_eq(plan.host_total, 9572559680ULL);
     ck_assert_uint_eq(plan.host_pinned_total, plan.host_total);
-    /* About 18 bytes per parameter of state, as design.md says, and 1.375 of flags. */
+    /* About 18 bytes per parameter of state, as docs/design.md says, and 1.375 of flags. */
     const uint64_t state = plan.host_total - plan.host_clip_flags;
     ck_assert(state > 18ULL * 494032768 && state < 18ULL * 494032768 + 2000000);
 
     /* GPU: two weight buffers of the largest tile (the embedding) in bf16, two fp32 gradient
      * buffers, 6 checkpoints (ceil(24/4)) of 4096*896 fp32 per micro-batch (8), one block of
      * 4 layers' saved activations, two hidden states and two gradients per micro-batch, layer +
-     * head workspace, tokens/targets; the kernel-specific sizes from the functions step.c sizes
-     * its buffers with (the CUDA kernels' when the build has them). */
+     * head workspace, tokens/targets; the kernel-specific sizes from the functions
+     * runtime/step/graph.c sizes its buffers with (the CUDA kernels' when the build has them). */
     ck_assert_uint_eq(plan.gpu[MT_PLAN_WEIGHTS], 2ULL * 136134656 * 2);
     ck_assert_uint_eq(plan.gpu[MT_PLAN_GRADS], 2ULL * 136134656 * 4);
     ck_assert_int_eq(plan.num_checkpoints, 6);

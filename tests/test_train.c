@@ -9,11 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 
+#include "models/util.h"
 #include "runtime/data.h"
-#include "tests/testutil.h"
 #include "runtime/train.h"
+#include "tests/testutil.h"
 
 #define FORTUNES "/usr/share/games/fortunes"
 #define LN_256 5.545177444479562
@@ -44,13 +44,6 @@ static mt_train_options short_run(void)
     return o;
 }
 
-static double seconds_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* ---- the training run ------------------------------------------------------------------- */
 
 START_TEST(test_train_learns_and_repeats)
@@ -61,11 +54,11 @@ START_TEST(test_train_learns_and_repeats)
     FILE *devnull = fopen("/dev/null", "w");
     ck_assert_ptr_nonnull(devnull);
 
-    double t0 = seconds_now();
+    double t0 = mt_clock_s();
     ck_assert_msg(mt_train_run(&o, &r1, devnull, err, sizeof err) == 0, "first run: %s", err);
-    double t1 = seconds_now();
+    double t1 = mt_clock_s();
     ck_assert_msg(mt_train_run(&o, &r2, NULL, err, sizeof err) == 0, "second run: %s", err);
-    double t2 = seconds_now();
+    double t2 = mt_clock_s();
     fclose(devnull);
 
     fprintf(stderr, "train: loss %.4f -> %.4f, val %.4f -> %.4f, %.1f s and %.1f s per run (bound %.2f)\n",

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "models/util.h"
 #include "mt_build_config.h"
 
 void mt_test_rng_seed(mt_test_rng *r, uint64_t seed) { r->s = seed * 0x9E3779B97F4A7C15ull + 1; }
@@ -60,6 +61,73 @@ double mt_test_rel_err_f32(const float *a, const float *b, int64_t n)
         den += (double)b[i] * b[i];
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+double mt_test_rel_err_mixed(const float *a, const double *b, int64_t n)
+{
+    double *a64 = mt_test_to_f64(a, n);
+    const double e = mt_test_rel_err_f64(a64, b, n);
+    free(a64);
+    return e;
+}
+
+void mt_test_report(const char *what, double err, double tol)
+{
+    printf("  %-52s rel err %.3e  (tol %.0e)%s\n", what, err, tol, err <= tol ? "" : "  FAIL");
+    fflush(stdout);
+    ck_assert_msg(err <= tol, "%s: relative error %.3e exceeds %.1e", what, err, tol);
+}
+
+void mt_test_check_close(const char *what, const float *a, const float *b, int64_t n, double tol)
+{
+    mt_test_report(what, mt_test_rel_err_f32(a, b, n), tol);
+}
+
+void mt_test_check_bitwise(const char *what, const void *a, const void *b, size_t bytes)
+{
+    const bool same = memcmp(a, b, bytes) == 0;
+    printf("  %-52s %s\n", what, same ? "bitwise identical" : "DIFFERENT  FAIL");
+    fflush(stdout);
+    ck_assert_msg(same, "%s: not bitwise identical", what);
+}
+
+double *mt_test_alloc_f64(int64_t n) { return mt_xcalloc((size_t)(n > 0 ? n : 1), sizeof(double)); }
+
+float *mt_test_alloc_f32(int64_t n) { return mt_xcalloc((size_t)(n > 0 ? n : 1), sizeof(float)); }
+
+double *mt_test_random_f64(mt_test_rng *r, int64_t n, double scale)
+{
+    double *p = mt_test_alloc_f64(n);
+    mt_test_fill_f64(r, p, n, scale);
+    return p;
+}
+
+float *mt_test_random_f32(mt_test_rng *r, int64_t n, float scale)
+{
+    float *p = mt_test_alloc_f32(n);
+    mt_test_fill_f32(r, p, n, scale);
+    return p;
+}
+
+double *mt_test_copy_f64(const double *x, int64_t n)
+{
+    double *p = mt_test_alloc_f64(n);
+    memcpy(p, x, (size_t)n * sizeof(double));
+    return p;
+}
+
+float *mt_test_to_f32(const double *x, int64_t n)
+{
+    float *p = mt_test_alloc_f32(n);
+    for (int64_t i = 0; i < n; i++) p[i] = (float)x[i];
+    return p;
+}
+
+double *mt_test_to_f64(const float *x, int64_t n)
+{
+    double *p = mt_test_alloc_f64(n);
+    for (int64_t i = 0; i < n; i++) p[i] = (double)x[i];
+    return p;
 }
 
 const char *mt_test_write_temp(const char *name, const char *text)

@@ -16,9 +16,27 @@ double mt_test_normal(mt_test_rng *r);               /* N(0, 1) */
 void mt_test_fill_f64(mt_test_rng *r, double *x, int64_t n, double scale);
 void mt_test_fill_f32(mt_test_rng *r, float *x, int64_t n, float scale);
 
-/* ||a - b|| / ||b|| (b all zero: ||a||). */
+/* ||a - b|| / ||b|| (b all zero: ||a||); _mixed: an f32 result against an f64 one. */
 double mt_test_rel_err_f64(const double *a, const double *b, int64_t n);
 double mt_test_rel_err_f32(const float *a, const float *b, int64_t n);
+double mt_test_rel_err_mixed(const float *a, const double *b, int64_t n);
+
+/* Prints what and its relative error, one line, and asserts err <= tol; _close: of a against
+ * b; _bitwise: prints whether the bytes are the same and asserts they are. */
+void mt_test_report(const char *what, double err, double tol);
+void mt_test_check_close(const char *what, const float *a, const float *b, int64_t n, double tol);
+void mt_test_check_bitwise(const char *what, const void *a, const void *b, size_t bytes);
+
+/* New arrays of n elements (at least one; the caller frees them, allocation failure aborts):
+ * zeroed; N(0, scale^2); a copy of x; x rounded to float; x widened to double (exactly the
+ * float values, for a double reference). */
+double *mt_test_alloc_f64(int64_t n);
+float *mt_test_alloc_f32(int64_t n);
+double *mt_test_random_f64(mt_test_rng *r, int64_t n, double scale);
+float *mt_test_random_f32(mt_test_rng *r, int64_t n, float scale);
+double *mt_test_copy_f64(const double *x, int64_t n);
+float *mt_test_to_f32(const double *x, int64_t n);
+double *mt_test_to_f64(const float *x, int64_t n);
 
 /* Writes text to a new file in a fresh temporary directory; returns its path (static buffer
  * owned by the caller until the next call: copy it). */

@@ -17,12 +17,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "backends/cpu/ops.h"
 #include "backends/cpu/ranged.h"
+#include "models/util.h"
 
 enum { BLOCK = 4096, MAX_THREADS = 256 };
 
@@ -107,24 +107,17 @@ static void *touch(void *arg)
     return NULL;
 }
 
-static double now(void)
-{
-    struct timespec s;
-    clock_gettime(CLOCK_MONOTONIC, &s);
-    return s.tv_sec + s.tv_nsec * 1e-9;
-}
-
 static double parallel(bench *b, void *(*fn)(void *))
 {
     pthread_t th[MAX_THREADS];
     job jobs[MAX_THREADS];
-    const double t0 = now();
+    const double t0 = mt_clock_s();
     for (int t = 0; t < b->threads; t++) {
         jobs[t] = (job){ b, t };
         pthread_create(&th[t], NULL, fn, &jobs[t]);
     }
     for (int t = 0; t < b->threads; t++) pthread_join(th[t], NULL);
-    return now() - t0;
+    return mt_clock_s() - t0;
 }
 
 /* Elements the last ranged pass flagged, over the threads' bitmaps. */

@@ -7,7 +7,7 @@ rest of the norm predicted from norm t - 1, times or over the spread; the spread
 prediction missed, as --clip-range-grow has it) and says whether norm t's clip scale fell
 inside it ("held"). It then scores rules that decide, from earlier norms only, whether to
 speculate a tile: a tile-step that is speculated and holds counts +1, one that is speculated and
-misses -1 (on the H200 at 3B a miss cost about what a hit saved), one not speculated 0.
+misses -1 (a miss costs its tile's redo, about what a hit saves), one not speculated 0.
 
 Rules: none (always speculate), last (megatrain's --clip-range-check: the last norm's range
 held), last2 (the last two held), tol:X (the last norm's actual rest was within X times of its
@@ -111,7 +111,9 @@ def read_runs(path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 epilog="Example: tools/norm_replay.py docs/gpu-logs/37-norms.csv")
+                                 epilog="Example: megatrain bench --shape qwen2.5-3b --clip 1 --norm-log norms.csv, "
+                                        "then tools/norm_replay.py norms.csv (a recorded 3B log: "
+                                        "git show d7c6981:docs/gpu-logs/37-norms.csv)")
     ap.add_argument("log", help="the CSV written by megatrain bench --norm-log")
     ap.add_argument("--spread", type=float, default=1.25, help="--clip-range of the replay (default 1.25)")
     ap.add_argument("--grow", type=float, default=3.0,

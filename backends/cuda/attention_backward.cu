@@ -189,14 +189,7 @@ __global__ void __launch_bounds__(QW * 32) attention_backward_dq_kernel(
 
     for (int it = 0; it <= jmax; it++) {
         const int j = jmax - it, buf = it & 1, k0 = j * BLOCK;
-        if (j > 0) {
-            load_rows<D, BLOCK, NT>(k_tiles + (buf ^ 1) * TE, kg, (int64_t)KV * D, (j - 1) * BLOCK, T);
-            load_rows<D, BLOCK, NT>(v_tiles + (buf ^ 1) * TE, vg, (int64_t)KV * D, (j - 1) * BLOCK, T);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        kv_pipeline_step<D, NT>(k_tiles, v_tiles, kg, vg, (int64_t)KV * D, j, buf, T);
         __syncthreads();
         if (k0 > wrow0 + 15) { // every key of this block is after every row of this warp
             __syncthreads();

@@ -71,14 +71,7 @@ __global__ void __launch_bounds__(QW * 32) attention_forward_kernel(int T, int H
 
     for (int it = 0; it <= jmax; it++) {
         const int j = jmax - it, buf = it & 1, k0 = j * BLOCK;
-        if (j > 0) { // prefetch the next key block into the other buffer
-            load_rows<D, BLOCK, NT>(k_tiles + (buf ^ 1) * TE, kg, (int64_t)KV * D, (j - 1) * BLOCK, T);
-            load_rows<D, BLOCK, NT>(v_tiles + (buf ^ 1) * TE, vg, (int64_t)KV * D, (j - 1) * BLOCK, T);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        kv_pipeline_step<D, NT>(k_tiles, v_tiles, kg, vg, (int64_t)KV * D, j, buf, T);
         __syncthreads();
         const bf16 *kt = k_tiles + buf * TE, *vt = v_tiles + buf * TE;
         if constexpr (Q_IN_REGS) {

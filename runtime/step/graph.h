@@ -73,7 +73,7 @@ struct mt_graph {
     double eval_loss[2];
     mt_observer observer;
     uint32_t where;                           /* STARPU_CUDA when a GPU runs compute, else STARPU_CPU */
-    uint32_t *updates_submitted;              /* (ntiles) AdamW rounds submitted per tile */
+    uint32_t *updates_submitted;              /* (ntiles) AdamW updates submitted per tile */
     mt_ready_note *ready_notes;               /* (MT_STEP_READY_RING * ntiles) */
     mt_adamw_stats stats;                     /* the AdamW tasks' counters and timers */
     mt_update_ctx update;                     /* what the AdamW tasks share */
