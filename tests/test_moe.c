@@ -22,6 +22,7 @@
 #include "runtime/hf.h"
 #include "runtime/runtime.h"
 #include "runtime/state.h"
+#include "runtime/step.h"
 #include "tests/testutil.h"
 
 /* Five-point central differences in double: truncation ~h^4, rounding ~1e-16 |L| / h, small
@@ -1304,6 +1305,111 @@ START_TEST(test_f32_matches_f64)
 }
 END_TEST
 
+/* ------------------------------------------------------------------------------------------ */
+/* 9) The step graph on CPU workers runs a sparse model: its loss and gradients (two
+ *    micro-batches, recompute from checkpoints) are those of the fp32 ops called directly.     */
+
+static const char step_json[] =
+    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 20, \"intermediate_size\": 27, \"num_hidden_layers\": 3,"
+    " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 6, \"vocab_size\": 29,"
+    " \"max_position_embeddings\": 64, \"num_experts\": 5, \"num_experts_per_tok\": 2,"
+    " \"moe_intermediate_size\": 7, \"norm_topk_prob\": true}";
+
+START_TEST(test_step_graph)
+{
+    enum { SB = 2, ST = 5, ACCUM = 2, SN = SB * ST };
+    const mt_model_config cfg = parse_ok(step_json, "step");
+    char err[512] = "";
+    mt_host_state *st = mt_state_create(&cfg, MT_DTYPE_F32, 0, err, sizeof err);
+    ck_assert_msg(st != NULL, "%s", err);
+    mt_state_init_random(st, 9, 0.3);
+    mt_step_config sc = mt_step_defaults();
+    sc.B = SB; sc.T = ST; sc.K = 2; sc.accum = ACCUM; sc.clip = 0; sc.head_chunk = 3;
+    mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
+    ck_assert_msg(g != NULL, "%s", err);
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 221);
+    int32_t tokens[ACCUM * SN], targets[ACCUM * SN];
+    int64_t counted = 0;
+    for (int i = 0; i < ACCUM * SN; i++) {
+        tokens[i] = (int32_t)(mt_test_uniform(&rng) * cfg.vocab);
+        targets[i] = i % 7 == 3 ? -1 : (int32_t)(mt_test_uniform(&rng) * cfg.vocab);
+        counted += targets[i] >= 0;
+    }
+    const double loss = mt_graph_wait_loss(g, mt_graph_submit_compute(g, 1, tokens, targets), NULL);
+    starpu_task_wait_for_all();
+
+    /* The same step by hand: per micro-batch, forward keeping every layer, head, backward. */
+    const int64_t L = cfg.layers, nd = SN * cfg.hidden, saved_n = mt_layer_saved_numel(&cfg, SB, ST);
+    int64_t scratch_n = mt_layer_scratch_numel(&cfg, SB, ST);
+    if (mt_head_scratch_numel(&cfg, 3) > scratch_n) scratch_n = mt_head_scratch_numel(&cfg, 3);
+    float *acts = mt_xmalloc(sizeof(float) * (size_t)((L + 1) * nd)), *saved = mt_xmalloc(sizeof(float) * (size_t)(L * saved_n));
+    float *scratch = mt_xmalloc(sizeof(float) * (size_t)scratch_n), *dy = mt_xmalloc(sizeof(float) * (size_t)nd);
+    float *dx = mt_xmalloc(sizeof(float) * (size_t)nd);
+    float **grad = mt_xmalloc(sizeof(float *) * (size_t)st->ntiles);
+    for (int i = 0; i < st->ntiles; i++) grad[i] = calloc((size_t)st->tiles[i].numel, sizeof(float));
+    const mt_tile *embed = &st->tiles[0], *head = &st->tiles[L + 1];
+    const float *table = embed->master + embed->layout->tensors[MT_E_EMBED].offset;
+    double want_loss = 0;
+    for (int m = 0; m < ACCUM; m++) {
+        mt_cpu_embedding_forward_f32(SN, cfg.hidden, table, tokens + m * SN, acts);
+        for (int64_t l = 0; l < L; l++)
+            mt_cpu_layer_forward_f32(&cfg, st->tiles[l + 1].layout, st->tiles[l + 1].master, SB, ST, acts + l * nd,
+                                     acts + (l + 1) * nd, saved + l * saved_n, scratch);
+        int64_t c;
+        want_loss += mt_cpu_head_f32(&cfg, head->layout, head->master, embed->master, SN, acts + L * nd,
+                                     targets + m * SN, 1.0 / (double)counted, 3, dy, grad[L + 1], grad[0], scratch, &c);
+        for (int64_t l = L - 1; l >= 0; l--) {
+            mt_cpu_layer_backward_f32(&cfg, st->tiles[l + 1].layout, st->tiles[l + 1].master, SB, ST,
+                                      saved + l * saved_n, dy, dx, grad[l + 1], scratch);
+            float *t = dy; dy = dx; dx = t;
+        }
+        mt_cpu_embedding_backward_f32(SN, cfg.hidden, tokens + m * SN, dy,
+                                      grad[0] + embed->layout->tensors[MT_E_EMBED].offset);
+    }
+    want_loss /= (double)counted;
+    fprintf(stderr, "step graph on CPU workers, sparse model: loss %.9f, by hand %.9f\n", loss, want_loss);
+    ck_assert_msg(fabs(loss - want_loss) <= 1e-6 * fabs(want_loss), "loss %.9g, by hand %.9g", loss, want_loss);
+    for (int i = 0; i < st->ntiles; i++) {
+        mt_tile *t = &st->tiles[i];
+        starpu_data_acquire(t->h_grad, STARPU_R);
+        double *want = dalloc(t->numel);
+        for (int64_t e = 0; e < t->numel; e++) want[e] = grad[i][e];
+        const double e = f32_rel_err(t->grad, want, t->numel);
+        starpu_data_release(t->h_grad);
+        fprintf(stderr, "  tile %d gradient rel err %.3e\n", i, e);
+        ck_assert_msg(e <= 1e-5, "tile %d: gradient rel err %.3e", i, e);
+        free(want);
+        free(grad[i]);
+    }
+    free(grad); free(acts); free(saved); free(scratch); free(dy); free(dx);
+    mt_graph_destroy(g);
+    mt_state_destroy(st);
+}
+END_TEST
+
+/* What the step cannot run yet is refused when the graph is built, naming what to change. */
+START_TEST(test_step_refuses)
+{
+    const char *const extras[] = { ", \"output_router_logits\": true", ", \"mlp_only_layers\": [1]" };
+    const char *const wants[] = { "output_router_logits", "mlp_only_layers" };
+    for (int i = 0; i < 2; i++) {
+        char json[1024];
+        snprintf(json, sizeof json, "%.*s%s}", (int)strlen(step_json) - 1, step_json, extras[i]);
+        const mt_model_config cfg = parse_ok(json, "step-refused");
+        char err[512] = "";
+        mt_host_state *st = mt_state_create(&cfg, MT_DTYPE_F32, 0, err, sizeof err);
+        ck_assert_msg(st != NULL, "%s", err);
+        mt_step_config sc = mt_step_defaults();
+        sc.B = 1; sc.T = 4; sc.K = 1; sc.accum = 1; sc.head_chunk = 4;
+        mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
+        fprintf(stderr, "  refused: %s\n", err);
+        ck_assert_msg(g == NULL && strstr(err, "mixture-of-experts") && strstr(err, wants[i]), "'%s'", err);
+        mt_state_destroy(st);
+    }
+}
+END_TEST
+
 static Suite *moe_suite(void)
 {
     Suite *s = suite_create("moe");
@@ -1319,9 +1425,11 @@ static Suite *moe_suite(void)
     tcase_add_test(layout, test_layout_qwen3_moe);
     tcase_add_test(layout, test_layout_mixtral);
     suite_add_tcase(s, layout);
-    TCase *hf = tcase_create("hf");
+    TCase *hf = tcase_create("runtime"); /* HF directories and the step graph, on StarPU */
     tcase_add_checked_fixture(hf, runtime_up, runtime_down);
     tcase_add_test(hf, test_hf_roundtrip);
+    tcase_add_test(hf, test_step_graph);
+    tcase_add_test(hf, test_step_refuses);
     suite_add_tcase(s, hf);
     TCase *ops = tcase_create("ops");
     tcase_add_test(ops, test_router_grad);
