@@ -1,4 +1,5 @@
-/* Reads, checks and writes HF config.json files of the Llama/Qwen2/Qwen3/Mistral families, and
+/* Reads, checks and writes HF config.json files of the Llama/Qwen2/Qwen3/Mistral families and of
+ * the mixture-of-experts Qwen3-MoE and Mixtral, counts their parameters (total and active), and
  * knows the published shapes the benchmarks use. Every user error names the file and the key,
  * because a config is usually hand-edited or downloaded and the user must find what to fix. */
 #include "models/config.h"
@@ -133,6 +134,88 @@ static int parse_rope_scaling(json_t *root, const char *name, mt_model_config *c
     return 0;
 }
 
+/* The model_type values this file reads, for messages. */
+#define FAMILY_NAMES "llama, qwen2, qwen3, mistral, qwen3_moe, mixtral"
+
+static bool is_moe_family(mt_family f) { return f == MT_FAMILY_QWEN3_MOE || f == MT_FAMILY_MIXTRAL; }
+
+/* The expert count: each family's own key, or the other spelling, which transformers maps onto it
+ * (attribute_map num_experts -> num_local_experts); both present must agree. */
+static int parse_expert_count(json_t *root, const char *name, mt_model_config *c, char *err, size_t errlen)
+{
+    const bool mixtral = c->family == MT_FAMILY_MIXTRAL;
+    const char *own = mixtral ? "num_local_experts" : "num_experts";
+    const char *other = mixtral ? "num_experts" : "num_local_experts";
+    int64_t a = 0, b = 0;
+    if (get_int(root, name, NULL, own, false, mixtral ? 8 : 128, &a, err, errlen) ||
+        get_int(root, name, NULL, other, false, a, &b, err, errlen))
+        return -1;
+    if (lookup(root, own) && lookup(root, other) && a != b)
+        return mt_fail(err, errlen, "%s: key '%s': %lld disagrees with '%s' %lld (the same count under two names)",
+                       name, other, (long long)b, own, (long long)a);
+    c->experts = lookup(root, own) ? a : b;
+    return 0;
+}
+
+/* qwen3_moe's mlp_only_layers: null or absent is none; kept sorted, without repeats (transformers
+ * tests membership). Ranges are checked by validate, which knows the layer count. */
+static int parse_mlp_only_layers(json_t *root, const char *name, mt_model_config *c, char *err, size_t errlen)
+{
+    json_t *list = lookup(root, "mlp_only_layers");
+    if (!list) return 0;
+    if (!json_is_array(list))
+        return mt_fail(err, errlen, "%s: key 'mlp_only_layers': expected an array of layer indices, got %s", name,
+                       mt_json_type_name(list));
+    size_t i;
+    json_t *v;
+    json_array_foreach(list, i, v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+            return mt_fail(err, errlen, "%s: key 'mlp_only_layers[%zu]': expected a layer index (0 .. "
+                           "num_hidden_layers - 1), got %s", name, i, json_is_integer(v) ? "a negative or huge integer"
+                                                                                          : mt_json_type_name(v));
+        const int32_t layer = (int32_t)json_integer_value(v);
+        int64_t at = 0;
+        while (at < c->mlp_only_layers_count && c->mlp_only_layers[at] < layer) at++;
+        if (at < c->mlp_only_layers_count && c->mlp_only_layers[at] == layer) continue;
+        if (c->mlp_only_layers_count == MT_MAX_MLP_ONLY_LAYERS)
+            return mt_fail(err, errlen, "%s: key 'mlp_only_layers': more than %d layers listed", name,
+                           MT_MAX_MLP_ONLY_LAYERS);
+        memmove(c->mlp_only_layers + at + 1, c->mlp_only_layers + at,
+                (size_t)(c->mlp_only_layers_count - at) * sizeof c->mlp_only_layers[0]);
+        c->mlp_only_layers[at] = layer;
+        c->mlp_only_layers_count++;
+    }
+    return 0;
+}
+
+/* The mixture-of-experts keys, with transformers' defaults (Qwen3MoeConfig, MixtralConfig). */
+static int parse_experts(json_t *root, const char *name, mt_model_config *c, char *err, size_t errlen)
+{
+    if (!is_moe_family(c->family)) return 0;
+    const bool mixtral = c->family == MT_FAMILY_MIXTRAL;
+    if (parse_expert_count(root, name, c, err, errlen) ||
+        get_int(root, name, NULL, "num_experts_per_tok", false, mixtral ? 2 : 8, &c->experts_per_token, err, errlen) ||
+        get_real(root, name, NULL, "router_aux_loss_coef", false, 0.001, &c->router_aux_loss_coef, err, errlen) ||
+        get_bool(root, name, "output_router_logits", false, &c->output_router_logits, err, errlen))
+        return -1;
+    if (mixtral) {
+        /* Mixtral's experts are intermediate_size wide and always renormalise their top k. */
+        c->expert_intermediate = c->intermediate;
+        c->norm_topk_prob = true;
+        c->decoder_sparse_step = 1;
+        double jitter = 0;
+        if (get_real(root, name, NULL, "router_jitter_noise", false, 0.0, &jitter, err, errlen)) return -1;
+        if (jitter != 0)
+            return mt_fail(err, errlen, "%s: key 'router_jitter_noise': %g; the router's multiplicative noise in "
+                           "training is not implemented (set 0.0)", name, jitter);
+        return 0;
+    }
+    return get_int(root, name, NULL, "moe_intermediate_size", false, 768, &c->expert_intermediate, err, errlen) ||
+           get_bool(root, name, "norm_topk_prob", false, &c->norm_topk_prob, err, errlen) ||
+           get_int(root, name, NULL, "decoder_sparse_step", false, 1, &c->decoder_sparse_step, err, errlen) ||
+           parse_mlp_only_layers(root, name, c, err, errlen) ? -1 : 0;
+}
+
 int mt_config_parse(const char *json_text, const char *name, mt_model_config *cfg, char *err, size_t errlen)
 {
     if (!name) name = "config";
@@ -150,7 +233,7 @@ int mt_config_parse(const char *json_text, const char *name, mt_model_config *cf
 
     json_t *mt = lookup(root, "model_type");
     if (!mt) {
-        mt_fail(err, errlen, "%s: key 'model_type': missing (required; one of llama, qwen2, qwen3, mistral)", name);
+        mt_fail(err, errlen, "%s: key 'model_type': missing (required; one of " FAMILY_NAMES ")", name);
         goto out;
     }
     if (!json_is_string(mt)) {
@@ -162,9 +245,10 @@ int mt_config_parse(const char *json_text, const char *name, mt_model_config *cf
     else if (strcmp(type, "qwen2") == 0) c.family = MT_FAMILY_QWEN2;
     else if (strcmp(type, "qwen3") == 0) c.family = MT_FAMILY_QWEN3;
     else if (strcmp(type, "mistral") == 0) c.family = MT_FAMILY_MISTRAL;
+    else if (strcmp(type, "qwen3_moe") == 0) c.family = MT_FAMILY_QWEN3_MOE;
+    else if (strcmp(type, "mixtral") == 0) c.family = MT_FAMILY_MIXTRAL;
     else {
-        mt_fail(err, errlen, "%s: key 'model_type': '%s' is not supported (one of llama, qwen2, qwen3, mistral)",
-             name, type);
+        mt_fail(err, errlen, "%s: key 'model_type': '%s' is not supported (one of " FAMILY_NAMES ")", name, type);
         goto out;
     }
     snprintf(c.model_type, sizeof c.model_type, "%s", type);
@@ -194,11 +278,13 @@ int mt_config_parse(const char *json_text, const char *name, mt_model_config *cf
 
     /* transformers' per-family default context length (LlamaConfig 2048, Qwen2/Qwen3 32768,
      * Mistral 131072), so that a key left out means what it means there. */
+    const bool mixtral = c.family == MT_FAMILY_MIXTRAL;
     int64_t default_positions = c.family == MT_FAMILY_LLAMA ? 2048
-                              : c.family == MT_FAMILY_MISTRAL ? 131072 : 32768;
+                              : c.family == MT_FAMILY_MISTRAL || mixtral ? 131072 : 32768;
+    /* MixtralConfig's own defaults: rope_theta 1e6, rms_norm_eps 1e-5. */
     if (get_int(root, name, NULL, "max_position_embeddings", false, default_positions, &c.max_positions, err, errlen) ||
-        get_real(root, name, NULL, "rope_theta", false, 10000.0, &c.rope_theta, err, errlen) ||
-        get_real(root, name, NULL, "rms_norm_eps", false, 1e-6, &c.rms_eps, err, errlen) ||
+        get_real(root, name, NULL, "rope_theta", false, mixtral ? 1e6 : 10000.0, &c.rope_theta, err, errlen) ||
+        get_real(root, name, NULL, "rms_norm_eps", false, mixtral ? 1e-5 : 1e-6, &c.rms_eps, err, errlen) ||
         get_bool(root, name, "tie_word_embeddings", false, &c.tied, err, errlen))
         goto out;
 
@@ -245,7 +331,7 @@ int mt_config_parse(const char *json_text, const char *name, mt_model_config *cf
                 goto out;
             }
     }
-    c.qk_norm = c.family == MT_FAMILY_QWEN3;
+    c.qk_norm = c.family == MT_FAMILY_QWEN3 || c.family == MT_FAMILY_QWEN3_MOE;
     /* Mistral: sliding_window, which MistralConfig defaults to 4096 when the key is absent; null
      * is full attention (v0.2 and later write null, v0.1 4096). */
     if (c.family == MT_FAMILY_MISTRAL) {
@@ -259,6 +345,17 @@ int mt_config_parse(const char *json_text, const char *name, mt_model_config *cf
             goto out;
         }
     }
+    /* Mixtral: the same key, but MixtralConfig defaults it to null (full attention). */
+    if (mixtral) {
+        json_t *sw = lookup(root, "sliding_window");
+        if (sw && !(json_is_integer(sw) && json_integer_value(sw) > 0)) {
+            mt_fail(err, errlen, "%s: key 'sliding_window': expected a positive integer or null, got %s", name,
+                    mt_json_type_name(sw));
+            goto out;
+        }
+        c.sliding_window = sw ? json_integer_value(sw) : 0;
+    }
+    if (parse_experts(root, name, &c, err, errlen)) goto out;
 
     json_t *act = lookup(root, "hidden_act");
     if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
@@ -354,6 +451,62 @@ static bool size_sum(int64_t a, int64_t b, int64_t *out)
     return !__builtin_add_overflow(a, b, out) && *out <= MAX_PARAMS;
 }
 
+static const char *expert_count_key(const mt_model_config *cfg)
+{
+    return cfg->family == MT_FAMILY_MIXTRAL ? "num_local_experts" : "num_experts";
+}
+
+/* The mixture-of-experts fields: only the MoE families have them, and what each can express in
+ * transformers (Mixtral: every layer sparse, top k always renormalised). */
+static int validate_experts(const mt_model_config *cfg, const char *name, char *err, size_t errlen)
+{
+    if (!is_moe_family(cfg->family)) {
+        if (cfg->experts != 0 || cfg->mlp_only_layers_count != 0)
+            return mt_fail(err, errlen, "%s: key 'model_type': %s has no experts (a mixture of experts is qwen3_moe or "
+                           "mixtral)", name, cfg->model_type);
+        return 0;
+    }
+    const char *count_key = expert_count_key(cfg);
+    if (cfg->experts < 0 || cfg->experts > MT_MAX_EXPERTS)
+        return mt_fail(err, errlen, "%s: key '%s': %lld experts; between 0 and %d are supported", name, count_key,
+                       (long long)cfg->experts, MT_MAX_EXPERTS);
+    if (cfg->family == MT_FAMILY_MIXTRAL) {
+        if (cfg->experts == 0)
+            return mt_fail(err, errlen, "%s: key 'num_local_experts': must be a positive integer, got 0", name);
+        if (!cfg->norm_topk_prob || cfg->decoder_sparse_step != 1 || cfg->mlp_only_layers_count != 0 ||
+            cfg->expert_intermediate != cfg->intermediate)
+            return mt_fail(err, errlen, "%s: key 'model_type': mixtral renormalises its top k, has experts of "
+                           "intermediate_size in every layer", name);
+    }
+    if (!(cfg->router_aux_loss_coef >= 0) || !isfinite(cfg->router_aux_loss_coef))
+        return mt_fail(err, errlen, "%s: key 'router_aux_loss_coef': must be a finite number >= 0, got %g", name,
+                       cfg->router_aux_loss_coef);
+    if (cfg->router_aux != MT_ROUTER_AUX_FROM_CONFIG && cfg->router_aux != MT_ROUTER_AUX_ON &&
+        cfg->router_aux != MT_ROUTER_AUX_OFF)
+        return mt_fail(err, errlen, "%s: the router aux loss override is %d, not one of from-config, on, off", name,
+                       (int)cfg->router_aux);
+    if (cfg->experts == 0) return 0; /* qwen3_moe with no experts: every layer dense */
+    if (cfg->experts_per_token < 1 || cfg->experts_per_token > cfg->experts)
+        return mt_fail(err, errlen, "%s: key 'num_experts_per_tok': %lld; must be between 1 and %s (%lld)", name,
+                       (long long)cfg->experts_per_token, count_key, (long long)cfg->experts);
+    if (check_size(name, cfg->family == MT_FAMILY_MIXTRAL ? "intermediate_size" : "moe_intermediate_size",
+                   cfg->expert_intermediate, err, errlen) ||
+        check_size(name, "decoder_sparse_step", cfg->decoder_sparse_step, err, errlen))
+        return -1;
+    if (cfg->mlp_only_layers_count < 0 || cfg->mlp_only_layers_count > MT_MAX_MLP_ONLY_LAYERS)
+        return mt_fail(err, errlen, "%s: key 'mlp_only_layers': %lld entries; at most %d are supported", name,
+                       (long long)cfg->mlp_only_layers_count, MT_MAX_MLP_ONLY_LAYERS);
+    for (int64_t i = 0; i < cfg->mlp_only_layers_count; i++) {
+        const int64_t l = cfg->mlp_only_layers[i];
+        if (l < 0 || l >= cfg->layers)
+            return mt_fail(err, errlen, "%s: key 'mlp_only_layers': layer %lld does not exist (num_hidden_layers is "
+                           "%lld)", name, (long long)l, (long long)cfg->layers);
+        if (i > 0 && l <= cfg->mlp_only_layers[i - 1])
+            return mt_fail(err, errlen, "%s: key 'mlp_only_layers': entries must be sorted and distinct", name);
+    }
+    return 0;
+}
+
 int mt_config_validate(const mt_model_config *cfg, const char *name, char *err, size_t errlen)
 {
     if (!name) name = "config";
@@ -399,23 +552,27 @@ int mt_config_validate(const mt_model_config *cfg, const char *name, char *err, 
             return mt_fail(err, errlen, "%s: key 'model_type': qwen2 always has q/k/v biases and no q/k norm", name);
         break;
     case MT_FAMILY_QWEN3:
+    case MT_FAMILY_QWEN3_MOE:
         if (!cfg->qk_norm)
-            return mt_fail(err, errlen, "%s: key 'model_type': qwen3 always has q/k norms", name);
+            return mt_fail(err, errlen, "%s: key 'model_type': %s always has q/k norms", name, cfg->model_type);
         /* fall through */
     case MT_FAMILY_MISTRAL:
+    case MT_FAMILY_MIXTRAL:
     case MT_FAMILY_LLAMA:
         /* transformers' Llama, Mistral and Qwen3 attention give attention_bias to o_proj as well
          * as q, k and v; only Qwen2's q/k/v-only biases are implemented here */
         if (cfg->qkv_bias)
             return mt_fail(err, errlen, "%s: key 'attention_bias': true gives %s biases on q, k, v and o_proj in "
                         "transformers; the o_proj bias is not implemented", name, cfg->model_type);
-        if (cfg->family == MT_FAMILY_QWEN3) break;
+        if (cfg->family == MT_FAMILY_QWEN3 || cfg->family == MT_FAMILY_QWEN3_MOE) break;
         if (cfg->qk_norm)
             return mt_fail(err, errlen, "%s: key 'model_type': %s has no q/k norm", name, cfg->model_type);
         break;
     default:
         return mt_fail(err, errlen, "%s: key 'model_type': unknown family %d", name, (int)cfg->family);
     }
+
+    if (validate_experts(cfg, name, err, errlen)) return -1;
 
     /* Every product and sum below is checked (the numbers come from a file), and the total is
      * bounded by MAX_PARAMS so that the layout's offsets and the plan's byte counts, which
@@ -432,6 +589,18 @@ int mt_config_validate(const mt_model_config *cfg, const char *name, char *err, 
         if (!size_product(factors[i][0], factors[i][1], &part) || !size_sum(layer, round_up(part, MT_TILE_ALIGN), &layer))
             return mt_fail(err, errlen, "%s: key 'hidden_size': a layer with hidden_size %lld and intermediate_size %lld "
                         "is absurdly large", name, (long long)d, (long long)I);
+    /* A sparse layer holds its router and every expert besides (bounding the larger of the two
+     * kinds of layer by their sum is enough here). */
+    if (cfg->experts > 0) {
+        int64_t router, expert, experts;
+        if (!size_product(cfg->experts, d, &router) || !size_sum(layer, round_up(router, MT_TILE_ALIGN), &layer) ||
+            !size_product(cfg->expert_intermediate, d, &expert) ||
+            !size_product(round_up(expert, MT_TILE_ALIGN), 3 * cfg->experts, &experts) ||
+            !size_sum(layer, experts, &layer))
+            return mt_fail(err, errlen, "%s: key '%s': %lld experts of width %lld at hidden_size %lld make a layer "
+                           "absurdly large", name, expert_count_key(cfg), (long long)cfg->experts,
+                           (long long)cfg->expert_intermediate, (long long)d);
+    }
     int64_t layers_total;
     if (!size_product(cfg->layers, layer, &layers_total))
         return mt_fail(err, errlen, "%s: key 'num_hidden_layers': %lld layers of %lld parameters each is absurdly large",
@@ -444,29 +613,82 @@ int mt_config_validate(const mt_model_config *cfg, const char *name, char *err, 
     return 0;
 }
 
-/* The per-layer parameter count without padding, as HF's num_parameters() counts it. */
-static int64_t layer_params(const mt_model_config *cfg)
+bool mt_config_layer_is_sparse(const mt_model_config *cfg, int64_t layer)
 {
-    int64_t d = cfg->hidden, D = cfg->head_dim, I = cfg->intermediate;
+    /* Qwen3MoeDecoderLayer: sparse unless listed in mlp_only_layers, when there are experts and
+     * (layer + 1) is a multiple of decoder_sparse_step. */
+    if (cfg->experts <= 0 || cfg->decoder_sparse_step <= 0) return false;
+    for (int64_t i = 0; i < cfg->mlp_only_layers_count; i++)
+        if (cfg->mlp_only_layers[i] == layer) return false;
+    return (layer + 1) % cfg->decoder_sparse_step == 0;
+}
+
+int64_t mt_config_sparse_layers(const mt_model_config *cfg)
+{
+    int64_t n = 0;
+    for (int64_t l = 0; l < cfg->layers; l++) n += mt_config_layer_is_sparse(cfg, l);
+    return n;
+}
+
+bool mt_config_has_dense_layers(const mt_model_config *cfg)
+{
+    return mt_config_sparse_layers(cfg) < cfg->layers;
+}
+
+/* The per-layer parameter count without padding, as HF's num_parameters() counts it: the
+ * attention block with both norms, then the MLP. */
+static int64_t attention_params(const mt_model_config *cfg)
+{
+    int64_t d = cfg->hidden, D = cfg->head_dim;
     int64_t q = cfg->heads * D, kv = cfg->kv_heads * D;
     int64_t n = 2 * d;                       /* input and post-attention norms */
     n += q * d + 2 * kv * d + d * q;         /* q, k, v, o projections */
     if (cfg->qkv_bias) n += q + 2 * kv;
     if (cfg->qk_norm) n += 2 * D;
-    n += 3 * I * d;                          /* gate, up, down */
+    return n;
+}
+
+/* The MLP of layer `layer`: gate, up, down of a dense layer; of a sparse one the router and all
+ * experts, or (active) the router and the k experts one token uses. */
+static int64_t mlp_params(const mt_model_config *cfg, int64_t layer, bool active)
+{
+    const int64_t d = cfg->hidden;
+    if (!mt_config_layer_is_sparse(cfg, layer)) return 3 * cfg->intermediate * d;
+    const int64_t used = active ? cfg->experts_per_token : cfg->experts;
+    return cfg->experts * d + used * 3 * cfg->expert_intermediate * d;
+}
+
+static int64_t layers_params(const mt_model_config *cfg, bool active)
+{
+    int64_t n = 0;
+    for (int64_t l = 0; l < cfg->layers; l++) n += attention_params(cfg) + mlp_params(cfg, l, active);
     return n;
 }
 
 int64_t mt_config_param_count(const mt_model_config *cfg)
 {
     int64_t table = cfg->vocab * cfg->hidden;
-    return table + cfg->layers * layer_params(cfg) + cfg->hidden + (cfg->tied ? 0 : table);
+    return table + layers_params(cfg, false) + cfg->hidden + (cfg->tied ? 0 : table);
+}
+
+int64_t mt_config_active_param_count(const mt_model_config *cfg)
+{
+    int64_t table = cfg->vocab * cfg->hidden;
+    return table + layers_params(cfg, true) + cfg->hidden + (cfg->tied ? 0 : table);
 }
 
 int64_t mt_config_flops_params(const mt_model_config *cfg)
 {
-    /* The embedding lookup does no FLOPs; the LM head's matmul does, tied or not. */
-    return cfg->layers * layer_params(cfg) + cfg->hidden + cfg->vocab * cfg->hidden;
+    /* The embedding lookup does no FLOPs; the LM head's matmul does, tied or not. A token's
+     * FLOPs follow the experts it is routed to: active parameters. */
+    return layers_params(cfg, true) + cfg->hidden + cfg->vocab * cfg->hidden;
+}
+
+double mt_config_router_aux_coef(const mt_model_config *cfg)
+{
+    const bool on = cfg->router_aux == MT_ROUTER_AUX_ON ||
+                    (cfg->router_aux == MT_ROUTER_AUX_FROM_CONFIG && cfg->output_router_logits);
+    return on && mt_config_sparse_layers(cfg) > 0 ? cfg->router_aux_loss_coef : 0.0;
 }
 
 static const char *architecture(mt_family f)
@@ -476,8 +698,34 @@ static const char *architecture(mt_family f)
     case MT_FAMILY_QWEN2: return "Qwen2ForCausalLM";
     case MT_FAMILY_QWEN3: return "Qwen3ForCausalLM";
     case MT_FAMILY_MISTRAL: return "MistralForCausalLM";
+    case MT_FAMILY_QWEN3_MOE: return "Qwen3MoeForCausalLM";
+    case MT_FAMILY_MIXTRAL: return "MixtralForCausalLM";
     }
     return "LlamaForCausalLM";
+}
+
+/* The mixture-of-experts keys, under each family's names. The run's override of the aux loss is
+ * not the model's, so output_router_logits is saved as it was read. */
+static void save_experts(const mt_model_config *cfg, json_t *o)
+{
+    if (!is_moe_family(cfg->family)) return;
+    const bool mixtral = cfg->family == MT_FAMILY_MIXTRAL;
+    json_object_set_new(o, expert_count_key(cfg), json_integer(cfg->experts));
+    json_object_set_new(o, "num_experts_per_tok", json_integer(cfg->experts_per_token));
+    if (mixtral) {
+        json_object_set_new(o, "router_jitter_noise", json_real(0.0));
+    } else {
+        json_object_set_new(o, "moe_intermediate_size", json_integer(cfg->expert_intermediate));
+        json_object_set_new(o, "norm_topk_prob", json_boolean(cfg->norm_topk_prob));
+        json_object_set_new(o, "decoder_sparse_step", json_integer(cfg->decoder_sparse_step));
+        json_t *dense = json_array();
+        for (int64_t i = 0; i < cfg->mlp_only_layers_count; i++)
+            json_array_append_new(dense, json_integer(cfg->mlp_only_layers[i]));
+        json_object_set_new(o, "mlp_only_layers", dense);
+        json_object_set_new(o, "use_sliding_window", json_false());
+    }
+    json_object_set_new(o, "router_aux_loss_coef", json_real(cfg->router_aux_loss_coef));
+    json_object_set_new(o, "output_router_logits", json_boolean(cfg->output_router_logits));
 }
 
 int mt_config_save(const mt_model_config *cfg, const char *path, char *err, size_t errlen)
@@ -510,8 +758,9 @@ int mt_config_save(const mt_model_config *cfg, const char *path, char *err, size
     /* The model's own window, or null (full attention; MistralConfig would read a missing key as
      * 4096). Training here never passes the window (runtime/step/graph.c refuses it), where the
      * two agree. */
-    if (cfg->family == MT_FAMILY_MISTRAL)
+    if (cfg->family == MT_FAMILY_MISTRAL || cfg->family == MT_FAMILY_MIXTRAL)
         json_object_set_new(o, "sliding_window", cfg->sliding_window > 0 ? json_integer(cfg->sliding_window) : json_null());
+    save_experts(cfg, o);
     if (cfg->rope_scaling_factor > 0) {
         json_t *rs = json_object();
         json_object_set_new(rs, "rope_type", json_string("llama3"));

@@ -1,7 +1,9 @@
 /* Where each parameter lives inside a layer tile. A model's state is a list of tiles: the
  * embedding, the L decoder layers, and the head (final norm + untied LM head). Inside a tile,
  * tensors follow HF order, each starting on a MT_TILE_ALIGN-element boundary, so the same
- * element offsets serve the bf16, fp32 master, gradient and Adam copies of the tile. */
+ * element offsets serve the bf16, fp32 master, gradient and Adam copies of the tile. A sparse
+ * (mixture-of-experts) layer's tile holds its router and every expert: the whole layer streams,
+ * whichever experts its tokens use. */
 #ifndef MT_MODELS_LAYOUT_H
 #define MT_MODELS_LAYOUT_H
 
@@ -27,15 +29,29 @@ enum {
     MT_L_GATE_W,      /* mlp.gate_proj.weight              (I, d)    */
     MT_L_UP_W,        /* mlp.up_proj.weight                (I, d)    */
     MT_L_DOWN_W,      /* mlp.down_proj.weight              (d, I)    */
-    MT_L_COUNT
+    MT_L_COUNT,       /* the slots of a dense layer */
+    /* A sparse layer: the dense MLP slots above are absent; then the router, and from
+     * MT_L_EXPERT_BASE three slots per expert (mt_layout_expert_slot), under HF names:
+     * qwen3_moe mlp.gate.weight, mlp.experts.{e}.gate_proj / up_proj / down_proj.weight;
+     * mixtral   block_sparse_moe.gate.weight, block_sparse_moe.experts.{e}.w1 / w3 / w2.weight. */
+    MT_L_ROUTER_W = MT_L_COUNT, /* router                       (E, d)    */
+    MT_L_EXPERT_BASE
+};
+/* The three matrices of an expert, in slot order. */
+enum {
+    MT_X_GATE,        /* gate_proj / w1                    (Ie, d)   */
+    MT_X_UP,          /* up_proj / w3                      (Ie, d)   */
+    MT_X_DOWN,        /* down_proj / w2                    (d, Ie)   */
+    MT_X_COUNT
 };
 enum { MT_E_EMBED, MT_E_COUNT };                    /* model.embed_tokens.weight (V, d) */
 enum { MT_H_NORM, MT_H_LM_HEAD, MT_H_COUNT };       /* model.norm.weight (d), lm_head.weight (V, d) */
 
-#define MT_MAX_TILE_TENSORS MT_L_COUNT
+#define MT_MAX_TILE_TENSORS (MT_L_EXPERT_BASE + MT_X_COUNT * MT_MAX_EXPERTS)
+#define MT_TENSOR_NAME_MAX 48 /* "block_sparse_moe.experts.255.w1.weight" and its NUL fit */
 
 typedef struct mt_tensor_desc {
-    const char *name;   /* HF name relative to its owner, e.g. "self_attn.q_proj.weight" */
+    char name[MT_TENSOR_NAME_MAX]; /* HF name relative to its owner, e.g. "self_attn.q_proj.weight" */
     int ndim;           /* 1 or 2 */
     int64_t shape[2];   /* HF shape: (out, in) for linear weights */
     int64_t offset;     /* in elements from the tile start, MT_TILE_ALIGN-aligned */
@@ -50,8 +66,21 @@ typedef struct mt_tile_layout {
     int64_t numel;                               /* tile size in elements, padding included */
 } mt_tile_layout;
 
-/* Fills the layout of one kind of tile for this config. */
+/* Fills the layout of one kind of tile for this config. For MT_TILE_LAYER in a model with sparse
+ * layers, the layout of a sparse layer (mt_layout_build_layer gives each layer its own). */
 void mt_layout_build(const mt_model_config *cfg, mt_tile_kind kind, mt_tile_layout *out);
+
+/* The layout of decoder layer `layer`: sparse or dense as mt_config_layer_is_sparse says. */
+void mt_layout_build_layer(const mt_model_config *cfg, int64_t layer, mt_tile_layout *out);
+
+/* Whether a layer layout is that of a sparse layer (a router and experts). */
+bool mt_layout_is_sparse(const mt_tile_layout *layout);
+
+/* The slot of matrix `which` (MT_X_*) of expert `expert` in a sparse layer's layout. The experts
+ * follow one another at one stride: expert e's matrix starts at that of expert 0 plus
+ * e * mt_layout_expert_stride, which a batched GEMM over the experts can use. */
+int mt_layout_expert_slot(int expert, int which);
+int64_t mt_layout_expert_stride(const mt_tile_layout *layout);
 
 /* HF full name of tensor `slot` of a tile ("model.layers.3.mlp.up_proj.weight"). */
 void mt_layout_full_name(const mt_tile_layout *layout, int layer, int slot, char *buf, size_t len);

@@ -36,6 +36,27 @@ int64_t mt_layer_scratch_numel(const mt_model_config *cfg, int64_t B, int64_t T)
 /* Scratch of the head for `chunk` rows at a time. */
 int64_t mt_head_scratch_numel(const mt_model_config *cfg, int64_t chunk);
 
+/* Mixture of experts (backends/cpu/moe.inc, moe.c; docs/moe.md). Each of n tokens is routed to
+ * k = cfg->experts_per_token of E = cfg->experts experts: assignment a = token * k + slot, slots
+ * in rank order. Index arrays (int32) live in the callers' `real` scratch, one element each. */
+
+/* Groups the n*k assignments by expert (a counting sort): order[offsets[e] .. offsets[e+1]) are
+ * the assignments routed to expert e, tokens ascending; offsets has E + 1 entries. */
+void mt_moe_group(int64_t n, int64_t E, int64_t k, const int32_t *experts, int32_t *offsets, int32_t *order);
+/* transformers' load_balancing_loss_func over the `rows` router rows of one forward call (tokens
+ * times sparse layers, concatenated): E * sum_e (count_e / rows) * (probsum_e / rows), from the
+ * statistics the MoE forward gathers, stats (2E): [0, E) assignments per expert (over all k
+ * slots), [E, 2E) the sum of each expert's probability over the rows. */
+double mt_moe_aux_loss(int64_t E, int64_t rows, const double *stats);
+/* The gradient scale the MoE backward takes with those counts: the derivative of
+ * weight * coef * mt_moe_aux_loss with respect to count_e * probsum_e, i.e.
+ * weight * coef * E / rows^2 (the top-k counts are piecewise constant). */
+double mt_moe_aux_grad_scale(int64_t E, int64_t rows, double coef, double weight);
+/* Scratch of the MoE block of one layer over n tokens (mt_cpu_moe_forward / _backward), and
+ * what the decoder layer keeps of it in `saved` (probabilities (n, E), g and u (n*k, Ie)). */
+int64_t mt_moe_forward_scratch_numel(const mt_model_config *cfg, int64_t n, bool saving);
+int64_t mt_moe_backward_scratch_numel(const mt_model_config *cfg, int64_t n);
+
 #define MT_CPU_OPS_DECLARE(real, sfx)                                                              \
     /* out (ntok, d) = table[tokens] */                                                           \
     void mt_cpu_embedding_forward_##sfx(int64_t ntok, int64_t d, const real *table,              \
@@ -89,16 +110,85 @@ int64_t mt_head_scratch_numel(const mt_model_config *cfg, int64_t chunk);
      * of a split update whose second half is mt_cpu_adamw; bitwise its master. */              \
     void mt_cpu_adamw_params_##sfx(int64_t n, const real *master, const real *grad, const real *m, \
                                    const real *v, real *out, const mt_adamw_params *p);         \
-    /* One decoder layer, pre-norm: h = x + o(attn(rope(q,k), v)); y = h + down(swiglu).       \
-     * tile laid out by `layout` (MT_TILE_LAYER); x, y (B*T, d). saved (may be NULL when no     \
-     * backward follows) receives mt_layer_saved_numel elements, x included. */                 \
+    /* Router: probs (n, E) = softmax over the experts of logits (n, E), in the precision of    \
+     * real (probs may be logits). */                                                          \
+    void mt_cpu_router_softmax_##sfx(int64_t n, int64_t E, const real *logits, real *probs);    \
+    /* Router: the k best experts of each row of probs (n, E) into experts (n, k) =, in rank     \
+     * order: the larger probability first, NaN above every number, and of equal values the     \
+     * lower expert index first (torch.topk's choice on CUDA and in its CPU partial-sort path;  \
+     * its CPU nth_element path, k * 64 > E, leaves exact ties unspecified). weights (n, k) =   \
+     * their probabilities, divided by their sum when renormalise. */                          \
+    void mt_cpu_router_topk_##sfx(int64_t n, int64_t E, int64_t k, bool renormalise,             \
+                                  const real *probs, int32_t *experts, real *weights);           \
+    /* Router backward: dlogits (n, E) = the gradient at the logits of dweights (n, k) through  \
+     * the renormalisation and the softmax (the top-k choice is piecewise constant); with      \
+     * aux_counts (E), aux_scale * aux_counts[e] joins the gradient at each row's probability  \
+     * of expert e (the load-balancing loss, mt_moe_aux_grad_scale). */                        \
+    void mt_cpu_router_backward_##sfx(int64_t n, int64_t E, int64_t k, bool renormalise,         \
+                                      const real *probs, const int32_t *experts,                 \
+                                      const real *dweights, const double *aux_counts,            \
+                                      double aux_scale, real *dlogits);                          \
+    /* out (rows, d) = x[order[i] / k]: the tokens of a group of assignments, gathered. */      \
+    void mt_cpu_moe_gather_##sfx(int64_t rows, int64_t d, int64_t k, const int32_t *order,      \
+                                 const real *x, real *out);                                      \
+    /* The combine: y[order[i] / k] += weights[order[i]] * o[i] for o (rows, d); weights NULL:  \
+     * unweighted (the backward's scatter of the inputs' gradients). */                         \
+    void mt_cpu_moe_combine_##sfx(int64_t rows, int64_t d, int64_t k, const int32_t *order,     \
+                                  const real *weights, const real *o, real *y);                  \
+    /* One expert over its rows X (rows, d): g, u (rows, Ie) = X Wg^T, X Wu^T; s = silu(g) * u; \
+     * o (rows, d) = s Wd^T. Wg, Wu (Ie, d), Wd (d, Ie) as HF stores them. All = . */           \
+    void mt_cpu_expert_forward_##sfx(int64_t rows, int64_t d, int64_t Ie, const real *X,        \
+                                     const real *Wg, const real *Wu, const real *Wd, real *g,    \
+                                     real *u, real *s, real *o);                                 \
+    /* Backward of w[i] * expert(X[i]) per row, given dy (rows, d) at that product: dX (rows, d) \
+     * =, dw (rows) = <dy, expert(X)>, dWg dWu dWd +=. s, dz, du: scratch (rows, Ie) each. */  \
+    void mt_cpu_expert_backward_##sfx(int64_t rows, int64_t d, int64_t Ie, const real *X,       \
+                                      const real *Wg, const real *Wu, const real *Wd,            \
+                                      const real *g, const real *u, const real *w,               \
+                                      const real *dy, real *dX, real *dw, real *dWg, real *dWu,  \
+                                      real *dWd, real *s, real *dz, real *du);                   \
+    /* The MoE block of a sparse layer over x (n, d) (the normed hidden state): router, top k,  \
+     * the experts over their gathered tokens, the combine summed expert by expert in ascending \
+     * order (as transformers' loop does). out (n, d) =, probs (n, E) = (kept for backward);    \
+     * g_saved, u_saved (n*k, Ie) =, grouped by expert, or NULL when no backward follows;       \
+     * router_stats (2E) += the aux loss's statistics (mt_moe_aux_loss), or NULL. scratch:     \
+     * mt_moe_forward_scratch_numel(cfg, n, g_saved != NULL). */                              \
+    void mt_cpu_moe_forward_##sfx(const mt_model_config *cfg, const mt_tile_layout *layout,     \
+                                  const real *tile, int64_t n, const real *x, real *probs,       \
+                                  real *out, real *g_saved, real *u_saved, double *router_stats, \
+                                  real *scratch);                                                \
+    /* Its backward from dout (n, d): dx (n, d) =, dtile += (router and experts); aux_counts    \
+     * (E, may be NULL) and aux_scale as for mt_cpu_router_backward. scratch:                   \
+     * mt_moe_backward_scratch_numel. */                                                        \
+    void mt_cpu_moe_backward_##sfx(const mt_model_config *cfg, const mt_tile_layout *layout,    \
+                                   const real *tile, int64_t n, const real *x, const real *probs, \
+                                   const real *g_saved, const real *u_saved, const real *dout,   \
+                                   const double *aux_counts, double aux_scale, real *dx,         \
+                                   real *dtile, real *scratch);                                  \
+    /* One decoder layer, pre-norm: h = x + o(attn(rope(q,k), v)); y = h + mlp(norm(h)), the   \
+     * MLP dense (down(swiglu)) or, for a sparse layout, the MoE block. tile laid out by        \
+     * `layout` (MT_TILE_LAYER); x, y (B*T, d). saved (may be NULL when no backward follows)    \
+     * receives at most mt_layer_saved_numel elements, x included. */                           \
     void mt_cpu_layer_forward_##sfx(const mt_model_config *cfg, const mt_tile_layout *layout,    \
                                     const real *tile, int64_t B, int64_t T, const real *x,       \
                                     real *y, real *saved, real *scratch);                        \
+    /* The same, a sparse layer adding its router statistics to router_stats (2E, may be NULL)  \
+     * for the load-balancing loss. Pass NULL in a recompute, whose statistics are counted. */   \
+    void mt_cpu_layer_forward_aux_##sfx(const mt_model_config *cfg, const mt_tile_layout *layout, \
+                                        const real *tile, int64_t B, int64_t T, const real *x,   \
+                                        real *y, real *saved, real *scratch,                     \
+                                        double *router_stats);                                   \
     /* dx (B*T, d) =, dtile += (same layout as tile) */                                          \
     void mt_cpu_layer_backward_##sfx(const mt_model_config *cfg, const mt_tile_layout *layout,   \
                                      const real *tile, int64_t B, int64_t T, const real *saved,  \
                                      const real *dy, real *dx, real *dtile, real *scratch);      \
+    /* The same with the load-balancing loss's gradient: aux_counts (E) the assignments per     \
+     * expert over every sparse layer of the forward call, aux_scale mt_moe_aux_grad_scale. */  \
+    void mt_cpu_layer_backward_aux_##sfx(const mt_model_config *cfg, const mt_tile_layout *layout, \
+                                         const real *tile, int64_t B, int64_t T,                 \
+                                         const real *saved, const real *dy, real *dx,            \
+                                         real *dtile, real *scratch, const double *aux_counts,   \
+                                         double aux_scale);                                      \
     /* Final norm + LM head + cross-entropy, chunked over rows (never ntok x V logits).         \
      * targets < 0 are ignored. Returns the sum over counted rows of -log p(target); *counted  \
      * gets their number. head_tile: MT_TILE_HEAD layout; embed_tile (V, d) is the LM head when \
