@@ -96,15 +96,64 @@ static int get_bool(json_t *obj, const char *name, const char *key, bool dflt, b
     return 0;
 }
 
-/* Llama-3 rope scaling; null, absent or rope_type "default" mean no scaling. Every other type
- * (linear, dynamic, yarn, longrope) changes the frequencies in ways the kernels do not implement,
- * so it is refused rather than silently ignored. */
+/* The rope_type names of HF configs, by mt_rope_type. */
+static const char *const rope_type_names[] = {"default", "linear", "dynamic", "yarn", "llama3"};
+
+static const char *rope_type_name(mt_rope_type t)
+{
+    return (unsigned)t < sizeof rope_type_names / sizeof rope_type_names[0] ? rope_type_names[t] : "?";
+}
+
+/* yarn's keys beyond the factor, with transformers' defaults (_compute_yarn_parameters): beta_fast
+ * and beta_slow read with `or`, so 0 and absent both mean 32 and 1; mscale and mscale_all_dim
+ * count only when both are non-zero; truncate defaults to true. A null factor is
+ * max_position_embeddings / original_max_position_embeddings there too. */
+static int parse_yarn(json_t *rs, const char *name, const char *rs_key, mt_model_config *cfg, char *err, size_t errlen)
+{
+    if (get_int(rs, name, rs_key, "original_max_position_embeddings", false, cfg->max_positions,
+                &cfg->rope_original_max_positions, err, errlen) ||
+        get_real(rs, name, rs_key, "factor", false, 0, &cfg->rope_scaling_factor, err, errlen) ||
+        get_real(rs, name, rs_key, "beta_fast", false, 0, &cfg->rope_beta_fast, err, errlen) ||
+        get_real(rs, name, rs_key, "beta_slow", false, 0, &cfg->rope_beta_slow, err, errlen) ||
+        get_real(rs, name, rs_key, "mscale", false, 0, &cfg->rope_mscale, err, errlen) ||
+        get_real(rs, name, rs_key, "mscale_all_dim", false, 0, &cfg->rope_mscale_all_dim, err, errlen) ||
+        get_real(rs, name, rs_key, "attention_factor", false, 0, &cfg->rope_attention_factor, err, errlen))
+        return -1;
+    if (!json_object_get(rs, "factor"))
+        return key_fail(err, errlen, name, rs_key, "factor", "missing (required for yarn)");
+    if (!lookup(rs, "factor") && cfg->rope_original_max_positions > 0)
+        cfg->rope_scaling_factor = (double)cfg->max_positions / (double)cfg->rope_original_max_positions;
+    if (cfg->rope_beta_fast == 0) cfg->rope_beta_fast = 32;
+    if (cfg->rope_beta_slow == 0) cfg->rope_beta_slow = 1;
+    if (lookup(rs, "attention_factor") && !(cfg->rope_attention_factor > 0))
+        return key_fail(err, errlen, name, rs_key, "attention_factor", "must be positive, got %g",
+                        cfg->rope_attention_factor);
+    json_t *truncate = lookup(rs, "truncate");
+    if (truncate && !json_is_boolean(truncate))
+        return key_fail(err, errlen, name, rs_key, "truncate", "expected true or false, got %s",
+                        mt_json_type_name(truncate));
+    cfg->rope_truncate = !truncate || json_is_true(truncate);
+    return 0;
+}
+
+/* Rope scaling; null, absent or rope_type "default" mean none. linear, dynamic, yarn and llama3
+ * are read with transformers' defaults; every other type (longrope, ...) changes the
+ * frequencies in ways the kernels do not implement, so it is refused rather than ignored. */
 static int parse_rope_scaling(json_t *root, const char *name, mt_model_config *cfg, char *err, size_t errlen)
 {
     /* transformers 5 writes one object "rope_parameters" holding rope_theta, rope_type and the
      * scaling fields; earlier versions a top-level rope_theta and "rope_scaling". */
     const char *rs_key = lookup(root, "rope_scaling") ? "rope_scaling" : "rope_parameters";
     json_t *rs = lookup(root, rs_key);
+    /* A partial rotation (rotary dims < head_dim) is not implemented; 1 is the whole head. */
+    double partial = 1.0;
+    if (get_real(root, name, NULL, "partial_rotary_factor", false, 1.0, &partial, err, errlen) ||
+        (rs && json_is_object(rs) &&
+         get_real(rs, name, rs_key, "partial_rotary_factor", false, partial, &partial, err, errlen)))
+        return -1;
+    if (partial != 1.0)
+        return mt_fail(err, errlen, "%s: key 'partial_rotary_factor': %g; rotating part of each head is not "
+                       "implemented (only 1.0)", name, partial);
     if (!rs) return 0;
     if (!json_is_object(rs))
         return mt_fail(err, errlen, "%s: key '%s': expected an object or null, got %s", name, rs_key,
@@ -118,16 +167,31 @@ static int parse_rope_scaling(json_t *root, const char *name, mt_model_config *c
     if (!type || !json_is_string(type))
         return mt_fail(err, errlen, "%s: key '%s': needs a string 'rope_type'", name, rs_key);
     const char *t = json_string_value(type);
-    if (strcmp(t, "default") == 0) return 0;
-    if (strcmp(t, "llama3") != 0)
-        return mt_fail(err, errlen, "%s: key '%s': rope_type '%s' is not supported (only 'llama3')",
-                    name, rs_key, t);
-    if (get_real(rs, name, rs_key, "factor", true, 0, &cfg->rope_scaling_factor, err, errlen) ||
-        get_real(rs, name, rs_key, "low_freq_factor", true, 0, &cfg->rope_low_freq_factor, err, errlen) ||
-        get_real(rs, name, rs_key, "high_freq_factor", true, 0, &cfg->rope_high_freq_factor, err, errlen) ||
-        get_int(rs, name, rs_key, "original_max_position_embeddings", true, 0, &cfg->rope_original_max_positions,
-                err, errlen))
-        return -1;
+    int found = -1;
+    for (int k = 0; k < (int)(sizeof rope_type_names / sizeof rope_type_names[0]); k++)
+        if (strcmp(t, rope_type_names[k]) == 0) found = k;
+    if (found < 0)
+        return mt_fail(err, errlen, "%s: key '%s': rope_type '%s' is not supported (one of default, linear, "
+                       "dynamic, yarn, llama3)", name, rs_key, t);
+    cfg->rope_type = (mt_rope_type)found;
+    switch (cfg->rope_type) {
+    case MT_ROPE_DEFAULT: return 0;
+    case MT_ROPE_LINEAR:
+    case MT_ROPE_DYNAMIC:
+        if (get_real(rs, name, rs_key, "factor", true, 0, &cfg->rope_scaling_factor, err, errlen)) return -1;
+        break;
+    case MT_ROPE_YARN:
+        if (parse_yarn(rs, name, rs_key, cfg, err, errlen)) return -1;
+        break;
+    case MT_ROPE_LLAMA3:
+        if (get_real(rs, name, rs_key, "factor", true, 0, &cfg->rope_scaling_factor, err, errlen) ||
+            get_real(rs, name, rs_key, "low_freq_factor", true, 0, &cfg->rope_low_freq_factor, err, errlen) ||
+            get_real(rs, name, rs_key, "high_freq_factor", true, 0, &cfg->rope_high_freq_factor, err, errlen) ||
+            get_int(rs, name, rs_key, "original_max_position_embeddings", true, 0,
+                    &cfg->rope_original_max_positions, err, errlen))
+            return -1;
+        break;
+    }
     if (!(cfg->rope_scaling_factor > 0))
         return mt_fail(err, errlen, "%s: key '%s': factor must be positive, got %g", name, rs_key,
                     cfg->rope_scaling_factor);
@@ -507,6 +571,63 @@ static int validate_experts(const mt_model_config *cfg, const char *name, char *
     return 0;
 }
 
+/* The length a scaling's factor multiplies: the original pretraining context for yarn and
+ * llama3, max_position_embeddings itself for linear and dynamic (transformers' formulas use it). */
+static int64_t rope_original_length(const mt_model_config *cfg)
+{
+    return cfg->rope_type == MT_ROPE_YARN || cfg->rope_type == MT_ROPE_LLAMA3 ? cfg->rope_original_max_positions
+                                                                              : cfg->max_positions;
+}
+
+/* The rope scaling fields of a config against what each type needs. */
+static int validate_rope_scaling(const mt_model_config *cfg, const char *name, char *err, size_t errlen)
+{
+    if ((unsigned)cfg->rope_type > MT_ROPE_LLAMA3)
+        return mt_fail(err, errlen, "%s: key 'rope_scaling': unknown rope type %d", name, (int)cfg->rope_type);
+    if (cfg->rope_type == MT_ROPE_DEFAULT) {
+        if (cfg->rope_scaling_factor != 0)
+            return mt_fail(err, errlen, "%s: key 'rope_scaling': factor %g without a rope_type", name,
+                           cfg->rope_scaling_factor);
+        return 0;
+    }
+    const char *type = rope_type_name(cfg->rope_type);
+    if (!(cfg->rope_scaling_factor > 0) || !isfinite(cfg->rope_scaling_factor))
+        return mt_fail(err, errlen, "%s: key 'rope_scaling': %s factor must be positive, got %g", name, type,
+                    cfg->rope_scaling_factor);
+    if (cfg->rope_type == MT_ROPE_LLAMA3 &&
+        (!(cfg->rope_low_freq_factor > 0) || !(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor) ||
+         !isfinite(cfg->rope_high_freq_factor)))
+        return mt_fail(err, errlen, "%s: key 'rope_scaling': needs 0 < low_freq_factor < high_freq_factor, "
+                    "got %g and %g", name, cfg->rope_low_freq_factor, cfg->rope_high_freq_factor);
+    if ((cfg->rope_type == MT_ROPE_YARN || cfg->rope_type == MT_ROPE_LLAMA3) &&
+        (cfg->rope_original_max_positions <= 0 || cfg->rope_original_max_positions > MAX_SIZE))
+        return mt_fail(err, errlen, "%s: key 'rope_scaling': original_max_position_embeddings must be a "
+                    "positive integer, got %lld", name, (long long)cfg->rope_original_max_positions);
+    if (cfg->rope_type == MT_ROPE_YARN) {
+        /* The ramp's ends are dims at which a wavelength makes beta turns over the original
+         * context: log(original / (beta 2 pi)) needs beta > 0, and the ramp rises only when the
+         * fast end (more turns, shorter wavelengths) is at or above the slow one. */
+        if (!(cfg->rope_beta_fast > 0) || !(cfg->rope_beta_slow > 0) || !isfinite(cfg->rope_beta_fast) ||
+            cfg->rope_beta_fast < cfg->rope_beta_slow)
+            return mt_fail(err, errlen, "%s: key 'rope_scaling': yarn needs beta_fast >= beta_slow > 0, got %g and %g",
+                        name, cfg->rope_beta_fast, cfg->rope_beta_slow);
+        if (!isfinite(cfg->rope_mscale) || !isfinite(cfg->rope_mscale_all_dim) ||
+            !(cfg->rope_attention_factor >= 0) || !isfinite(cfg->rope_attention_factor))
+            return mt_fail(err, errlen, "%s: key 'rope_scaling': yarn's mscale %g, mscale_all_dim %g and "
+                        "attention_factor %g must be finite (attention_factor positive, or 0 when derived)", name,
+                        cfg->rope_mscale, cfg->rope_mscale_all_dim, cfg->rope_attention_factor);
+    }
+    /* dynamic raises the base to the power D / (D - 2) */
+    if (cfg->rope_type == MT_ROPE_DYNAMIC && cfg->head_dim <= 2)
+        return mt_fail(err, errlen, "%s: key 'rope_scaling': dynamic scaling needs head_dim > 2, got %lld", name,
+                    (long long)cfg->head_dim);
+    const double longest = cfg->rope_scaling_factor * (double)rope_original_length(cfg);
+    if (!(longest <= (double)MAX_SIZE))
+        return mt_fail(err, errlen, "%s: key 'rope_scaling': factor %g x %lld positions is absurdly large (limit %lld)",
+                    name, cfg->rope_scaling_factor, (long long)rope_original_length(cfg), (long long)MAX_SIZE);
+    return 0;
+}
+
 int mt_config_validate(const mt_model_config *cfg, const char *name, char *err, size_t errlen)
 {
     if (!name) name = "config";
@@ -531,18 +652,7 @@ int mt_config_validate(const mt_model_config *cfg, const char *name, char *err, 
     if (!(cfg->rms_eps > 0) || !isfinite(cfg->rms_eps))
         return mt_fail(err, errlen, "%s: key 'rms_norm_eps': must be a positive number, got %g", name, cfg->rms_eps);
 
-    if (cfg->rope_scaling_factor != 0) {
-        if (!(cfg->rope_scaling_factor > 0) || !isfinite(cfg->rope_scaling_factor))
-            return mt_fail(err, errlen, "%s: key 'rope_scaling': factor must be positive, got %g", name,
-                        cfg->rope_scaling_factor);
-        if (!(cfg->rope_low_freq_factor > 0) || !(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor) ||
-            !isfinite(cfg->rope_high_freq_factor))
-            return mt_fail(err, errlen, "%s: key 'rope_scaling': needs 0 < low_freq_factor < high_freq_factor, "
-                        "got %g and %g", name, cfg->rope_low_freq_factor, cfg->rope_high_freq_factor);
-        if (cfg->rope_original_max_positions <= 0 || cfg->rope_original_max_positions > MAX_SIZE)
-            return mt_fail(err, errlen, "%s: key 'rope_scaling': original_max_position_embeddings must be a "
-                        "positive integer, got %lld", name, (long long)cfg->rope_original_max_positions);
-    }
+    if (validate_rope_scaling(cfg, name, err, errlen)) return -1;
 
     /* What transformers builds for each family: refuse combinations it cannot express, so that a
      * saved config loads back into the same model there. */
@@ -728,6 +838,32 @@ static void save_experts(const mt_model_config *cfg, json_t *o)
     json_object_set_new(o, "output_router_logits", json_boolean(cfg->output_router_logits));
 }
 
+/* The "rope_scaling" object transformers reads (null without scaling): each type's keys, yarn's
+ * optional ones only when they differ from "absent". */
+static json_t *rope_scaling_json(const mt_model_config *cfg)
+{
+    if (cfg->rope_type == MT_ROPE_DEFAULT) return json_null();
+    json_t *rs = json_object();
+    json_object_set_new(rs, "rope_type", json_string(rope_type_name(cfg->rope_type)));
+    json_object_set_new(rs, "factor", json_real(cfg->rope_scaling_factor));
+    if (cfg->rope_type == MT_ROPE_LLAMA3) {
+        json_object_set_new(rs, "low_freq_factor", json_real(cfg->rope_low_freq_factor));
+        json_object_set_new(rs, "high_freq_factor", json_real(cfg->rope_high_freq_factor));
+    }
+    if (cfg->rope_type == MT_ROPE_YARN || cfg->rope_type == MT_ROPE_LLAMA3)
+        json_object_set_new(rs, "original_max_position_embeddings", json_integer(cfg->rope_original_max_positions));
+    if (cfg->rope_type == MT_ROPE_YARN) {
+        json_object_set_new(rs, "beta_fast", json_real(cfg->rope_beta_fast));
+        json_object_set_new(rs, "beta_slow", json_real(cfg->rope_beta_slow));
+        if (cfg->rope_mscale != 0) json_object_set_new(rs, "mscale", json_real(cfg->rope_mscale));
+        if (cfg->rope_mscale_all_dim != 0) json_object_set_new(rs, "mscale_all_dim", json_real(cfg->rope_mscale_all_dim));
+        if (cfg->rope_attention_factor != 0)
+            json_object_set_new(rs, "attention_factor", json_real(cfg->rope_attention_factor));
+        if (!cfg->rope_truncate) json_object_set_new(rs, "truncate", json_false());
+    }
+    return rs;
+}
+
 int mt_config_save(const mt_model_config *cfg, const char *path, char *err, size_t errlen)
 {
     if (mt_config_validate(cfg, path, err, errlen)) return -1;
@@ -761,21 +897,127 @@ int mt_config_save(const mt_model_config *cfg, const char *path, char *err, size
     if (cfg->family == MT_FAMILY_MISTRAL || cfg->family == MT_FAMILY_MIXTRAL)
         json_object_set_new(o, "sliding_window", cfg->sliding_window > 0 ? json_integer(cfg->sliding_window) : json_null());
     save_experts(cfg, o);
-    if (cfg->rope_scaling_factor > 0) {
-        json_t *rs = json_object();
-        json_object_set_new(rs, "rope_type", json_string("llama3"));
-        json_object_set_new(rs, "factor", json_real(cfg->rope_scaling_factor));
-        json_object_set_new(rs, "low_freq_factor", json_real(cfg->rope_low_freq_factor));
-        json_object_set_new(rs, "high_freq_factor", json_real(cfg->rope_high_freq_factor));
-        json_object_set_new(rs, "original_max_position_embeddings", json_integer(cfg->rope_original_max_positions));
-        json_object_set_new(o, "rope_scaling", rs);
-    } else {
-        json_object_set_new(o, "rope_scaling", json_null());
-    }
+    json_object_set_new(o, "rope_scaling", rope_scaling_json(cfg));
     /* Default real precision (17 digits) so every double reads back bit for bit. */
     int rc = json_dump_file(o, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(o);
     if (rc != 0) return mt_fail(err, errlen, "%s: cannot write the config: %s", path, strerror(errno));
+    return 0;
+}
+
+/* ---- rope scaling set by the user, and the sequence lengths a config takes ---- */
+
+int64_t mt_config_max_seq_len(const mt_model_config *cfg)
+{
+    int64_t limit = cfg->max_positions;
+    if (cfg->rope_type != MT_ROPE_DEFAULT) {
+        /* validate bounds factor x original by MAX_SIZE, so the product fits */
+        const int64_t scaled = (int64_t)floor(cfg->rope_scaling_factor * (double)rope_original_length(cfg));
+        if (scaled > limit) limit = scaled;
+    }
+    if (cfg->sliding_window > 0 && cfg->sliding_window < limit) limit = cfg->sliding_window;
+    return limit;
+}
+
+/* The smallest whole factor above 1 that takes seq_len over `original` positions. */
+static long long factor_for(int64_t seq_len, int64_t original)
+{
+    const long long f = (long long)((seq_len + original - 1) / original);
+    return f < 2 ? 2 : f;
+}
+
+int mt_config_check_seq_len(const mt_model_config *cfg, int64_t seq_len, char *err, size_t errlen)
+{
+    if (seq_len < 1) return mt_fail(err, errlen, "sequence length %lld: must be at least 1", (long long)seq_len);
+    const int64_t limit = mt_config_max_seq_len(cfg);
+    if (seq_len <= limit) return 0;
+    const long long T = (long long)seq_len, L = (long long)limit;
+    if (cfg->sliding_window > 0 && limit == cfg->sliding_window)
+        return mt_fail(err, errlen, "sequence length %lld exceeds the model's sliding_window %lld: sliding-window "
+                       "attention is not implemented (full causal attention, which is the same up to that length)",
+                       T, L);
+    const int64_t original = rope_original_length(cfg);
+    switch (cfg->rope_type) {
+    case MT_ROPE_DEFAULT:
+        return mt_fail(err, errlen, "sequence length %lld exceeds the model's max_position_embeddings %lld: "
+                       "--rope-scaling yarn:%lld (or linear:%lld, dynamic:%lld) extends the rope to %lld positions",
+                       T, L, factor_for(seq_len, original), factor_for(seq_len, original),
+                       factor_for(seq_len, original), factor_for(seq_len, original) * (long long)original);
+    case MT_ROPE_LLAMA3:
+        return mt_fail(err, errlen, "sequence length %lld exceeds the model's %lld positions (max_position_embeddings, "
+                       "with llama3 rope scaling of factor %g over %lld, which --rope-scaling does not change)", T, L,
+                       cfg->rope_scaling_factor, (long long)original);
+    default:
+        return mt_fail(err, errlen, "sequence length %lld exceeds the model's %lld positions (%s rope scaling: factor %g "
+                       "x %lld): --rope-scaling %s:%lld extends it to %lld", T, L, rope_type_name(cfg->rope_type),
+                       cfg->rope_scaling_factor, (long long)original, rope_type_name(cfg->rope_type),
+                       factor_for(seq_len, original), factor_for(seq_len, original) * (long long)original);
+    }
+}
+
+int mt_rope_scaling_parse(const char *spec, mt_rope_type *type, double *factor, char *err, size_t errlen)
+{
+    const char *colon = spec ? strchr(spec, ':') : NULL;
+    if (!colon)
+        return mt_fail(err, errlen, "--rope-scaling %s: expected TYPE:FACTOR, TYPE one of linear, dynamic, yarn "
+                       "(e.g. yarn:4)", spec ? spec : "");
+    const size_t n = (size_t)(colon - spec);
+    mt_rope_type t;
+    if (n == 6 && strncmp(spec, "linear", n) == 0) t = MT_ROPE_LINEAR;
+    else if (n == 7 && strncmp(spec, "dynamic", n) == 0) t = MT_ROPE_DYNAMIC;
+    else if (n == 4 && strncmp(spec, "yarn", n) == 0) t = MT_ROPE_YARN;
+    else if (n == 6 && strncmp(spec, "llama3", n) == 0)
+        return mt_fail(err, errlen, "--rope-scaling %s: llama3 is not offered (its factor does not set the length: "
+                       "Llama 3.1 has factor 8 over 8192 and 131072 positions); one of linear, dynamic, yarn", spec);
+    else
+        return mt_fail(err, errlen, "--rope-scaling %s: type '%.*s' is not one of linear, dynamic, yarn", spec,
+                       (int)n, spec);
+    char *end;
+    errno = 0;
+    const double f = strtod(colon + 1, &end);
+    if (errno || end == colon + 1 || *end || !isfinite(f))
+        return mt_fail(err, errlen, "--rope-scaling %s: factor '%s' is not a number", spec, colon + 1);
+    if (!(f > 1))
+        return mt_fail(err, errlen, "--rope-scaling %s: factor %g must be above 1 (the new length over the original)",
+                       spec, f);
+    *type = t;
+    *factor = f;
+    return 0;
+}
+
+int mt_config_set_rope_scaling(mt_model_config *cfg, const char *spec, char *err, size_t errlen)
+{
+    mt_rope_type type;
+    double factor;
+    if (mt_rope_scaling_parse(spec, &type, &factor, err, errlen)) return -1;
+    mt_model_config c = *cfg;
+    if (c.rope_type == MT_ROPE_DEFAULT) {
+        c.rope_type = type;
+        if (type == MT_ROPE_YARN) {
+            /* transformers' defaults for the keys a user does not give (_compute_yarn_parameters) */
+            c.rope_original_max_positions = c.max_positions;
+            c.rope_beta_fast = 32;
+            c.rope_beta_slow = 1;
+            c.rope_mscale = c.rope_mscale_all_dim = c.rope_attention_factor = 0;
+            c.rope_truncate = true;
+        }
+    } else if (c.rope_type != type || type == MT_ROPE_LLAMA3) {
+        return c.rope_type == MT_ROPE_LLAMA3
+                   ? mt_fail(err, errlen, "--rope-scaling %s: the model's rope is already llama3-scaled (factor %g), "
+                             "which --rope-scaling does not change", spec, c.rope_scaling_factor)
+                   : mt_fail(err, errlen, "--rope-scaling %s: the model's rope is already %s-scaled (factor %g); "
+                             "--rope-scaling can change its factor (%s:F), not its type", spec,
+                             rope_type_name(c.rope_type), c.rope_scaling_factor, rope_type_name(c.rope_type));
+    }
+    c.rope_scaling_factor = factor;
+    const double longest = factor * (double)rope_original_length(&c);
+    if (!(longest <= (double)MAX_SIZE))
+        return mt_fail(err, errlen, "--rope-scaling %s: factor %g x %lld positions is absurdly large (limit %lld)", spec,
+                       factor, (long long)rope_original_length(&c), (long long)MAX_SIZE);
+    char name[128];
+    snprintf(name, sizeof name, "--rope-scaling %s", spec);
+    if (validate_rope_scaling(&c, name, err, errlen)) return -1;
+    *cfg = c;
     return 0;
 }
 

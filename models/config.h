@@ -31,6 +31,17 @@ typedef enum mt_router_aux_mode {
     MT_ROUTER_AUX_OFF,
 } mt_router_aux_mode;
 
+/* How the rotary frequencies stretch beyond the pretraining context: the "rope_type" of HF's
+ * "rope_scaling" (transformers 5: "rope_parameters"), each as transformers' ROPE_INIT_FUNCTIONS
+ * compute it (backends/cpu/rope_freq.c). */
+typedef enum mt_rope_type {
+    MT_ROPE_DEFAULT, /* none: theta^(-2j/D) */
+    MT_ROPE_LINEAR,  /* positions / factor */
+    MT_ROPE_DYNAMIC, /* NTK-aware: the base grows with the length run past max_position_embeddings */
+    MT_ROPE_YARN,    /* a ramp between interpolated and extrapolated frequencies; cos, sin scaled */
+    MT_ROPE_LLAMA3,  /* Llama 3.1: long wavelengths stretched, short ones kept, a band between */
+} mt_rope_type;
+
 typedef struct mt_model_config {
     mt_family family;
     char model_type[32];     /* the config's "model_type" string */
@@ -47,13 +58,22 @@ typedef struct mt_model_config {
     bool tied;               /* tie_word_embeddings: LM head reuses the embedding table */
     bool qkv_bias;           /* q/k/v projections carry a bias (Qwen2) */
     bool qk_norm;            /* per-head RMSNorm of q and k before RoPE (Qwen3) */
-    /* Llama-3 rope scaling ("rope_scaling": {"rope_type": "llama3", ...}); factor 0 = none. */
+    /* Rope scaling ("rope_scaling": {"rope_type": ..., "factor": ...}). rope_type DEFAULT has
+     * factor 0 and no other field set; every other type has a factor. */
+    mt_rope_type rope_type;
     double rope_scaling_factor;
-    double rope_low_freq_factor;
-    double rope_high_freq_factor;
+    double rope_low_freq_factor;         /* llama3 */
+    double rope_high_freq_factor;        /* llama3 */
+    /* llama3, yarn: original_max_position_embeddings, the pretraining context (yarn: defaults to
+     * max_position_embeddings, as transformers' standardize_rope_params). 0 for linear and
+     * dynamic, whose factor multiplies max_position_embeddings itself. */
     int64_t rope_original_max_positions;
+    double rope_beta_fast, rope_beta_slow;    /* yarn: the ramp's ends in rotations (32, 1) */
+    double rope_mscale, rope_mscale_all_dim;  /* yarn: 0 when absent */
+    double rope_attention_factor;             /* yarn: 0 = derived from factor (and the mscales) */
+    bool rope_truncate;                       /* yarn: the ramp's ends rounded to whole dims (true) */
     /* Mistral's sliding_window (0: none, the key null). Attention here is full causal, which is
-     * the same up to that many tokens, so longer sequences are refused (runtime/step/graph.c). */
+     * the same up to that many tokens, so longer sequences are refused (mt_config_check_seq_len). */
     int64_t sliding_window;
 
     /* Mixture of experts (qwen3_moe, mixtral; docs/moe.md). experts == 0: every layer dense. A
@@ -107,6 +127,29 @@ int64_t mt_config_active_param_count(const mt_model_config *cfg);
  * when the loss is on (output_router_logits, or the override router_aux), 0 when it is off or
  * the model has no sparse layer. The step reads this. */
 double mt_config_router_aux_coef(const mt_model_config *cfg);
+
+/* The longest sequence cfg takes: max_position_embeddings; with rope scaling factor x the
+ * original length (linear, dynamic: max_position_embeddings; yarn, llama3: the original
+ * pretraining length), never less than max_position_embeddings; with Mistral's sliding window,
+ * at most the window (attention here is full causal, the same up to it). */
+int64_t mt_config_max_seq_len(const mt_model_config *cfg);
+
+/* 0 when sequences of seq_len tokens are allowed for cfg, else -1 with a message naming the
+ * length, the limit and, where scaling raises it, the --rope-scaling value that does. To be
+ * called before anything is allocated. */
+int mt_config_check_seq_len(const mt_model_config *cfg, int64_t seq_len, char *err, size_t errlen);
+
+/* A --rope-scaling value, "TYPE:FACTOR": TYPE linear, dynamic or yarn, FACTOR a number above 1.
+ * 0, or -1 with a message naming the value and the choices. */
+int mt_rope_scaling_parse(const char *spec, mt_rope_type *type, double *factor, char *err, size_t errlen);
+
+/* Applies a --rope-scaling value to cfg: a model without scaling gets TYPE with FACTOR, the
+ * original length being its max_position_embeddings (which stays, as HF configs of extended
+ * models keep it: Qwen2.5's yarn), so that sequences up to FACTOR times it are allowed and
+ * mt_config_save writes the scaling; a model already scaled by TYPE gets the new FACTOR over
+ * the same original length. Another type than the model's own, or a model scaled by llama3, is
+ * refused. 0, or -1 with err set and cfg unchanged. */
+int mt_config_set_rope_scaling(mt_model_config *cfg, const char *spec, char *err, size_t errlen);
 
 /* A named published shape ("qwen2.5-0.5b", "qwen2.5-3b", ... docs/design.md, section 4), or -1 if
  * unknown. */

@@ -65,6 +65,7 @@ typedef struct mt_bench_options {
                                    * and 256 MiB for StarPU's own small allocations */
     int64_t layers;               /* > 0: override the shape's layer count (memory-bound tests) */
     const char *norm_log;         /* NULL, or a CSV file: every norm's sums of squares per tile */
+    const char *rope_scaling;     /* NULL, or a --rope-scaling value (mt_config_set_rope_scaling) */
     const char *data;             /* NULL: one batch of random tokens, the same every step (what the
                                    * PyTorch script feeds); else a text file or directory (bytes
                                    * as tokens) or a prepared directory: a fresh batch each step */

@@ -30,7 +30,8 @@ void mt_generate(const mt_host_state *st, const char *prompt, int64_t n, int64_t
     size_t plen = strlen(prompt);
     memcpy(out, prompt, plen);
     int64_t len = (int64_t)plen;
-    if (context > cfg->max_positions) context = cfg->max_positions;
+    const int64_t longest = mt_config_max_seq_len(cfg);
+    if (context > longest) context = longest;
     int32_t *tokens = malloc(sizeof *tokens * context);
     float *x = malloc(sizeof *x * context * d), *y = malloc(sizeof *y * context * d);
     float *scratch = malloc(sizeof(float) * mt_layer_scratch_numel(cfg, 1, context));

@@ -12,6 +12,7 @@
 
 typedef struct mt_grads_options {
     const char *model_dir;      /* HF directory (config.json + safetensors) */
+    const char *rope_scaling;   /* "TYPE:FACTOR" applied to its config (mt_config_set_rope_scaling), or NULL */
     const char *tokens_path;    /* B x (T + 1) little-endian int32 token ids */
     int64_t B, T;
     int K;                      /* checkpoint interval */

@@ -164,6 +164,18 @@ printf '%s' '{"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64,
 head -c 100 /dev/zero >"$work/short.bin"
 check_error "grads --tokens of the wrong size" "$work/short.bin: 100 bytes, expected 136" \
     grads --model "$work/grads-model" --tokens "$work/short.bin" --batch 2 --seq-len 16 --out "$work/g.safetensors" --ncuda 0
+# A length past the model's positions is refused first, naming the limit and the scaling that lifts
+# it; with that scaling the length passes (to the token file's check); bad scalings are usage errors.
+check_error "grads --seq-len past max_position_embeddings" \
+    "sequence length 128 exceeds the model's max_position_embeddings 64: --rope-scaling yarn:2" \
+    grads --model "$work/grads-model" --tokens "$work/short.bin" --batch 2 --seq-len 128 --out "$work/g.safetensors" --ncuda 0
+check_error "grads --rope-scaling yarn:2 takes 128 positions" "$work/short.bin: 100 bytes, expected 1032" \
+    grads --model "$work/grads-model" --tokens "$work/short.bin" --batch 2 --seq-len 128 --out "$work/g.safetensors" \
+    --ncuda 0 --rope-scaling yarn:2
+check_error "grads --rope-scaling ntk:2" "type 'ntk' is not one of linear, dynamic, yarn" \
+    grads --model "$work/grads-model" --rope-scaling ntk:2
+check_error "grads --rope-scaling yarn:1" "factor 1 must be above 1" grads --model "$work/grads-model" --rope-scaling yarn:1
+check_ok "grads --help lists --rope-scaling" '--rope-scaling TYPE:F' grads --help
 check_error "prepare --format bogus" "--format.*'bogus'" prepare --format bogus
 check_error "bench --shape nope" "'nope'" bench --shape nope
 check_error "train --resume missing" "/nonexistent.ckpt" train --resume /nonexistent.ckpt --steps 2 --micro-batch 2 --seq-len 32
@@ -209,6 +221,27 @@ if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
 elif ! grep -q "logits and gradients written to $work/g.safetensors" "$out"; then fail "$name" "no 'logits and gradients written' line"
 elif ! cmp -s "$work/trained/model.safetensors" "$work/resaved/model.safetensors"; then
     fail "$name" "the re-saved model.safetensors differs from the loaded one"
+else pass "$name"; fi
+
+# --rope-scaling changes the loss (random ids: identical ones would make attention position-blind)
+# and travels in the saved config: the re-saved model alone gives the scaled run's loss.
+name="grads --rope-scaling yarn:2 --save-model"
+for i in $(seq 34); do printf "\\x$(printf %02x $((RANDOM % 256)))\\x00\\x00\\x00"; done >"$work/random.bin"
+run grads --model "$work/trained" --tokens "$work/random.bin" --batch 2 --seq-len 16 --out "$work/g0.safetensors" \
+    --ncuda 0 --ncpu 2
+loss_plain=$(grep -o '^loss [0-9.]*' "$out")
+run grads --model "$work/trained" --tokens "$work/random.bin" --batch 2 --seq-len 16 --out "$work/g1.safetensors" \
+    --ncuda 0 --ncpu 2 --rope-scaling yarn:2 --save-model "$work/extended"
+loss_scaled=$(grep -o '^loss [0-9.]*' "$out")
+rc_scaled=$rc
+run grads --model "$work/extended" --tokens "$work/random.bin" --batch 2 --seq-len 16 --out "$work/g2.safetensors" \
+    --ncuda 0 --ncpu 2
+loss_saved=$(grep -o '^loss [0-9.]*' "$out")
+if [ "$rc" -ne 0 ] || [ "$rc_scaled" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif ! grep -q '"rope_type": "yarn"' "$work/extended/config.json"; then fail "$name" "no yarn rope_scaling in the saved config"
+elif [ -z "$loss_scaled" ] || [ "$loss_scaled" != "$loss_saved" ]; then
+    fail "$name" "the saved model's '$loss_saved' is not the scaled run's '$loss_scaled'"
+elif [ "$loss_scaled" = "$loss_plain" ]; then fail "$name" "the scaling left the loss at '$loss_plain'"
 else pass "$name"; fi
 
 # --dtype is honoured: bf16 weights (rounded from the fp32 masters) give other gradients.

@@ -1,6 +1,7 @@
-/* Config and layout: loading each family with HF's defaults, llama3 rope scaling, save/load round
- * trips, every class of bad input (message must name the file and the key), parameter counts
- * against HF's published numbers, and tile layouts (aligned, disjoint, HF names). */
+/* Config and layout: loading each family with HF's defaults, rope scaling of each type (and a
+ * user's --rope-scaling), the sequence lengths a config takes, save/load round trips, every class
+ * of bad input (message must name the file and the key), parameter counts against HF's published
+ * numbers, and tile layouts (aligned, disjoint, HF names). */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,12 @@ static void assert_same_config(const mt_model_config *a, const mt_model_config *
     ck_assert(a->rope_low_freq_factor == b->rope_low_freq_factor);
     ck_assert(a->rope_high_freq_factor == b->rope_high_freq_factor);
     ck_assert_int_eq(a->rope_original_max_positions, b->rope_original_max_positions);
+    ck_assert_int_eq(a->rope_type, b->rope_type);
+    ck_assert(a->rope_beta_fast == b->rope_beta_fast && a->rope_beta_slow == b->rope_beta_slow);
+    ck_assert(a->rope_mscale == b->rope_mscale && a->rope_mscale_all_dim == b->rope_mscale_all_dim);
+    ck_assert(a->rope_attention_factor == b->rope_attention_factor);
+    ck_assert_int_eq(a->rope_truncate, b->rope_truncate);
+    ck_assert_int_eq(a->sliding_window, b->sliding_window);
 }
 
 /* Writes text to a temp file and loads it; the path is copied to path_out. */
@@ -166,6 +173,7 @@ START_TEST(test_llama3_rope_scaling)
     char err[512] = "", path[4096];
     int rc = load_text(llama31, &c, path, err, sizeof err);
     ck_assert_msg(rc == 0, "%s", err);
+    ck_assert_int_eq(c.rope_type, MT_ROPE_LLAMA3);
     ck_assert(c.rope_scaling_factor == 8.0);
     ck_assert(c.rope_low_freq_factor == 1.0);
     ck_assert(c.rope_high_freq_factor == 4.0);
@@ -205,9 +213,162 @@ START_TEST(test_rope_parameters_v5)
     /* a scaling type the kernels lack is refused under its own key name */
     ck_assert_int_eq(load_text("{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 96,"
                                " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 300,"
-                               " \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 1e4, \"factor\": 4.0}}",
-                               &b, path, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, "'rope_parameters'") && strstr(err, "yarn"), "%s", err);
+                               " \"rope_parameters\": {\"rope_type\": \"longrope\", \"rope_theta\": 1e4,"
+                               " \"factor\": 4.0}}", &b, path, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "'rope_parameters'") && strstr(err, "longrope") && strstr(err, "yarn"), "%s", err);
+}
+END_TEST
+
+/* A Qwen2 of 32768 positions (Qwen2.5's) around the given rope keys. */
+static int load_rope(const char *rope_keys, mt_model_config *c, char *err, size_t errlen)
+{
+    char text[1024], path[4096];
+    snprintf(text, sizeof text, "{\"model_type\": \"qwen2\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+             " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 300,"
+             " \"max_position_embeddings\": 32768, \"rope_theta\": 1000000.0, %s}", rope_keys);
+    return load_text(text, c, path, err, errlen);
+}
+
+/* Each rope type with the keys HF configs give, in both spellings, and transformers' defaults
+ * for the keys left out. */
+START_TEST(test_rope_scaling_types)
+{
+    mt_model_config c;
+    char err[512] = "";
+    ck_assert_msg(load_rope("\"rope_scaling\": {\"type\": \"linear\", \"factor\": 4.0}", &c, err, sizeof err) == 0,
+                  "%s", err);
+    ck_assert(c.rope_type == MT_ROPE_LINEAR && c.rope_scaling_factor == 4.0 && c.rope_original_max_positions == 0);
+    ck_assert_msg(load_rope("\"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 2.5}", &c, err, sizeof err) == 0,
+                  "%s", err);
+    ck_assert(c.rope_type == MT_ROPE_DYNAMIC && c.rope_scaling_factor == 2.5);
+    /* Qwen2.5's yarn block: the betas default to 32 and 1, truncate to true, nothing derived
+     * is stored (the attention factor stays 0: computed from the factor) */
+    ck_assert_msg(load_rope("\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0, "
+                            "\"original_max_position_embeddings\": 32768}", &c, err, sizeof err) == 0, "%s", err);
+    ck_assert(c.rope_type == MT_ROPE_YARN && c.rope_scaling_factor == 4.0);
+    ck_assert_int_eq(c.rope_original_max_positions, 32768);
+    ck_assert(c.rope_beta_fast == 32 && c.rope_beta_slow == 1 && c.rope_truncate);
+    ck_assert(c.rope_mscale == 0 && c.rope_mscale_all_dim == 0 && c.rope_attention_factor == 0);
+    /* transformers 5's spelling, every yarn key given; 0 betas read as the defaults (`or`) */
+    ck_assert_msg(load_rope("\"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 150000.0, \"factor\": 32,"
+                            " \"beta_fast\": 0, \"beta_slow\": 0, \"mscale\": 1, \"mscale_all_dim\": 0.5,"
+                            " \"attention_factor\": 1.25, \"truncate\": false, \"original_max_position_embeddings\": 4096}",
+                            &c, err, sizeof err) == 0, "%s", err);
+    ck_assert(c.rope_theta == 1e6); /* the top-level key wins, as before */
+    ck_assert(c.rope_type == MT_ROPE_YARN && c.rope_scaling_factor == 32 && c.rope_original_max_positions == 4096);
+    ck_assert(c.rope_beta_fast == 32 && c.rope_beta_slow == 1 && !c.rope_truncate);
+    ck_assert(c.rope_mscale == 1 && c.rope_mscale_all_dim == 0.5 && c.rope_attention_factor == 1.25);
+    /* no original length: max_position_embeddings (standardize_rope_params); a null factor: the
+     * ratio of the two lengths (DeepSeek-V3's convention) */
+    ck_assert_msg(load_rope("\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 2.0}", &c, err, sizeof err) == 0,
+                  "%s", err);
+    ck_assert_int_eq(c.rope_original_max_positions, 32768);
+    ck_assert_msg(load_rope("\"rope_scaling\": {\"type\": \"yarn\", \"factor\": null, "
+                            "\"original_max_position_embeddings\": 4096}", &c, err, sizeof err) == 0, "%s", err);
+    ck_assert(c.rope_scaling_factor == 8.0);
+    /* "default" with stray keys is no scaling */
+    ck_assert_msg(load_rope("\"rope_scaling\": {\"rope_type\": \"default\", \"factor\": 4.0}", &c, err, sizeof err) == 0,
+                  "%s", err);
+    ck_assert(c.rope_type == MT_ROPE_DEFAULT && c.rope_scaling_factor == 0);
+}
+END_TEST
+
+/* The longest sequence of each kind of config, and the refusal past it: the length, the limit and
+ * the option that raises it. */
+START_TEST(test_seq_len_limits)
+{
+    mt_model_config c;
+    char err[512] = "", path[4096];
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-3b", &c), 0);
+    ck_assert_int_eq(mt_config_max_seq_len(&c), 32768);
+    ck_assert_int_eq(mt_config_check_seq_len(&c, 32768, err, sizeof err), 0);
+    ck_assert_int_eq(mt_config_check_seq_len(&c, 131072, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "131072") && strstr(err, "max_position_embeddings 32768") &&
+                  strstr(err, "--rope-scaling yarn:4"), "%s", err);
+    ck_assert_int_eq(mt_config_check_seq_len(&c, 0, err, sizeof err), -1);
+    /* extended: factor x the original length; then past it the next factor is named */
+    ck_assert_msg(mt_config_set_rope_scaling(&c, "yarn:4", err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(mt_config_max_seq_len(&c), 131072);
+    ck_assert_int_eq(mt_config_check_seq_len(&c, 131072, err, sizeof err), 0);
+    ck_assert_int_eq(mt_config_check_seq_len(&c, 131073, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "131073") && strstr(err, "131072") && strstr(err, "--rope-scaling yarn:5"), "%s", err);
+    /* linear and dynamic multiply max_position_embeddings; a fractional factor rounds down */
+    ck_assert_msg(load_rope("\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.5}", &c, err, sizeof err) == 0,
+                  "%s", err);
+    ck_assert_int_eq(mt_config_max_seq_len(&c), 81920);
+    ck_assert_msg(load_rope("\"rope_scaling\": {\"type\": \"linear\", \"factor\": 1.00001}", &c, err, sizeof err) == 0,
+                  "%s", err);
+    ck_assert_int_eq(mt_config_max_seq_len(&c), 32768);
+    /* Llama 3.1: 131072 positions, more than its factor 8 over 8192 */
+    ck_assert_msg(load_text(llama31, &c, path, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(mt_config_max_seq_len(&c), 131072);
+    ck_assert_int_eq(mt_config_check_seq_len(&c, 262144, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "262144") && strstr(err, "131072") && strstr(err, "llama3"), "%s", err);
+    /* Mistral v0.1's window bounds the length whatever the rope allows */
+    ck_assert_msg(load_text("{\"model_type\": \"mistral\", \"hidden_size\": 128, \"intermediate_size\": 256,"
+                            " \"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"vocab_size\": 300,"
+                            " \"sliding_window\": 4096, \"max_position_embeddings\": 32768,"
+                            " \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 2.0}}", &c, path, err, sizeof err) == 0,
+                  "%s", err);
+    ck_assert_int_eq(mt_config_max_seq_len(&c), 4096);
+    ck_assert_int_eq(mt_config_check_seq_len(&c, 4097, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "4097") && strstr(err, "sliding_window 4096"), "%s", err);
+}
+END_TEST
+
+/* --rope-scaling's values: what each does to a config, and every refusal with the choices named
+ * and the config left alone. */
+START_TEST(test_set_rope_scaling)
+{
+    mt_model_config c, before;
+    char err[512] = "", path[4096];
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-3b", &c), 0);
+    ck_assert_msg(mt_config_set_rope_scaling(&c, "yarn:4", err, sizeof err) == 0, "%s", err);
+    ck_assert(c.rope_type == MT_ROPE_YARN && c.rope_scaling_factor == 4.0);
+    ck_assert_int_eq(c.rope_original_max_positions, 32768);
+    ck_assert_int_eq(c.max_positions, 32768); /* kept, as Qwen's yarn configs keep it */
+    ck_assert(c.rope_beta_fast == 32 && c.rope_beta_slow == 1 && c.rope_truncate && c.rope_attention_factor == 0);
+    /* the same type again: a new factor over the same original length */
+    ck_assert_msg(mt_config_set_rope_scaling(&c, "yarn:8", err, sizeof err) == 0, "%s", err);
+    ck_assert(c.rope_scaling_factor == 8.0 && c.rope_original_max_positions == 32768);
+    ck_assert_int_eq(mt_config_max_seq_len(&c), 262144);
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-3b", &c), 0);
+    ck_assert_msg(mt_config_set_rope_scaling(&c, "linear:2", err, sizeof err) == 0, "%s", err);
+    ck_assert(c.rope_type == MT_ROPE_LINEAR && c.rope_scaling_factor == 2.0 && c.rope_original_max_positions == 0);
+    ck_assert_msg(mt_config_set_rope_scaling(&c, "linear:3.5", err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(mt_config_max_seq_len(&c), 114688);
+
+    static const struct {
+        const char *spec, *model, *want, *also; /* model: NULL = Qwen2.5-3B, "llama31", or the linear one */
+    } bad[] = {
+        {"ntk:4", NULL, "'ntk'", "linear, dynamic, yarn"},
+        {"yarn", NULL, "TYPE:FACTOR", "linear, dynamic, yarn"},
+        {"", NULL, "TYPE:FACTOR", "yarn:4"},
+        {"llama3:8", NULL, "llama3 is not offered", "linear, dynamic, yarn"},
+        {"yarn:abc", NULL, "'abc' is not a number", "yarn:abc"},
+        {"yarn:nan", NULL, "not a number", "nan"},
+        {"yarn:4x", NULL, "not a number", "4x"},
+        {"yarn:1", NULL, "above 1", "yarn:1"},
+        {"dynamic:0.5", NULL, "above 1", "0.5"},
+        {"yarn:1e9", NULL, "absurdly large", "32768"},
+        {"yarn:2", "llama31", "llama3-scaled", "does not change"},
+        {"yarn:2", "linear", "linear-scaled", "linear:F"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        if (!bad[k].model) ck_assert_int_eq(mt_config_from_shape("qwen2.5-3b", &c), 0);
+        else if (!strcmp(bad[k].model, "llama31")) ck_assert_int_eq(load_text(llama31, &c, path, err, sizeof err), 0);
+        else ck_assert_int_eq(load_rope("\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}", &c, err, sizeof err), 0);
+        before = c;
+        err[0] = 0;
+        ck_assert_msg(mt_config_set_rope_scaling(&c, bad[k].spec, err, sizeof err) == -1, "'%s' accepted", bad[k].spec);
+        ck_assert_msg(strstr(err, "--rope-scaling") && strstr(err, bad[k].want) && strstr(err, bad[k].also),
+                      "'%s': %s", bad[k].spec, err);
+        ck_assert(memcmp(&c, &before, sizeof c) == 0);
+        mt_rope_type type;
+        double factor;
+        if (!bad[k].model && strcmp(bad[k].spec, "yarn:1e9") != 0)
+            ck_assert_int_eq(mt_rope_scaling_parse(bad[k].spec, &type, &factor, err, sizeof err), -1);
+    }
 }
 END_TEST
 
@@ -235,6 +396,9 @@ static void round_trip(const mt_model_config *c)
                      : c->family == MT_FAMILY_QWEN3 ? "Qwen3ForCausalLM"
                      : c->family == MT_FAMILY_MISTRAL ? "MistralForCausalLM" : "LlamaForCausalLM";
     ck_assert_ptr_nonnull(strstr(text, arch));
+    /* yarn and llama3 carry their original length; transformers' linear and dynamic read none */
+    const bool original = c->rope_type == MT_ROPE_YARN || c->rope_type == MT_ROPE_LLAMA3;
+    ck_assert_int_eq(strstr(text, "\"original_max_position_embeddings\"") != NULL, original);
     if (c->family == MT_FAMILY_QWEN2) ck_assert_ptr_nonnull(strstr(text, "\"use_sliding_window\": false"));
     else ck_assert_ptr_nonnull(strstr(text, "\"attention_bias\""));
 }
@@ -261,6 +425,25 @@ START_TEST(test_save_load_round_trip)
                             " \"vocab_size\": 300, \"tie_word_embeddings\": true}",
                             &c, path, err, sizeof err) == 0, "%s", err);
     round_trip(&c);
+    /* every rope type, yarn with and without its optional keys, and --rope-scaling's result */
+    static const char *const ropes[] = {
+        "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 4.0}",
+        "\"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 2.5}",
+        "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 32768}",
+        "\"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 32, \"beta_fast\": 16, \"beta_slow\": 2,"
+        " \"mscale\": 0.707, \"mscale_all_dim\": 1.3, \"attention_factor\": 0.875, \"truncate\": false,"
+        " \"original_max_position_embeddings\": 4096}",
+    };
+    for (size_t k = 0; k < sizeof ropes / sizeof ropes[0]; k++) {
+        ck_assert_msg(load_rope(ropes[k], &c, err, sizeof err) == 0, "%s", err);
+        round_trip(&c);
+    }
+    const char *const specs[] = {"yarn:4", "linear:2.5", "dynamic:8"};
+    for (size_t k = 0; k < sizeof specs / sizeof specs[0]; k++) {
+        ck_assert_int_eq(mt_config_from_shape("qwen2.5-3b", &c), 0);
+        ck_assert_msg(mt_config_set_rope_scaling(&c, specs[k], err, sizeof err) == 0, "%s", err);
+        round_trip(&c);
+    }
     ck_assert_int_eq(mt_config_from_shape("qwen2.5-72b", &c), -1);
 }
 END_TEST
@@ -318,9 +501,29 @@ static const struct bad_case {
     {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, \"use_sliding_window\": true}",
      "use_sliding_window", "sliding"},
     {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, "
-     "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}}", "rope_scaling", "yarn"},
+     "\"rope_scaling\": {\"rope_type\": \"longrope\", \"factor\": 4.0}}", "rope_scaling", "longrope"},
     {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, "
-     "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}}", "rope_scaling", "linear"},
+     "\"rope_scaling\": {\"type\": \"linear\"}}", "rope_scaling", "factor"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, "
+     "\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": -2.0}}", "rope_scaling", "positive"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, "
+     "\"rope_scaling\": {\"type\": \"yarn\", \"original_max_position_embeddings\": 64}}", "rope_scaling",
+     "factor"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, "
+     "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0, \"beta_fast\": 1.0, \"beta_slow\": 32.0}}",
+     "rope_scaling", "beta_fast >= beta_slow"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, "
+     "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0, \"attention_factor\": 0}}", "rope_scaling",
+     "attention_factor"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, "
+     "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0, \"truncate\": \"no\"}}", "rope_scaling",
+     "truncate"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, "
+     "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 1e300}}", "rope_scaling", "absurd"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, \"partial_rotary_factor\": 0.5}",
+     "partial_rotary_factor", "0.5"},
+    {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 32, "
+     "\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}}", "rope_scaling", "head_dim > 2"},
     {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, "
      "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}}", "rope_scaling", "low_freq_factor"},
     {BASE_BEFORE "\"hidden_size\": 64, \"num_attention_heads\": 4, "
@@ -571,6 +774,9 @@ int main(void)
     tcase_add_test(tc, test_family_defaults);
     tcase_add_test(tc, test_llama3_rope_scaling);
     tcase_add_test(tc, test_rope_parameters_v5);
+    tcase_add_test(tc, test_rope_scaling_types);
+    tcase_add_test(tc, test_seq_len_limits);
+    tcase_add_test(tc, test_set_rope_scaling);
     tcase_add_test(tc, test_save_load_round_trip);
     tcase_add_loop_test(tc, test_bad_inputs, 0, (int)(sizeof bad_cases / sizeof bad_cases[0]));
     tcase_add_test(tc, test_nonexistent_file);

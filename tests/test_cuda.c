@@ -320,11 +320,29 @@ START_TEST(test_layer_llama_mqa)
 {
     mt_model_config cfg = mt_test_cuda_config(MT_FAMILY_LLAMA, false, false, 5, 1, 64, false);
     /* Llama-3 rope scaling: the host-computed frequencies travel to the kernel. */
+    cfg.rope_type = MT_ROPE_LLAMA3;
     cfg.rope_scaling_factor = 8.0;
     cfg.rope_low_freq_factor = 1.0;
     cfg.rope_high_freq_factor = 4.0;
     cfg.rope_original_max_positions = 64;
     run_layer_case("llama KV=1", cfg, TB, TT);
+}
+END_TEST
+
+START_TEST(test_layer_rope_scaled)
+{
+    char err[256];
+    /* yarn over 32 positions: the attention factor travels in the tables, the ramp's blend in
+     * the frequencies */
+    mt_model_config cfg = mt_test_cuda_config(MT_FAMILY_QWEN2, true, false, 5, 1, 64, false);
+    cfg.max_positions = 32;
+    ck_assert_msg(mt_config_set_rope_scaling(&cfg, "yarn:4", err, sizeof err) == 0, "%s", err);
+    run_layer_case("qwen2 yarn:4", cfg, TB, TT);
+    /* dynamic, run past max_position_embeddings: the base the tables use grows with T */
+    cfg = mt_test_cuda_config(MT_FAMILY_LLAMA, false, false, 5, 1, 64, false);
+    cfg.max_positions = TT / 2;
+    ck_assert_msg(mt_config_set_rope_scaling(&cfg, "dynamic:4", err, sizeof err) == 0, "%s", err);
+    run_layer_case("llama dynamic:4", cfg, TB, TT);
 }
 END_TEST
 
@@ -473,6 +491,7 @@ static Suite *cuda_suite(void)
     suite_add_tcase(s, small);
     TCase *layer = tcase_create("layer");
     tcase_add_test(layer, test_layer_llama_mqa);
+    tcase_add_test(layer, test_layer_rope_scaled);
     tcase_add_test(layer, test_layer_qwen2_mha);
     tcase_add_test(layer, test_layer_qwen3_qknorm);
     tcase_add_test(layer, test_layer_d128);

@@ -18,7 +18,8 @@ enum { TEST_B = 2, TEST_T = 5, TEST_NTOK = TEST_B * TEST_T };
 
 typedef struct cfg_opts {
     mt_family family;
-    bool qkv_bias, qk_norm, tied, rope_scaling;
+    bool qkv_bias, qk_norm, tied;
+    mt_rope_type rope;
     int64_t layers;
 } cfg_opts;
 
@@ -43,12 +44,24 @@ static mt_model_config make_cfg(cfg_opts o)
     c.tied = o.tied;
     c.qkv_bias = o.qkv_bias;
     c.qk_norm = o.qk_norm;
-    if (o.rope_scaling) {
+    c.rope_type = o.rope;
+    if (o.rope == MT_ROPE_LLAMA3) {
         /* Wavelengths 6.3, 136, 2920 against 64..256: one of each Llama-3 branch. */
         c.rope_scaling_factor = 8.0;
         c.rope_low_freq_factor = 1.0;
         c.rope_high_freq_factor = 4.0;
         c.rope_original_max_positions = 256;
+    } else if (o.rope == MT_ROPE_YARN) {
+        /* Over 256 original positions the ramp runs over dims [0, 2] (floor 0.08, ceil 1.21): one
+         * pair extrapolated, one blended, one interpolated; the attention factor 0.1 ln 3 + 1
+         * scales q and k. */
+        c.rope_scaling_factor = 3.0;
+        c.rope_original_max_positions = 256;
+        c.rope_beta_fast = 32, c.rope_beta_slow = 1, c.rope_truncate = true;
+    } else if (o.rope == MT_ROPE_DYNAMIC) {
+        /* TEST_T = 5 tokens past 4 positions: the base grows with the length run. */
+        c.rope_scaling_factor = 2.0;
+        c.max_positions = 4;
     }
     return c;
 }
@@ -151,8 +164,8 @@ static void run_layer_grad_check(cfg_opts o, uint64_t seed)
     memset(dtile, 0, (size_t)c.lay.numel * sizeof(double));
     mt_cpu_layer_backward_f64(&c.cfg, &c.lay, c.tile, TEST_B, TEST_T, saved, c.R, dx, dtile, c.scratch);
 
-    fprintf(stderr, "layer %s bias=%d qk_norm=%d rope_scaling=%d\n", c.cfg.model_type, o.qkv_bias,
-            o.qk_norm, o.rope_scaling);
+    fprintf(stderr, "layer %s bias=%d qk_norm=%d rope_type=%d\n", c.cfg.model_type, o.qkv_bias,
+            o.qk_norm, (int)o.rope);
     const double ex = fd_rel_err(layer_objective, &c, c.x, nd, dx);
     fprintf(stderr, "  %-10s %-36s rel err %.3e\n", "layer", "dx", ex);
     ck_assert_msg(ex <= GRAD_TOL, "dx rel err %.3e", ex);
@@ -178,7 +191,9 @@ END_TEST
 START_TEST(test_layer_grad_llama)
 {
     run_layer_grad_check((cfg_opts){ .family = MT_FAMILY_LLAMA, .layers = 1 }, 12);
-    run_layer_grad_check((cfg_opts){ .family = MT_FAMILY_LLAMA, .rope_scaling = true, .layers = 1 }, 13);
+    run_layer_grad_check((cfg_opts){ .family = MT_FAMILY_LLAMA, .rope = MT_ROPE_LLAMA3, .layers = 1 }, 13);
+    run_layer_grad_check((cfg_opts){ .family = MT_FAMILY_LLAMA, .rope = MT_ROPE_YARN, .layers = 1 }, 15);
+    run_layer_grad_check((cfg_opts){ .family = MT_FAMILY_LLAMA, .rope = MT_ROPE_DYNAMIC, .layers = 1 }, 16);
 }
 END_TEST
 

@@ -229,7 +229,7 @@ static double rope_objective(void *p)
     rope_ctx *c = p;
     int64_t n = NTOK * c->nh * D;
     memcpy(c->y, c->x, (size_t)n * sizeof(double));
-    mt_cpu_rope_forward_f64(B, T, c->nh, D, c->inv_freq, c->y);
+    mt_cpu_rope_forward_f64(B, T, c->nh, D, c->inv_freq, 1.0, c->y);
     return weighted_sum(c->wts, c->y, n);
 }
 
@@ -239,7 +239,7 @@ static void check_rope(const mt_model_config *cfg, const char *label)
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 14);
     double inv_freq[D / 2];
-    mt_rope_inv_freq(cfg, inv_freq);
+    mt_rope_inv_freq(cfg, T, inv_freq);
     const int64_t nh = H, n = NTOK * nh * D;
     rope_ctx c = {mt_test_random_f64(&rng, n, 1.0), mt_test_random_f64(&rng, n, 1.0), mt_test_alloc_f64(n), inv_freq,
                   nh};
@@ -257,7 +257,7 @@ static void check_rope(const mt_model_config *cfg, const char *label)
                         j < D / 2 ? xr[j] * cos(ang) - xr[j + D / 2] * sin(ang)
                                   : xr[j] * cos(ang) + xr[j - D / 2] * sin(ang);
                 }
-    mt_cpu_rope_forward_f64(B, T, nh, D, inv_freq, y);
+    mt_cpu_rope_forward_f64(B, T, nh, D, inv_freq, 1.0, y);
     snprintf(what, sizeof what, "rope%s forward vs formula", label);
     mt_test_report(what, mt_test_rel_err_f64(y, ref, n), 1e-14);
     /* position 0 is the identity in every sequence */
@@ -265,17 +265,17 @@ static void check_rope(const mt_model_config *cfg, const char *label)
         ck_assert_int_eq(memcmp(y + b * T * nh * D, c.x + b * T * nh * D, nh * D * sizeof(double)), 0);
 
     double *back = mt_test_copy_f64(y, n);
-    mt_cpu_rope_backward_f64(B, T, nh, D, inv_freq, back);
+    mt_cpu_rope_backward_f64(B, T, nh, D, inv_freq, 1.0, back);
     snprintf(what, sizeof what, "rope%s backward(forward(x)) vs x", label);
     mt_test_report(what, mt_test_rel_err_f64(back, c.x, n), 1e-14);
 
     double *g = mt_test_copy_f64(c.wts, n);
-    mt_cpu_rope_backward_f64(B, T, nh, D, inv_freq, g);
+    mt_cpu_rope_backward_f64(B, T, nh, D, inv_freq, 1.0, g);
     snprintf(what, sizeof what, "rope%s dx", label);
     check_grad(what, rope_objective, &c, c.x, n, g);
 
     float *x32 = mt_test_to_f32(c.x, n);
-    mt_cpu_rope_forward_f32(B, T, nh, D, inv_freq, x32);
+    mt_cpu_rope_forward_f32(B, T, nh, D, inv_freq, 1.0, x32);
     snprintf(what, sizeof what, "rope%s f32 vs f64 forward", label);
     mt_test_report(what, mt_test_rel_err_mixed(x32, y, n), MIXED_TOL);
     free(x32), free(g), free(back), free(ref), free(y), free(c.x), free(c.wts), free(c.y);
@@ -286,9 +286,9 @@ START_TEST(test_rope)
     mt_model_config cfg = {.head_dim = D, .rope_theta = 10000.0};
     check_rope(&cfg, "");
     /* Llama-3 scaled frequencies: the rotation code must not care where they came from */
-    mt_model_config l3 = {.head_dim = D, .rope_theta = 500000.0, .rope_scaling_factor = 8.0,
-                          .rope_low_freq_factor = 1.0, .rope_high_freq_factor = 4.0,
-                          .rope_original_max_positions = 8192};
+    mt_model_config l3 = {.head_dim = D, .rope_theta = 500000.0, .rope_type = MT_ROPE_LLAMA3,
+                          .rope_scaling_factor = 8.0, .rope_low_freq_factor = 1.0,
+                          .rope_high_freq_factor = 4.0, .rope_original_max_positions = 8192};
     check_rope(&l3, " (llama3 freqs)");
 }
 END_TEST
@@ -299,11 +299,12 @@ START_TEST(test_rope_inv_freq)
      * 0..28 have wavelength < 2048 (kept), 29..34 lie in the smoothed band, 35..63 > 8192. */
     mt_model_config plain = {.head_dim = 128, .rope_theta = 500000.0};
     mt_model_config l3 = plain;
-    l3.rope_scaling_factor = 8.0, l3.rope_low_freq_factor = 1.0, l3.rope_high_freq_factor = 4.0;
+    l3.rope_type = MT_ROPE_LLAMA3, l3.rope_scaling_factor = 8.0, l3.rope_low_freq_factor = 1.0;
+    l3.rope_high_freq_factor = 4.0;
     l3.rope_original_max_positions = 8192;
     double base[64], scaled[64];
-    mt_rope_inv_freq(&plain, base);
-    mt_rope_inv_freq(&l3, scaled);
+    mt_rope_inv_freq(&plain, 1, base);
+    mt_rope_inv_freq(&l3, 1, scaled);
     double worst = 0;
     for (int j = 0; j < 64; j++) {
         double expect = exp(-(2.0 * j / 128.0) * log(500000.0));

@@ -6,7 +6,8 @@ Runs where torch and transformers are installed (the GPU machine):
     python3 tools/parity_suite.py --model DIR [--batch 2 --seq-len 64]    (your own HF directory)
 
 For each family (Llama 3 with rope scaling, Qwen2 with q/k/v bias, Qwen3 with q/k norm and an
-explicit head_dim, Mistral) it
+explicit head_dim, Mistral, and the rope scalings linear, dynamic and yarn on sequences longer
+than max_position_embeddings or the original context) it
   1. builds a small random model in transformers (sizes not multiples of 64; norms and biases
      perturbed so that they matter) and saves it with save_pretrained, in a different on-disk
      dtype and shard layout per family (fp32 sharded, bf16, fp16, fp32 single file);
@@ -65,6 +66,35 @@ FAMILIES = {
                                       max_position_embeddings=128, rms_norm_eps=1e-5, tie_word_embeddings=False,
                                       sliding_window=None, rope=dict(rope_theta=10000.0, rope_type="default")),
                 "float32", None),
+    # Rope scaling past the pretraining context: the batch's T = 24 positions run beyond
+    # max_position_embeddings (linear, dynamic: whose base grows with the length run) or the
+    # original context (yarn, whose attention factor scales cos and sin).
+    "llama-linear": ("LlamaConfig", dict(vocab_size=150, hidden_size=80, intermediate_size=72, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                         max_position_embeddings=16, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                                         rope=dict(rope_theta=10000.0, rope_type="linear", factor=2.0)),
+                     "float32", None),
+    "qwen2-dynamic": ("Qwen2Config", dict(vocab_size=150, hidden_size=96, intermediate_size=72, num_hidden_layers=2,
+                                          num_attention_heads=3, num_key_value_heads=1, max_position_embeddings=16,
+                                          rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
+                                          rope=dict(rope_theta=1000000.0, rope_type="dynamic", factor=4.0)),
+                      "float32", None),
+    # Qwen2.5's long-context block: max_position_embeddings kept, factor over the original
+    "qwen2-yarn": ("Qwen2Config", dict(vocab_size=150, hidden_size=96, intermediate_size=72, num_hidden_layers=2,
+                                       num_attention_heads=3, num_key_value_heads=1, max_position_embeddings=16,
+                                       rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
+                                       rope=dict(rope_theta=1000000.0, rope_type="yarn", factor=4.0,
+                                                 original_max_position_embeddings=16)),
+                   "float32", None),
+    # every optional yarn key: betas, the mscales' attention factor, an unrounded ramp
+    "qwen3-yarn": ("Qwen3Config", dict(vocab_size=150, hidden_size=80, intermediate_size=72, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                       max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                       use_sliding_window=False,
+                                       rope=dict(rope_theta=1000000.0, rope_type="yarn", factor=8.0, beta_fast=8.0,
+                                                 beta_slow=1.0, mscale=1.0, mscale_all_dim=0.8, truncate=False,
+                                                 original_max_position_embeddings=8)),
+                   "float32", None),
 }
 
 

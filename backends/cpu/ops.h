@@ -15,9 +15,10 @@
 #include "models/dtype.h"
 #include "models/layout.h"
 
-/* Rotary inverse frequencies (D/2 values, HF half-split convention), with Llama-3 scaling when
- * cfg->rope_scaling_factor > 0. Computed in double. */
-void mt_rope_inv_freq(const mt_model_config *cfg, double *inv_freq);
+/* Rotary inverse frequencies inv_freq (D/2, HF half-split convention) of cfg's rope type for
+ * sequences of seq_len tokens (the whole sequence's length: dynamic scaling depends on it), in
+ * double; returns the attention factor that multiplies cos and sin (yarn's; 1 otherwise). */
+double mt_rope_inv_freq(const mt_model_config *cfg, int64_t seq_len, double *inv_freq);
 
 /* AdamW (torch.optim.AdamW semantics) over one contiguous range of one tensor. */
 typedef struct mt_adamw_params {
@@ -77,12 +78,12 @@ int64_t mt_moe_backward_scratch_numel(const mt_model_config *cfg, int64_t n);
     void mt_cpu_linear_backward_##sfx(int64_t n, int64_t in, int64_t out, const real *x,         \
                                       const real *W, const real *dy, real *dx,                   \
                                       bool accumulate_dx, real *dW, real *db);                   \
-    /* in place on x (B, T, nh, D): rotate each head by position t */                             \
+    /* in place on x (B, T, nh, D): rotate each head by position t, scaled by attention_factor */ \
     void mt_cpu_rope_forward_##sfx(int64_t B, int64_t T, int64_t nh, int64_t D,                  \
-                                   const double *inv_freq, real *x);                             \
-    /* in place on dx (B, T, nh, D): the transposed (inverse) rotation */                         \
+                                   const double *inv_freq, double attention_factor, real *x);    \
+    /* in place on dx (B, T, nh, D): the transpose (the inverse rotation, scaled alike) */          \
     void mt_cpu_rope_backward_##sfx(int64_t B, int64_t T, int64_t nh, int64_t D,                 \
-                                    const double *inv_freq, real *dx);                           \
+                                    const double *inv_freq, double attention_factor, real *dx);  \
     /* causal grouped-query attention, scale 1/sqrt(D). q (B,T,H,D), k v (B,T,KV,D);           \
      * out (B,T,H,D) =, lse (B,H,T) = log-sum-exp of the scaled scores (kept for backward) */     \
     void mt_cpu_attention_forward_##sfx(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,  \

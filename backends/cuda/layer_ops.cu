@@ -35,18 +35,20 @@ void mt_layer_check(const mt_model_config *cfg, const mt_tile_layout *layout, co
     MT_CUDA_REQUIRE(!cfg->qk_norm || layout->tensors[MT_L_Q_NORM].numel == m->D, "q_norm size != head_dim");
 }
 
-// ---- RoPE tables: cos/sin of t * inv_freq[j], computed in double and rounded as the CPU does ----
+// ---- RoPE tables: attention_factor * cos/sin of t * inv_freq[j], computed in double and rounded
+// as the CPU does ----
 
 typedef struct rope_freqs {
     double f[LAYER_MAX_HEAD_DIM / 2]; // mt_rope_inv_freq on the host, passed by value (1 KiB)
+    double attention_factor;          // its return value: yarn's factor on cos and sin, else 1
 } rope_freqs;
 
 __global__ static void rope_table_kernel(int64_t T, int64_t half, rope_freqs freqs, float *cos_t, float *sin_t)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < T * half; i += (int64_t)gridDim.x * blockDim.x) {
         const double angle = (double)(i / half) * freqs.f[i % half];
-        cos_t[i] = (float)cos(angle);
-        sin_t[i] = (float)sin(angle);
+        cos_t[i] = (float)(freqs.attention_factor * cos(angle));
+        sin_t[i] = (float)(freqs.attention_factor * sin(angle));
     }
 }
 
@@ -55,7 +57,8 @@ void mt_layer_rope_tables(const mt_model_config *cfg, const mt_layer_dims *m, fl
 {
     rope_freqs freqs;
     memset(&freqs, 0, sizeof freqs);
-    mt_rope_inv_freq(cfg, freqs.f);
+    // the sequence's length m->T: dynamic scaling's frequencies depend on it
+    freqs.attention_factor = mt_rope_inv_freq(cfg, m->T, freqs.f);
     rope_table_kernel<<<mt_grid_for(m->T * m->half, 256), 256, 0, stream>>>(m->T, m->half, freqs, cos_t, sin_t);
     CUDA_CHECK_LAUNCH();
 }
@@ -130,10 +133,10 @@ __global__ static void qk_rope_forward_kernel(int64_t n, int64_t T, int64_t H, i
     }
 }
 
-// Backward of the above on dq (n, H*D), dk (n, KV*D) fp32 from attention: the inverse rotation,
-// [QKNorm: the norm's input gradient, and dq/dk overwritten with the norm weight's summands
-// dy * x * inv_rms for a column sum], written as E gradients at the projections' outputs, and
-// as fp32 into dq32/dk32 when those are given (for the bias gradients).
+// Backward of the above on dq (n, H*D), dk (n, KV*D) fp32 from attention: the transpose of the
+// scaled rotation, [QKNorm: the norm's input gradient, and dq/dk overwritten with the norm
+// weight's summands dy * x * inv_rms for a column sum], written as E gradients at the
+// projections' outputs, and as fp32 into dq32/dk32 when those are given (for the bias gradients).
 template <class E, bool QKNorm>
 __global__ static void qk_rope_backward_kernel(int64_t n, int64_t T, int64_t H, int64_t KV, int D, float *dq, float *dk,
                                                const E *qpre, const E *kpre, const E *qw, const E *kw,

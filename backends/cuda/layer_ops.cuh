@@ -27,8 +27,9 @@ mt_layer_dims mt_layer_dims_of(const mt_model_config *cfg, int64_t B, int64_t T)
 // dimensions fit these kernels.
 void mt_layer_check(const mt_model_config *cfg, const mt_tile_layout *layout, const mt_layer_dims *m);
 
-// cos_t, sin_t (T, D/2) fp32 = cos/sin of t * inv_freq[j], computed in double and rounded as the
-// CPU path does (mt_rope_inv_freq).
+// cos_t, sin_t (T, D/2) fp32 = attention_factor * cos/sin of t * inv_freq[j], both from
+// mt_rope_inv_freq for sequences of m->T tokens, computed in double and rounded as the CPU path
+// does.
 void mt_layer_rope_tables(const mt_model_config *cfg, const mt_layer_dims *m, float *cos_t, float *sin_t,
                           cudaStream_t stream);
 
@@ -39,9 +40,10 @@ void mt_layer_qk_rope_forward(const mt_model_config *cfg, const mt_layer_dims *m
                               E *qdst, E *kdst, const E *qw, const E *kw, float *qrms, float *krms,
                               const float *cos_t, const float *sin_t, cudaStream_t stream);
 
-// Its backward on dq (n, H*D), dk (n, KV*D) fp32 from attention: the inverse rotation, [qk_norm:
-// the norm's input gradient from qpre kpre qw kw qrms krms, and dq dk overwritten with the norm
-// weight's summands], written as E into dq_proj dk_proj and as fp32 into dq32 dk32 when given.
+// Its backward on dq (n, H*D), dk (n, KV*D) fp32 from attention: the transpose of the rotation
+// scaled by the tables' attention factor, [qk_norm: the norm's input gradient from qpre kpre qw
+// kw qrms krms, and dq dk overwritten with the norm weight's summands], written as E into
+// dq_proj dk_proj and as fp32 into dq32 dk32 when given.
 template <class E>
 void mt_layer_qk_rope_backward(const mt_model_config *cfg, const mt_layer_dims *m, float *dq, float *dk,
                                const E *qpre, const E *kpre, const E *qw, const E *kw, const float *qrms,

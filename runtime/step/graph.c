@@ -62,17 +62,7 @@ static int check_config(const mt_host_state *st, const mt_step_config *sc, bool 
                  (int)sc->ranged_bounds, MT_RANGED_BOUNDS_AVX2, MT_RANGED_BOUNDS_AVX512, MT_RANGED_BOUNDS_EXACT);
         return -1;
     }
-    if (sc->T > st->cfg.max_positions) {
-        snprintf(err, errlen, "sequence length %lld exceeds the model's max_position_embeddings %lld",
-                 (long long)sc->T, (long long)st->cfg.max_positions);
-        return -1;
-    }
-    if (st->cfg.sliding_window > 0 && sc->T > st->cfg.sliding_window) {
-        snprintf(err, errlen, "sequence length %lld exceeds the model's sliding_window %lld: sliding-window attention is "
-                 "not implemented (full causal attention, which is the same up to that length)",
-                 (long long)sc->T, (long long)st->cfg.sliding_window);
-        return -1;
-    }
+    if (mt_config_check_seq_len(&st->cfg, sc->T, err, errlen)) return -1;
     /* Mixture of experts: the CPU layer computes a sparse layer; the CUDA layer, the step's
      * load-balancing loss and a state of two kinds of layer tile are still to come (docs/moe.md). */
     if (mt_config_sparse_layers(&st->cfg) > 0) {

@@ -119,7 +119,7 @@ int cli_bench(int argc, char **argv)
     mt_bench_options o = mt_bench_defaults();
     cli_model model = { .shape = o.shape };
     const cli_group groups[] = {
-        CLI_GROUP_ONLY("model and data", cli_model_options, &model, "shape layers"),
+        CLI_GROUP_ONLY("model and data", cli_model_options, &model, "shape layers rope-scaling"),
         CLI_GROUP(NULL, run_options, &o),
         CLI_GROUP_ONLY("batch", cli_batch_options, &o.step, "micro-batch seq-len accum"),
         CLI_GROUP(NULL, k_options, &o),
@@ -153,6 +153,7 @@ int cli_bench(int argc, char **argv)
     if (env) return env;
     o.shape = model.shape;
     o.layers = model.layers;
+    o.rope_scaling = model.rope_scaling;
     mt_model_config cfg;
     const int bad = cli_model_config(cmd, &model, &cfg);
     if (bad) return bad;

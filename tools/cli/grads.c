@@ -32,7 +32,7 @@ int cli_grads(int argc, char **argv)
     cli_model model = { 0 };
     mt_step_config batch = { .K = o.K };
     const cli_group groups[] = {
-        CLI_GROUP_ONLY("options", cli_model_options, &model, "model"),
+        CLI_GROUP_ONLY("options", cli_model_options, &model, "model rope-scaling"),
         CLI_GROUP(NULL, grads_options, &o),
         CLI_GROUP_ONLY(NULL, cli_batch_options, &batch, "checkpoint-every"),
         CLI_GROUP("workers", cli_worker_options, &o.runtime),
@@ -53,6 +53,7 @@ int cli_grads(int argc, char **argv)
     const int env = cli_environment(cmd, &o.runtime, NULL);
     if (env) return env;
     o.model_dir = model.model_dir;
+    o.rope_scaling = model.rope_scaling;
     o.K = batch.K;
     o.dtype_explicit = cli_was_given(&given, "dtype");
     if (!o.model_dir || !o.tokens_path || !o.out_path || !o.B || !o.T)

@@ -335,7 +335,19 @@ bool cli_parse(const cli_command *c, int argc, char **argv, cli_given *given, in
 #define SHAPES "qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b, qwen2.5-14b, tiny"
 #define SHAPES_SHORT "qwen2.5-0.5b|1.5b|3b|7b|14b or tiny"
 
-const cli_option cli_model_options[4] = {
+/* --rope-scaling TYPE:FACTOR, checked here so that a typo stops the command before any work. */
+static int parse_rope_scaling(const char *cmd, const cli_option *opt, const char *arg, void *target)
+{
+    mt_rope_type type;
+    double factor;
+    char err[256];
+    if (mt_rope_scaling_parse(arg, &type, &factor, err, sizeof err))
+        return cli_usage_error(cmd, "%s", err);
+    *(const char **)((char *)target + opt->field) = arg;
+    return 0;
+}
+
+const cli_option cli_model_options[5] = {
     { .name = "config", .arg = "FILE", .kind = CLI_STRING, .field = offsetof(cli_model, config_path),
       .help = "an HF config.json", .show_default = true },
     { .name = "model", .arg = "DIR", .kind = CLI_STRING, .field = offsetof(cli_model, model_dir),
@@ -344,6 +356,9 @@ const cli_option cli_model_options[4] = {
       .help = SHAPES_SHORT, .show_default = true },
     { .name = "layers", .arg = "N", .kind = CLI_INT64, .field = offsetof(cli_model, layers), .min = 1, .max = 1 << 16,
       .help = "override the shape's layer count (memory-bound checks)", .advanced = true },
+    { .name = "rope-scaling", .arg = "TYPE:F", .kind = CLI_CUSTOM, .field = offsetof(cli_model, rope_scaling),
+      .parse = parse_rope_scaling,
+      .help = "yarn|linear|dynamic: F times the model's context (e.g. yarn:4)" },
 };
 
 int cli_model_config(const char *cmd, const cli_model *m, mt_model_config *cfg)
@@ -355,6 +370,11 @@ int cli_model_config(const char *cmd, const cli_model *m, mt_model_config *cfg)
         if (mt_config_load(m->config_path, cfg, err, sizeof err)) return cli_failed(cmd, err);
     }
     if (m->layers > 0) cfg->layers = m->layers;
+    if (m->rope_scaling) {
+        char err[512];
+        if (mt_config_set_rope_scaling(cfg, m->rope_scaling, err, sizeof err))
+            return cli_failed(cmd, err);
+    }
     return 0;
 }
 

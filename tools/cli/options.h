@@ -114,16 +114,19 @@ int cli_dtype_option(const char *cmd, const cli_option *opt, const char *arg, vo
 
 /* ---- the shared options --------------------------------------------------------------- */
 
-/* --config, --model, --shape, --layers: which model a run is of. */
+/* --config, --model, --shape, --layers, --rope-scaling: which model a run is of. */
 typedef struct cli_model {
     const char *config_path;  /* an HF config.json */
     const char *model_dir;    /* an HF directory: config.json and safetensors */
     const char *shape;        /* a published shape's name (mt_config_from_shape) */
     int64_t layers;           /* > 0: the shape's layer count replaced (memory-bound checks) */
+    const char *rope_scaling; /* "TYPE:FACTOR" checked by mt_rope_scaling_parse, for
+                               * mt_config_set_rope_scaling; NULL: the model's own rope */
 } cli_model;
-extern const cli_option cli_model_options[4];
-/* The config of --shape or --config (whichever is set; the shape first) with --layers applied:
- * 0, 2 after a usage error (an unknown shape), 1 after a config that could not be read. */
+extern const cli_option cli_model_options[5];
+/* The config of --shape or --config (whichever is set; the shape first) with --layers and
+ * --rope-scaling applied: 0, 2 after a usage error (an unknown shape), 1 after a config that
+ * could not be read or a scaling it does not take. */
 int cli_model_config(const char *cmd, const cli_model *m, mt_model_config *cfg);
 
 /* --micro-batch, --seq-len, --accum, --checkpoint-every into an mt_step_config. */

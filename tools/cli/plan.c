@@ -30,7 +30,7 @@ int cli_plan(int argc, char **argv)
     mt_step_config batch = { .B = 16, .T = 2048, .accum = 1, .K = 4 };
     plan_request req = { .compute = MT_DTYPE_BF16, .use_gpu = true };
     const cli_group groups[] = {
-        CLI_GROUP_ONLY("model", cli_model_options, &model, "shape config"),
+        CLI_GROUP_ONLY("model", cli_model_options, &model, "shape config rope-scaling"),
         CLI_GROUP("batch", cli_batch_options, &batch),
         CLI_GROUP("run", plan_options, &req),
     };
@@ -48,6 +48,8 @@ int cli_plan(int argc, char **argv)
     mt_model_config cfg;
     const int bad = cli_model_config(cmd, &model, &cfg);
     if (bad) return bad;
+    char e[1024];
+    if (mt_config_check_seq_len(&cfg, batch.T, e, sizeof e)) return cli_failed(cmd, e);
     const mt_plan_params pp = { .micro_batch = batch.B, .seq_len = batch.T, .grad_accum = batch.accum,
                                 .checkpoint_interval = batch.K, .compute = req.compute, .use_gpu = req.use_gpu };
     mt_plan plan;
