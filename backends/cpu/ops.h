@@ -89,6 +89,10 @@ int64_t mt_head_scratch_numel(const mt_model_config *cfg, int64_t chunk);
      * of a split update whose second half is mt_cpu_adamw; bitwise its master. */              \
     void mt_cpu_adamw_params_##sfx(int64_t n, const real *master, const real *grad, const real *m, \
                                    const real *v, real *out, const mt_adamw_params *p);         \
+    /* m and v (n) in place from grad, no master: bitwise mt_cpu_adamw's m and v (the moments   \
+     * half of an update whose master is kept as two planes, master_planes.h) */                 \
+    void mt_cpu_adamw_moments_##sfx(int64_t n, const real *grad, real *m, real *v,              \
+                                    const mt_adamw_params *p);                                   \
     /* One decoder layer, pre-norm: h = x + o(attn(rope(q,k), v)); y = h + down(swiglu).       \
      * tile laid out by `layout` (MT_TILE_LAYER); x, y (B*T, d). saved (may be NULL when no     \
      * backward follows) receives mt_layer_saved_numel elements, x included. */                 \
