@@ -217,8 +217,8 @@ static double per_parameter(uint64_t bytes, const mt_plan *plan)
 static const char *kind_name(int k, const mt_plan *plan)
 {
     if (plan->params.layout == MT_LAYOUT_COMPACT) switch (k) {
-    case MT_PLAN_WEIGHTS: return "master, high half (bf16, streamed)";
-    case MT_PLAN_MASTER: return "master, low half (16 bits)";
+    case MT_PLAN_WEIGHTS: return "master high half (streamed)";
+    case MT_PLAN_MASTER: return "master low half (16 bits)";
     case MT_PLAN_GRADS: return "gradients (bf16)";
     }
     switch (k) {
@@ -249,14 +249,14 @@ void mt_plan_print(const mt_plan *plan, FILE *out)
             p->micro_batch, p->seq_len, p->grad_accum, plan->tokens_per_step, p->checkpoint_interval,
             plan->num_checkpoints, p->compute == MT_DTYPE_BF16 ? "bf16" : "fp32",
             p->use_gpu ? "GPU (sized for the CUDA kernels)" : "CPU only");
-    fprintf(out, "  %-26s %17s %11s %-6s %17s %11s\n", "kind", "host bytes", "host", "pinned", "GPU bytes", "GPU");
+    fprintf(out, "  %-30s %17s %11s %-6s %17s %11s\n", "kind", "host bytes", "host", "pinned", "GPU bytes", "GPU");
     for (int k = 0; k < MT_PLAN_KIND_COUNT; k++) {
         if (!plan->host[k] && !plan->gpu[k]) continue;
-        fprintf(out, "  %-26s %17" PRIu64 " %11s %-6s %17" PRIu64 " %11s\n", kind_name(k, plan), plan->host[k],
+        fprintf(out, "  %-30s %17" PRIu64 " %11s %-6s %17" PRIu64 " %11s\n", kind_name(k, plan), plan->host[k],
                 mt_format_bytes(plan->host[k], a, sizeof a), plan->host[k] ? (plan->host_pinned[k] ? "yes" : "no") : "",
                 plan->gpu[k], mt_format_bytes(plan->gpu[k], b, sizeof b));
     }
-    fprintf(out, "  %-26s %17" PRIu64 " %11s %-6s %17" PRIu64 " %11s\n", "total", plan->host_total,
+    fprintf(out, "  %-30s %17" PRIu64 " %11s %-6s %17" PRIu64 " %11s\n", "total", plan->host_total,
             mt_format_bytes(plan->host_total, a, sizeof a), "", plan->gpu_total,
             mt_format_bytes(plan->gpu_total, b, sizeof b));
     uint64_t state = 0;
@@ -405,16 +405,16 @@ static void explain_choice(mt_layout_choice *c)
                  c->fits && !c->speculation && c->full_speculation > c->full_plain
                      ? "; without deferral's second gradient, which does not fit (--adamw-defer auto declines it)" : "");
     else if (c->layout == MT_LAYOUT_FULL && c->fits)
-        snprintf(c->why, sizeof c->why, "auto: the full layout%s needs %s, within the %s usable (%d%% of %s)",
+        snprintf(c->why, sizeof c->why, "the full layout%s needs %s, within the %s usable (%d%% of %s)",
                  c->speculation ? " with clip speculation" : "", full, use, MT_PLAN_HOST_USABLE_PERCENT, have);
     else if (c->layout == MT_LAYOUT_COMPACT && c->fits)
-        snprintf(c->why, sizeof c->why, "auto: the full layout with clip speculation would need %s, over the %s usable "
+        snprintf(c->why, sizeof c->why, "the full layout with clip speculation would need %s, over the %s usable "
                  "(%d%% of %s); compact needs %s", full, use, MT_PLAN_HOST_USABLE_PERCENT, have, compact);
     else if (c->layout == MT_LAYOUT_COMPACT)
-        snprintf(c->why, sizeof c->why, "auto: not even the compact layout fits: it needs %s, over the %s usable (%d%% "
+        snprintf(c->why, sizeof c->why, "not even the compact layout fits: it needs %s, over the %s usable (%d%% "
                  "of %s)", compact, use, MT_PLAN_HOST_USABLE_PERCENT, have);
     else
-        snprintf(c->why, sizeof c->why, "auto: the full layout needs %s, over the %s usable (%d%% of %s); fp32 weights "
+        snprintf(c->why, sizeof c->why, "the full layout needs %s, over the %s usable (%d%% of %s); fp32 weights "
                  "have no compact layout", plain, use, MT_PLAN_HOST_USABLE_PERCENT, have);
 }
 
