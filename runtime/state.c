@@ -465,18 +465,19 @@ static void init_values(init_kind k, uint64_t *s, double std, int64_t n, float *
 
 /* The compact layout's: the same values, encoded into the planes a block at a time (a whole
  * tile's fp32 master on every thread at once would take 4 bytes per parameter more). */
-static void init_tile_compact(mt_host_state *st, mt_tile *t, uint64_t *s, double std)
+static void init_tile_compact(mt_tile *t, uint64_t *s, double std)
 {
+    enum { BLOCK = 4096 };
     const mt_tile_layout *lay = t->layout;
     memset(t->weights, 0, t->weight_bytes);
     memset(t->master_lo, 0, (size_t)t->numel * sizeof(uint16_t));
-    float block[4096];
+    float block[BLOCK];
     for (int k = 0; k < lay->ntensors; k++) {
         const mt_tensor_desc *d = &lay->tensors[k];
         const init_kind kind = init_kind_of(d);
         if (d->numel == 0 || kind == INIT_ZERO) continue;
-        for (int64_t o = 0; o < d->numel; o += 4096) {
-            const int64_t len = d->numel - o < 4096 ? d->numel - o : 4096;
+        for (int64_t o = 0; o < d->numel; o += BLOCK) {
+            const int64_t len = d->numel - o < BLOCK ? d->numel - o : BLOCK;
             init_values(kind, s, std, len, block);
             mt_cpu_master_encode(len, block, (mt_bf16 *)t->weights + d->offset + o, t->master_lo + d->offset + o);
         }
@@ -493,7 +494,7 @@ static void init_tile(mt_host_state *st, int i, void *arg)
         const mt_tile_layout *lay = t->layout;
         uint64_t s = seed ^ (0xA5A5A5A5ull * (uint64_t)(i + 1));
         if (st->layout == MT_LAYOUT_COMPACT) {
-            init_tile_compact(st, t, &s, std);
+            init_tile_compact(t, &s, std);
             return;
         }
         memset(t->master, 0, (size_t)t->numel * sizeof(float));

@@ -5,7 +5,8 @@
 
 enum { GRAD_HOME_THREADS = 256 };
 
-// Stage 1: block b converts its grid-stride share and sums the squares of the bf16 values -> partials[b].
+// Stage 1: block b converts its grid-stride share and sums the squares of the bf16 values ->
+// partials[b]; stage 2 is mt_cuda_sum_partials.
 __global__ static void grad_home_kernel(const float *acc, bf16 *out, int64_t n, double *partials)
 {
     __shared__ double shared[32];
@@ -20,16 +21,6 @@ __global__ static void grad_home_kernel(const float *acc, bf16 *out, int64_t n, 
     if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
-// Stage 2: the partials in a fixed order -> sumsq[0] (=); one block.
-__global__ static void grad_home_total_kernel(const double *partials, int nparts, double *sumsq)
-{
-    __shared__ double shared[32];
-    double s = 0;
-    for (int i = threadIdx.x; i < nparts; i += blockDim.x) s += partials[i];
-    s = mt_block_sum(s, shared);
-    if (threadIdx.x == 0) sumsq[0] = s;
-}
-
 extern "C" void mt_cuda_grad_home(const float *acc, mt_cuda_bf16 *out, int64_t n, double *sumsq, mt_cuda_stream stream)
 {
     if (n <= 0 && !sumsq) return;
@@ -40,7 +31,5 @@ extern "C" void mt_cuda_grad_home(const float *acc, mt_cuda_bf16 *out, int64_t n
     grad_home_kernel<<<(unsigned)blocks, GRAD_HOME_THREADS, 0, as_stream(stream)>>>(acc, as_bf16(out), n > 0 ? n : 0,
                                                                                     ctx->reduce_partials);
     CUDA_CHECK_LAUNCH();
-    if (!sumsq) return;
-    grad_home_total_kernel<<<1, GRAD_HOME_THREADS, 0, as_stream(stream)>>>(ctx->reduce_partials, (int)blocks, sumsq);
-    CUDA_CHECK_LAUNCH();
+    if (sumsq) mt_cuda_sum_partials(ctx->reduce_partials, (int)blocks, sumsq, as_stream(stream)); // stage 2
 }
