@@ -16,6 +16,7 @@
 #include "backends/cpu/ops.h"
 #include "codelets/clip.h"
 #include "models/config.h"
+#include "runtime/bench.h"
 #include "runtime/plan.h"
 #include "runtime/runtime.h"
 #include "runtime/state.h"
@@ -677,6 +678,37 @@ START_TEST(test_compact_speculation)
 }
 END_TEST
 
+/* bench --host-layout: a compact run of the tiny shape on CPU workers says its layout and bytes
+ * per parameter, trains, and refuses clip speculation. */
+START_TEST(test_bench_compact)
+{
+    mt_bench_options o = mt_bench_defaults();
+    o.shape = "tiny";
+    o.step.B = 2;
+    o.step.T = 64;
+    o.warmup = 1;
+    o.steps = 2;
+    o.host_layout = MT_LAYOUT_COMPACT;
+    o.runtime.ncpu = 2;
+    o.runtime.ncuda = 0;
+    mt_bench_result r;
+    char err[512], *text = NULL;
+    size_t len = 0;
+    FILE *log = open_memstream(&text, &len);
+    const int rc = mt_bench_run(&o, &r, log, NULL, err, sizeof err);
+    fclose(log);
+    ck_assert_msg(rc == 0, "%s", err);
+    ck_assert_msg(strstr(text, "bench: host layout compact (--host-layout compact), 14.") && strstr(text, "bytes per parameter"),
+                  "%s", text);
+    ck_assert_msg(strstr(text, "compact host state"), "%s", text);
+    ck_assert(isfinite(r.loss_first) && isfinite(r.loss_last) && r.speculated == 0);
+    free(text);
+    o.step.clip_speculate = 2;
+    ck_assert_int_eq(mt_bench_run(&o, &r, NULL, NULL, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "full host layout"), "%s", err);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("compact");
@@ -695,6 +727,7 @@ int main(void)
     tcase_add_test(train, test_compact_resume_bitwise);
     tcase_add_test(train, test_compact_clip_exact);
     tcase_add_test(train, test_compact_speculation);
+    tcase_add_test(train, test_bench_compact);
     suite_add_tcase(s, train);
     return mt_test_run(s, false);
 }
