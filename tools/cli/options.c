@@ -486,7 +486,7 @@ static const cli_word host_layouts[] = {
 
 const cli_option cli_layout_options[1] = {
     { .name = "host-layout", .arg = "L", .kind = CLI_WORD, .field = 0, .words = host_layouts, .show_default = true,
-      .help = "host state: full (with clip speculation), compact (14 B/param, bf16), or auto: full where it fits" },
+      .help = "host state: full, compact (14 B/param, bf16), auto (full where it fits)" },
 };
 
 int cli_environment(const char *cmd, mt_runtime_options *runtime, mt_step_config *step)
