@@ -179,13 +179,27 @@ check_ok "grads --help lists --rope-scaling" '--rope-scaling TYPE:F' grads --hel
 check_error "prepare --format bogus" "--format.*'bogus'" prepare --format bogus
 check_error "bench --shape nope" "'nope'" bench --shape nope
 check_error "train --resume missing" "/nonexistent.ckpt" train --resume /nonexistent.ckpt --steps 2 --micro-batch 2 --seq-len 32
-check_error "plan without a model" "--shape" plan
+check_error "plan --shape with --config" "at most one" plan --shape tiny --config /nonexistent.json
+check_error "plan --host-memory 12Q" "--host-memory.*'12Q'" plan --host-memory 12Q
+check_error "plan --host-layout bogus" "--host-layout.*'bogus'" plan --host-layout bogus
+check_error "plan compact with fp32 weights" "bf16" plan --shape tiny --dtype fp32 --host-layout compact
 check_error "info --ncpu x" "--ncpu.*'x'" info --ncpu x
 check_error "info --sched bogus" "bogus" info --sched bogus --ncpu 1 --ncuda 0
 
 # --- memory plan -----------------------------------------------------------------------------
-check_error "plan 7B in 125 GiB" "needs [0-9]+ bytes" plan --shape qwen2.5-7b --host-memory 134217728000
+check_error "plan 7B in 125 GiB, full layout" "needs [0-9]+ bytes" plan --shape qwen2.5-7b --host-memory 134217728000 \
+    --host-layout full
 check_ok "plan 0.5B in 100 GB" '^fits:' plan --shape qwen2.5-0.5b --host-memory 100000000000
+check_ok "plan 7B in 125 GiB: compact, 14.00 bytes per parameter" 'all in 14\.00 bytes per parameter' \
+    plan --shape qwen2.5-7b --host-memory 125G
+check_ok "plan 7B in 125 GiB: the choice" '^host layout: compact \(--host-layout auto\)' plan --shape qwen2.5-7b --host-memory 125G
+check_ok "plan without a model: what fits in 125 GiB" '^\| qwen2\.5-7b \| 7\.616B \| compact \|.* fits \|$' \
+    plan --host-memory 125G
+printf '%s' '{"model_type": "qwen2", "hidden_size": 8192, "intermediate_size": 29568, "num_hidden_layers": 80,
+  "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 152064, "max_position_embeddings": 32768,
+  "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": false}' >"$work/qwen2.5-72b.json"
+check_ok "plan Qwen2.5-72B in 1.5 TB: compact" '^fits: .*\(compact host layout\)' \
+    plan --config "$work/qwen2.5-72b.json" --host-memory 1.5TB
 
 # --- the training job ------------------------------------------------------------------------
 check_error "train --data /nonexistent" "/nonexistent" train --data /nonexistent --steps 1 --ncpu 1
