@@ -87,6 +87,7 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
 
     plan->tokens_per_step = (int64_t)step_tokens;
     plan->param_count = mt_config_param_count(cfg);
+    plan->active_param_count = mt_config_active_param_count(cfg);
     plan->flops_params = mt_config_flops_params(cfg);
     mt_tile_layout lay;
     for (int k = MT_TILE_EMBED; k <= MT_TILE_HEAD; k++) {
@@ -245,6 +246,9 @@ void mt_plan_print(const mt_plan *plan, FILE *out)
     char a[32], b[32];
     fprintf(out, "memory plan: %" PRId64 " parameters (%" PRId64 " for FLOPs), %" PRId64 " tiles, %s host layout\n",
             plan->param_count, plan->flops_params, plan->num_tiles, mt_host_layout_name(p->layout));
+    if (plan->active_param_count != plan->param_count)
+        fprintf(out, "  mixture of experts: %.3gB parameters in total, %.3gB active per token (%" PRId64 ")\n",
+                (double)plan->param_count / 1e9, (double)plan->active_param_count / 1e9, plan->active_param_count);
     fprintf(out, "  B=%" PRId64 " x T=%" PRId64 " x accumulation %" PRId64 " = %" PRId64
             " tokens/step, K=%" PRId64 " (%" PRId64 " checkpoints per micro-batch), weights %s, %s\n",
             p->micro_batch, p->seq_len, p->grad_accum, plan->tokens_per_step, p->checkpoint_interval,

@@ -72,6 +72,8 @@ typedef struct mt_plan {
     mt_plan_params params;     /* as given, with the defaults filled in and K clamped */
     int64_t tokens_per_step;   /* B * T * grad_accum */
     int64_t param_count;       /* mt_config_param_count */
+    int64_t active_param_count; /* mt_config_active_param_count: what one token uses (a mixture of
+                                 * experts' routed experts only; param_count for a dense model) */
     int64_t flops_params;      /* mt_config_flops_params */
     int64_t tile_numel[3];     /* elements of the embedding, one layer and the head tile (padded) */
     int64_t num_tiles;         /* L + 2 */

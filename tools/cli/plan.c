@@ -75,8 +75,12 @@ int cli_plan(int argc, char **argv)
     mt_plan plan;
     mt_layout_choice choice;
     if (mt_plan_choose(&cfg, &pp, req.layout, avail, &plan, &choice)) return cli_failed(cmd, plan.error);
-    printf("model: %s, %lld layers, hidden %lld\n", model.shape ? model.shape : model.config_path,
+    printf("model: %s, %lld layers, hidden %lld", model.shape ? model.shape : model.config_path,
            (long long)cfg.layers, (long long)cfg.hidden);
+    if (cfg.experts > 0)
+        printf(", %lld experts of which %lld per token in %lld sparse layers", (long long)cfg.experts,
+               (long long)cfg.experts_per_token, (long long)mt_config_sparse_layers(&cfg));
+    printf("\n");
     mt_plan_print(&plan, stdout);
     mt_plan_print_choice(&choice, stdout);
     if (!choice.fits) {
