@@ -286,11 +286,17 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     const mt_corpus *corpus = &data.corpus;
     const mt_dataset *ds = data.prepared ? &data.dataset : NULL;
 
+    /* StarPU's start puts its own SIGINT handler in front of the caller's, which it hands the
+     * signal to only after putting it back: two quick signals then reach the caller's as one.
+     * The caller that stops runs on signals gets its handler back. */
+    struct sigaction caller_sigint;
+    sigaction(SIGINT, NULL, &caller_sigint);
     if (mt_runtime_init(&o->runtime, err, errlen)) {
         mt_run_data_close(&data);
         free(resumed);
         return -1;
     }
+    if (o->stop_signal) sigaction(SIGINT, &caller_sigint, NULL);
     /* Without an explicit --dtype: bf16 when a GPU computes (the fast path), fp32 on CPU workers. */
     if (!o->dtype_explicit) run.dtype = mt_runtime_ncuda() > 0 ? MT_DTYPE_BF16 : MT_DTYPE_F32;
     int rc = -1;
@@ -369,6 +375,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
             (long long)o->warmup, o->warmup == 1 ? "" : "s", o->lr, o->lr * o->min_lr_ratio, (long long)o->steps);
     if (skip_mode) say(log, "megatrain: --on-nonfinite skip: each update waits for its step's loss and gradient norm\n");
     res->first_step = first;
+    res->steps_done = first - 1;
     int64_t counted;
     /* Whether there is validation data: prepared data may hold none (--val-fraction 0). */
     const bool has_val = ds ? ds->val.n_seq > 0 : mt_corpus_validation(corpus, o->eval_sequences, o->step.T, vtok, vtgt) >= o->step.B;
@@ -471,7 +478,6 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     starpu_task_wait_for_all();
     res->seconds = now() - t0;
     const int64_t trained = res->steps_done >= first ? res->steps_done - first + 1 : 0;
-    if (save_only) res->steps_done = meta->step;
     res->tokens_per_second = trained > 0 ? trained * per_step / res->seconds : 0;
     res->weights_hash = mt_state_hash(st);
     const bool reached_end = res->steps_done >= last;
