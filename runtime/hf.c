@@ -403,7 +403,8 @@ int mt_hf_check_output(const char *dir, char *err, size_t errlen)
     while ((de = readdir(d))) {
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
         nentries++;
-        if (!strcmp(de->d_name, MT_HF_MARKER)) marked = true;
+        /* the marker, or its temporary: a save cut short while writing it */
+        if (!strncmp(de->d_name, MT_HF_MARKER, strlen(MT_HF_MARKER))) marked = true;
         if (megatrain_output_name(de->d_name)) continue;
         if (nunrelated++ < 4 && at < sizeof unrelated)
             at += (size_t)snprintf(unrelated + at, sizeof unrelated - at, "%s%s", at ? ", " : "", de->d_name);
