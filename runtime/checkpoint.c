@@ -190,14 +190,6 @@ int mt_checkpoint_save_kept(const char *path, int64_t keep_last, const mt_host_s
     return 0;
 }
 
-void mt_checkpoint_remove_stale(const char *path, FILE *log, const char *log_prefix)
-{
-    char dir[4096];
-    mt_dir_of(path, dir, sizeof dir);
-    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-    mt_remove_stale_temporaries(dir, base, log, log_prefix);
-}
-
 typedef struct reader { FILE *f; uint64_t hash; const char *path; char *err; size_t errlen; } reader;
 
 static int get(reader *r, void *p, size_t n, const char *what)

@@ -7,7 +7,6 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 
 #include "models/config.h"
 #include "runtime/state.h"
@@ -49,9 +48,6 @@ int mt_checkpoint_read_header(const char *path, const mt_model_config *cfg, mt_c
  * refreshes the streamed weights. Refuses a file of another model or a damaged one, naming the
  * file and what is wrong. Reads version 1 files (no settings, updates = step) and version 2. */
 int mt_checkpoint_load(const char *path, mt_host_state *st, mt_checkpoint_meta *meta, char *err, size_t errlen);
-
-/* Removes the temporaries of path's checkpoints that dead processes left (runtime/files.h). */
-void mt_checkpoint_remove_stale(const char *path, FILE *log, const char *log_prefix);
 
 /* FNV-1a hash of every tile's fp32 master weights: a cheap fingerprint of a model's state. */
 uint64_t mt_state_hash(const mt_host_state *st);

@@ -82,6 +82,14 @@ int mt_remove_stale_temporaries(const char *dir, const char *prefix, FILE *log, 
     return removed;
 }
 
+void mt_remove_stale_temporaries_of(const char *path, FILE *log, const char *log_prefix)
+{
+    char dir[4096];
+    mt_dir_of(path, dir, sizeof dir);
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    mt_remove_stale_temporaries(dir, base, log, log_prefix);
+}
+
 int mt_probe_directory(const char *dir, char *err, size_t errlen)
 {
     struct stat sb;

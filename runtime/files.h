@@ -26,6 +26,10 @@ void mt_temp_name(const char *path, char *buf, size_t len);
  * Names each on log after log_prefix (log NULL: silent). Returns how many went. */
 int mt_remove_stale_temporaries(const char *dir, const char *prefix, FILE *log, const char *log_prefix);
 
+/* The same for the temporaries of the file `path`: in its directory, the names that start with
+ * its base name. */
+void mt_remove_stale_temporaries_of(const char *path, FILE *log, const char *log_prefix);
+
 /* Whether dir exists, is a directory and takes a new file (created and removed again: the only
  * test that holds for root, read-only mounts and /proc alike). 0, or -1 with err naming dir and
  * the reason. */

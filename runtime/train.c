@@ -14,7 +14,6 @@
 #include "runtime/data.h"
 #include "runtime/dataset.h"
 #include "mt_build_config.h"
-#include "models/report.h"
 #include "runtime/checkpoint.h"
 #include "runtime/files.h"
 #include "runtime/hf.h"
@@ -226,14 +225,10 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         return -1;
     mt_dtype save_dtype;
     if (saved_dtype(o, &save_dtype, err, errlen)) return -1;
-    mt_checkpoint_meta *resumed = NULL;
+    mt_checkpoint_meta header, *resumed = NULL; /* the resumed checkpoint's step and settings */
     if (o->resume_path) {
-        resumed = malloc(sizeof *resumed);
-        if (!resumed) return mt_fail(err, errlen, "out of memory");
-        if (mt_checkpoint_read_header(o->resume_path, &cfg, resumed, err, errlen)) {
-            free(resumed);
-            return -1;
-        }
+        if (mt_checkpoint_read_header(o->resume_path, &cfg, &header, err, errlen)) return -1;
+        resumed = &header;
     }
     const int64_t last = o->stop_after > 0 && o->stop_after < o->steps ? o->stop_after : o->steps;
     /* A checkpoint at the end: only the model is left to write (a save cut short is redone). */
@@ -241,7 +236,6 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     if (save_only && !o->save_model_dir) {
         snprintf(err, errlen, "%s: the checkpoint is at step %lld, the run ends at step %lld: nothing left to do "
                  "(--save-model DIR writes its model)", o->resume_path, (long long)resumed->step, (long long)last);
-        free(resumed);
         return -1;
     }
     /* Decide the micro-batch and check host memory before allocating anything. */
@@ -251,10 +245,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
                           .head_chunk = o->step.head_chunk };
     if (o->tokens_per_step > 0) {
         int64_t B, accum;
-        if (mt_plan_micro_batch(&cfg, &pp, o->tokens_per_step, o->activation_budget, &B, &accum, err, errlen)) {
-            free(resumed);
-            return -1;
-        }
+        if (mt_plan_micro_batch(&cfg, &pp, o->tokens_per_step, o->activation_budget, &B, &accum, err, errlen)) return -1;
         run.step.B = pp.micro_batch = B;
         run.step.accum = (int)accum;
         pp.grad_accum = accum;
@@ -270,19 +261,13 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     mt_plan plan;
     if (mt_plan_compute(&cfg, &pp, &plan)) {
         snprintf(err, errlen, "%s", plan.error);
-        free(resumed);
         return -1;
     }
-    if (mt_plan_check_host(&plan, mt_host_memory_available(), err, errlen)) {
-        free(resumed);
-        return -1;
-    }
+    if (mt_plan_check_host(&plan, mt_host_memory_available(), err, errlen)) return -1;
 
     mt_run_data data;
-    if (mt_run_data_open(&data, o->data_path, cfg.vocab, o->step.T, (o->step.T + 1) * 4, config_path, err, errlen)) {
-        free(resumed);
+    if (mt_run_data_open(&data, o->data_path, cfg.vocab, o->step.T, (o->step.T + 1) * 4, config_path, err, errlen))
         return -1;
-    }
     const mt_corpus *corpus = &data.corpus;
     const mt_dataset *ds = data.prepared ? &data.dataset : NULL;
 
@@ -293,7 +278,6 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     sigaction(SIGINT, NULL, &caller_sigint);
     if (mt_runtime_init(&o->runtime, err, errlen)) {
         mt_run_data_close(&data);
-        free(resumed);
         return -1;
     }
     if (o->stop_signal) sigaction(SIGINT, &caller_sigint, NULL);
@@ -304,24 +288,17 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     mt_graph *g = NULL;
     int32_t *tok = NULL, *tgt = NULL, *vtok = NULL, *vtgt = NULL;
     mt_metrics metrics = { 0 };
-    char *settings = malloc(MT_CHECKPOINT_SETTINGS_MAX);
-    mt_checkpoint_meta *meta = malloc(sizeof *meta);
-    if (!settings || !meta) {
-        snprintf(err, errlen, "out of memory");
-        goto out;
-    }
-    meta->step = 0; /* the last checkpoint saved or loaded: none yet */
+    char settings[MT_CHECKPOINT_SETTINGS_MAX];
+    mt_checkpoint_meta checkpoint = { .step = 0 }, *meta = &checkpoint; /* the last one saved or loaded */
     char identity[256];
     mt_train_data_identity(&data, identity, sizeof identity);
-    mt_train_settings(o, identity, settings, MT_CHECKPOINT_SETTINGS_MAX);
+    mt_train_settings(o, identity, settings, sizeof settings);
     if (resumed && mt_train_check_settings(o, o->resume_path, resumed->settings, settings, log, err, errlen)) goto out;
-    if (o->checkpoint_path) mt_checkpoint_remove_stale(o->checkpoint_path, log, "megatrain");
+    /* Leftovers of killed runs (numbered checkpoints' and links' temporaries share the prefix). */
+    if (o->checkpoint_path) mt_remove_stale_temporaries_of(o->checkpoint_path, log, "megatrain");
     if (o->save_model_dir) mt_remove_stale_temporaries(o->save_model_dir, "", log, "megatrain");
     if (o->metrics_path) {
-        char dir[4096];
-        mt_dir_of(o->metrics_path, dir, sizeof dir);
-        const char *base = strrchr(o->metrics_path, '/') ? strrchr(o->metrics_path, '/') + 1 : o->metrics_path;
-        mt_remove_stale_temporaries(dir, base, log, "megatrain");
+        mt_remove_stale_temporaries_of(o->metrics_path, log, "megatrain");
         if (mt_metrics_open(&metrics, o->metrics_path, resumed ? resumed->step : 0, err, errlen)) goto out;
     }
 
@@ -553,9 +530,6 @@ out:
     if (log) fflush(log);
     if (mt_metrics_close(&metrics, o->metrics_path, rc ? NULL : err, rc ? 0 : errlen)) rc = -1;
     free(tok); free(tgt); free(vtok); free(vtgt);
-    free(settings);
-    free(meta);
-    free(resumed);
     mt_graph_destroy(g);
     mt_state_destroy(st);
     mt_runtime_shutdown();

@@ -129,6 +129,10 @@ static const cli_option progress_options[] = {
 
 int cli_train(int argc, char **argv)
 {
+    char advanced_note[2048];
+    snprintf(advanced_note, sizeof advanced_note,
+             "--save-over-model and --allow-other-tokenizer each turn off a check that protects a run.\n%s",
+             cli_speculation_note);
     mt_train_options o = mt_train_defaults();
     cli_model model = { .config_path = o.config_path };
     const cli_group groups[] = {
@@ -149,7 +153,7 @@ int cli_train(int argc, char **argv)
                  "options: the built-in byte-level model on the fortunes corpus.\n",
         .groups = groups,
         .ngroups = sizeof groups / sizeof groups[0],
-        .advanced_note = cli_speculation_note,
+        .advanced_note = advanced_note,
     };
     cli_given given;
     int status;
