@@ -99,16 +99,17 @@ final_name=run.ckpt.$(printf %06d $steps)
 attempt=0
 done_kills=0
 cycle=1
-model_killed=0
+model_killed=0  # in this cycle
+model_kills=0   # in all
 random_kind=1
 while :; do
     at_end=0
     [ "$(readlink run.ckpt 2>/dev/null)" = "$final_name" ] && at_end=1
-    if [ $done_kills -ge "$kills" ]; then
-        kind=none            # the last attempt: to the end
-    elif [ $at_end -eq 1 ]; then
+    if [ $at_end -eq 1 ] && [ $model_killed -eq 0 ] && [ $done_kills -lt "$kills" ]; then
         kind="model write"
-    elif [ $done_kills -eq $((kills - 1)) ] && [ $model_killed -eq 0 ]; then
+    elif [ $at_end -eq 1 ] || [ $done_kills -ge "$kills" ]; then
+        kind=none            # the cycle's last attempt: to the end
+    elif [ $done_kills -eq $((kills - 1)) ] && [ $model_kills -eq 0 ]; then
         kind="none yet"      # the last kill is kept for the model's write: train to the end first
     else
         random_kind=$((1 - random_kind))
@@ -135,12 +136,14 @@ while :; do
     case $outcome in
     killed)
         done_kills=$((done_kills + 1))
-        [ "$kind" = "model write" ] && model_killed=1
+        [ "$kind" = "model write" ] && model_killed=1 && model_kills=$((model_kills + 1))
         ;;
     "exited 0")
-        if [ $model_killed -eq 1 ] || [ "$kind" = none ]; then
+        # a run that trained to its end goes on to a kill in its model's write; one that wrote
+        # the model at the end ends the cycle
+        if [ "$kind" = none ]; then
             check_run "cycle $cycle"
-            [ "$kind" = none ] && break
+            [ $done_kills -ge "$kills" ] && break
             rm -rf run.ckpt* run.jsonl run.log model
             cycle=$((cycle + 1))
             model_killed=0
