@@ -335,7 +335,6 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         if (st->ntiles > 2 && st->tiles[2].master_spare)
             fprintf(log, "megatrain: AdamW state double-buffered (--adamw-spare): %.2f GB more host memory\n",
                     (double)mt_state_spare_bytes(st, 2) / 1e9);
-        fflush(log);
     }
     mt_rng rng;
     mt_rng_seed(&rng, o->seed);
@@ -347,9 +346,13 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         rng.state = meta->rng_state;
         say(log, "megatrain: resumed from %s at step %lld\n", o->resume_path, (long long)meta->step);
     }
-    if (o->schedule == MT_LR_COSINE && !save_only)
+    /* Said, and so flushed, after the header lines of every run. */
+    if (o->schedule == MT_LR_COSINE)
         say(log, "megatrain: learning rate: %lld warm-up step%s to %g, then cosine to %g at step %lld\n",
             (long long)o->warmup, o->warmup == 1 ? "" : "s", o->lr, o->lr * o->min_lr_ratio, (long long)o->steps);
+    else
+        say(log, "megatrain: learning rate: %lld warm-up step%s to %g, then constant\n", (long long)o->warmup,
+            o->warmup == 1 ? "" : "s", o->lr);
     if (skip_mode) say(log, "megatrain: --on-nonfinite skip: each update waits for its step's loss and gradient norm\n");
     res->first_step = first;
     res->steps_done = first - 1;
@@ -367,9 +370,10 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     const double epoch_per_step = ds ? (double)(o->step.accum * o->step.B) / (double)ds->train.n_seq
                                      : (double)per_step / (double)corpus->ntrain;
 
-    double t0 = now(), t_prev = t0;
+    double t0 = now();
     const mt_ranged_counts rc0 = mt_codelet_ranged_counts();
     int slot = -1;
+    double t_prev = t0;
     double next_loss = NAN, next_norm = NAN; /* skip mode: those of the step last submitted */
     bool next_skipped = false;
     int sig = 0;
