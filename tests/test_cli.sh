@@ -207,7 +207,7 @@ check_error "train --config missing" "/nonexistent/config.json" train --config /
 check_ok "info" '^info: ok$' info --ncuda 0 --ncpu 1
 
 name="train 3 steps"
-run train --steps 3 --micro-batch 2 --seq-len 32 --sample-bytes 20 --eval-every 0 --ncpu 2
+run train --steps 3 --micro-batch 2 --seq-len 32 --sample-bytes 20 --eval-every 3 --ncpu 2
 if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
 elif ! grep -qE '^done: 3 steps in .* train loss [0-9.]+ -> [0-9.]+ \| val [0-9.]+ -> [0-9.]+' "$out"; then
     fail "$name" "no 'done: 3 steps ... train loss A -> B | val C -> D' line"
