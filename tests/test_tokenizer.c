@@ -445,6 +445,20 @@ START_TEST(test_errors)
     json = small_tokenizer("[]", "", ", \"added_tokens\": [{\"id\": -5, \"content\": \"<s>\"}]");
     assert_load_fails(json, "added_tokens[0].id", NULL);
     free(json);
+    /* One id, two tokens (found by tests/fuzz: encode gave "<a>" the id that decodes as "<b>"). */
+    json = small_tokenizer("[]", "", ", \"added_tokens\": [{\"id\": 300, \"content\": \"<a>\"}, "
+                           "{\"id\": 300, \"content\": \"<b>\"}]");
+    assert_load_fails(json, "added_tokens[1]", "id 300 is already");
+    free(json);
+    json = small_tokenizer("[]", "", ", \"added_tokens\": [{\"id\": 256, \"content\": \"<a>\"}]");
+    assert_load_fails(json, "added_tokens[0]", "id 256 is already"); /* "ab" in model.vocab */
+    free(json);
+    json = small_tokenizer("[]", "", ", \"added_tokens\": [{\"id\": 256, \"content\": \"ab\"}]");
+    char path[4096];
+    mt_tokenizer *same = load_small(json, path, err, sizeof err); /* repeating a vocabulary entry is fine */
+    ck_assert_msg(same != NULL, "%s", err);
+    mt_tokenizer_free(same);
+    free(json);
 
     /* pre_tokenizer problems: the last key wins, so these override small_tokenizer's ByteLevel. */
     json = small_tokenizer("[]", "", ", \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": "

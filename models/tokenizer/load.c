@@ -80,7 +80,7 @@ static int spm_piece(const char *token, byte_buf *out, int *fallback)
     return 0;
 }
 
-/* Records the bytes of token id (an added token overrides a vocabulary entry of the same id). */
+/* Records the bytes of token id (an added token that repeats a vocabulary entry records them again). */
 static void set_piece(mt_tokenizer *tok, int32_t id, const char *bytes, size_t n)
 {
     tok->piece_off[id] = (uint32_t)tok->pieces.len;
@@ -298,6 +298,13 @@ static int parse_added(mt_tokenizer *tok, const json_t *added, const char *path,
                            "supported", path, i, json_string_value(content));
         int32_t id = (int32_t)json_integer_value(lookup(a, "id"));
         size_t len = json_string_length(content);
+        /* An id names one token: an added token may repeat a vocabulary entry (Llama 2's <s>),
+         * not give its id other bytes, which encoding and decoding would then disagree on (HF's
+         * loader too gives such a token another id than the file's). */
+        if (tok->piece_len[id] >= 0 && ((size_t)tok->piece_len[id] != len ||
+                                        memcmp(tok->pieces.p + tok->piece_off[id], json_string_value(content), len)))
+            return mt_fail(err, errlen, "%s: key 'added_tokens[%zu]' ('%s'): id %d is already another token's "
+                           "(in model.vocab or an earlier added token)", path, i, json_string_value(content), id);
         added_token *t = &tok->added[tok->n_added++];
         t->content = mt_xmalloc(len + 1);
         memcpy(t->content, json_string_value(content), len + 1);
