@@ -561,8 +561,14 @@ int mt_prepare(const mt_prepare_options *o, mt_prepare_result *res, FILE *log, c
     /* The output's place is tried first, so that a path that cannot be written fails before the
      * tokenising, not after it: the shards are written into tmp, renamed to output_dir at the end. */
     if (mkdir(tmp, 0777) != 0) {
-        snprintf(err, errlen, "--output %s: cannot create %s: %s%s", o->output_dir, tmp, strerror(errno),
-                 errno == ENOENT ? " (does its parent directory exist?)" : "");
+        int e = errno;
+        char parent[4096];
+        snprintf(parent, sizeof parent, "%s", tmp);
+        char *slash = strrchr(parent, '/');
+        if (slash) *slash = 0;
+        bool no_parent = e == ENOENT && slash && slash != parent && stat(parent, &sb) != 0;
+        snprintf(err, errlen, "--output %s: cannot create %s: %s%s%s%s", o->output_dir, tmp, strerror(e),
+                 no_parent ? " (there is no directory " : "", no_parent ? parent : "", no_parent ? ")" : "");
         return -1;
     }
     bool made_tmp = true;
