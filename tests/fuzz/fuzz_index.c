@@ -1,8 +1,9 @@
 /* libFuzzer harness: the sharded-safetensors index (model.safetensors.index.json, read by
  * mt_hf_load in runtime/hf.c) of an HF directory whose two shards hold the tensors of a tiny
  * model (fake_state.h: no StarPU). The input is the index; the shards and config.json are
- * written once, by mt_hf_save's sharding. A refused index is named in the message, unless the
- * failure is a shard's own, which names that file. */
+ * written once, by mt_hf_save's sharding. A refusal names a file of the directory: the index, or
+ * a shard (one the index names that is missing names the index too, except where the shard's name
+ * holds "tensor '": tests/fuzz/crashes/README.md). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,7 +49,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!f || fwrite(data, 1, size, f) != size || fclose(f)) abort();
     char err[4096];
     if (mt_hf_load(dir, st, err, sizeof err))
-        FUZZ_CHECK(strstr(err, "model.safetensors.index.json") || strstr(err, ".safetensors"),
-                   "message names no file: %s", err);
+        FUZZ_CHECK(strstr(err, dir) != NULL, "message names no file of the directory: %s", err);
     return 0;
 }
