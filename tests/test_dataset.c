@@ -199,6 +199,20 @@ static mt_prepare_options options(const char *input, const char *output, mt_inpu
     return o;
 }
 
+/* Writes content to a file called name and prepares it (Qwen3, no validation split), which must
+ * succeed; returns the output directory (malloc'd), *o the options used. */
+static char *prepare_ok(const char *name, const char *content, mt_input_format format, int64_t T,
+                        mt_prepare_options *o, mt_prepare_result *res)
+{
+    char *input = strdup(mt_test_write_temp(name, content));
+    char *out = temp_output("prepared");
+    *o = options(input, out, format, T);
+    o->val_fraction = 0;
+    char err[1024];
+    ck_assert_msg(mt_prepare(o, res, NULL, err, sizeof err) == 0, "%s", err);
+    return out;
+}
+
 /* Decodes the tokens of a window whose mask is (want_mask) or all of them (want_mask < 0). */
 static char *decode_where(mt_tokenizer *tok, const int32_t *ids, const uint8_t *mask, int64_t n, int want_mask)
 {
@@ -219,13 +233,10 @@ START_TEST(test_masks_cover_assistant)
     const char *jsonl = "{\"conversations\": [{\"from\": \"system\", \"value\": \"Be brief.\"}, {\"from\": \"human\", \"value\": \"Hi\"}, "
                         "{\"from\": \"gpt\", \"value\": \"Hello there, friend!\"}, {\"from\": \"human\", \"value\": \"2+2?\"}, "
                         "{\"from\": \"gpt\", \"value\": \"It is 4.\"}]}\n";
-    char *input = strdup(mt_test_write_temp("chat.jsonl", jsonl));
-    char *out = temp_output("prepared");
-    mt_prepare_options o = options(input, out, MT_INPUT_SHAREGPT, 256);
-    o.val_fraction = 0;
+    mt_prepare_options o;
     mt_prepare_result res;
     char err[1024];
-    ck_assert_msg(mt_prepare(&o, &res, NULL, err, sizeof err) == 0, "%s", err);
+    char *out = prepare_ok("chat.jsonl", jsonl, MT_INPUT_SHAREGPT, 256, &o, &res);
     ck_assert_int_eq(res.documents[0], 1);
     ck_assert_int_eq(res.sequences[0], 1);
     ck_assert_int_eq(res.sequences[1], 0);
@@ -254,11 +265,8 @@ START_TEST(test_masks_cover_assistant)
     free(trained); free(all); free(ids); free(mask);
 
     /* Plain text: every token trained, including the separator after each paragraph. */
-    char *text = strdup(mt_test_write_temp("t.txt", "First paragraph\nstill first.\n\n  \nSecond one.\n"));
-    char *out2 = temp_output("text");
-    mt_prepare_options t = options(text, out2, MT_INPUT_TEXT, 64);
-    t.val_fraction = 0;
-    ck_assert_msg(mt_prepare(&t, &res, NULL, err, sizeof err) == 0, "%s", err);
+    mt_prepare_options t;
+    char *out2 = prepare_ok("t.txt", "First paragraph\nstill first.\n\n  \nSecond one.\n", MT_INPUT_TEXT, 64, &t, &res);
     ck_assert_int_eq(res.documents[0], 2);
     snprintf(path, sizeof path, "%s/train-00000.bin", out2);
     ck_assert_msg(mt_shard_read(path, &T, &n, &ids, &mask, err, sizeof err) == 0, "%s", err);
@@ -272,7 +280,7 @@ START_TEST(test_masks_cover_assistant)
                   !strcmp(trained, "Second one.<|endoftext|>First paragraph\nstill first.<|endoftext|>"), "%s", trained);
     free(trained); free(ids); free(mask);
     mt_tokenizer_free(tok);
-    free(input); free(out); free(text); free(out2);
+    free((char *)o.input_path); free(out); free((char *)t.input_path); free(out2);
 }
 END_TEST
 
@@ -529,25 +537,17 @@ END_TEST
 START_TEST(test_byte_order_mark)
 {
     const char *good = "{\"instruction\": \"a\", \"output\": \"b\"}\n";
-    char buf[256];
+    char buf[256], err[1024];
     snprintf(buf, sizeof buf, "\xEF\xBB\xBF%s%s", good, good);
-    char *input = strdup(mt_test_write_temp("bom.jsonl", buf));
-    char *out = temp_output("bom");
-    mt_prepare_options o = options(input, out, MT_INPUT_ALPACA, 32);
-    o.val_fraction = 0;
+    mt_prepare_options o;
     mt_prepare_result res;
-    char err[1024];
-    ck_assert_msg(mt_prepare(&o, &res, NULL, err, sizeof err) == 0, "%s", err);
+    char *out = prepare_ok("bom.jsonl", buf, MT_INPUT_ALPACA, 32, &o, &res);
     ck_assert_int_eq(res.documents[0], 2);
-    free(input); free(out);
+    free((char *)o.input_path); free(out);
     snprintf(buf, sizeof buf, "%s\xEF\xBB\xBF%s", good, good);
     check_bad(MT_INPUT_ALPACA, buf, 2, "a UTF-8 byte order mark (U+FEFF)");
     /* plain text: the mark is not part of the first paragraph */
-    input = strdup(mt_test_write_temp("bom.txt", "\xEF\xBB\xBFHello.\n"));
-    out = temp_output("bom-text");
-    o = options(input, out, MT_INPUT_TEXT, 8);
-    o.val_fraction = 0;
-    ck_assert_msg(mt_prepare(&o, &res, NULL, err, sizeof err) == 0, "%s", err);
+    out = prepare_ok("bom.txt", "\xEF\xBB\xBFHello.\n", MT_INPUT_TEXT, 8, &o, &res);
     mt_dataset d;
     ck_assert_msg(mt_dataset_open(out, &d, err, sizeof err) == 0, "%s", err);
     mt_tokenizer *tok = mt_tokenizer_load(o.tokenizer_path, err, sizeof err);
@@ -557,7 +557,7 @@ START_TEST(test_byte_order_mark)
     free(text);
     mt_tokenizer_free(tok);
     mt_dataset_close(&d);
-    free(input); free(out);
+    free((char *)o.input_path); free(out);
 }
 END_TEST
 

@@ -495,6 +495,27 @@ static char *split_pre_tokenizer(const char *regex)
     return s;
 }
 
+/* small_tokenizer with one Split(regex) and the given merges; the test fails if it does not load. */
+static mt_tokenizer *load_split(const char *regex, const char *merges, char *path)
+{
+    char err[1024] = "";
+    char *pre = split_pre_tokenizer(regex);
+    char *json = small_tokenizer(merges, "", pre);
+    mt_tokenizer *tok = load_small(json, path, err, sizeof err);
+    free(json);
+    free(pre);
+    ck_assert_msg(tok != NULL, "%s", err);
+    return tok;
+}
+
+/* n bytes of "abcxyz " repeated (no newline, so "(.)*" matches all of it), malloc'd. */
+static char *repeated_text(size_t n)
+{
+    char *text = malloc(n);
+    for (size_t i = 0; i < n; i++) text[i] = "abcxyz "[i % 7];
+    return text;
+}
+
 /* PCRE2's limits: "(.)*" exhausts PCRE2's default 32 KiB JIT stack after about 1,365 characters,
  * which aborted the process; the tokenizer's larger stack encodes far more. A regex that
  * backtracks catastrophically fails with a message naming the file, the regex's key and the
@@ -502,15 +523,9 @@ static char *split_pre_tokenizer(const char *regex)
 START_TEST(test_regex_limits)
 {
     char path[4096], err[1024] = "";
-    char *pre = split_pre_tokenizer("(.)*");
-    char *json = small_tokenizer("[\"a b\", \"ab c\"]", "", pre);
-    mt_tokenizer *tok = load_small(json, path, err, sizeof err);
-    free(json);
-    free(pre);
-    ck_assert_msg(tok != NULL, "%s", err);
+    mt_tokenizer *tok = load_split("(.)*", "[\"a b\", \"ab c\"]", path);
     enum { LONG = 100000 };
-    char *text = malloc(LONG);
-    for (size_t i = 0; i < LONG; i++) text[i] = "abcxyz "[i % 7];
+    char *text = repeated_text(LONG);
     size_t n, len, *starts;
     int32_t *ids = mt_tokenizer_encode_offsets(tok, text, LONG, &n, &starts, err, sizeof err);
     ck_assert_msg(ids != NULL, "%s", err);
@@ -524,12 +539,7 @@ START_TEST(test_regex_limits)
     free(text);
     mt_tokenizer_free(tok);
 
-    pre = split_pre_tokenizer("(a*)*[bc]");
-    json = small_tokenizer("[]", "", pre);
-    tok = load_small(json, path, err, sizeof err);
-    free(json);
-    free(pre);
-    ck_assert_msg(tok != NULL, "%s", err);
+    tok = load_split("(a*)*[bc]", "[]", path);
     const char *as = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
     err[0] = 0;
     ck_assert_ptr_null(mt_tokenizer_encode(tok, as, strlen(as), &n, err, sizeof err));
@@ -547,15 +557,9 @@ END_TEST
 START_TEST(test_regex_interpreter_fallback)
 {
     char path[4096], err[1024] = "";
-    char *pre = split_pre_tokenizer("(.)*");
-    char *json = small_tokenizer("[\"a b\", \"ab c\"]", "", pre);
-    mt_tokenizer *tok = load_small(json, path, err, sizeof err);
-    free(json);
-    free(pre);
-    ck_assert_msg(tok != NULL, "%s", err);
+    mt_tokenizer *tok = load_split("(.)*", "[\"a b\", \"ab c\"]", path);
     enum { HUGE = 3000000 };
-    char *text = malloc(HUGE);
-    for (size_t i = 0; i < HUGE; i++) text[i] = "abcxyz "[i % 7];
+    char *text = repeated_text(HUGE);
     size_t n, len;
     int32_t *ids = mt_tokenizer_encode(tok, text, HUGE, &n, err, sizeof err);
     ck_assert_msg(ids != NULL, "%s", err);

@@ -67,6 +67,11 @@ const char *fuzz_seed_dir(void)
     return d && *d ? d : NULL;
 }
 
+void fuzz_seeds_if_asked(int (*write_seeds)(const char *dir))
+{
+    if (fuzz_seed_dir()) exit(write_seeds(fuzz_seed_dir()) ? 1 : 0);
+}
+
 void fuzz_fail(const char *file, int line, const char *cond, const char *fmt, ...)
 {
     fprintf(stderr, "%s:%d: invariant broken: %s: ", file, line, cond);

@@ -23,6 +23,9 @@ const char *fuzz_source(const char *relative);
  * them there from their LLVMFuzzerInitialize (through the project's own writers) and exit. */
 const char *fuzz_seed_dir(void);
 
+/* With FUZZ_MAKE_SEEDS set: write_seeds(that directory), then exit (1 if it returned nonzero). */
+void fuzz_seeds_if_asked(int (*write_seeds)(const char *dir));
+
 /* A broken invariant: prints what and aborts, so libFuzzer records the input as a crash. */
 #define FUZZ_CHECK(cond, ...)                                                                    \
     do {                                                                                         \

@@ -14,14 +14,14 @@
 static mt_host_state *st;
 
 /* A checkpoint of the tiny state through the project's writer, behind each flags value. */
-static void write_seeds(const char *dir)
+static int write_seeds(const char *dir)
 {
     char path[4096], err[512];
     snprintf(path, sizeof path, "%s/checkpoint.tmp", dir);
     mt_checkpoint_meta meta = { .step = 12, .rng_state = 0x1234567890abcdefull, .seed = 7 };
     if (mt_checkpoint_save(path, st, &meta, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
-        exit(1);
+        return -1;
     }
     size_t len;
     char *bytes = mt_read_file(path, &len, err, sizeof err);
@@ -29,10 +29,10 @@ static void write_seeds(const char *dir)
     for (int flags = 0; flags < 2; flags++) {
         snprintf(path, sizeof path, "%s/tiny-flags%d", dir, flags);
         FILE *f = fopen(path, "wb");
-        if (!bytes || !f || fputc(flags, f) == EOF || fwrite(bytes, 1, len, f) != len || fclose(f)) exit(1);
+        if (!bytes || !f || fputc(flags, f) == EOF || fwrite(bytes, 1, len, f) != len || fclose(f)) return -1;
     }
     free(bytes);
-    exit(0);
+    return 0;
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -40,7 +40,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argc;
     (void)argv;
     st = fuzz_fake_state();
-    if (fuzz_seed_dir()) write_seeds(fuzz_seed_dir());
+    fuzz_seeds_if_asked(write_seeds);
     return 0;
 }
 

@@ -9,7 +9,7 @@
 #include "tests/fuzz/fuzz.h"
 
 /* Valid files through the project's writer: F32 and BF16, a scalar, a matrix, an empty tensor. */
-static void write_seeds(const char *dir)
+static int write_seeds(const char *dir)
 {
     float data[12] = { 1, -2, 3.5f, 0, 1e-3f, 65504, -1e30f, 7, 8, 9, 10, 11 };
     mt_st_source t[] = {
@@ -20,17 +20,18 @@ static void write_seeds(const char *dir)
     };
     char path[4096], err[512];
     snprintf(path, sizeof path, "%s/f32.safetensors", dir);
-    if (mt_st_write(path, t, 4, MT_ST_F32, err, sizeof err)) { fprintf(stderr, "%s\n", err); exit(1); }
+    int rc = mt_st_write(path, t, 4, MT_ST_F32, err, sizeof err);
     snprintf(path, sizeof path, "%s/bf16.safetensors", dir);
-    if (mt_st_write(path, t, 2, MT_ST_BF16, err, sizeof err)) { fprintf(stderr, "%s\n", err); exit(1); }
-    exit(0);
+    if (rc == 0) rc = mt_st_write(path, t, 2, MT_ST_BF16, err, sizeof err);
+    if (rc) fprintf(stderr, "%s\n", err);
+    return rc;
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
-    if (fuzz_seed_dir()) write_seeds(fuzz_seed_dir());
+    fuzz_seeds_if_asked(write_seeds);
     return 0;
 }
 

@@ -13,7 +13,7 @@
 #include "tests/fuzz/fuzz.h"
 
 /* Valid shards through the project's writer, each behind a flags byte. */
-static void write_seeds(const char *dir)
+static int write_seeds(const char *dir)
 {
     int32_t tokens[3 * 9];
     uint8_t mask[3 * 9];
@@ -29,24 +29,24 @@ static void write_seeds(const char *dir)
         snprintf(path, sizeof path, "%s/shard.tmp", dir);
         if (mt_shard_write(path, seeds[s].T, seeds[s].n, tokens, mask, err, sizeof err)) {
             fprintf(stderr, "%s\n", err);
-            exit(1);
+            return -1;
         }
         size_t len;
         char *bytes = mt_read_file(path, &len, err, sizeof err);
         remove(path);
         snprintf(path, sizeof path, "%s/%s", dir, seeds[s].name);
         FILE *f = fopen(path, "wb");
-        if (!bytes || !f || fputc(seeds[s].flags, f) == EOF || fwrite(bytes, 1, len, f) != len || fclose(f)) exit(1);
+        if (!bytes || !f || fputc(seeds[s].flags, f) == EOF || fwrite(bytes, 1, len, f) != len || fclose(f)) return -1;
         free(bytes);
     }
-    exit(0);
+    return 0;
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
-    if (fuzz_seed_dir()) write_seeds(fuzz_seed_dir());
+    fuzz_seeds_if_asked(write_seeds);
     return 0;
 }
 
