@@ -12,8 +12,9 @@
 #
 # The corpus a run grows goes to build-fuzz/corpus/HARNESS (the committed seeds are only read),
 # the log to build-fuzz/logs/HARNESS.log, a crashing input to build-fuzz/crashes/HARNESS/. Each
-# harness ends with one line: its executions, libFuzzer's coverage (cov: edges, ft: features) and
-# corpus size, or the crash and the input that causes it. Exits 1 when any harness crashed.
+# harness ends with one line: its executions, the CPU time it had, libFuzzer's coverage (cov:
+# edges, ft: features) and corpus size, or the crash and the input that causes it. Exits 1 when
+# any harness crashed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -70,6 +71,17 @@ max_len() {
     esac
 }
 
+# Sets the variable named $1 to the user + system seconds of this shell's finished children:
+# the CPU a harness had, which on a shared machine is less than its wall time. bash's times must
+# run in this shell (in a command substitution it would see no children).
+times_file=$(mktemp)
+trap 'rm -f "$times_file"' EXIT
+children_cpu() {
+    times >"$times_file"
+    printf -v "$1" '%s' "$(awk 'END { n = 0; for (i = 1; i <= 2; i++) { split($i, p, "m"); n += p[1] * 60 + p[2] }
+                                      print n }' "$times_file")"
+}
+
 mkdir -p build-fuzz/logs
 crashed=0
 for h in "${harnesses[@]}"; do
@@ -78,11 +90,14 @@ for h in "${harnesses[@]}"; do
     dict=()
     [ -f "tests/fuzz/$h.dict" ] && dict=(-dict="tests/fuzz/$h.dict")
     rc=0
+    children_cpu cpu_before
     ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1} \
     UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} \
         "build-fuzz/fuzz_$h" -max_total_time="$seconds" -max_len="$(max_len "$h")" -timeout=25 \
         -rss_limit_mb=3072 -print_final_stats=1 -artifact_prefix="$crashes/" "${dict[@]}" "${extra[@]}" \
         "$work" "tests/fuzz/corpus/$h" >"$log" 2>&1 || rc=$?
+    children_cpu cpu_after
+    cpu=$(awk -v a="$cpu_before" -v b="$cpu_after" 'BEGIN { printf "%.0f", b - a }')
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
     last=$(grep -E '^#[0-9]+' "$log" | tail -1 || true)
     cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$last")
@@ -92,10 +107,10 @@ for h in "${harnesses[@]}"; do
         crashed=$((crashed + 1))
         input=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -1)
         why=$(grep -m1 -E 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|invariant broken' "$log" || true)
-        echo "fuzz: $h: CRASH after ${runs:-?} runs: ${why:-exit status $rc}"
+        echo "fuzz: $h: CRASH after ${runs:-?} runs (${cpu} s of CPU): ${why:-exit status $rc}"
         echo "fuzz: $h: input ${input:-(none written)}, log $log"
     else
-        echo "fuzz: $h: ${runs:-?} runs in ${seconds} s, cov ${cov:-?} ft ${ft:-?}, corpus ${corp:-?}, no crash"
+        echo "fuzz: $h: ${runs:-?} runs in ${seconds} s (${cpu} s of CPU), cov ${cov:-?} ft ${ft:-?}, corpus ${corp:-?}, no crash"
     fi
 done
 [ "$crashed" -eq 0 ] || { echo "fuzz: $crashed of ${#harnesses[@]} harnesses crashed" >&2; exit 1; }
