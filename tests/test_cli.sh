@@ -182,7 +182,7 @@ check_error "train --resume missing" "/nonexistent.ckpt" train --resume /nonexis
 check_error "plan --shape with --config" "at most one" plan --shape tiny --config /nonexistent.json
 check_error "plan --host-memory 12Q" "--host-memory.*'12Q'" plan --host-memory 12Q
 check_error "plan --host-layout bogus" "--host-layout.*'bogus'" plan --host-layout bogus
-check_error "plan compact with fp32 weights" "bf16" plan --shape tiny --dtype fp32 --host-layout compact
+check_error "plan compact with fp32 weights" "bf16" plan --shape tiny --dtype fp32 --host-layout compact --seq-len 128
 check_error "info --ncpu x" "--ncpu.*'x'" info --ncpu x
 check_error "info --sched bogus" "bogus" info --sched bogus --ncpu 1 --ncuda 0
 
@@ -386,7 +386,7 @@ check_bench_data() {
 check_bench_data "bench --data (text)" "$work/corpus.txt" \
     "bench: data $work/corpus.txt: 36864 bytes (the byte-level trainer's training split) as tokens"
 check_error "bench --data missing" "$work/no-such-corpus: No such file or directory" \
-    bench --shape tiny --ncpu 2 --ncuda 0 --data "$work/no-such-corpus"
+    bench --shape tiny --ncpu 2 --ncuda 0 --seq-len 64 --data "$work/no-such-corpus"
 name="bench --data (prepared, not for this run)"
 run prepare --tokenizer "$root/tests/fixtures/tokenizers/qwen3/tokenizer.json" --format text --family qwen3 \
     --input "$work/corpus.txt" --output "$work/prepared" --seq-len 32
