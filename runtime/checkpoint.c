@@ -86,14 +86,18 @@ int mt_checkpoint_save(const char *path, const mt_host_state *st, const mt_check
     uint32_t nsettings = (uint32_t)strnlen(meta->settings, sizeof meta->settings);
     put(&w, &nsettings, sizeof nsettings);
     put(&w, meta->settings, nsettings);
+    float *buf = NULL; /* a compact tile's master, decoded */
     for (int i = 0; i < st->ntiles; i++) {
         const mt_tile *t = &st->tiles[i];
         size_t bytes = (size_t)t->numel * sizeof(float);
+        const float *master = mt_state_master_f32(st, i, &buf);
+        if (!master && !w.failed) w.failed = ENOMEM;
         put(&w, &t->numel, sizeof t->numel);
-        put(&w, t->master, bytes);
+        put(&w, master, bytes);
         put(&w, t->adam_m, bytes);
         put(&w, t->adam_v, bytes);
     }
+    free(buf);
     uint64_t h = w.hash;
     put(&w, &h, sizeof h);
     if (!w.failed && fflush(f) != 0) w.failed = errno;
@@ -280,6 +284,7 @@ int mt_checkpoint_load(const char *path, mt_host_state *st, mt_checkpoint_meta *
     }
     reader r = { .f = f, .hash = MT_FNV_START, .path = path, .err = err, .errlen = errlen };
     int rc = -1;
+    float *buf = NULL; /* a compact tile's master, read before it is encoded */
     uint32_t ntiles;
     mt_checkpoint_meta *m = malloc(sizeof *m);
     if (!m) {
@@ -298,7 +303,13 @@ int mt_checkpoint_load(const char *path, mt_host_state *st, mt_checkpoint_meta *
             goto out;
         }
         size_t bytes = (size_t)numel * sizeof(float);
-        if (get(&r, t->master, bytes, what) || get(&r, t->adam_m, bytes, what) || get(&r, t->adam_v, bytes, what)) goto out;
+        float *master = t->master;
+        if (!master && !(master = buf = realloc(buf, bytes))) {
+            snprintf(err, errlen, "%s: out of memory reading tile %d", path, i);
+            goto out;
+        }
+        if (get(&r, master, bytes, what) || get(&r, t->adam_m, bytes, what) || get(&r, t->adam_v, bytes, what)) goto out;
+        if (!t->master) mt_state_write_master(st, i, 0, numel, master);
     }
     uint64_t expect = r.hash, stored;
     if (fread(&stored, 1, sizeof stored, f) != sizeof stored) {
@@ -318,6 +329,7 @@ int mt_checkpoint_load(const char *path, mt_host_state *st, mt_checkpoint_meta *
     rc = 0;
 out:
     free(m);
+    free(buf);
     fclose(f);
     return rc;
 }
@@ -325,7 +337,15 @@ out:
 uint64_t mt_state_hash(const mt_host_state *st)
 {
     uint64_t h = MT_FNV_START;
-    for (int i = 0; i < st->ntiles; i++)
-        h = mt_fnv1a64(h, st->tiles[i].master, (size_t)st->tiles[i].numel * sizeof(float));
+    float *buf = NULL; /* a compact tile's master, decoded: the hash is the fp32 master's in either layout */
+    for (int i = 0; i < st->ntiles; i++) {
+        const float *master = mt_state_master_f32(st, i, &buf);
+        if (!master) {
+            fprintf(stderr, "megatrain: out of memory hashing tile %d's master\n", i);
+            abort();
+        }
+        h = mt_fnv1a64(h, master, (size_t)st->tiles[i].numel * sizeof(float));
+    }
+    free(buf);
     return h;
 }

@@ -27,7 +27,9 @@ typedef struct expected {
     int ndim;
     int64_t shape[2];
     int64_t numel;
-    float *master;      /* tile->master + offset */
+    float *master;      /* tile->master + offset; NULL in the compact layout (mt_state_read_master) */
+    int tile;
+    int64_t offset;     /* in the tile */
     int shard;          /* index into the shard list that holds it */
     bool loaded;
 } expected;
@@ -49,7 +51,9 @@ static expected *list_expected(const mt_host_state *st, int *count)
             e[n].shape[0] = d->shape[0];
             e[n].shape[1] = d->shape[1];
             e[n].numel = d->numel;
-            e[n].master = t->master + d->offset;
+            e[n].master = t->master ? t->master + d->offset : NULL;
+            e[n].tile = i;
+            e[n].offset = d->offset;
             n++;
         }
     }
@@ -132,7 +136,7 @@ static int read_index(const char *index_path, const mt_host_state *st, expected 
 
 /* Loads every expected tensor that lives in shard `s` (opened as f). `index_path` is NULL for a
  * single-file checkpoint. */
-static int load_shard(mt_st_file *f, int s, const char *index_path, const mt_host_state *st, expected *e, int ne,
+static int load_shard(mt_st_file *f, int s, const char *index_path, mt_host_state *st, expected *e, int ne,
                       char *err, size_t errlen)
 {
     for (int i = 0; i < f->ntensors; i++) {
@@ -155,7 +159,16 @@ static int load_shard(mt_st_file *f, int s, const char *index_path, const mt_hos
             shape_text(x->ndim, x->shape, want, sizeof want);
             return mt_fail(err, errlen, "%s: tensor '%s': shape %s, the config wants %s", f->path, t->name, got, want);
         }
-        if (mt_st_read_f32(f, t, x->master, err, errlen)) return -1;
+        if (x->master) {
+            if (mt_st_read_f32(f, t, x->master, err, errlen)) return -1;
+        } else { /* compact: read as fp32, then encoded into the tile's planes */
+            float *tmp = malloc(sizeof(float) * (size_t)x->numel);
+            if (!tmp) return mt_fail(err, errlen, "%s: tensor '%s': out of memory", f->path, t->name);
+            const int bad = mt_st_read_f32(f, t, tmp, err, errlen);
+            if (!bad) mt_state_write_master(st, x->tile, x->offset, x->numel, tmp);
+            free(tmp);
+            if (bad) return -1;
+        }
         x->loaded = true;
     }
     for (int i = 0; i < ne; i++)
@@ -325,7 +338,23 @@ int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_
         if (nshards == 1) snprintf(name, sizeof name, "%s", SINGLE_NAME);
         else shard_name(s, nshards, name, sizeof name);
         snprintf(path, sizeof path, "%s/%s", dir, name);
+        /* compact: the shard's masters decoded to fp32, one shard at a time */
+        float *decoded = NULL;
+        if (st->layout == MT_LAYOUT_COMPACT) {
+            int64_t numel = 0;
+            for (int i = first; i < last; i++) numel += e[i].numel;
+            if (!(decoded = malloc(sizeof(float) * (size_t)(numel > 0 ? numel : 1)))) {
+                rc = mt_fail(err, errlen, "%s: out of memory decoding the masters", path);
+                break;
+            }
+            float *dst = decoded;
+            for (int i = first; i < last; dst += e[i].numel, i++) {
+                mt_state_read_master(st, e[i].tile, e[i].offset, e[i].numel, dst);
+                src[i].data = dst;
+            }
+        }
         rc = mt_st_write(path, src + first, last - first, fdtype, err, errlen);
+        free(decoded);
         for (int i = first; i < last; i++) json_object_set_new(map, e[i].name, json_string(name));
         first = last;
     }

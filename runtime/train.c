@@ -58,7 +58,7 @@ mt_train_options mt_train_defaults(void)
         .lr = 2e-3, .min_lr_ratio = 0.1, .warmup = 30, .schedule = MT_LR_COSINE,
         .seed = 1234, .init_std = 0.02,
         .eval_every = 50, .eval_at_start = true, .eval_sequences = 64, .log_every = 10,
-        .dtype = MT_DTYPE_F32, .data_shuffle = true,
+        .dtype = MT_DTYPE_F32, .data_shuffle = true, .host_layout = MT_LAYOUT_AUTO,
         .sample_bytes = 300, .sample_prompt = "Q: What is the meaning of life?\nA:",
         .time_limit = 0,
         .tokens_per_step = 0, .activation_budget = (uint64_t)2 << 30,
@@ -206,6 +206,9 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         config_path = model_config;
     }
     if (mt_config_load(config_path, &cfg, err, errlen)) return -1;
+    if ((o->rope_scaling && mt_config_set_rope_scaling(&cfg, o->rope_scaling, err, errlen)) ||
+        mt_config_check_seq_len(&cfg, o->step.T, err, errlen))
+        return -1;
     const bool prepared = mt_dataset_is_prepared(o->data_path);
     if (!prepared && cfg.vocab < 256) {
         snprintf(err, errlen, "%s: key 'vocab_size': the byte-level trainer needs at least 256, got %lld",
@@ -251,12 +254,6 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         run.step.adamw_defer = 0;
     }
     o = &run;
-    mt_plan plan;
-    if (mt_plan_compute(&cfg, &pp, &plan)) {
-        snprintf(err, errlen, "%s", plan.error);
-        return -1;
-    }
-    if (mt_plan_check_host(&plan, mt_host_memory_available(), err, errlen)) return -1;
 
     mt_run_data data;
     if (mt_run_data_open(&data, o->data_path, cfg.vocab, o->step.T, (o->step.T + 1) * 4, config_path, err, errlen))
@@ -295,7 +292,22 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         if (mt_metrics_open(&metrics, o->metrics_path, resumed ? resumed->step : 0, err, errlen)) goto out;
     }
 
-    st = mt_state_create(&cfg, o->dtype, 0, err, errlen);
+    /* The host layout, and the host check, once the dtype and the workers are known. */
+    pp.compute = o->dtype;
+    pp.use_gpu = mt_runtime_ncuda() > 0;
+    mt_plan plan;
+    mt_layout_choice layout;
+    const uint64_t avail = mt_host_memory_available();
+    if (mt_plan_choose(&cfg, &pp, o->host_layout, avail, &plan, &layout)) {
+        snprintf(err, errlen, "%s", plan.error);
+        goto out;
+    }
+    if (!layout.fits) {
+        if (mt_plan_check_host(&plan, avail, err, errlen) == 0) snprintf(err, errlen, "%s", layout.why);
+        goto out;
+    }
+    const mt_state_args sa = { .cfg = &cfg, .compute_dtype = o->dtype, .layout = layout.layout };
+    st = mt_state_create_with(&sa, err, errlen);
     if (!st) goto out;
     mt_state_init_random(st, o->seed, o->init_std);
     if (o->model_dir && mt_hf_load(o->model_dir, st, err, errlen)) goto out;
@@ -324,6 +336,9 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
                 (long long)o->steps, o->step.accum, (long long)o->step.B, (long long)o->step.T, o->step.K, o->step.clip,
                 o->lr, o->schedule == MT_LR_COSINE ? "warm-up + cosine" : "constant", mt_runtime_ncpu(),
                 mt_runtime_ncuda(), o->runtime.sched ? o->runtime.sched : mt_default_sched());
+        fprintf(log, "megatrain: %s host layout (--host-layout %s), %.2f bytes per parameter of host memory: %s\n",
+                mt_host_layout_name(layout.layout), mt_host_layout_name(o->host_layout),
+                (double)layout.host_total / (double)plan.param_count, layout.why);
         mt_graph_log_defer(g, log, "megatrain");
     }
     mt_rng rng;

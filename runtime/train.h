@@ -44,6 +44,8 @@ typedef struct mt_train_options {
     int64_t log_every;
     mt_dtype dtype;            /* streamed weights; used as given only when dtype_explicit */
     bool dtype_explicit;       /* false: fp32 on CPU workers, bf16 when a GPU computes */
+    mt_host_layout host_layout;/* AUTO (default): full with clip speculation where it fits, else
+                                * compact (runtime/plan.h: mt_plan_choose); FULL; COMPACT */
     int64_t sample_bytes;      /* generated after training; 0 = none */
     const char *sample_prompt;
     double time_limit;         /* seconds; stop early (after a step) when exceeded; 0 = none */
@@ -55,6 +57,8 @@ typedef struct mt_train_options {
     const char *allow_changed; /* resume: settings that may differ from the checkpoint's, comma-separated
                                 * (names of mt_train_settings), or "all"; NULL: none */
     const char *model_dir;     /* start from this HF directory's config and weights (NULL: config_path, random) */
+    const char *rope_scaling;  /* "TYPE:FACTOR" replacing the config's rope scaling (mt_config_set_rope_scaling);
+                                * NULL: the config's own */
     const char *save_model_dir;/* write the trained model here as an HF directory, with model_dir's tokenizer files */
     bool save_over_model;      /* save_model_dir may be model_dir (the base model is replaced) */
     mt_dtype save_dtype;       /* the saved weights' dtype; used as given only when save_dtype_explicit */

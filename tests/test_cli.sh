@@ -216,6 +216,19 @@ elif ! grep -q -- '^--- sample' "$out" || ! grep -q -- '^--- end of sample ---$'
 elif ! grep -qF 'A:' "$out"; then fail "$name" "the sample does not start with the prompt"
 else pass "$name"; fi
 
+# Past the built-in model's 256 positions: refused before any work, with the option that
+# extends the rope; with it, training runs, here in the compact host layout.
+check_error "train --seq-len 512 beyond the model's positions" "max_position_embeddings 256: --rope-scaling yarn:2" \
+    train --steps 2 --micro-batch 2 --seq-len 512 --ncpu 2 --ncuda 0
+check_ok "train --rope-scaling linear:2 --host-layout compact" '^done: 2 steps' \
+    train --steps 2 --micro-batch 1 --seq-len 512 --rope-scaling linear:2 --host-layout compact --dtype bf16 \
+    --eval-every 0 --sample-bytes 0 --ncpu 2 --ncuda 0
+if [ "$rc" -eq 0 ] && ! grep -q '^megatrain: compact host layout (--host-layout compact)' "$out"; then
+    fail "train --host-layout compact: the layout line" "no 'compact host layout' line"
+fi
+check_error "train --host-layout compact --dtype fp32" "compact host layout holds bf16" \
+    train --steps 2 --micro-batch 2 --seq-len 32 --host-layout compact --dtype fp32 --ncpu 2 --ncuda 0
+
 # Ranged clip speculation in training (bf16 weights on CPU workers, a bound below the norm):
 # the summary says how much it checked and flagged.
 name="train --dtype bf16 --clip-speculate ranged"

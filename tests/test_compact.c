@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backends/cpu/grad_home.h"
 #include "backends/cpu/master_planes.h"
@@ -17,6 +18,8 @@
 #include "codelets/clip.h"
 #include "models/config.h"
 #include "runtime/bench.h"
+#include "runtime/checkpoint.h"
+#include "runtime/hf.h"
 #include "runtime/plan.h"
 #include "runtime/runtime.h"
 #include "runtime/state.h"
@@ -441,6 +444,7 @@ typedef struct run_spec {
     double clip;
     int speculate, defer, split;
     const snapshot *from;
+    const char *load, *save;   /* a checkpoint file to start from, to write at the end (NULL: none) */
 } run_spec;
 
 static mt_step_config step_config(const run_spec *r)
@@ -461,8 +465,13 @@ static snapshot run(const run_spec *r)
     mt_host_state *st = create(&cfg, r->layout, 700);
     mt_state_init_random(st, 7, 0.05);
     if (r->from) restore(st, r->from);
-    const mt_step_config sc = step_config(r);
     char err[512];
+    if (r->load) {
+        mt_checkpoint_meta meta;
+        ck_assert_msg(mt_checkpoint_load(r->load, st, &meta, err, sizeof err) == 0, "%s", err);
+        ck_assert_int_eq(meta.step, r->first - 1);
+    }
+    const mt_step_config sc = step_config(r);
     mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
     ck_assert_msg(g != NULL, "%s", err);
     const int64_t n = r->accum * sc.B * sc.T;
@@ -482,6 +491,10 @@ static snapshot run(const run_spec *r)
     mt_graph_speculation_counts(g, &s.speculated, &held);
     s.defers = mt_graph_defers(g);
     take_snapshot(st, &s);
+    if (r->save) {
+        const mt_checkpoint_meta meta = { .step = r->last, .rng_state = 1, .seed = 7 };
+        ck_assert_msg(mt_checkpoint_save(r->save, st, &meta, err, sizeof err) == 0, "%s", err);
+    }
     free(tok);
     free(tgt);
     mt_graph_destroy(g);
@@ -580,6 +593,85 @@ START_TEST(test_compact_resume_bitwise)
         mt_runtime_shutdown();
         snapshot_free(&all); snapshot_free(&again); snapshot_free(&half); snapshot_free(&resumed);
     }
+}
+END_TEST
+
+/* The same through checkpoint files: a compact run's checkpoint (the fp32 master, m and v) resumes
+ * bit for bit in compact, and loads into a full state with the same master (the same hash). */
+START_TEST(test_compact_checkpoint_resume)
+{
+    char dir[] = "/tmp/mt-compact.XXXXXX", path[64];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/run.ckpt", dir);
+    const run_spec whole = { .layout = MT_LAYOUT_COMPACT, .tied = false, .K = 2, .accum = 2, .first = 1, .last = 4,
+                             .clip = 1.0, .speculate = -1, .defer = -1, .split = -1 };
+    snapshot all = run(&whole);
+    run_spec first = whole;
+    first.last = 2;
+    first.save = path;
+    snapshot half = run(&first);
+    run_spec second = whole;
+    second.first = 3;
+    second.load = path;
+    snapshot resumed = run(&second);
+    for (int k = 0; k < 2; k++)
+        ck_assert_msg(memcmp(&resumed.loss[k], &all.loss[k + 2], sizeof(double)) == 0, "resumed loss %d", k + 3);
+    for (int i = 0; i < all.ntiles; i++) {
+        ck_assert_int_eq(first_diff(resumed.master[i], all.master[i], all.numel[i]), -1);
+        ck_assert_int_eq(first_diff(resumed.m[i], all.m[i], all.numel[i]), -1);
+        ck_assert_int_eq(first_diff(resumed.v[i], all.v[i], all.numel[i]), -1);
+    }
+    /* into a full state */
+    start();
+    mt_model_config cfg = tiny_config(false);
+    mt_host_state *full = create(&cfg, MT_LAYOUT_FULL, 700), *compact = create(&cfg, MT_LAYOUT_COMPACT, 700);
+    char err[512];
+    mt_checkpoint_meta meta;
+    ck_assert_msg(mt_checkpoint_load(path, full, &meta, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(mt_checkpoint_load(path, compact, &meta, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < full->ntiles; i++) ck_assert_int_eq(first_diff(full->tiles[i].master, half.master[i], half.numel[i]), -1);
+    ck_assert_uint_eq(mt_state_hash(full), mt_state_hash(compact));
+    mt_state_destroy(full);
+    mt_state_destroy(compact);
+    mt_runtime_shutdown();
+    unlink(path);
+    rmdir(dir);
+    snapshot_free(&all); snapshot_free(&half); snapshot_free(&resumed);
+}
+END_TEST
+
+/* An HF directory written from a compact state (fp32, in several shards: each decoded apart) loads
+ * into a full state and into another compact one with the same masters, bit for bit. */
+START_TEST(test_compact_hf_round_trip)
+{
+    char dir[] = "/tmp/mt-compact-hf.XXXXXX", err[512];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    start();
+    mt_model_config cfg = tiny_config(false);
+    mt_host_state *a = create(&cfg, MT_LAYOUT_COMPACT, 0), *b = create(&cfg, MT_LAYOUT_COMPACT, 0);
+    mt_host_state *full = create(&cfg, MT_LAYOUT_FULL, 0);
+    mt_state_init_random(a, 21, 0.05);
+    ck_assert_msg(mt_hf_save(dir, a, MT_DTYPE_F32, 100000, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(mt_hf_load(dir, b, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(mt_hf_load(dir, full, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < a->ntiles; i++) {
+        const int64_t n = a->tiles[i].numel;
+        float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n);
+        mt_state_read_master(a, i, 0, n, x);
+        mt_state_read_master(b, i, 0, n, y);
+        ck_assert_msg(first_diff(x, y, n) < 0, "tile %d: compact -> compact differs", i);
+        ck_assert_msg(first_diff(x, full->tiles[i].master, n) < 0, "tile %d: compact -> full differs", i);
+        free(x);
+        free(y);
+    }
+    ck_assert_uint_eq(mt_state_hash(a), mt_state_hash(full));
+    mt_state_destroy(a);
+    mt_state_destroy(b);
+    mt_state_destroy(full);
+    mt_runtime_shutdown();
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
 }
 END_TEST
 
@@ -725,6 +817,8 @@ int main(void)
     TCase *train = tcase_create("train");
     tcase_add_test(train, test_compact_trains_as_full);
     tcase_add_test(train, test_compact_resume_bitwise);
+    tcase_add_test(train, test_compact_checkpoint_resume);
+    tcase_add_test(train, test_compact_hf_round_trip);
     tcase_add_test(train, test_compact_clip_exact);
     tcase_add_test(train, test_compact_speculation);
     tcase_add_test(train, test_bench_compact);

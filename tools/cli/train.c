@@ -136,13 +136,14 @@ int cli_train(int argc, char **argv)
     mt_train_options o = mt_train_defaults();
     cli_model model = { .config_path = o.config_path };
     const cli_group groups[] = {
-        CLI_GROUP_ONLY("model and data", cli_model_options, &model, "config model"),
+        CLI_GROUP_ONLY("model and data", cli_model_options, &model, "config model rope-scaling"),
         CLI_GROUP(NULL, data_options, &o),
         CLI_GROUP("batch", cli_batch_options, &o.step),
         CLI_GROUP(NULL, tokens_options, &o),
         CLI_GROUP("optimizer", optimizer_options, &o),
         CLI_GROUP(NULL, cli_clip_options, &o.step),
         CLI_GROUP("progress and checkpoints", progress_options, &o),
+        CLI_GROUP("host memory", cli_layout_options, &o.host_layout),
         CLI_GROUP("workers", cli_worker_options, &o.runtime),
     };
     const cli_command c = {
@@ -165,6 +166,7 @@ int cli_train(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     o.config_path = model.config_path;
     o.model_dir = model.model_dir;
+    o.rope_scaling = model.rope_scaling;
     o.dtype_explicit = cli_was_given(&given, "dtype");
     o.save_dtype_explicit = cli_was_given(&given, "save-dtype");
     o.eval_at_start = o.eval_every > 0;
