@@ -161,7 +161,7 @@ START_TEST(test_damaged_checkpoints_refused)
     ck_assert_msg(strstr(err, "another model") != NULL && strstr(err, good) != NULL, "%s", err);
     ck_assert_msg(strstr(err, "num_hidden_layers 6 (this run: 5)") != NULL, "%s", err);
 
-    /* Differences in what the old message did not print: each is named with both values. */
+    /* Differences in the intermediate size, the heads and the rope theta: each is named with both values. */
     f = fopen(cfgpath, "w");
     fputs("{\"model_type\": \"qwen2\", \"hidden_size\": 192, \"intermediate_size\": 384, \"num_hidden_layers\": 6,"
           " \"num_attention_heads\": 12, \"num_key_value_heads\": 2, \"head_dim\": 16, \"vocab_size\": 256,"
