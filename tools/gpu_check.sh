@@ -29,6 +29,9 @@
 #            plan's figures first, the bench's peak RSS beside them.
 #   width    the 7B width with 12 layers and the 14B width with 8 (--layers), 16 x 2048, clip 1,
 #            on DATA, megatrain then PyTorch at the same shape (TORCH=0 skips it).
+#   numerics the default bf16 GPU path against a plain PyTorch loop (tools/torch_train.py): the same
+#            random Qwen2.5-0.5B model, 100 steps of 4 x 2048 tokens of DATA in sequential order,
+#            the same schedule, clipping and AdamW; the mean relative difference of the losses.
 #   moe      the CUDA mixture-of-experts suite against the CPU ops, then its timings
 #            (MT_CUDA_BENCH=1) at the Qwen3-30B-A3B layer shape.
 #
@@ -157,6 +160,25 @@ width)
         [ "${TORCH:-1}" = 1 ] && run "torch_${s}_l$l" python3 tools/torch_bench.py --shape "$s" --layers "$l" \
             --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
     done
+    ;;
+numerics)
+    DATA=${DATA:-.deps/fortunes-qwen3}
+    init="$OUT/init-0.5b"
+    run init_model python3 tools/torch_train.py --make-model qwen2.5-0.5b --model "$init"
+    common=(--steps 100 --micro-batch 4 --lr 1e-4 --warmup 10 --clip 1 --weight-decay 0.1)
+    run train_megatrain "$B/tools/megatrain" train --model "$init" --data "$DATA" --data-order sequential \
+        --seq-len 2048 "${common[@]}" --eval-every 0 --sample-bytes 0 --metrics "$OUT/megatrain.jsonl"
+    run train_torch python3 tools/torch_train.py --model "$init" --data "$DATA" "${common[@]}" --beta2 0.99 \
+        --min-lr-ratio 0.1 --out "$OUT/torch.jsonl"
+    rm -rf "$init"
+    python3 - "$OUT/megatrain.jsonl" "$OUT/torch.jsonl" <<'PY' | tee -a "$OUT/summary.txt"
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+n = min(len(a), len(b))
+rel = [abs(x["loss"] - y["loss"]) / abs(y["loss"]) for x, y in zip(a[:n], b[:n])]
+print(f"| numerics | {n} steps | loss megatrain {a[0]['loss']:.4f} -> {a[n-1]['loss']:.4f} | torch "
+      f"{b[0]['loss']:.4f} -> {b[n-1]['loss']:.4f} | mean relative difference {100*sum(rel)/n:.3f}% | max {100*max(rel):.3f}% |")
+PY
     ;;
 moe)
     run test_cuda_moe "$B/tests/test_cuda_moe"

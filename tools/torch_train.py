@@ -12,6 +12,10 @@ the default there), fp32 otherwise. Prints one line a step and writes one JSON l
 
     python3 tools/torch_train.py --model DIR --data PREPARED --steps 100 --micro-batch 4 \\
         --lr 1e-4 --warmup 10 --out torch.jsonl
+
+`--make-model SHAPE` instead writes a randomly initialised model of a published shape (those of
+tools/torch_bench.py, transformers' own initialisation, seeded) to --model DIR and exits: the
+common starting point of a comparison.
 """
 import argparse
 import json
@@ -56,7 +60,7 @@ def lr_at(args, s):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="HF model directory (config.json and safetensors)")
-    ap.add_argument("--data", required=True, help="a `megatrain prepare` directory")
+    ap.add_argument("--data", help="a `megatrain prepare` directory (required unless --make-model)")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--accum", type=int, default=1)
@@ -73,6 +77,8 @@ def main():
     ap.add_argument("--device", default=None, help="default: cuda when available")
     ap.add_argument("--checkpointing", action="store_true", help="gradient checkpointing (large models)")
     ap.add_argument("--out", help="one JSON line a step")
+    ap.add_argument("--make-model", metavar="SHAPE", help="write a random model of SHAPE to --model and exit")
+    ap.add_argument("--seed", type=int, default=0, help="--make-model's initialisation seed")
     args = ap.parse_args()
     try:
         import numpy as np
@@ -81,6 +87,19 @@ def main():
     except ImportError as e:
         sys.exit(f"torch_train: {e}: needs numpy, torch and transformers")
 
+    if args.make_model:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from torch_bench import SHAPES
+        if args.make_model not in SHAPES:
+            sys.exit(f"torch_train: --make-model: unknown shape '{args.make_model}' ({', '.join(sorted(SHAPES))})")
+        cfg = transformers.Qwen2Config(**SHAPES[args.make_model], rope_theta=1e6, rms_norm_eps=1e-6,
+                                       max_position_embeddings=32768)
+        torch.manual_seed(args.seed)
+        transformers.Qwen2ForCausalLM(cfg).save_pretrained(args.model, safe_serialization=True)
+        print(f"torch_train: a random {args.make_model} model in {args.model}")
+        return
+    if not args.data:
+        sys.exit("torch_train: --data DIR is required (a `megatrain prepare` directory)")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = args.dtype or ("bf16" if device == "cuda" else "fp32")
     tokens, mask, T = read_split(args.data, "train")
