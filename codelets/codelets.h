@@ -5,10 +5,12 @@
 #define MT_CODELETS_CODELETS_H
 
 #include "codelets/adamw.h"
+#include "codelets/adamw_compact.h"
 #include "codelets/clip.h"
 #include "codelets/common.h"
 #include "codelets/embedding.h"
 #include "codelets/fill.h"
+#include "codelets/grad_home.h"
 #include "codelets/head.h"
 #include "codelets/layer.h"
 

@@ -13,6 +13,8 @@
 typedef struct mt_tokenizer mt_tokenizer;
 
 /* Loads path (a tokenizer.json). NULL on error, with a message naming the file and the key.
+ * Ids may leave holes but must stay below twice the number of tokens the file defines plus 1024
+ * (the id table has an entry per id; real files number their tokens densely).
  * Accepted: model.type "BPE" with vocab and merges ("a b" strings or [a, b] pairs),
  * added_tokens without lstrip/rstrip/single_word, and either
  *  - byte-level: a pre_tokenizer that is ByteLevel (GPT-2 regex) or a Sequence of Split(Regex,
@@ -31,17 +33,24 @@ void mt_tokenizer_free(mt_tokenizer *tok);
  * pre-token of its own, encoded byte-level, and the valid text between runs is normalised (NFC,
  * when tokenizer.json names it, as Qwen's does) and pre-tokenised as if it were a whole string.
  * So decode(encode(x)) == mt_tokenizer_normalize(x) for every x (== x without a normalizer).
- * Not thread-safe (word cache): one tokenizer per thread. Aborts on out-of-memory. */
-int32_t *mt_tokenizer_encode(mt_tokenizer *tok, const char *text, size_t len, size_t *count);
+ * NULL with err naming the file and the regex when a Split regex cannot match the text within
+ * PCRE2's limits (a pathological pattern such as "(a*)*b": models/tokenizer/state.h has the
+ * limits); never wrong ids. Not thread-safe (word cache): one tokenizer per thread. Aborts on
+ * out-of-memory. */
+int32_t *mt_tokenizer_encode(mt_tokenizer *tok, const char *text, size_t len, size_t *count, char *err,
+                             size_t errlen);
 
 /* encode, and *starts (malloc'd, count entries) the byte offset in text where each token starts:
- * token i covers text from starts[i] to starts[i + 1] (the last one to len), so character spans of
- * the text map to tokens (SFT loss masks). Byte-level tokenizers: the running sum of the tokens'
- * bytes from each section's start (exact unless NFC changed the section's length).
- * SentencePiece-style: exact; the space prepended to a section starts where the section does, and
- * a "\u2581" of the text belongs to the token holding the space it became. */
+ * token i covers text from starts[i] to the next larger start (the last ones to len), so
+ * character spans of the text map to tokens (SFT loss masks). Starts never decrease and stay
+ * below len. Byte-level tokenizers: the running sum of the tokens' bytes where the text is as NFC
+ * leaves it; where NFC changes it (U+0344 becomes U+0308 U+0301), a token that starts inside a
+ * changed piece (a character with its marks, as NFC composes them) starts where that piece starts
+ * in the original text, so several tokens can share a start. SentencePiece-style: exact; the
+ * space prepended to a section starts where the section does, and a "\u2581" of the text belongs
+ * to the token holding the space it became. NULL (and *starts NULL) as encode. */
 int32_t *mt_tokenizer_encode_offsets(mt_tokenizer *tok, const char *text, size_t len, size_t *count,
-                                     size_t **starts);
+                                     size_t **starts, char *err, size_t errlen);
 
 /* The bytes of ids, concatenated (added tokens give their content), malloc'd and NUL-terminated
  * for convenience; *len gets the length without the NUL. NULL with a message for an unknown id.

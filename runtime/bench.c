@@ -27,7 +27,7 @@ mt_bench_options mt_bench_defaults(void)
 {
     mt_bench_options o = { .shape = "qwen2.5-0.5b", .step = mt_step_defaults(), .warmup = 2, .steps = 5,
                            .resident = false, .prefetch = true, .gpu_limit_mib = 0, .dtype = MT_DTYPE_BF16,
-                           .runtime = mt_runtime_defaults() };
+                           .host_layout = MT_LAYOUT_AUTO, .runtime = mt_runtime_defaults() };
     o.step.B = 8;
     o.step.T = 2048;
     o.step.K = 4;
@@ -513,21 +513,28 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         return -1;
     }
 
-    /* Every pair's plan; the GPU budget is the largest, the host state the same for all. */
+    /* Every pair's plan; the GPU budget is the largest, the host state (its layout chosen from the
+     * first pair's plan) the same for all. */
     uint64_t gpu_need = 0;
+    mt_layout_choice layout;
     for (int i = 0; i < count; i++) {
         mt_bench_result *r = &results[i];
         pair_of(o, i, r);
         if (r->K > cfg.layers) r->K = (int)cfg.layers;
         mt_plan_params pp = { .micro_batch = o->step.B, .seq_len = o->step.T, .grad_accum = o->step.accum,
                               .checkpoint_interval = r->K, .compute = o->dtype, .use_gpu = true,
-                              .head_chunk = o->step.head_chunk };
+                              .head_chunk = o->step.head_chunk, .layout = i ? layout.layout : MT_LAYOUT_FULL };
         mt_plan plan;
-        if (mt_plan_compute(&cfg, &pp, &plan)) {
+        const uint64_t avail = mt_host_memory_available();
+        if (i == 0 ? mt_plan_choose(&cfg, &pp, o->host_layout, avail, &plan, &layout) : mt_plan_compute(&cfg, &pp, &plan)) {
             snprintf(err, errlen, "%s", plan.error);
             goto fail;
         }
-        if (i == 0 && mt_plan_check_host(&plan, mt_host_memory_available(), err, errlen)) goto fail;
+        if (i == 0 && mt_plan_check_host(&plan, avail, err, errlen)) goto fail;
+        if (i == 0 && log)
+            fprintf(log, "bench: host layout %s (--host-layout %s), %.2f bytes per parameter of host memory in all "
+                         "(%.2f GiB): %s\n", mt_host_layout_name(layout.layout), mt_host_layout_name(o->host_layout),
+                    (double)layout.host_total / (double)plan.param_count, layout.host_total / 1073741824.0, layout.why);
         r->plan_gpu_gib = plan.gpu_total / 1073741824.0;
         if (plan.gpu_total > gpu_need) gpu_need = plan.gpu_total;
     }
@@ -549,13 +556,15 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
     if (mt_runtime_init(&o->runtime, err, errlen)) goto fail;
     int rc = -1;
     double t0 = mt_clock_s();
-    mt_host_state *st = mt_state_create(&cfg, o->dtype, (int64_t)1 << 22, err, errlen);
+    const mt_state_args sa = { .cfg = &cfg, .compute_dtype = o->dtype, .chunk_numel = (int64_t)1 << 22,
+                               .layout = layout.layout };
+    mt_host_state *st = mt_state_create_with(&sa, err, errlen);
     if (!st) goto out;
     mt_state_init_random(st, 1, 0.02);
     if (norms) write_norm_header(st, norms);
-    if (log) fprintf(log, "bench: %s (%lld layers, %s), %.3fB parameters, host state in %.1f s, GPU limit %s\n", o->shape,
-                     (long long)cfg.layers, mt_dtype_name(o->dtype), mt_config_param_count(&cfg) / 1e9, mt_clock_s() - t0,
-                     o->resident ? "none (resident)" : "from the memory plan");
+    if (log) fprintf(log, "bench: %s (%lld layers, %s), %.3fB parameters, %s host state in %.1f s, GPU limit %s\n", o->shape,
+                     (long long)cfg.layers, mt_dtype_name(o->dtype), mt_config_param_count(&cfg) / 1e9,
+                     mt_host_layout_name(st->layout), mt_clock_s() - t0, o->resident ? "none (resident)" : "from the memory plan");
     for (int i = 0; i < count; i++) {
         mt_bench_result *r = &results[i];
         r->gpu_limit_mib = limit_mib;

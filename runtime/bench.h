@@ -70,6 +70,7 @@ typedef struct mt_bench_options {
                                    * PyTorch script feeds); else a text file or directory (bytes
                                    * as tokens) or a prepared directory: a fresh batch each step */
     mt_dtype dtype;               /* weights and compute: bf16 (default) or fp32 (exact, slower) */
+    mt_host_layout host_layout;   /* the host state's (runtime/plan.h): AUTO (default), FULL or COMPACT */
     mt_runtime_options runtime;
     /* Sweeps: every (K, clip) pair is measured on the same host state, one graph after the
      * other, so the costly state set-up happens once. 0 entries: step.K and step.clip only. The

@@ -1,40 +1,33 @@
 /* Training checkpoint files. Layout (little-endian, as the host):
  *   "MTCKPT01" | u32 version | u32 ntiles | the model's shape (8 int64 + 2 double) |
- *   step, rng_state, seed (3 x u64) | per tile: i64 numel, then master, m, v (numel fp32 each) |
- *   u64 FNV-1a of everything before it.
+ *   step, rng_state, seed (3 x u64) | version 2: updates (u64), u32 n, n bytes of settings |
+ *   per tile: i64 numel, then master, m, v (numel fp32 each) | u64 FNV-1a of everything before it.
  * The shape is compared on load so a checkpoint of another model is refused up front. */
 #include "runtime/checkpoint.h"
 
+#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "runtime/files.h"
+
 static const char magic[8] = { 'M', 'T', 'C', 'K', 'P', 'T', '0', '1' };
-enum { VERSION = 1, NSHAPE = 8 };
+enum { NSHAPE = 8 };
 
 typedef struct writer { FILE *f; uint64_t hash; int failed; } writer;
-
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001B3ull;
-    return h;
-}
 
 static void put(writer *w, const void *p, size_t n)
 {
     if (w->failed) return;
     if (fwrite(p, 1, n, w->f) != n) w->failed = errno ? errno : EIO;
-    w->hash = fnv(w->hash, p, n);
+    w->hash = mt_fnv1a64(w->hash, p, n);
 }
 
-static void shape_of(const mt_host_state *st, int64_t shape[NSHAPE], double fshape[2])
+static void shape_of(const mt_model_config *c, int64_t shape[NSHAPE], double fshape[2])
 {
-    const mt_model_config *c = &st->cfg;
     int64_t s[NSHAPE] = { c->hidden, c->intermediate, c->layers, c->heads, c->kv_heads, c->head_dim, c->vocab,
                           (int64_t)c->tied | (int64_t)c->qkv_bias << 1 | (int64_t)c->qk_norm << 2 };
     memcpy(shape, s, sizeof s);
@@ -45,7 +38,7 @@ static void shape_of(const mt_host_state *st, int64_t shape[NSHAPE], double fsha
 /* The message for a checkpoint of another model: every field of the shape that differs, with the
  * checkpoint's value and this run's, under the config.json key that sets it. */
 static void describe_difference(const char *path, uint32_t ntiles, const int64_t shape[NSHAPE], const double fshape[2],
-                                const mt_host_state *st, const int64_t want[NSHAPE], const double fwant[2], char *err,
+                                int want_tiles, const int64_t want[NSHAPE], const double fwant[2], char *err,
                                 size_t errlen)
 {
     static const char *const keys[NSHAPE] = { "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -63,7 +56,7 @@ static void describe_difference(const char *path, uint32_t ntiles, const int64_t
                 want[NSHAPE - 1] >> b & 1 ? "on" : "off");
     if (fshape[0] != fwant[0]) ADD("%srope_theta %.17g (this run: %.17g)", n ? ", " : "", fshape[0], fwant[0]);
     if (fshape[1] != fwant[1]) ADD("%srms_norm_eps %.17g (this run: %.17g)", n ? ", " : "", fshape[1], fwant[1]);
-    if (!n && ntiles != (uint32_t)st->ntiles) ADD("%u tiles (this run: %d)", ntiles, st->ntiles);
+    if (!n && want_tiles >= 0 && ntiles != (uint32_t)want_tiles) ADD("%u tiles (this run: %d)", ntiles, want_tiles);
 #undef ADD
     snprintf(err, errlen, "%s: checkpoint of another model: %s", path, list);
 }
@@ -71,33 +64,40 @@ static void describe_difference(const char *path, uint32_t ntiles, const int64_t
 int mt_checkpoint_save(const char *path, const mt_host_state *st, const mt_checkpoint_meta *meta,
                        char *err, size_t errlen)
 {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    char tmp[4200];
+    mt_temp_name(path, tmp, sizeof tmp);
     FILE *f = fopen(tmp, "wb");
     if (!f) {
         snprintf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
         return -1;
     }
-    writer w = { .f = f, .hash = 0xCBF29CE484222325ull };
-    uint32_t version = VERSION, ntiles = (uint32_t)st->ntiles;
+    writer w = { .f = f, .hash = MT_FNV_START };
+    uint32_t version = MT_CHECKPOINT_VERSION, ntiles = (uint32_t)st->ntiles;
     int64_t shape[NSHAPE];
     double fshape[2];
-    shape_of(st, shape, fshape);
+    shape_of(&st->cfg, shape, fshape);
     put(&w, magic, sizeof magic);
     put(&w, &version, sizeof version);
     put(&w, &ntiles, sizeof ntiles);
     put(&w, shape, sizeof shape);
     put(&w, fshape, sizeof fshape);
-    uint64_t m3[3] = { (uint64_t)meta->step, meta->rng_state, meta->seed };
-    put(&w, m3, sizeof m3);
+    uint64_t m4[4] = { (uint64_t)meta->step, meta->rng_state, meta->seed, (uint64_t)meta->updates };
+    put(&w, m4, sizeof m4);
+    uint32_t nsettings = (uint32_t)strnlen(meta->settings, sizeof meta->settings);
+    put(&w, &nsettings, sizeof nsettings);
+    put(&w, meta->settings, nsettings);
+    float *buf = NULL; /* a compact tile's master, decoded */
     for (int i = 0; i < st->ntiles; i++) {
         const mt_tile *t = &st->tiles[i];
         size_t bytes = (size_t)t->numel * sizeof(float);
+        const float *master = mt_state_master_f32(st, i, &buf);
+        if (!master && !w.failed) w.failed = ENOMEM;
         put(&w, &t->numel, sizeof t->numel);
-        put(&w, t->master, bytes);
+        put(&w, master, bytes);
         put(&w, t->adam_m, bytes);
         put(&w, t->adam_v, bytes);
     }
+    free(buf);
     uint64_t h = w.hash;
     put(&w, &h, sizeof h);
     if (!w.failed && fflush(f) != 0) w.failed = errno;
@@ -113,14 +113,84 @@ int mt_checkpoint_save(const char *path, const mt_host_state *st, const mt_check
         unlink(tmp);
         return -1;
     }
-    /* Make the rename itself durable. */
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
+    mt_dir_of(path, dir, sizeof dir);
+    mt_sync_dir(dir);
+    return 0;
+}
+
+/* The step of a numbered checkpoint "BASE.NNNNNN" of base, else -1. */
+static int64_t numbered_step(const char *name, const char *base)
+{
+    size_t n = strlen(base);
+    if (strncmp(name, base, n) || name[n] != '.' || !name[n + 1]) return -1;
+    int64_t step = 0;
+    for (const char *p = name + n + 1; *p; p++) {
+        if (*p < '0' || *p > '9' || step > (INT64_MAX - 9) / 10) return -1;
+        step = step * 10 + (*p - '0');
     }
+    return step;
+}
+
+/* Removes base's numbered checkpoints in dir of steps below `step` but the keep - 1 most recent. */
+static void prune_numbered(const char *dir, const char *base, int64_t step, int64_t keep)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    int64_t *steps = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        int64_t s = numbered_step(de->d_name, base);
+        if (s < 0 || s >= step) continue;
+        if (n == cap) {
+            int64_t *grown = realloc(steps, (cap = cap ? 2 * cap : 16) * sizeof *steps);
+            if (!grown) break;
+            steps = grown;
+        }
+        steps[n++] = s;
+    }
+    closedir(d);
+    /* the most recent first; keep the keep - 1 of them that stay beside `step` */
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = i + 1; j < n; j++)
+            if (steps[j] > steps[i]) { int64_t t = steps[i]; steps[i] = steps[j]; steps[j] = t; }
+    for (size_t i = (size_t)(keep - 1); i < n; i++) {
+        char path[8300];
+        snprintf(path, sizeof path, "%s/%s.%06lld", dir, base, (long long)steps[i]);
+        unlink(path);
+    }
+    free(steps);
+}
+
+int mt_checkpoint_save_kept(const char *path, int64_t keep_last, const mt_host_state *st, const mt_checkpoint_meta *meta,
+                            char *written, size_t len, char *err, size_t errlen)
+{
+    if (keep_last <= 0) {
+        snprintf(written, len, "%s", path);
+        return mt_checkpoint_save(path, st, meta, err, errlen);
+    }
+    char numbered[4200];
+    snprintf(numbered, sizeof numbered, "%s.%06lld", path, (long long)meta->step);
+    if (mt_checkpoint_save(numbered, st, meta, err, errlen)) return -1;
+    snprintf(written, len, "%s", numbered);
+    /* path -> the numbered file, by its name: the link stays valid when the directory moves */
+    const char *slash = strrchr(numbered, '/');
+    const char *target = slash ? slash + 1 : numbered;
+    char tmp[4200];
+    mt_temp_name(path, tmp, sizeof tmp);
+    unlink(tmp);
+    if (symlink(target, tmp) != 0 || rename(tmp, path) != 0) {
+        snprintf(err, errlen, "%s: cannot point it at %s: %s (the checkpoint itself is saved there)", path, numbered,
+                 strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    char dir[4096];
+    mt_dir_of(path, dir, sizeof dir);
+    mt_sync_dir(dir);
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    prune_numbered(dir, base, meta->step, keep_last);
     return 0;
 }
 
@@ -132,8 +202,77 @@ static int get(reader *r, void *p, size_t n, const char *what)
         snprintf(r->err, r->errlen, "%s: truncated checkpoint (while reading %s)", r->path, what);
         return -1;
     }
-    r->hash = fnv(r->hash, p, n);
+    r->hash = mt_fnv1a64(r->hash, p, n);
     return 0;
+}
+
+/* Reads everything before the tiles into meta, checking the shape against cfg (and the tile
+ * count against want_tiles, unless negative); *ntiles gets the file's. */
+static int read_header(reader *r, const mt_model_config *cfg, int want_tiles, uint32_t *ntiles, mt_checkpoint_meta *meta)
+{
+    char mg[8];
+    uint32_t version;
+    int64_t shape[NSHAPE], want[NSHAPE];
+    double fshape[2], fwant[2];
+    if (get(r, mg, sizeof mg, "the magic number")) return -1;
+    if (memcmp(mg, magic, sizeof magic) != 0) {
+        snprintf(r->err, r->errlen, "%s: not a megatrain checkpoint (bad magic number)", r->path);
+        return -1;
+    }
+    if (get(r, &version, sizeof version, "the version") || get(r, ntiles, sizeof *ntiles, "the tile count")) return -1;
+    if (version < 1 || version > MT_CHECKPOINT_VERSION) {
+        snprintf(r->err, r->errlen, "%s: checkpoint version %u, this build reads versions 1 to %d", r->path, version,
+                 MT_CHECKPOINT_VERSION);
+        return -1;
+    }
+    if (get(r, shape, sizeof shape, "the model shape") || get(r, fshape, sizeof fshape, "the model shape")) return -1;
+    shape_of(cfg, want, fwant);
+    if ((want_tiles >= 0 && *ntiles != (uint32_t)want_tiles) || memcmp(shape, want, sizeof shape) != 0 ||
+        memcmp(fshape, fwant, sizeof fshape) != 0) {
+        describe_difference(r->path, *ntiles, shape, fshape, want_tiles, want, fwant, r->err, r->errlen);
+        return -1;
+    }
+    uint64_t m3[3];
+    if (get(r, m3, sizeof m3, "the step")) return -1;
+    memset(meta, 0, sizeof *meta);
+    meta->version = version;
+    meta->step = (int64_t)m3[0];
+    meta->rng_state = m3[1];
+    meta->seed = m3[2];
+    meta->updates = meta->step;
+    if (version >= 2) {
+        uint64_t updates;
+        uint32_t n;
+        if (get(r, &updates, sizeof updates, "the update count") || get(r, &n, sizeof n, "the settings")) return -1;
+        if (n >= sizeof meta->settings) {
+            snprintf(r->err, r->errlen, "%s: settings of %u bytes, at most %zu (damaged file?)", r->path, n,
+                     sizeof meta->settings - 1);
+            return -1;
+        }
+        if (get(r, meta->settings, n, "the settings")) return -1;
+        meta->settings[n] = 0;
+        meta->updates = (int64_t)updates;
+        if (strlen(meta->settings) != n) {
+            snprintf(r->err, r->errlen, "%s: the settings hold a NUL byte (damaged file?)", r->path);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int mt_checkpoint_read_header(const char *path, const mt_model_config *cfg, mt_checkpoint_meta *meta, char *err,
+                              size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    reader r = { .f = f, .hash = MT_FNV_START, .path = path, .err = err, .errlen = errlen };
+    uint32_t ntiles;
+    int rc = read_header(&r, cfg, -1, &ntiles, meta);
+    fclose(f);
+    return rc;
 }
 
 int mt_checkpoint_load(const char *path, mt_host_state *st, mt_checkpoint_meta *meta, char *err, size_t errlen)
@@ -143,30 +282,16 @@ int mt_checkpoint_load(const char *path, mt_host_state *st, mt_checkpoint_meta *
         snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         return -1;
     }
-    reader r = { .f = f, .hash = 0xCBF29CE484222325ull, .path = path, .err = err, .errlen = errlen };
+    reader r = { .f = f, .hash = MT_FNV_START, .path = path, .err = err, .errlen = errlen };
     int rc = -1;
-    char mg[8];
-    uint32_t version, ntiles;
-    int64_t shape[NSHAPE], want[NSHAPE];
-    double fshape[2], fwant[2];
-    uint64_t m3[3];
-    if (get(&r, mg, sizeof mg, "the magic number")) goto out;
-    if (memcmp(mg, magic, sizeof magic) != 0) {
-        snprintf(err, errlen, "%s: not a megatrain checkpoint (bad magic number)", path);
+    float *buf = NULL; /* a compact tile's master, read before it is encoded */
+    uint32_t ntiles;
+    mt_checkpoint_meta *m = malloc(sizeof *m);
+    if (!m) {
+        snprintf(err, errlen, "%s: out of memory", path);
         goto out;
     }
-    if (get(&r, &version, sizeof version, "the version") || get(&r, &ntiles, sizeof ntiles, "the tile count")) goto out;
-    if (version != VERSION) {
-        snprintf(err, errlen, "%s: checkpoint version %u, this build reads version %d", path, version, VERSION);
-        goto out;
-    }
-    if (get(&r, shape, sizeof shape, "the model shape") || get(&r, fshape, sizeof fshape, "the model shape")) goto out;
-    shape_of(st, want, fwant);
-    if (ntiles != (uint32_t)st->ntiles || memcmp(shape, want, sizeof shape) != 0 || memcmp(fshape, fwant, sizeof fshape) != 0) {
-        describe_difference(path, ntiles, shape, fshape, st, want, fwant, err, errlen);
-        goto out;
-    }
-    if (get(&r, m3, sizeof m3, "the step")) goto out;
+    if (read_header(&r, &st->cfg, st->ntiles, &ntiles, m)) goto out;
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
         int64_t numel;
@@ -178,7 +303,13 @@ int mt_checkpoint_load(const char *path, mt_host_state *st, mt_checkpoint_meta *
             goto out;
         }
         size_t bytes = (size_t)numel * sizeof(float);
-        if (get(&r, t->master, bytes, what) || get(&r, t->adam_m, bytes, what) || get(&r, t->adam_v, bytes, what)) goto out;
+        float *master = t->master;
+        if (!master && !(master = buf = realloc(buf, bytes))) {
+            snprintf(err, errlen, "%s: out of memory reading tile %d", path, i);
+            goto out;
+        }
+        if (get(&r, master, bytes, what) || get(&r, t->adam_m, bytes, what) || get(&r, t->adam_v, bytes, what)) goto out;
+        if (!t->master) mt_state_write_master(st, i, 0, numel, master);
     }
     uint64_t expect = r.hash, stored;
     if (fread(&stored, 1, sizeof stored, f) != sizeof stored) {
@@ -193,19 +324,28 @@ int mt_checkpoint_load(const char *path, mt_host_state *st, mt_checkpoint_meta *
         snprintf(err, errlen, "%s: trailing bytes after the checksum", path);
         goto out;
     }
-    meta->step = (int64_t)m3[0];
-    meta->rng_state = m3[1];
-    meta->seed = m3[2];
+    *meta = *m;
     mt_state_sync_weights(st);
     rc = 0;
 out:
+    free(m);
+    free(buf);
     fclose(f);
     return rc;
 }
 
 uint64_t mt_state_hash(const mt_host_state *st)
 {
-    uint64_t h = 0xCBF29CE484222325ull;
-    for (int i = 0; i < st->ntiles; i++) h = fnv(h, st->tiles[i].master, (size_t)st->tiles[i].numel * sizeof(float));
+    uint64_t h = MT_FNV_START;
+    float *buf = NULL; /* a compact tile's master, decoded: the hash is the fp32 master's in either layout */
+    for (int i = 0; i < st->ntiles; i++) {
+        const float *master = mt_state_master_f32(st, i, &buf);
+        if (!master) {
+            fprintf(stderr, "megatrain: out of memory hashing tile %d's master\n", i);
+            abort();
+        }
+        h = mt_fnv1a64(h, master, (size_t)st->tiles[i].numel * sizeof(float));
+    }
+    free(buf);
     return h;
 }

@@ -3,6 +3,7 @@
  * job. No KV cache: each new byte re-runs the forward over the last `context` bytes, which is
  * cheap for the small byte-level models this serves. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,15 +11,30 @@
 #include "runtime/data.h"
 #include "runtime/train.h"
 
+/* Tile i's master as fp32 (mt_state_master_f32), aborting when memory is short: the callers
+ * have no error path, and a compact state's tiles are decoded one at a time. */
+static const float *master_of(const mt_host_state *st, int i, float **buf)
+{
+    const float *w = mt_state_master_f32(st, i, buf);
+    if (!w) {
+        fprintf(stderr, "megatrain: out of memory decoding tile %d's master (%lld floats)\n", i,
+                (long long)st->tiles[i].numel);
+        abort();
+    }
+    return w;
+}
+
 float *mt_host_hidden(const mt_host_state *st, int64_t B, int64_t T, const int32_t *tokens, float *x, float *y,
                      float *scratch)
 {
     const mt_model_config *cfg = &st->cfg;
-    mt_cpu_embedding_forward_f32(B * T, cfg->hidden, mt_state_embed((mt_host_state *)st)->master, tokens, x);
+    float *buf = NULL;
+    mt_cpu_embedding_forward_f32(B * T, cfg->hidden, master_of(st, 0, &buf), tokens, x);
     for (int i = 0; i < cfg->layers; i++) {
-        mt_cpu_layer_forward_f32(cfg, &st->layout_layer, st->tiles[1 + i].master, B, T, x, y, NULL, scratch);
+        mt_cpu_layer_forward_f32(cfg, &st->layout_layer, master_of(st, 1 + i, &buf), B, T, x, y, NULL, scratch);
         float *tmp = x; x = y; y = tmp;
     }
+    free(buf);
     return x;
 }
 
@@ -37,8 +53,8 @@ void mt_generate(const mt_host_state *st, const char *prompt, int64_t n, int64_t
     float *scratch = malloc(sizeof(float) * mt_layer_scratch_numel(cfg, 1, context));
     float *hscratch = malloc(sizeof(float) * mt_head_scratch_numel(cfg, 1));
     float *logits = malloc(sizeof *logits * V);
-    const float *embed = mt_state_embed((mt_host_state *)st)->master;
-    const float *head = mt_state_head((mt_host_state *)st)->master;
+    float *embed_buf = NULL, *head_buf = NULL;
+    const float *embed = master_of(st, 0, &embed_buf), *head = master_of(st, st->ntiles - 1, &head_buf);
     mt_rng rng;
     mt_rng_seed(&rng, seed);
     for (int64_t k = 0; k < n; k++) {
@@ -63,4 +79,5 @@ void mt_generate(const mt_host_state *st, const char *prompt, int64_t n, int64_t
     }
     out[len] = 0;
     free(tokens); free(x); free(y); free(scratch); free(hscratch); free(logits);
+    free(embed_buf); free(head_buf);
 }

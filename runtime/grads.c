@@ -61,8 +61,10 @@ static float *cpu_logits(mt_host_state *st, int64_t B, int64_t T, const int32_t 
     float *scratch = malloc(sizeof(float) * (size_t)mt_layer_scratch_numel(cfg, B, T));
     float *head_scratch = malloc(sizeof(float) * (size_t)mt_head_scratch_numel(cfg, T));
     float *logits = malloc(sizeof *logits * (size_t)(ntok * V));
-    if (x && y && scratch && head_scratch && logits) {
-        const float *embed = mt_state_embed(st)->master, *head = mt_state_head(st)->master;
+    float *embed_buf = NULL, *head_buf = NULL;
+    const float *embed = x && y && scratch && head_scratch && logits ? mt_state_master_f32(st, 0, &embed_buf) : NULL;
+    const float *head = embed ? mt_state_master_f32(st, st->ntiles - 1, &head_buf) : NULL;
+    if (head) {
         const float *h = mt_host_hidden(st, B, T, tok, x, y, scratch);
         /* One sequence at a time keeps the head's scratch at T rows. */
         for (int64_t b = 0; b < B; b++)
@@ -72,7 +74,7 @@ static float *cpu_logits(mt_host_state *st, int64_t B, int64_t T, const int32_t 
         free(logits);
         logits = NULL;
     }
-    free(x); free(y); free(scratch); free(head_scratch);
+    free(x); free(y); free(scratch); free(head_scratch); free(embed_buf); free(head_buf);
     return logits;
 }
 
@@ -103,7 +105,7 @@ int mt_grads_run(const mt_grads_options *o, double *loss, char *err, size_t errl
     int rc = -1;
     mt_graph *g = NULL;
     mt_st_source *src = NULL;
-    float *logits = NULL;
+    float *logits = NULL, **grads = NULL;
     const mt_dtype dtype = o->dtype_explicit ? o->dtype : mt_runtime_ncuda() > 0 ? MT_DTYPE_BF16 : MT_DTYPE_F32;
     mt_host_state *st = mt_state_create(&cfg, dtype, 0, err, errlen);
     if (!st || mt_hf_load(o->model_dir, st, err, errlen)) goto out;
@@ -135,22 +137,32 @@ int mt_grads_run(const mt_grads_options *o, double *loss, char *err, size_t errl
     float loss32 = (float)*loss;
     src[n++] = (mt_st_source){ .name = "loss", .ndim = 1, .shape = { 1 }, .data = &loss32 };
     if (logits) src[n++] = (mt_st_source){ .name = "logits", .ndim = 3, .shape = { o->B, o->T, cfg.vocab }, .data = logits };
+    /* The gradients as fp32, whatever the layout holds them as (mt_state_read_grad). */
+    grads = calloc(st->ntiles, sizeof *grads);
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
+        if (!grads || !(grads[i] = malloc(sizeof(float) * (size_t)t->numel))) {
+            snprintf(err, errlen, "%s: out of memory for the gradients", o->out_path);
+            free(names);
+            goto out;
+        }
         starpu_data_acquire(t->h_grad, STARPU_R);
+        mt_state_read_grad(st, i, 0, t->numel, grads[i]);
+        starpu_data_release(t->h_grad);
         for (int k = 0; k < t->layout->ntensors; k++) {
             const mt_tensor_desc *d = &t->layout->tensors[k];
             if (d->numel == 0) continue;
             mt_layout_full_name(t->layout, i - 1, k, names[n], sizeof names[n]);
-            src[n] = (mt_st_source){ .name = names[n], .ndim = d->ndim, .data = t->grad + d->offset };
+            src[n] = (mt_st_source){ .name = names[n], .ndim = d->ndim, .data = grads[i] + d->offset };
             for (int a = 0; a < d->ndim; a++) src[n].shape[a] = d->shape[a];
             n++;
         }
     }
     rc = mt_st_write(o->out_path, src, n, MT_ST_F32, err, errlen);
-    for (int i = 0; i < st->ntiles; i++) starpu_data_release(st->tiles[i].h_grad);
     free(names);
 out:
+    for (int i = 0; grads && i < st->ntiles; i++) free(grads[i]);
+    free(grads);
     free(src);
     free(logits);
     free(tok);

@@ -16,6 +16,7 @@
 
 #include "models/report.h"
 #include "models/safetensors.h"
+#include "runtime/files.h"
 
 #define SINGLE_NAME "model.safetensors"
 #define INDEX_NAME "model.safetensors.index.json"
@@ -26,7 +27,9 @@ typedef struct expected {
     int ndim;
     int64_t shape[2];
     int64_t numel;
-    float *master;      /* tile->master + offset */
+    float *master;      /* tile->master + offset; NULL in the compact layout (mt_state_read_master) */
+    int tile;
+    int64_t offset;     /* in the tile */
     int shard;          /* index into the shard list that holds it */
     bool loaded;
 } expected;
@@ -48,7 +51,9 @@ static expected *list_expected(const mt_host_state *st, int *count)
             e[n].shape[0] = d->shape[0];
             e[n].shape[1] = d->shape[1];
             e[n].numel = d->numel;
-            e[n].master = t->master + d->offset;
+            e[n].master = t->master ? t->master + d->offset : NULL;
+            e[n].tile = i;
+            e[n].offset = d->offset;
             n++;
         }
     }
@@ -131,7 +136,7 @@ static int read_index(const char *index_path, const mt_host_state *st, expected 
 
 /* Loads every expected tensor that lives in shard `s` (opened as f). `index_path` is NULL for a
  * single-file checkpoint. */
-static int load_shard(mt_st_file *f, int s, const char *index_path, const mt_host_state *st, expected *e, int ne,
+static int load_shard(mt_st_file *f, int s, const char *index_path, mt_host_state *st, expected *e, int ne,
                       char *err, size_t errlen)
 {
     for (int i = 0; i < f->ntensors; i++) {
@@ -154,7 +159,16 @@ static int load_shard(mt_st_file *f, int s, const char *index_path, const mt_hos
             shape_text(x->ndim, x->shape, want, sizeof want);
             return mt_fail(err, errlen, "%s: tensor '%s': shape %s, the config wants %s", f->path, t->name, got, want);
         }
-        if (mt_st_read_f32(f, t, x->master, err, errlen)) return -1;
+        if (x->master) {
+            if (mt_st_read_f32(f, t, x->master, err, errlen)) return -1;
+        } else { /* compact: read as fp32, then encoded into the tile's planes */
+            float *tmp = malloc(sizeof(float) * (size_t)x->numel);
+            if (!tmp) return mt_fail(err, errlen, "%s: tensor '%s': out of memory", f->path, t->name);
+            const int bad = mt_st_read_f32(f, t, tmp, err, errlen);
+            if (!bad) mt_state_write_master(st, x->tile, x->offset, x->numel, tmp);
+            free(tmp);
+            if (bad) return -1;
+        }
         x->loaded = true;
     }
     for (int i = 0; i < ne; i++)
@@ -213,7 +227,7 @@ int mt_hf_load(const char *dir, mt_host_state *st, char *err, size_t errlen)
 static int write_text_atomic(const char *path, const char *text, char *err, size_t errlen)
 {
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    mt_temp_name(path, tmp, sizeof tmp);
     FILE *fp = fopen(tmp, "w");
     if (!fp) return mt_fail(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
     int rc = fputs(text, fp) < 0 || fflush(fp) != 0 || fsync(fileno(fp)) != 0;
@@ -285,6 +299,11 @@ int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_
                char *err, size_t errlen)
 {
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) return mt_fail(err, errlen, "%s: cannot create: %s", dir, strerror(errno));
+    char marker[4200];
+    snprintf(marker, sizeof marker, "%s/%s", dir, MT_HF_MARKER);
+    if (write_text_atomic(marker, "{\n  \"written_by\": \"megatrain\",\n  \"note\": \"a directory megatrain wrote: a later "
+                                  "--save-model may replace its files\"\n}\n", err, errlen))
+        return -1;
     mt_st_dtype fdtype = dtype == MT_DTYPE_BF16 ? MT_ST_BF16 : MT_ST_F32;
     int ne = 0;
     expected *e = list_expected(st, &ne);
@@ -319,7 +338,23 @@ int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_
         if (nshards == 1) snprintf(name, sizeof name, "%s", SINGLE_NAME);
         else shard_name(s, nshards, name, sizeof name);
         snprintf(path, sizeof path, "%s/%s", dir, name);
+        /* compact: the shard's masters decoded to fp32, one shard at a time */
+        float *decoded = NULL;
+        if (st->layout == MT_LAYOUT_COMPACT) {
+            int64_t numel = 0;
+            for (int i = first; i < last; i++) numel += e[i].numel;
+            if (!(decoded = malloc(sizeof(float) * (size_t)(numel > 0 ? numel : 1)))) {
+                rc = mt_fail(err, errlen, "%s: out of memory decoding the masters", path);
+                break;
+            }
+            float *dst = decoded;
+            for (int i = first; i < last; dst += e[i].numel, i++) {
+                mt_state_read_master(st, e[i].tile, e[i].offset, e[i].numel, dst);
+                src[i].data = dst;
+            }
+        }
         rc = mt_st_write(path, src + first, last - first, fdtype, err, errlen);
+        free(decoded);
         for (int i = first; i < last; i++) json_object_set_new(map, e[i].name, json_string(name));
         first = last;
     }
@@ -337,14 +372,158 @@ int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_
     json_decref(map);
     if (rc == 0) rc = save_config(dir, &st->cfg, dtype, err, errlen);
     if (rc == 0) remove_stale(dir, nshards);
-    if (rc == 0) { /* make the renames durable */
-        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            fsync(dfd);
-            close(dfd);
-        }
-    }
+    if (rc == 0) mt_sync_dir(dir); /* make the renames durable */
     free(src);
     free(e);
     return rc;
+}
+
+/* Tokenizer files of an HF directory: copied with the weights, and accepted in an output that a
+ * later save replaces. */
+static const char *const tokenizer_files[] = {
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+    "chat_template.jinja", "chat_template.json", "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
+    NULL,
+};
+
+/* Whether a directory entry is one mt_hf_save or mt_hf_copy_tokenizer writes (or their temporaries). */
+static bool megatrain_output_name(const char *name)
+{
+    static const char *const fixed[] = { "config.json", SINGLE_NAME, INDEX_NAME, MT_HF_MARKER, NULL };
+    for (const char *const *f = fixed; *f; f++)
+        if (!strcmp(name, *f)) return true;
+    for (const char *const *f = tokenizer_files; *f; f++)
+        if (!strcmp(name, *f)) return true;
+    int k, n;
+    char tail[32];
+    if (sscanf(name, "model-%5d-of-%5d.%31s", &k, &n, tail) == 3 && !strcmp(tail, "safetensors")) return true;
+    const char *tmp = strstr(name, ".tmp.");
+    if (!tmp) tmp = strstr(name, ".cfg.");
+    if (tmp && tmp[5]) {
+        size_t digits = strspn(tmp + 5, "0123456789");
+        if (!tmp[5 + digits]) return true;
+    }
+    return false;
+}
+
+int mt_hf_check_output(const char *dir, char *err, size_t errlen)
+{
+    char why[4400];
+    struct stat sb;
+    if (stat(dir, &sb) != 0) {
+        if (errno != ENOENT) return mt_fail(err, errlen, "%s: %s", dir, strerror(errno));
+        char path[4096], parent[4096];
+        snprintf(path, sizeof path, "%s", dir);
+        for (size_t n = strlen(path); n > 1 && path[n - 1] == '/'; n--) path[n - 1] = 0;
+        mt_dir_of(path, parent, sizeof parent);
+        if (mt_probe_directory(parent, why, sizeof why))
+            return mt_fail(err, errlen, "%s: cannot be created: %s", dir, why);
+        return 0;
+    }
+    if (!S_ISDIR(sb.st_mode))
+        return mt_fail(err, errlen, "%s: an existing file, not a directory: name a new or empty directory", dir);
+    DIR *d = opendir(dir);
+    if (!d) return mt_fail(err, errlen, "%s: cannot list: %s", dir, strerror(errno));
+    char unrelated[512] = "";
+    size_t at = 0;
+    int nunrelated = 0, nentries = 0;
+    bool marked = false;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        nentries++;
+        /* the marker, or its temporary: a save cut short while writing it */
+        if (!strncmp(de->d_name, MT_HF_MARKER, strlen(MT_HF_MARKER))) marked = true;
+        if (megatrain_output_name(de->d_name)) continue;
+        if (nunrelated++ < 4 && at < sizeof unrelated)
+            at += (size_t)snprintf(unrelated + at, sizeof unrelated - at, "%s%s", at ? ", " : "", de->d_name);
+    }
+    closedir(d);
+    if (nunrelated > 0)
+        return mt_fail(err, errlen, "%s: holds files megatrain does not write (%s%s): name a new or empty directory", dir,
+                       unrelated, nunrelated > 4 ? ", ..." : "");
+    if (nentries > 0 && !marked)
+        return mt_fail(err, errlen, "%s: holds a model megatrain did not write (no %s): name a new or empty directory, "
+                       "or remove it first", dir, MT_HF_MARKER);
+    if (mt_probe_directory(dir, why, sizeof why)) return mt_fail(err, errlen, "%s", why);
+    return 0;
+}
+
+/* Copies from to to through a temporary, fsync and rename. */
+static int copy_file_atomic(const char *from, const char *to, char *err, size_t errlen)
+{
+    FILE *in = fopen(from, "rb");
+    if (!in) return mt_fail(err, errlen, "%s: cannot open: %s", from, strerror(errno));
+    char tmp[4200];
+    mt_temp_name(to, tmp, sizeof tmp);
+    FILE *out = fopen(tmp, "wb");
+    if (!out) {
+        fclose(in);
+        return mt_fail(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
+    }
+    char buf[1 << 16];
+    size_t n;
+    bool failed = false;
+    while (!failed && (n = fread(buf, 1, sizeof buf, in)) > 0) failed = fwrite(buf, 1, n, out) != n;
+    failed |= ferror(in) != 0;
+    fclose(in);
+    failed |= fflush(out) != 0 || fsync(fileno(out)) != 0;
+    failed |= fclose(out) != 0;
+    if (failed || rename(tmp, to) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return mt_fail(err, errlen, "%s: cannot write (from %s): %s", to, from, strerror(e));
+    }
+    return 0;
+}
+
+int mt_hf_copy_tokenizer(const char *from, const char *to, int *copied, char *err, size_t errlen)
+{
+    if (copied) *copied = 0;
+    if (mt_same_file(from, to)) return 0;
+    for (const char *const *f = tokenizer_files; *f; f++) {
+        char src[4200], dst[4200];
+        snprintf(src, sizeof src, "%s/%s", from, *f);
+        snprintf(dst, sizeof dst, "%s/%s", to, *f);
+        if (access(src, F_OK) != 0) continue;
+        if (copy_file_atomic(src, dst, err, errlen)) return -1;
+        if (copied) (*copied)++;
+    }
+    mt_sync_dir(to);
+    return 0;
+}
+
+int mt_hf_weights_dtype(const char *dir, mt_st_dtype *dtype, char *err, size_t errlen)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, SINGLE_NAME);
+    if (access(path, F_OK) != 0) {
+        char index[4200];
+        snprintf(index, sizeof index, "%s/%s", dir, INDEX_NAME);
+        json_error_t je;
+        json_t *root = json_load_file(index, 0, &je);
+        if (!root) return mt_fail(err, errlen, "%s: neither %s nor a readable %s", dir, SINGLE_NAME, INDEX_NAME);
+        const char *key, *first = NULL;
+        json_t *v;
+        json_object_foreach(json_object_get(root, "weight_map"), key, v) {
+            if (json_is_string(v) && plain_file_name(json_string_value(v))) {
+                first = json_string_value(v);
+                break;
+            }
+        }
+        if (first) snprintf(path, sizeof path, "%s/%s", dir, first);
+        json_decref(root);
+        if (!first) return mt_fail(err, errlen, "%s: no shard in its weight_map", index);
+    }
+    mt_st_file *f = mt_st_open(path, err, errlen);
+    if (!f) return -1;
+    int count[3] = { 0, 0, 0 }; /* F32, F16, BF16 */
+    for (int i = 0; i < f->ntensors; i++)
+        if (f->tensors[i].dtype <= MT_ST_BF16) count[f->tensors[i].dtype]++;
+    mt_st_close(f);
+    int best = MT_ST_F32;
+    for (int k = 1; k < 3; k++)
+        if (count[k] > count[best]) best = k;
+    *dtype = (mt_st_dtype)best;
+    return 0;
 }

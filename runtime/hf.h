@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "models/dtype.h"
+#include "models/safetensors.h"
 #include "runtime/state.h"
 
 /* HF's default shard limit (save_pretrained's max_shard_size "5GB"). */
@@ -27,9 +28,30 @@ int mt_hf_load(const char *dir, mt_host_state *st, char *err, size_t errlen);
  * config.json (torch_dtype set to the saved dtype), and model.safetensors when everything fits in
  * max_shard_bytes (0 = no limit), else model-0000K-of-0000N.safetensors shards, filled greedily
  * in HF order like save_pretrained, plus model.safetensors.index.json. Creates dir if missing;
- * every file goes through a temporary + fsync + rename; a previous save's files of the other
- * layout (single file vs shards) are removed. Returns 0, or -1 with err set. */
+ * writes MT_HF_MARKER first (so that even a save cut short is known as megatrain's output, which
+ * a later save may replace: mt_hf_check_output); every file goes through a temporary + fsync +
+ * rename; a previous save's files of the other layout (single file vs shards) are removed.
+ * Returns 0, or -1 with err set. */
 int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_t max_shard_bytes,
                char *err, size_t errlen);
+
+/* The file that marks a directory as megatrain's output. */
+#define MT_HF_MARKER "megatrain.json"
+
+/* Whether `dir` may receive mt_hf_save's output, checked before any work: not an existing file,
+ * absent or empty or a previous megatrain output (MT_HF_MARKER, and only the files megatrain
+ * writes: weights, index, config, tokenizer files, temporaries), and its directory (or itself)
+ * takes new files. 0, or -1 with err naming the directory, the problem and the fix. */
+int mt_hf_check_output(const char *dir, char *err, size_t errlen);
+
+/* Copies the tokenizer files of an HF directory (tokenizer.json, tokenizer_config.json,
+ * special_tokens_map.json, generation_config.json, chat templates, vocabularies) that exist in
+ * `from` into `to`, each atomically, so that `to` is a complete HF directory. Nothing when they
+ * are the same directory. *copied (may be NULL) gets how many. 0, or -1 with err set. */
+int mt_hf_copy_tokenizer(const char *from, const char *to, int *copied, char *err, size_t errlen);
+
+/* The dtype most of the weights of HF directory `dir` are stored in (F32, F16 or BF16; of
+ * model.safetensors, else of the index's first shard). 0, or -1 with err set. */
+int mt_hf_weights_dtype(const char *dir, mt_st_dtype *dtype, char *err, size_t errlen);
 
 #endif

@@ -66,6 +66,12 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
     if (p->compute != MT_DTYPE_BF16 && p->compute != MT_DTYPE_F32)
         return plan_fail(plan, "unknown compute dtype %d", (int)p->compute);
     if (p->checkpoint_interval > cfg->layers) p->checkpoint_interval = cfg->layers;
+    if (p->layout != MT_LAYOUT_FULL && p->layout != MT_LAYOUT_COMPACT)
+        return plan_fail(plan, "host layout %d is not full or compact (mt_plan_choose resolves auto)", (int)p->layout);
+    const bool compact = p->layout == MT_LAYOUT_COMPACT;
+    if (compact && p->compute != MT_DTYPE_BF16)
+        return plan_fail(plan, "the compact host layout holds bf16 streamed weights only (its master's high half is "
+                               "the bf16 weight); with fp32 weights use the full layout");
 
     bool of = false;
     const uint64_t L = (uint64_t)cfg->layers, K = (uint64_t)p->checkpoint_interval, d = (uint64_t)cfg->hidden;
@@ -81,6 +87,7 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
 
     plan->tokens_per_step = (int64_t)step_tokens;
     plan->param_count = mt_config_param_count(cfg);
+    plan->active_param_count = mt_config_active_param_count(cfg);
     plan->flops_params = mt_config_flops_params(cfg);
     mt_tile_layout lay;
     for (int k = MT_TILE_EMBED; k <= MT_TILE_HEAD; k++) {
@@ -96,11 +103,13 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
      * starpu_malloc returns ordinary memory anyway). The config's validation bounds the
      * parameter count far enough that these products cannot overflow. */
     plan->host[MT_PLAN_WEIGHTS] = host_state_bytes(plan, (uint64_t)plan->weight_elem_bytes);
-    plan->host[MT_PLAN_MASTER] = host_state_bytes(plan, 4);
-    plan->host[MT_PLAN_GRADS] = host_state_bytes(plan, 4);
+    plan->host[MT_PLAN_MASTER] = host_state_bytes(plan, compact ? 2 : 4);
+    plan->host[MT_PLAN_GRADS] = host_state_bytes(plan, compact ? 2 : 4);
     plan->host[MT_PLAN_ADAM_M] = host_state_bytes(plan, 4);
     plan->host[MT_PLAN_ADAM_V] = host_state_bytes(plan, 4);
-    for (int k = MT_PLAN_WEIGHTS; k <= MT_PLAN_ADAM_V; k++) plan->host_pinned[k] = p->use_gpu;
+    /* compact pins only what a GPU copies (state.c): the weights and the gradient */
+    for (int k = MT_PLAN_WEIGHTS; k <= MT_PLAN_ADAM_V; k++)
+        plan->host_pinned[k] = p->use_gpu && (!compact || k == MT_PLAN_WEIGHTS || k == MT_PLAN_GRADS);
     /* the ranged flags buffers (runtime/speculate: mt_ranged_flags_bytes, a bit per element and
      * room for the inputs of 1/16 of them), counted per tile, not per AdamW chunk: each chunk
      * past a tile's first has its own header and 16 more entries, a few hundred bytes, left out */
@@ -110,7 +119,7 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
         plan->host_clip_flags += t == MT_TILE_LAYER ? (uint64_t)(plan->num_tiles - 2) * bytes : bytes;
     }
     /* state.c's mt_state_enable_grad_alt: every tile (the table's moments are deferred too) */
-    plan->host_grad_alt = host_state_bytes(plan, 4);
+    plan->host_grad_alt = compact ? 0 : host_state_bytes(plan, 4);
 
     /* Working set: where the layers compute, one entry per buffer the step graph registers
      * (runtime/step/graph.c), sized by the same functions for the kind of worker that computes.
@@ -123,8 +132,23 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
          * StarPU recycles an evicted layer's buffer for the next (runtime/state.c); embedding
          * and head are registered at their own sizes. */
         work[MT_PLAN_WEIGHTS] = mul(2 * (uint64_t)plan->max_tile_numel, (uint64_t)plan->weight_elem_bytes, &of);
-        /* The gradient being written and the one draining to the host, fp32. */
-        work[MT_PLAN_GRADS] = mul(2 * (uint64_t)plan->max_tile_numel, 4, &of);
+        /* The gradient being written and the one draining to the host: fp32, or in the compact
+         * layout bf16 (the accumulators are apart). */
+        work[MT_PLAN_GRADS] = mul(2 * (uint64_t)plan->max_tile_numel, compact ? 2 : 4, &of);
+    }
+    if (compact) {
+        /* The fp32 accumulators alive at once (runtime/step/compute.c): a tile's lives from its
+         * first contribution in the step to its grad_home. The table's, when tied, through the
+         * whole backward (the head writes it first); in the loss anchor, the head's; in the
+         * backward, with several micro-batches, a block's K layers together (one layer
+         * otherwise) and one more being converted; at the end, the table's with layer 0's being
+         * converted. Without a GPU, StarPU allocates them in host memory. */
+        const uint64_t E = (uint64_t)plan->tile_numel[MT_TILE_EMBED], Ly = (uint64_t)plan->tile_numel[MT_TILE_LAYER];
+        const uint64_t H = (uint64_t)plan->tile_numel[MT_TILE_HEAD], n = p->grad_accum > 1 ? K : 1;
+        const uint64_t anchor = (cfg->tied ? E : 0) + H, backward = (cfg->tied ? E : 0) + (n + 1) * Ly, table = E + Ly;
+        uint64_t most = anchor > backward ? anchor : backward;
+        if (table > most) most = table;
+        work[MT_PLAN_GRAD_ACC] = mul(most, 4, &of);
     }
     /* The per-layer sizes below multiply B*T by the widest activation row; refuse sizes whose
      * products would not fit before computing them. */
@@ -160,7 +184,7 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
     plan->host[MT_PLAN_INPUTS] = work[MT_PLAN_INPUTS];
     plan->host_pinned[MT_PLAN_INPUTS] = p->use_gpu;
     /* StarPU allocates the flags buffers (registered without a home), pinned with a GPU */
-    plan->host[MT_PLAN_CLIP_FLAGS] = p->use_gpu && p->compute == MT_DTYPE_BF16 ? plan->host_clip_flags : 0;
+    plan->host[MT_PLAN_CLIP_FLAGS] = !compact && p->use_gpu && p->compute == MT_DTYPE_BF16 ? plan->host_clip_flags : 0;
     plan->host_pinned[MT_PLAN_CLIP_FLAGS] = p->use_gpu;
 
     for (int k = 0; k < MT_PLAN_KIND_COUNT; k++) {
@@ -186,8 +210,19 @@ const char *mt_format_bytes(uint64_t bytes, char *buf, size_t len)
     return buf;
 }
 
+/* Bytes per parameter of a host total. */
+static double per_parameter(uint64_t bytes, const mt_plan *plan)
+{
+    return plan->param_count ? (double)bytes / (double)plan->param_count : 0.0;
+}
+
 static const char *kind_name(int k, const mt_plan *plan)
 {
+    if (plan->params.layout == MT_LAYOUT_COMPACT) switch (k) {
+    case MT_PLAN_WEIGHTS: return "master high half (streamed)";
+    case MT_PLAN_MASTER: return "master low half (16 bits)";
+    case MT_PLAN_GRADS: return "gradients (bf16)";
+    }
     switch (k) {
     case MT_PLAN_WEIGHTS: return plan->weight_elem_bytes == 2 ? "weights (bf16, streamed)" : "weights (fp32, streamed)";
     case MT_PLAN_MASTER: return "master weights (fp32)";
@@ -200,6 +235,7 @@ static const char *kind_name(int k, const mt_plan *plan)
     case MT_PLAN_WORKSPACE: return "workspace (layer+head)";
     case MT_PLAN_INPUTS: return "tokens and targets";
     case MT_PLAN_CLIP_FLAGS: return "clip speculation flags";
+    case MT_PLAN_GRAD_ACC: return "gradient accumulators (fp32)";
     }
     return "?";
 }
@@ -208,31 +244,38 @@ void mt_plan_print(const mt_plan *plan, FILE *out)
 {
     const mt_plan_params *p = &plan->params;
     char a[32], b[32];
-    fprintf(out, "memory plan: %" PRId64 " parameters (%" PRId64 " for FLOPs), %" PRId64 " tiles\n",
-            plan->param_count, plan->flops_params, plan->num_tiles);
+    fprintf(out, "memory plan: %" PRId64 " parameters (%" PRId64 " for FLOPs), %" PRId64 " tiles, %s host layout\n",
+            plan->param_count, plan->flops_params, plan->num_tiles, mt_host_layout_name(p->layout));
+    if (plan->active_param_count != plan->param_count)
+        fprintf(out, "  mixture of experts: %.3gB parameters in total, %.3gB active per token (%" PRId64 ")\n",
+                (double)plan->param_count / 1e9, (double)plan->active_param_count / 1e9, plan->active_param_count);
     fprintf(out, "  B=%" PRId64 " x T=%" PRId64 " x accumulation %" PRId64 " = %" PRId64
             " tokens/step, K=%" PRId64 " (%" PRId64 " checkpoints per micro-batch), weights %s, %s\n",
             p->micro_batch, p->seq_len, p->grad_accum, plan->tokens_per_step, p->checkpoint_interval,
             plan->num_checkpoints, p->compute == MT_DTYPE_BF16 ? "bf16" : "fp32",
             p->use_gpu ? "GPU (sized for the CUDA kernels)" : "CPU only");
-    fprintf(out, "  %-26s %17s %11s %-6s %17s %11s\n", "kind", "host bytes", "host", "pinned", "GPU bytes", "GPU");
+    fprintf(out, "  %-30s %17s %11s %-6s %17s %11s\n", "kind", "host bytes", "host", "pinned", "GPU bytes", "GPU");
     for (int k = 0; k < MT_PLAN_KIND_COUNT; k++) {
         if (!plan->host[k] && !plan->gpu[k]) continue;
-        fprintf(out, "  %-26s %17" PRIu64 " %11s %-6s %17" PRIu64 " %11s\n", kind_name(k, plan), plan->host[k],
+        fprintf(out, "  %-30s %17" PRIu64 " %11s %-6s %17" PRIu64 " %11s\n", kind_name(k, plan), plan->host[k],
                 mt_format_bytes(plan->host[k], a, sizeof a), plan->host[k] ? (plan->host_pinned[k] ? "yes" : "no") : "",
                 plan->gpu[k], mt_format_bytes(plan->gpu[k], b, sizeof b));
     }
-    fprintf(out, "  %-26s %17" PRIu64 " %11s %-6s %17" PRIu64 " %11s\n", "total", plan->host_total,
+    fprintf(out, "  %-30s %17" PRIu64 " %11s %-6s %17" PRIu64 " %11s\n", "total", plan->host_total,
             mt_format_bytes(plan->host_total, a, sizeof a), "", plan->gpu_total,
             mt_format_bytes(plan->gpu_total, b, sizeof b));
     uint64_t state = 0;
     for (int k = MT_PLAN_WEIGHTS; k <= MT_PLAN_ADAM_V; k++) state += plan->host[k];
-    fprintf(out, "  host: %s pinned; training state %.2f bytes per parameter\n",
+    fprintf(out, "  host: %s pinned; training state %.2f bytes per parameter; all in %.2f bytes per parameter\n",
             mt_format_bytes(plan->host_pinned_total, a, sizeof a),
-            plan->param_count ? (double)state / (double)plan->param_count : 0.0);
-    fprintf(out, "  with ranged speculation and --adamw-defer auto (the default; when it fits in 80%% of the memory "
-                 "available) or on: + %s of a second gradient (%s)\n",
-            mt_format_bytes(plan->host_grad_alt, a, sizeof a), plan->params.use_gpu ? "pinned" : "not pinned");
+            plan->param_count ? (double)state / (double)plan->param_count : 0.0, per_parameter(plan->host_total, plan));
+    if (p->layout == MT_LAYOUT_COMPACT)
+        fprintf(out, "  compact layout: no clip speculation and no second gradient (the update waits for the norm and "
+                     "overlaps the next forward)\n");
+    else
+        fprintf(out, "  with ranged speculation and --adamw-defer auto (the default; when it fits in 80%% of the memory "
+                     "available) or on: + %s of a second gradient (%s)\n",
+                mt_format_bytes(plan->host_grad_alt, a, sizeof a), plan->params.use_gpu ? "pinned" : "not pinned");
 }
 
 int mt_plan_check_host(const mt_plan *plan, uint64_t available_bytes, char *err, size_t errlen)
@@ -331,4 +374,192 @@ int mt_plan_micro_batch(const mt_model_config *cfg, const mt_plan_params *base, 
              "raise the activation budget, shorten the sequences or raise K", T,
              mt_format_bytes(smallest, a, sizeof a), mt_format_bytes(budget, b, sizeof b));
     return -1;
+}
+
+const char *mt_host_layout_name(mt_host_layout layout)
+{
+    return layout == MT_LAYOUT_AUTO ? "auto" : layout == MT_LAYOUT_COMPACT ? "compact" : "full";
+}
+
+static uint64_t usable_share(uint64_t available) { return available / 100 * MT_PLAN_HOST_USABLE_PERCENT; }
+
+/* "X GiB (Y bytes per parameter)" into buf. */
+static const char *bytes_and_rate(uint64_t bytes, int64_t params, char *buf, size_t len)
+{
+    char b[32];
+    snprintf(buf, len, "%s (%.2f bytes per parameter)", mt_format_bytes(bytes, b, sizeof b),
+             params ? (double)bytes / (double)params : 0.0);
+    return buf;
+}
+
+/* c->why for the choice made; c's totals, request, layout and fits set. */
+static void explain_choice(mt_layout_choice *c)
+{
+    char full[64], plain[64], compact[64], use[32], have[32];
+    bytes_and_rate(c->full_speculation, c->param_count, full, sizeof full);
+    bytes_and_rate(c->full_plain, c->param_count, plain, sizeof plain);
+    bytes_and_rate(c->compact, c->param_count, compact, sizeof compact);
+    mt_format_bytes(c->usable, use, sizeof use);
+    mt_format_bytes(c->available, have, sizeof have);
+    if (c->request == MT_LAYOUT_COMPACT)
+        snprintf(c->why, sizeof c->why, "compact as asked: %s, %s %s usable (%d%% of %s)", compact,
+                 c->fits ? "within the" : "over the", use, MT_PLAN_HOST_USABLE_PERCENT, have);
+    else if (c->request == MT_LAYOUT_FULL)
+        snprintf(c->why, sizeof c->why, "full as asked: %s, %s %s usable (%d%% of %s)%s", c->speculation ? full : plain,
+                 c->fits ? "within the" : "over the", use, MT_PLAN_HOST_USABLE_PERCENT, have,
+                 c->fits && !c->speculation && c->full_speculation > c->full_plain
+                     ? "; without deferral's second gradient, which does not fit (--adamw-defer auto declines it)" : "");
+    else if (c->layout == MT_LAYOUT_FULL && c->fits)
+        snprintf(c->why, sizeof c->why, "the full layout%s needs %s, within the %s usable (%d%% of %s)",
+                 c->speculation ? " with clip speculation" : "", full, use, MT_PLAN_HOST_USABLE_PERCENT, have);
+    else if (c->layout == MT_LAYOUT_COMPACT && c->fits)
+        snprintf(c->why, sizeof c->why, "the full layout with clip speculation would need %s, over the %s usable "
+                 "(%d%% of %s); compact needs %s", full, use, MT_PLAN_HOST_USABLE_PERCENT, have, compact);
+    else if (c->layout == MT_LAYOUT_COMPACT)
+        snprintf(c->why, sizeof c->why, "not even the compact layout fits: it needs %s, over the %s usable (%d%% "
+                 "of %s)", compact, use, MT_PLAN_HOST_USABLE_PERCENT, have);
+    else
+        snprintf(c->why, sizeof c->why, "the full layout needs %s, over the %s usable (%d%% of %s); fp32 weights "
+                 "have no compact layout", plain, use, MT_PLAN_HOST_USABLE_PERCENT, have);
+}
+
+int mt_plan_choose(const mt_model_config *cfg, const mt_plan_params *params, mt_host_layout request,
+                   uint64_t available, mt_plan *plan, mt_layout_choice *c)
+{
+    memset(c, 0, sizeof *c);
+    c->request = request;
+    c->available = available;
+    c->usable = usable_share(available);
+    if (request != MT_LAYOUT_AUTO && request != MT_LAYOUT_FULL && request != MT_LAYOUT_COMPACT) {
+        memset(plan, 0, sizeof *plan);
+        return plan_fail(plan, "host layout %d is not auto, full or compact", (int)request);
+    }
+    mt_plan_params p = *params;
+    p.layout = MT_LAYOUT_FULL;
+    if (mt_plan_compute(cfg, &p, plan)) return -1;
+    /* clip speculation's flags are in the full plan's total where it runs by default; deferral's
+     * second gradient comes with it */
+    const bool ranged = plan->host[MT_PLAN_CLIP_FLAGS] > 0;
+    c->param_count = plan->param_count;
+    c->full_plain = plan->host_total - plan->host[MT_PLAN_CLIP_FLAGS];
+    c->full_speculation = ranged ? plan->host_total + plan->host_grad_alt : c->full_plain;
+    const uint64_t full_total = plan->host_total;
+    mt_plan compact;
+    const bool can_compact = p.compute == MT_DTYPE_BF16;
+    if (can_compact) {
+        p.layout = MT_LAYOUT_COMPACT;
+        if (mt_plan_compute(cfg, &p, &compact)) {
+            *plan = compact;
+            return -1;
+        }
+        c->compact = compact.host_total;
+    } else if (request == MT_LAYOUT_COMPACT) {
+        p.layout = MT_LAYOUT_COMPACT;
+        return mt_plan_compute(cfg, &p, plan); /* fails, saying why */
+    }
+    if (request == MT_LAYOUT_FULL || (request == MT_LAYOUT_AUTO && (c->full_speculation <= c->usable || !can_compact))) {
+        c->layout = MT_LAYOUT_FULL;
+        c->fits = full_total <= c->usable;
+        c->speculation = ranged && c->full_speculation <= c->usable;
+        c->host_total = c->speculation ? c->full_speculation : full_total;
+    } else {
+        c->layout = MT_LAYOUT_COMPACT;
+        c->fits = c->compact <= c->usable;
+        c->host_total = c->compact;
+        *plan = compact;
+    }
+    explain_choice(c);
+    return 0;
+}
+
+void mt_plan_print_choice(const mt_layout_choice *c, FILE *out)
+{
+    char b[32];
+    const double n = c->param_count ? (double)c->param_count : 1.0;
+    fprintf(out, "host layouts (all in: host total / parameters):\n");
+    fprintf(out, "  %-50s %17" PRIu64 " %11s %6.2f bytes per parameter\n", "full, with clip speculation's flags and second gradient",
+            c->full_speculation, mt_format_bytes(c->full_speculation, b, sizeof b), (double)c->full_speculation / n);
+    fprintf(out, "  %-50s %17" PRIu64 " %11s %6.2f bytes per parameter\n", "full, without them", c->full_plain,
+            mt_format_bytes(c->full_plain, b, sizeof b), (double)c->full_plain / n);
+    if (c->compact)
+        fprintf(out, "  %-50s %17" PRIu64 " %11s %6.2f bytes per parameter\n", "compact", c->compact,
+                mt_format_bytes(c->compact, b, sizeof b), (double)c->compact / n);
+    else
+        fprintf(out, "  %-50s %17s\n", "compact", "- (fp32 weights)");
+    fprintf(out, "host layout: %s (--host-layout %s): %s\n", mt_host_layout_name(c->layout), mt_host_layout_name(c->request),
+            c->why);
+}
+
+const char *const mt_plan_shapes[MT_PLAN_NSHAPES] = { "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b",
+                                                      "qwen2.5-14b" };
+
+/* The choice for cfg at `layers` layers; -1 with plan->error set. */
+static int choose_at(const mt_model_config *cfg, int64_t layers, const mt_plan_params *params, mt_host_layout request,
+                     uint64_t available, mt_plan *plan, mt_layout_choice *c)
+{
+    mt_model_config at = *cfg;
+    at.layers = layers;
+    return mt_plan_choose(&at, params, request, available, plan, c);
+}
+
+int mt_plan_fit_shapes(const mt_plan_params *params, mt_host_layout request, uint64_t available,
+                       mt_plan_fit rows[MT_PLAN_NSHAPES], char *err, size_t errlen)
+{
+    mt_plan plan;
+    for (int i = 0; i < MT_PLAN_NSHAPES; i++) {
+        mt_plan_fit *r = &rows[i];
+        mt_model_config cfg;
+        if (mt_config_from_shape(mt_plan_shapes[i], &cfg)) {
+            snprintf(err, errlen, "%s: not a known shape", mt_plan_shapes[i]);
+            return -1;
+        }
+        *r = (mt_plan_fit){ .shape = mt_plan_shapes[i], .layers = cfg.layers };
+        if (mt_plan_choose(&cfg, params, request, available, &plan, &r->choice)) {
+            snprintf(err, errlen, "%s: %s", r->shape, plan.error);
+            return -1;
+        }
+        r->params = plan.param_count;
+        r->host_bytes = r->choice.host_total;
+        /* the deepest model of this width that fits: bytes grow with the layers, so bisect */
+        int64_t lo = 0, hi = cfg.layers + 1; /* lo fits (0: vacuously), hi does not */
+        mt_layout_choice c = r->choice;
+        if (c.fits) lo = cfg.layers;
+        else hi = cfg.layers;
+        while (hi - lo > 1) {
+            const int64_t mid = lo + (hi - lo) / 2;
+            if (choose_at(&cfg, mid, params, request, available, &plan, &c)) {
+                snprintf(err, errlen, "%s at %lld layers: %s", r->shape, (long long)mid, plan.error);
+                return -1;
+            }
+            if (c.fits) lo = mid;
+            else hi = mid;
+        }
+        r->max_layers = lo;
+        if (lo > 0 && choose_at(&cfg, lo, params, request, available, &plan, &c) == 0) {
+            r->max_params = plan.param_count;
+            r->max_layout = c.layout;
+        }
+    }
+    return MT_PLAN_NSHAPES;
+}
+
+void mt_plan_print_fits(const mt_plan_fit *rows, int n, FILE *out)
+{
+    fprintf(out, "| shape | parameters | host layout | host bytes | bytes per parameter | verdict |\n"
+                 "|---|---|---|---|---|---|\n");
+    for (int i = 0; i < n; i++) {
+        const mt_plan_fit *r = &rows[i];
+        char b[32], verdict[160];
+        if (r->choice.fits)
+            snprintf(verdict, sizeof verdict, "fits");
+        else if (r->max_layers > 0)
+            snprintf(verdict, sizeof verdict, "refused; at this width %lld of its %lld layers fit (%.3fB parameters, %s)",
+                     (long long)r->max_layers, (long long)r->layers, r->max_params / 1e9, mt_host_layout_name(r->max_layout));
+        else
+            snprintf(verdict, sizeof verdict, "refused; not one layer of this width fits");
+        fprintf(out, "| %s | %.3fB | %s%s | %s | %.2f | %s |\n", r->shape, r->params / 1e9,
+                mt_host_layout_name(r->choice.layout), r->choice.speculation ? " + clip speculation" : "",
+                mt_format_bytes(r->host_bytes, b, sizeof b), r->params ? (double)r->host_bytes / (double)r->params : 0.0,
+                verdict);
+    }
 }

@@ -21,6 +21,21 @@
  * cache, StarPU's own buffers and the data loader. */
 #define MT_PLAN_HOST_USABLE_PERCENT 90
 
+/* How a run's host state holds the training state (runtime/state.h allocates it so; the plan
+ * counts it; docs/design.md, section 1.1). */
+typedef enum mt_host_layout {
+    MT_LAYOUT_AUTO = -1,    /* a request only: mt_plan_choose picks one of the two */
+    MT_LAYOUT_FULL = 0,     /* per tile the streamed copy (bf16 or fp32), the fp32 master, an fp32
+                             * gradient, m and v: 18 bytes per parameter with bf16 weights, plus clip
+                             * speculation's flags and deferral's second gradient when they run */
+    MT_LAYOUT_COMPACT = 1,  /* bf16 weights only: the fp32 master as two 16-bit planes whose high one
+                             * is the streamed weight, a bf16 gradient (accumulated in fp32 where the
+                             * compute runs), m and v: 14 bytes per parameter; no clip speculation */
+} mt_host_layout;
+
+/* "auto", "full", "compact". */
+const char *mt_host_layout_name(mt_host_layout layout);
+
 typedef struct mt_plan_params {
     int64_t micro_batch;         /* B: sequences per micro-batch */
     int64_t seq_len;             /* T: tokens per sequence */
@@ -30,6 +45,7 @@ typedef struct mt_plan_params {
     mt_dtype compute;
     bool use_gpu;                /* false: activations live on the host, nothing is pinned */
     int64_t head_chunk;          /* LM-head rows at a time; 0: min(B*T, MT_PLAN_DEFAULT_HEAD_CHUNK) */
+    mt_host_layout layout;       /* FULL (0, the default) or COMPACT; AUTO is mt_plan_choose's */
 } mt_plan_params;
 
 /* What the memory holds. Host state kinds exist on the host only; the working kinds live where
@@ -47,6 +63,8 @@ typedef enum mt_plan_kind {
     MT_PLAN_INPUTS,         /* token ids and targets: (2 slots * accumulation + 1 eval) * 2 * B*T int32 */
     MT_PLAN_CLIP_FLAGS,     /* host, with a GPU and bf16 weights: ranged clip speculation's flags
                              * (the default with clipping, --clip-speculate auto): host_clip_flags */
+    MT_PLAN_GRAD_ACC,       /* compact: the fp32 gradient accumulators alive at once where the
+                             * compute runs (no host home: GPU, or host for a CPU-only run) */
     MT_PLAN_KIND_COUNT
 } mt_plan_kind;
 
@@ -54,6 +72,8 @@ typedef struct mt_plan {
     mt_plan_params params;     /* as given, with the defaults filled in and K clamped */
     int64_t tokens_per_step;   /* B * T * grad_accum */
     int64_t param_count;       /* mt_config_param_count */
+    int64_t active_param_count; /* mt_config_active_param_count: what one token uses (a mixture of
+                                 * experts' routed experts only; param_count for a dense model) */
     int64_t flops_params;      /* mt_config_flops_params */
     int64_t tile_numel[3];     /* elements of the embedding, one layer and the head tile (padded) */
     int64_t num_tiles;         /* L + 2 */
@@ -65,13 +85,14 @@ typedef struct mt_plan {
     bool host_pinned[MT_PLAN_KIND_COUNT];
     uint64_t host_total, host_pinned_total, gpu_total;
     /* Not in the totals: the second gradient of every tile (pinned with a GPU) that
-     * deferred moments halves add (mt_step_config.adamw_defer, --adamw-defer on). */
+     * deferred moments halves add (mt_step_config.adamw_defer, --adamw-defer on); 0 in the
+     * compact layout, which does not defer. */
     uint64_t host_grad_alt;
     /* Ranged clip speculation's flags (one bit per parameter and room for the inputs of 1/16 of
      * them: backends/cpu/ranged_flags.h), host memory a run with a GPU, bf16 weights and
      * clipping allocates by default (--clip-speculate auto): about 1.4 bytes per parameter. In
-     * the totals (MT_PLAN_CLIP_FLAGS) when the plan has a GPU and bf16 weights, clipping taken as
-     * on. */
+     * the totals (MT_PLAN_CLIP_FLAGS) when the plan has a GPU, bf16 weights and the full layout,
+     * clipping taken as on. */
     uint64_t host_clip_flags;
     char error[256];           /* why mt_plan_compute failed */
 } mt_plan;
@@ -80,8 +101,61 @@ typedef struct mt_plan {
  * (non-positive B, T, K or accumulation, or sizes whose byte counts would overflow). */
 int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt_plan *plan);
 
-/* A readable table: kind, host bytes and units, pinned or not, GPU bytes and units, totals. */
+/* A readable table: kind, host bytes and units, pinned or not, GPU bytes and units, totals, and
+ * the host total per parameter (all in). */
 void mt_plan_print(const mt_plan *plan, FILE *out);
+
+/* The host bytes of each way to hold a run's state, and the choice among them. */
+typedef struct mt_layout_choice {
+    mt_host_layout request;     /* as asked */
+    mt_host_layout layout;      /* chosen: FULL or COMPACT */
+    bool speculation;           /* full: with clip speculation's flags and deferral's second gradient */
+    bool fits;                  /* the chosen plan needs at most the usable share of `available` */
+    uint64_t available, usable; /* bytes given, and MT_PLAN_HOST_USABLE_PERCENT of them */
+    int64_t param_count;
+    /* Host totals: full with the flags and the second gradient (ranged speculation and its
+     * deferral run only where a GPU computes in bf16: elsewhere equal to full_plain); full
+     * without them; compact (0: impossible, fp32 weights). */
+    uint64_t full_speculation, full_plain, compact;
+    uint64_t host_total;        /* the chosen one's: the plan's host total, and with speculation the
+                                 * second gradient */
+    char why[512];              /* the choice in one sentence */
+} mt_layout_choice;
+
+/* Plans params (their layout ignored) under `request`, against `available` host bytes. AUTO takes
+ * the full layout with clip speculation (its flags and the second gradient) where that fits, else
+ * compact where that fits, else refuses (fits false; the layout compact, or full with fp32
+ * weights). FULL and COMPACT are taken as asked (COMPACT with fp32 weights is an error): FULL
+ * with speculation when its second gradient fits too, as --adamw-defer auto decides. *plan is the
+ * chosen layout's. Returns 0 whether it fits or not, or -1 with plan->error set. */
+int mt_plan_choose(const mt_model_config *cfg, const mt_plan_params *params, mt_host_layout request,
+                   uint64_t available, mt_plan *plan, mt_layout_choice *choice);
+/* The three totals with their bytes per parameter, the choice and why, on out. */
+void mt_plan_print_choice(const mt_layout_choice *c, FILE *out);
+
+/* The published shapes mt_config_from_shape knows (tiny aside), for the table below. */
+#define MT_PLAN_NSHAPES 5
+extern const char *const mt_plan_shapes[MT_PLAN_NSHAPES];
+
+/* One row of "what fits here": a published shape, its choice as published, and the deepest model
+ * of its width that fits (its layer count when it fits as published). */
+typedef struct mt_plan_fit {
+    const char *shape;
+    int64_t layers, params;
+    mt_layout_choice choice;
+    uint64_t host_bytes;        /* the chosen layout's host total */
+    int64_t max_layers;         /* 0: not one layer fits */
+    int64_t max_params;
+    mt_host_layout max_layout;  /* the layout chosen at max_layers */
+} mt_plan_fit;
+
+/* The rows of every published shape, with params' batch, dtype and GPU and the layout request.
+ * Returns MT_PLAN_NSHAPES, or -1 with err set (the batch does not plan). */
+int mt_plan_fit_shapes(const mt_plan_params *params, mt_host_layout request, uint64_t available,
+                       mt_plan_fit rows[MT_PLAN_NSHAPES], char *err, size_t errlen);
+/* The rows as a table: shape, parameters, layout, host bytes and per parameter, fits or refused
+ * (and then the layers of that width that fit). */
+void mt_plan_print_fits(const mt_plan_fit *rows, int n, FILE *out);
 
 /* Checks the host side against `available_bytes`. The rule: the plan fits when it needs at most
  * MT_PLAN_HOST_USABLE_PERCENT of what is available. Returns 0, or -1 with a message saying what

@@ -51,63 +51,129 @@ static void docs_add(doc_set *s, const int32_t *ids, const uint8_t *mask, int64_
 
 static void docs_free(doc_set *s) { free(s->tokens); free(s->mask); free(s->offsets); }
 
-/* What one preparation run shares: the tokenizer, byte lengths of ids, progress state. */
+/* What one preparation run shares: the tokenizer, the documents, progress state. */
 typedef struct prep {
     const mt_prepare_options *o;
     mt_tokenizer *tok;
     doc_set docs;
     FILE *log;
     double last_progress;
+    int64_t file_docs, file_tokens;   /* docs.ndocs and docs.ntok when the current file began */
 } prep;
 
-/* Tokenises text and adds it as a document: a token is trained when the text it covers overlaps a
- * span (all tokens when spans is NULL), as HF's assistant masks map character spans to tokens.
- * The tokenizer says where each token starts (a SentencePiece-style token may carry a space the
- * text does not have, so the tokens' own lengths would drift from the text). */
-static void add_document(prep *p, const char *text, size_t len, const mt_chat_span *spans, int nspans)
+int mt_prepare_tokenize(mt_tokenizer *tok, const char *text, size_t len, const mt_chat_span *spans, int nspans,
+                        int32_t **ids_out, uint8_t **mask_out, size_t *count, char *err, size_t errlen)
 {
     size_t n, *starts;
-    int32_t *ids = mt_tokenizer_encode_offsets(p->tok, text, len, &n, &starts);
+    int32_t *ids = mt_tokenizer_encode_offsets(tok, text, len, &n, &starts, err, errlen);
+    if (!ids) return -1;
     uint8_t *mask = mt_xmalloc(n);
+    /* Token i covers [starts[i], end[i]): up to the next larger start (tokens that NFC made out of
+     * one piece of the text share its start and its bytes), the last ones to len. */
+    size_t *end = mt_xmalloc((n ? n : 1) * sizeof *end);
+    for (size_t i = n; i-- > 0;)
+        end[i] = i + 1 == n ? len : starts[i + 1] > starts[i] ? starts[i + 1] : end[i + 1];
     int s = 0;
     for (size_t i = 0; i < n; i++) {
-        size_t pos = starts[i], end = i + 1 < n ? starts[i + 1] : len;
         if (!spans) mask[i] = 1;
-        else {
-            while (s < nspans && spans[s].end <= pos) s++;
-            mask[i] = s < nspans && spans[s].start < end && pos < spans[s].end;
+        else { /* spans are sorted and disjoint: the token overlaps one iff it overlaps the first that ends after its start */
+            while (s < nspans && spans[s].end <= starts[i]) s++;
+            mask[i] = s < nspans && spans[s].start < end[i];
         }
     }
-    if (n > 0) docs_add(&p->docs, ids, mask, (int64_t)n);
-    free(ids);
+    free(end);
     free(starts);
-    free(mask);
+    *ids_out = ids;
+    *mask_out = mask;
+    *count = n;
+    return 0;
 }
 
-static void progress(prep *p, const char *path, int64_t line, size_t done, size_t total, bool final)
+/* Tokenises text and adds it as a document (mt_prepare_tokenize gives its mask). */
+static int add_document(prep *p, const char *text, size_t len, const mt_chat_span *spans, int nspans, char *err,
+                        size_t errlen)
+{
+    int32_t *ids;
+    uint8_t *mask;
+    size_t n;
+    if (mt_prepare_tokenize(p->tok, text, len, spans, nspans, &ids, &mask, &n, err, errlen)) return -1;
+    if (n > 0) docs_add(&p->docs, ids, mask, (int64_t)n);
+    free(ids);
+    free(mask);
+    return 0;
+}
+
+/* "0 bytes", "812 bytes", "3.4 KB", "12.3 MB", "1.20 GB" (decimal units). */
+static const char *size_text(size_t bytes, char buf[32])
+{
+    if (bytes < 1000) snprintf(buf, 32, "%zu byte%s", bytes, bytes == 1 ? "" : "s");
+    else if (bytes < 1000000) snprintf(buf, 32, "%.1f KB", bytes / 1e3);
+    else if (bytes < 1000000000) snprintf(buf, 32, "%.1f MB", bytes / 1e6);
+    else snprintf(buf, 32, "%.2f GB", bytes / 1e9);
+    return buf;
+}
+
+static void file_begins(prep *p)
+{
+    p->file_docs = p->docs.ndocs;
+    p->file_tokens = p->docs.ntok;
+}
+
+/* Every 2 s while a file is read: where the reading is, and what the file has given so far. */
+static void progress(prep *p, const char *path, int64_t line, size_t done, size_t total)
 {
     if (!p->log) return;
     double t = mt_clock_s();
-    if (!final && t - p->last_progress < 2.0) return;
+    if (t - p->last_progress < 2.0) return;
     p->last_progress = t;
-    fprintf(p->log, "prepare: %s: %lld lines, %.1f of %.1f MB, %lld documents, %lld tokens\n", path, (long long)line,
-            done / 1e6, total / 1e6, (long long)p->docs.ndocs, (long long)p->docs.ntok);
+    char a[32], b[32];
+    fprintf(p->log, "prepare: %s: line %lld, %s of %s read, %lld documents, %lld tokens so far\n", path,
+            (long long)line, size_text(done, a), size_text(total, b), (long long)(p->docs.ndocs - p->file_docs),
+            (long long)(p->docs.ntok - p->file_tokens));
     fflush(p->log);
 }
 
-/* Plain text: paragraphs (runs of non-blank lines, without the final newline) or the whole file. */
+/* After a file: its lines (0 for a whole-file document) and size, and what it gave. */
+static void file_done(prep *p, const char *path, int64_t lines, size_t len)
+{
+    if (!p->log) return;
+    char a[32];
+    int64_t docs = p->docs.ndocs - p->file_docs, tokens = p->docs.ntok - p->file_tokens;
+    if (len == 0) fprintf(p->log, "prepare: %s: empty file, no documents\n", path);
+    else if (docs == 0)
+        fprintf(p->log, "prepare: %s: %lld line%s (%s), no documents in it\n", path, (long long)lines,
+                lines == 1 ? "" : "s", size_text(len, a));
+    else if (lines == 0)
+        fprintf(p->log, "prepare: %s: %s, 1 document, %lld tokens\n", path, size_text(len, a), (long long)tokens);
+    else
+        fprintf(p->log, "prepare: %s: %lld line%s (%s), %lld document%s, %lld tokens\n", path, (long long)lines,
+                lines == 1 ? "" : "s", size_text(len, a), (long long)docs, docs == 1 ? "" : "s", (long long)tokens);
+    fflush(p->log);
+    p->last_progress = mt_clock_s();
+}
+
+/* The UTF-8 byte order mark some editors write at the start of a file. */
+static const char BOM[] = "\xEF\xBB\xBF";
+
+static bool starts_with_bom(const char *s, size_t n) { return n >= 3 && memcmp(s, BOM, 3) == 0; }
+
+/* Plain text: paragraphs (runs of non-blank lines, without the final newline) or the whole file;
+ * a byte order mark at the start is not part of the text. */
 static int read_text(prep *p, const char *path, char *err, size_t errlen)
 {
     size_t len;
     char *buf = mt_read_file(path, &len, err, errlen);
     if (!buf) return -1;
+    file_begins(p);
+    size_t from = starts_with_bom(buf, len) ? 3 : 0;
+    int64_t line = 0;
+    int rc = 0;
     if (p->o->text_unit == MT_TEXT_FILE) {
-        if (len > 0) add_document(p, buf, len, NULL, 0);
+        if (len > from) rc = add_document(p, buf + from, len - from, NULL, 0, err, errlen);
     } else {
-        size_t i = 0, start = 0, end = 0; /* current paragraph [start, end) */
+        size_t i = from, start = 0, end = 0; /* current paragraph [start, end) */
         bool in_par = false;
-        int64_t line = 0;
-        while (i < len) {
+        while (i < len && rc == 0) {
             size_t eol = i;
             while (eol < len && buf[eol] != '\n') eol++;
             bool blank = true;
@@ -117,17 +183,20 @@ static int read_text(prep *p, const char *path, char *err, size_t errlen)
                 if (!in_par) { start = i; in_par = true; }
                 end = eol;
             } else if (in_par) {
-                add_document(p, buf + start, end - start, NULL, 0);
+                rc = add_document(p, buf + start, end - start, NULL, 0, err, errlen);
                 in_par = false;
             }
             i = eol + 1;
-            progress(p, path, ++line, i < len ? i : len, len, false);
+            progress(p, path, ++line, i < len ? i : len, len);
         }
-        if (in_par) add_document(p, buf + start, end - start, NULL, 0);
+        if (in_par && rc == 0) rc = add_document(p, buf + start, end - start, NULL, 0, err, errlen);
     }
-    progress(p, path, 0, len, len, true);
+    if (rc) {
+        size_t at = strlen(err);
+        snprintf(err + at, errlen > at ? errlen - at : 0, " (in %s)", path);
+    } else file_done(p, path, line, len);
     free(buf);
-    return 0;
+    return rc;
 }
 
 static const char *json_type_name(const json_t *v)
@@ -172,8 +241,9 @@ static int parse_role(const char *s, mt_chat_role *r)
     return 0;
 }
 
-/* One JSONL record to messages (at most *n), rendered and added. where = "FILE:LINE". */
-static int add_record(prep *p, json_t *rec, const char *where, char *err, size_t errlen)
+/* One JSONL record to messages, rendered into *r. where = "FILE:LINE". */
+static int render_record(mt_input_format format, mt_chat_family family, json_t *rec, const char *where,
+                         mt_chat_rendered *r, char *err, size_t errlen)
 {
     if (!json_is_object(rec)) {
         snprintf(err, errlen, "%s: a record must be a JSON object, got %s", where, json_type_name(rec));
@@ -183,7 +253,7 @@ static int add_record(prep *p, json_t *rec, const char *where, char *err, size_t
     int n = 0;
     char *user = NULL;
     int rc = -1;
-    if (p->o->format == MT_INPUT_ALPACA) {
+    if (format == MT_INPUT_ALPACA) {
         const char *instruction, *input, *output, *system;
         if (get_string(rec, "instruction", true, &instruction, where, err, errlen) ||
             get_string(rec, "input", false, &input, where, err, errlen) ||
@@ -217,22 +287,19 @@ static int add_record(prep *p, json_t *rec, const char *where, char *err, size_t
             }
             const char *role, *text;
             if (get_string(m, role_key, true, &role, at, err, errlen) || get_string(m, text_key, true, &text, at, err, errlen)) goto out;
-            mt_chat_role r;
-            if (parse_role(role, &r)) {
+            mt_chat_role role_id;
+            if (parse_role(role, &role_id)) {
                 snprintf(err, errlen, "%s: unknown %s '%s' (system, human/user, gpt/assistant)", at, role_key, role);
                 goto out;
             }
-            msgs[n++] = (mt_chat_message){ r, text };
+            msgs[n++] = (mt_chat_message){ role_id, text };
         }
     }
-    mt_chat_rendered r;
     char why[512];
-    if (mt_chat_render(p->o->family, msgs, n, &r, why, sizeof why)) {
+    if (mt_chat_render(family, msgs, n, r, why, sizeof why)) {
         snprintf(err, errlen, "%s: %s", where, why);
         goto out;
     }
-    add_document(p, r.text, r.len, r.spans, r.nspans);
-    mt_chat_rendered_free(&r);
     rc = 0;
 out:
     free(msgs);
@@ -240,13 +307,11 @@ out:
     return rc;
 }
 
-static int read_jsonl(prep *p, const char *path, char *err, size_t errlen)
+int mt_prepare_read_chat(mt_input_format format, mt_chat_family family, const char *path, const char *buf, size_t len,
+                         mt_prepare_record_fn fn, void *arg, char *err, size_t errlen)
 {
-    size_t len;
-    char *buf = mt_read_file(path, &len, err, errlen);
-    if (!buf) return -1;
     int64_t line = 0;
-    size_t i = 0;
+    size_t i = starts_with_bom(buf, len) ? 3 : 0;
     int rc = 0;
     while (i < len && rc == 0) {
         size_t eol = i;
@@ -254,23 +319,63 @@ static int read_jsonl(prep *p, const char *path, char *err, size_t errlen)
         line++;
         size_t k = i;
         while (k < eol && (buf[k] == ' ' || buf[k] == '\t' || buf[k] == '\r')) k++;
+        char where[1100];
+        snprintf(where, sizeof where, "%s:%lld", path, (long long)line);
+        if (starts_with_bom(buf + k, eol - k)) {
+            snprintf(err, errlen, "%s: a UTF-8 byte order mark (U+FEFF) starts this line; only the file's first line "
+                     "may have one (were files joined with cat?): remove it", where);
+            return -1;
+        }
         if (k < eol) {
-            char where[1100];
-            snprintf(where, sizeof where, "%s:%lld", path, (long long)line);
             json_error_t je;
             json_t *rec = json_loadb(buf + i, eol - i, 0, &je);
             if (!rec) {
                 snprintf(err, errlen, "%s: invalid JSON: %s (column %d)", where, je.text, je.column);
                 rc = -1;
             } else {
-                rc = add_record(p, rec, where, err, errlen);
+                mt_chat_rendered r;
+                rc = render_record(format, family, rec, where, &r, err, errlen);
                 json_decref(rec);
+                if (rc == 0) {
+                    rc = fn(arg, &r, line, eol < len ? eol + 1 : len, err, errlen);
+                    mt_chat_rendered_free(&r);
+                }
             }
         }
         i = eol + 1;
-        progress(p, path, line, i < len ? i : len, len, false);
     }
-    if (rc == 0) progress(p, path, line, len, len, true);
+    return rc;
+}
+
+typedef struct chat_ctx { prep *p; const char *path; size_t len; int64_t lines; } chat_ctx;
+
+static int add_chat(void *arg, const mt_chat_rendered *r, int64_t line, size_t done, char *err, size_t errlen)
+{
+    chat_ctx *c = arg;
+    if (add_document(c->p, r->text, r->len, r->spans, r->nspans, err, errlen)) {
+        size_t at = strlen(err);
+        snprintf(err + at, errlen > at ? errlen - at : 0, " (in %s:%lld)", c->path, (long long)line);
+        return -1;
+    }
+    c->lines = line;
+    progress(c->p, c->path, line, done, c->len);
+    return 0;
+}
+
+static int read_jsonl(prep *p, const char *path, char *err, size_t errlen)
+{
+    size_t len;
+    char *buf = mt_read_file(path, &len, err, errlen);
+    if (!buf) return -1;
+    file_begins(p);
+    chat_ctx c = { p, path, len, 0 };
+    int rc = mt_prepare_read_chat(p->o->format, p->o->family, path, buf, len, add_chat, &c, err, errlen);
+    if (rc == 0) {
+        int64_t lines = 0; /* every line, blank ones too, as an editor counts them */
+        for (size_t i = 0; i < len; i++) lines += buf[i] == '\n';
+        if (len > 0 && buf[len - 1] != '\n') lines++;
+        file_done(p, path, lines, len);
+    }
     free(buf);
     return rc;
 }
@@ -422,7 +527,8 @@ static int check_special_tokens(prep *p, char *err, size_t errlen)
 {
     for (const char *const *s = mt_chat_special_tokens(p->o->family); *s; s++) {
         size_t n = 0;
-        int32_t *ids = mt_tokenizer_encode(p->tok, *s, strlen(*s), &n);
+        int32_t *ids = mt_tokenizer_encode(p->tok, *s, strlen(*s), &n, err, errlen);
+        if (!ids) return -1;
         bool one = n == 1 && ids[0] == mt_tokenizer_token_id(p->tok, *s);
         free(ids);
         if (!one) {
@@ -445,19 +551,35 @@ int mt_prepare(const mt_prepare_options *o, mt_prepare_result *res, FILE *log, c
         return -1;
     }
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", o->output_dir);
+    size_t base = strlen(o->output_dir);
+    while (base > 1 && o->output_dir[base - 1] == '/') base--; /* "out/" is written as "out.tmp" */
+    snprintf(tmp, sizeof tmp, "%.*s.tmp", (int)base, o->output_dir);
     if (stat(tmp, &sb) == 0) {
         snprintf(err, errlen, "%s exists (left by an interrupted prepare?): remove it", tmp);
         return -1;
     }
-    prep p = { .o = o, .log = log, .last_progress = mt_clock_s() };
-    p.tok = mt_tokenizer_load(o->tokenizer_path, err, errlen);
-    if (!p.tok) return -1;
+    /* The output's place is tried first, so that a path that cannot be written fails before the
+     * tokenising, not after it: the shards are written into tmp, renamed to output_dir at the end. */
+    if (mkdir(tmp, 0777) != 0) {
+        int e = errno;
+        char parent[4096];
+        snprintf(parent, sizeof parent, "%s", tmp);
+        char *slash = strrchr(parent, '/');
+        if (slash) *slash = 0;
+        bool no_parent = e == ENOENT && slash && slash != parent && stat(parent, &sb) != 0;
+        snprintf(err, errlen, "--output %s: cannot create %s: %s%s%s%s", o->output_dir, tmp, strerror(e),
+                 no_parent ? " (there is no directory " : "", no_parent ? parent : "", no_parent ? ")" : "");
+        return -1;
+    }
+    bool made_tmp = true;
+    prep p = { .o = o, .log = log };
     int rc = -1, nfiles = 0;
     char **files = NULL;
     int64_t *order = NULL;
     json_t *meta = NULL;
-    bool made_tmp = false;
+    p.tok = mt_tokenizer_load(o->tokenizer_path, err, errlen);
+    if (!p.tok) goto out;
+    p.last_progress = mt_clock_s();
     if (check_special_tokens(&p, err, errlen)) goto out;
     int32_t vocab = mt_tokenizer_vocab_size(p.tok);
     files = list_inputs(o->input_path, &nfiles, err, errlen);
@@ -478,8 +600,6 @@ int mt_prepare(const mt_prepare_options *o, mt_prepare_result *res, FILE *log, c
     uint8_t sep_mask = o->format == MT_INPUT_TEXT;
     char hash[17];
     if (file_hash(o->tokenizer_path, hash, err, errlen)) goto out;
-    if (mkdir(tmp, 0777) != 0) { snprintf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno)); goto out; }
-    made_tmp = true;
     meta = json_object();
     char real[PATH_MAX];
     json_t *tj = json_object();

@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/cpu/adamw.h"
+#include "backends/cpu/master_planes.h"
 #include "backends/cpu/ops.h"
 
 #define TILE_ALIGN_BYTES 4096
@@ -101,13 +103,24 @@ static int zero_and_pin(mt_tile *t, unsigned kind, void *p, size_t bytes)
     return 0;
 }
 
-/* Zeroes and pins every kind of state of one tile; *arg (an atomic_int) counts the failed pins. */
+/* Zeroes and pins every kind of state of one tile; *arg (an atomic_int) counts the failed pins.
+ * Compact pins only what a GPU copies: the weights (to it) and the gradient (from it); the low
+ * half of the master, m and v are for the CPU workers alone. */
 static void zero_tile(mt_host_state *st, int i, void *arg)
 {
     atomic_int *unpinned = arg;
     mt_tile *t = &st->tiles[i];
     size_t fbytes = (size_t)t->numel * sizeof(float);
     int bad = zero_and_pin(t, PIN_WEIGHTS, t->weights, t->weight_bytes);
+    if (st->layout == MT_LAYOUT_COMPACT) {
+        const size_t half = (size_t)t->numel * sizeof(uint16_t);
+        bad += zero_and_pin(t, PIN_GRAD, t->grad_bf16, half);
+        memset(t->master_lo, 0, round_up(half, TILE_ALIGN_BYTES));
+        memset(t->adam_m, 0, round_up(fbytes, TILE_ALIGN_BYTES));
+        memset(t->adam_v, 0, round_up(fbytes, TILE_ALIGN_BYTES));
+        atomic_fetch_add(unpinned, bad);
+        return;
+    }
     bad += zero_and_pin(t, PIN_MASTER, t->master, fbytes);
     bad += zero_and_pin(t, PIN_GRAD, t->grad, fbytes);
     bad += zero_and_pin(t, PIN_M, t->adam_m, fbytes);
@@ -153,15 +166,17 @@ static int build_chunks(const mt_tile_layout *lay, int64_t chunk_numel, mt_chunk
     return n;
 }
 
-/* One handle per AdamW chunk over each of three state arrays (master, m, v):
- * the handle arrays are allocated into *chunks[k]. */
-static void register_state_chunks(const mt_tile *t, float *const state[3], starpu_data_handle_t **chunks[3])
+/* One handle per AdamW chunk over each of three state arrays (master or its low half, m, v) of
+ * elements of esz[k] bytes: the handle arrays are allocated into *chunks[k]. */
+static void register_state_chunks(const mt_tile *t, void *const state[3], const size_t esz[3],
+                                  starpu_data_handle_t **chunks[3])
 {
     for (int k = 0; k < 3; k++) {
         *chunks[k] = calloc(t->nchunks, sizeof(starpu_data_handle_t));
         for (int c = 0; c < t->nchunks; c++)
-            starpu_vector_data_register(&(*chunks[k])[c], STARPU_MAIN_RAM, (uintptr_t)(state[k] + t->chunks[c].offset),
-                                        (uint32_t)t->chunks[c].numel, sizeof(float));
+            starpu_vector_data_register(&(*chunks[k])[c], STARPU_MAIN_RAM,
+                                        (uintptr_t)((char *)state[k] + (size_t)t->chunks[c].offset * esz[k]),
+                                        (uint32_t)t->chunks[c].numel, esz[k]);
     }
 }
 
@@ -191,11 +206,11 @@ static starpu_data_handle_t *plan_chunks(const mt_tile *t, starpu_data_handle_t 
     return chunks;
 }
 
-/* A gradient buffer (the tile's or its second one): the whole handle, written through to host
- * memory, and its chunk partition. */
-static void register_grad(mt_tile *t, float *grad, starpu_data_handle_t *whole, starpu_data_handle_t **chunks)
+/* A gradient buffer (the tile's or its second one) of esz-byte elements: the whole handle,
+ * written through to host memory, and its chunk partition. */
+static void register_grad(mt_tile *t, void *grad, size_t esz, starpu_data_handle_t *whole, starpu_data_handle_t **chunks)
 {
-    starpu_vector_data_register_allocsize(whole, STARPU_MAIN_RAM, (uintptr_t)grad, (uint32_t)t->numel, sizeof(float),
+    starpu_vector_data_register_allocsize(whole, STARPU_MAIN_RAM, (uintptr_t)grad, (uint32_t)t->numel, esz,
                                           t->grad_allocsize);
     /* Gradients go home as soon as the task that wrote them ends. */
     starpu_data_set_wt_mask(*whole, 1u << STARPU_MAIN_RAM);
@@ -215,10 +230,22 @@ static int register_tile(mt_host_state *st, mt_tile *t, size_t weight_allocsize)
     starpu_vector_data_register_allocsize(&t->h_weights, STARPU_MAIN_RAM, (uintptr_t)t->weights,
                                           (uint32_t)t->numel, esz, weight_allocsize);
     t->nchunks = build_chunks(t->layout, st->chunk_numel, &t->chunks);
-    t->grad_allocsize = weight_allocsize / esz * sizeof(float);
     t->h_weights_chunk = plan_chunks(t, t->h_weights);
-    register_grad(t, t->grad, &t->h_grad, &t->h_grad_chunk);
-    register_state_chunks(t, (float *const[3]){ t->master, t->adam_m, t->adam_v },
+    if (st->layout == MT_LAYOUT_COMPACT) {
+        /* the bf16 gradient shares the weights' allocation size; its fp32 accumulator has no home,
+         * and every layer's is the same size, so StarPU recycles their buffers */
+        t->grad_allocsize = weight_allocsize;
+        register_grad(t, t->grad_bf16, sizeof(mt_bf16), &t->h_grad, &t->h_grad_chunk);
+        starpu_vector_data_register(&t->h_grad_acc, -1, 0, (uint32_t)t->numel, sizeof(float));
+        register_state_chunks(t, (void *const[3]){ t->master_lo, t->adam_m, t->adam_v },
+                              (const size_t[3]){ sizeof(uint16_t), sizeof(float), sizeof(float) },
+                              (starpu_data_handle_t **[3]){ &t->h_master_lo_chunk, &t->h_m_chunk, &t->h_v_chunk });
+        return 0;
+    }
+    t->grad_allocsize = weight_allocsize / esz * sizeof(float);
+    register_grad(t, t->grad, sizeof(float), &t->h_grad, &t->h_grad_chunk);
+    register_state_chunks(t, (void *const[3]){ t->master, t->adam_m, t->adam_v },
+                          (const size_t[3]){ sizeof(float), sizeof(float), sizeof(float) },
                           (starpu_data_handle_t **[3]){ &t->h_master_chunk, &t->h_m_chunk, &t->h_v_chunk });
     return 0;
 }
@@ -226,10 +253,47 @@ static int register_tile(mt_host_state *st, mt_tile *t, size_t weight_allocsize)
 mt_host_state *mt_state_create(const mt_model_config *cfg, mt_dtype compute_dtype,
                                int64_t chunk_numel, char *err, size_t errlen)
 {
+    const mt_state_args a = { .cfg = cfg, .compute_dtype = compute_dtype, .chunk_numel = chunk_numel,
+                              .layout = MT_LAYOUT_FULL };
+    return mt_state_create_with(&a, err, errlen);
+}
+
+/* Allocates tile t's kinds of state in st's layout; false when one could not be had. */
+static bool alloc_tile(const mt_host_state *st, mt_tile *t)
+{
+    const size_t fbytes = (size_t)t->numel * sizeof(float), half = (size_t)t->numel * sizeof(uint16_t);
+    t->weights = alloc_state(t->weight_bytes);
+    t->adam_m = alloc_state(fbytes);
+    t->adam_v = alloc_state(fbytes);
+    if (st->layout == MT_LAYOUT_COMPACT) {
+        t->master_lo = alloc_state(half);
+        t->grad_bf16 = alloc_state(half);
+        return t->weights && t->adam_m && t->adam_v && t->master_lo && t->grad_bf16;
+    }
+    t->master = alloc_state(fbytes);
+    t->grad = alloc_state(fbytes);
+    return t->weights && t->adam_m && t->adam_v && t->master && t->grad;
+}
+
+mt_host_state *mt_state_create_with(const mt_state_args *args, char *err, size_t errlen)
+{
+    const mt_model_config *cfg = args->cfg;
+    const mt_dtype compute_dtype = args->compute_dtype;
+    if (args->layout != MT_LAYOUT_FULL && args->layout != MT_LAYOUT_COMPACT) {
+        snprintf(err, errlen, "host layout %d is not full or compact (auto is the plan's to resolve: mt_plan_choose)",
+                 (int)args->layout);
+        return NULL;
+    }
+    if (args->layout == MT_LAYOUT_COMPACT && compute_dtype != MT_DTYPE_BF16) {
+        snprintf(err, errlen, "the compact host layout holds bf16 streamed weights only (the master's high half is the "
+                              "bf16 weight); with %s weights use the full layout", mt_dtype_name(compute_dtype));
+        return NULL;
+    }
     mt_host_state *st = calloc(1, sizeof *st);
     st->cfg = *cfg;
     st->compute_dtype = compute_dtype;
-    st->chunk_numel = chunk_numel > 0 ? chunk_numel : (int64_t)1 << 20;
+    st->layout = args->layout;
+    st->chunk_numel = args->chunk_numel > 0 ? args->chunk_numel : (int64_t)1 << 20;
     st->pinned = gpu_present();
     mt_layout_build(cfg, MT_TILE_EMBED, &st->layout_embed);
     mt_layout_build(cfg, MT_TILE_LAYER, &st->layout_layer);
@@ -245,12 +309,7 @@ mt_host_state *mt_state_create(const mt_model_config *cfg, mt_dtype compute_dtyp
         t->numel = t->layout->numel;
         t->weight_bytes = round_up((size_t)t->numel * esz, TILE_ALIGN_BYTES);
         size_t fbytes = (size_t)t->numel * sizeof(float);
-        t->weights = alloc_state(t->weight_bytes);
-        t->master = alloc_state(fbytes);
-        t->grad = alloc_state(fbytes);
-        t->adam_m = alloc_state(fbytes);
-        t->adam_v = alloc_state(fbytes);
-        if (!t->weights || !t->master || !t->grad || !t->adam_m || !t->adam_v) {
+        if (!alloc_tile(st, t)) {
             snprintf(err, errlen, "out of host memory allocating tile %d (%zu bytes per kind)", i, fbytes);
             st->ntiles = i + 1;
             mt_state_destroy(st);
@@ -301,6 +360,10 @@ static void zero_grad_alt(mt_host_state *st, int i, void *arg)
 
 int mt_state_enable_grad_alt(mt_host_state *st, int first, char *err, size_t errlen)
 {
+    if (st->layout == MT_LAYOUT_COMPACT) {
+        snprintf(err, errlen, "the compact host layout has no second gradient (deferral needs the full layout)");
+        return -1;
+    }
     bool *fresh = calloc(st->ntiles, sizeof *fresh);
     for (int i = first; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
@@ -321,7 +384,9 @@ int mt_state_enable_grad_alt(mt_host_state *st, int first, char *err, size_t err
     for_each_tile(st, zero_grad_alt, &f);
     note_unpinned(st, atomic_load(&f.unpinned), "second gradient");
     for (int i = first; i < st->ntiles; i++)
-        if (fresh[i]) register_grad(&st->tiles[i], st->tiles[i].grad_alt, &st->tiles[i].h_grad_alt, &st->tiles[i].h_grad_alt_chunk);
+        if (fresh[i])
+            register_grad(&st->tiles[i], st->tiles[i].grad_alt, sizeof(float), &st->tiles[i].h_grad_alt,
+                          &st->tiles[i].h_grad_alt_chunk);
     free(fresh);
     return 0;
 }
@@ -342,16 +407,21 @@ void mt_state_destroy(mt_host_state *st)
         if (t->grad_alt_current) mt_tile_swap_grad(t);
         drop_grad_alt(t);
         unregister_state_chunks(t, (starpu_data_handle_t **[3]){ &t->h_master_chunk, &t->h_m_chunk, &t->h_v_chunk });
+        for (int c = 0; t->h_master_lo_chunk && c < t->nchunks; c++) starpu_data_unregister(t->h_master_lo_chunk[c]);
+        free(t->h_master_lo_chunk);
+        if (t->h_grad_acc) starpu_data_unregister(t->h_grad_acc);
         if (t->h_weights) {
             starpu_data_partition_clean(t->h_weights, t->nchunks, t->h_weights_chunk);
             starpu_data_unregister(t->h_weights);
             unregister_grad(t, t->h_grad, t->h_grad_chunk);
             t->h_grad_chunk = NULL;
         }
-        size_t fbytes = (size_t)t->numel * sizeof(float);
+        size_t fbytes = (size_t)t->numel * sizeof(float), half = (size_t)t->numel * sizeof(uint16_t);
         free_state(t, PIN_WEIGHTS, t->weights, t->weight_bytes);
         free_state(t, PIN_MASTER, t->master, fbytes);
         free_state(t, PIN_GRAD, t->grad, fbytes);
+        free_state(t, PIN_MASTER, t->master_lo, half);
+        free_state(t, PIN_GRAD, t->grad_bf16, half);
         free_state(t, PIN_M, t->adam_m, fbytes);
         free_state(t, PIN_V, t->adam_v, fbytes);
         free(t->chunks);
@@ -379,6 +449,41 @@ static double gaussian(uint64_t *s)
 
 typedef struct init_args { uint64_t seed; double std; } init_args;
 
+/* What tensor d starts as: matrices N(0, std), norms 1, biases 0. */
+typedef enum init_kind { INIT_NORMAL, INIT_ONE, INIT_ZERO } init_kind;
+
+static init_kind init_kind_of(const mt_tensor_desc *d)
+{
+    return d->ndim == 2 ? INIT_NORMAL : strstr(d->name, "norm") ? INIT_ONE : INIT_ZERO;
+}
+
+/* The next n values of a tensor of kind k into out, drawing from the tile's generator s. */
+static void init_values(init_kind k, uint64_t *s, double std, int64_t n, float *out)
+{
+    for (int64_t e = 0; e < n; e++) out[e] = k == INIT_NORMAL ? (float)(std * gaussian(s)) : k == INIT_ONE ? 1.0f : 0.0f;
+}
+
+/* The compact layout's: the same values, encoded into the planes a block at a time (a whole
+ * tile's fp32 master on every thread at once would take 4 bytes per parameter more). */
+static void init_tile_compact(mt_tile *t, uint64_t *s, double std)
+{
+    enum { BLOCK = 4096 };
+    const mt_tile_layout *lay = t->layout;
+    memset(t->weights, 0, t->weight_bytes);
+    memset(t->master_lo, 0, (size_t)t->numel * sizeof(uint16_t));
+    float block[BLOCK];
+    for (int k = 0; k < lay->ntensors; k++) {
+        const mt_tensor_desc *d = &lay->tensors[k];
+        const init_kind kind = init_kind_of(d);
+        if (d->numel == 0 || kind == INIT_ZERO) continue;
+        for (int64_t o = 0; o < d->numel; o += BLOCK) {
+            const int64_t len = d->numel - o < BLOCK ? d->numel - o : BLOCK;
+            init_values(kind, s, std, len, block);
+            mt_cpu_master_encode(len, block, (mt_bf16 *)t->weights + d->offset + o, t->master_lo + d->offset + o);
+        }
+    }
+}
+
 static void init_tile(mt_host_state *st, int i, void *arg)
 {
     const init_args *a = arg;
@@ -388,16 +493,16 @@ static void init_tile(mt_host_state *st, int i, void *arg)
         mt_tile *t = &st->tiles[i];
         const mt_tile_layout *lay = t->layout;
         uint64_t s = seed ^ (0xA5A5A5A5ull * (uint64_t)(i + 1));
+        if (st->layout == MT_LAYOUT_COMPACT) {
+            init_tile_compact(t, &s, std);
+            return;
+        }
         memset(t->master, 0, (size_t)t->numel * sizeof(float));
         for (int k = 0; k < lay->ntensors; k++) {
             const mt_tensor_desc *d = &lay->tensors[k];
-            float *p = t->master + d->offset;
-            if (d->numel == 0) continue;
-            if (d->ndim == 2)
-                for (int64_t e = 0; e < d->numel; e++) p[e] = (float)(std * gaussian(&s));
-            else if (strstr(d->name, "norm"))
-                for (int64_t e = 0; e < d->numel; e++) p[e] = 1.0f;
-            /* biases stay 0 */
+            const init_kind kind = init_kind_of(d);
+            if (d->numel == 0 || kind == INIT_ZERO) continue; /* biases stay 0 */
+            init_values(kind, &s, std, d->numel, t->master + d->offset);
         }
         if (st->compute_dtype == MT_DTYPE_BF16) mt_f32_to_bf16(t->numel, t->master, (mt_bf16 *)t->weights);
         else memcpy(t->weights, t->master, (size_t)t->numel * sizeof(float));
@@ -412,6 +517,7 @@ void mt_state_init_random(mt_host_state *st, uint64_t seed, double std)
 
 void mt_state_sync_weights(mt_host_state *st)
 {
+    if (st->layout == MT_LAYOUT_COMPACT) return; /* the streamed copy is the master's high half */
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
         if (st->compute_dtype == MT_DTYPE_BF16)
@@ -419,4 +525,43 @@ void mt_state_sync_weights(mt_host_state *st)
         else
             memcpy(t->weights, t->master, (size_t)t->numel * sizeof(float));
     }
+}
+
+void mt_state_read_master(const mt_host_state *st, int tile, int64_t offset, int64_t n, float *out)
+{
+    const mt_tile *t = &st->tiles[tile];
+    if (st->layout == MT_LAYOUT_COMPACT)
+        mt_cpu_master_decode(n, (const mt_bf16 *)t->weights + offset, t->master_lo + offset, out);
+    else
+        memcpy(out, t->master + offset, (size_t)n * sizeof(float));
+}
+
+void mt_state_write_master(mt_host_state *st, int tile, int64_t offset, int64_t n, const float *in)
+{
+    mt_tile *t = &st->tiles[tile];
+    if (st->layout == MT_LAYOUT_COMPACT) {
+        mt_cpu_master_encode(n, in, (mt_bf16 *)t->weights + offset, t->master_lo + offset);
+        return;
+    }
+    memmove(t->master + offset, in, (size_t)n * sizeof(float));
+    mt_cpu_streamed_copy(n, t->master + offset, (char *)t->weights + (size_t)offset * mt_dtype_size(st->compute_dtype),
+                         st->compute_dtype);
+}
+
+void mt_state_read_grad(const mt_host_state *st, int tile, int64_t offset, int64_t n, float *out)
+{
+    const mt_tile *t = &st->tiles[tile];
+    if (st->layout == MT_LAYOUT_COMPACT) mt_bf16_to_f32(n, t->grad_bf16 + offset, out);
+    else memcpy(out, t->grad + offset, (size_t)n * sizeof(float));
+}
+
+const float *mt_state_master_f32(const mt_host_state *st, int tile, float **buf)
+{
+    const mt_tile *t = &st->tiles[tile];
+    if (st->layout == MT_LAYOUT_FULL) return t->master;
+    float *b = realloc(*buf, (size_t)t->numel * sizeof(float));
+    if (!b) return NULL;
+    *buf = b;
+    mt_state_read_master(st, tile, 0, t->numel, b);
+    return b;
 }

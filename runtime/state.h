@@ -12,6 +12,7 @@
 #include "models/config.h"
 #include "models/dtype.h"
 #include "models/layout.h"
+#include "runtime/plan.h"
 
 
 /* One AdamW unit of work: a contiguous range inside one tensor of a tile (plus the padding
@@ -44,6 +45,15 @@ typedef struct mt_tile {
     size_t grad_allocsize;   /* the allocation size both gradient handles are registered with */
     unsigned pinned_kinds;   /* state.c's PIN_* bits: the allocations of this tile that are pinned
                               * (each kind's own, as when no swap is outstanding) */
+    /* The compact layout (mt_host_state.layout; docs/design.md, section 1.1), where master and
+     * grad are NULL: `weights` is the master's high half (bf16, streamed), master_lo its low 16
+     * bits (backends/cpu/master_planes.h), grad_bf16 the gradient's home (what h_grad covers, bf16),
+     * written once a step from h_grad_acc, the fp32 accumulator the compute tasks write (no host
+     * home: StarPU allocates it where they run). h_master_lo_chunk: master_lo's AdamW chunks.
+     * All NULL in the full layout. */
+    uint16_t *master_lo;
+    mt_bf16 *grad_bf16;
+    starpu_data_handle_t h_grad_acc, *h_master_lo_chunk;
 } mt_tile;
 
 typedef struct mt_host_state {
@@ -55,13 +65,26 @@ typedef struct mt_host_state {
     int64_t chunk_numel;     /* largest AdamW chunk */
     bool pinned;             /* every tile allocation is pinned (false without a GPU, or when
                               * pinning one failed: state.c warns on stderr then) */
+    mt_host_layout layout;   /* FULL or COMPACT; compact pins only the allocations a GPU copies
+                              * (weights and gradient), and `pinned` says so of those */
 } mt_host_state;
+
+/* What a host state is created from. */
+typedef struct mt_state_args {
+    const mt_model_config *cfg;
+    mt_dtype compute_dtype;  /* of the streamed weights */
+    int64_t chunk_numel;     /* largest AdamW chunk; 0: 2^20 */
+    mt_host_layout layout;   /* FULL (0) or COMPACT (bf16 weights only) */
+} mt_state_args;
 
 /* Allocates and registers the host state (StarPU must be running). Weights are initialised by
  * mt_state_init_random or loaded afterwards; gradients and moments start at zero.
  * Returns NULL with err set when memory cannot be had. */
 mt_host_state *mt_state_create(const mt_model_config *cfg, mt_dtype compute_dtype,
                                int64_t chunk_numel, char *err, size_t errlen);
+/* The same from args, in either layout (mt_state_create: the full one). NULL with err set also
+ * for a layout that is not FULL or COMPACT, or COMPACT with fp32 weights. */
+mt_host_state *mt_state_create_with(const mt_state_args *args, char *err, size_t errlen);
 void mt_state_destroy(mt_host_state *st);
 
 /* Allocates (pinned, zeroed) and registers a second gradient for tiles first..ntiles-1
@@ -79,8 +102,24 @@ void mt_tile_swap_grad(mt_tile *t);
 void mt_state_init_random(mt_host_state *st, uint64_t seed, double std);
 
 /* Copies master into the streamed copy (converting to the compute dtype). Host-side, no tasks
- * in flight. */
+ * in flight. Nothing to do in the compact layout, where the streamed copy is the master's high
+ * half. */
 void mt_state_sync_weights(mt_host_state *st);
+
+/* The master and the gradient as fp32, whatever the layout: what everything outside the step
+ * graph reads and writes them with (no task may be writing what they touch: the caller orders
+ * them, by starpu_task_wait_for_all after mt_graph_flush or by acquiring the tile's handles).
+ * Elements [offset, offset + n) of tile `tile`'s master into out. */
+void mt_state_read_master(const mt_host_state *st, int tile, int64_t offset, int64_t n, float *out);
+/* Sets them from in, and their streamed copy (full: in the compute dtype, nearest even; compact:
+ * the planes, whose high half is the streamed weight). */
+void mt_state_write_master(mt_host_state *st, int tile, int64_t offset, int64_t n, const float *in);
+/* Elements [offset, offset + n) of the tile's gradient as fp32 (compact: its bf16 home widened). */
+void mt_state_read_grad(const mt_host_state *st, int tile, int64_t offset, int64_t n, float *out);
+/* A whole tile's master as fp32, for readers of whole tiles: the tile's own array in the full
+ * layout, else decoded into *buf (grown to the tile by realloc; the caller frees it). NULL when
+ * that memory cannot be had. */
+const float *mt_state_master_f32(const mt_host_state *st, int tile, float **buf);
 
 static inline mt_tile *mt_state_embed(mt_host_state *st) { return &st->tiles[0]; }
 static inline mt_tile *mt_state_layer(mt_host_state *st, int i) { return &st->tiles[1 + i]; }

@@ -3,6 +3,7 @@
 #include "runtime/train.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -14,8 +15,11 @@
 #include "runtime/dataset.h"
 #include "mt_build_config.h"
 #include "runtime/checkpoint.h"
+#include "runtime/files.h"
 #include "runtime/hf.h"
+#include "runtime/metrics.h"
 #include "runtime/plan.h"
+#include "runtime/train_checks.h"
 
 /* The built-in model's config: in the source tree this binary was built from, else beside the
  * executable's build tree (a copied checkout), else where `meson install` puts it. */
@@ -53,8 +57,8 @@ mt_train_options mt_train_defaults(void)
         .step = mt_step_defaults(),
         .lr = 2e-3, .min_lr_ratio = 0.1, .warmup = 30, .schedule = MT_LR_COSINE,
         .seed = 1234, .init_std = 0.02,
-        .eval_every = 50, .eval_sequences = 64, .log_every = 10,
-        .dtype = MT_DTYPE_F32, .data_shuffle = true,
+        .eval_every = 50, .eval_at_start = true, .eval_sequences = 64, .log_every = 10,
+        .dtype = MT_DTYPE_F32, .data_shuffle = true, .host_layout = MT_LAYOUT_AUTO,
         .sample_bytes = 300, .sample_prompt = "Q: What is the meaning of life?\nA:",
         .time_limit = 0,
         .tokens_per_step = 0, .activation_budget = (uint64_t)2 << 30,
@@ -111,9 +115,89 @@ static double validate(mt_graph *g, const mt_corpus *c, const mt_dataset *d, con
     return mt_graph_eval(g, n, tok, tgt, counted);
 }
 
+/* A line (or the end of one) on the log, flushed at once: after a kill, the log has said all that
+ * is on disk. */
+static void say(FILE *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(FILE *log, const char *fmt, ...)
+{
+    if (!log) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(log, fmt, ap);
+    va_end(ap);
+    fflush(log);
+}
+
+static const char *signal_name(int sig, char *buf, size_t len)
+{
+    if (sig == SIGINT) return "SIGINT";
+    if (sig == SIGTERM) return "SIGTERM";
+    snprintf(buf, len, "signal %d", sig);
+    return buf;
+}
+
+/* The global norm the last norm task computed (clipping on), once it has run. */
+static double read_norm(mt_graph *g)
+{
+    starpu_data_handle_t h = mt_graph_clip_handle(g);
+    starpu_data_acquire(h, STARPU_R);
+    const double norm = ((const double *)starpu_vector_get_local_ptr(h))[0];
+    starpu_data_release(h);
+    return norm;
+}
+
+/* Whether a step's values allow its update: without clipping no norm is computed, so only the
+ * loss is checked. */
+static bool finite_step(const mt_train_options *o, double loss, double norm)
+{
+    return isfinite(loss) && (o->step.clip <= 0 || isfinite(norm));
+}
+
+/* Saves the state after step p's update (no task left in flight) as the run's checkpoint. */
+static int save_checkpoint(const mt_train_options *o, mt_graph *g, const mt_host_state *st, mt_checkpoint_meta *meta,
+                           FILE *log, char *err, size_t errlen)
+{
+    mt_graph_flush(g); /* the state of step p's update, whole */
+    starpu_task_wait_for_all();
+    char written[4200];
+    if (mt_checkpoint_save_kept(o->checkpoint_path, o->keep_last, st, meta, written, sizeof written, err, errlen))
+        return -1;
+    say(log, "megatrain: checkpoint of step %lld saved to %s\n", (long long)meta->step, written);
+    return 0;
+}
+
+/* The dtype the trained model is saved in: as asked, else that of the base model's weights
+ * (bf16 stays bf16; f16, which is not written, and fp32 give fp32), else fp32. */
+static int saved_dtype(const mt_train_options *o, mt_dtype *dtype, char *err, size_t errlen)
+{
+    *dtype = MT_DTYPE_F32;
+    if (o->save_dtype_explicit) *dtype = o->save_dtype;
+    else if (o->save_model_dir && o->model_dir) {
+        mt_st_dtype d;
+        if (mt_hf_weights_dtype(o->model_dir, &d, err, errlen)) return -1;
+        if (d == MT_ST_BF16) *dtype = MT_DTYPE_BF16;
+    }
+    return 0;
+}
+
+/* Writes the model and the base model's tokenizer files: a complete HF directory. */
+static int save_model(const mt_train_options *o, const mt_host_state *st, mt_dtype dtype, FILE *log, char *err,
+                      size_t errlen)
+{
+    say(log, "megatrain: writing the model to %s ...\n", o->save_model_dir);
+    if (mt_hf_save(o->save_model_dir, st, dtype, MT_HF_DEFAULT_SHARD_BYTES, err, errlen)) return -1;
+    int copied = 0;
+    if (o->model_dir && mt_hf_copy_tokenizer(o->model_dir, o->save_model_dir, &copied, err, errlen)) return -1;
+    char extra[4200] = "";
+    if (copied) snprintf(extra, sizeof extra, ", %d tokenizer files from %s", copied, o->model_dir);
+    say(log, "megatrain: model saved to %s (HF format, %s weights%s)\n", o->save_model_dir, mt_dtype_name(dtype), extra);
+    return 0;
+}
+
 int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, char *err, size_t errlen)
 {
     memset(res, 0, sizeof *res);
+    res->first_val = res->last_val = NAN;
     mt_model_config cfg;
     char model_config[4096];
     const char *config_path = o->config_path;
@@ -122,14 +206,32 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         config_path = model_config;
     }
     if (mt_config_load(config_path, &cfg, err, errlen)) return -1;
+    if ((o->rope_scaling && mt_config_set_rope_scaling(&cfg, o->rope_scaling, err, errlen)) ||
+        mt_config_check_seq_len(&cfg, o->step.T, err, errlen))
+        return -1;
     const bool prepared = mt_dataset_is_prepared(o->data_path);
     if (!prepared && cfg.vocab < 256) {
         snprintf(err, errlen, "%s: key 'vocab_size': the byte-level trainer needs at least 256, got %lld",
                  config_path, (long long)cfg.vocab);
         return -1;
     }
-    if (o->steps < 1) {
-        snprintf(err, errlen, "steps must be at least 1");
+    /* Everything that can be refused is, before any long work (data, weights, steps). */
+    if (mt_train_check_options(o, err, errlen) || mt_train_check_data_kind(o, &cfg, config_path, err, errlen) ||
+        mt_train_check_outputs(o, err, errlen) || mt_train_check_tokenizer(o, log, err, errlen))
+        return -1;
+    mt_dtype save_dtype;
+    if (saved_dtype(o, &save_dtype, err, errlen)) return -1;
+    mt_checkpoint_meta header, *resumed = NULL; /* the resumed checkpoint's step and settings */
+    if (o->resume_path) {
+        if (mt_checkpoint_read_header(o->resume_path, &cfg, &header, err, errlen)) return -1;
+        resumed = &header;
+    }
+    const int64_t last = o->stop_after > 0 && o->stop_after < o->steps ? o->stop_after : o->steps;
+    /* A checkpoint at the end: only the model is left to write (a save cut short is redone). */
+    const bool save_only = resumed && resumed->step >= last;
+    if (save_only && !o->save_model_dir) {
+        snprintf(err, errlen, "%s: the checkpoint is at step %lld, the run ends at step %lld: nothing left to do "
+                 "(--save-model DIR writes its model)", o->resume_path, (long long)resumed->step, (long long)last);
         return -1;
     }
     /* Decide the micro-batch and check host memory before allocating anything. */
@@ -144,13 +246,14 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         run.step.accum = (int)accum;
         pp.grad_accum = accum;
     }
-    o = &run;
-    mt_plan plan;
-    if (mt_plan_compute(&cfg, &pp, &plan)) {
-        snprintf(err, errlen, "%s", plan.error);
-        return -1;
+    /* Skipping withholds an update until its step's loss and norm are known: nothing may run it
+     * ahead of them. */
+    const bool skip_mode = o->on_nonfinite == MT_NONFINITE_SKIP;
+    if (skip_mode) {
+        run.step.clip_speculate = 0;
+        run.step.adamw_defer = 0;
     }
-    if (mt_plan_check_host(&plan, mt_host_memory_available(), err, errlen)) return -1;
+    o = &run;
 
     mt_run_data data;
     if (mt_run_data_open(&data, o->data_path, cfg.vocab, o->step.T, (o->step.T + 1) * 4, config_path, err, errlen))
@@ -158,16 +261,53 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     const mt_corpus *corpus = &data.corpus;
     const mt_dataset *ds = data.prepared ? &data.dataset : NULL;
 
+    /* StarPU's start puts its own SIGINT handler in front of the caller's, which it hands the
+     * signal to only after putting it back: two quick signals then reach the caller's as one.
+     * The caller that stops runs on signals gets its handler back. */
+    struct sigaction caller_sigint;
+    sigaction(SIGINT, NULL, &caller_sigint);
     if (mt_runtime_init(&o->runtime, err, errlen)) {
         mt_run_data_close(&data);
         return -1;
     }
+    if (o->stop_signal) sigaction(SIGINT, &caller_sigint, NULL);
     /* Without an explicit --dtype: bf16 when a GPU computes (the fast path), fp32 on CPU workers. */
     if (!o->dtype_explicit) run.dtype = mt_runtime_ncuda() > 0 ? MT_DTYPE_BF16 : MT_DTYPE_F32;
     int rc = -1;
-    mt_host_state *st = mt_state_create(&cfg, o->dtype, 0, err, errlen);
+    mt_host_state *st = NULL;
     mt_graph *g = NULL;
     int32_t *tok = NULL, *tgt = NULL, *vtok = NULL, *vtgt = NULL;
+    mt_metrics metrics = { 0 };
+    char settings[MT_CHECKPOINT_SETTINGS_MAX];
+    mt_checkpoint_meta checkpoint = { .step = 0 }, *meta = &checkpoint; /* the last one saved or loaded */
+    char identity[256];
+    mt_train_data_identity(&data, identity, sizeof identity);
+    mt_train_settings(o, identity, settings, sizeof settings);
+    if (resumed && mt_train_check_settings(o, o->resume_path, resumed->settings, settings, log, err, errlen)) goto out;
+    /* Leftovers of killed runs (numbered checkpoints' and links' temporaries share the prefix). */
+    if (o->checkpoint_path) mt_remove_stale_temporaries_of(o->checkpoint_path, log, "megatrain");
+    if (o->save_model_dir) mt_remove_stale_temporaries(o->save_model_dir, "", log, "megatrain");
+    if (o->metrics_path) {
+        mt_remove_stale_temporaries_of(o->metrics_path, log, "megatrain");
+        if (mt_metrics_open(&metrics, o->metrics_path, resumed ? resumed->step : 0, err, errlen)) goto out;
+    }
+
+    /* The host layout, and the host check, once the dtype and the workers are known. */
+    pp.compute = o->dtype;
+    pp.use_gpu = mt_runtime_ncuda() > 0;
+    mt_plan plan;
+    mt_layout_choice layout;
+    const uint64_t avail = mt_host_memory_available();
+    if (mt_plan_choose(&cfg, &pp, o->host_layout, avail, &plan, &layout)) {
+        snprintf(err, errlen, "%s", plan.error);
+        goto out;
+    }
+    if (!layout.fits) {
+        if (mt_plan_check_host(&plan, avail, err, errlen) == 0) snprintf(err, errlen, "%s", layout.why);
+        goto out;
+    }
+    const mt_state_args sa = { .cfg = &cfg, .compute_dtype = o->dtype, .layout = layout.layout };
+    st = mt_state_create_with(&sa, err, errlen);
     if (!st) goto out;
     mt_state_init_random(st, o->seed, o->init_std);
     if (o->model_dir && mt_hf_load(o->model_dir, st, err, errlen)) goto out;
@@ -196,94 +336,181 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
                 (long long)o->steps, o->step.accum, (long long)o->step.B, (long long)o->step.T, o->step.K, o->step.clip,
                 o->lr, o->schedule == MT_LR_COSINE ? "warm-up + cosine" : "constant", mt_runtime_ncpu(),
                 mt_runtime_ncuda(), o->runtime.sched ? o->runtime.sched : mt_default_sched());
+        fprintf(log, "megatrain: %s host layout (--host-layout %s), %.2f bytes per parameter of host memory: %s\n",
+                mt_host_layout_name(layout.layout), mt_host_layout_name(o->host_layout),
+                (double)layout.host_total / (double)plan.param_count, layout.why);
         mt_graph_log_defer(g, log, "megatrain");
     }
     mt_rng rng;
     mt_rng_seed(&rng, o->seed);
-    int64_t first = 1;
-    if (o->resume_path) {
-        mt_checkpoint_meta meta;
-        if (mt_checkpoint_load(o->resume_path, st, &meta, err, errlen)) goto out;
-        if (meta.step >= o->steps) {
-            snprintf(err, errlen, "%s: the checkpoint is at step %lld, --steps is %lld: nothing left to do",
-                     o->resume_path, (long long)meta.step, (long long)o->steps);
-            goto out;
-        }
-        first = meta.step + 1;
-        rng.state = meta.rng_state;
-        if (log) fprintf(log, "megatrain: resumed from %s at step %lld\n", o->resume_path, (long long)meta.step);
+    int64_t first = 1, updates = 0; /* updates: AdamW updates applied before step `first` */
+    if (resumed) {
+        if (mt_checkpoint_load(o->resume_path, st, meta, err, errlen)) goto out;
+        first = meta->step + 1;
+        updates = meta->updates;
+        rng.state = meta->rng_state;
+        say(log, "megatrain: resumed from %s at step %lld\n", o->resume_path, (long long)meta->step);
     }
+    /* Said, and so flushed, after the header lines of every run. */
+    if (o->schedule == MT_LR_COSINE)
+        say(log, "megatrain: learning rate: %lld warm-up step%s to %g, then cosine to %g at step %lld\n",
+            (long long)o->warmup, o->warmup == 1 ? "" : "s", o->lr, o->lr * o->min_lr_ratio, (long long)o->steps);
+    else
+        say(log, "megatrain: learning rate: %lld warm-up step%s to %g, then constant\n", (long long)o->warmup,
+            o->warmup == 1 ? "" : "s", o->lr);
+    if (skip_mode) say(log, "megatrain: --on-nonfinite skip: each update waits for its step's loss and gradient norm\n");
+    res->first_step = first;
+    res->steps_done = first - 1;
     int64_t counted;
-    res->first_val = validate(g, corpus, ds, o, vtok, vtgt, &counted);
-    if (log) fprintf(log, "step %5lld | val %.4f\n", (long long)(first - 1), res->first_val);
+    /* Whether there is validation data: prepared data may hold none (--val-fraction 0). */
+    const bool has_val = ds ? ds->val.n_seq > 0 : mt_corpus_validation(corpus, o->eval_sequences, o->step.T, vtok, vtgt) >= o->step.B;
+    if (!has_val) say(log, "megatrain: no validation data in %s: no validation loss is measured\n", o->data_path);
+    if (has_val && o->eval_at_start && !save_only) {
+        res->first_val = validate(g, corpus, ds, o, vtok, vtgt, &counted);
+        say(log, "step %5lld | val %.4f\n", (long long)(first - 1), res->first_val);
+    }
+    if (save_only) say(log, "megatrain: the checkpoint is at step %lld, the run ends at step %lld: nothing to train\n",
+                       (long long)meta->step, (long long)last);
+    /* Training data passed per step, for the epoch count. */
+    const double epoch_per_step = ds ? (double)(o->step.accum * o->step.B) / (double)ds->train.n_seq
+                                     : (double)per_step / (double)corpus->ntrain;
 
     double t0 = mt_clock_s();
     const mt_ranged_counts rc0 = mt_adamw_stats_ranged(mt_graph_adamw_stats(g));
     int slot = -1;
-    int64_t last = o->stop_after > 0 && o->stop_after < o->steps ? o->stop_after : o->steps;
+    double t_prev = t0;
+    double next_loss = NAN, next_norm = NAN; /* skip mode: those of the step last submitted */
+    bool next_skipped = false;
+    int sig = 0;
+    char signame[32];
     for (int64_t s = first; s <= last + 1; s++) {
         const int64_t p = s - 1; /* the step reported in this iteration */
         if (p >= first) {
             /* Step s is not submitted yet: the loss of p is known halfway through p, so the
              * graph still holds p's backward and update while we report, validate or save. */
-            double gnorm;
-            double loss = mt_graph_wait_loss(g, slot, &gnorm);
+            double gnorm = next_norm, loss = next_loss;
+            const bool skipped = skip_mode && next_skipped;
+            if (!skip_mode) loss = mt_graph_wait_loss(g, slot, &gnorm);
             res->losses[p - 1] = loss;
             res->steps_done = p;
             if (p == first) res->first_loss = loss;
             res->last_loss = loss;
-            double el = mt_clock_s() - t0;
-            int64_t done = p - first + 1;
-            if (!isfinite(loss)) {
-                snprintf(err, errlen, "training diverged at step %lld (loss %g); try a lower --lr", (long long)p, loss);
+            const double t = mt_clock_s(), el = t - t0;
+            const int64_t done = p - first + 1;
+            mt_metrics_row row = { .step = p, .loss = loss, .grad_norm = gnorm, .lr = mt_lr_at(o, p),
+                                   .tokens_per_s = per_step / (t - t_prev), .elapsed_s = el,
+                                   .epoch = p * epoch_per_step, .val_loss = NAN, .skipped = skipped };
+            t_prev = t;
+            if (!skip_mode && !finite_step(o, loss, gnorm)) {
+                mt_metrics_write(&metrics, &row);
+                char kept[4400] = "; no checkpoint was saved";
+                if (o->checkpoint_path && meta->step > 0)
+                    snprintf(kept, sizeof kept, "; the last checkpoint, %s at step %lld, is intact", o->checkpoint_path,
+                             (long long)meta->step);
+                snprintf(err, errlen, "step %lld: loss %g, gradient norm %g: not finite, the run stops%s; try a lower "
+                         "--lr, or --on-nonfinite skip to skip such steps", (long long)p, loss, gnorm, kept);
                 goto out;
             }
-            bool eval_now = o->eval_every > 0 && p % o->eval_every == 0 && p < last;
-            if (log && (p % o->log_every == 0 || p == first || eval_now)) {
-                char eta[32];
-                format_duration(el / done * (last - p), eta, sizeof eta);
-                fprintf(log, "step %5lld/%lld | loss %.4f | grad-norm %7.3f | lr %.2e | %6.0f tok/s | ETA %s",
-                        (long long)p, (long long)o->steps, loss, gnorm, mt_lr_at(o, p), done * per_step / el, eta);
-                if (!eval_now) fputc('\n', log);
-                fflush(log);
+            if (skipped) {
+                res->skipped++;
+                say(log, "step %5lld/%lld | loss %g | grad-norm %g: not finite, the update is skipped (--on-nonfinite "
+                    "skip)\n", (long long)p, (long long)o->steps, loss, gnorm);
             }
+            const bool eval_now = has_val && o->eval_every > 0 && p % o->eval_every == 0 && p < last;
             /* Validation reads the weights after p's update: it is ordered before step s. */
-            if (eval_now) {
-                double v = validate(g, corpus, ds, o, vtok, vtgt, &counted);
-                if (log) fprintf(log, " | val %.4f\n", v);
+            if (eval_now) row.val_loss = validate(g, corpus, ds, o, vtok, vtgt, &counted);
+            if (log && !skipped && (p % o->log_every == 0 || p == first || eval_now)) {
+                char eta[32], elapsed[32];
+                format_duration(el / done * (last - p), eta, sizeof eta);
+                format_duration(row.elapsed_s + metrics.elapsed_before, elapsed, sizeof elapsed);
+                fprintf(log, "step %5lld/%lld | loss %.4f | grad-norm %7.3f | lr %.2e | %6.0f tok/s | epoch %.3g | %s, ETA %s",
+                        (long long)p, (long long)o->steps, loss, gnorm, row.lr, done * per_step / el, row.epoch, elapsed, eta);
+                if (eval_now) fprintf(log, " | val %.4f", row.val_loss);
+                say(log, "\n");
             }
-            bool stop = o->time_limit > 0 && el > o->time_limit && p < last;
+            mt_metrics_write(&metrics, &row);
+            sig = o->stop_signal ? *o->stop_signal : 0;
+            const bool stop = (sig || (o->time_limit > 0 && el > o->time_limit)) && p < last;
             if (o->checkpoint_path && ((o->save_every > 0 && p % o->save_every == 0) || p == last || stop)) {
-                mt_graph_flush(g); /* the state of step p's update, whole */
-                starpu_task_wait_for_all();
-                mt_checkpoint_meta meta = { .step = p, .rng_state = rng.state, .seed = o->seed };
-                if (mt_checkpoint_save(o->checkpoint_path, st, &meta, err, errlen)) goto out;
-                if (log) fprintf(log, "megatrain: checkpoint of step %lld saved to %s\n", (long long)p, o->checkpoint_path);
+                *meta = (mt_checkpoint_meta){ .step = p, .rng_state = rng.state, .seed = o->seed, .updates = updates };
+                snprintf(meta->settings, sizeof meta->settings, "%s", settings);
+                if (save_checkpoint(o, g, st, meta, log, err, errlen)) goto out;
             }
-            if (stop) {
-                if (log) fprintf(log, "megatrain: time limit %.0f s reached after step %lld\n", o->time_limit, (long long)p);
+            if (stop && !sig) {
+                say(log, "megatrain: time limit %.0f s reached after step %lld\n", o->time_limit, (long long)p);
                 break;
             }
+            if (stop) break;
         }
         if (s <= last) {
+            if (s == first && o->stop_signal && (sig = *o->stop_signal)) break;
             const int64_t windows = o->step.accum * o->step.B;
             mt_run_data_batch(&data, o->data_shuffle, o->seed, (s - 1) * windows, &rng, windows, o->step.T, tok, tgt);
-            slot = mt_graph_submit_step(g, s, tok, tgt, mt_lr_at(o, s));
+            const double lr = mt_lr_at(o, s);
+            /* AdamW's step counts the updates applied (they are the steps, unless some were skipped). */
+            if (!skip_mode) {
+                slot = mt_graph_submit_step(g, ++updates, tok, tgt, lr);
+            } else {
+                slot = mt_graph_submit_compute(g, s, tok, tgt);
+                mt_graph_submit_norm(g);
+                next_loss = mt_graph_wait_loss(g, slot, NULL);
+                next_norm = o->step.clip > 0 ? read_norm(g) : NAN;
+                next_skipped = !finite_step(o, next_loss, next_norm);
+                if (!next_skipped) mt_graph_submit_update(g, ++updates, lr);
+            }
         }
     }
     mt_graph_flush(g);
     starpu_task_wait_for_all();
     res->seconds = mt_clock_s() - t0;
-    res->tokens_per_second = (res->steps_done - first + 1) * per_step / res->seconds;
+    const int64_t trained = res->steps_done >= first ? res->steps_done - first + 1 : 0;
+    res->tokens_per_second = trained > 0 ? trained * per_step / res->seconds : 0;
     res->weights_hash = mt_state_hash(st);
-    if (o->save_model_dir) {
-        if (mt_hf_save(o->save_model_dir, st, MT_DTYPE_F32, MT_HF_DEFAULT_SHARD_BYTES, err, errlen)) goto out;
-        if (log) fprintf(log, "megatrain: model saved to %s (HF format, fp32)\n", o->save_model_dir);
+    const bool reached_end = res->steps_done >= last;
+    if (!sig && o->stop_signal) sig = *o->stop_signal;
+    if (sig && !reached_end) {
+        res->stopped_by = sig;
+        if (res->steps_done < first)
+            say(log, "megatrain: %s: stopped before step %lld; nothing new to save\n", signal_name(sig, signame, sizeof signame),
+                (long long)first);
+        else if (o->checkpoint_path)
+            say(log, "megatrain: %s: stopped after step %lld of %lld; the checkpoint of step %lld is in %s: continue with "
+                "--resume %s\n", signal_name(sig, signame, sizeof signame), (long long)res->steps_done, (long long)last,
+                (long long)res->steps_done, o->checkpoint_path, o->checkpoint_path);
+        else
+            say(log, "megatrain: %s: stopped after step %lld of %lld; without --checkpoint its state is not saved\n",
+                signal_name(sig, signame, sizeof signame), (long long)res->steps_done, (long long)last);
+        rc = 0;
+        goto out;
     }
-    res->last_val = validate(g, corpus, ds, o, vtok, vtgt, &res->val_counted);
-    if (log) fprintf(log, "done: %lld steps in %.1f s (%.0f tok/s) | train loss %.4f -> %.4f | val %.4f -> %.4f nats/%s\n",
-                     (long long)res->steps_done, res->seconds, res->tokens_per_second, res->first_loss,
-                     res->last_loss, res->first_val, res->last_val, ds ? "token" : "byte");
+    if (o->save_model_dir && save_model(o, st, save_dtype, log, err, errlen)) goto out;
+    if (!sig && o->stop_signal) sig = *o->stop_signal;
+    if (sig) {
+        res->stopped_by = sig;
+        say(log, "megatrain: %s: the run had reached its end (step %lld)%s%s; stopping before the final validation\n",
+            signal_name(sig, signame, sizeof signame), (long long)res->steps_done,
+            o->checkpoint_path ? "; checkpoint saved" : "", o->save_model_dir ? "; model saved" : "");
+        rc = 0;
+        goto out;
+    }
+    if (has_val) res->last_val = validate(g, corpus, ds, o, vtok, vtgt, &res->val_counted);
+    if (log) {
+        char steps[128], val[128] = "";
+        if (first > 1)
+            snprintf(steps, sizeof steps, "%lld steps (%lld-%lld of %lld)", (long long)trained, (long long)first,
+                     (long long)res->steps_done, (long long)o->steps);
+        else
+            snprintf(steps, sizeof steps, "%lld steps", (long long)trained);
+        if (has_val && isnan(res->first_val)) snprintf(val, sizeof val, " | val %.4f nats/%s", res->last_val, ds ? "token" : "byte");
+        else if (has_val) snprintf(val, sizeof val, " | val %.4f -> %.4f nats/%s", res->first_val, res->last_val, ds ? "token" : "byte");
+        if (trained > 0)
+            fprintf(log, "done: %s in %.1f s (%.0f tok/s) | train loss %.4f -> %.4f%s\n", steps, res->seconds,
+                    res->tokens_per_second, res->first_loss, res->last_loss, val);
+        else
+            fprintf(log, "done: no step trained (the checkpoint was at step %lld)%s\n", (long long)res->steps_done, val);
+        if (res->skipped) fprintf(log, "megatrain: %lld steps skipped (loss or gradient norm not finite)\n", (long long)res->skipped);
+        fflush(log);
+    }
     int64_t speculated, held;
     mt_graph_speculation_counts(g, &speculated, &held);
     if (log && o->step.clip > 0)
@@ -309,6 +536,8 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     }
     rc = 0;
 out:
+    if (log) fflush(log);
+    if (mt_metrics_close(&metrics, o->metrics_path, rc ? NULL : err, rc ? 0 : errlen)) rc = -1;
     free(tok); free(tgt); free(vtok); free(vtgt);
     mt_graph_destroy(g);
     mt_state_destroy(st);

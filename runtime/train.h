@@ -3,6 +3,7 @@
 #ifndef MT_RUNTIME_TRAIN_H
 #define MT_RUNTIME_TRAIN_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -12,6 +13,17 @@
 #include "runtime/step.h"
 
 typedef enum mt_lr_schedule { MT_LR_COSINE, MT_LR_CONSTANT } mt_lr_schedule;
+
+/* What a step whose loss or gradient norm is NaN or infinite does. */
+typedef enum mt_nonfinite {
+    MT_NONFINITE_STOP,  /* the run stops with an error naming the step; nothing more is saved, so
+                         * the last checkpoint is that of the last good step it saved */
+    MT_NONFINITE_SKIP,  /* the step's update is not applied (weights and AdamW state as before it;
+                         * its batch is consumed; the learning rate follows the step, AdamW's bias
+                         * correction the updates applied). So that it can be withheld, each step's
+                         * update is submitted only once its loss and norm are known: it no longer
+                         * runs ahead of the norm (no clip speculation, no moments deferral). */
+} mt_nonfinite;
 
 typedef struct mt_train_options {
     const char *config_path;   /* HF-style config.json */
@@ -27,26 +39,47 @@ typedef struct mt_train_options {
     uint64_t seed;
     double init_std;
     int64_t eval_every;        /* validate every N steps (and at the end); 0 = only at the end */
+    bool eval_at_start;        /* also before the first step (the command line: when eval_every > 0) */
     int64_t eval_sequences;    /* validation windows of T tokens */
     int64_t log_every;
     mt_dtype dtype;            /* streamed weights; used as given only when dtype_explicit */
     bool dtype_explicit;       /* false: fp32 on CPU workers, bf16 when a GPU computes */
+    mt_host_layout host_layout;/* AUTO (default): full with clip speculation where it fits, else
+                                * compact (runtime/plan.h: mt_plan_choose); FULL; COMPACT */
     int64_t sample_bytes;      /* generated after training; 0 = none */
     const char *sample_prompt;
     double time_limit;         /* seconds; stop early (after a step) when exceeded; 0 = none */
     int64_t stop_after;        /* > 0: stop after this step (the schedule still spans `steps`) */
     const char *checkpoint_path; /* save training checkpoints here (NULL: none) */
     int64_t save_every;        /* every N steps, and at the end; 0 = at the end only */
+    int64_t keep_last;         /* > 0: numbered checkpoints, the last N kept (mt_checkpoint_save_kept) */
     const char *resume_path;   /* continue from this checkpoint */
+    const char *allow_changed; /* resume: settings that may differ from the checkpoint's, comma-separated
+                                * (names of mt_train_settings), or "all"; NULL: none */
     const char *model_dir;     /* start from this HF directory's config and weights (NULL: config_path, random) */
-    const char *save_model_dir;/* write the trained model here as an HF directory (fp32) */
+    const char *rope_scaling;  /* "TYPE:FACTOR" replacing the config's rope scaling (mt_config_set_rope_scaling);
+                                * NULL: the config's own */
+    const char *save_model_dir;/* write the trained model here as an HF directory, with model_dir's tokenizer files */
+    bool save_over_model;      /* save_model_dir may be model_dir (the base model is replaced) */
+    mt_dtype save_dtype;       /* the saved weights' dtype; used as given only when save_dtype_explicit */
+    bool save_dtype_explicit;  /* false: model_dir's weights' dtype (bf16 stays bf16, else fp32), fp32 without one */
+    bool allow_other_tokenizer;/* train although model_dir's tokenizer.json is not the prepared data's */
+    mt_nonfinite on_nonfinite;
+    const char *metrics_path;  /* one JSON line a step (runtime/metrics.h); NULL: none */
+    /* Nonzero: the number of a signal that asks the run to stop (set from a handler, read between
+     * steps): the step in flight ends, no further one starts, the checkpoint is written (and the
+     * model, when the run had reached its end). NULL: none. */
+    const volatile sig_atomic_t *stop_signal;
     mt_runtime_options runtime;
 } mt_train_options;
 
 typedef struct mt_train_result {
-    int64_t steps_done;
+    int64_t steps_done;               /* the last step done (counting a resumed run's earlier ones) */
+    int64_t first_step;               /* the first step this run did (after a resume: the checkpoint's + 1) */
+    int64_t skipped;                  /* steps whose update was skipped (--on-nonfinite skip), this run */
+    int stopped_by;                   /* the signal that stopped the run (*stop_signal), else 0 */
     double first_loss, last_loss;     /* training loss of the first and last step */
-    double first_val, last_val;       /* validation loss before training and at the end */
+    double first_val, last_val;       /* validation loss before training and at the end (NAN: not measured) */
     int64_t val_counted;              /* targets the last validation counted (masked ones do not) */
     double seconds, tokens_per_second;
     double *losses;                   /* (steps) training loss by step (index step-1); caller frees */

@@ -1,14 +1,17 @@
 /* Training checkpoints: N steps straight equal N/2 + save + resume + N/2, bitwise; damaged or
- * foreign checkpoints are refused naming the file; a failed save leaves the previous one. */
+ * foreign checkpoints are refused naming the file; an unwritable path is refused before the
+ * first step; a failed save leaves the previous one. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "runtime/checkpoint.h"
 #include "models/config.h"
+#include "runtime/files.h"
 #include "runtime/runtime.h"
 #include "runtime/train.h"
 #include "tests/testutil.h"
@@ -20,7 +23,7 @@ static mt_train_options small_run(int64_t steps)
     mt_train_options o = mt_train_defaults();
     o.config_path = strdup(mt_test_source_path("models/configs/tiny-byte.json"));
     o.steps = steps;
-    o.warmup = 2;
+    o.warmup = steps > 2 ? 2 : 0;
     o.step.B = 4;
     o.step.T = 32;
     o.step.K = 4;
@@ -60,9 +63,9 @@ START_TEST(test_resume_is_bit_exact)
     run_ok(&o, &first);
     ck_assert_int_eq(first.steps_done, 3);
     ck_assert_msg(access(path, R_OK) == 0, "no checkpoint written");
-    char tmp[600];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    ck_assert_msg(access(tmp, F_OK) != 0, "the temporary file was left behind");
+    char ls[600];
+    snprintf(ls, sizeof ls, "ls -a '%s' | grep -q '\\.tmp'", dir);
+    ck_assert_msg(system(ls) != 0, "a temporary file was left behind in %s", dir);
 
     o.stop_after = 0;
     o.checkpoint_path = NULL;
@@ -80,10 +83,11 @@ START_TEST(test_resume_is_bit_exact)
 }
 END_TEST
 
-/* A checkpoint file of the tiny model for the damage tests. */
+/* A checkpoint file of the tiny model for the damage tests: step 2 of the run small_run(4). */
 static void write_checkpoint(const char *path)
 {
-    mt_train_options o = small_run(2);
+    mt_train_options o = small_run(4);
+    o.stop_after = 2;
     o.checkpoint_path = path;
     mt_train_result r;
     run_ok(&o, &r);
@@ -169,22 +173,29 @@ START_TEST(test_damaged_checkpoints_refused)
                   strstr(err, "head_dim 32 (this run: 16)") && strstr(err, "rope_theta 10000 (this run: 500000)") &&
                   !strstr(err, "hidden_size"), "%s", err);
 
-    /* A crash while saving leaves a partial temporary file: the checkpoint itself still loads. */
+    /* A crash while saving leaves a partial temporary file: the checkpoint itself still loads,
+     * and the next run that saves there removes the dead writer's leftover. */
+    pid_t child = fork();
+    if (child == 0) _exit(0);
+    waitpid(child, NULL, 0);
     char tmp[600];
-    snprintf(tmp, sizeof tmp, "%s.tmp", good);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", good, (int)child);
     f = fopen(tmp, "wb");
     fwrite(bytes, 1, 100, f);
     fclose(f);
     o = small_run(4);
     o.resume_path = good;
+    o.checkpoint_path = good;
     ck_assert_msg(mt_train_run(&o, &r, NULL, err, sizeof err) == 0, "%s", err);
     ck_assert_int_eq(r.steps_done, 4);
+    ck_assert_msg(access(tmp, F_OK) != 0, "the partial temporary of a dead process is left");
     free(r.losses);
     free(bytes);
 }
 END_TEST
 
-START_TEST(test_failed_save_keeps_previous)
+/* A checkpoint path that cannot be written is refused before the first step. */
+START_TEST(test_unwritable_checkpoint_refused_first)
 {
     make_dir();
     char path[512];
@@ -194,8 +205,45 @@ START_TEST(test_failed_save_keeps_previous)
     mt_train_result r;
     char err[512];
     ck_assert_int_eq(mt_train_run(&o, &r, NULL, err, sizeof err), -1);
+    ck_assert_int_eq(r.steps_done, 0);
     free(r.losses);
-    ck_assert_msg(strstr(err, "nodir/run.ckpt.tmp") != NULL, "%s", err);
+    ck_assert_msg(strstr(err, "--checkpoint") && strstr(err, "nodir: no such directory"), "%s", err);
+}
+END_TEST
+
+/* A save that fails (here: its temporary's name is taken by a directory) says which file and
+ * leaves the previous checkpoint as it was. */
+START_TEST(test_failed_save_keeps_previous)
+{
+    make_dir();
+    char path[512], tmp[600];
+    snprintf(path, sizeof path, "%s/run.ckpt", dir);
+    mt_train_options o = small_run(4);
+    o.checkpoint_path = path;
+    o.stop_after = 2;
+    mt_train_result r;
+    run_ok(&o, &r);
+    free(r.losses);
+    mt_temp_name(path, tmp, sizeof tmp);
+    ck_assert_int_eq(mkdir(tmp, 0755), 0);
+    o.stop_after = 0;
+    o.resume_path = path;
+    char err[512];
+    ck_assert_int_eq(mt_train_run(&o, &r, NULL, err, sizeof err), -1);
+    free(r.losses);
+    ck_assert_msg(strstr(err, tmp) && strstr(err, "cannot create"), "%s", err);
+    rmdir(tmp);
+    mt_model_config cfg;
+    ck_assert(mt_config_load(o.config_path, &cfg, err, sizeof err) == 0);
+    mt_checkpoint_meta *meta = malloc(sizeof *meta);
+    ck_assert_msg(mt_checkpoint_read_header(path, &cfg, meta, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(meta->step, 2);
+    free(meta);
+    o.stop_after = 3; /* and it loads whole */
+    o.checkpoint_path = NULL;
+    run_ok(&o, &r);
+    ck_assert_int_eq(r.first_step, 3);
+    free(r.losses);
 }
 END_TEST
 
@@ -231,6 +279,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_resume_is_bit_exact);
     tcase_add_test(tc, test_damaged_checkpoints_refused);
+    tcase_add_test(tc, test_unwritable_checkpoint_refused_first);
     tcase_add_test(tc, test_failed_save_keeps_previous);
     tcase_add_test(tc, test_hf_model_round_trip);
     suite_add_tcase(s, tc);

@@ -179,13 +179,27 @@ check_ok "grads --help lists --rope-scaling" '--rope-scaling TYPE:F' grads --hel
 check_error "prepare --format bogus" "--format.*'bogus'" prepare --format bogus
 check_error "bench --shape nope" "'nope'" bench --shape nope
 check_error "train --resume missing" "/nonexistent.ckpt" train --resume /nonexistent.ckpt --steps 2 --micro-batch 2 --seq-len 32
-check_error "plan without a model" "--shape" plan
+check_error "plan --shape with --config" "at most one" plan --shape tiny --config /nonexistent.json
+check_error "plan --host-memory 12Q" "--host-memory.*'12Q'" plan --host-memory 12Q
+check_error "plan --host-layout bogus" "--host-layout.*'bogus'" plan --host-layout bogus
+check_error "plan compact with fp32 weights" "bf16" plan --shape tiny --dtype fp32 --host-layout compact --seq-len 128
 check_error "info --ncpu x" "--ncpu.*'x'" info --ncpu x
 check_error "info --sched bogus" "bogus" info --sched bogus --ncpu 1 --ncuda 0
 
 # --- memory plan -----------------------------------------------------------------------------
-check_error "plan 7B in 125 GiB" "needs [0-9]+ bytes" plan --shape qwen2.5-7b --host-memory 134217728000
+check_error "plan 7B in 125 GiB, full layout" "needs [0-9]+ bytes" plan --shape qwen2.5-7b --host-memory 134217728000 \
+    --host-layout full
 check_ok "plan 0.5B in 100 GB" '^fits:' plan --shape qwen2.5-0.5b --host-memory 100000000000
+check_ok "plan 7B in 125 GiB: compact, 14.00 bytes per parameter" 'all in 14\.00 bytes per parameter' \
+    plan --shape qwen2.5-7b --host-memory 125G
+check_ok "plan 7B in 125 GiB: the choice" '^host layout: compact \(--host-layout auto\)' plan --shape qwen2.5-7b --host-memory 125G
+check_ok "plan without a model: what fits in 125 GiB" '^\| qwen2\.5-7b \| 7\.616B \| compact \|.* fits \|$' \
+    plan --host-memory 125G
+printf '%s' '{"model_type": "qwen2", "hidden_size": 8192, "intermediate_size": 29568, "num_hidden_layers": 80,
+  "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 152064, "max_position_embeddings": 32768,
+  "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": false}' >"$work/qwen2.5-72b.json"
+check_ok "plan Qwen2.5-72B in 1.5 TB: compact" '^fits: .*\(compact host layout\)' \
+    plan --config "$work/qwen2.5-72b.json" --host-memory 1.5TB
 
 # --- the training job ------------------------------------------------------------------------
 check_error "train --data /nonexistent" "/nonexistent" train --data /nonexistent --steps 1 --ncpu 1
@@ -193,7 +207,7 @@ check_error "train --config missing" "/nonexistent/config.json" train --config /
 check_ok "info" '^info: ok$' info --ncuda 0 --ncpu 1
 
 name="train 3 steps"
-run train --steps 3 --micro-batch 2 --seq-len 32 --sample-bytes 20 --eval-every 0 --ncpu 2
+run train --steps 3 --micro-batch 2 --seq-len 32 --sample-bytes 20 --eval-every 3 --ncpu 2
 if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
 elif ! grep -qE '^done: 3 steps in .* train loss [0-9.]+ -> [0-9.]+ \| val [0-9.]+ -> [0-9.]+' "$out"; then
     fail "$name" "no 'done: 3 steps ... train loss A -> B | val C -> D' line"
@@ -201,6 +215,19 @@ elif ! grep -q -- '^--- sample' "$out" || ! grep -q -- '^--- end of sample ---$'
     fail "$name" "no sample block"
 elif ! grep -qF 'A:' "$out"; then fail "$name" "the sample does not start with the prompt"
 else pass "$name"; fi
+
+# Past the built-in model's 256 positions: refused before any work, with the option that
+# extends the rope; with it, training runs, here in the compact host layout.
+check_error "train --seq-len 512 beyond the model's positions" "max_position_embeddings 256: --rope-scaling yarn:2" \
+    train --steps 2 --micro-batch 2 --seq-len 512 --ncpu 2 --ncuda 0
+check_ok "train --rope-scaling linear:2 --host-layout compact" '^done: 2 steps' \
+    train --steps 2 --micro-batch 1 --seq-len 512 --rope-scaling linear:2 --host-layout compact --dtype bf16 \
+    --eval-every 0 --sample-bytes 0 --ncpu 2 --ncuda 0
+if [ "$rc" -eq 0 ] && ! grep -q '^megatrain: compact host layout (--host-layout compact)' "$out"; then
+    fail "train --host-layout compact: the layout line" "no 'compact host layout' line"
+fi
+check_error "train --host-layout compact --dtype fp32" "compact host layout holds bf16" \
+    train --steps 2 --micro-batch 2 --seq-len 32 --host-layout compact --dtype fp32 --ncpu 2 --ncuda 0
 
 # Ranged clip speculation in training (bf16 weights on CPU workers, a bound below the norm):
 # the summary says how much it checked and flagged.
@@ -372,7 +399,7 @@ check_bench_data() {
 check_bench_data "bench --data (text)" "$work/corpus.txt" \
     "bench: data $work/corpus.txt: 36864 bytes (the byte-level trainer's training split) as tokens"
 check_error "bench --data missing" "$work/no-such-corpus: No such file or directory" \
-    bench --shape tiny --ncpu 2 --ncuda 0 --data "$work/no-such-corpus"
+    bench --shape tiny --ncpu 2 --ncuda 0 --seq-len 64 --data "$work/no-such-corpus"
 name="bench --data (prepared, not for this run)"
 run prepare --tokenizer "$root/tests/fixtures/tokenizers/qwen3/tokenizer.json" --format text --family qwen3 \
     --input "$work/corpus.txt" --output "$work/prepared" --seq-len 32

@@ -199,6 +199,20 @@ static mt_prepare_options options(const char *input, const char *output, mt_inpu
     return o;
 }
 
+/* Writes content to a file called name and prepares it (Qwen3, no validation split), which must
+ * succeed; returns the output directory (malloc'd), *o the options used. */
+static char *prepare_ok(const char *name, const char *content, mt_input_format format, int64_t T,
+                        mt_prepare_options *o, mt_prepare_result *res)
+{
+    char *input = strdup(mt_test_write_temp(name, content));
+    char *out = temp_output("prepared");
+    *o = options(input, out, format, T);
+    o->val_fraction = 0;
+    char err[1024];
+    ck_assert_msg(mt_prepare(o, res, NULL, err, sizeof err) == 0, "%s", err);
+    return out;
+}
+
 /* Decodes the tokens of a window whose mask is (want_mask) or all of them (want_mask < 0). */
 static char *decode_where(mt_tokenizer *tok, const int32_t *ids, const uint8_t *mask, int64_t n, int want_mask)
 {
@@ -219,13 +233,10 @@ START_TEST(test_masks_cover_assistant)
     const char *jsonl = "{\"conversations\": [{\"from\": \"system\", \"value\": \"Be brief.\"}, {\"from\": \"human\", \"value\": \"Hi\"}, "
                         "{\"from\": \"gpt\", \"value\": \"Hello there, friend!\"}, {\"from\": \"human\", \"value\": \"2+2?\"}, "
                         "{\"from\": \"gpt\", \"value\": \"It is 4.\"}]}\n";
-    char *input = strdup(mt_test_write_temp("chat.jsonl", jsonl));
-    char *out = temp_output("prepared");
-    mt_prepare_options o = options(input, out, MT_INPUT_SHAREGPT, 256);
-    o.val_fraction = 0;
+    mt_prepare_options o;
     mt_prepare_result res;
     char err[1024];
-    ck_assert_msg(mt_prepare(&o, &res, NULL, err, sizeof err) == 0, "%s", err);
+    char *out = prepare_ok("chat.jsonl", jsonl, MT_INPUT_SHAREGPT, 256, &o, &res);
     ck_assert_int_eq(res.documents[0], 1);
     ck_assert_int_eq(res.sequences[0], 1);
     ck_assert_int_eq(res.sequences[1], 0);
@@ -254,11 +265,8 @@ START_TEST(test_masks_cover_assistant)
     free(trained); free(all); free(ids); free(mask);
 
     /* Plain text: every token trained, including the separator after each paragraph. */
-    char *text = strdup(mt_test_write_temp("t.txt", "First paragraph\nstill first.\n\n  \nSecond one.\n"));
-    char *out2 = temp_output("text");
-    mt_prepare_options t = options(text, out2, MT_INPUT_TEXT, 64);
-    t.val_fraction = 0;
-    ck_assert_msg(mt_prepare(&t, &res, NULL, err, sizeof err) == 0, "%s", err);
+    mt_prepare_options t;
+    char *out2 = prepare_ok("t.txt", "First paragraph\nstill first.\n\n  \nSecond one.\n", MT_INPUT_TEXT, 64, &t, &res);
     ck_assert_int_eq(res.documents[0], 2);
     snprintf(path, sizeof path, "%s/train-00000.bin", out2);
     ck_assert_msg(mt_shard_read(path, &T, &n, &ids, &mask, err, sizeof err) == 0, "%s", err);
@@ -272,7 +280,7 @@ START_TEST(test_masks_cover_assistant)
                   !strcmp(trained, "Second one.<|endoftext|>First paragraph\nstill first.<|endoftext|>"), "%s", trained);
     free(trained); free(ids); free(mask);
     mt_tokenizer_free(tok);
-    free(input); free(out); free(text); free(out2);
+    free((char *)o.input_path); free(out); free((char *)t.input_path); free(out2);
 }
 END_TEST
 
@@ -470,6 +478,127 @@ START_TEST(test_bad_jsonl)
 }
 END_TEST
 
+/* NFC lengthens U+0344 (2 bytes) to U+0308 U+0301 (4): the Qwen3 tokenizer's offsets once ran past
+ * the prompt's real bytes, so the prompt's last tokens landed in the answer's span and were
+ * trained. The mask must train exactly the answer and its <|im_end|>, with such characters in the
+ * prompt and in the answer. */
+START_TEST(test_nfc_mask)
+{
+    char jsonl[1024], prompt[512];
+    size_t at = (size_t)snprintf(prompt, sizeof prompt, "Look:");
+    for (int i = 0; i < 40; i++) at += (size_t)snprintf(prompt + at, sizeof prompt - at, "\\u0344");
+    snprintf(prompt + at, sizeof prompt - at, " what is this mark, and why is it here?");
+    snprintf(jsonl, sizeof jsonl, "{\"conversations\": [{\"from\": \"human\", \"value\": \"%s\"}, {\"from\": \"gpt\", "
+             "\"value\": \"A dialytika tonos\\u0344\\u0344, twice.\"}]}\n", prompt);
+    char *trained, *all;
+    prepared_chat(jsonl, QWEN3_TOKENIZER, MT_CHAT_QWEN3, 256, &trained, &all);
+    /* decoding gives the NFC text: U+0344 as U+0308 U+0301 */
+    ck_assert_str_eq(trained, "A dialytika tonos\xCC\x88\xCC\x81\xCC\x88\xCC\x81, twice.<|im_end|>");
+    ck_assert_ptr_nonnull(strstr(all, " what is this mark, and why is it here?<|im_end|>"));
+    free(trained); free(all);
+}
+END_TEST
+
+/* A log written to memory: *buf holds it after fclose. */
+static FILE *memory_log(char **buf, size_t *len)
+{
+    FILE *f = open_memstream(buf, len);
+    ck_assert_ptr_nonnull(f);
+    return f;
+}
+
+/* An output that cannot be written fails before the tokenizer and the input are read (here both
+ * missing, so a check after them would name them instead), naming --output; the message has no
+ * "prepare:" of its own (the command adds "megatrain prepare: "). */
+START_TEST(test_output_checked_first)
+{
+    static const char *const bad[] = { "/proc/megatrain-prepare-test", "/nonexistent-dir/sub/out" };
+    for (int i = 0; i < 2; i++) {
+        mt_prepare_options o = options("/nonexistent/input.jsonl", bad[i], MT_INPUT_ALPACA, 32);
+        o.tokenizer_path = "/nonexistent/tokenizer.json";
+        mt_prepare_result res;
+        char err[1024] = "";
+        ck_assert_int_eq(mt_prepare(&o, &res, NULL, err, sizeof err), -1);
+        ck_assert_msg(strstr(err, "--output") && strstr(err, bad[i]) && !strstr(err, "tokenizer") &&
+                      !strstr(err, "input.jsonl"), "%s", err);
+        ck_assert_msg(strncmp(err, "prepare", 7) != 0, "%s", err);
+    }
+    /* the parent missing says so */
+    mt_prepare_options o = options("/nonexistent/input.jsonl", "/nonexistent-dir/sub/out", MT_INPUT_ALPACA, 32);
+    mt_prepare_result res;
+    char err[1024] = "";
+    ck_assert_int_eq(mt_prepare(&o, &res, NULL, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "there is no directory /nonexistent-dir/sub"), "%s", err);
+}
+END_TEST
+
+/* A UTF-8 byte order mark (which some editors write) at the start of a file is skipped; one at the
+ * start of a later line is an error that names it. */
+START_TEST(test_byte_order_mark)
+{
+    const char *good = "{\"instruction\": \"a\", \"output\": \"b\"}\n";
+    char buf[256], err[1024];
+    snprintf(buf, sizeof buf, "\xEF\xBB\xBF%s%s", good, good);
+    mt_prepare_options o;
+    mt_prepare_result res;
+    char *out = prepare_ok("bom.jsonl", buf, MT_INPUT_ALPACA, 32, &o, &res);
+    ck_assert_int_eq(res.documents[0], 2);
+    free((char *)o.input_path); free(out);
+    snprintf(buf, sizeof buf, "%s\xEF\xBB\xBF%s", good, good);
+    check_bad(MT_INPUT_ALPACA, buf, 2, "a UTF-8 byte order mark (U+FEFF)");
+    /* plain text: the mark is not part of the first paragraph */
+    out = prepare_ok("bom.txt", "\xEF\xBB\xBFHello.\n", MT_INPUT_TEXT, 8, &o, &res);
+    mt_dataset d;
+    ck_assert_msg(mt_dataset_open(out, &d, err, sizeof err) == 0, "%s", err);
+    mt_tokenizer *tok = mt_tokenizer_load(o.tokenizer_path, err, sizeof err);
+    ck_assert_msg(tok, "%s", err);
+    char *text = decode_where(tok, d.train.tokens, d.train.mask, 9, -1);
+    ck_assert_msg(strncmp(text, "Hello.<|endoftext|>", 19) == 0, "%s", text);
+    free(text);
+    mt_tokenizer_free(tok);
+    mt_dataset_close(&d);
+    free((char *)o.input_path); free(out);
+}
+END_TEST
+
+/* The per-file lines say what is true of empty and tiny files (not "0 lines, 0.0 of 0.0 MB"). */
+START_TEST(test_progress_lines)
+{
+    const char *dir = mt_test_write_temp("a-empty.jsonl", "");
+    char *input = strdup(dir);
+    *strrchr(input, '/') = 0;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/b-small.jsonl", input);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("{\"instruction\": \"a\", \"output\": \"b\"}\n\n{\"instruction\": \"c\", \"output\": \"d\"}\n", f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/c-blank.jsonl", input);
+    f = fopen(path, "w");
+    fputs("\n  \n", f);
+    fclose(f);
+    char *out = temp_output("out"); /* a directory of its own, not read as an input */
+    mt_prepare_options o = options(input, out, MT_INPUT_ALPACA, 32);
+    o.val_fraction = 0;
+    mt_prepare_result res;
+    char err[1024], *log;
+    size_t loglen;
+    FILE *lf = memory_log(&log, &loglen);
+    ck_assert_msg(mt_prepare(&o, &res, lf, err, sizeof err) == 0, "%s", err);
+    fclose(lf);
+    char want[4400];
+    snprintf(want, sizeof want, "prepare: %s/a-empty.jsonl: empty file, no documents\n", input);
+    ck_assert_msg(strstr(log, want), "%s", log);
+    snprintf(want, sizeof want, "prepare: %s/b-small.jsonl: 3 lines (73 bytes), 2 documents, ", input);
+    ck_assert_msg(strstr(log, want), "%s", log);
+    snprintf(want, sizeof want, "prepare: %s/c-blank.jsonl: 2 lines (4 bytes), no documents in it\n", input);
+    ck_assert_msg(strstr(log, want), "%s", log);
+    ck_assert_msg(!strstr(log, "0.0 of 0.0"), "%s", log);
+    free(log);
+    free(input); free(out);
+}
+END_TEST
+
 /* n alpaca records about small arithmetic; answers short, prompts longer. */
 static char *alpaca_records(int n)
 {
@@ -596,6 +725,10 @@ int main(void)
     tcase_add_test(tc, test_split_and_pack);
     tcase_add_test(tc, test_shard_roundtrip);
     tcase_add_test(tc, test_bad_jsonl);
+    tcase_add_test(tc, test_nfc_mask);
+    tcase_add_test(tc, test_output_checked_first);
+    tcase_add_test(tc, test_byte_order_mark);
+    tcase_add_test(tc, test_progress_lines);
     tcase_add_test(tc, test_prepare_and_train);
     suite_add_tcase(s, tc);
     return mt_test_run(s, false);

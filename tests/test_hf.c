@@ -900,6 +900,101 @@ START_TEST(test_bad_fuzz)
 }
 END_TEST
 
+/* Writes text to dir/name. */
+static void put_file(const char *dir, const char *name, const char *text)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Where a save may go: a new directory in one that takes files, an empty one, a previous
+ * megatrain output (its marker written first, so even a save cut short counts); not a file, a
+ * missing parent, a directory of other files or another tool's model. */
+START_TEST(test_output_checks)
+{
+    char *d = temp_dir();
+    char path[4096], err[1024];
+    snprintf(path, sizeof path, "%s/new", d);
+    ck_assert_msg(mt_hf_check_output(path, err, sizeof err) == 0, "%s", err);
+    snprintf(path, sizeof path, "%s/missing/new", d);
+    ck_assert_int_eq(mt_hf_check_output(path, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, path) && strstr(err, "cannot be created"), "%s", err);
+    ck_assert_int_eq(mt_hf_check_output("/proc/megatrain-model", err, sizeof err), -1);
+    put_file(d, "a-file", "x");
+    snprintf(path, sizeof path, "%s/a-file", d);
+    ck_assert_int_eq(mt_hf_check_output(path, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "an existing file, not a directory"), "%s", err);
+    ck_assert_msg(mt_hf_check_output(d, err, sizeof err) == -1 && strstr(err, "a-file"), "%s", err);
+
+    char *out = temp_dir();
+    ck_assert_msg(mt_hf_check_output(out, err, sizeof err) == 0, "an empty directory: %s", err);
+    mt_host_state *st = random_state(0, MT_DTYPE_F32, 5);
+    save_ok(out, st, MT_DTYPE_F32, 0);
+    ck_assert(exists(out, MT_HF_MARKER));
+    put_file(out, "tokenizer.json", "{}");
+    put_file(out, "model.safetensors.tmp.12345", "");
+    ck_assert_msg(mt_hf_check_output(out, err, sizeof err) == 0, "a previous output: %s", err);
+    put_file(out, "notes.txt", "mine");
+    ck_assert_int_eq(mt_hf_check_output(out, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "notes.txt") && strstr(err, "megatrain does not write"), "%s", err);
+    char p[4096];
+    snprintf(p, sizeof p, "%s/notes.txt", out);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/%s", out, MT_HF_MARKER);
+    unlink(p);
+    ck_assert_int_eq(mt_hf_check_output(out, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "a model megatrain did not write"), "%s", err);
+    mt_state_destroy(st);
+    remove_dir(out);
+    remove_dir(d);
+}
+END_TEST
+
+/* The tokenizer files present are copied byte for byte; none when the directory is the same. */
+START_TEST(test_tokenizer_copy)
+{
+    char *from = temp_dir(), *to = temp_dir(), err[1024];
+    put_file(from, "tokenizer.json", "{\"model\": {}}");
+    put_file(from, "tokenizer_config.json", "{\"chat_template\": \"x\"}");
+    put_file(from, "chat_template.jinja", "{{ messages }}");
+    put_file(from, "README.md", "not a tokenizer file");
+    int copied = -1;
+    ck_assert_msg(mt_hf_copy_tokenizer(from, to, &copied, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(copied, 3);
+    ck_assert(exists(to, "tokenizer.json") && exists(to, "tokenizer_config.json") && exists(to, "chat_template.jinja"));
+    ck_assert(!exists(to, "README.md") && !exists(to, "special_tokens_map.json"));
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "cmp -s '%s/chat_template.jinja' '%s/chat_template.jinja'", from, to);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(mt_hf_copy_tokenizer(from, from, &copied, err, sizeof err), 0);
+    ck_assert_int_eq(copied, 0);
+    remove_dir(from);
+    remove_dir(to);
+}
+END_TEST
+
+/* The dtype of a directory's weights, single file or shards. */
+START_TEST(test_weights_dtype)
+{
+    char *d = temp_dir(), err[1024];
+    mt_host_state *st = random_state(1, MT_DTYPE_F32, 6);
+    mt_st_dtype t;
+    save_ok(d, st, MT_DTYPE_BF16, 0);
+    ck_assert_msg(mt_hf_weights_dtype(d, &t, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(t, MT_ST_BF16);
+    save_ok(d, st, MT_DTYPE_F32, 40000);
+    ck_assert(exists(d, "model.safetensors.index.json"));
+    ck_assert_msg(mt_hf_weights_dtype(d, &t, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(t, MT_ST_F32);
+    mt_state_destroy(st);
+    remove_dir(d);
+}
+END_TEST
+
 static Suite *hf_suite(void)
 {
     Suite *s = suite_create("hf");
@@ -910,6 +1005,9 @@ static Suite *hf_suite(void)
     tcase_add_test(tc, test_sharded);
     tcase_add_test(tc, test_f16_bf16_f32_by_hand);
     tcase_add_test(tc, test_writer_format);
+    tcase_add_test(tc, test_output_checks);
+    tcase_add_test(tc, test_tokenizer_copy);
+    tcase_add_test(tc, test_weights_dtype);
     suite_add_tcase(s, tc);
     TCase *tb = tcase_create("bad files");
     tcase_add_checked_fixture(tb, runtime_up, runtime_down);

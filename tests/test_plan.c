@@ -1,8 +1,10 @@
 /* The memory plan: byte counts of two shapes checked against arithmetic written out by hand, the
  * host check refusing what does not fit (7B and 14B against a 125 GiB box) with a message that
- * names the bytes, and parameter validation. */
+ * names the bytes, and parameter validation; the compact layout's bytes (14.0 per parameter all
+ * in), the choice of a layout, and the table of what fits. */
 #include <check.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -232,6 +234,200 @@ START_TEST(test_host_refusal)
 }
 END_TEST
 
+static mt_model_config qwen72b(void)
+{
+    /* Qwen2.5-72B's config.json values */
+    static const char json[] =
+        "{\"model_type\": \"qwen2\", \"hidden_size\": 8192, \"intermediate_size\": 29568,"
+        " \"num_hidden_layers\": 80, \"num_attention_heads\": 64, \"num_key_value_heads\": 8,"
+        " \"vocab_size\": 152064, \"max_position_embeddings\": 32768, \"rope_theta\": 1000000.0,"
+        " \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false}";
+    mt_model_config c;
+    char err[256];
+    ck_assert_msg(mt_config_parse(json, "qwen2.5-72b", &c, err, sizeof err) == 0, "%s", err);
+    return c;
+}
+
+/* Qwen2.5-7B in the compact layout on a GPU, 16 x 2048, bf16: every host kind by hand, 14.0
+ * bytes per parameter all in, and the GPU's bf16 gradients and fp32 accumulators. */
+START_TEST(test_compact_bytes)
+{
+    mt_model_config c;
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-7b", &c), 0);
+    mt_plan_params p = {.micro_batch = 16, .seq_len = 2048, .grad_accum = 1, .checkpoint_interval = 4,
+                        .compute = MT_DTYPE_BF16, .use_gpu = true, .layout = MT_LAYOUT_COMPACT};
+    mt_plan plan;
+    ck_assert_msg(mt_plan_compute(&c, &p, &plan) == 0, "%s", plan.error);
+    /* Tiles (d=3584, I=18944, q 3584, kv 512, untied; every tensor a multiple of 64):
+     * layer = 2*3584 + 2*3584^2 + 2*512*3584 + (3584+1024) + 3*18944*3584 = 233057792,
+     * embed = 152064*3584 = 544997376, head = 3584 + 544997376 = 545000960. */
+    ck_assert_int_eq(plan.tile_numel[MT_TILE_LAYER], 233057792);
+    ck_assert_int_eq(plan.tile_numel[MT_TILE_EMBED], 544997376);
+    ck_assert_int_eq(plan.tile_numel[MT_TILE_HEAD], 545000960);
+    ck_assert_int_eq(plan.param_count, 7615616512LL);
+    /* 16-bit kinds (the master's two halves, the gradient): embed 1089994752 (266112 pages),
+     * layer 466115584 -> 113798 pages = 466116608, head 1090001920 -> 266114 pages = 1090002944:
+     * 1089994752 + 28*466116608 + 1090002944 = 15231262720. fp32 kinds (m, v): 2179989504 +
+     * 28*932233216 + 2180005888 = 30462525440. */
+    ck_assert_uint_eq(plan.host[MT_PLAN_WEIGHTS], 15231262720ULL);
+    ck_assert_uint_eq(plan.host[MT_PLAN_MASTER], 15231262720ULL);
+    ck_assert_uint_eq(plan.host[MT_PLAN_GRADS], 15231262720ULL);
+    ck_assert_uint_eq(plan.host[MT_PLAN_ADAM_M], 30462525440ULL);
+    ck_assert_uint_eq(plan.host[MT_PLAN_ADAM_V], 30462525440ULL);
+    /* no speculation: no flags, no second gradient */
+    ck_assert_uint_eq(plan.host[MT_PLAN_CLIP_FLAGS], 0);
+    ck_assert_uint_eq(plan.host_grad_alt, 0);
+    ck_assert_uint_eq(plan.host[MT_PLAN_INPUTS], 3 * 2 * 4 * 32768);
+    ck_assert_uint_eq(plan.host_total, 3 * 15231262720ULL + 2 * 30462525440ULL + 786432);
+    /* only what the GPU copies is pinned: the streamed half, the gradient, the inputs */
+    ck_assert_uint_eq(plan.host_pinned_total, 2 * 15231262720ULL + 786432);
+    /* 14.0 bytes per parameter, all in */
+    const double per = (double)plan.host_total / (double)plan.param_count;
+    ck_assert_msg(per >= 14.0 && per < 14.0005, "%.6f bytes per parameter", per);
+    /* GPU: two bf16 gradient buffers of the largest tile (the head), as the weights; the
+     * accumulators at their most: the table's with layer 0's being converted, fp32 */
+    ck_assert_uint_eq(plan.gpu[MT_PLAN_GRADS], 2ULL * 545000960 * 2);
+    ck_assert_uint_eq(plan.gpu[MT_PLAN_WEIGHTS], 2ULL * 545000960 * 2);
+    ck_assert_uint_eq(plan.gpu[MT_PLAN_GRAD_ACC], 4ULL * (544997376 + 233057792));
+    ck_assert_uint_eq(plan.host[MT_PLAN_GRAD_ACC], 0);
+    /* several micro-batches keep a block's K accumulators, and one more being converted */
+    p.grad_accum = 4;
+    ck_assert_msg(mt_plan_compute(&c, &p, &plan) == 0, "%s", plan.error);
+    ck_assert_uint_eq(plan.gpu[MT_PLAN_GRAD_ACC], 4ULL * 5 * 233057792);
+    /* fp32 weights have no compact layout */
+    p.compute = MT_DTYPE_F32;
+    ck_assert_int_eq(mt_plan_compute(&c, &p, &plan), -1);
+    ck_assert_msg(strstr(plan.error, "bf16") && strstr(plan.error, "full"), "%s", plan.error);
+    /* the table says which halves the kinds are */
+    p.compute = MT_DTYPE_BF16;
+    p.grad_accum = 1;
+    ck_assert_int_eq(mt_plan_compute(&c, &p, &plan), 0);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    mt_plan_print(&plan, f);
+    fclose(f);
+    ck_assert_ptr_nonnull(strstr(text, "master high half"));
+    ck_assert_ptr_nonnull(strstr(text, "gradient accumulators"));
+    ck_assert_ptr_nonnull(strstr(text, "all in 14.00 bytes per parameter"));
+    free(text);
+}
+END_TEST
+
+/* auto: the full layout with speculation where it fits, else compact, else refused; the choice
+ * says why. Qwen2.5-3B keeps full with speculation on 125 GiB, 7B goes compact, 14B is refused;
+ * Qwen2.5-72B fits 1.5 TB in compact. */
+START_TEST(test_layout_choice)
+{
+    const mt_plan_params p = {.micro_batch = 16, .seq_len = 2048, .grad_accum = 1, .checkpoint_interval = 4,
+                              .compute = MT_DTYPE_BF16, .use_gpu = true};
+    mt_model_config c;
+    mt_plan plan;
+    mt_layout_choice ch;
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-3b", &c), 0);
+    ck_assert_int_eq(mt_plan_choose(&c, &p, MT_LAYOUT_AUTO, 125 * GiB, &plan, &ch), 0);
+    ck_assert(ch.fits && ch.layout == MT_LAYOUT_FULL && ch.speculation);
+    ck_assert_int_eq(plan.params.layout, MT_LAYOUT_FULL);
+    /* 18 + 1.375 of flags + 4 of the second gradient */
+    ck_assert(ch.full_speculation == plan.host_total + plan.host_grad_alt);
+    ck_assert_msg(fabs((double)ch.full_speculation / (double)ch.param_count - 23.375) < 0.01, "%.4f",
+                  (double)ch.full_speculation / (double)ch.param_count);
+    ck_assert_uint_eq(ch.host_total, ch.full_speculation);
+
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-7b", &c), 0);
+    ck_assert_int_eq(mt_plan_choose(&c, &p, MT_LAYOUT_AUTO, 125 * GiB, &plan, &ch), 0);
+    ck_assert(ch.fits && ch.layout == MT_LAYOUT_COMPACT && !ch.speculation);
+    ck_assert_int_eq(plan.params.layout, MT_LAYOUT_COMPACT);
+    ck_assert_uint_eq(ch.compact, plan.host_total);
+    ck_assert_uint_eq(ch.host_total, plan.host_total);
+    ck_assert(ch.full_plain > ch.usable && ch.compact <= ch.usable);
+    ck_assert_msg(strstr(ch.why, "would need") && strstr(ch.why, "compact needs"), "%s", ch.why);
+    /* asked for full, it is refused there, saying why; asked for compact, the same as auto */
+    ck_assert_int_eq(mt_plan_choose(&c, &p, MT_LAYOUT_FULL, 125 * GiB, &plan, &ch), 0);
+    ck_assert(!ch.fits && ch.layout == MT_LAYOUT_FULL && plan.params.layout == MT_LAYOUT_FULL);
+    char err[1024];
+    ck_assert_int_eq(mt_plan_check_host(&plan, 125 * GiB, err, sizeof err), -1);
+    ck_assert_int_eq(mt_plan_choose(&c, &p, MT_LAYOUT_COMPACT, 125 * GiB, &plan, &ch), 0);
+    ck_assert(ch.fits && ch.layout == MT_LAYOUT_COMPACT);
+    /* fp32: no compact layout; auto is the full one, refused */
+    mt_plan_params p32 = p;
+    p32.compute = MT_DTYPE_F32;
+    ck_assert_int_eq(mt_plan_choose(&c, &p32, MT_LAYOUT_AUTO, 125 * GiB, &plan, &ch), 0);
+    ck_assert(!ch.fits && ch.layout == MT_LAYOUT_FULL && ch.compact == 0);
+    ck_assert_int_eq(mt_plan_choose(&c, &p32, MT_LAYOUT_COMPACT, 125 * GiB, &plan, &ch), -1);
+    ck_assert_msg(strstr(plan.error, "bf16"), "%s", plan.error);
+    ck_assert_int_eq(mt_plan_choose(&c, &p, (mt_host_layout)7, 125 * GiB, &plan, &ch), -1);
+
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-14b", &c), 0);
+    ck_assert_int_eq(mt_plan_choose(&c, &p, MT_LAYOUT_AUTO, 125 * GiB, &plan, &ch), 0);
+    ck_assert(!ch.fits && ch.layout == MT_LAYOUT_COMPACT);
+    ck_assert_int_eq(mt_plan_check_host(&plan, 125 * GiB, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "14.0 bytes/parameter"), "%s", err);
+
+    /* Qwen2.5-72B: 72.7e9 parameters; 1.5 TB (decimal, and binary) hold it compact, not full */
+    c = qwen72b();
+    const uint64_t tb15[2] = { 1500000000000ULL, 1536ULL * GiB };
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(mt_plan_choose(&c, &p, MT_LAYOUT_AUTO, tb15[k], &plan, &ch), 0);
+        ck_assert_int_eq(ch.param_count, 72706203648LL);
+        ck_assert_msg(ch.fits && ch.layout == MT_LAYOUT_COMPACT, "%s", ch.why);
+        ck_assert(ch.full_speculation > ch.usable);
+        const double per = (double)plan.host_total / (double)plan.param_count;
+        ck_assert_msg(per >= 14.0 && per < 14.0005, "%.6f", per);
+    }
+}
+END_TEST
+
+/* What fits on 125 GiB: the three small shapes full with speculation, 7B compact, 14B refused
+ * with the deepest model of its width that fits (and one layer more does not). */
+START_TEST(test_fit_table)
+{
+    const mt_plan_params p = {.micro_batch = 16, .seq_len = 2048, .grad_accum = 1, .checkpoint_interval = 4,
+                              .compute = MT_DTYPE_BF16, .use_gpu = true};
+    mt_plan_fit rows[MT_PLAN_NSHAPES];
+    char err[256];
+    ck_assert_int_eq(mt_plan_fit_shapes(&p, MT_LAYOUT_AUTO, 125 * GiB, rows, err, sizeof err), MT_PLAN_NSHAPES);
+    for (int i = 0; i < 3; i++) {
+        ck_assert(rows[i].choice.fits && rows[i].choice.layout == MT_LAYOUT_FULL && rows[i].choice.speculation);
+        ck_assert_int_eq(rows[i].max_layers, rows[i].layers);
+    }
+    ck_assert_str_eq(rows[3].shape, "qwen2.5-7b");
+    ck_assert(rows[3].choice.fits && rows[3].choice.layout == MT_LAYOUT_COMPACT);
+    ck_assert_int_eq(rows[3].params, 7615616512LL);
+    ck_assert_str_eq(rows[4].shape, "qwen2.5-14b");
+    ck_assert(!rows[4].choice.fits);
+    const int64_t most = rows[4].max_layers;
+    ck_assert(most > 0 && most < 48);
+    mt_model_config c;
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-14b", &c), 0);
+    mt_plan plan;
+    mt_layout_choice ch;
+    c.layers = most;
+    ck_assert_int_eq(mt_plan_choose(&c, &p, MT_LAYOUT_AUTO, 125 * GiB, &plan, &ch), 0);
+    ck_assert(ch.fits && ch.layout == MT_LAYOUT_COMPACT);
+    ck_assert_int_eq(rows[4].max_params, plan.param_count);
+    c.layers = most + 1;
+    ck_assert_int_eq(mt_plan_choose(&c, &p, MT_LAYOUT_AUTO, 125 * GiB, &plan, &ch), 0);
+    ck_assert(!ch.fits);
+    /* the printed table: one row a shape, the layout, the verdict */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    mt_plan_print_fits(rows, MT_PLAN_NSHAPES, f);
+    fclose(f);
+    ck_assert_msg(strstr(text, "| qwen2.5-7b | 7.616B | compact | 99.30 GiB | 14.00 | fits |"), "%s", text);
+    ck_assert_msg(strstr(text, "| qwen2.5-3b | 3.086B | full + clip speculation |"), "%s", text);
+    char want[64];
+    snprintf(want, sizeof want, "refused; at this width %lld of its 48 layers fit", (long long)most);
+    ck_assert_msg(strstr(text, want), "%s", text);
+    free(text);
+    /* on 16 GiB not one 14B layer and its table fit */
+    ck_assert_int_eq(mt_plan_fit_shapes(&p, MT_LAYOUT_AUTO, 16 * GiB, rows, err, sizeof err), MT_PLAN_NSHAPES);
+    ck_assert(rows[0].choice.fits);
+    ck_assert_int_eq(rows[4].max_layers, 0);
+}
+END_TEST
+
 START_TEST(test_bad_params)
 {
     mt_model_config c;
@@ -345,6 +541,9 @@ int main(void)
     tcase_add_test(tc, test_bad_params);
     tcase_add_test(tc, test_available);
     tcase_add_test(tc, test_micro_batch_choice);
+    tcase_add_test(tc, test_compact_bytes);
+    tcase_add_test(tc, test_layout_choice);
+    tcase_add_test(tc, test_fit_table);
     suite_add_tcase(s, tc);
     return mt_test_run(s, false);
 }

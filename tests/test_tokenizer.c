@@ -12,6 +12,7 @@
 
 #include "tests/testutil.h"
 #include "models/tokenizer.h"
+#include "models/util.h"
 
 /* Loaded once per process: each takes ~1 s, and every test below reads them only. */
 static mt_tokenizer *qwen3, *llama3;
@@ -45,6 +46,23 @@ static mt_tokenizer *load_family(const char *family)
     return tok;
 }
 
+/* mt_tokenizer_encode and _offsets, which must succeed. */
+static int32_t *encode(mt_tokenizer *tok, const char *text, size_t len, size_t *count)
+{
+    char err[1024] = "";
+    int32_t *ids = mt_tokenizer_encode(tok, text, len, count, err, sizeof err);
+    ck_assert_msg(ids != NULL, "%s", err);
+    return ids;
+}
+
+static int32_t *encode_offsets(mt_tokenizer *tok, const char *text, size_t len, size_t *count, size_t **starts)
+{
+    char err[1024] = "";
+    int32_t *ids = mt_tokenizer_encode_offsets(tok, text, len, count, starts, err, sizeof err);
+    ck_assert_msg(ids != NULL, "%s", err);
+    return ids;
+}
+
 /* Without Llama 3's file the family-independent tests run on Qwen3's twice. */
 static bool have_llama3;
 
@@ -73,7 +91,7 @@ static void assert_round_trip_as(mt_tokenizer *tok, const char *text, size_t len
 {
     size_t n, back_len, norm_len;
     char err[256] = "";
-    int32_t *ids = mt_tokenizer_encode(tok, text, len, &n);
+    int32_t *ids = encode(tok, text, len, &n);
     char *back = mt_tokenizer_decode(tok, ids, n, &back_len, err, sizeof err);
     char *norm = mt_tokenizer_normalize(tok, text, len, &norm_len);
     ck_assert_msg(back != NULL, "%s", err);
@@ -127,7 +145,7 @@ static void check_fixtures(mt_tokenizer *tok, const char *family)
         const char *category = json_string_value(json_object_get(rec, "category"));
         json_t *ref_text = nfc ? nfc : text;
         size_t n, len = json_string_length(ref_text), back_len, norm_len;
-        int32_t *out = mt_tokenizer_encode(tok, json_string_value(text), json_string_length(text), &n);
+        int32_t *out = encode(tok, json_string_value(text), json_string_length(text), &n);
         long diff = first_difference(out, n, ids);
         ck_assert_msg(diff < 0, "%s:%zu (%s): ids differ from index %ld (%zu ids, reference %zu) for: %s", path,
                       lineno, category, diff, n, json_array_size(ids), json_string_value(text));
@@ -164,8 +182,8 @@ START_TEST(test_nfc)
     ck_assert_msg(memcmp(t, "caf\xc3\xa9 \xff", 7) == 0, "NFC of a decomposed e-acute");
     free(t);
     size_t n1, n2;
-    int32_t *a = mt_tokenizer_encode(qwen3, "caf" "e\xcc\x81", 6, &n1);
-    int32_t *b = mt_tokenizer_encode(qwen3, "caf\xc3\xa9", 5, &n2);
+    int32_t *a = encode(qwen3, "caf" "e\xcc\x81", 6, &n1);
+    int32_t *b = encode(qwen3, "caf\xc3\xa9", 5, &n2);
     ck_assert_msg(n1 == n2 && memcmp(a, b, n1 * sizeof *a) == 0, "decomposed and composed text encode alike");
     free(a);
     free(b);
@@ -198,7 +216,7 @@ static int32_t *concat_encode(mt_tokenizer *tok, const char *const *parts, const
     *count = 0;
     for (int p = 0; p < n_parts; p++) {
         size_t n;
-        int32_t *ids = mt_tokenizer_encode(tok, parts[p], lens[p], &n);
+        int32_t *ids = encode(tok, parts[p], lens[p], &n);
         all = realloc(all, (*count + n + 1) * sizeof *all);
         if (n) memcpy(all + *count, ids, n * sizeof *ids); /* ids may be NULL when empty */
         *count += n;
@@ -219,7 +237,7 @@ START_TEST(test_invalid_utf8)
         mt_tokenizer *tok = toks[t];
         size_t n;
         /* A single invalid byte is its byte-level token. */
-        int32_t *ids = mt_tokenizer_encode(tok, "\xff", 1, &n);
+        int32_t *ids = encode(tok, "\xff", 1, &n);
         ck_assert_uint_eq(n, 1);
         ck_assert_int_eq(ids[0], mt_tokenizer_token_id(tok, "\xff"));
         free(ids);
@@ -231,7 +249,7 @@ START_TEST(test_invalid_utf8)
                     const char *parts[3] = {left[a], runs[r], right[b]};
                     size_t lens[3] = {strlen(left[a]), strlen(runs[r]), strlen(right[b])};
                     size_t len = (size_t)snprintf(text, sizeof text, "%s%s%s", left[a], runs[r], right[b]), ne;
-                    int32_t *got = mt_tokenizer_encode(tok, text, len, &n);
+                    int32_t *got = encode(tok, text, len, &n);
                     int32_t *want = concat_encode(tok, parts, lens, 3, &ne);
                     ck_assert_msg(n == ne && memcmp(got, want, n * sizeof *got) == 0,
                                   "invalid run %zu between '%s' and '%s'", r, left[a], right[b]);
@@ -259,7 +277,7 @@ START_TEST(test_empty_and_long)
 {
     size_t n, len;
     char err[256] = "";
-    int32_t *ids = mt_tokenizer_encode(qwen3, "", 0, &n);
+    int32_t *ids = encode(qwen3, "", 0, &n);
     ck_assert_uint_eq(n, 0);
     char *text = mt_tokenizer_decode(qwen3, ids, 0, &len, err, sizeof err);
     ck_assert_ptr_nonnull(text);
@@ -292,7 +310,7 @@ START_TEST(test_empty_and_long)
     }
     assert_round_trip(qwen3, mix, used);
     assert_round_trip(llama3, mix, used);
-    ids = mt_tokenizer_encode(llama3, mix, used, &n);
+    ids = encode(llama3, mix, used, &n);
     ck_assert_msg(n > used / 8 && n < used, "%zu ids for %zu bytes", n, used);
     free(ids);
     free(mix);
@@ -355,7 +373,7 @@ START_TEST(test_small_tokenizer)
         free(json);
         ck_assert_msg(tok != NULL, "%s", err);
         size_t n;
-        int32_t *ids = mt_tokenizer_encode(tok, "abcab<xy><x>a b", 15, &n);
+        int32_t *ids = encode(tok, "abcab<xy><x>a b", 15, &n);
         /* Added tokens split first (longest "<xy>" wins over "<x>"); "abcab" merges a+b twice,
          * then ab+c; " b" has no merge. Byte b's token has id b in this vocabulary. */
         int32_t want[] = {257, 256, 301, 300, 'a', ' ', 'b'};
@@ -427,6 +445,20 @@ START_TEST(test_errors)
     json = small_tokenizer("[]", "", ", \"added_tokens\": [{\"id\": -5, \"content\": \"<s>\"}]");
     assert_load_fails(json, "added_tokens[0].id", NULL);
     free(json);
+    /* One id, two tokens (found by tests/fuzz: encode gave "<a>" the id that decodes as "<b>"). */
+    json = small_tokenizer("[]", "", ", \"added_tokens\": [{\"id\": 300, \"content\": \"<a>\"}, "
+                           "{\"id\": 300, \"content\": \"<b>\"}]");
+    assert_load_fails(json, "added_tokens[1]", "id 300 is already");
+    free(json);
+    json = small_tokenizer("[]", "", ", \"added_tokens\": [{\"id\": 256, \"content\": \"<a>\"}]");
+    assert_load_fails(json, "added_tokens[0]", "id 256 is already"); /* "ab" in model.vocab */
+    free(json);
+    json = small_tokenizer("[]", "", ", \"added_tokens\": [{\"id\": 256, \"content\": \"ab\"}]");
+    char path[4096];
+    mt_tokenizer *same = load_small(json, path, err, sizeof err); /* repeating a vocabulary entry is fine */
+    ck_assert_msg(same != NULL, "%s", err);
+    mt_tokenizer_free(same);
+    free(json);
 
     /* pre_tokenizer problems: the last key wins, so these override small_tokenizer's ByteLevel. */
     json = small_tokenizer("[]", "", ", \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": "
@@ -452,6 +484,171 @@ START_TEST(test_errors)
 }
 END_TEST
 
+/* A pre_tokenizer of one Split(regex, Isolated) and a ByteLevel without its own regex, to follow
+ * small_tokenizer's (the last key wins). */
+static char *split_pre_tokenizer(const char *regex)
+{
+    char *s = malloc(1024);
+    snprintf(s, 1024, ", \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", "
+             "\"pattern\": {\"Regex\": \"%s\"}, \"behavior\": \"Isolated\"}, {\"type\": \"ByteLevel\", \"use_regex\": "
+             "false}]}", regex);
+    return s;
+}
+
+/* small_tokenizer with one Split(regex) and the given merges; the test fails if it does not load. */
+static mt_tokenizer *load_split(const char *regex, const char *merges, char *path)
+{
+    char err[1024] = "";
+    char *pre = split_pre_tokenizer(regex);
+    char *json = small_tokenizer(merges, "", pre);
+    mt_tokenizer *tok = load_small(json, path, err, sizeof err);
+    free(json);
+    free(pre);
+    ck_assert_msg(tok != NULL, "%s", err);
+    return tok;
+}
+
+/* n bytes of "abcxyz " repeated (no newline, so "(.)*" matches all of it), malloc'd. */
+static char *repeated_text(size_t n)
+{
+    char *text = malloc(n);
+    for (size_t i = 0; i < n; i++) text[i] = "abcxyz "[i % 7];
+    return text;
+}
+
+/* PCRE2's limits: "(.)*" exhausts PCRE2's default 32 KiB JIT stack after about 1,365 characters,
+ * which aborted the process; the tokenizer's larger stack encodes far more. A regex that
+ * backtracks catastrophically fails with a message naming the file, the regex's key and the
+ * limit, and encode returns NULL. */
+START_TEST(test_regex_limits)
+{
+    char path[4096], err[1024] = "";
+    mt_tokenizer *tok = load_split("(.)*", "[\"a b\", \"ab c\"]", path);
+    enum { LONG = 100000 };
+    char *text = repeated_text(LONG);
+    size_t n, len, *starts;
+    int32_t *ids = mt_tokenizer_encode_offsets(tok, text, LONG, &n, &starts, err, sizeof err);
+    ck_assert_msg(ids != NULL, "%s", err);
+    char *back = mt_tokenizer_decode(tok, ids, n, &len, err, sizeof err);
+    ck_assert_uint_eq(len, LONG);
+    ck_assert_int_eq(memcmp(back, text, LONG), 0);
+    for (size_t i = 0; i < n; i++) ck_assert_uint_lt(starts[i], LONG);
+    free(back);
+    free(ids);
+    free(starts);
+    free(text);
+    mt_tokenizer_free(tok);
+
+    tok = load_split("(a*)*[bc]", "[]", path);
+    const char *as = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    err[0] = 0;
+    ck_assert_ptr_null(mt_tokenizer_encode(tok, as, strlen(as), &n, err, sizeof err));
+    ck_assert_msg(strstr(err, path) && strstr(err, "pre_tokenizer.pretokenizers[0].pattern.Regex") &&
+                  strstr(err, "match limit"), "%s", err);
+    starts = (size_t *)1;
+    ck_assert_ptr_null(mt_tokenizer_encode_offsets(tok, as, strlen(as), &n, &starts, err, sizeof err));
+    ck_assert_ptr_null(starts);
+    mt_tokenizer_free(tok);
+}
+END_TEST
+
+/* By hand (MT_TEST_LONG=1, some seconds): a match past the 64 MiB JIT stack runs in the
+ * interpreter and gives the same ids as the JIT would. */
+START_TEST(test_regex_interpreter_fallback)
+{
+    char path[4096], err[1024] = "";
+    mt_tokenizer *tok = load_split("(.)*", "[\"a b\", \"ab c\"]", path);
+    enum { HUGE = 3000000 };
+    char *text = repeated_text(HUGE);
+    size_t n, len;
+    int32_t *ids = mt_tokenizer_encode(tok, text, HUGE, &n, err, sizeof err);
+    ck_assert_msg(ids != NULL, "%s", err);
+    char *back = mt_tokenizer_decode(tok, ids, n, &len, err, sizeof err);
+    ck_assert_uint_eq(len, HUGE);
+    ck_assert_int_eq(memcmp(back, text, HUGE), 0);
+    free(back);
+    free(ids);
+    free(text);
+    mt_tokenizer_free(tok);
+}
+END_TEST
+
+/* Ids far beyond the number of tokens a file defines are refused, naming the id and the file,
+ * before the id table is allocated (one added token with id 2^31 - 2 took 16 GiB); holes up to
+ * the bound load. */
+START_TEST(test_sparse_ids)
+{
+    char path[4096], err[512] = "";
+    char *json = small_tokenizer("[]", "", ", \"added_tokens\": [{\"id\": 2147483646, \"content\": \"<big>\"}]");
+    double t0 = mt_clock_s();
+    mt_tokenizer *tok = load_small(json, path, err, sizeof err);
+    free(json);
+    ck_assert_ptr_null(tok);
+    ck_assert_msg(strstr(err, path) && strstr(err, "added_tokens[0].id") && strstr(err, "2147483646") &&
+                  strstr(err, "259 tokens"), "%s", err);
+    ck_assert_msg(mt_clock_s() - t0 < 1.0, "refusing took %.1f s", mt_clock_s() - t0);
+    json = small_tokenizer("[]", "", ", \"added_tokens\": [{\"id\": 1542, \"content\": \"<x>\"}]");
+    assert_load_fails(json, "added_tokens[0].id", "below 1542");
+    free(json);
+    /* the same in model.vocab: byte tokens 0-255, "ab" 256 and "abc" moved far out */
+    json = small_tokenizer("[]", "", "");
+    char *abc = strstr(json, "\"abc\": 257");
+    ck_assert_ptr_nonnull(abc);
+    char *moved = malloc(strlen(json) + 16);
+    snprintf(moved, strlen(json) + 16, "%.*s\"abc\": 100000%s", (int)(abc - json), json, abc + strlen("\"abc\": 257"));
+    assert_load_fails(moved, "model.vocab", "100000");
+    free(moved);
+    free(json);
+    /* within the bound: a hole of ids 258..1540 */
+    json = small_tokenizer("[]", "", ", \"added_tokens\": [{\"id\": 1541, \"content\": \"<x>\"}]");
+    tok = load_small(json, path, err, sizeof err);
+    free(json);
+    ck_assert_msg(tok != NULL, "%s", err);
+    ck_assert_int_eq(mt_tokenizer_vocab_size(tok), 1542);
+    size_t n;
+    int32_t *ids = encode(tok, "a<x>", 4, &n);
+    ck_assert_uint_eq(n, 2);
+    ck_assert_int_eq(ids[1], 1541);
+    free(ids);
+    mt_tokenizer_free(tok);
+}
+END_TEST
+
+/* NFC can lengthen text: U+0344 becomes U+0308 U+0301 (2 bytes to 4). Offsets stay in the
+ * original text: never past its end, never decreasing, exact where NFC changed nothing. */
+START_TEST(test_nfc_offsets)
+{
+    char text[256];
+    size_t at = (size_t)snprintf(text, sizeof text, "Q: x");
+    for (int i = 0; i < 20; i++) at += (size_t)snprintf(text + at, sizeof text - at, "\xCD\x84");
+    const size_t tail = at;
+    at += (size_t)snprintf(text + at, sizeof text - at, " tail end\xCC\x81 e\xCC\x81 ok");
+    size_t n, *starts;
+    int32_t *ids = encode_offsets(qwen3, text, at, &n, &starts);
+    for (size_t i = 0; i < n; i++) {
+        ck_assert_msg(starts[i] < at, "token %zu starts at %zu of %zu", i, starts[i], at);
+        if (i) ck_assert_uint_ge(starts[i], starts[i - 1]);
+    }
+    /* the token " tail" (unchanged by NFC) starts exactly where it stands */
+    bool found = false;
+    for (size_t i = 0; i < n; i++) {
+        size_t len;
+        char err[128];
+        char *piece = mt_tokenizer_decode(qwen3, &ids[i], 1, &len, err, sizeof err);
+        if (strcmp(piece, " tail") == 0) {
+            ck_assert_uint_eq(starts[i], tail);
+            found = true;
+        }
+        free(piece);
+    }
+    ck_assert_msg(found, "no ' tail' token");
+    /* the last token, " ok", too */
+    ck_assert_uint_eq(starts[n - 1], at - 3);
+    free(ids);
+    free(starts);
+}
+END_TEST
+
 /* Both SentencePiece-style forms against transformers.js: ids of every string, and our decoding
  * and normalisation equal to the reference's decoding. */
 /* Byte-level offsets are the running sums of the tokens' bytes, from each section's start: with
@@ -460,8 +657,8 @@ START_TEST(test_byte_level_offsets)
 {
     const char *text = "Hello world<|im_end|>more text";
     size_t n, m, *starts;
-    int32_t *ids = mt_tokenizer_encode_offsets(qwen3, text, strlen(text), &n, &starts);
-    int32_t *plain = mt_tokenizer_encode(qwen3, text, strlen(text), &m);
+    int32_t *ids = encode_offsets(qwen3, text, strlen(text), &n, &starts);
+    int32_t *plain = encode(qwen3, text, strlen(text), &m);
     ck_assert_uint_eq(n, m);
     ck_assert_int_eq(memcmp(ids, plain, n * sizeof *ids), 0);
     ck_assert_uint_eq(starts[0], 0);
@@ -500,12 +697,12 @@ START_TEST(test_spm_forms)
 {
     size_t n, len;
     char err[256] = "";
-    int32_t *ids = mt_tokenizer_encode(spm, "<s>hi", 5, &n);
+    int32_t *ids = encode(spm, "<s>hi", 5, &n);
     char *back = mt_tokenizer_decode(spm, ids, n, &len, err, sizeof err);
     ck_assert_str_eq(back, "<s> hi");
     free(back);
     free(ids);
-    ids = mt_tokenizer_encode(spm_meta, "<s>hi", 5, &n);
+    ids = encode(spm_meta, "<s>hi", 5, &n);
     back = mt_tokenizer_decode(spm_meta, ids, n, &len, err, sizeof err);
     ck_assert_str_eq(back, "<s>hi");
     free(back);
@@ -513,7 +710,7 @@ START_TEST(test_spm_forms)
     const char *gothic = "\xF0\x90\x8D\x88";
     mt_tokenizer *toks[2] = {spm, spm_meta};
     for (int t = 0; t < 2; t++) {
-        ids = mt_tokenizer_encode(toks[t], gothic, 4, &n);
+        ids = encode(toks[t], gothic, 4, &n);
         ck_assert_uint_eq(n, 5); /* the prepended space's token, then the four bytes */
         for (int b = 0; b < 4; b++) ck_assert_int_eq(ids[1 + b], 3 + (uint8_t)gothic[b]);
         back = mt_tokenizer_decode(toks[t], ids, n, &len, err, sizeof err);
@@ -550,7 +747,7 @@ START_TEST(test_spm_forms)
         }
         mt_tokenizer *tok = toks[iter % 2];
         size_t n, len;
-        ids = mt_tokenizer_encode(tok, buf, used, &n);
+        ids = encode(tok, buf, used, &n);
         back = mt_tokenizer_decode(tok, ids, n, &len, err, sizeof err);
         ck_assert_msg(back != NULL, "%s", err);
         ck_assert_msg(len == wlen && memcmp(back, want, wlen) == 0, "round trip %d (%s) changed the text", iter,
@@ -597,7 +794,7 @@ START_TEST(test_spm_small)
         {"a b", {259, 256, 258}, 3}, {"ab", {259, 258}, 2}, {"c", {256, 'c'}, 2}, {"", {0}, 0}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         size_t n, len;
-        int32_t *ids = mt_tokenizer_encode(tok, cases[c].text, strlen(cases[c].text), &n);
+        int32_t *ids = encode(tok, cases[c].text, strlen(cases[c].text), &n);
         ck_assert_uint_eq(n, cases[c].n);
         for (size_t i = 0; i < n; i++) ck_assert_int_eq(ids[i], cases[c].want[i]);
         char *back = mt_tokenizer_decode(tok, ids, n, &len, err, sizeof err);
@@ -610,7 +807,7 @@ START_TEST(test_spm_small)
     static const struct { const char *text; size_t want[3]; } offs[] = {{"a b", {0, 1, 2}}, {"a\xE2\x96\x81" "b", {0, 1, 4}}};
     for (size_t c = 0; c < 2; c++) {
         size_t n, *starts;
-        int32_t *ids = mt_tokenizer_encode_offsets(tok, offs[c].text, strlen(offs[c].text), &n, &starts);
+        int32_t *ids = encode_offsets(tok, offs[c].text, strlen(offs[c].text), &n, &starts);
         ck_assert_uint_eq(n, 3);
         ck_assert_int_eq(ids[0], 259);
         for (size_t i = 0; i < n; i++) ck_assert_uint_eq(starts[i], offs[c].want[i]);
@@ -667,6 +864,10 @@ int main(void)
     tcase_add_test(tc, test_spm_forms);
     tcase_add_test(tc, test_spm_small);
     tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_regex_limits);
+    if (getenv("MT_TEST_LONG")) tcase_add_test(tc, test_regex_interpreter_fallback);
+    tcase_add_test(tc, test_sparse_ids);
+    tcase_add_test(tc, test_nfc_offsets);
     suite_add_tcase(s, tc);
     /* One process: the two tokenizers load once instead of once per test. */
     int status = mt_test_run(s, true);

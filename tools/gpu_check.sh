@@ -2,7 +2,7 @@
 # The GPU checks, run on the GPU machine from binaries built on the development machine:
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, from the repository root on the GPU machine (build-gpu and .deps/gpu-runtime carried):
-#   tools/gpu_check.sh [quick|bench3b|parity|ab3b|final3b]
+#   tools/gpu_check.sh [quick|bench3b|parity|ab3b|final3b|scale7b|width|moe]
 #
 #   quick    correctness: megatrain info, the CUDA suites (test_cuda, test_cuda_attention,
 #            test_gpu_step), their kernel timings (MT_CUDA_BENCH=1), the 0.5B step, PyTorch's
@@ -24,6 +24,13 @@
 #            ROUNDS times (default 1); each round also with VARIANT's options and VENV's
 #            environment when either is set (e.g. VARIANT="--resident", VENV="MT_RANGED_SIDE_ROOM=8")
 #            and with OLD's build when OLD is set; adamw_bw first.
+#   scale7b  Qwen2.5-7B, all 28 layers, with the host layout plan picks for the box (compact), at
+#            32 x 2048 and 16 x 2048 tokens a step, clip 1, on DATA (default .deps/fortunes-qwen3);
+#            plan's figures first, the bench's peak RSS beside them.
+#   width    the 7B width with 12 layers and the 14B width with 8 (--layers), 16 x 2048, clip 1,
+#            on DATA, megatrain then PyTorch at the same shape (TORCH=0 skips it).
+#   moe      the CUDA mixture-of-experts suite against the CPU ops, then its timings
+#            (MT_CUDA_BENCH=1) at the Qwen3-30B-A3B layer shape.
 #
 # Settings of the 3B modes: K (--checkpoint-every, default 2); STEPS (measured steps, default 6,
 # bench3b 4); TORCH=0 skips PyTorch at the same shape (run last); in ab3b and final3b, TEST=0
@@ -66,6 +73,8 @@ quick)
     MT_CUDA_BENCH=1 run attention_bench "$B/tests/test_cuda_attention"
     MT_CUDA_BENCH=1 run kernel_bench "$B/tests/test_cuda"
     run test_gpu_step "$B/tests/test_gpu_step"
+    run test_gpu_compact "$B/tests/test_gpu_compact"
+    [ -x "$B/tests/test_cuda_moe" ] && run test_cuda_moe "$B/tests/test_cuda_moe"
     run bench_05b "$B/tools/megatrain" bench --shape qwen2.5-0.5b --micro-batch 8 --seq-len 2048 --warmup 1 --steps 3
     run torch_attention python3 tools/torch_bench.py --attention-only
     run spm_fixtures_hf python3 tools/spm_fixtures_hf.py
@@ -131,8 +140,30 @@ final3b)
     done
     [ "${TORCH:-1}" = 1 ] && run torch_3b "${torch3b[@]}"
     ;;
+scale7b)
+    DATA=${DATA:-.deps/fortunes-qwen3}
+    for b in 32 16; do
+        run "plan_7b_b$b" "$B/tools/megatrain" plan --shape qwen2.5-7b --micro-batch $b --seq-len 2048
+        run "bench_7b_b$b" "$B/tools/megatrain" bench --shape qwen2.5-7b --micro-batch $b --seq-len 2048 \
+            --clip 1 --warmup 2 --steps ${STEPS:-4} --data "$DATA"
+    done
+    ;;
+width)
+    DATA=${DATA:-.deps/fortunes-qwen3}
+    for sl in qwen2.5-7b:12 qwen2.5-14b:8; do
+        s=${sl%:*} l=${sl#*:}
+        run "bench_${s}_l$l" "$B/tools/megatrain" bench --shape "$s" --layers "$l" --micro-batch 16 --seq-len 2048 \
+            --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-4} --data "$DATA"
+        [ "${TORCH:-1}" = 1 ] && run "torch_${s}_l$l" python3 tools/torch_bench.py --shape "$s" --layers "$l" \
+            --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
+    done
+    ;;
+moe)
+    run test_cuda_moe "$B/tests/test_cuda_moe"
+    MT_CUDA_BENCH=1 run moe_bench "$B/tests/test_cuda_moe"
+    ;;
 *)
-    echo "gpu_check.sh: unknown mode '$mode' (quick, bench3b, parity, ab3b or final3b)" >&2
+    echo "gpu_check.sh: unknown mode '$mode' (quick, bench3b, parity, ab3b, final3b, scale7b, width or moe)" >&2
     exit 2
     ;;
 esac

@@ -2,8 +2,10 @@
 # The whole test suite from a fresh Debian 12 machine: installs what is missing, builds (with
 # the CUDA backend whenever nvcc exists, so CUDA code always compiles), runs every suite, then
 # the CPU suites again built with AddressSanitizer and UBSan (any memory error or undefined
-# behaviour fails them), and ends with one line: "N passed, N failed" (Check's individual
-# checks, summed over the suites of both runs).
+# behaviour fails them), then each fuzz harness for FUZZ_SECONDS (default 35 s: the eight of
+# them in about 5 minutes; a crash fails the run, naming the harness and the input), and ends
+# with one line: "N passed, N failed" (Check's individual checks, summed over the suites of
+# both runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
@@ -31,8 +33,11 @@ if cc -fsanitize=address,undefined "$probe/p.c" -o "$probe/p" 2>/dev/null && "$p
     ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         meson test -C build-asan --print-errorlogs --num-processes 1 || status=$?
     logs+=(build-asan/meson-logs/testlog.json)
+    # The fuzz harnesses (tests/fuzz/, docs/fuzzing.md), each on its committed seeds and what
+    # earlier runs here found (build-fuzz/corpus/).
+    tools/fuzz.sh --seconds "${FUZZ_SECONDS:-35}" || status=$?
 else
-    echo "test: programs built with -fsanitize=address cannot run here: the sanitizer run is skipped" >&2
+    echo "test: programs built with -fsanitize=address cannot run here: the sanitizer and fuzz runs are skipped" >&2
 fi
 rm -rf "$probe"
 python3 tools/test_totals.py "${logs[@]}" || status=1

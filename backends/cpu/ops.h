@@ -111,6 +111,10 @@ int64_t mt_moe_backward_scratch_numel(const mt_model_config *cfg, int64_t n);
      * of a split update whose second half is mt_cpu_adamw; bitwise its master. */              \
     void mt_cpu_adamw_params_##sfx(int64_t n, const real *master, const real *grad, const real *m, \
                                    const real *v, real *out, const mt_adamw_params *p);         \
+    /* m and v (n) in place from grad, no master: bitwise mt_cpu_adamw's m and v (the moments   \
+     * half of an update whose master is kept as two planes, master_planes.h) */                 \
+    void mt_cpu_adamw_moments_##sfx(int64_t n, const real *grad, real *m, real *v,              \
+                                    const mt_adamw_params *p);                                   \
     /* Router: probs (n, E) = softmax over the experts of logits (n, E), in the precision of    \
      * real (probs may be logits). */                                                          \
     void mt_cpu_router_softmax_##sfx(int64_t n, int64_t E, const real *logits, real *probs);    \

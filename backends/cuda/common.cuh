@@ -133,6 +133,10 @@ struct mt_cuda_ctx {
 #define MT_CUDA_GEMM_WORKSPACE ((size_t)32 << 20)
 #define MT_CUDA_REDUCE_BLOCKS 1024
 
+// out[0] (device double, =) = the sum of partials[0, nparts) in a fixed order, bitwise repeatable:
+// the second stage of the two-stage reductions into reduce_partials (context.cu).
+void mt_cuda_sum_partials(const double *partials, int nparts, double *out, cudaStream_t stream);
+
 // ---- scratch carving: one bump allocator serves both sizing (base NULL) and carving ----
 
 #define MT_CUDA_SCRATCH_ALIGN 256 // bytes: what cuBLASLt's default alignment preference assumes

@@ -108,6 +108,12 @@ __global__ static void sumsq_final_kernel(const double *partials, int nparts, do
     if (threadIdx.x == 0) out[0] = acc;
 }
 
+void mt_cuda_sum_partials(const double *partials, int nparts, double *out, cudaStream_t stream)
+{
+    sumsq_final_kernel<<<1, SUMSQ_THREADS, 0, stream>>>(partials, nparts, out);
+    CUDA_CHECK_LAUNCH();
+}
+
 // out[0] (device double) = sum of x (n)^2. Uses the calling thread's context partials.
 extern "C" void mt_cuda_sumsq_f32(const float *x, int64_t n, double *out, mt_cuda_stream stream)
 {
@@ -118,6 +124,5 @@ extern "C" void mt_cuda_sumsq_f32(const float *x, int64_t n, double *out, mt_cud
     sumsq_partial_kernel<<<(unsigned)blocks, SUMSQ_THREADS, 0, as_stream(stream)>>>(x, n > 0 ? n : 0,
                                                                                      ctx->reduce_partials);
     CUDA_CHECK_LAUNCH();
-    sumsq_final_kernel<<<1, SUMSQ_THREADS, 0, as_stream(stream)>>>(ctx->reduce_partials, (int)blocks, out);
-    CUDA_CHECK_LAUNCH();
+    mt_cuda_sum_partials(ctx->reduce_partials, (int)blocks, out, as_stream(stream));
 }

@@ -10,59 +10,114 @@
 
 #include "models/report.h"
 
-/* Applies split step `step` to valid UTF-8 s[0..n): matches and the gaps between them both become
- * pieces (Hugging Face's "Isolated"), each handed to the next step. */
-static void pre_tokenize(mt_tokenizer *tok, const char *s, size_t n, int step, id_buf *out)
+typedef struct encode_ctx {
+    mt_tokenizer *tok;
+    id_buf *out;
+    const char *text;             /* the whole input (encode_text and encode_added) */
+    off_buf *starts;              /* each token's start in text, when wanted */
+    size_t cursor;                /* where the next added token starts */
+    char *err;                    /* the first failure's message; rc -1 from then on */
+    size_t errlen;
+    int rc;
+} encode_ctx;
+
+/* The message for a match of split step `step` that failed with PCRE2 code rc on n bytes. */
+static void match_failed(encode_ctx *c, int step, int rc, size_t n)
 {
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(rc, msg, sizeof msg);
+    char limit[160];
+    if (rc == PCRE2_ERROR_HEAPLIMIT)
+        snprintf(limit, sizeof limit, "%u MiB of backtracking memory (after the %u MiB JIT stack)",
+                 MT_TOK_HEAP_LIMIT_KIB >> 10, MT_TOK_JIT_STACK_MAX >> 20);
+    else if (rc == PCRE2_ERROR_MATCHLIMIT)
+        snprintf(limit, sizeof limit, "the match limit (catastrophic backtracking?)");
+    else if (rc == PCRE2_ERROR_DEPTHLIMIT)
+        snprintf(limit, sizeof limit, "the depth limit of %u nested backtracking points", MT_TOK_DEPTH_LIMIT);
+    else
+        snprintf(limit, sizeof limit, "what PCRE2 could do");
+    mt_fail(c->err, c->errlen, "%s: key '%s': matching this regex on a %zu-byte stretch of text needs more than %s "
+            "(PCRE2: %s); the pattern is pathological for this text: simplify it or split the text", c->tok->path,
+            c->tok->split_key[step], n, limit, (const char *)msg);
+    c->rc = -1;
+}
+
+/* One match of split step `step` in s[0..n) from start: PCRE2's code (match count, NOMATCH, or an
+ * error). JIT first, on the tokenizer's JIT stack; a match that needs more stack than that runs
+ * again in the interpreter, with its raised limits (state.h). */
+static int split_match(mt_tokenizer *tok, int step, const char *s, size_t n, size_t start)
+{
+    int rc = PCRE2_ERROR_JIT_STACKLIMIT;
+    if (tok->split_jit[step])
+        rc = pcre2_match(tok->split[step], (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK, tok->match[step],
+                         tok->jit_context);
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
+        rc = pcre2_match(tok->split[step], (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT,
+                         tok->match[step], tok->interp_context);
+    return rc;
+}
+
+/* Applies split step `step` to valid UTF-8 s[0..n): matches and the gaps between them both become
+ * pieces (Hugging Face's "Isolated"), each handed to the next step. Stops at the first failure. */
+static void pre_tokenize(encode_ctx *c, const char *s, size_t n, int step)
+{
+    mt_tokenizer *tok = c->tok;
+    if (c->rc) return;
     if (step == tok->n_split) {
-        mt_tok_encode_word(tok, s, n, out);
+        mt_tok_encode_word(tok, s, n, c->out);
         return;
     }
-    pcre2_match_data *md = tok->match[step];
     size_t start = 0, last = 0;
-    while (start < n) {
-        int rc = pcre2_match(tok->split[step], (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK, md, NULL);
+    while (start < n && c->rc == 0) {
+        int rc = split_match(tok, step, s, n, start);
         if (rc == PCRE2_ERROR_NOMATCH) break;
-        if (rc < 0) {
-            /* Only resource limits can fail a match of valid UTF-8; giving wrong ids would be worse. */
-            PCRE2_UCHAR msg[256];
-            pcre2_get_error_message(rc, msg, sizeof msg);
-            fprintf(stderr, "megatrain tokenizer: regex match failed: %s\n", (const char *)msg);
-            abort();
+        if (rc < 0) { /* only resource limits fail a match of valid UTF-8; wrong ids would be worse */
+            match_failed(c, step, rc, n);
+            return;
         }
-        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(tok->match[step]);
         size_t ms = ov[0], me = ov[1];
         if (me == ms) { /* empty match: no piece; step over one character */
             if (ms >= n) break;
             start = ms + (size_t)utf8_len((const uint8_t *)s + ms, n - ms);
             continue;
         }
-        if (ms > last) pre_tokenize(tok, s + last, ms - last, step + 1, out);
-        pre_tokenize(tok, s + ms, me - ms, step + 1, out);
+        if (ms > last) pre_tokenize(c, s + last, ms - last, step + 1);
+        pre_tokenize(c, s + ms, me - ms, step + 1);
         last = start = me;
     }
-    if (last < n) pre_tokenize(tok, s + last, n - last, step + 1, out);
+    if (last < n) pre_tokenize(c, s + last, n - last, step + 1);
 }
 
 static const added_token *added_at(const mt_tokenizer *tok, const char *s, size_t n);
 
-/* NFC of a valid UTF-8 stretch, malloc'd (utf8proc: Unicode's own composition data, which no
- * hand-written table should copy); *m gets its length. NULL when no normaliser applies. */
-static uint8_t *nfc(const mt_tokenizer *tok, const char *s, size_t n, size_t *m)
+/* NFC of valid UTF-8 s[0..n), malloc'd (utf8proc: Unicode's own composition data, which no
+ * hand-written table should copy); *m gets its length. NULL when n is 0 or utf8proc fails (it
+ * cannot on valid UTF-8). */
+static uint8_t *nfc_of(const char *s, size_t n, size_t *m)
 {
-    if (!tok->normalizer[0] || n == 0) return NULL;
+    if (n == 0) return NULL;
     utf8proc_uint8_t *dst = NULL;
     utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst,
                                       UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-    if (r < 0) return NULL; /* cannot happen on valid UTF-8; leave the text as it is */
+    if (r < 0) return NULL; /* leave the text as it is */
     *m = (size_t)r;
     return dst;
 }
 
-/* Calls fn on each maximal stretch of valid UTF-8 (normalised) and each maximal run of invalid
- * bytes (as they are) of s[0..n), in order. */
+/* NFC of a valid UTF-8 stretch when the tokenizer has that normalizer, else NULL. */
+static uint8_t *nfc(const mt_tokenizer *tok, const char *s, size_t n, size_t *m)
+{
+    return tok->normalizer[0] ? nfc_of(s, n, m) : NULL;
+}
+
+/* Calls fn on each maximal stretch of valid UTF-8 (normalised: p, len) and each maximal run of
+ * invalid bytes (as they are) of s[0..n), in order, with the stretch's original bytes (orig,
+ * orig_len). */
 static void for_each_stretch(const mt_tokenizer *tok, const char *s, size_t n,
-                             void (*fn)(void *arg, const char *p, size_t len, bool valid), void *arg)
+                             void (*fn)(void *arg, const char *p, size_t len, bool valid, const char *orig,
+                                        size_t orig_len),
+                             void *arg)
 {
     const uint8_t *u = (const uint8_t *)s;
     size_t i = 0;
@@ -73,44 +128,143 @@ static void for_each_stretch(const mt_tokenizer *tok, const char *s, size_t n,
         if (j > i) {
             size_t m;
             uint8_t *norm = nfc(tok, s + i, j - i, &m);
-            if (norm) fn(arg, (const char *)norm, m, true);
-            else fn(arg, s + i, j - i, true);
+            if (norm) fn(arg, (const char *)norm, m, true, s + i, j - i);
+            else fn(arg, s + i, j - i, true, s + i, j - i);
             free(norm);
         }
         i = j;
         while (j < n && utf8_len(u + j, n - j) == 0) j++;
-        if (j > i) fn(arg, s + i, j - i, false);
+        if (j > i) fn(arg, s + i, j - i, false, s + i, j - i);
         i = j;
     }
 }
 
-typedef struct encode_ctx {
-    mt_tokenizer *tok;
-    id_buf *out;
-    const char *text;             /* the whole input (encode_text and encode_added) */
-    off_buf *starts;              /* each token's start in text, when wanted */
-    size_t cursor;                /* where the next added token starts */
-} encode_ctx;
+/* ---- offsets through NFC */
 
-static void encode_stretch(void *arg, const char *p, size_t len, bool valid)
+/* A piece of a valid UTF-8 stretch that NFC maps on its own: its original and normalised lengths
+ * and whether NFC changed its bytes. */
+typedef struct nfc_piece { size_t orig_len, norm_len; bool changed; } nfc_piece;
+typedef struct { nfc_piece *p; size_t len, cap; } piece_buf;
+
+static void pieces_append(piece_buf *b, const char *s, size_t n)
+{
+    size_t m = 0;
+    uint8_t *norm = nfc_of(s, n, &m);
+    if (!norm) m = n;
+    if (b->len == b->cap) {
+        b->cap = b->cap * 2 + 16;
+        b->p = mt_xrealloc(b->p, b->cap * sizeof *b->p);
+    }
+    b->p[b->len++] = (nfc_piece){ n, m, norm && (m != n || memcmp(norm, s, n) != 0) };
+    free(norm);
+}
+
+/* Whether NFC(a + b) is NFC(a) followed by NFC(b) for a = s[0..na), b = s[na..na+nb). */
+static bool nfc_splits(const char *s, size_t na, size_t nb)
+{
+    size_t ma = 0, mb = 0, mab = 0;
+    uint8_t *a = nfc_of(s, na, &ma), *b = nfc_of(s + na, nb, &mb), *ab = nfc_of(s, na + nb, &mab);
+    bool ok = a && b && ab && mab == ma + mb && memcmp(ab, a, ma) == 0 && memcmp(ab + ma, b, mb) == 0;
+    free(a);
+    free(b);
+    free(ab);
+    return ok;
+}
+
+static int32_t code_point_at(const char *s, size_t n, size_t i, size_t *len)
+{
+    utf8proc_int32_t cp;
+    utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &cp);
+    *len = k > 0 ? (size_t)k : 1;
+    return k > 0 ? cp : -1;
+}
+
+/* A pending piece longer than this is cut only before ASCII, whose boundaries cost no check: the
+ * check normalises the whole pending piece, which a run of characters that NFC reorders together
+ * (U+0F73 decomposes into marks) would make quadratic. */
+#define NFC_PIECE_CHECKED_BYTES 256
+
+/* The pieces of valid UTF-8 s[0..n) that NFC maps independently (NFC(s) is the concatenation of
+ * their NFCs). A piece ends before a starter (combining class 0; reordering never crosses one,
+ * and a starter composes with nothing but the character just before it) that composes with
+ * nothing before it: always before ASCII, which is never the second character of a composition;
+ * otherwise when NFC of the pending piece and the starter's run (it and the marks after it) is
+ * their two NFCs side by side. Hangul jamo, which compose starter with starter, stay together. */
+static void nfc_pieces(const char *s, size_t n, piece_buf *out)
+{
+    out->len = 0;
+    size_t a = 0, i = 0, k;
+    while (i < n) {
+        int32_t cp = code_point_at(s, n, i, &k);
+        if (i > a && (cp < 0x80 || (i - a <= NFC_PIECE_CHECKED_BYTES &&
+                                    utf8proc_get_property(cp)->combining_class == 0))) {
+            size_t j = i + k, kj;
+            while (j < n && utf8proc_get_property(code_point_at(s, n, j, &kj))->combining_class != 0) j += kj;
+            if (cp < 0x80 || nfc_splits(s + a, i - a, j - i)) {
+                pieces_append(out, s + a, i - a);
+                a = i;
+            }
+        }
+        i += k;
+    }
+    if (n > a) pieces_append(out, s + a, n - a);
+}
+
+/* Offsets of the tokens ids[0..count) of a valid stretch orig[0..orig_len) (at `at` of the text)
+ * that NFC turned into norm[0..norm_len): exact inside pieces NFC left as they were; a token that
+ * starts inside a changed piece starts where that piece does. */
+static void nfc_offsets(const mt_tokenizer *tok, const int32_t *ids, size_t count, const char *orig, size_t orig_len,
+                        size_t norm_len, size_t at, off_buf *starts)
+{
+    piece_buf pieces = {0};
+    nfc_pieces(orig, orig_len, &pieces);
+    size_t total = 0;
+    for (size_t k = 0; k < pieces.len; k++) total += pieces.p[k].norm_len;
+    if (total != norm_len) { /* cannot happen (NFC is piecewise by construction); stay in bounds */
+        pieces.len = 1;
+        pieces.p[0] = (nfc_piece){ orig_len, norm_len, true };
+    }
+    size_t q = 0, k = 0, norm_at = 0, orig_at = 0; /* q: the token's start in the normalised text */
+    for (size_t i = 0; i < count; i++) {
+        while (k + 1 < pieces.len && q >= norm_at + pieces.p[k].norm_len) {
+            norm_at += pieces.p[k].norm_len;
+            orig_at += pieces.p[k].orig_len;
+            k++;
+        }
+        size_t inside = q - norm_at;
+        if (pieces.p[k].changed || inside > pieces.p[k].orig_len) inside = 0;
+        offs_append(starts, at + orig_at + inside);
+        q += (size_t)tok->piece_len[ids[i]];
+    }
+    free(pieces.p);
+}
+
+/* ---- encoding */
+
+static void encode_stretch(void *arg, const char *p, size_t len, bool valid, const char *orig, size_t orig_len)
 {
     encode_ctx *c = arg;
-    if (valid) pre_tokenize(c->tok, p, len, 0, c->out);
+    size_t first_new = c->out->len;
+    if (valid) pre_tokenize(c, p, len, 0);
     else mt_tok_encode_word(c->tok, p, len, c->out);
+    if (!c->starts || c->rc) return;
+    size_t at = (size_t)(orig - c->text);
+    if (p != orig && (len != orig_len || memcmp(p, orig, len) != 0)) {
+        nfc_offsets(c->tok, c->out->p + first_new, c->out->len - first_new, orig, orig_len, len, at, c->starts);
+        return;
+    }
+    /* the text as it stands: byte-level tokens hold its bytes in order, so their running sum */
+    for (size_t i = first_new; i < c->out->len; i++) {
+        offs_append(c->starts, at);
+        at += (size_t)c->tok->piece_len[c->out->p[i]];
+    }
 }
 
-/* Text between added tokens: valid UTF-8 stretches are normalised and pre-tokenised as whole
- * strings, and each maximal run of invalid bytes is a word of its own (the regex never sees
- * invalid UTF-8). */
-static void encode_chunk(mt_tokenizer *tok, const char *s, size_t n, id_buf *out)
-{
-    encode_ctx c = { tok, out, NULL, NULL, 0 };
-    for_each_stretch(tok, s, n, encode_stretch, &c);
-}
-
-static void append_stretch(void *arg, const char *p, size_t len, bool valid)
+static void append_stretch(void *arg, const char *p, size_t len, bool valid, const char *orig, size_t orig_len)
 {
     (void)valid;
+    (void)orig;
+    (void)orig_len;
     bytes_append(arg, p, len);
 }
 
@@ -154,11 +308,11 @@ char *mt_tokenizer_normalize(const mt_tokenizer *tok, const char *text, size_t l
     if (tok->spm) {
         /* What the decoder drops depends on the tokens (the Metaspace decoder drops every space of
          * the first token), so this is decode(encode(text)) itself; encode's scratch makes it as
-         * thread-unsafe as encode. */
+         * thread-unsafe as encode. Neither fails: these files have no regex, and the ids are ours. */
         size_t n;
-        int32_t *ids = mt_tokenizer_encode((mt_tokenizer *)tok, text, len, &n);
-        char err[64];
-        char *out = mt_tokenizer_decode(tok, ids, n, out_len, err, sizeof err); /* cannot fail: ids are ours */
+        char err[512];
+        int32_t *ids = mt_tokenizer_encode((mt_tokenizer *)tok, text, len, &n, err, sizeof err);
+        char *out = ids ? mt_tokenizer_decode(tok, ids, n, out_len, err, sizeof err) : NULL;
         free(ids);
         return out;
     }
@@ -181,52 +335,60 @@ static const added_token *added_at(const mt_tokenizer *tok, const char *s, size_
     return NULL;
 }
 
+/* Text between added tokens: SentencePiece-style, one section; byte-level, valid UTF-8 stretches
+ * are normalised and pre-tokenised as whole strings, and each maximal run of invalid bytes is a
+ * word of its own (the regex never sees invalid UTF-8). */
 static void encode_text(void *arg, const char *s, size_t n)
 {
     encode_ctx *c = arg;
-    size_t at = (size_t)(s - c->text), first_new = c->out->len;
+    if (c->rc) return;
+    size_t at = (size_t)(s - c->text);
     if (c->tok->spm) mt_tok_spm_encode(c->tok, s, n, s == c->text, at, c->out, c->starts);
-    else {
-        encode_chunk(c->tok, s, n, c->out);
-        /* byte-level tokens hold the section's bytes in order (NFC aside): their running sum */
-        for (size_t i = first_new; c->starts && i < c->out->len; i++) {
-            offs_append(c->starts, at);
-            at += (size_t)c->tok->piece_len[c->out->p[i]];
-        }
-    }
-    c->cursor = (size_t)(s - c->text) + n;
+    else for_each_stretch(c->tok, s, n, encode_stretch, c);
+    c->cursor = at + n;
 }
 
 static void encode_added(void *arg, const added_token *t)
 {
     encode_ctx *c = arg;
+    if (c->rc) return;
     ids_append(c->out, &t->id, 1);
     if (c->starts) offs_append(c->starts, c->cursor);
     c->cursor += t->len;
 }
 
 /* Both encode entry points: the ids, and each token's start when starts is not NULL. */
-static int32_t *encode_all(mt_tokenizer *tok, const char *text, size_t len, size_t *count, off_buf *starts)
+static int32_t *encode_all(mt_tokenizer *tok, const char *text, size_t len, size_t *count, off_buf *starts, char *err,
+                           size_t errlen)
 {
-    id_buf out = {0};
-    ids_append(&out, NULL, 0);
-    encode_ctx c = { tok, &out, text, starts, 0 };
+    id_buf out = { mt_xmalloc(16 * sizeof(int32_t)), 0, 16 }; /* never NULL: NULL means failure */
+    encode_ctx c = { tok, &out, text, starts, 0, err, errlen, 0 };
     for_each_added_split(tok, text, len, encode_text, encode_added, &c);
-    *count = out.len;
+    *count = c.rc ? 0 : out.len;
+    if (c.rc) {
+        free(out.p);
+        return NULL;
+    }
     return out.p;
 }
 
-int32_t *mt_tokenizer_encode(mt_tokenizer *tok, const char *text, size_t len, size_t *count)
+int32_t *mt_tokenizer_encode(mt_tokenizer *tok, const char *text, size_t len, size_t *count, char *err, size_t errlen)
 {
-    return encode_all(tok, text, len, count, NULL);
+    return encode_all(tok, text, len, count, NULL, err, errlen);
 }
 
-int32_t *mt_tokenizer_encode_offsets(mt_tokenizer *tok, const char *text, size_t len, size_t *count, size_t **starts)
+int32_t *mt_tokenizer_encode_offsets(mt_tokenizer *tok, const char *text, size_t len, size_t *count, size_t **starts,
+                                     char *err, size_t errlen)
 {
     off_buf st = {0};
     offs_append(&st, 0); /* never empty, so the caller always gets an array */
     st.len = 0;
-    int32_t *ids = encode_all(tok, text, len, count, &st);
+    int32_t *ids = encode_all(tok, text, len, count, &st, err, errlen);
+    if (!ids) {
+        free(st.p);
+        *starts = NULL;
+        return NULL;
+    }
     *starts = st.p;
     return ids;
 }

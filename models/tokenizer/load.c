@@ -80,7 +80,7 @@ static int spm_piece(const char *token, byte_buf *out, int *fallback)
     return 0;
 }
 
-/* Records the bytes of token id (an added token overrides a vocabulary entry of the same id). */
+/* Records the bytes of token id (an added token that repeats a vocabulary entry records them again). */
 static void set_piece(mt_tokenizer *tok, int32_t id, const char *bytes, size_t n)
 {
     tok->piece_off[id] = (uint32_t)tok->pieces.len;
@@ -88,17 +88,30 @@ static void set_piece(mt_tokenizer *tok, int32_t id, const char *bytes, size_t n
     bytes_append(&tok->pieces, bytes, n);
 }
 
-/* Largest id in model.vocab and added_tokens, checking each is an integer in [0, 2^31 - 2]. */
+/* The id table (piece_off, piece_len) has one entry per id up to the largest, so the ids must be
+ * about as many as the tokens the file defines: real files number them densely (Qwen, Llama,
+ * Mistral: 0 .. vocabulary + added tokens - 1). Holes are allowed, up to ids below twice the
+ * number of tokens plus ID_SLACK; an id beyond that is a damaged or crafted file, refused before
+ * anything that large is allocated. */
+#define ID_SLACK 1024
+
+/* Largest id in model.vocab and added_tokens, checking each is an integer in [0, 2^31 - 2] and
+ * within the bound above. */
 static int max_id(const json_t *vocab, const json_t *added, const char *path, int64_t *out, char *err,
                   size_t errlen)
 {
-    int64_t max = -1;
+    int64_t max = -1, defined = (int64_t)json_object_size(vocab) + (int64_t)json_array_size(added);
+    int64_t bound = 2 * defined + ID_SLACK;
     const char *k;
     json_t *v;
     json_object_foreach((json_t *)vocab, k, v) {
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= INT32_MAX)
             return mt_fail(err, errlen, "%s: key 'model.vocab': token '%s': id must be an integer in [0, 2^31-1), got %s",
                            path, k, mt_json_type_name(v));
+        if (json_integer_value(v) >= bound)
+            return mt_fail(err, errlen, "%s: key 'model.vocab': token '%s': id %lld is far beyond the %lld tokens the "
+                           "file defines (ids must be below %lld: twice that plus %d, holes allowed); is the file damaged?", path,
+                           k, (long long)json_integer_value(v), (long long)defined, (long long)bound, ID_SLACK);
         if (json_integer_value(v) > max) max = json_integer_value(v);
     }
     size_t i;
@@ -106,6 +119,10 @@ static int max_id(const json_t *vocab, const json_t *added, const char *path, in
         json_t *id = lookup(v, "id");
         if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= INT32_MAX)
             return mt_fail(err, errlen, "%s: key 'added_tokens[%zu].id': must be an integer in [0, 2^31-1)", path, i);
+        if (json_integer_value(id) >= bound)
+            return mt_fail(err, errlen, "%s: key 'added_tokens[%zu].id': id %lld is far beyond the %lld tokens the "
+                           "file defines (ids must be below %lld: twice that plus %d, holes allowed); is the file damaged?", path,
+                           i, (long long)json_integer_value(id), (long long)defined, (long long)bound, ID_SLACK);
         if (json_integer_value(id) > max) max = json_integer_value(id);
     }
     *out = max;
@@ -281,6 +298,13 @@ static int parse_added(mt_tokenizer *tok, const json_t *added, const char *path,
                            "supported", path, i, json_string_value(content));
         int32_t id = (int32_t)json_integer_value(lookup(a, "id"));
         size_t len = json_string_length(content);
+        /* An id names one token: an added token may repeat a vocabulary entry (Llama 2's <s>),
+         * not give its id other bytes, which encoding and decoding would then disagree on (HF's
+         * loader too gives such a token another id than the file's). */
+        if (tok->piece_len[id] >= 0 && ((size_t)tok->piece_len[id] != len ||
+                                        memcmp(tok->pieces.p + tok->piece_off[id], json_string_value(content), len)))
+            return mt_fail(err, errlen, "%s: key 'added_tokens[%zu]' ('%s'): id %d is already another token's "
+                           "(in model.vocab or an earlier added token)", path, i, json_string_value(content), id);
         added_token *t = &tok->added[tok->n_added++];
         t->content = mt_xmalloc(len + 1);
         memcpy(t->content, json_string_value(content), len + 1);
@@ -346,6 +370,8 @@ mt_tokenizer *mt_tokenizer_load(const char *path, char *err, size_t errlen)
     }
     mt_tokenizer *tok = mt_xmalloc(sizeof *tok);
     memset(tok, 0, sizeof *tok);
+    tok->path = mt_xmalloc(strlen(path) + 1);
+    memcpy(tok->path, path, strlen(path) + 1);
     int rc = -1;
     if (!json_is_object(root)) mt_fail(err, errlen, "%s: expected a JSON object at the top", path);
     else rc = parse_model(tok, root, path, err, errlen);
@@ -374,7 +400,12 @@ void mt_tokenizer_free(mt_tokenizer *tok)
     for (int i = 0; i < tok->n_split; i++) {
         pcre2_match_data_free(tok->match[i]);
         pcre2_code_free(tok->split[i]);
+        free(tok->split_key[i]);
     }
+    pcre2_match_context_free(tok->jit_context);
+    pcre2_match_context_free(tok->interp_context);
+    pcre2_jit_stack_free(tok->jit_stack);
+    free(tok->path);
     free(tok->cache.slots);
     free(tok->cache_bytes.p);
     free(tok->cache_ids.p);

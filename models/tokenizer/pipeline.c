@@ -29,10 +29,24 @@ static int compile_split(mt_tokenizer *tok, const char *pattern, const char *pat
                        (size_t)offset, (const char *)msg);
     }
     /* JIT is only speed: without it (unsupported CPU) the interpreter gives the same matches. */
-    (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
-    tok->split[tok->n_split] = re;
-    tok->match[tok->n_split] = pcre2_match_data_create_from_pattern(re, NULL);
-    if (!tok->match[tok->n_split]) {
+    int n = tok->n_split;
+    tok->split_jit[n] = pcre2_jit_compile(re, PCRE2_JIT_COMPLETE) == 0;
+    tok->split[n] = re;
+    tok->split_key[n] = strdup(key);
+    tok->match[n] = pcre2_match_data_create_from_pattern(re, NULL);
+    if (!tok->interp_context) { /* the first split: the match resources every split shares */
+        tok->jit_context = pcre2_match_context_create(NULL);
+        tok->interp_context = pcre2_match_context_create(NULL);
+        tok->jit_stack = pcre2_jit_stack_create(MT_TOK_JIT_STACK_START, MT_TOK_JIT_STACK_MAX, NULL);
+        if (tok->jit_context && tok->jit_stack) pcre2_jit_stack_assign(tok->jit_context, NULL, tok->jit_stack);
+        if (tok->interp_context) {
+            pcre2_set_heap_limit(tok->interp_context, MT_TOK_HEAP_LIMIT_KIB);
+            pcre2_set_match_limit(tok->interp_context, MT_TOK_MATCH_LIMIT);
+            pcre2_set_depth_limit(tok->interp_context, MT_TOK_DEPTH_LIMIT);
+        }
+    }
+    if (!tok->jit_stack) tok->split_jit[n] = false; /* a PCRE2 without JIT: the interpreter matches */
+    if (!tok->match[n] || !tok->split_key[n] || !tok->jit_context || !tok->interp_context) {
         fprintf(stderr, "megatrain tokenizer: out of memory\n");
         abort();
     }

@@ -13,6 +13,16 @@
 #include "models/tokenizer/tables.h"
 
 #define MAX_SPLIT_STEPS 8
+/* PCRE2's resources for one match of a Split regex. The JIT matcher's stack grows to
+ * JIT_STACK_MAX (PCRE2's own default is 32 KiB, which a pattern such as "(.)*" exhausts after
+ * about 1,365 characters); a match that needs more runs again in the interpreter, whose
+ * backtracking memory is bounded by HEAP_LIMIT_KIB and its steps by MATCH_LIMIT and DEPTH_LIMIT
+ * (ten times PCRE2's defaults). Past those, encoding fails with a message, never with wrong ids. */
+#define MT_TOK_JIT_STACK_START (32u << 10)
+#define MT_TOK_JIT_STACK_MAX (64u << 20)
+#define MT_TOK_HEAP_LIMIT_KIB (1u << 20)
+#define MT_TOK_MATCH_LIMIT 100000000u
+#define MT_TOK_DEPTH_LIMIT 100000000u
 #define MT_TOK_METASPACE "\xE2\x96\x81" /* U+2581, SentencePiece's stand-in for a space */
 
 typedef struct { char *content; size_t len; int32_t id; } added_token;
@@ -42,7 +52,13 @@ struct mt_tokenizer {
     int added_first[257];         /* added[added_first[b] .. added_first[b+1]) start with byte b */
     pcre2_code *split[MAX_SPLIT_STEPS];
     pcre2_match_data *match[MAX_SPLIT_STEPS];
+    bool split_jit[MAX_SPLIT_STEPS];   /* JIT-compiled (else the interpreter matches it) */
+    char *split_key[MAX_SPLIT_STEPS];  /* the regex's key in the file, for messages */
     int n_split;
+    pcre2_jit_stack *jit_stack;        /* up to MT_TOK_JIT_STACK_MAX, shared by the splits */
+    pcre2_match_context *jit_context;  /* matches with jit_stack */
+    pcre2_match_context *interp_context; /* the interpreter's raised limits */
+    char *path;                   /* the tokenizer.json, for messages */
     char normalizer[32];          /* "NFC" (applied with utf8proc) or "" when none */
     /* Scratch reused across calls (hence not thread-safe). */
     str_map cache;                /* word bytes -> (offset in cache_ids, count) */

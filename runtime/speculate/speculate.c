@@ -34,8 +34,11 @@ static bool fits_host(uint64_t bytes) { return bytes <= mt_host_memory_available
 int mt_speculation_init(mt_speculation *s, mt_host_state *st, const mt_step_config *sc, bool gpu, char *err,
                         size_t errlen)
 {
+    /* the compact layout's streamed weights are its master's high half: nothing runs ahead of the
+     * norm (auto resolves to off; graph.c refused the rest) */
+    const bool compact = st->layout == MT_LAYOUT_COMPACT;
     *s = (mt_speculation){
-        .clip = sc->clip, .option = sc->clip_speculate, .defer_option = sc->adamw_defer,
+        .clip = sc->clip, .option = compact ? 0 : sc->clip_speculate, .defer_option = sc->adamw_defer,
         .max_ratio = sc->clip_range_max > 1 ? sc->clip_range_max : MT_CLIP_RANGE_MAX_DEFAULT,
         .check = sc->clip_range_check != 0,
         .side_room = sc->ranged_side_room > 0 ? sc->ranged_side_room : MT_RANGED_SIDE_ROOM_DEFAULT,
@@ -44,7 +47,7 @@ int mt_speculation_init(mt_speculation *s, mt_host_state *st, const mt_step_conf
     /* Ranged speculation needs bf16 weights; auto asks for it where a GPU computes. Deferred
      * moments halves need a second gradient for every tile, the table's included (its moments
      * half goes into its early path); auto: when it takes at most 80% of the memory available. */
-    s->ranged = sc->clip > 0 && st->compute_dtype == MT_DTYPE_BF16 &&
+    s->ranged = !compact && sc->clip > 0 && st->compute_dtype == MT_DTYPE_BF16 &&
                 (sc->clip_speculate == 2 || (sc->clip_speculate < 0 && gpu));
     s->defer = s->ranged && (sc->adamw_defer > 0 || (sc->adamw_defer < 0 && fits_host(mt_state_grad_alt_bytes(st, 0))));
     if (s->defer && mt_state_enable_grad_alt(st, 0, err, errlen)) return -1;
@@ -215,6 +218,12 @@ const double *mt_speculation_kept_norms(const mt_speculation *s, const mt_host_s
 
 void mt_speculation_log_defer(const mt_speculation *s, const mt_host_state *st, FILE *log, const char *prefix)
 {
+    if (st->layout == MT_LAYOUT_COMPACT) {
+        if (s->clip > 0)
+            fprintf(log, "%s: compact host layout: no clip speculation or AdamW deferral (they need the full layout); "
+                         "each layer's clipped update waits for the norm and overlaps the next step's forward\n", prefix);
+        return;
+    }
     const double gb = (double)mt_state_grad_alt_bytes(st, 0) / 1e9;
     if (s->defer_option > 0 && !s->defer)
         fprintf(log, "%s: --adamw-defer on has no effect here: it needs ranged clip speculation (bf16 weights, clipping, "

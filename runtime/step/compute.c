@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "codelets/embedding.h"
+#include "codelets/grad_home.h"
 #include "codelets/head.h"
 #include "codelets/layer.h"
 #include "runtime/policy.h"
@@ -94,29 +95,53 @@ static void *hint_after_backward(mt_graph *g, int i)
     return mt_step_hint(g, (i / K - 1) * K + 1, 0);                    /* first layer of block i/K - 1 */
 }
 
+/* What the compute tasks write a tile's gradient into: its handle, or in the compact layout its
+ * fp32 accumulator (the bf16 home is grad_home's). */
+static starpu_data_handle_t grad_target(const mt_graph *g, const mt_tile *t)
+{
+    return g->st->layout == MT_LAYOUT_COMPACT ? t->h_grad_acc : t->h_grad;
+}
+
+/* Compact layout: the tile's accumulator, whole after the last contribution of the step, rounded
+ * to its bf16 home (with, clipping, the sum of squares of those values) where the compute runs;
+ * then dropped, so that its buffer serves the next tile and is never copied anywhere. */
+static void insert_grad_home(mt_graph *g, const mt_tile *t)
+{
+    struct starpu_data_descr d[3] = {
+        { t->h_grad_acc, STARPU_R }, { t->h_grad, STARPU_W }, { g->partial[t->index], STARPU_W },
+    };
+    mt_step_check_insert(starpu_task_insert(&mt_cl_grad_home, STARPU_DATA_MODE_ARRAY, d, g->sc.clip > 0 ? 3 : 2,
+                                            STARPU_NAME, "grad_home", STARPU_EXECUTE_WHERE, g->where, 0),
+                         "grad_home");
+    mt_step_drop(t->h_grad_acc);
+}
+
 /* Forward, loss anchor and block-wise backward of every micro-batch of a step. Gradients of a
  * tile are written (=) by micro-batch 0 and accumulated (+=) by the others, in micro-batch
- * order; the last writer of each tile also leaves its sum of squares when clipping. */
+ * order; the last writer of each tile also leaves its sum of squares when clipping, or in the
+ * compact layout its grad_home does, after it. */
 static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, double loss_scale, bool early_table)
 {
     mt_host_state *st = g->st;
     const int L = (int)st->cfg.layers, K = g->sc.K, M = g->sc.accum;
     mt_tile *embed = mt_state_embed(st), *head = mt_state_head(st);
     const int head_tile = st->ntiles - 1, last_block = g->nblocks - 1;
+    const bool compact = st->layout == MT_LAYOUT_COMPACT;
+    const bool clipped = g->sc.clip > 0 && !compact; /* the compute tasks take the sums of squares */
 
     submit_forward(g, sl->h_tokens, M, step, true);
 
     /* Loss anchor: dh_L goes to grad[u][L % 2], the input of layer L-1's backward. */
     for (int u = 0; u < M; u++) {
-        const bool first = u == 0, sumsq = u == M - 1 && g->sc.clip > 0;
+        const bool first = u == 0, sumsq = u == M - 1 && clipped;
         const enum starpu_data_access_mode gmode = first ? STARPU_W : STARPU_RW;
         mt_compute_args a = { .model = &g->model, .B = g->sc.B, .T = g->sc.T, .accumulate = !first,
                               .loss_scale = loss_scale, .head_chunk = g->sc.head_chunk, .sumsq = sumsq,
                               .table_sumsq = sumsq && g->speculation.head_table };
         struct starpu_data_descr hd[11] = {
             { head->h_weights, STARPU_R }, { g->act[u][L % 2], STARPU_R }, { sl->h_targets[u], STARPU_R },
-            { g->grad[u][L % 2], STARPU_W }, { head->h_grad, gmode }, { sl->h_loss[u], STARPU_W },
-            { g->scratch_head, STARPU_SCRATCH }, { embed->h_weights, STARPU_R }, { embed->h_grad, gmode },
+            { g->grad[u][L % 2], STARPU_W }, { grad_target(g, head), gmode }, { sl->h_loss[u], STARPU_W },
+            { g->scratch_head, STARPU_SCRATCH }, { embed->h_weights, STARPU_R }, { grad_target(g, embed), gmode },
         };
         int nhd = st->cfg.tied ? 9 : 7;
         if (sumsq) hd[nhd++] = (struct starpu_data_descr){ g->partial[head_tile], STARPU_W };
@@ -125,6 +150,7 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
                                         STARPU_NAME, "head", STARPU_EXECUTE_WHERE, g->where,
                                         STARPU_TASK_SCHED_DATA, first ? mt_step_hint(g, last_block * K + 1, 0) : NULL, 0),
                      "head");
+        if (compact && u == M - 1) insert_grad_home(g, head);
         if (sumsq) mt_speculation_insert_known(&g->speculation, st, g->partial, head_tile);
         /* The forward's hidden states are dead now (the recompute rewrites them): dropped, so
          * that making room on the GPU never copies them back to the host. */
@@ -139,7 +165,7 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
         int lo = b * K, hi = lo + K < L ? lo + K : L;
         for (int u = 0; u < M; u++) {
             const bool first = u == 0, last = u == M - 1;
-            const bool sumsq = last && g->sc.clip > 0;
+            const bool sumsq = last && clipped;
             const enum starpu_data_access_mode gmode = first ? STARPU_W : STARPU_RW;
             for (int i = lo; i < hi; i++) {
                 starpu_data_handle_t x = i == lo ? mt_step_ckpt(g, b, u) : g->act[u][i % 2];
@@ -155,7 +181,7 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
                 mt_compute_args ba = { .model = &g->model, .B = g->sc.B, .T = g->sc.T, .accumulate = !first, .sumsq = sumsq };
                 struct starpu_data_descr bd[7] = {
                     { t->h_weights, STARPU_R }, { g->saved[i - lo], STARPU_R }, { g->grad[u][(i + 1) % 2], STARPU_R },
-                    { g->grad[u][i % 2], STARPU_W }, { t->h_grad, gmode }, { g->scratch_layer, STARPU_SCRATCH },
+                    { g->grad[u][i % 2], STARPU_W }, { grad_target(g, t), gmode }, { g->scratch_layer, STARPU_SCRATCH },
                     { g->partial[t->index], STARPU_W },
                 };
                 bool leaves_block = i % K == 0;
@@ -165,6 +191,7 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
                                                 STARPU_EXECUTE_WHERE, g->where, STARPU_TASK_SCHED_DATA, hint,
                                                 MT_OBSERVE_END(&g->observer, last, MT_EV_BACKWARD, step, t->index), 0),
                              "layer_backward");
+                if (compact && last) insert_grad_home(g, t);
                 if (sumsq) mt_speculation_insert_known(&g->speculation, st, g->partial, t->index);
                 mt_step_drop(g->saved[i - lo]);
             }
@@ -183,9 +210,10 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
     for (int u = 0; u < M; u++) {
         const bool last = u == M - 1;
         mt_compute_args ea = { .model = &g->model, .B = g->sc.B, .T = g->sc.T, .accumulate = u > 0 || st->cfg.tied,
-                               .sumsq = last && g->sc.clip > 0 };
+                               .sumsq = last && clipped };
         struct starpu_data_descr ed[5] = {
-            { sl->h_tokens[u], STARPU_R }, { g->grad[u][0], STARPU_R }, { embed->h_grad, ea.accumulate ? STARPU_RW : STARPU_W },
+            { sl->h_tokens[u], STARPU_R }, { g->grad[u][0], STARPU_R },
+            { grad_target(g, embed), ea.accumulate ? STARPU_RW : STARPU_W },
             { g->scratch_layer, STARPU_SCRATCH }, { g->partial[0], STARPU_W },
         };
         mt_step_check_insert(starpu_task_insert(&mt_cl_embedding_backward, STARPU_DATA_MODE_ARRAY, ed, ea.sumsq ? 5 : 4,
@@ -193,6 +221,7 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
                                         STARPU_EXECUTE_WHERE, g->where,
                                         STARPU_TASK_SCHED_DATA, last ? mt_step_hint(g, 1, 1) : NULL, 0),
                      "embedding_backward");
+        if (compact && last) insert_grad_home(g, embed);
         mt_step_drop(g->grad[u][0]);
         mt_step_drop(g->grad[u][1]);
     }

@@ -57,6 +57,20 @@ static int check_config(const mt_host_state *st, const mt_step_config *sc, bool 
                  MT_RANGED_SIDE_ROOM_MAX, MT_RANGED_SIDE_ROOM_DEFAULT);
         return -1;
     }
+    if (st->layout == MT_LAYOUT_COMPACT && (sc->clip_speculate == 1 || sc->clip_speculate == 2)) {
+        snprintf(err, errlen, "clip speculation (--clip-speculate %s) needs the full host layout: it writes the streamed "
+                 "weights before the norm is known and redoes them from the master after it, and in the compact layout "
+                 "the streamed weights are the master's high half; use --clip-speculate auto or off (the update then "
+                 "waits for the norm and overlaps the next step's forward), or --host-layout full",
+                 sc->clip_speculate == 1 ? "unit" : "ranged");
+        return -1;
+    }
+    if (st->layout == MT_LAYOUT_COMPACT && sc->adamw_defer > 0) {
+        snprintf(err, errlen, "--adamw-defer on needs the full host layout: deferral keeps a second fp32 gradient and "
+                 "runs with ranged clip speculation, neither of which the compact layout has; use --adamw-defer auto or "
+                 "off, or --host-layout full");
+        return -1;
+    }
     if ((unsigned)sc->ranged_bounds > MT_RANGED_BOUNDS_EXACT) {
         snprintf(err, errlen, "invalid step configuration: ranged_bounds=%d (avx2 %d, avx512 %d, exact %d)",
                  (int)sc->ranged_bounds, MT_RANGED_BOUNDS_AVX2, MT_RANGED_BOUNDS_AVX512, MT_RANGED_BOUNDS_EXACT);
@@ -260,6 +274,10 @@ void mt_graph_set_adamw_split(mt_graph *g, int split) { g->sc.adamw_split = spli
 
 void mt_graph_set_clip_speculate(mt_graph *g, int speculate)
 {
+    /* the user's choice was checked against the layout when the graph was made */
+    STARPU_ASSERT_MSG(g->st->layout != MT_LAYOUT_COMPACT || speculate <= 0,
+                      "clip speculation %d asked of a compact host state (it needs the full layout)", speculate);
+    if (g->st->layout == MT_LAYOUT_COMPACT) speculate = 0;
     g->sc.clip_speculate = speculate;
     g->speculation.option = speculate;
 }

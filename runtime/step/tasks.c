@@ -1,6 +1,8 @@
 /* The observer plumbing and the AdamW tasks of an update (runtime/step/tasks.h). */
 #include "runtime/step/tasks.h"
 
+#include "codelets/adamw_compact.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -80,4 +82,30 @@ void mt_step_insert_moments(const mt_update_ctx *u, mt_tile *t, int c, starpu_da
                                             STARPU_PRIORITY, moments_priority(u->st, t->index),
                                             STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_NAME, "adamw_moments", 0),
                          "adamw_moments");
+}
+
+void mt_step_insert_compact(const mt_update_ctx *u, mt_tile *t, int c, bool split, starpu_data_handle_t clip, int prio,
+                            const mt_adamw_params *p, int64_t step)
+{
+    const mt_adamw_args a = { .p = *p, .dtype = u->st->compute_dtype,
+                              .clipped = clip ? MT_ADAMW_CLIPPED : MT_ADAMW_UNCLIPPED, .stats = u->stats };
+    const int nclip = clip ? 1 : 0;
+    struct starpu_codelet *cl = split ? &mt_cl_adamw_compact_weights : &mt_cl_adamw_compact;
+    const enum starpu_data_access_mode moments = split ? STARPU_R : STARPU_RW;
+    struct starpu_data_descr d[6] = {
+        { t->h_weights_chunk[c], STARPU_RW }, { t->h_master_lo_chunk[c], STARPU_RW }, { t->h_m_chunk[c], moments },
+        { t->h_v_chunk[c], moments }, { t->h_grad_chunk[c], STARPU_R }, { clip, STARPU_R },
+    };
+    mt_step_check_insert(starpu_task_insert(cl, STARPU_DATA_MODE_ARRAY, d, 5 + nclip, STARPU_VALUE, &a, sizeof a,
+                                            STARPU_PRIORITY, prio, STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_NAME,
+                                            cl->name, MT_OBSERVE_END(u->observer, true, MT_EV_ADAMW, step, t->index), 0),
+                         cl->name);
+    if (!split) return;
+    struct starpu_data_descr md[4] = {
+        { t->h_m_chunk[c], STARPU_RW }, { t->h_v_chunk[c], STARPU_RW }, { t->h_grad_chunk[c], STARPU_R }, { clip, STARPU_R },
+    };
+    mt_step_check_insert(starpu_task_insert(&mt_cl_adamw_compact_moments, STARPU_DATA_MODE_ARRAY, md, 3 + nclip,
+                                            STARPU_VALUE, &a, sizeof a, STARPU_PRIORITY, moments_priority(u->st, t->index),
+                                            STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_NAME, "adamw_compact_moments", 0),
+                         "adamw_compact_moments");
 }

@@ -62,4 +62,11 @@ void mt_step_insert_adamw(const mt_update_ctx *u, mt_tile *t, int c, struct star
 void mt_step_insert_moments(const mt_update_ctx *u, mt_tile *t, int c, starpu_data_handle_t grad,
                             starpu_data_handle_t clip, const mt_adamw_params *p);
 
+/* The compact layout's AdamW of chunk c of tile t (codelets/adamw_compact.h), clipped by the clip
+ * buffer `clip` (NULL: unclipped): fused, or split in its weights half at priority prio and its
+ * moments half below every weights half (as mt_step_insert_moments). The fused task or the
+ * weights half reports MT_EV_ADAMW of `step` to the observer. */
+void mt_step_insert_compact(const mt_update_ctx *u, mt_tile *t, int c, bool split, starpu_data_handle_t clip, int prio,
+                            const mt_adamw_params *p, int64_t step);
+
 #endif

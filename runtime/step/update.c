@@ -34,6 +34,9 @@ bool mt_step_split_update(const mt_graph *g, int tile)
  * in, i.e. split, and without clipping or speculatively. */
 static bool early_table(const mt_graph *g, mt_speculation_choice sp)
 {
+    /* compact: the table's gradient is whole only once its grad_home has run, after the embedding
+     * backward, and its weights half writes the master itself (no redo of touched rows) */
+    if (g->st->layout == MT_LAYOUT_COMPACT) return false;
     return g->sc.clip > 0 ? mt_speculation_early_table(sp) : mt_step_split_update(g, 0);
 }
 
@@ -76,6 +79,7 @@ static void submit_update(mt_graph *g, int64_t step, double lr, mt_speculation_c
     /* This update's own moments halves wait for the next step's ranged runs (the table's for its
      * next early path). */
     const bool defer = mt_speculation_defers(&g->speculation, sp);
+    const bool compact = st->layout == MT_LAYOUT_COMPACT;
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
         const bool started = table_started && i == 0;
@@ -94,10 +98,13 @@ static void submit_update(mt_graph *g, int64_t step, double lr, mt_speculation_c
                 if (clipped) mt_speculation_insert_table_confirm(&g->speculation, &g->update, t, c, sp, prio, &p, step);
             } else if (speculate) {
                 mt_speculation_insert_chunk(&g->speculation, &g->update, t, c, sp, take_over, prio, &p, step);
+            } else if (compact) {
+                mt_step_insert_compact(&g->update, t, c, split, clipped ? g->clip : NULL, prio, &p, step);
             } else {
                 insert_plain(g, t, c, split, clipped, prio, &p, step);
             }
-            if (split && !defer) mt_step_insert_moments(&g->update, t, c, t->h_grad_chunk[c], clipped ? g->clip : NULL, &p);
+            if (split && !defer && !compact)
+                mt_step_insert_moments(&g->update, t, c, t->h_grad_chunk[c], clipped ? g->clip : NULL, &p);
         }
         /* Gather back in host memory, where the next forward's transfer starts; then tell the
          * policy, which may be waiting to prefetch this tile. Notes are reused READY_RING steps

@@ -126,6 +126,7 @@ int cli_bench(int argc, char **argv)
         CLI_GROUP("clipping", clip_options, &o),
         CLI_GROUP_ONLY(NULL, cli_clip_options, &o.step,
                        "clip-speculate clip-range clip-range-max clip-range-grow clip-range-memory clip-range-check"),
+        CLI_GROUP("host memory", cli_layout_options, &o.host_layout),
         CLI_GROUP("GPU memory", memory_options, &o),
         CLI_GROUP("workers", cli_worker_options, &o.runtime),
     };

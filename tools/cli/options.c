@@ -68,6 +68,40 @@ int cli_parse_double(const char *cmd, const char *flag, const char *s, double lo
     return 0;
 }
 
+int cli_parse_bytes(const char *cmd, const char *flag, const char *s, uint64_t *out)
+{
+    static const struct { const char *suffix; double unit; } units[] = {
+        { "", 1 }, { "B", 1 },
+        { "K", 0x1p10 }, { "KiB", 0x1p10 }, { "KB", 1e3 }, { "M", 0x1p20 }, { "MiB", 0x1p20 }, { "MB", 1e6 },
+        { "G", 0x1p30 }, { "GiB", 0x1p30 }, { "GB", 1e9 }, { "T", 0x1p40 }, { "TiB", 0x1p40 }, { "TB", 1e12 },
+        { "P", 0x1p50 }, { "PiB", 0x1p50 }, { "PB", 1e15 },
+    };
+    char *end;
+    errno = 0;
+    const double v = strtod(s, &end);
+    for (size_t k = 0; end != s && !errno && isfinite(v) && v >= 0 && k < sizeof units / sizeof units[0]; k++) {
+        if (strcmp(end, units[k].suffix)) continue;
+        const double bytes = v * units[k].unit;
+        if (bytes >= 0x1p63) break;
+        *out = (uint64_t)bytes;
+        return 0;
+    }
+    cli_usage_error(cmd, "%s: '%s' is not a byte count (a number, or one with a suffix: K M G T P, powers of 1024, "
+                         "or KB MB GB TB PB, powers of 1000: 125G, 1.5T)", flag, s);
+    return -1;
+}
+
+int cli_bytes_option(const char *cmd, const cli_option *opt, const char *arg, void *target)
+{
+    char flag[64];
+    snprintf(flag, sizeof flag, "--%s", opt->name);
+    uint64_t *out = (uint64_t *)((char *)target + opt->field);
+    if (cli_parse_bytes(cmd, flag, arg, out)) return 2;
+    if (*out >= (uint64_t)opt->min) return 0;
+    fprintf(stderr, "%s: %s: %s is below %lld bytes\n", cmd, flag, arg, opt->min);
+    return 2;
+}
+
 /* "a, b or c": the words of a list, for a message. */
 static const char *word_choices(const cli_word *words, char *buf, size_t size)
 {
@@ -465,6 +499,16 @@ const cli_option cli_worker_options[4] = {
       .max = CLI_MAX_NCUDA, .help = "StarPU CUDA workers, 0 = CPU only", .show_default = true, .show = show_workers },
     { .name = "watchdog", .arg = "S", .kind = CLI_DOUBLE, .field = offsetof(mt_runtime_options, watchdog_s), .lo = 0,
       .hi = 1e9, .advanced = true, .help = "end a run in which no task finished for S seconds (default 300; 0: never)" },
+};
+
+_Static_assert(sizeof(mt_host_layout) == sizeof(int), "--host-layout stores an int");
+static const cli_word host_layouts[] = {
+    { "auto", MT_LAYOUT_AUTO }, { "full", MT_LAYOUT_FULL }, { "compact", MT_LAYOUT_COMPACT }, { NULL, 0 },
+};
+
+const cli_option cli_layout_options[1] = {
+    { .name = "host-layout", .arg = "L", .kind = CLI_WORD, .field = 0, .words = host_layouts, .show_default = true,
+      .help = "host state: full, compact (14 B/param, bf16), auto (full where it fits)" },
 };
 
 int cli_environment(const char *cmd, mt_runtime_options *runtime, mt_step_config *step)

@@ -11,6 +11,7 @@
 
 #include "models/config.h"
 #include "models/dtype.h"
+#include "runtime/plan.h"
 #include "runtime/runtime.h"
 #include "runtime/step.h"
 
@@ -111,6 +112,12 @@ int cli_parse_word_list(const char *cmd, const char *flag, const char *s, const 
 extern const cli_word cli_auto_on_off[];
 /* A CLI_CUSTOM parser for --dtype: mt_dtype_parse's names into the mt_dtype field. */
 int cli_dtype_option(const char *cmd, const cli_option *opt, const char *arg, void *target);
+/* A CLI_CUSTOM parser of a byte count into the uint64_t field: a whole number, or a number with a
+ * suffix, K M G T P (powers of 1024, also KiB..PiB) or KB MB GB TB PB (powers of 1000): 125G, 1.5T.
+ * At least opt->min bytes. */
+int cli_bytes_option(const char *cmd, const cli_option *opt, const char *arg, void *target);
+/* The value of a byte count as cli_bytes_option reads it: 0, or -1 after a message naming flag. */
+int cli_parse_bytes(const char *cmd, const char *flag, const char *s, uint64_t *out);
 
 /* ---- the shared options --------------------------------------------------------------- */
 
@@ -138,6 +145,9 @@ extern const cli_option cli_clip_options[8];
 extern const char cli_speculation_note[];
 /* --sched, --ncpu, --ncuda, --watchdog into an mt_runtime_options. */
 extern const cli_option cli_worker_options[4];
+/* --host-layout auto|full|compact into an mt_host_layout: the group's target is that field itself
+ * (plan, bench and train take it; runtime/plan.h: mt_plan_choose resolves auto). */
+extern const cli_option cli_layout_options[1];
 
 /* Maps the documented environment variables to the library's options; the one place the
  * command line reads the environment for the library. A value that names nothing is reported
