@@ -446,7 +446,10 @@ static void run_layer_prec(const routing_case *rc, mt_cuda_prec prec, uint64_t s
     check_vs("backward dx - dy", dx_res, dx64_res, nd, tol);
     check_tile("", "=", &lay, dtile, dtile64, tol);
     mt_test_check_padding_zero("dtile padding (=)", &lay, dtile);
-    mt_test_check_bitwise("dtile, backward run twice", dtile, dtile2, tile_bytes);
+    if (f32 || mt_cuda_attention_reproducible(ctx, B, T, cfg.heads, cfg.kv_heads, cfg.head_dim))
+        mt_test_check_bitwise("dtile, backward run twice", dtile, dtile2, tile_bytes);
+    else /* cuDNN's attention backward (float atomics on dQ) may change the last bits */
+        mt_test_check_close("dtile, backward run twice (cuDNN attention)", dtile2, dtile, lay.numel, tol);
 
     mt_cuda_layer_backward(ctx, &cfg, &lay, prec, d_tile, B, T, d_saved, d_dy, d_dx, d_dtile, true, d_scratch, s);
     CK_CUDA(cudaStreamSynchronize(st));
