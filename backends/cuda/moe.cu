@@ -358,7 +358,8 @@ void mt_moe_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile
             expert_backward_weight(h, r, d, 2 * Ie, type, X, d, dgu, 2 * Ie, expert_matrix(layout, dtile, e, MT_X_GATE));
         } else {
             expert_backward_weight(h, r, d, Ie, type, X, d, dgu, 2 * Ie, expert_matrix(layout, dtile, e, MT_X_GATE));
-            expert_backward_weight(h, r, d, Ie, type, X, d, dgu + Ie, 2 * Ie, expert_matrix(layout, dtile, e, MT_X_UP));
+            expert_backward_weight(h, r, d, Ie, type, X, d, dgu + Ie, 2 * Ie,
+                                   expert_matrix(layout, dtile, e, MT_X_UP));
         }
     }
     // Input gradients, over X and dY (dead now): dX = dgu [Wg; Wu].
