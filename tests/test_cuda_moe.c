@@ -698,6 +698,7 @@ static Suite *cuda_moe_suite(void)
 {
     Suite *s = suite_create("cuda_moe");
     TCase *routing = tcase_create("routing");
+    tcase_set_timeout(routing, 600);
     tcase_add_test(routing, test_routing);
     suite_add_tcase(s, routing);
     TCase *block = tcase_create("block");
