@@ -4,6 +4,7 @@
 #define MT_BACKENDS_CUDA_COMMON_CUH
 
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -122,6 +123,7 @@ struct mt_cuda_ctx {
     bool ready;                // the device resources below exist
     int device;
     cublasLtHandle_t lt;
+    cublasHandle_t blas;  // cuBLAS: the per-expert GEMMs of moe.cu, whose row counts change every call
     void *gemm_workspace; // MT_CUDA_GEMM_WORKSPACE bytes for cuBLASLt (split-K and friends)
     size_t gemm_workspace_bytes;
     double *reduce_partials; // MT_CUDA_REDUCE_BLOCKS doubles: stage 1 of mt_cuda_sumsq_f32

@@ -1,4 +1,4 @@
-// The per-thread GPU context (options, cuBLASLt handle, GEMM workspace, reduction partials) and the small
+// The per-thread GPU context (options, cuBLASLt and cuBLAS handles, GEMM workspace, reduction partials) and the small
 // whole-buffer kernels: fp32 <-> bf16 conversion and the deterministic sum of squares that the
 // gradient-norm task uses.
 #include "backends/cuda/common.cuh"
@@ -26,6 +26,11 @@ extern "C" mt_cuda_ctx *mt_cuda_ctx_get(void)
     if (ctx->ready) return ctx;
     CUDA_CHECK(cudaGetDevice(&ctx->device));
     CUBLAS_CHECK(cublasLtCreate(&ctx->lt));
+    CUBLAS_CHECK(cublasCreate(&ctx->blas));
+    // fp32 accumulation in every GEMM: no reduced-precision split-K reductions for bf16 outputs
+    // (fp32 operands never use TF32 under CUBLAS_COMPUTE_32F).
+    CUBLAS_CHECK(cublasSetMathMode(ctx->blas, (cublasMath_t)(CUBLAS_DEFAULT_MATH |
+                                                              CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
     // The only allocations of the backend: once per thread, here, never inside a launcher.
     ctx->gemm_workspace_bytes = MT_CUDA_GEMM_WORKSPACE;
     CUDA_CHECK(cudaMalloc(&ctx->gemm_workspace, ctx->gemm_workspace_bytes));

@@ -14,13 +14,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" { /* the models' C headers have no linkage guards of their own */
+#endif
+
 #include "backends/cuda/options.h"
 #include "models/config.h"
 #include "models/layout.h"
-
-#ifdef __cplusplus
-extern "C" {
-#endif
 
 typedef struct CUstream_st *mt_cuda_stream;
 typedef uint16_t mt_cuda_bf16; /* bfloat16 bits, as on the host */
@@ -90,7 +90,8 @@ size_t mt_cuda_embedding_workspace_bytes(int64_t ntok, int64_t V);
 size_t mt_cuda_layer_saved_bytes(const mt_model_config *cfg, mt_cuda_prec prec, int64_t B, int64_t T);
 size_t mt_cuda_layer_scratch_bytes(const mt_model_config *cfg, mt_cuda_prec prec, int64_t B, int64_t T);
 /* One decoder layer (as mt_cpu_layer_forward): tile of prec's type; x, y (ntok, d) fp32; saved
- * may be NULL. */
+ * may be NULL. A sparse layout (its MLP a router and experts) runs the MoE block below, without
+ * the load-balancing loss; the sizes above are those of the larger kind of layer cfg has. */
 void mt_cuda_layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
                            mt_cuda_prec prec, const void *tile, int64_t B, int64_t T, const float *x, float *y,
                            void *saved, void *scratch, mt_cuda_stream stream);
@@ -99,6 +100,41 @@ void mt_cuda_layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const 
                             mt_cuda_prec prec, const void *tile, int64_t B, int64_t T, const void *saved,
                             const float *dy, float *dx, float *dtile, bool accumulate, void *scratch,
                             mt_cuda_stream stream);
+
+/* ---- mixture of experts (backends/cuda/moe_routing.cu, moe.cu; docs/moe.md) ----
+ * n tokens each routed to k of E experts (E <= MT_MAX_EXPERTS); assignment a = token * k + slot.
+ * mt_cuda_layer_forward/backward run a sparse layer's MoE block through these; they are also
+ * callable alone (the tests compare each with backends/cpu, the bench times the block). */
+/* probs (n, E) fp32 = the softmax of each row of logits (n, E) fp32, in fp32 with expf (in place
+ * allowed). */
+void mt_cuda_router_softmax(int64_t n, int64_t E, const float *logits, float *probs, mt_cuda_stream stream);
+/* The top k of each row of probs (n, E) in rank order: NaN above every number, then the larger
+ * probability, then the lower expert index. experts (n, k) int32 =, weights (n, k) fp32 = their
+ * probabilities, divided by their sum (added in rank order) when renormalise: bitwise
+ * mt_cpu_router_topk_f32's. */
+void mt_cuda_router_topk(int64_t n, int64_t E, int64_t k, bool renormalise, const float *probs, int32_t *experts,
+                         float *weights, mt_cuda_stream stream);
+/* The n*k assignments grouped by expert, bitwise mt_moe_group's: offsets (E + 1) =, order (n*k) =
+ * (experts ascending, tokens ascending within one), and pos (n*k) = its inverse, order[pos[a]] = a.
+ * workspace: mt_cuda_moe_group_workspace_bytes. */
+size_t mt_cuda_moe_group_workspace_bytes(int64_t n, int64_t E, int64_t k);
+void mt_cuda_moe_group(int64_t n, int64_t E, int64_t k, const int32_t *experts, int32_t *offsets, int32_t *order,
+                       int32_t *pos, void *workspace, mt_cuda_stream stream);
+/* The MoE block of a sparse layer (as mt_cpu_moe_forward/backward without the load-balancing
+ * loss), the experts' GEMMs per expert on cuBLAS, fp32 accumulation; each call synchronises its
+ * stream once (the experts' row counts shape the GEMMs). tile: a sparse layer's tile of prec's
+ * type; hn (ntok, d) of prec's type, the normed hidden state. Forward: y (ntok, d) fp32 = resid
+ * (NULL: 0) + the experts' weighted sum; saved (mt_cuda_moe_saved_bytes) may be NULL. Backward
+ * from dy (ntok, d) of prec's type, with the forward's saved: dhn (ntok, d) fp32 =, dtile fp32 +=
+ * at the router and at every expert some token chose. scratch: mt_cuda_moe_scratch_bytes. */
+size_t mt_cuda_moe_saved_bytes(const mt_model_config *cfg, mt_cuda_prec prec, int64_t ntok);
+size_t mt_cuda_moe_scratch_bytes(const mt_model_config *cfg, mt_cuda_prec prec, int64_t ntok);
+void mt_cuda_moe_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout, mt_cuda_prec prec,
+                         const void *tile, int64_t ntok, const void *hn, const float *resid, float *y, void *saved,
+                         void *scratch, mt_cuda_stream stream);
+void mt_cuda_moe_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
+                          mt_cuda_prec prec, const void *tile, int64_t ntok, const void *hn, const void *saved,
+                          const void *dy, float *dhn, float *dtile, void *scratch, mt_cuda_stream stream);
 
 size_t mt_cuda_head_scratch_bytes(const mt_model_config *cfg, mt_cuda_prec prec, int64_t chunk);
 /* Final norm + LM head + cross-entropy, `chunk` rows at a time (as mt_cpu_head). loss (device,

@@ -1,15 +1,18 @@
 // One pre-norm decoder layer on the GPU (Llama, Mistral, Qwen2 with q/k/v bias, Qwen3 with q/k
-// RMSNorm), forward and backward, mirroring backends/cpu/layer.inc step by step. The residual
+// RMSNorm), forward and backward, mirroring backends/cpu/layer.inc step by step; its MLP dense, or
+// for a sparse layout (Qwen3-MoE, Mixtral) the MoE block of moe.cu. The residual
 // stream is fp32; every GEMM input is of the operand type E (bf16, or float on the fp32 path;
 // fp32 accumulation either way); norm statistics are fp32. Each step is a template on E.
 // Fused here: q/k-norm + RoPE on q and k in one launch (and their backward with the cast to E);
 // rmsnorm + cast to E; the residual adds ride in the o/down GEMM epilogues; bias adds in q/k/v's.
+#include <string.h>
 #include <type_traits>
 
 #include "backends/cuda/attention_f32.h"
 #include "backends/cuda/colsum.cuh"
 #include "backends/cuda/layer_ops.cuh"
 #include "backends/cuda/linear.cuh"
+#include "backends/cuda/moe.cuh"
 #include "backends/cuda/rmsnorm.cuh"
 
 // Parameter `slot` of a tile of E, NULL when absent.
@@ -71,13 +74,27 @@ static void attention_backward(mt_cuda_ctx *, const mt_layer_dims *m, const floa
 
 // ---- saved: what backward needs, written by a forward given `saved` ----
 // fp32: x (n,d) h (n,d) rms1 (n) rms2 (n) lse (B,H,T) [qk_norm: qrms (n*H) krms (n*KV)]
-// E (the operand type): q k (after RoPE) (n,H*D) (n,KV*D), v (n,KV*D), a (n,H*D), g u (n,I)
+// E (the operand type): q k (after RoPE) (n,H*D) (n,KV*D), v (n,KV*D), a (n,H*D)
 //       [qk_norm: qpre (n,H*D) kpre (n,KV*D), the projections before the norm]
+// then the MLP's: a dense layer's g u (n,I) E, or a sparse layer's MoE set (moe.cuh), in one
+// region sized for the larger kind of layer the model has.
 // xn and hn are recomputed from x, h and the saved inv_rms; s = swiglu(g, u) likewise.
 template <class E> struct layer_saved {
     float *x, *h, *rms1, *rms2, *lse, *qrms, *krms;
-    E *q, *k, *v, *a, *g, *u, *qpre, *kpre;
+    E *q, *k, *v, *a, *qpre, *kpre;
+    E *g, *u;               // dense
+    mt_moe_saved<E> moe;    // sparse
 };
+
+// The kinds of layer the model has: the carves size the MLP regions for both when it has both.
+static bool has_dense(const mt_model_config *cfg) { return mt_config_has_dense_layers(cfg); }
+static bool has_sparse(const mt_model_config *cfg) { return mt_config_sparse_layers(cfg) > 0; }
+
+// Ends the overlay of two alternatives that started at the same offset: past the longer one.
+static void overlay_end(mt_carve *c, size_t other_end)
+{
+    if (other_end > c->offset) c->offset = other_end;
+}
 
 template <class E>
 static void saved_carve(const mt_model_config *cfg, const mt_layer_dims *m, mt_carve *c, layer_saved<E> *s)
@@ -94,19 +111,28 @@ static void saved_carve(const mt_model_config *cfg, const mt_layer_dims *m, mt_c
     s->k = mt_take<E>(c, n * m->kvd);
     s->v = mt_take<E>(c, n * m->kvd);
     s->a = mt_take<E>(c, n * m->qd);
-    s->g = mt_take<E>(c, n * m->inter);
-    s->u = mt_take<E>(c, n * m->inter);
     s->qpre = cfg->qk_norm ? mt_take<E>(c, n * m->qd) : nullptr;
     s->kpre = cfg->qk_norm ? mt_take<E>(c, n * m->kvd) : nullptr;
+    const size_t mlp = c->offset;
+    s->g = has_dense(cfg) ? mt_take<E>(c, n * m->inter) : nullptr;
+    s->u = has_dense(cfg) ? mt_take<E>(c, n * m->inter) : nullptr;
+    const size_t dense_end = c->offset;
+    c->offset = mlp;
+    memset(&s->moe, 0, sizeof s->moe);
+    if (has_sparse(cfg)) mt_moe_saved_carve(cfg, n, c, &s->moe);
+    overlay_end(c, dense_end);
 }
 
-// ---- scratch of forward: [the saved set, used only when the caller passes none] xn/hn, s, rope
-// ---- scratch of backward: norm_out, dnorm, dres, rope, partials, then the MLP gradients overlaid
-//      by the attention gradients (the MLP ones are dead before attention backward starts).
+// ---- scratch of forward: [the saved set, used only when the caller passes none] xn/hn, then s or
+//      the MoE block's scratch, rope
+// ---- scratch of backward: norm_out, dnorm, dres, rope, partials, then the MLP gradients (dense,
+//      or the MoE block's scratch) overlaid by the attention gradients (the MLP ones are dead
+//      before attention backward starts).
 template <class E> struct layer_fwd_scratch {
     layer_saved<E> keep;  // stands in for `saved` when it is NULL
     E *xn;                // (n, d) normed x, later normed h (hn)
-    E *s;                 // (n, I) swiglu output
+    E *s;                 // (n, I) swiglu output (dense)
+    void *moe;            // the MoE block's forward scratch (sparse)
     float *cos_t, *sin_t; // (T, D/2) RoPE tables
 };
 
@@ -117,9 +143,10 @@ template <class E> struct layer_bwd_scratch {
     float *cos_t, *sin_t; // (T, D/2)
     float *partials;      // column-sum partials, widest of d and H*D
     // MLP phase
-    E *s_dg;   // (n, I) s (recomputed), then dg
-    E *du;     // (n, I)
-    float *ds; // (n, I) gradient at the swiglu output
+    E *s_dg;   // (n, I) s (recomputed), then dg (dense)
+    E *du;     // (n, I) (dense)
+    float *ds; // (n, I) gradient at the swiglu output (dense)
+    void *moe; // the MoE block's backward scratch (sparse)
     // attention phase, overlaying the MLP phase
     E *da_dqp;            // (n, H*D) gradient at the attention output, then at q's projection
     E *dkp, *dvb;         // (n, KV*D) gradients at k's projection and v, E for the GEMMs (dvb
@@ -136,12 +163,18 @@ static void fwd_carve(const mt_model_config *cfg, const mt_layer_dims *m, mt_car
 {
     saved_carve(cfg, m, c, &s->keep);
     s->xn = mt_take<E>(c, m->n * m->d);
-    s->s = mt_take<E>(c, m->n * m->inter);
+    const size_t mlp = c->offset;
+    s->s = has_dense(cfg) ? mt_take<E>(c, m->n * m->inter) : nullptr;
+    const size_t dense_end = c->offset;
+    c->offset = mlp;
+    s->moe = has_sparse(cfg) ? mt_take<char>(c, (int64_t)mt_moe_forward_scratch_bytes<E>(cfg, m->n)) : nullptr;
+    overlay_end(c, dense_end);
     s->cos_t = mt_take<float>(c, m->T * m->half);
     s->sin_t = mt_take<float>(c, m->T * m->half);
 }
 
-template <class E> static void bwd_carve(const mt_layer_dims *m, mt_carve *c, layer_bwd_scratch<E> *s)
+template <class E>
+static void bwd_carve(const mt_model_config *cfg, const mt_layer_dims *m, mt_carve *c, layer_bwd_scratch<E> *s)
 {
     const int64_t n = m->n;
     s->norm_out = mt_take<E>(c, n * m->d);
@@ -151,9 +184,14 @@ template <class E> static void bwd_carve(const mt_layer_dims *m, mt_carve *c, la
     s->sin_t = mt_take<float>(c, m->T * m->half);
     s->partials = (float *)mt_take<char>(c, (int64_t)mt_colsum_partials_bytes(m->d > m->qd ? m->d : m->qd));
     const size_t region = c->offset;
-    s->s_dg = mt_take<E>(c, n * m->inter);
-    s->du = mt_take<E>(c, n * m->inter);
-    s->ds = mt_take<float>(c, n * m->inter);
+    const int64_t dense_inter = has_dense(cfg) ? m->inter : 0;
+    s->s_dg = mt_take<E>(c, n * dense_inter);
+    s->du = mt_take<E>(c, n * dense_inter);
+    s->ds = mt_take<float>(c, n * dense_inter);
+    const size_t dense_end = c->offset;
+    c->offset = region;
+    s->moe = has_sparse(cfg) ? mt_take<char>(c, (int64_t)mt_moe_backward_scratch_bytes<E>(cfg, n)) : nullptr;
+    overlay_end(c, dense_end);
     const size_t mlp_end = c->offset;
     c->offset = region;
     s->da_dqp = mt_take<E>(c, n * m->qd);
@@ -185,7 +223,7 @@ template <class E> static size_t scratch_bytes(const mt_model_config *cfg, int64
     layer_fwd_scratch<E> fs;
     layer_bwd_scratch<E> bs;
     fwd_carve(cfg, &m, &f, &fs);
-    bwd_carve(&m, &b, &bs);
+    bwd_carve(cfg, &m, &b, &bs);
     const size_t fb = mt_carve_size(&f), bb = mt_carve_size(&b);
     return fb > bb ? fb : bb;
 }
@@ -210,7 +248,9 @@ static void layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt
     const cudaStream_t stream = as_stream(stream_);
     const mt_layer_dims m = mt_layer_dims_of(cfg, B, T);
     const int64_t n = m.n;
+    const bool sparse = mt_layout_is_sparse(layout);
     mt_layer_check(cfg, layout, &m);
+    if (sparse) mt_moe_check(cfg, layout, n);
     if (n <= 0) return;
 
     mt_carve sc = {(char *)scratch, 0};
@@ -239,9 +279,13 @@ static void layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt
     attention_forward(ctx, &m, sv.q, sv.k, sv.v, sv.a, sv.lse, stream_); // a (n, H*D)
     mt_linear_forward_residual(ctx, n, m.qd, m.d, sv.a, weight(layout, tile, MT_L_O_W), x, sv.h, stream);
 
-    // MLP block: y = h + swiglu(hn Wg^T, hn Wu^T) Wd^T.
+    // MLP block: y = h + swiglu(hn Wg^T, hn Wu^T) Wd^T, or y = h + MoE(hn).
     E *hn = fs.xn; // xn is dead once q/k/v are projected
     mt_rmsnorm_forward(n, m.d, sv.h, weight(layout, tile, MT_L_MLP_NORM), cfg->rms_eps, hn, sv.rms2, stream);
+    if (sparse) {
+        mt_moe_forward(ctx, cfg, layout, tile, n, hn, sv.h, y, &sv.moe, fs.moe, stream);
+        return;
+    }
     const cudaDataType_t e_type = mt_cuda_type<E>();
     mt_linear_forward(ctx, n, m.d, m.inter, hn, weight(layout, tile, MT_L_GATE_W), nullptr, sv.g, e_type, stream);
     mt_linear_forward(ctx, n, m.d, m.inter, hn, weight(layout, tile, MT_L_UP_W), nullptr, sv.u, e_type, stream);
@@ -259,7 +303,9 @@ static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const m
     const cudaStream_t stream = as_stream(stream_);
     const mt_layer_dims m = mt_layer_dims_of(cfg, B, T);
     const int64_t n = m.n;
+    const bool sparse = mt_layout_is_sparse(layout);
     mt_layer_check(cfg, layout, &m);
+    if (sparse) mt_moe_check(cfg, layout, n);
 
     // `=` is "+= onto zeros": one memset also zeroes the padding between tensors, which the host
     // tile expects to stay 0. Every weight gradient below then accumulates.
@@ -271,23 +317,31 @@ static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const m
     saved_carve(cfg, &m, &c, &sv);
     mt_carve sc = {(char *)scratch, 0};
     layer_bwd_scratch<E> s;
-    bwd_carve(&m, &sc, &s);
+    bwd_carve(cfg, &m, &sc, &s);
 
     // MLP block.
     const E *mlp_norm_w = weight(layout, tile, MT_L_MLP_NORM);
     mt_rmsnorm_apply(n, m.d, sv.h, mlp_norm_w, sv.rms2, s.norm_out, stream); // hn (n, d)
-    mt_layer_swiglu_forward(n * m.inter, sv.g, sv.u, s.s_dg, stream);
     mt_cuda_from_f32(dy, s.dres, n * m.d, stream); // dy as E (n, d)
-    mt_linear_backward_weight(ctx, n, m.inter, m.d, s.s_dg, s.dres, grad(layout, dtile, MT_L_DOWN_W), true, stream);
-    mt_linear_backward_input(ctx, n, m.inter, m.d, s.dres, weight(layout, tile, MT_L_DOWN_W), s.ds, CUDA_R_32F, false,
-                             stream); // ds (n, I)
-    mt_layer_swiglu_backward(n * m.inter, sv.g, sv.u, s.ds, s.s_dg, s.du, stream); // dg, du (n, I)
-    mt_linear_backward_weight(ctx, n, m.d, m.inter, s.norm_out, s.s_dg, grad(layout, dtile, MT_L_GATE_W), true, stream);
-    mt_linear_backward_weight(ctx, n, m.d, m.inter, s.norm_out, s.du, grad(layout, dtile, MT_L_UP_W), true, stream);
-    mt_linear_backward_input(ctx, n, m.d, m.inter, s.s_dg, weight(layout, tile, MT_L_GATE_W), s.dnorm, CUDA_R_32F,
-                             false, stream);
-    mt_linear_backward_input(ctx, n, m.d, m.inter, s.du, weight(layout, tile, MT_L_UP_W), s.dnorm, CUDA_R_32F, true,
-                             stream); // dhn (n, d)
+    if (sparse) {
+        mt_moe_backward(ctx, cfg, layout, tile, n, s.norm_out, &sv.moe, s.dres, s.dnorm, dtile, s.moe,
+                        stream); // dhn (n, d)
+    } else {
+        mt_layer_swiglu_forward(n * m.inter, sv.g, sv.u, s.s_dg, stream);
+        mt_linear_backward_weight(ctx, n, m.inter, m.d, s.s_dg, s.dres, grad(layout, dtile, MT_L_DOWN_W), true,
+                                  stream);
+        mt_linear_backward_input(ctx, n, m.inter, m.d, s.dres, weight(layout, tile, MT_L_DOWN_W), s.ds, CUDA_R_32F,
+                                 false, stream); // ds (n, I)
+        mt_layer_swiglu_backward(n * m.inter, sv.g, sv.u, s.ds, s.s_dg, s.du, stream); // dg, du (n, I)
+        mt_linear_backward_weight(ctx, n, m.d, m.inter, s.norm_out, s.s_dg, grad(layout, dtile, MT_L_GATE_W), true,
+                                  stream);
+        mt_linear_backward_weight(ctx, n, m.d, m.inter, s.norm_out, s.du, grad(layout, dtile, MT_L_UP_W), true,
+                                  stream);
+        mt_linear_backward_input(ctx, n, m.d, m.inter, s.s_dg, weight(layout, tile, MT_L_GATE_W), s.dnorm,
+                                 CUDA_R_32F, false, stream);
+        mt_linear_backward_input(ctx, n, m.d, m.inter, s.du, weight(layout, tile, MT_L_UP_W), s.dnorm, CUDA_R_32F,
+                                 true, stream); // dhn (n, d)
+    }
     // dx holds dh = dy + the norm's share (and dres its copy as E for the o_proj GEMMs).
     mt_rmsnorm_backward(n, m.d, sv.h, mlp_norm_w, sv.rms2, s.dnorm, dy, dx, s.dres, stream);
     mt_rmsnorm_backward_weight(n, m.d, sv.h, sv.rms2, s.dnorm, grad(layout, dtile, MT_L_MLP_NORM), true, s.partials,

@@ -77,11 +77,11 @@ static int check_config(const mt_host_state *st, const mt_step_config *sc, bool 
         return -1;
     }
     if (mt_config_check_seq_len(&st->cfg, sc->T, err, errlen)) return -1;
-    /* Mixture of experts: the CPU layer computes a sparse layer; the CUDA layer, the step's
-     * load-balancing loss and a state of two kinds of layer tile are still to come (docs/moe.md). */
+    /* Mixture of experts: the CPU and the CUDA layer compute a sparse layer; the step's
+     * load-balancing loss and a state of two kinds of layer tile are still to come (docs/moe.md),
+     * on either kind of worker. */
     if (mt_config_sparse_layers(&st->cfg) > 0) {
-        const char *missing = gpu ? "on the GPU (run on the CPU workers: --ncuda 0)"
-                            : mt_config_has_dense_layers(&st->cfg) ? "for models with dense and sparse layers "
+        const char *missing = mt_config_has_dense_layers(&st->cfg) ? "for models with dense and sparse layers "
                                                                      "(mlp_only_layers, decoder_sparse_step)"
                             : mt_config_router_aux_coef(&st->cfg) > 0 ? "with the router's load-balancing loss "
                                                                         "(set output_router_logits to false)"
