@@ -84,18 +84,7 @@ char *temp_dir(void)
 /* Removes a directory of plain files. */
 void remove_dir(char *dir)
 {
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *de;
-        char p[4096];
-        while ((de = readdir(d)))
-            if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
-                snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-                unlink(p);
-            }
-        closedir(d);
-    }
-    rmdir(dir);
+    mt_test_remove_dir(dir);
     free(dir);
 }
 

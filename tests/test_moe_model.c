@@ -4,7 +4,6 @@
  * round trip of its tensors by name, and the step graph on CPU workers against the fp32 ops called
  * directly. Sizes are deliberately not multiples of 8. */
 #include <check.h>
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -387,22 +386,6 @@ static void runtime_up(void)
 
 static void runtime_down(void) { mt_runtime_shutdown(); }
 
-static void remove_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *de;
-        char p[4096];
-        while ((de = readdir(d)))
-            if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
-                snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-                unlink(p);
-            }
-        closedir(d);
-    }
-    rmdir(dir);
-}
-
 /* A sparse model saved as an HF directory holds every expert under its HF name and shape, and
  * loads back into a fresh state bit for bit, through the generic code of runtime/hf.c. */
 static void run_hf_roundtrip(const char *json, const char *probe, int64_t rows, int64_t cols)
@@ -441,7 +424,7 @@ static void run_hf_roundtrip(const char *json, const char *probe, int64_t rows, 
     }
     mt_state_destroy(a);
     mt_state_destroy(b);
-    remove_dir(dir);
+    mt_test_remove_dir(dir);
 }
 
 START_TEST(test_hf_roundtrip)
