@@ -1,6 +1,7 @@
 /* Shared helpers of the Check suites. */
 #include "tests/testutil.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,6 +142,22 @@ const char *mt_test_write_temp(const char *name, const char *text)
     fputs(text, f);
     fclose(f);
     return path;
+}
+
+void mt_test_remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *de;
+        char p[4096];
+        while ((de = readdir(d)))
+            if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+                snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+                unlink(p);
+            }
+        closedir(d);
+    }
+    rmdir(dir);
 }
 
 const char *mt_test_source_path(const char *relative)

@@ -42,6 +42,9 @@ double *mt_test_to_f64(const float *x, int64_t n);
  * owned by the caller until the next call: copy it). */
 const char *mt_test_write_temp(const char *name, const char *text);
 
+/* Removes a directory of plain files (and the files). */
+void mt_test_remove_dir(const char *dir);
+
 /* Absolute path of a file in the source tree (from MT_SOURCE_ROOT). */
 const char *mt_test_source_path(const char *relative);
 

@@ -1,4 +1,4 @@
-/* libFuzzer harness: a config.json (mt_config_parse, models/config.c). A config the parser accepts
+/* libFuzzer harness: a config.json (mt_config_parse, models/config/json.c). A config the parser accepts
  * must be one its sizes can be computed for (parameter counts, tile layouts) and must survive
  * mt_config_save and a second parse unchanged. The dictionary (config.dict) holds the keys and
  * values near the integer limits. */

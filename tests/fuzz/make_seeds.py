@@ -20,7 +20,7 @@ def put(harness, name, data):
 
 
 def byte_level_vocab():
-    """GPT-2's 256 byte stand-ins as ids 0..255, as tests/test_tokenizer.c's small_tokenizer."""
+    """GPT-2's 256 byte stand-ins as ids 0..255, as tests/test_tokenizer_small.c's small_tokenizer."""
     vocab, extra = {}, 0
     for b in range(256):
         printable = 33 <= b <= 126 or 0xA1 <= b <= 0xAC or 0xAE <= b <= 0xFF

@@ -1,11 +1,11 @@
-/* Reads, checks and writes HF config.json files of the Llama/Qwen2/Qwen3/Mistral families and of
- * the mixture-of-experts Qwen3-MoE and Mixtral, counts their parameters (total and active), and
- * knows the published shapes the benchmarks use. Every user error names the file and the key,
- * because a config is usually hand-edited or downloaded and the user must find what to fix. */
+/* Reads and writes HF config.json files of the Llama/Qwen2/Qwen3/Mistral families and of the
+ * mixture-of-experts Qwen3-MoE and Mixtral, with transformers' defaults; reading and writing sit
+ * together so that a reader can check that every key round-trips. Every user error names the file
+ * and the key, because a config is usually hand-edited or downloaded and the user must find what
+ * to fix. */
 #include "models/config.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,16 +15,8 @@
 
 #include <jansson.h>
 
+#include "models/config/internal.h"
 #include "models/report.h"
-
-#include "models/layout.h"
-
-/* Any single size above this is a typo or an attack, not a model; it also keeps every product the
- * layout and the memory plan form (sizes times 18-20 bytes) far from int64 overflow. */
-#define MAX_SIZE ((int64_t)1 << 31)
-/* The largest parameter count accepted: the plan multiplies it by at most 20 bytes per
- * parameter plus alignment, which must still fit in int64. */
-#define MAX_PARAMS ((int64_t)1 << 56)
 
 /* Looks key up; JSON null counts as absent, as transformers treats it ("head_dim": null). */
 static json_t *lookup(json_t *obj, const char *key)
@@ -96,14 +88,6 @@ static int get_bool(json_t *obj, const char *name, const char *key, bool dflt, b
     return 0;
 }
 
-/* The rope_type names of HF configs, by mt_rope_type. */
-static const char *const rope_type_names[] = {"default", "linear", "dynamic", "yarn", "llama3"};
-
-static const char *rope_type_name(mt_rope_type t)
-{
-    return (unsigned)t < sizeof rope_type_names / sizeof rope_type_names[0] ? rope_type_names[t] : "?";
-}
-
 /* yarn's keys beyond the factor, with transformers' defaults (_compute_yarn_parameters): beta_fast
  * and beta_slow read with `or`, so 0 and absent both mean 32 and 1; mscale and mscale_all_dim
  * count only when both are non-zero; truncate defaults to true. A null factor is
@@ -168,8 +152,8 @@ static int parse_rope_scaling(json_t *root, const char *name, mt_model_config *c
         return mt_fail(err, errlen, "%s: key '%s': needs a string 'rope_type'", name, rs_key);
     const char *t = json_string_value(type);
     int found = -1;
-    for (int k = 0; k < (int)(sizeof rope_type_names / sizeof rope_type_names[0]); k++)
-        if (strcmp(t, rope_type_names[k]) == 0) found = k;
+    for (int k = 0; k < (int)(sizeof mt_cfg_rope_type_names / sizeof mt_cfg_rope_type_names[0]); k++)
+        if (strcmp(t, mt_cfg_rope_type_names[k]) == 0) found = k;
     if (found < 0)
         return mt_fail(err, errlen, "%s: key '%s': rope_type '%s' is not supported (one of default, linear, "
                        "dynamic, yarn, llama3)", name, rs_key, t);
@@ -200,8 +184,6 @@ static int parse_rope_scaling(json_t *root, const char *name, mt_model_config *c
 
 /* The model_type values this file reads, for messages. */
 #define FAMILY_NAMES "llama, qwen2, qwen3, mistral, qwen3_moe, mixtral"
-
-static bool is_moe_family(mt_family f) { return f == MT_FAMILY_QWEN3_MOE || f == MT_FAMILY_MIXTRAL; }
 
 /* The expert count: each family's own key, or the other spelling, which transformers maps onto it
  * (attribute_map num_experts -> num_local_experts); both present must agree. */
@@ -255,7 +237,7 @@ static int parse_mlp_only_layers(json_t *root, const char *name, mt_model_config
 /* The mixture-of-experts keys, with transformers' defaults (Qwen3MoeConfig, MixtralConfig). */
 static int parse_experts(json_t *root, const char *name, mt_model_config *c, char *err, size_t errlen)
 {
-    if (!is_moe_family(c->family)) return 0;
+    if (!mt_cfg_is_moe_family(c->family)) return 0;
     const bool mixtral = c->family == MT_FAMILY_MIXTRAL;
     if (parse_expert_count(root, name, c, err, errlen) ||
         get_int(root, name, NULL, "num_experts_per_tok", false, mixtral ? 2 : 8, &c->experts_per_token, err, errlen) ||
@@ -492,315 +474,6 @@ int mt_config_load(const char *path, mt_model_config *cfg, char *err, size_t err
     return rc;
 }
 
-/* A size key must be a positive integer of sane magnitude. */
-static int check_size(const char *name, const char *key, int64_t v, char *err, size_t errlen)
-{
-    if (v <= 0) return mt_fail(err, errlen, "%s: key '%s': must be a positive integer, got %lld", name, key, (long long)v);
-    if (v > MAX_SIZE)
-        return mt_fail(err, errlen, "%s: key '%s': %lld is absurdly large (limit %lld)", name, key, (long long)v,
-                    (long long)MAX_SIZE);
-    return 0;
-}
-
-static int64_t round_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
-
-/* *out = a * b, or a + b, when it neither overflows nor exceeds MAX_PARAMS (so that rounding it
- * up to the tile alignment cannot overflow either); false otherwise. */
-static bool size_product(int64_t a, int64_t b, int64_t *out)
-{
-    return !__builtin_mul_overflow(a, b, out) && *out <= MAX_PARAMS;
-}
-static bool size_sum(int64_t a, int64_t b, int64_t *out)
-{
-    return !__builtin_add_overflow(a, b, out) && *out <= MAX_PARAMS;
-}
-
-static const char *expert_count_key(const mt_model_config *cfg)
-{
-    return cfg->family == MT_FAMILY_MIXTRAL ? "num_local_experts" : "num_experts";
-}
-
-/* The mixture-of-experts fields: only the MoE families have them, and what each can express in
- * transformers (Mixtral: every layer sparse, top k always renormalised). */
-static int validate_experts(const mt_model_config *cfg, const char *name, char *err, size_t errlen)
-{
-    if (!is_moe_family(cfg->family)) {
-        if (cfg->experts != 0 || cfg->mlp_only_layers_count != 0)
-            return mt_fail(err, errlen, "%s: key 'model_type': %s has no experts (a mixture of experts is qwen3_moe or "
-                           "mixtral)", name, cfg->model_type);
-        return 0;
-    }
-    const char *count_key = expert_count_key(cfg);
-    if (cfg->experts < 0 || cfg->experts > MT_MAX_EXPERTS)
-        return mt_fail(err, errlen, "%s: key '%s': %lld experts; between 0 and %d are supported", name, count_key,
-                       (long long)cfg->experts, MT_MAX_EXPERTS);
-    if (cfg->family == MT_FAMILY_MIXTRAL) {
-        if (cfg->experts == 0)
-            return mt_fail(err, errlen, "%s: key 'num_local_experts': must be a positive integer, got 0", name);
-        if (!cfg->norm_topk_prob || cfg->decoder_sparse_step != 1 || cfg->mlp_only_layers_count != 0 ||
-            cfg->expert_intermediate != cfg->intermediate)
-            return mt_fail(err, errlen, "%s: key 'model_type': mixtral renormalises its top k, has experts of "
-                           "intermediate_size in every layer", name);
-    }
-    if (!(cfg->router_aux_loss_coef >= 0) || !isfinite(cfg->router_aux_loss_coef))
-        return mt_fail(err, errlen, "%s: key 'router_aux_loss_coef': must be a finite number >= 0, got %g", name,
-                       cfg->router_aux_loss_coef);
-    if (cfg->router_aux != MT_ROUTER_AUX_FROM_CONFIG && cfg->router_aux != MT_ROUTER_AUX_ON &&
-        cfg->router_aux != MT_ROUTER_AUX_OFF)
-        return mt_fail(err, errlen, "%s: the router aux loss override is %d, not one of from-config, on, off", name,
-                       (int)cfg->router_aux);
-    if (cfg->experts == 0) return 0; /* qwen3_moe with no experts: every layer dense */
-    if (cfg->experts_per_token < 1 || cfg->experts_per_token > cfg->experts)
-        return mt_fail(err, errlen, "%s: key 'num_experts_per_tok': %lld; must be between 1 and %s (%lld)", name,
-                       (long long)cfg->experts_per_token, count_key, (long long)cfg->experts);
-    if (check_size(name, cfg->family == MT_FAMILY_MIXTRAL ? "intermediate_size" : "moe_intermediate_size",
-                   cfg->expert_intermediate, err, errlen) ||
-        check_size(name, "decoder_sparse_step", cfg->decoder_sparse_step, err, errlen))
-        return -1;
-    if (cfg->mlp_only_layers_count < 0 || cfg->mlp_only_layers_count > MT_MAX_MLP_ONLY_LAYERS)
-        return mt_fail(err, errlen, "%s: key 'mlp_only_layers': %lld entries; at most %d are supported", name,
-                       (long long)cfg->mlp_only_layers_count, MT_MAX_MLP_ONLY_LAYERS);
-    for (int64_t i = 0; i < cfg->mlp_only_layers_count; i++) {
-        const int64_t l = cfg->mlp_only_layers[i];
-        if (l < 0 || l >= cfg->layers)
-            return mt_fail(err, errlen, "%s: key 'mlp_only_layers': layer %lld does not exist (num_hidden_layers is "
-                           "%lld)", name, (long long)l, (long long)cfg->layers);
-        if (i > 0 && l <= cfg->mlp_only_layers[i - 1])
-            return mt_fail(err, errlen, "%s: key 'mlp_only_layers': entries must be sorted and distinct", name);
-    }
-    return 0;
-}
-
-/* The length a scaling's factor multiplies: the original pretraining context for yarn and
- * llama3, max_position_embeddings itself for linear and dynamic (transformers' formulas use it). */
-static int64_t rope_original_length(const mt_model_config *cfg)
-{
-    return cfg->rope_type == MT_ROPE_YARN || cfg->rope_type == MT_ROPE_LLAMA3 ? cfg->rope_original_max_positions
-                                                                              : cfg->max_positions;
-}
-
-/* The rope scaling fields of a config against what each type needs. */
-static int validate_rope_scaling(const mt_model_config *cfg, const char *name, char *err, size_t errlen)
-{
-    if ((unsigned)cfg->rope_type > MT_ROPE_LLAMA3)
-        return mt_fail(err, errlen, "%s: key 'rope_scaling': unknown rope type %d", name, (int)cfg->rope_type);
-    if (cfg->rope_type == MT_ROPE_DEFAULT) {
-        if (cfg->rope_scaling_factor != 0)
-            return mt_fail(err, errlen, "%s: key 'rope_scaling': factor %g without a rope_type", name,
-                           cfg->rope_scaling_factor);
-        return 0;
-    }
-    const char *type = rope_type_name(cfg->rope_type);
-    if (!(cfg->rope_scaling_factor > 0) || !isfinite(cfg->rope_scaling_factor))
-        return mt_fail(err, errlen, "%s: key 'rope_scaling': %s factor must be positive, got %g", name, type,
-                    cfg->rope_scaling_factor);
-    if (cfg->rope_type == MT_ROPE_LLAMA3 &&
-        (!(cfg->rope_low_freq_factor > 0) || !(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor) ||
-         !isfinite(cfg->rope_high_freq_factor)))
-        return mt_fail(err, errlen, "%s: key 'rope_scaling': needs 0 < low_freq_factor < high_freq_factor, "
-                    "got %g and %g", name, cfg->rope_low_freq_factor, cfg->rope_high_freq_factor);
-    if ((cfg->rope_type == MT_ROPE_YARN || cfg->rope_type == MT_ROPE_LLAMA3) &&
-        (cfg->rope_original_max_positions <= 0 || cfg->rope_original_max_positions > MAX_SIZE))
-        return mt_fail(err, errlen, "%s: key 'rope_scaling': original_max_position_embeddings must be a "
-                    "positive integer, got %lld", name, (long long)cfg->rope_original_max_positions);
-    if (cfg->rope_type == MT_ROPE_YARN) {
-        /* The ramp's ends are dims at which a wavelength makes beta turns over the original
-         * context: log(original / (beta 2 pi)) needs beta > 0, and the ramp rises only when the
-         * fast end (more turns, shorter wavelengths) is at or above the slow one. */
-        if (!(cfg->rope_beta_fast > 0) || !(cfg->rope_beta_slow > 0) || !isfinite(cfg->rope_beta_fast) ||
-            cfg->rope_beta_fast < cfg->rope_beta_slow)
-            return mt_fail(err, errlen, "%s: key 'rope_scaling': yarn needs beta_fast >= beta_slow > 0, got %g and %g",
-                        name, cfg->rope_beta_fast, cfg->rope_beta_slow);
-        if (!isfinite(cfg->rope_mscale) || !isfinite(cfg->rope_mscale_all_dim) ||
-            !(cfg->rope_attention_factor >= 0) || !isfinite(cfg->rope_attention_factor))
-            return mt_fail(err, errlen, "%s: key 'rope_scaling': yarn's mscale %g, mscale_all_dim %g and "
-                        "attention_factor %g must be finite (attention_factor positive, or 0 when derived)", name,
-                        cfg->rope_mscale, cfg->rope_mscale_all_dim, cfg->rope_attention_factor);
-    }
-    /* dynamic raises the base to the power D / (D - 2) */
-    if (cfg->rope_type == MT_ROPE_DYNAMIC && cfg->head_dim <= 2)
-        return mt_fail(err, errlen, "%s: key 'rope_scaling': dynamic scaling needs head_dim > 2, got %lld", name,
-                    (long long)cfg->head_dim);
-    const double longest = cfg->rope_scaling_factor * (double)rope_original_length(cfg);
-    if (!(longest <= (double)MAX_SIZE))
-        return mt_fail(err, errlen, "%s: key 'rope_scaling': factor %g x %lld positions is absurdly large (limit %lld)",
-                    name, cfg->rope_scaling_factor, (long long)rope_original_length(cfg), (long long)MAX_SIZE);
-    return 0;
-}
-
-int mt_config_validate(const mt_model_config *cfg, const char *name, char *err, size_t errlen)
-{
-    if (!name) name = "config";
-    if (check_size(name, "hidden_size", cfg->hidden, err, errlen) ||
-        check_size(name, "intermediate_size", cfg->intermediate, err, errlen) ||
-        check_size(name, "num_hidden_layers", cfg->layers, err, errlen) ||
-        check_size(name, "num_attention_heads", cfg->heads, err, errlen) ||
-        check_size(name, "num_key_value_heads", cfg->kv_heads, err, errlen) ||
-        check_size(name, "head_dim", cfg->head_dim, err, errlen) ||
-        check_size(name, "vocab_size", cfg->vocab, err, errlen) ||
-        check_size(name, "max_position_embeddings", cfg->max_positions, err, errlen))
-        return -1;
-    if (cfg->heads % cfg->kv_heads != 0)
-        return mt_fail(err, errlen, "%s: key 'num_key_value_heads': %lld does not divide num_attention_heads %lld",
-                    name, (long long)cfg->kv_heads, (long long)cfg->heads);
-    /* RoPE rotates pairs (half-split), so the head dimension must be even. */
-    if (cfg->head_dim % 2 != 0)
-        return mt_fail(err, errlen, "%s: key 'head_dim': %lld must be even for rotary embeddings", name,
-                    (long long)cfg->head_dim);
-    if (!(cfg->rope_theta > 0) || !isfinite(cfg->rope_theta))
-        return mt_fail(err, errlen, "%s: key 'rope_theta': must be a positive number, got %g", name, cfg->rope_theta);
-    if (!(cfg->rms_eps > 0) || !isfinite(cfg->rms_eps))
-        return mt_fail(err, errlen, "%s: key 'rms_norm_eps': must be a positive number, got %g", name, cfg->rms_eps);
-
-    if (validate_rope_scaling(cfg, name, err, errlen)) return -1;
-
-    /* What transformers builds for each family: refuse combinations it cannot express, so that a
-     * saved config loads back into the same model there. */
-    switch (cfg->family) {
-    case MT_FAMILY_QWEN2:
-        if (!cfg->qkv_bias || cfg->qk_norm)
-            return mt_fail(err, errlen, "%s: key 'model_type': qwen2 always has q/k/v biases and no q/k norm", name);
-        break;
-    case MT_FAMILY_QWEN3:
-    case MT_FAMILY_QWEN3_MOE:
-        if (!cfg->qk_norm)
-            return mt_fail(err, errlen, "%s: key 'model_type': %s always has q/k norms", name, cfg->model_type);
-        /* fall through */
-    case MT_FAMILY_MISTRAL:
-    case MT_FAMILY_MIXTRAL:
-    case MT_FAMILY_LLAMA:
-        /* transformers' Llama, Mistral and Qwen3 attention give attention_bias to o_proj as well
-         * as q, k and v; only Qwen2's q/k/v-only biases are implemented here */
-        if (cfg->qkv_bias)
-            return mt_fail(err, errlen, "%s: key 'attention_bias': true gives %s biases on q, k, v and o_proj in "
-                        "transformers; the o_proj bias is not implemented", name, cfg->model_type);
-        if (cfg->family == MT_FAMILY_QWEN3 || cfg->family == MT_FAMILY_QWEN3_MOE) break;
-        if (cfg->qk_norm)
-            return mt_fail(err, errlen, "%s: key 'model_type': %s has no q/k norm", name, cfg->model_type);
-        break;
-    default:
-        return mt_fail(err, errlen, "%s: key 'model_type': unknown family %d", name, (int)cfg->family);
-    }
-
-    if (validate_experts(cfg, name, err, errlen)) return -1;
-
-    /* Every product and sum below is checked (the numbers come from a file), and the total is
-     * bounded by MAX_PARAMS so that the layout's offsets and the plan's byte counts, which
-     * multiply it by a few dozen at most, cannot overflow either. */
-    int64_t d = cfg->hidden, D = cfg->head_dim, I = cfg->intermediate;
-    int64_t q, kv;
-    if (!size_product(cfg->heads, D, &q) || !size_product(cfg->kv_heads, D, &kv) || q > MAX_SIZE || kv > MAX_SIZE)
-        return mt_fail(err, errlen, "%s: key 'num_attention_heads': num_attention_heads * head_dim = %lld * %lld is absurdly large",
-                    name, (long long)cfg->heads, (long long)D);
-    const int64_t factors[][2] = {{d, 1}, {q, d}, {q, 1}, {kv, d}, {kv, 1}, {kv, d}, {kv, 1}, {d, q}, {D, 1}, {D, 1},
-                                  {d, 1}, {I, d}, {I, d}, {d, I}};
-    int64_t layer = 0, part;
-    for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++)
-        if (!size_product(factors[i][0], factors[i][1], &part) || !size_sum(layer, round_up(part, MT_TILE_ALIGN), &layer))
-            return mt_fail(err, errlen, "%s: key 'hidden_size': a layer with hidden_size %lld and intermediate_size %lld "
-                        "is absurdly large", name, (long long)d, (long long)I);
-    /* A sparse layer holds its router and every expert besides (bounding the larger of the two
-     * kinds of layer by their sum is enough here). */
-    if (cfg->experts > 0) {
-        int64_t router, expert, experts;
-        if (!size_product(cfg->experts, d, &router) || !size_sum(layer, round_up(router, MT_TILE_ALIGN), &layer) ||
-            !size_product(cfg->expert_intermediate, d, &expert) ||
-            !size_product(round_up(expert, MT_TILE_ALIGN), 3 * cfg->experts, &experts) ||
-            !size_sum(layer, experts, &layer))
-            return mt_fail(err, errlen, "%s: key '%s': %lld experts of width %lld at hidden_size %lld make a layer "
-                           "absurdly large", name, expert_count_key(cfg), (long long)cfg->experts,
-                           (long long)cfg->expert_intermediate, (long long)d);
-    }
-    int64_t layers_total;
-    if (!size_product(cfg->layers, layer, &layers_total))
-        return mt_fail(err, errlen, "%s: key 'num_hidden_layers': %lld layers of %lld parameters each is absurdly large",
-                    name, (long long)cfg->layers, (long long)layer);
-    int64_t table, tables, total;
-    if (!size_product(cfg->vocab, d, &table) || !size_product(round_up(table, MT_TILE_ALIGN), 2, &tables) ||
-        !size_sum(layers_total, tables, &total))
-        return mt_fail(err, errlen, "%s: key 'vocab_size': %lld * hidden_size %lld makes the model absurdly large",
-                    name, (long long)cfg->vocab, (long long)d);
-    return 0;
-}
-
-bool mt_config_layer_is_sparse(const mt_model_config *cfg, int64_t layer)
-{
-    /* Qwen3MoeDecoderLayer: sparse unless listed in mlp_only_layers, when there are experts and
-     * (layer + 1) is a multiple of decoder_sparse_step. */
-    if (cfg->experts <= 0 || cfg->decoder_sparse_step <= 0) return false;
-    for (int64_t i = 0; i < cfg->mlp_only_layers_count; i++)
-        if (cfg->mlp_only_layers[i] == layer) return false;
-    return (layer + 1) % cfg->decoder_sparse_step == 0;
-}
-
-int64_t mt_config_sparse_layers(const mt_model_config *cfg)
-{
-    int64_t n = 0;
-    for (int64_t l = 0; l < cfg->layers; l++) n += mt_config_layer_is_sparse(cfg, l);
-    return n;
-}
-
-bool mt_config_has_dense_layers(const mt_model_config *cfg)
-{
-    return mt_config_sparse_layers(cfg) < cfg->layers;
-}
-
-/* The per-layer parameter count without padding, as HF's num_parameters() counts it: the
- * attention block with both norms, then the MLP. */
-static int64_t attention_params(const mt_model_config *cfg)
-{
-    int64_t d = cfg->hidden, D = cfg->head_dim;
-    int64_t q = cfg->heads * D, kv = cfg->kv_heads * D;
-    int64_t n = 2 * d;                       /* input and post-attention norms */
-    n += q * d + 2 * kv * d + d * q;         /* q, k, v, o projections */
-    if (cfg->qkv_bias) n += q + 2 * kv;
-    if (cfg->qk_norm) n += 2 * D;
-    return n;
-}
-
-/* The MLP of layer `layer`: gate, up, down of a dense layer; of a sparse one the router and all
- * experts, or (active) the router and the k experts one token uses. */
-static int64_t mlp_params(const mt_model_config *cfg, int64_t layer, bool active)
-{
-    const int64_t d = cfg->hidden;
-    if (!mt_config_layer_is_sparse(cfg, layer)) return 3 * cfg->intermediate * d;
-    const int64_t used = active ? cfg->experts_per_token : cfg->experts;
-    return cfg->experts * d + used * 3 * cfg->expert_intermediate * d;
-}
-
-static int64_t layers_params(const mt_model_config *cfg, bool active)
-{
-    int64_t n = 0;
-    for (int64_t l = 0; l < cfg->layers; l++) n += attention_params(cfg) + mlp_params(cfg, l, active);
-    return n;
-}
-
-int64_t mt_config_param_count(const mt_model_config *cfg)
-{
-    int64_t table = cfg->vocab * cfg->hidden;
-    return table + layers_params(cfg, false) + cfg->hidden + (cfg->tied ? 0 : table);
-}
-
-int64_t mt_config_active_param_count(const mt_model_config *cfg)
-{
-    int64_t table = cfg->vocab * cfg->hidden;
-    return table + layers_params(cfg, true) + cfg->hidden + (cfg->tied ? 0 : table);
-}
-
-int64_t mt_config_flops_params(const mt_model_config *cfg)
-{
-    /* The embedding lookup does no FLOPs; the LM head's matmul does, tied or not. A token's
-     * FLOPs follow the experts it is routed to: active parameters. */
-    return layers_params(cfg, true) + cfg->hidden + cfg->vocab * cfg->hidden;
-}
-
-double mt_config_router_aux_coef(const mt_model_config *cfg)
-{
-    const bool on = cfg->router_aux == MT_ROUTER_AUX_ON ||
-                    (cfg->router_aux == MT_ROUTER_AUX_FROM_CONFIG && cfg->output_router_logits);
-    return on && mt_config_sparse_layers(cfg) > 0 ? cfg->router_aux_loss_coef : 0.0;
-}
-
 static const char *architecture(mt_family f)
 {
     switch (f) {
@@ -818,9 +491,9 @@ static const char *architecture(mt_family f)
  * not the model's, so output_router_logits is saved as it was read. */
 static void save_experts(const mt_model_config *cfg, json_t *o)
 {
-    if (!is_moe_family(cfg->family)) return;
+    if (!mt_cfg_is_moe_family(cfg->family)) return;
     const bool mixtral = cfg->family == MT_FAMILY_MIXTRAL;
-    json_object_set_new(o, expert_count_key(cfg), json_integer(cfg->experts));
+    json_object_set_new(o, mt_cfg_expert_count_key(cfg), json_integer(cfg->experts));
     json_object_set_new(o, "num_experts_per_tok", json_integer(cfg->experts_per_token));
     if (mixtral) {
         json_object_set_new(o, "router_jitter_noise", json_real(0.0));
@@ -844,7 +517,7 @@ static json_t *rope_scaling_json(const mt_model_config *cfg)
 {
     if (cfg->rope_type == MT_ROPE_DEFAULT) return json_null();
     json_t *rs = json_object();
-    json_object_set_new(rs, "rope_type", json_string(rope_type_name(cfg->rope_type)));
+    json_object_set_new(rs, "rope_type", json_string(mt_cfg_rope_type_name(cfg->rope_type)));
     json_object_set_new(rs, "factor", json_real(cfg->rope_scaling_factor));
     if (cfg->rope_type == MT_ROPE_LLAMA3) {
         json_object_set_new(rs, "low_freq_factor", json_real(cfg->rope_low_freq_factor));
@@ -902,161 +575,5 @@ int mt_config_save(const mt_model_config *cfg, const char *path, char *err, size
     int rc = json_dump_file(o, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(o);
     if (rc != 0) return mt_fail(err, errlen, "%s: cannot write the config: %s", path, strerror(errno));
-    return 0;
-}
-
-/* ---- rope scaling set by the user, and the sequence lengths a config takes ---- */
-
-int64_t mt_config_max_seq_len(const mt_model_config *cfg)
-{
-    int64_t limit = cfg->max_positions;
-    if (cfg->rope_type != MT_ROPE_DEFAULT) {
-        /* validate bounds factor x original by MAX_SIZE, so the product fits */
-        const int64_t scaled = (int64_t)floor(cfg->rope_scaling_factor * (double)rope_original_length(cfg));
-        if (scaled > limit) limit = scaled;
-    }
-    if (cfg->sliding_window > 0 && cfg->sliding_window < limit) limit = cfg->sliding_window;
-    return limit;
-}
-
-/* The smallest whole factor above 1 that takes seq_len over `original` positions. */
-static long long factor_for(int64_t seq_len, int64_t original)
-{
-    const long long f = (long long)((seq_len + original - 1) / original);
-    return f < 2 ? 2 : f;
-}
-
-int mt_config_check_seq_len(const mt_model_config *cfg, int64_t seq_len, char *err, size_t errlen)
-{
-    if (seq_len < 1) return mt_fail(err, errlen, "sequence length %lld: must be at least 1", (long long)seq_len);
-    const int64_t limit = mt_config_max_seq_len(cfg);
-    if (seq_len <= limit) return 0;
-    const long long T = (long long)seq_len, L = (long long)limit;
-    if (cfg->sliding_window > 0 && limit == cfg->sliding_window)
-        return mt_fail(err, errlen, "sequence length %lld exceeds the model's sliding_window %lld: sliding-window "
-                       "attention is not implemented (full causal attention, which is the same up to that length)",
-                       T, L);
-    const int64_t original = rope_original_length(cfg);
-    switch (cfg->rope_type) {
-    case MT_ROPE_DEFAULT:
-        return mt_fail(err, errlen, "sequence length %lld exceeds the model's max_position_embeddings %lld: "
-                       "--rope-scaling yarn:%lld (or linear:%lld, dynamic:%lld) extends the rope to %lld positions",
-                       T, L, factor_for(seq_len, original), factor_for(seq_len, original),
-                       factor_for(seq_len, original), factor_for(seq_len, original) * (long long)original);
-    case MT_ROPE_LLAMA3:
-        return mt_fail(err, errlen, "sequence length %lld exceeds the model's %lld positions (max_position_embeddings, "
-                       "with llama3 rope scaling of factor %g over %lld, which --rope-scaling does not change)", T, L,
-                       cfg->rope_scaling_factor, (long long)original);
-    default:
-        return mt_fail(err, errlen, "sequence length %lld exceeds the model's %lld positions (%s rope scaling: factor %g "
-                       "x %lld): --rope-scaling %s:%lld extends it to %lld", T, L, rope_type_name(cfg->rope_type),
-                       cfg->rope_scaling_factor, (long long)original, rope_type_name(cfg->rope_type),
-                       factor_for(seq_len, original), factor_for(seq_len, original) * (long long)original);
-    }
-}
-
-int mt_rope_scaling_parse(const char *spec, mt_rope_type *type, double *factor, char *err, size_t errlen)
-{
-    const char *colon = spec ? strchr(spec, ':') : NULL;
-    if (!colon)
-        return mt_fail(err, errlen, "--rope-scaling %s: expected TYPE:FACTOR, TYPE one of linear, dynamic, yarn "
-                       "(e.g. yarn:4)", spec ? spec : "");
-    const size_t n = (size_t)(colon - spec);
-    mt_rope_type t;
-    if (n == 6 && strncmp(spec, "linear", n) == 0) t = MT_ROPE_LINEAR;
-    else if (n == 7 && strncmp(spec, "dynamic", n) == 0) t = MT_ROPE_DYNAMIC;
-    else if (n == 4 && strncmp(spec, "yarn", n) == 0) t = MT_ROPE_YARN;
-    else if (n == 6 && strncmp(spec, "llama3", n) == 0)
-        return mt_fail(err, errlen, "--rope-scaling %s: llama3 is not offered (its factor does not set the length: "
-                       "Llama 3.1 has factor 8 over 8192 and 131072 positions); one of linear, dynamic, yarn", spec);
-    else
-        return mt_fail(err, errlen, "--rope-scaling %s: type '%.*s' is not one of linear, dynamic, yarn", spec,
-                       (int)n, spec);
-    char *end;
-    errno = 0;
-    const double f = strtod(colon + 1, &end);
-    if (errno || end == colon + 1 || *end || !isfinite(f))
-        return mt_fail(err, errlen, "--rope-scaling %s: factor '%s' is not a number", spec, colon + 1);
-    if (!(f > 1))
-        return mt_fail(err, errlen, "--rope-scaling %s: factor %g must be above 1 (the new length over the original)",
-                       spec, f);
-    *type = t;
-    *factor = f;
-    return 0;
-}
-
-int mt_config_set_rope_scaling(mt_model_config *cfg, const char *spec, char *err, size_t errlen)
-{
-    mt_rope_type type;
-    double factor;
-    if (mt_rope_scaling_parse(spec, &type, &factor, err, errlen)) return -1;
-    mt_model_config c = *cfg;
-    if (c.rope_type == MT_ROPE_DEFAULT) {
-        c.rope_type = type;
-        if (type == MT_ROPE_YARN) {
-            /* transformers' defaults for the keys a user does not give (_compute_yarn_parameters) */
-            c.rope_original_max_positions = c.max_positions;
-            c.rope_beta_fast = 32;
-            c.rope_beta_slow = 1;
-            c.rope_mscale = c.rope_mscale_all_dim = c.rope_attention_factor = 0;
-            c.rope_truncate = true;
-        }
-    } else if (c.rope_type != type || type == MT_ROPE_LLAMA3) {
-        return c.rope_type == MT_ROPE_LLAMA3
-                   ? mt_fail(err, errlen, "--rope-scaling %s: the model's rope is already llama3-scaled (factor %g), "
-                             "which --rope-scaling does not change", spec, c.rope_scaling_factor)
-                   : mt_fail(err, errlen, "--rope-scaling %s: the model's rope is already %s-scaled (factor %g); "
-                             "--rope-scaling can change its factor (%s:F), not its type", spec,
-                             rope_type_name(c.rope_type), c.rope_scaling_factor, rope_type_name(c.rope_type));
-    }
-    c.rope_scaling_factor = factor;
-    const double longest = factor * (double)rope_original_length(&c);
-    if (!(longest <= (double)MAX_SIZE))
-        return mt_fail(err, errlen, "--rope-scaling %s: factor %g x %lld positions is absurdly large (limit %lld)", spec,
-                       factor, (long long)rope_original_length(&c), (long long)MAX_SIZE);
-    char name[128];
-    snprintf(name, sizeof name, "--rope-scaling %s", spec);
-    if (validate_rope_scaling(&c, name, err, errlen)) return -1;
-    *cfg = c;
-    return 0;
-}
-
-/* A published Qwen2.5 shape: the values of its HF config.json (docs/design.md, section 4). */
-static void qwen25(mt_model_config *c, int64_t d, int64_t I, int64_t L, int64_t H, int64_t KV, int64_t V,
-                   bool tied)
-{
-    memset(c, 0, sizeof *c);
-    c->family = MT_FAMILY_QWEN2;
-    snprintf(c->model_type, sizeof c->model_type, "qwen2");
-    c->hidden = d;
-    c->intermediate = I;
-    c->layers = L;
-    c->heads = H;
-    c->kv_heads = KV;
-    c->head_dim = d / H;
-    c->vocab = V;
-    c->max_positions = 32768;
-    c->rope_theta = 1e6;
-    c->rms_eps = 1e-6;
-    c->tied = tied;
-    c->qkv_bias = true;
-}
-
-int mt_config_from_shape(const char *shape_name, mt_model_config *cfg)
-{
-    if (!shape_name) return -1;
-    if (strcmp(shape_name, "qwen2.5-0.5b") == 0) qwen25(cfg, 896, 4864, 24, 14, 2, 151936, true);
-    else if (strcmp(shape_name, "qwen2.5-1.5b") == 0) qwen25(cfg, 1536, 8960, 28, 12, 2, 151936, true);
-    else if (strcmp(shape_name, "qwen2.5-3b") == 0) qwen25(cfg, 2048, 11008, 36, 16, 2, 151936, true);
-    else if (strcmp(shape_name, "qwen2.5-7b") == 0) qwen25(cfg, 3584, 18944, 28, 28, 4, 152064, false);
-    else if (strcmp(shape_name, "qwen2.5-14b") == 0) qwen25(cfg, 5120, 13824, 48, 40, 8, 152064, false);
-    else if (strcmp(shape_name, "tiny") == 0) {
-        /* models/configs/tiny-byte.json: a byte-level model for tests and smoke runs. */
-        qwen25(cfg, 192, 512, 6, 6, 2, 256, true);
-        cfg->head_dim = 32;
-        cfg->max_positions = 256;
-        cfg->rope_theta = 10000.0;
-    } else
-        return -1;
     return 0;
 }

@@ -1,0 +1,82 @@
+/* What a config's numbers imply: which layers are sparse, the parameter counts (total, active,
+ * those a token's FLOPs follow, as HF's num_parameters() counts them) and the router's aux loss
+ * coefficient. The config is valid (mt_config_validate), so no count overflows. */
+#include "models/config.h"
+
+bool mt_config_layer_is_sparse(const mt_model_config *cfg, int64_t layer)
+{
+    /* Qwen3MoeDecoderLayer: sparse unless listed in mlp_only_layers, when there are experts and
+     * (layer + 1) is a multiple of decoder_sparse_step. */
+    if (cfg->experts <= 0 || cfg->decoder_sparse_step <= 0) return false;
+    for (int64_t i = 0; i < cfg->mlp_only_layers_count; i++)
+        if (cfg->mlp_only_layers[i] == layer) return false;
+    return (layer + 1) % cfg->decoder_sparse_step == 0;
+}
+
+int64_t mt_config_sparse_layers(const mt_model_config *cfg)
+{
+    int64_t n = 0;
+    for (int64_t l = 0; l < cfg->layers; l++) n += mt_config_layer_is_sparse(cfg, l);
+    return n;
+}
+
+bool mt_config_has_dense_layers(const mt_model_config *cfg)
+{
+    return mt_config_sparse_layers(cfg) < cfg->layers;
+}
+
+/* The per-layer parameter count without padding, as HF's num_parameters() counts it: the
+ * attention block with both norms, then the MLP. */
+static int64_t attention_params(const mt_model_config *cfg)
+{
+    int64_t d = cfg->hidden, D = cfg->head_dim;
+    int64_t q = cfg->heads * D, kv = cfg->kv_heads * D;
+    int64_t n = 2 * d;                       /* input and post-attention norms */
+    n += q * d + 2 * kv * d + d * q;         /* q, k, v, o projections */
+    if (cfg->qkv_bias) n += q + 2 * kv;
+    if (cfg->qk_norm) n += 2 * D;
+    return n;
+}
+
+/* The MLP of layer `layer`: gate, up, down of a dense layer; of a sparse one the router and all
+ * experts, or (active) the router and the k experts one token uses. */
+static int64_t mlp_params(const mt_model_config *cfg, int64_t layer, bool active)
+{
+    const int64_t d = cfg->hidden;
+    if (!mt_config_layer_is_sparse(cfg, layer)) return 3 * cfg->intermediate * d;
+    const int64_t used = active ? cfg->experts_per_token : cfg->experts;
+    return cfg->experts * d + used * 3 * cfg->expert_intermediate * d;
+}
+
+static int64_t layers_params(const mt_model_config *cfg, bool active)
+{
+    int64_t n = 0;
+    for (int64_t l = 0; l < cfg->layers; l++) n += attention_params(cfg) + mlp_params(cfg, l, active);
+    return n;
+}
+
+int64_t mt_config_param_count(const mt_model_config *cfg)
+{
+    int64_t table = cfg->vocab * cfg->hidden;
+    return table + layers_params(cfg, false) + cfg->hidden + (cfg->tied ? 0 : table);
+}
+
+int64_t mt_config_active_param_count(const mt_model_config *cfg)
+{
+    int64_t table = cfg->vocab * cfg->hidden;
+    return table + layers_params(cfg, true) + cfg->hidden + (cfg->tied ? 0 : table);
+}
+
+int64_t mt_config_flops_params(const mt_model_config *cfg)
+{
+    /* The embedding lookup does no FLOPs; the LM head's matmul does, tied or not. A token's
+     * FLOPs follow the experts it is routed to: active parameters. */
+    return layers_params(cfg, true) + cfg->hidden + cfg->vocab * cfg->hidden;
+}
+
+double mt_config_router_aux_coef(const mt_model_config *cfg)
+{
+    const bool on = cfg->router_aux == MT_ROUTER_AUX_ON ||
+                    (cfg->router_aux == MT_ROUTER_AUX_FROM_CONFIG && cfg->output_router_logits);
+    return on && mt_config_sparse_layers(cfg) > 0 ? cfg->router_aux_loss_coef : 0.0;
+}

@@ -1,0 +1,570 @@
+/* Check suite of the mixture-of-experts models as the runtime takes them (docs/moe.md): the
+ * qwen3_moe and mixtral configs (Qwen3-30B-A3B's and Mixtral-8x7B's published values and
+ * parameter counts, defaults, round trips, named errors), the sparse layer tile's layout, the HF
+ * round trip of its tensors by name, and the step graph on CPU workers against the fp32 ops called
+ * directly. Sizes are deliberately not multiples of 8. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backends/cpu/ops.h"
+#include "models/config.h"
+#include "models/layout.h"
+#include "models/safetensors.h"
+#include "models/util.h"
+#include "runtime/hf.h"
+#include "runtime/runtime.h"
+#include "runtime/state.h"
+#include "runtime/step.h"
+#include "tests/moe_util.h"
+#include "tests/testutil.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* 1) Configs                                                                                  */
+
+/* Qwen/Qwen3-30B-A3B's config.json as published on the Hub. */
+static const char qwen3_30b_a3b_json[] =
+    "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0,"
+    " \"bos_token_id\": 151643, \"decoder_sparse_step\": 1, \"eos_token_id\": 151645, \"head_dim\": 128,"
+    " \"hidden_act\": \"silu\", \"hidden_size\": 2048, \"initializer_range\": 0.02, \"intermediate_size\": 6144,"
+    " \"max_position_embeddings\": 40960, \"max_window_layers\": 48, \"mlp_only_layers\": [],"
+    " \"model_type\": \"qwen3_moe\", \"moe_intermediate_size\": 768, \"norm_topk_prob\": true,"
+    " \"num_attention_heads\": 32, \"num_experts\": 128, \"num_experts_per_tok\": 8, \"num_hidden_layers\": 48,"
+    " \"num_key_value_heads\": 4, \"output_router_logits\": false, \"rms_norm_eps\": 1e-06,"
+    " \"rope_scaling\": null, \"rope_theta\": 1000000.0, \"router_aux_loss_coef\": 0.001,"
+    " \"sliding_window\": null, \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\","
+    " \"transformers_version\": \"4.51.0\", \"use_cache\": true, \"use_sliding_window\": false,"
+    " \"vocab_size\": 151936}";
+
+/* mistralai/Mixtral-8x7B-v0.1's config.json. */
+static const char mixtral_8x7b_json[] =
+    "{\"architectures\": [\"MixtralForCausalLM\"], \"attention_dropout\": 0.0, \"bos_token_id\": 1,"
+    " \"eos_token_id\": 2, \"hidden_act\": \"silu\", \"hidden_size\": 4096, \"initializer_range\": 0.02,"
+    " \"intermediate_size\": 14336, \"max_position_embeddings\": 32768, \"model_type\": \"mixtral\","
+    " \"num_attention_heads\": 32, \"num_experts_per_tok\": 2, \"num_hidden_layers\": 32,"
+    " \"num_key_value_heads\": 8, \"num_local_experts\": 8, \"output_router_logits\": false,"
+    " \"rms_norm_eps\": 1e-05, \"rope_theta\": 1000000.0, \"router_aux_loss_coef\": 0.02,"
+    " \"sliding_window\": null, \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\","
+    " \"transformers_version\": \"4.36.0.dev0\", \"use_cache\": true, \"vocab_size\": 32000}";
+
+/* The published totals: Qwen3-30B-A3B "30.5B in total and 3.3B activated" (the model card's
+ * figures: 3.35B written down to 3.3), Mixtral-8x7B 46.7B and 12.9B. Counted here by hand from
+ * the shapes: per layer q, k, v, o, two norms, q/k norms; router E*d; 3 * Ie * d per expert. */
+START_TEST(test_published_counts)
+{
+    mt_model_config q = parse_ok(qwen3_30b_a3b_json, "Qwen3-30B-A3B/config.json");
+    ck_assert_int_eq(q.family, MT_FAMILY_QWEN3_MOE);
+    ck_assert_str_eq(q.model_type, "qwen3_moe");
+    ck_assert_int_eq(q.experts, 128);
+    ck_assert_int_eq(q.experts_per_token, 8);
+    ck_assert_int_eq(q.expert_intermediate, 768);
+    ck_assert_int_eq(q.intermediate, 6144);
+    ck_assert(q.norm_topk_prob && q.qk_norm && !q.qkv_bias && !q.tied && !q.output_router_logits);
+    ck_assert_int_eq(q.decoder_sparse_step, 1);
+    ck_assert_int_eq(q.mlp_only_layers_count, 0);
+    ck_assert_int_eq(q.head_dim, 128);
+    ck_assert_int_eq(q.sliding_window, 0);
+    ck_assert(q.router_aux_loss_coef == 0.001 && q.rope_theta == 1e6);
+    ck_assert_int_eq(mt_config_sparse_layers(&q), 48);
+    ck_assert(!mt_config_has_dense_layers(&q));
+    const int64_t attn = 2 * 4096 * 2048 + 2 * 512 * 2048 + 2 * 2048 + 2 * 128;
+    const int64_t table = 151936LL * 2048;
+    const int64_t total = 48 * (attn + 128 * 2048 + 128LL * 3 * 768 * 2048) + 2 * table + 2048;
+    const int64_t active = 48 * (attn + 128 * 2048 + 8LL * 3 * 768 * 2048) + 2 * table + 2048;
+    fprintf(stderr, "Qwen3-30B-A3B: %lld parameters (%.2fB), %lld active (%.2fB)\n",
+            (long long)mt_config_param_count(&q), mt_config_param_count(&q) / 1e9,
+            (long long)mt_config_active_param_count(&q), mt_config_active_param_count(&q) / 1e9);
+    ck_assert_int_eq(mt_config_param_count(&q), total);
+    ck_assert_int_eq(total, 30532122624LL);
+    ck_assert_int_eq(mt_config_active_param_count(&q), active);
+    ck_assert_int_eq(active, 3353032704LL);
+    /* The FLOPs convention's N: active, without the embedding table. */
+    ck_assert_int_eq(mt_config_flops_params(&q), active - table);
+
+    mt_model_config m = parse_ok(mixtral_8x7b_json, "Mixtral-8x7B/config.json");
+    ck_assert_int_eq(m.family, MT_FAMILY_MIXTRAL);
+    ck_assert_int_eq(m.experts, 8);
+    ck_assert_int_eq(m.experts_per_token, 2);
+    ck_assert_int_eq(m.expert_intermediate, 14336);
+    ck_assert(m.norm_topk_prob && !m.qk_norm);
+    ck_assert(m.router_aux_loss_coef == 0.02 && m.rms_eps == 1e-5);
+    fprintf(stderr, "Mixtral-8x7B: %.3fB parameters, %.3fB active\n", mt_config_param_count(&m) / 1e9,
+            mt_config_active_param_count(&m) / 1e9);
+    ck_assert(fabs(mt_config_param_count(&m) / 1e9 - 46.7) < 0.05);
+    ck_assert(fabs(mt_config_active_param_count(&m) / 1e9 - 12.9) < 0.05);
+}
+END_TEST
+
+/* transformers' defaults when the keys are absent (Qwen3MoeConfig, MixtralConfig). */
+START_TEST(test_defaults)
+{
+    mt_model_config q = parse_ok("{\"model_type\": \"qwen3_moe\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+                                 " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 50}",
+                                 "qwen3_moe-defaults");
+    ck_assert_int_eq(q.experts, 128);
+    ck_assert_int_eq(q.experts_per_token, 8);
+    ck_assert_int_eq(q.expert_intermediate, 768);
+    ck_assert(!q.norm_topk_prob && !q.output_router_logits && q.router_aux_loss_coef == 0.001);
+    ck_assert_int_eq(q.decoder_sparse_step, 1);
+    ck_assert_int_eq(q.head_dim, 16); /* hidden / heads: Qwen3MoeAttention's fallback, not Qwen3's 128 */
+    ck_assert_int_eq(q.max_positions, 32768);
+    ck_assert(q.rms_eps == 1e-6 && q.rope_theta == 10000.0);
+
+    mt_model_config m = parse_ok("{\"model_type\": \"mixtral\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+                                 " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 50}",
+                                 "mixtral-defaults");
+    ck_assert_int_eq(m.experts, 8);
+    ck_assert_int_eq(m.experts_per_token, 2);
+    ck_assert_int_eq(m.expert_intermediate, 96);
+    ck_assert(m.norm_topk_prob);
+    ck_assert_int_eq(m.sliding_window, 0); /* MixtralConfig's null, unlike Mistral's 4096 */
+    ck_assert_int_eq(m.max_positions, 131072);
+    ck_assert(m.rms_eps == 1e-5 && m.rope_theta == 1e6);
+
+    /* Each family also reads the other's spelling of the expert count. */
+    mt_model_config a = parse_ok("{\"model_type\": \"qwen3_moe\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+                                 " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 50,"
+                                 " \"num_local_experts\": 6, \"num_experts_per_tok\": 2}", "qwen3_moe-alias");
+    ck_assert_int_eq(a.experts, 6);
+    mt_model_config b = parse_ok("{\"model_type\": \"mixtral\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+                                 " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 50,"
+                                 " \"num_experts\": 4, \"sliding_window\": 4096}", "mixtral-alias");
+    ck_assert_int_eq(b.experts, 4);
+    ck_assert_int_eq(b.sliding_window, 4096);
+}
+END_TEST
+
+/* Which layers are sparse, as Qwen3MoeDecoderLayer decides, and the counts that follow. */
+START_TEST(test_sparse_layers)
+{
+    mt_model_config c = parse_ok(QWEN3_MOE_BASE ", \"decoder_sparse_step\": 2, \"mlp_only_layers\": [3, 0, 3]}",
+                                 "mixed");
+    ck_assert_int_eq(c.mlp_only_layers_count, 2); /* sorted, the repeat dropped */
+    ck_assert_int_eq(c.mlp_only_layers[0], 0);
+    ck_assert_int_eq(c.mlp_only_layers[1], 3);
+    const bool want[6] = { false, true, false, false, false, true }; /* (i+1) % 2 == 0, not 3 */
+    for (int i = 0; i < 6; i++) ck_assert_int_eq(mt_config_layer_is_sparse(&c, i), want[i]);
+    ck_assert_int_eq(mt_config_sparse_layers(&c), 2);
+    ck_assert(mt_config_has_dense_layers(&c));
+
+    /* The total count is what the tiles hold (padding aside), layer by layer. */
+    mt_tile_layout lay;
+    int64_t held = 0;
+    for (int i = 0; i < 6; i++) {
+        mt_layout_build_layer(&c, i, &lay);
+        ck_assert_int_eq(mt_layout_is_sparse(&lay), want[i]);
+        for (int s = 0; s < lay.ntensors; s++) held += lay.tensors[s].numel;
+    }
+    mt_layout_build(&c, MT_TILE_EMBED, &lay);
+    held += lay.tensors[MT_E_EMBED].numel;
+    mt_layout_build(&c, MT_TILE_HEAD, &lay);
+    held += lay.tensors[MT_H_NORM].numel + lay.tensors[MT_H_LM_HEAD].numel;
+    ck_assert_int_eq(mt_config_param_count(&c), held);
+    /* Active: each sparse layer uses 2 of its 5 experts. */
+    ck_assert_int_eq(mt_config_param_count(&c) - mt_config_active_param_count(&c), 2 * 3 * (3 * 7 * 20));
+
+    /* No experts: every layer dense, the counts a dense model's. */
+    mt_model_config z = parse_ok("{\"model_type\": \"qwen3_moe\", \"hidden_size\": 20, \"intermediate_size\": 27,"
+                                 " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"head_dim\": 6, \"vocab_size\": 29,"
+                                 " \"num_experts\": 0}", "qwen3_moe-no-experts");
+    ck_assert_int_eq(mt_config_sparse_layers(&z), 0);
+    mt_layout_build(&z, MT_TILE_LAYER, &lay);
+    ck_assert(!mt_layout_is_sparse(&lay));
+    ck_assert_int_eq(lay.ntensors, MT_L_COUNT);
+    ck_assert_int_eq(mt_config_active_param_count(&z), mt_config_param_count(&z));
+}
+END_TEST
+
+/* Every field of the two configs is the same (the run's override is not the model's). */
+static void assert_same_config(const mt_model_config *a, const mt_model_config *b)
+{
+    ck_assert_int_eq(a->family, b->family);
+    ck_assert_str_eq(a->model_type, b->model_type);
+    ck_assert(a->hidden == b->hidden && a->intermediate == b->intermediate && a->layers == b->layers);
+    ck_assert(a->heads == b->heads && a->kv_heads == b->kv_heads && a->head_dim == b->head_dim);
+    ck_assert(a->vocab == b->vocab && a->max_positions == b->max_positions && a->tied == b->tied);
+    ck_assert(a->rope_theta == b->rope_theta && a->rms_eps == b->rms_eps && a->sliding_window == b->sliding_window);
+    ck_assert(a->qkv_bias == b->qkv_bias && a->qk_norm == b->qk_norm);
+    ck_assert_int_eq(a->experts, b->experts);
+    ck_assert_int_eq(a->experts_per_token, b->experts_per_token);
+    ck_assert_int_eq(a->expert_intermediate, b->expert_intermediate);
+    ck_assert_int_eq(a->norm_topk_prob, b->norm_topk_prob);
+    ck_assert_int_eq(a->decoder_sparse_step, b->decoder_sparse_step);
+    ck_assert_int_eq(a->mlp_only_layers_count, b->mlp_only_layers_count);
+    for (int64_t i = 0; i < a->mlp_only_layers_count; i++)
+        ck_assert_int_eq(a->mlp_only_layers[i], b->mlp_only_layers[i]);
+    ck_assert(a->router_aux_loss_coef == b->router_aux_loss_coef);
+    ck_assert_int_eq(a->output_router_logits, b->output_router_logits);
+}
+
+/* Saved configs load back as the same model, under each family's own key names. */
+START_TEST(test_config_roundtrip)
+{
+    const char *const jsons[] = {
+        qwen3_30b_a3b_json,
+        mixtral_8x7b_json,
+        QWEN3_MOE_BASE ", \"decoder_sparse_step\": 2, \"mlp_only_layers\": [4, 1], \"norm_topk_prob\": true,"
+                       " \"router_aux_loss_coef\": 0.0125, \"output_router_logits\": true}",
+        MIXTRAL_BASE ", \"sliding_window\": 777, \"output_router_logits\": true, \"num_experts_per_tok\": 3}",
+    };
+    for (size_t i = 0; i < sizeof jsons / sizeof jsons[0]; i++) {
+        mt_model_config a = parse_ok(jsons[i], "roundtrip");
+        a.router_aux = MT_ROUTER_AUX_OFF; /* a run option: not saved */
+        char path[] = "/tmp/mt-moe-config.XXXXXX";
+        int fd = mkstemp(path);
+        ck_assert(fd >= 0);
+        close(fd);
+        char err[512] = "";
+        ck_assert_msg(mt_config_save(&a, path, err, sizeof err) == 0, "%s", err);
+        mt_model_config b;
+        ck_assert_msg(mt_config_load(path, &b, err, sizeof err) == 0, "%s", err);
+        ck_assert_int_eq(b.router_aux, MT_ROUTER_AUX_FROM_CONFIG);
+        assert_same_config(&a, &b);
+        FILE *f = fopen(path, "r");
+        char text[8192] = "";
+        ck_assert(fread(text, 1, sizeof text - 1, f) > 0);
+        fclose(f);
+        unlink(path);
+        const bool mixtral = a.family == MT_FAMILY_MIXTRAL;
+        ck_assert(strstr(text, mixtral ? "\"num_local_experts\"" : "\"num_experts\"") != NULL);
+        ck_assert(strstr(text, mixtral ? "\"MixtralForCausalLM\"" : "\"Qwen3MoeForCausalLM\"") != NULL);
+        ck_assert(strstr(text, "\"moe_intermediate_size\"") == NULL || !mixtral);
+    }
+}
+END_TEST
+
+/* Bad MoE keys are refused with the file and the key named. */
+START_TEST(test_config_errors)
+{
+    parse_fails(QWEN3_MOE_BASE ", \"num_experts_per_tok\": 6}", "k-over-E", "num_experts_per_tok", "between 1 and");
+    parse_fails(QWEN3_MOE_BASE ", \"num_experts_per_tok\": 0}", "k-zero", "num_experts_per_tok", NULL);
+    parse_fails("{\"model_type\": \"qwen3_moe\", \"hidden_size\": 20, \"intermediate_size\": 27,"
+                " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"head_dim\": 6, \"vocab_size\": 29,"
+                " \"num_experts\": 300}",
+                "too-many", "num_experts", "between 0 and 256");
+    parse_fails(QWEN3_MOE_BASE ", \"num_local_experts\": 4}", "two-counts", "num_local_experts", "disagrees");
+    parse_fails(QWEN3_MOE_BASE ", \"moe_intermediate_size\": 0}", "no-width", "moe_intermediate_size", "positive");
+    parse_fails(QWEN3_MOE_BASE ", \"decoder_sparse_step\": 0}", "step-zero", "decoder_sparse_step", NULL);
+    parse_fails(QWEN3_MOE_BASE ", \"mlp_only_layers\": [2, 6]}", "dense-out-of-range", "mlp_only_layers",
+                "layer 6 does not exist");
+    parse_fails(QWEN3_MOE_BASE ", \"mlp_only_layers\": [-1]}", "dense-negative", "mlp_only_layers[0]", NULL);
+    parse_fails(QWEN3_MOE_BASE ", \"mlp_only_layers\": 3}", "dense-not-array", "mlp_only_layers", "array");
+    parse_fails(QWEN3_MOE_BASE ", \"router_aux_loss_coef\": -1}", "negative-coef", "router_aux_loss_coef", NULL);
+    parse_fails(QWEN3_MOE_BASE ", \"output_router_logits\": 1}", "logits-not-bool", "output_router_logits", NULL);
+    parse_fails(QWEN3_MOE_BASE ", \"use_sliding_window\": true}", "qwen3-moe-window", "use_sliding_window", NULL);
+    parse_fails(QWEN3_MOE_BASE ", \"attention_bias\": true}", "qwen3-moe-bias", "attention_bias", NULL);
+    parse_fails(MIXTRAL_BASE ", \"router_jitter_noise\": 0.1}", "jitter", "router_jitter_noise", "not implemented");
+    parse_fails("{\"model_type\": \"mixtral\", \"hidden_size\": 20, \"intermediate_size\": 9,"
+                " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"head_dim\": 6, \"vocab_size\": 29,"
+                " \"num_local_experts\": 0}",
+                "mixtral-no-experts", "num_local_experts", NULL);
+    parse_fails(MIXTRAL_BASE ", \"sliding_window\": \"4096\"}", "mixtral-window", "sliding_window", NULL);
+    parse_fails(MIXTRAL_BASE ", \"hidden_act\": \"gelu\"}", "mixtral-act", "hidden_act", NULL);
+    parse_fails("{\"model_type\": \"qwen2_moe\"}", "qwen2-moe", "model_type", "qwen3_moe, mixtral");
+}
+END_TEST
+
+/* The aux loss's coefficient in effect: the config's switch, the run's override, sparse layers. */
+START_TEST(test_router_aux_coef)
+{
+    mt_model_config c = parse_ok(QWEN3_MOE_BASE ", \"router_aux_loss_coef\": 0.25}", "aux");
+    ck_assert(mt_config_router_aux_coef(&c) == 0.0); /* output_router_logits false */
+    c.router_aux = MT_ROUTER_AUX_ON;
+    ck_assert(mt_config_router_aux_coef(&c) == 0.25);
+    c = parse_ok(QWEN3_MOE_BASE ", \"router_aux_loss_coef\": 0.25, \"output_router_logits\": true}", "aux-on");
+    ck_assert(mt_config_router_aux_coef(&c) == 0.25);
+    c.router_aux = MT_ROUTER_AUX_OFF;
+    ck_assert(mt_config_router_aux_coef(&c) == 0.0);
+    c.router_aux = (mt_router_aux_mode)7;
+    char err[256] = "";
+    ck_assert(mt_config_validate(&c, "override", err, sizeof err) != 0);
+    mt_model_config d = parse_ok("{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+                                 " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 50}", "dense");
+    d.router_aux = MT_ROUTER_AUX_ON;
+    ck_assert(mt_config_router_aux_coef(&d) == 0.0); /* no router, no loss */
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* 2) The sparse layer's tile                                                                  */
+
+/* Offsets grow with the slot, aligned, each tensor inside the tile and after the previous one. */
+static void assert_layout_sane(const mt_tile_layout *lay)
+{
+    int64_t end = 0;
+    for (int s = 0; s < lay->ntensors; s++) {
+        const mt_tensor_desc *t = &lay->tensors[s];
+        ck_assert_int_eq(t->offset % MT_TILE_ALIGN, 0);
+        ck_assert_int_ge(t->offset, end);
+        if (t->numel) end = t->offset + t->numel;
+        ck_assert_int_eq(t->numel, t->numel ? (t->ndim == 2 ? t->shape[0] * t->shape[1] : t->shape[0]) : 0);
+    }
+    ck_assert_int_le(end, lay->numel);
+    ck_assert_int_eq(lay->numel % MT_TILE_ALIGN, 0);
+}
+
+START_TEST(test_layout_qwen3_moe)
+{
+    mt_model_config c = parse_ok(QWEN3_MOE_BASE "}", "layout");
+    mt_tile_layout lay;
+    mt_layout_build(&c, MT_TILE_LAYER, &lay);
+    assert_layout_sane(&lay);
+    ck_assert(mt_layout_is_sparse(&lay));
+    ck_assert_int_eq(lay.ntensors, MT_L_EXPERT_BASE + 3 * 5);
+    for (int s = MT_L_GATE_W; s <= MT_L_DOWN_W; s++) ck_assert_int_eq(lay.tensors[s].numel, 0);
+    ck_assert_str_eq(lay.tensors[MT_L_ROUTER_W].name, "mlp.gate.weight");
+    ck_assert_int_eq(lay.tensors[MT_L_ROUTER_W].shape[0], 5);
+    ck_assert_int_eq(lay.tensors[MT_L_ROUTER_W].shape[1], 20);
+    ck_assert(lay.tensors[MT_L_ROUTER_W].decay);
+    const mt_tensor_desc *g = &lay.tensors[mt_layout_expert_slot(3, MT_X_GATE)];
+    const mt_tensor_desc *u = &lay.tensors[mt_layout_expert_slot(3, MT_X_UP)];
+    const mt_tensor_desc *dn = &lay.tensors[mt_layout_expert_slot(3, MT_X_DOWN)];
+    ck_assert_str_eq(g->name, "mlp.experts.3.gate_proj.weight");
+    ck_assert_str_eq(u->name, "mlp.experts.3.up_proj.weight");
+    ck_assert_str_eq(dn->name, "mlp.experts.3.down_proj.weight");
+    ck_assert(g->shape[0] == 7 && g->shape[1] == 20 && dn->shape[0] == 20 && dn->shape[1] == 7 && dn->decay);
+    /* One stride between experts, for every matrix. */
+    const int64_t stride = mt_layout_expert_stride(&lay);
+    ck_assert_int_gt(stride, 0);
+    for (int e = 0; e < 5; e++)
+        for (int x = 0; x < MT_X_COUNT; x++)
+            ck_assert_int_eq(lay.tensors[mt_layout_expert_slot(e, x)].offset,
+                             lay.tensors[mt_layout_expert_slot(0, x)].offset + e * stride);
+    char name[256];
+    mt_layout_full_name(&lay, 2, mt_layout_expert_slot(4, MT_X_UP), name, sizeof name);
+    ck_assert_str_eq(name, "model.layers.2.mlp.experts.4.up_proj.weight");
+    mt_layout_full_name(&lay, 0, MT_L_ROUTER_W, name, sizeof name);
+    ck_assert_str_eq(name, "model.layers.0.mlp.gate.weight");
+
+    /* A dense layer of the same model: the usual MLP, no router. */
+    mt_model_config mixed = parse_ok(QWEN3_MOE_BASE ", \"mlp_only_layers\": [1]}", "layout-mixed");
+    mt_layout_build_layer(&mixed, 1, &lay);
+    assert_layout_sane(&lay);
+    ck_assert(!mt_layout_is_sparse(&lay));
+    ck_assert_int_eq(lay.ntensors, MT_L_COUNT);
+    ck_assert_int_eq(lay.tensors[MT_L_GATE_W].numel, 27 * 20);
+    ck_assert_str_eq(lay.tensors[MT_L_DOWN_W].name, "mlp.down_proj.weight");
+    mt_layout_build_layer(&mixed, 0, &lay);
+    ck_assert(mt_layout_is_sparse(&lay));
+}
+END_TEST
+
+START_TEST(test_layout_mixtral)
+{
+    mt_model_config c = parse_ok(MIXTRAL_BASE "}", "layout-mixtral");
+    mt_tile_layout lay;
+    mt_layout_build(&c, MT_TILE_LAYER, &lay);
+    assert_layout_sane(&lay);
+    ck_assert_str_eq(lay.tensors[MT_L_ROUTER_W].name, "block_sparse_moe.gate.weight");
+    /* w1 the gate, w3 the up, w2 the down projection (d, Ie). */
+    ck_assert_str_eq(lay.tensors[mt_layout_expert_slot(0, MT_X_GATE)].name, "block_sparse_moe.experts.0.w1.weight");
+    ck_assert_str_eq(lay.tensors[mt_layout_expert_slot(2, MT_X_UP)].name, "block_sparse_moe.experts.2.w3.weight");
+    const mt_tensor_desc *w2 = &lay.tensors[mt_layout_expert_slot(3, MT_X_DOWN)];
+    ck_assert_str_eq(w2->name, "block_sparse_moe.experts.3.w2.weight");
+    ck_assert(w2->shape[0] == 20 && w2->shape[1] == 9);
+    ck_assert_int_eq(lay.ntensors, MT_L_EXPERT_BASE + 3 * 4);
+    /* The longest name a layout can hold fits. */
+    mt_model_config big = parse_ok("{\"model_type\": \"mixtral\", \"hidden_size\": 8, \"intermediate_size\": 3,"
+                                   " \"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"vocab_size\": 11,"
+                                   " \"num_local_experts\": 256}", "layout-256");
+    mt_layout_build(&big, MT_TILE_LAYER, &lay);
+    ck_assert_int_eq(lay.ntensors, MT_MAX_TILE_TENSORS);
+    ck_assert_str_eq(lay.tensors[mt_layout_expert_slot(255, MT_X_GATE)].name,
+                     "block_sparse_moe.experts.255.w1.weight");
+}
+END_TEST
+
+static void runtime_up(void)
+{
+    mt_runtime_options ro = { .sched = "eager", .ncpu = 2, .ncuda = 0 };
+    char err[512] = "";
+    ck_assert_msg(mt_runtime_init(&ro, err, sizeof err) == 0, "mt_runtime_init: %s", err);
+}
+
+static void runtime_down(void) { mt_runtime_shutdown(); }
+
+/* A sparse model saved as an HF directory holds every expert under its HF name and shape, and
+ * loads back into a fresh state bit for bit, through the generic code of runtime/hf.c. */
+static void run_hf_roundtrip(const char *json, const char *probe, int64_t rows, int64_t cols)
+{
+    mt_model_config cfg = parse_ok(json, "hf");
+    char err[1024] = "";
+    mt_host_state *a = mt_state_create(&cfg, MT_DTYPE_F32, 0, err, sizeof err);
+    ck_assert_msg(a != NULL, "%s", err);
+    mt_state_init_random(a, 7, 1.0);
+    char dir[] = "/tmp/mt-moe-hf.XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    ck_assert_msg(mt_hf_save(dir, a, MT_DTYPE_F32, 0, err, sizeof err) == 0, "%s", err);
+
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    mt_st_file *f = mt_st_open(path, err, sizeof err);
+    ck_assert_msg(f != NULL, "%s", err);
+    const mt_st_tensor *t = mt_st_find(f, probe);
+    ck_assert_msg(t != NULL, "%s: no tensor '%s'", path, probe);
+    ck_assert(t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols);
+    int64_t expected = 0;
+    for (int i = 0; i < a->ntiles; i++)
+        for (int s = 0; s < a->tiles[i].layout->ntensors; s++) expected += a->tiles[i].layout->tensors[s].numel > 0;
+    ck_assert_int_eq(f->ntensors, expected);
+    mt_st_close(f);
+
+    mt_model_config back;
+    ck_assert_msg(mt_config_load(dir, &back, err, sizeof err) == 0, "%s", err);
+    assert_same_config(&cfg, &back);
+    mt_host_state *b = mt_state_create(&back, MT_DTYPE_F32, 0, err, sizeof err);
+    ck_assert_msg(b != NULL, "%s", err);
+    ck_assert_msg(mt_hf_load(dir, b, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < a->ntiles; i++) {
+        ck_assert_int_eq(a->tiles[i].numel, b->tiles[i].numel);
+        ck_assert(memcmp(a->tiles[i].master, b->tiles[i].master, sizeof(float) * (size_t)a->tiles[i].numel) == 0);
+    }
+    mt_state_destroy(a);
+    mt_state_destroy(b);
+    mt_test_remove_dir(dir);
+}
+
+START_TEST(test_hf_roundtrip)
+{
+    run_hf_roundtrip(QWEN3_MOE_BASE "}", "model.layers.5.mlp.experts.4.down_proj.weight", 20, 7);
+    run_hf_roundtrip(MIXTRAL_BASE "}", "model.layers.0.block_sparse_moe.experts.3.w3.weight", 9, 20);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* 9) The step graph on CPU workers runs a sparse model: its loss and gradients (two
+ *    micro-batches, recompute from checkpoints) are those of the fp32 ops called directly.     */
+
+static const char step_json[] =
+    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 20, \"intermediate_size\": 27, \"num_hidden_layers\": 3,"
+    " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 6, \"vocab_size\": 29,"
+    " \"max_position_embeddings\": 64, \"num_experts\": 5, \"num_experts_per_tok\": 2,"
+    " \"moe_intermediate_size\": 7, \"norm_topk_prob\": true}";
+
+START_TEST(test_step_graph)
+{
+    enum { SB = 2, ST = 5, ACCUM = 2, SN = SB * ST };
+    const mt_model_config cfg = parse_ok(step_json, "step");
+    char err[512] = "";
+    mt_host_state *st = mt_state_create(&cfg, MT_DTYPE_F32, 0, err, sizeof err);
+    ck_assert_msg(st != NULL, "%s", err);
+    mt_state_init_random(st, 9, 0.3);
+    mt_step_config sc = mt_step_defaults();
+    sc.B = SB; sc.T = ST; sc.K = 2; sc.accum = ACCUM; sc.clip = 0; sc.head_chunk = 3;
+    mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
+    ck_assert_msg(g != NULL, "%s", err);
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 221);
+    int32_t tokens[ACCUM * SN], targets[ACCUM * SN];
+    int64_t counted = 0;
+    for (int i = 0; i < ACCUM * SN; i++) {
+        tokens[i] = (int32_t)(mt_test_uniform(&rng) * cfg.vocab);
+        targets[i] = i % 7 == 3 ? -1 : (int32_t)(mt_test_uniform(&rng) * cfg.vocab);
+        counted += targets[i] >= 0;
+    }
+    const double loss = mt_graph_wait_loss(g, mt_graph_submit_compute(g, 1, tokens, targets), NULL);
+    starpu_task_wait_for_all();
+
+    /* The same step by hand: per micro-batch, forward keeping every layer, head, backward. */
+    const int64_t L = cfg.layers, nd = SN * cfg.hidden, saved_n = mt_layer_saved_numel(&cfg, SB, ST);
+    int64_t scratch_n = mt_layer_scratch_numel(&cfg, SB, ST);
+    if (mt_head_scratch_numel(&cfg, 3) > scratch_n) scratch_n = mt_head_scratch_numel(&cfg, 3);
+    float *acts = mt_xmalloc(sizeof(float) * (size_t)((L + 1) * nd)), *saved = mt_xmalloc(sizeof(float) * (size_t)(L * saved_n));
+    float *scratch = mt_xmalloc(sizeof(float) * (size_t)scratch_n), *dy = mt_xmalloc(sizeof(float) * (size_t)nd);
+    float *dx = mt_xmalloc(sizeof(float) * (size_t)nd);
+    float **grad = mt_xmalloc(sizeof(float *) * (size_t)st->ntiles);
+    for (int i = 0; i < st->ntiles; i++) grad[i] = calloc((size_t)st->tiles[i].numel, sizeof(float));
+    const mt_tile *embed = &st->tiles[0], *head = &st->tiles[L + 1];
+    const float *table = embed->master + embed->layout->tensors[MT_E_EMBED].offset;
+    double want_loss = 0;
+    for (int m = 0; m < ACCUM; m++) {
+        mt_cpu_embedding_forward_f32(SN, cfg.hidden, table, tokens + m * SN, acts);
+        for (int64_t l = 0; l < L; l++)
+            mt_cpu_layer_forward_f32(&cfg, st->tiles[l + 1].layout, st->tiles[l + 1].master, SB, ST, acts + l * nd,
+                                     acts + (l + 1) * nd, saved + l * saved_n, scratch);
+        int64_t c;
+        want_loss += mt_cpu_head_f32(&cfg, head->layout, head->master, embed->master, SN, acts + L * nd,
+                                     targets + m * SN, 1.0 / (double)counted, 3, dy, grad[L + 1], grad[0], scratch, &c);
+        for (int64_t l = L - 1; l >= 0; l--) {
+            mt_cpu_layer_backward_f32(&cfg, st->tiles[l + 1].layout, st->tiles[l + 1].master, SB, ST,
+                                      saved + l * saved_n, dy, dx, grad[l + 1], scratch);
+            float *t = dy; dy = dx; dx = t;
+        }
+        mt_cpu_embedding_backward_f32(SN, cfg.hidden, tokens + m * SN, dy,
+                                      grad[0] + embed->layout->tensors[MT_E_EMBED].offset);
+    }
+    want_loss /= (double)counted;
+    fprintf(stderr, "step graph on CPU workers, sparse model: loss %.9f, by hand %.9f\n", loss, want_loss);
+    ck_assert_msg(fabs(loss - want_loss) <= 1e-6 * fabs(want_loss), "loss %.9g, by hand %.9g", loss, want_loss);
+    for (int i = 0; i < st->ntiles; i++) {
+        mt_tile *t = &st->tiles[i];
+        starpu_data_acquire(t->h_grad, STARPU_R);
+        double *want = mt_test_alloc_f64(t->numel);
+        for (int64_t e = 0; e < t->numel; e++) want[e] = grad[i][e];
+        const double e = mt_test_rel_err_mixed(t->grad, want, t->numel);
+        starpu_data_release(t->h_grad);
+        fprintf(stderr, "  tile %d gradient rel err %.3e\n", i, e);
+        ck_assert_msg(e <= 1e-5, "tile %d: gradient rel err %.3e", i, e);
+        free(want);
+        free(grad[i]);
+    }
+    free(grad); free(acts); free(saved); free(scratch); free(dy); free(dx);
+    mt_graph_destroy(g);
+    mt_state_destroy(st);
+}
+END_TEST
+
+/* What the step cannot run yet is refused when the graph is built, naming what to change. */
+START_TEST(test_step_refuses)
+{
+    const char *const extras[] = { ", \"output_router_logits\": true", ", \"mlp_only_layers\": [1]" };
+    const char *const wants[] = { "output_router_logits", "mlp_only_layers" };
+    for (int i = 0; i < 2; i++) {
+        char json[1024];
+        snprintf(json, sizeof json, "%.*s%s}", (int)strlen(step_json) - 1, step_json, extras[i]);
+        const mt_model_config cfg = parse_ok(json, "step-refused");
+        char err[512] = "";
+        mt_host_state *st = mt_state_create(&cfg, MT_DTYPE_F32, 0, err, sizeof err);
+        ck_assert_msg(st != NULL, "%s", err);
+        mt_step_config sc = mt_step_defaults();
+        sc.B = 1; sc.T = 4; sc.K = 1; sc.accum = 1; sc.head_chunk = 4;
+        mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
+        fprintf(stderr, "  refused: %s\n", err);
+        ck_assert_msg(g == NULL && strstr(err, "mixture-of-experts") && strstr(err, wants[i]), "'%s'", err);
+        mt_state_destroy(st);
+    }
+}
+END_TEST
+
+
+static Suite *moe_model_suite(void)
+{
+    Suite *s = suite_create("moe_model");
+    TCase *config = tcase_create("config");
+    tcase_add_test(config, test_published_counts);
+    tcase_add_test(config, test_defaults);
+    tcase_add_test(config, test_sparse_layers);
+    tcase_add_test(config, test_config_roundtrip);
+    tcase_add_test(config, test_config_errors);
+    tcase_add_test(config, test_router_aux_coef);
+    suite_add_tcase(s, config);
+    TCase *layout = tcase_create("layout");
+    tcase_add_test(layout, test_layout_qwen3_moe);
+    tcase_add_test(layout, test_layout_mixtral);
+    suite_add_tcase(s, layout);
+    TCase *hf = tcase_create("runtime"); /* HF directories and the step graph, on StarPU */
+    tcase_add_checked_fixture(hf, runtime_up, runtime_down);
+    tcase_add_test(hf, test_hf_roundtrip);
+    tcase_add_test(hf, test_step_graph);
+    tcase_add_test(hf, test_step_refuses);
+    suite_add_tcase(s, hf);
+    return s;
+}
+
+int main(void)
+{
+    return mt_test_run(moe_model_suite(), false);
+}
