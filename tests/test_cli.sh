@@ -317,6 +317,22 @@ check_error "bench --shape tiny --seq-len 512: a length given is checked" \
     "sequence length 512 exceeds the model's max_position_embeddings 256" bench --shape tiny --seq-len 512
 check_ok "bench --help says the default length" "2048 unless given, or the model's longest" bench --help
 
+# --ncpu above the cores: a warning naming both numbers, not an error.
+cores=$(nproc)
+if [ "$cores" -lt 100 ]; then
+    name="--ncpu above the cores warns"
+    run info --ncpu $((cores + 1)) --ncuda 0
+    if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+    elif ! grep -q "^megatrain: warning: --ncpu $((cores + 1)) asks for more CPU workers than the $cores cores" "$err"; then
+        fail "$name" "no warning naming $((cores + 1)) and $cores"
+    else pass "$name"; fi
+fi
+name="--ncpu within the cores: no warning"
+run info --ncpu 1 --ncuda 0
+if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif grep -q "warning: --ncpu" "$err"; then fail "$name" "a warning"
+else pass "$name"; fi
+
 name="bench --sched eager: no GPU breakdown"
 run bench --shape tiny --micro-batch 2 --seq-len 64 --warmup 1 --steps 1 --ncpu 2 --ncuda 0 --sched eager
 if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
