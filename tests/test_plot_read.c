@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "runtime/metrics.h"
-#include "testutil.h"
+#include "tests/testutil.h"
 
 /* Rows the writer gets: random values, a validation loss every third step, a NaN loss and a
  * skipped step at row 4, no clipping norm at row 2. */
@@ -38,6 +38,16 @@ static void expect_close(const char *what, int64_t step, double got, double want
                   what, got, want);
 }
 
+/* Writes rows[from..n) as a run resumed after step `from` (0: a fresh run) does. */
+static void write_rows(const char *path, const mt_metrics_row *rows, int from, int n)
+{
+    char err[512];
+    mt_metrics m;
+    ck_assert_msg(mt_metrics_open(&m, path, from, err, sizeof err) == 0, "%s", err);
+    for (int i = from; i < n; i++) mt_metrics_write(&m, &rows[i]);
+    ck_assert_msg(mt_metrics_close(&m, path, err, sizeof err) == 0, "%s", err);
+}
+
 START_TEST(test_rows_round_trip)
 {
     mt_test_rng rng;
@@ -46,12 +56,9 @@ START_TEST(test_rows_round_trip)
     mt_metrics_row rows[N];
     random_rows(&rng, rows, N);
     const char *path = mt_test_write_temp("m.jsonl", "");
-    char err[512];
-    mt_metrics m;
-    ck_assert_msg(mt_metrics_open(&m, path, 0, err, sizeof err) == 0, "%s", err);
-    for (int i = 0; i < N; i++) mt_metrics_write(&m, &rows[i]);
-    ck_assert_msg(mt_metrics_close(&m, path, err, sizeof err) == 0, "%s", err);
+    write_rows(path, rows, 0, N);
 
+    char err[512];
     mt_metrics_row *got;
     int64_t n;
     ck_assert_msg(mt_metrics_read(path, &got, &n, err, sizeof err) == 0, "%s", err);
@@ -80,25 +87,18 @@ START_TEST(test_resumed_elapsed_adds_up)
     mt_metrics_row rows[N];
     random_rows(&rng, rows, N);
     const char *path = mt_test_write_temp("r.jsonl", "");
-    char err[512];
-    mt_metrics m;
-    ck_assert(mt_metrics_open(&m, path, 0, err, sizeof err) == 0);
-    for (int i = 0; i < N; i++) mt_metrics_write(&m, &rows[i]);
-    ck_assert(mt_metrics_close(&m, path, err, sizeof err) == 0);
+    write_rows(path, rows, 0, N);
     /* resumed after step 6: steps 7..10 rewritten, their elapsed time counted from step 6's */
-    ck_assert_msg(mt_metrics_open(&m, path, 6, err, sizeof err) == 0, "%s", err);
-    for (int i = 6; i < N; i++) {
-        mt_metrics_row r = rows[i];
-        r.elapsed_s = 0.25 * (i - 5);
-        mt_metrics_write(&m, &r);
-    }
-    ck_assert(mt_metrics_close(&m, path, err, sizeof err) == 0);
+    const double at6_written = rows[5].elapsed_s;
+    for (int i = 6; i < N; i++) rows[i].elapsed_s = 0.25 * (i - 5);
+    write_rows(path, rows, 6, N);
+    char err[512];
     mt_metrics_row *got;
     int64_t n;
     ck_assert_msg(mt_metrics_read(path, &got, &n, err, sizeof err) == 0, "%s", err);
     ck_assert_int_eq(n, N);
     const double at6 = got[5].elapsed_s;
-    expect_close("elapsed_s", 6, at6, rows[5].elapsed_s, 2e-3);
+    expect_close("elapsed_s", 6, at6, at6_written, 2e-3);
     for (int i = 6; i < N; i++) {
         ck_assert_int_eq(got[i].step, i + 1);
         expect_close("resumed elapsed_s", i + 1, got[i].elapsed_s, at6 + 0.25 * (i - 5), 1e-3);
