@@ -282,9 +282,100 @@ static void write_norm_header(const mt_host_state *st, FILE *out)
     fprintf(out, ",table_head_part\n");
 }
 
-static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt_model_config *cfg, mt_host_state *st,
-                   bench_data *data, mt_bench_result *r, FILE *log, FILE *norms, char *err, size_t errlen)
+/* The log's heartbeat: a thread that, while one phase (the host state's set-up, a step) lasts
+ * longer than `every` seconds, says which and for how long, so that a slow run on CPU workers is
+ * never silent. Each phase's own line (ticker_phase) restarts its clock. */
+typedef struct ticker {
+    FILE *log;
+    double every;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    bool stop, running;
+    char phase[128];
+    double since;
+} ticker;
+
+static void *ticker_main(void *arg)
 {
+    ticker *t = arg;
+    pthread_mutex_lock(&t->lock);
+    while (!t->stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        const double at = until.tv_nsec * 1e-9 + t->every;
+        until.tv_sec += (time_t)at;
+        until.tv_nsec = (long)((at - floor(at)) * 1e9);
+        pthread_cond_timedwait(&t->wake, &t->lock, &until);
+        const double held = mt_clock_s() - t->since;
+        if (!t->stop && t->phase[0] && held >= t->every) {
+            fprintf(t->log, "bench: still %s (%.*f s)\n", t->phase, t->every < 1 ? 2 : 0, held);
+            fflush(t->log);
+        }
+    }
+    pthread_mutex_unlock(&t->lock);
+    return NULL;
+}
+
+/* Starts the heartbeat on log every `every` seconds (none when log is NULL or the thread cannot
+ * start). */
+static void ticker_start(ticker *t, FILE *log, double every)
+{
+    memset(t, 0, sizeof *t);
+    t->log = log;
+    t->every = every;
+    if (!log) return;
+    pthread_mutex_init(&t->lock, NULL);
+    pthread_cond_init(&t->wake, NULL);
+    t->since = mt_clock_s();
+    t->running = pthread_create(&t->thread, NULL, ticker_main, t) == 0;
+}
+
+/* Prints "bench: LINE" (none for NULL) and makes the phase "WHAT" (the heartbeat's words), its
+ * clock restarted. */
+static void ticker_phase(ticker *t, const char *line, const char *what)
+{
+    if (!t->log) return;
+    if (line) {
+        fprintf(t->log, "bench: %s\n", line);
+        fflush(t->log);
+    }
+    if (!t->running) return;
+    pthread_mutex_lock(&t->lock);
+    snprintf(t->phase, sizeof t->phase, "%s", what);
+    t->since = mt_clock_s();
+    pthread_mutex_unlock(&t->lock);
+}
+
+static void ticker_stop(ticker *t)
+{
+    if (!t->running) return;
+    pthread_mutex_lock(&t->lock);
+    t->stop = true;
+    pthread_cond_signal(&t->wake);
+    pthread_mutex_unlock(&t->lock);
+    pthread_join(t->thread, NULL);
+    pthread_cond_destroy(&t->wake);
+    pthread_mutex_destroy(&t->lock);
+    t->running = false;
+}
+
+/* "warm-up step i/n" or "measured step i/n" as step `step` (1-based, warm-up first) starts running:
+ * printed once the step before it has ended. */
+static void progress(ticker *t, const mt_bench_options *o, const mt_step_config *sc, int step)
+{
+    char which[64], line[128], what[128];
+    if (step <= o->warmup) snprintf(which, sizeof which, "warm-up step %d/%d", step, o->warmup);
+    else snprintf(which, sizeof which, "measured step %d/%d", step - o->warmup, o->steps);
+    snprintf(line, sizeof line, "K=%d clip %g: %s", sc->K, sc->clip, which);
+    snprintf(what, sizeof what, "in %s", which);
+    ticker_phase(t, line, what);
+}
+
+static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt_model_config *cfg, mt_host_state *st,
+                   bench_data *data, mt_bench_result *r, FILE *log, ticker *tick, FILE *norms, char *err, size_t errlen)
+{
+    ticker_phase(tick, NULL, "building the step graph");
     mt_graph *g = mt_graph_create(st, sc, err, errlen);
     if (!g) return -1;
     if (norms && sc->clip > 0 && mt_graph_keep_norms(g, o->warmup + o->steps + 1)) {
@@ -332,6 +423,7 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
     double measure_start = 0, adamw_cpu0 = 0, kind0[MT_AK_COUNT] = { 0 };
     bool traced = false;
     for (int step = 1; step <= total; step++) {
+        if (step == 1) progress(tick, o, sc, 1);
         if (step == o->warmup + 1) {
             /* Start the measured window once the warm-up steps are done. */
             starpu_task_wait_for_all();
@@ -353,6 +445,7 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
             double loss = mt_graph_wait_loss(g, slots[step - 1], &norm);
             if (step == 2) r->loss_first = loss;
             if (log) fprintf(log, "bench: K=%d clip %g step %d loss %.4f grad norm %.4g\n", sc->K, sc->clip, step - 1, loss, norm);
+            progress(tick, o, sc, step);
         }
     }
     r->loss_last = mt_graph_wait_loss(g, slots[total], NULL);
@@ -404,6 +497,8 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
         fprintf(log, " total %.3f\n", r->adamw_step_cpu_s);
     }
     const unsigned ncpu = starpu_cpu_worker_get_count();
+    r->ncpu = (int)ncpu;
+    r->cuda = starpu_cuda_worker_get_count() > 0;
     r->adamw_step_s_per_gparam = ncpu ? r->adamw_step_cpu_s / ncpu / (mt_config_param_count(cfg) / 1e9) : NAN;
 
     long long h2d = 0, d2h = 0;
@@ -461,6 +556,10 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
     mt_graph_set_observer(g, NULL, NULL);
     mt_graph_set_adamw_split(g, 0);
     mt_graph_set_clip_speculate(g, 0);
+    char line[128];
+    snprintf(line, sizeof line, "K=%d clip %g: AdamW alone (one update of every parameter, nothing else running)", sc->K,
+             sc->clip);
+    ticker_phase(tick, line, "timing AdamW alone");
     mt_graph_flush(g); /* deferred moments of the last step, not timed */
     starpu_task_wait_for_all();
     double a0 = mt_clock_s();
@@ -553,8 +652,20 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         unsetenv("STARPU_LIMIT_CUDA_MEM");
     }
     setenv("STARPU_PROFILING", "1", 1);
+    if (log) {
+        fprintf(log, "bench: starting StarPU\n");
+        fflush(log);
+    }
     if (mt_runtime_init(&o->runtime, err, errlen)) goto fail;
     int rc = -1;
+    const bool cuda = starpu_cuda_worker_get_count() > 0;
+    ticker tick;
+    ticker_start(&tick, log, o->heartbeat_s > 0 ? o->heartbeat_s : MT_BENCH_HEARTBEAT_S);
+    char line[256];
+    snprintf(line, sizeof line, "setting up the host state of %s (%.2f GiB, random weights) on %u CPU worker%s%s", o->shape,
+             layout.host_total / 1073741824.0, starpu_cpu_worker_get_count(),
+             starpu_cpu_worker_get_count() == 1 ? "" : "s", cuda ? " and a GPU" : ", no CUDA worker");
+    ticker_phase(&tick, line, "setting up the host state");
     double t0 = mt_clock_s();
     const mt_state_args sa = { .cfg = &cfg, .compute_dtype = o->dtype, .chunk_numel = (int64_t)1 << 22,
                                .layout = layout.layout };
@@ -564,7 +675,8 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
     if (norms) write_norm_header(st, norms);
     if (log) fprintf(log, "bench: %s (%lld layers, %s), %.3fB parameters, %s host state in %.1f s, GPU limit %s\n", o->shape,
                      (long long)cfg.layers, mt_dtype_name(o->dtype), mt_config_param_count(&cfg) / 1e9,
-                     mt_host_layout_name(st->layout), mt_clock_s() - t0, o->resident ? "none (resident)" : "from the memory plan");
+                     mt_host_layout_name(st->layout), mt_clock_s() - t0,
+                     !cuda ? "none (no CUDA worker)" : o->resident ? "none (resident)" : "from the memory plan");
     for (int i = 0; i < count; i++) {
         mt_bench_result *r = &results[i];
         r->gpu_limit_mib = limit_mib;
@@ -574,7 +686,7 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         sc.adamw_defer = r->defer;
         sc.ranged_bounds = (mt_ranged_bounds)r->bounds;
         r->bounds_used = (int)mt_ranged_bounds_used(sc.ranged_bounds);
-        if (measure(o, &sc, &cfg, st, &data, r, log, norms, err, errlen)) goto out;
+        if (measure(o, &sc, &cfg, st, &data, r, log, &tick, norms, err, errlen)) goto out;
         if (table) {
             mt_bench_print(o, r, i == 0, table);
             fflush(table);
@@ -583,6 +695,7 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
     }
     rc = 0;
 out:
+    ticker_stop(&tick);
     mt_state_destroy(st);
     mt_runtime_shutdown();
     bench_data_close(&data);
@@ -597,18 +710,45 @@ fail: /* before StarPU started */
     return -1;
 }
 
-void mt_bench_print(const mt_bench_options *o, const mt_bench_result *r, bool header, FILE *out)
+/* The last column: how clip speculation fared. */
+static void speculation_text(const mt_bench_result *r, char *spec, size_t len)
 {
-    if (header)
-        fprintf(out, "| shape | tokens/step | K | clip | policy | prefetch | GPU limit | step s | tok/s | model TFLOP/s | H2D GB/step (GB/s) | D2H GB/step (GB/s) | GPU busy | GPU idle s/step | AdamW alone s (s/1e9) | AdamW in step CPU s (s/1e9) | AdamW span s | AdamW tail s | boundary gap s | peak GPU GiB (plan) | peak host GiB | clip speculation held |\n"
-                     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    char idle[32] = "-", spec[96] = "-";
-    if (r->speculated) snprintf(spec, sizeof spec, "%lld of %lld steps", (long long)r->speculation_held, (long long)r->speculated);
+    snprintf(spec, len, "-");
+    if (r->speculated) snprintf(spec, len, "%lld of %lld steps", (long long)r->speculation_held, (long long)r->speculated);
     if (r->ranged_spec > 0)
-        snprintf(spec, sizeof spec, "ranged %.0f%%, in range %.0f%%, %.2f%% flagged, %s bounds%s", 100 * r->ranged_spec,
+        snprintf(spec, len, "ranged %.0f%%, in range %.0f%%, %.2f%% flagged, %s bounds%s", 100 * r->ranged_spec,
                  100 * r->ranged_in, 100 * r->ranged_flagged,
                  mt_ranged_bounds_option((mt_ranged_bounds)r->bounds_used),
                  r->deferred ? ", deferred" : "");
+}
+
+/* The table without a CUDA worker: no transfers, GPU time or GPU memory to show. The model's
+ * rate is in GFLOP/s, where a CPU's figure has digits. */
+static void print_cpu(const mt_bench_options *o, const mt_bench_result *r, bool header, FILE *out)
+{
+    if (header)
+        fprintf(out, "| shape | tokens/step | K | clip | policy | CPU workers | step s | tok/s | model GFLOP/s | AdamW alone s (s/1e9) | AdamW in step CPU s (s/1e9) | AdamW span s | AdamW tail s | boundary gap s | peak host GiB | clip speculation held |\n"
+                     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    char spec[96];
+    speculation_text(r, spec, sizeof spec);
+    fprintf(out, "| %s | %d x %lld x %lld | %d | %g | %s | %d | %.3f | %.0f | %.2f | %.2f (%.3f) | %.2f (%.3f) | %.3f | %.3f | %.3f | %.1f | %s |\n",
+            o->shape, o->step.accum, (long long)o->step.B, (long long)o->step.T, r->K, r->clip,
+            o->runtime.sched ? o->runtime.sched : mt_default_sched(), r->ncpu, r->step_s, r->tokens_per_s,
+            1e3 * r->tflops, r->adamw_standalone_s, r->adamw_s_per_gparam, r->adamw_step_cpu_s,
+            r->adamw_step_s_per_gparam, r->adamw_span_s, r->adamw_tail_s, r->boundary_gap_s, r->peak_host_gib, spec);
+}
+
+void mt_bench_print(const mt_bench_options *o, const mt_bench_result *r, bool header, FILE *out)
+{
+    if (!r->cuda) {
+        print_cpu(o, r, header, out);
+        return;
+    }
+    if (header)
+        fprintf(out, "| shape | tokens/step | K | clip | policy | prefetch | GPU limit | step s | tok/s | model TFLOP/s | H2D GB/step (GB/s) | D2H GB/step (GB/s) | GPU busy | GPU idle s/step | AdamW alone s (s/1e9) | AdamW in step CPU s (s/1e9) | AdamW span s | AdamW tail s | boundary gap s | peak GPU GiB (plan) | peak host GiB | clip speculation held |\n"
+                     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    char idle[32] = "-", spec[96];
+    speculation_text(r, spec, sizeof spec);
     if (!isnan(r->gpu_idle_s)) snprintf(idle, sizeof idle, "%.3f", r->gpu_idle_s);
     fprintf(out, "| %s | %d x %lld x %lld | %d | %g | %s | %s | %s | %.3f | %.0f | %.1f | %.2f (%.1f) | %.2f (%.1f) | %.2f | %s | %.2f (%.3f) | %.2f (%.3f) | %.3f | %.3f | %.3f | %.2f (%.2f) | %.1f | %s |\n",
             o->shape, o->step.accum, (long long)o->step.B, (long long)o->step.T, r->K, r->clip,
@@ -621,6 +761,14 @@ void mt_bench_print(const mt_bench_options *o, const mt_bench_result *r, bool he
 /* The notes under a table: the limit, and what the memory columns mean. */
 void mt_bench_print_notes(const mt_bench_options *o, const mt_bench_result *r, int count, FILE *out)
 {
+    if (!r[0].cuda) {
+        for (int i = 0; i < count; i++)
+            fprintf(out, "(K=%d clip %g: %lld layers, %lld checkpoints of %.4f GiB; no CUDA worker: every task ran on the "
+                         "%d CPU workers; model GFLOP/s = (6 N + 6 L d T) tokens / step time)\n",
+                    r[i].K, r[i].clip, (long long)r[i].layers, (long long)r[i].checkpoints, r[i].checkpoint_gib,
+                    r[i].ncpu);
+        return;
+    }
     if (r[0].gpu_limit_mib) fprintf(out, "(GPU limit STARPU_LIMIT_CUDA_MEM = %llu MiB)\n", (unsigned long long)r[0].gpu_limit_mib);
     for (int i = 0; i < count; i++)
         fprintf(out, "(K=%d clip %g: %lld layers, %lld checkpoints of %.4f GiB; peak GPU = StarPU's allocated bytes, sampled at "

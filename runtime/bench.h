@@ -16,6 +16,7 @@
 #define MT_BENCH_MAX_SWEEP 8
 #define MT_GPU_MAX_NAMES 12      /* task names told apart; more fold into the last, "other" */
 #define MT_GPU_LONGEST 5         /* longest single gaps kept */
+#define MT_BENCH_HEARTBEAT_S 5.0 /* the log's silence at most, in a long phase */
 
 /* GPU idle before the tasks of one name. */
 typedef struct mt_gpu_idle {
@@ -71,6 +72,8 @@ typedef struct mt_bench_options {
                                    * as tokens) or a prepared directory: a fresh batch each step */
     mt_dtype dtype;               /* weights and compute: bf16 (default) or fp32 (exact, slower) */
     mt_host_layout host_layout;   /* the host state's (runtime/plan.h): AUTO (default), FULL or COMPACT */
+    double heartbeat_s;           /* > 0: a phase (the host state's set-up, a step) longer than this is
+                                   * named on the log again every heartbeat_s; 0: MT_BENCH_HEARTBEAT_S */
     mt_runtime_options runtime;
     /* Sweeps: every (K, clip) pair is measured on the same host state, one graph after the
      * other, so the costly state set-up happens once. 0 entries: step.K and step.clip only. The
@@ -105,6 +108,8 @@ typedef struct mt_bench_result {
     double plan_gpu_gib;                          /* the memory plan's GPU total for the same run */
     double device_used_gib;                       /* whole device in use at the end (context, libraries, cache) */
     double loss_first, loss_last;
+    bool cuda;                                    /* a CUDA worker ran: the table has its GPU columns */
+    int ncpu;                                     /* CPU workers */
     uint64_t gpu_limit_mib;
     double checkpoint_gib;                        /* one checkpoint: B*T*d fp32 */
     int64_t checkpoints;                          /* ceil(L / K) */
@@ -127,6 +132,9 @@ mt_bench_options mt_bench_defaults(void);
 int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log, FILE *table, char *err, size_t errlen);
 /* Number of results mt_bench_run fills. */
 int mt_bench_count(const mt_bench_options *o);
+/* One row of the table (and its header). With a CUDA worker, the GPU table (its columns are
+ * what tools/gpu_check.sh reads); without one, the CPU table: step time, tokens/s, model GFLOP/s,
+ * AdamW, the step boundary, peak host memory. */
 void mt_bench_print(const mt_bench_options *o, const mt_bench_result *r, bool header, FILE *out);
 void mt_bench_print_notes(const mt_bench_options *o, const mt_bench_result *r, int count, FILE *out);
 /* The GPU time of one pair (mt_bench_run writes it to the log after the pair's row). */

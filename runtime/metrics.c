@@ -103,3 +103,85 @@ int mt_metrics_close(mt_metrics *m, const char *path, char *err, size_t errlen)
     }
     return 0;
 }
+
+/* The number at key, NAN when absent or null. */
+static double number_of(const json_t *o, const char *key)
+{
+    const json_t *v = json_object_get(o, key);
+    return json_is_number(v) ? json_number_value(v) : NAN;
+}
+
+/* True for a line of spaces only. */
+static bool blank(const char *line)
+{
+    for (; *line; line++)
+        if (*line != ' ' && *line != '\t' && *line != '\r' && *line != '\n') return false;
+    return true;
+}
+
+int mt_metrics_read(const char *path, mt_metrics_row **rows, int64_t *n, char *err, size_t errlen)
+{
+    *rows = NULL;
+    *n = 0;
+    FILE *in = fopen(path, "r");
+    if (!in) {
+        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    mt_metrics_row *out = NULL;
+    int64_t count = 0, cap = 0, lineno = 0;
+    char *line = NULL;
+    size_t linecap = 0;
+    ssize_t len;
+    int rc = 0;
+    while ((len = getline(&line, &linecap, in)) > 0) {
+        lineno++;
+        if (blank(line)) continue;
+        json_error_t je;
+        json_t *o = json_loadb(line, (size_t)len, 0, &je);
+        if (!o) {
+            snprintf(err, errlen, "%s:%lld: not JSON (%s): is it a --metrics file?", path, (long long)lineno, je.text);
+            rc = -1;
+            break;
+        }
+        const json_t *step = json_object_get(o, "step");
+        if (!json_is_object(o) || !json_is_integer(step)) {
+            snprintf(err, errlen, "%s:%lld: not a metrics line (a JSON object with an integer \"step\")", path,
+                     (long long)lineno);
+            json_decref(o);
+            rc = -1;
+            break;
+        }
+        if (count == cap) {
+            cap = cap ? 2 * cap : 256;
+            mt_metrics_row *grown = realloc(out, sizeof *out * (size_t)cap);
+            if (!grown) {
+                snprintf(err, errlen, "%s: out of memory at line %lld", path, (long long)lineno);
+                json_decref(o);
+                rc = -1;
+                break;
+            }
+            out = grown;
+        }
+        out[count++] = (mt_metrics_row){
+            .step = json_integer_value(step), .loss = number_of(o, "loss"), .grad_norm = number_of(o, "grad_norm"),
+            .lr = number_of(o, "lr"), .tokens_per_s = number_of(o, "tokens_per_s"),
+            .elapsed_s = number_of(o, "elapsed_s"), .epoch = number_of(o, "epoch"),
+            .val_loss = number_of(o, "val_loss"), .skipped = json_is_true(json_object_get(o, "skipped")),
+        };
+        json_decref(o);
+    }
+    if (rc == 0 && ferror(in)) {
+        snprintf(err, errlen, "%s: read error: %s", path, strerror(errno));
+        rc = -1;
+    }
+    free(line);
+    fclose(in);
+    if (rc) {
+        free(out);
+        return -1;
+    }
+    *rows = out;
+    *n = count;
+    return 0;
+}

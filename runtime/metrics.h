@@ -35,4 +35,10 @@ void mt_metrics_write(mt_metrics *m, const mt_metrics_row *row);
 /* Closes the file; 0, or -1 with err when a write failed. Safe on a zeroed one. */
 int mt_metrics_close(mt_metrics *m, const char *path, char *err, size_t errlen);
 
+/* Reads a metrics file back (megatrain plot): *rows gets one entry a line, in file order, to free();
+ * a key absent or null reads as NAN (val_loss too), skipped as false; blank lines are skipped.
+ * 0, or -1 with err naming the file, and the line for a line that is not a JSON object with an
+ * integer "step". A file of no line is no error (*n = 0). */
+int mt_metrics_read(const char *path, mt_metrics_row **rows, int64_t *n, char *err, size_t errlen);
+
 #endif

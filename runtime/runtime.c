@@ -4,9 +4,11 @@
 #include "runtime/runtime.h"
 
 #include <cblas.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "codelets/mt_starpu.h"
 
@@ -84,6 +86,14 @@ static bool policy_known(const char *name)
     return false;
 }
 
+int mt_runtime_cores(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
 int mt_runtime_init(const mt_runtime_options *opts, char *err, size_t errlen)
 {
     mt_runtime_options o = opts ? *opts : mt_runtime_defaults();
@@ -117,6 +127,13 @@ int mt_runtime_init(const mt_runtime_options *opts, char *err, size_t errlen)
 #if MT_HAVE_CUDA
     if (starpu_cuda_worker_get_count() > 0) starpu_execute_on_each_worker(configure_cuda_worker, &o.cuda, STARPU_CUDA);
 #endif
+    /* Not an error: a run on shared cores is slower, not wrong. Every command starts StarPU here,
+     * so this is the one place that says so. */
+    const int cores = mt_runtime_cores();
+    if (o.ncpu > cores)
+        fprintf(stderr, "megatrain: warning: --ncpu %d asks for more CPU workers than the %d cores this process may "
+                        "run on: StarPU started %u, sharing the cores (slower, not faster)\n", o.ncpu, cores,
+                starpu_cpu_worker_get_count());
     watchdog = mt_watchdog_start(o.watchdog_s, NULL, "run");
     return 0;
 }

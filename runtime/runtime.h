@@ -47,5 +47,7 @@ void mt_runtime_shutdown(void);
 /* Worker counts once started. */
 int mt_runtime_ncpu(void);
 int mt_runtime_ncuda(void);
+/* The cores this process may run on (its CPU affinity; else the online processors); any time. */
+int mt_runtime_cores(void);
 
 #endif

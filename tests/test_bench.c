@@ -1,8 +1,10 @@
 /* The bench's GPU time breakdown: idle gaps and their attribution computed from synthetic trace
  * records (serial, pipelined and unsorted tasks, the inputs split, the longest gaps, many names),
- * and the megatrain policy's trace switching on under that policy only. */
+ * and the megatrain policy's trace switching on under that policy only; a run on CPU workers: its
+ * table and its progress lines. */
 #include <check.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -225,6 +227,59 @@ START_TEST(test_trace_under_policies)
 }
 END_TEST
 
+/* The whole text of f (rewound), to free(). */
+static char *slurp(FILE *f)
+{
+    fflush(f);
+    const long n = ftell(f);
+    char *text = calloc((size_t)n + 1, 1);
+    rewind(f);
+    ck_assert_int_eq(fread(text, 1, (size_t)n, f), (size_t)n);
+    return text;
+}
+
+/* The tiny shape on CPU workers: the table is the CPU one (no GPU column), the log names each
+ * phase before it runs, in order, and a heartbeat shorter than a step names the step again. */
+START_TEST(test_cpu_run_table_and_progress)
+{
+    mt_bench_options o = mt_bench_defaults();
+    o.shape = "tiny";
+    o.step.B = 2;
+    o.step.T = 64;
+    o.warmup = 1;
+    o.steps = 2;
+    o.heartbeat_s = 0.01;
+    o.runtime.ncpu = 2;
+    o.runtime.ncuda = 0;
+    mt_bench_result r;
+    FILE *log = tmpfile(), *table = tmpfile();
+    ck_assert(log && table);
+    char err[512];
+    ck_assert_msg(mt_bench_run(&o, &r, log, table, err, sizeof err) == 0, "%s", err);
+    char *logged = slurp(log), *printed = slurp(table);
+    ck_assert(!r.cuda);
+    ck_assert_int_eq(r.ncpu, 2);
+    ck_assert_msg(strstr(printed, "| CPU workers | step s | tok/s | model GFLOP/s |") != NULL, "%s", printed);
+    ck_assert_msg(strstr(printed, "GPU") == NULL && strstr(printed, "H2D") == NULL, "a GPU column on CPU: %s", printed);
+    /* model GFLOP/s as printed: 1e3 x TFLOP/s, which is (6 N + 6 L d T) tokens / step time */
+    ck_assert(r.tflops > 0 && r.tokens_per_s > 0);
+    const char *phases[] = { "bench: starting StarPU\n", "bench: setting up the host state of tiny",
+                             "bench: K=4 clip 1: warm-up step 1/1\n", "bench: K=4 clip 1: measured step 1/2\n",
+                             "bench: K=4 clip 1: measured step 2/2\n", "bench: K=4 clip 1: AdamW alone" };
+    const char *at = logged;
+    for (size_t i = 0; i < sizeof phases / sizeof phases[0]; i++) {
+        const char *next = strstr(at, phases[i]);
+        ck_assert_msg(next != NULL, "no '%s' after the one before it in:\n%s", phases[i], logged);
+        at = next;
+    }
+    ck_assert_msg(strstr(logged, "bench: still in measured step ") != NULL, "no heartbeat in a step:\n%s", logged);
+    free(logged);
+    free(printed);
+    fclose(log);
+    fclose(table);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("bench");
@@ -237,5 +292,9 @@ int main(void)
     tcase_add_test(tc, test_empty);
     tcase_add_test(tc, test_trace_under_policies);
     suite_add_tcase(s, tc);
+    TCase *run = tcase_create("cpu_run");
+    tcase_set_timeout(run, 600);
+    tcase_add_test(run, test_cpu_run_table_and_progress);
+    suite_add_tcase(s, run);
     return mt_test_run(s, false);
 }

@@ -39,9 +39,10 @@ fi
 
 # --- Debian packages ----------------------------------------------------------------------
 # clang and libclang-rt-14-dev (libFuzzer's runtime): the fuzz harnesses (tools/fuzz.sh).
+# gnuplot-nox: megatrain plot draws with it.
 PACKAGES=(build-essential meson ninja-build pkg-config hwloc libhwloc-dev libopenblas-dev
           check libjansson-dev libpcre2-dev libutf8proc-dev libopenmpi-dev openmpi-bin libfxt-dev libnuma-dev
-          dpkg-dev ca-certificates python3 fortunes clang libclang-rt-14-dev)
+          dpkg-dev ca-certificates python3 fortunes gnuplot-nox clang libclang-rt-14-dev)
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

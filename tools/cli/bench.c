@@ -143,13 +143,16 @@ int cli_bench(int argc, char **argv)
                  "workers and 1e9 parameters; span = first to last AdamW end of a step; tail = its last\n"
                  "AdamW end after layer 0's backward.\n"
                  "Lists share one host state, each run training on from the last: for each K and clip,\n"
-                 "each --adamw-defer value, within it each --ranged-bounds (a value may repeat).\n",
+                 "each --adamw-defer value, within it each --ranged-bounds (a value may repeat).\n"
+                 "--seq-len: 2048 unless given, or the model's longest sequence where that is shorter\n"
+                 "(tiny: 256). Without a CUDA worker the table drops the GPU columns.\n",
         .groups = groups,
         .ngroups = sizeof groups / sizeof groups[0],
         .advanced_note = cli_speculation_note,
     };
     int status;
-    if (!cli_parse(&c, argc, argv, NULL, &status)) return status;
+    cli_given given;
+    if (!cli_parse(&c, argc, argv, &given, &status)) return status;
     const int env = cli_environment(cmd, &o.runtime, &o.step);
     if (env) return env;
     o.shape = model.shape;
@@ -159,6 +162,8 @@ int cli_bench(int argc, char **argv)
     const int bad = cli_model_config(cmd, &model, &cfg);
     if (bad) return bad;
     if (o.step.K > cfg.layers) o.step.K = (int)cfg.layers;
+    /* The default length is one every shape takes; a length given is checked as it is. */
+    if (!cli_was_given(&given, "seq-len") && o.step.T > mt_config_max_seq_len(&cfg)) o.step.T = mt_config_max_seq_len(&cfg);
     const int count = mt_bench_count(&o);
     mt_bench_result *res = calloc((size_t)count, sizeof *res);
     if (!res) return cli_failed(cmd, "out of memory for the results");

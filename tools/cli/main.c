@@ -18,6 +18,7 @@ static const struct {
     { "bench", cli_bench, "time the training step of a published shape (random weights)" },
     { "grads", cli_grads, "one batch's loss, logits and gradients as safetensors (parity with transformers)" },
     { "info", cli_info, "show StarPU's workers and check that every kind runs a task" },
+    { "plot", cli_plot, "draw the loss and tokens/s of train --metrics files as a PNG (gnuplot)" },
 };
 enum { NCOMMANDS = sizeof commands / sizeof commands[0] };
 
