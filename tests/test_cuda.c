@@ -3,7 +3,7 @@
  * bf16-rounded inputs, at sizes that are not multiples of 64: conversions, sum of squares,
  * embedding, attention, decoder layer forward/backward (every gradient tensor, = and +=, padding,
  * bitwise determinism), head (tied/untied, ignored targets, chunk < ntok). The embedding, layer
- * and head run in both precisions: bf16 (bound 1e-2) and fp32 on fresh fp32 values (bound 1e-5).
+ * and head run in both precisions: bf16 (bound 1e-2, bias gradients 2e-2) and fp32 on fresh fp32 values (bound 1e-5).
  * Every measured error is printed, one line per tensor. MT_CUDA_BENCH=1 adds the timings of
  * cuda_bench.c. Without a CUDA device it prints "no GPU: skipped" and exits 77. */
 #include <check.h>
@@ -21,6 +21,11 @@
 #include "tests/testutil.h"
 
 #define BF16_TOL 1e-2  /* ||gpu - cpu|| / ||cpu|| per tensor where the GPU feeds bf16 to GEMMs */
+/* A bias gradient is the sum over all B*T tokens of the output gradient, whose terms largely
+ * cancel: its relative error is the bf16 error of the terms times that cancellation (k_proj's
+ * sits at 0.8-1.1e-2 across the cases, highest where yarn's attention factor sharpens the
+ * softmax). The fp32 runs hold every tensor, biases included, to F32_TOL. */
+#define BF16_BIAS_TOL 2e-2
 #define F32_TOL 1e-5   /* the same on the fp32 path (MT_CUDA_F32): fp32 in another summation order */
 #define LOSS_TOL 1e-3  /* summed cross-entropy: per-row errors are random and average out */
 #define LSE_TOL 1e-4   /* attention log-sum-exp: fp32 from the same bf16 inputs */
@@ -223,6 +228,12 @@ END_TEST
 
 /* One layer in one precision: bf16 (weights rounded to bf16, the CPU given the same values) or
  * fp32 (the fp32 weights as they are, bound F32_TOL). */
+static double tensor_tol(const mt_tensor_desc *desc, bool f32)
+{
+    if (f32) return F32_TOL;
+    return strstr(desc->name, ".bias") ? BF16_BIAS_TOL : BF16_TOL;
+}
+
 static void run_layer_prec(const char *name, mt_model_config cfg, int64_t B, int64_t T, mt_cuda_prec prec)
 {
     mt_tile_layout lay;
@@ -280,7 +291,7 @@ static void run_layer_prec(const char *name, mt_model_config cfg, int64_t B, int
         const mt_tensor_desc *desc = &lay.tensors[t];
         if (desc->numel == 0) continue;
         snprintf(what, sizeof what, "d %s (=)", desc->name);
-        mt_test_check_close(what, dtile + desc->offset, dtile_cpu + desc->offset, desc->numel, tol);
+        mt_test_check_close(what, dtile + desc->offset, dtile_cpu + desc->offset, desc->numel, tensor_tol(desc, f32));
     }
     mt_test_check_padding_zero("dtile padding (=)", &lay, dtile);
     if (f32 || mt_cuda_attention_reproducible(ctx, B, T, cfg.heads, cfg.kv_heads, cfg.head_dim))
@@ -297,7 +308,7 @@ static void run_layer_prec(const char *name, mt_model_config cfg, int64_t B, int
         const mt_tensor_desc *desc = &lay.tensors[t];
         if (desc->numel == 0) continue;
         snprintf(what, sizeof what, "d %s (+=)", desc->name);
-        mt_test_check_close(what, dtile_acc + desc->offset, dtile_cpu + desc->offset, desc->numel, tol);
+        mt_test_check_close(what, dtile_acc + desc->offset, dtile_cpu + desc->offset, desc->numel, tensor_tol(desc, f32));
     }
     mt_test_check_padding_zero("dtile padding (+=)", &lay, dtile_acc);
     mt_test_check_bitwise("dx (=) again in += mode", dx2, dx, vec_bytes);
@@ -312,8 +323,8 @@ static void run_layer_prec(const char *name, mt_model_config cfg, int64_t B, int
 
 static void run_layer_case(const char *name, mt_model_config cfg, int64_t B, int64_t T)
 {
+    run_layer_prec(name, cfg, B, T, MT_CUDA_F32); /* first: a kernel that is wrong fails here */
     run_layer_prec(name, cfg, B, T, MT_CUDA_BF16);
-    run_layer_prec(name, cfg, B, T, MT_CUDA_F32);
 }
 
 START_TEST(test_layer_llama_mqa)
