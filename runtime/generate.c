@@ -403,8 +403,11 @@ int mt_generate_run(const mt_generate_options *o, FILE *out, mt_generate_result 
         const mt_chat_message msgs[2] = { { MT_ROLE_USER, o->prompt }, { MT_ROLE_ASSISTANT, "" } };
         mt_chat_rendered r;
         if (mt_chat_render(family, msgs, 2, &r, err, errlen)) goto out;
-        /* The conversation up to where the assistant's answer starts: the generation prompt. */
+        /* The conversation up to where the assistant's answer starts: the generation prompt.
+         * Mistral's template puts a space before the answer, which its generation prompt ends
+         * without ("[/INST]"): the answer's first token carries it. */
         len = r.nspans > 0 ? r.spans[0].start : r.len;
+        if (family == MT_CHAT_MISTRAL && len > 0 && r.text[len - 1] == ' ') len--;
         text = malloc(len + 1);
         memcpy(text, r.text, len);
         text[len] = 0;

@@ -377,6 +377,20 @@ START_TEST(test_generate_run)
                   all + prompt_len);
     free(printed); free(all); free(head); free(prompt);
 
+    /* --chat: the prompt is the template's user turn, the assistant's opened. */
+    const char *rendered = "<s> [INST] rain fell over [/INST]";
+    size_t nchat;
+    int32_t *chat_ids = mt_tokenizer_encode(tok, rendered, strlen(rendered), &nchat, err, sizeof err);
+    ck_assert(chat_ids && chat_ids[0] == mt_tokenizer_token_id(tok, "<s>"));
+    o.chat = true;
+    o.family = "mistral";
+    o.max_new_tokens = 2;
+    ck_assert_msg(mt_generate_run(&o, NULL, &r, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(r.prompt_tokens, (int64_t)nchat);
+    free(chat_ids);
+    o.chat = false;
+    o.family = NULL;
+
     o.prompt = "";
     ck_assert_int_eq(mt_generate_run(&o, NULL, &r, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "--prompt") && strstr(err, "empty"), "%s", err);
