@@ -12,6 +12,7 @@
 
 #include "backends/cpu/ops.h"
 #include "models/tokenizer.h"
+#include "runtime/data.h"
 #include "runtime/dataset.h"
 #include "runtime/eval.h"
 #include "runtime/generate.h"
@@ -120,7 +121,8 @@ static float *logits_of(const int32_t *ids, int64_t T)
     float *hscratch = malloc(sizeof(float) * mt_head_scratch_numel(cfg, T));
     float *logits = malloc(sizeof *logits * T * V);
     const float *h = mt_host_hidden(st, 1, T, ids, x, y, scratch);
-    mt_cpu_head_logits_f32(cfg, &st->layout_head, mt_state_head(st)->master, NULL, T, h, logits, hscratch);
+    mt_cpu_head_logits_f32(cfg, &st->layout_head, mt_state_head(st)->master,
+                           cfg->tied ? mt_state_embed(st)->master : NULL, T, h, logits, hscratch);
     free(x); free(y); free(scratch); free(hscratch);
     return logits;
 }
@@ -194,6 +196,66 @@ START_TEST(test_eval_loss)
     ck_assert_int_eq(r.tokens, count_two);
     ck_assert_int_eq(r.sequences, 2);
     mt_test_report("eval loss, --max-sequences 2", fabs(r.loss - ref_two) / ref_two, 1e-5);
+    remove_fixture();
+}
+END_TEST
+
+/* A byte-level model on a text file: the validation blocks' first windows, as train reads them. */
+START_TEST(test_eval_text)
+{
+    fixture();
+    stop_runtime();
+    char err[1024];
+    mt_model_config cfg;
+    ck_assert_msg(mt_config_load(mt_test_source_path("models/configs/tiny-byte.json"), &cfg, err, sizeof err) == 0,
+                  "%s", err);
+    mt_runtime_options ro = { .sched = "eager", .ncpu = 2, .ncuda = 0 };
+    ck_assert_msg(mt_runtime_init(&ro, err, sizeof err) == 0, "%s", err);
+    st = mt_state_create(&cfg, MT_DTYPE_F32, 0, err, sizeof err);
+    ck_assert_msg(st, "%s", err);
+    mt_state_init_random(st, 31, 0.1);
+    char bytes_model[512], text[512];
+    snprintf(bytes_model, sizeof bytes_model, "%s/bytes-model", dir);
+    snprintf(text, sizeof text, "%s/bytes.txt", dir);
+    FILE *f = fopen(text, "w");
+    mt_test_rng r0;
+    mt_test_rng_seed(&r0, 12);
+    for (int i = 0; i < 60000; i++) fputc("etaoin shrdlu\n"[(int)(mt_test_uniform(&r0) * 14)], f);
+    fclose(f);
+    ck_assert_msg(mt_hf_save(bytes_model, st, MT_DTYPE_F32, 0, err, sizeof err) == 0, "%s", err);
+    enum { T = 32, N = 8 };
+    mt_corpus c;
+    ck_assert_msg(mt_corpus_load(text, 10, T + 1, &c, err, sizeof err) == 0, "%s", err);
+    int32_t tokens[N * T], targets[N * T];
+    ck_assert_int_eq(mt_corpus_validation(&c, N, T, tokens, targets), N);
+    double sum = 0;
+    for (int w = 0; w < N; w++) {
+        float *logits = logits_of(tokens + w * T, T);
+        for (int t = 0; t < T; t++) {
+            const float *row = logits + t * cfg.vocab;
+            double mx = row[0], z = 0;
+            for (int64_t v = 1; v < cfg.vocab; v++) mx = fmax(mx, row[v]);
+            for (int64_t v = 0; v < cfg.vocab; v++) z += exp((double)row[v] - mx);
+            sum += mx + log(z) - row[targets[w * T + t]];
+        }
+        free(logits);
+    }
+    const double ref = sum / (N * T);
+    mt_corpus_free(&c);
+    stop_runtime();
+    mt_eval_options o = eval_options();
+    o.model_dir = bytes_model;
+    o.data_path = text;
+    o.T = T;
+    o.max_sequences = N;
+    mt_eval_result r;
+    ck_assert_msg(mt_eval_run(&o, &r, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(r.tokens, N * T);
+    mt_test_report("eval loss, text read as bytes", fabs(r.loss - ref) / ref, 1e-5);
+    /* The same text for the tokenizer's model: refused, with the prepare command. */
+    o.model_dir = model_dir;
+    ck_assert_int_eq(mt_eval_run(&o, &r, NULL, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "not a byte-level model") && strstr(err, "megatrain prepare"), "%s", err);
     remove_fixture();
 }
 END_TEST
@@ -449,6 +511,7 @@ int main(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_eval_loss);
     tcase_add_test(tc, test_eval_refusals);
+    tcase_add_test(tc, test_eval_text);
     tcase_add_test(tc, test_sampler);
     tcase_add_test(tc, test_generate_ids);
     tcase_add_test(tc, test_generate_run);
