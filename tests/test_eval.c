@@ -127,6 +127,15 @@ static float *logits_of(const int32_t *ids, int64_t T)
     return logits;
 }
 
+/* -log softmax(row)[target] in double. */
+static double nll(const float *row, int64_t V, int32_t target)
+{
+    double mx = row[0], z = 0;
+    for (int64_t v = 1; v < V; v++) mx = fmax(mx, row[v]);
+    for (int64_t v = 0; v < V; v++) z += exp((double)row[v] - mx);
+    return mx + log(z) - row[target];
+}
+
 /* The cross entropy of the first n validation windows (all: n < 0), in double; *count the targets. */
 static double reference_loss(int64_t n, int64_t *count, int64_t *windows)
 {
@@ -144,11 +153,7 @@ static double reference_loss(int64_t n, int64_t *count, int64_t *windows)
         float *logits = logits_of(tokens, SEQ_LEN);
         for (int64_t t = 0; t < SEQ_LEN; t++) {
             if (targets[t] < 0) continue;
-            const float *row = logits + t * V;
-            double mx = row[0], z = 0;
-            for (int64_t v = 1; v < V; v++) mx = fmax(mx, row[v]);
-            for (int64_t v = 0; v < V; v++) z += exp((double)row[v] - mx);
-            sum += mx + log(z) - row[targets[t]];
+            sum += nll(logits + t * V, V, targets[t]);
             (*count)++;
         }
         free(logits);
@@ -232,11 +237,7 @@ START_TEST(test_eval_text)
     for (int w = 0; w < N; w++) {
         float *logits = logits_of(tokens + w * T, T);
         for (int t = 0; t < T; t++) {
-            const float *row = logits + t * cfg.vocab;
-            double mx = row[0], z = 0;
-            for (int64_t v = 1; v < cfg.vocab; v++) mx = fmax(mx, row[v]);
-            for (int64_t v = 0; v < cfg.vocab; v++) z += exp((double)row[v] - mx);
-            sum += mx + log(z) - row[targets[w * T + t]];
+            sum += nll(logits + t * cfg.vocab, cfg.vocab, targets[w * T + t]);
         }
         free(logits);
     }
