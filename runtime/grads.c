@@ -12,6 +12,7 @@
 
 #include "models/config.h"
 #include "backends/cpu/ops.h"
+#include "runtime/generate.h"
 #include "runtime/hf.h"
 #include "models/safetensors.h"
 #include "runtime/state.h"

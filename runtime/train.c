@@ -16,6 +16,7 @@
 #include "mt_build_config.h"
 #include "runtime/checkpoint.h"
 #include "runtime/files.h"
+#include "runtime/generate.h"
 #include "runtime/hf.h"
 #include "runtime/metrics.h"
 #include "runtime/plan.h"

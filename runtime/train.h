@@ -96,15 +96,4 @@ double mt_lr_at(const mt_train_options *o, int64_t s);
  * Returns 0, or -1 with a message in err. */
 int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, char *err, size_t errlen);
 
-/* The final hidden state (B*T, d) of tokens (B, T) through the fp32 CPU ops on the host master
- * weights (no task in flight). x and y are (B*T, d) buffers, scratch mt_layer_scratch_numel(cfg,
- * B, T) floats; returns whichever of x and y holds the result. */
-float *mt_host_hidden(const mt_host_state *st, int64_t B, int64_t T, const int32_t *tokens, float *x, float *y,
-                      float *scratch);
-
-/* Greedy/temperature sampling from the host master weights (no task in flight): appends n bytes
- * to prompt into out (prompt length + n + 1 bytes). Uses at most `context` bytes of history. */
-void mt_generate(const mt_host_state *st, const char *prompt, int64_t n, int64_t context,
-                 double temperature, uint64_t seed, char *out);
-
 #endif

@@ -84,6 +84,12 @@ for sub in train prepare plan bench grads info; do
     if grep -qE -- "$timing" "$out"; then fail "$name" "$(grep -E -- "$timing" "$out" | head -1)"
     else pass "$name"; fi
 done
+for sub in eval generate; do
+    check_ok "$sub --help exits 0" "^usage: megatrain $sub" "$sub" --help
+    check_error "$sub --no-such-option" "unrecognized option '--no-such-option'" "$sub" --no-such-option
+done
+check_ok "megatrain --help lists generate" '^  generate ' --help
+check_ok "generate --help says there is no KV cache" 'no KV cache' generate --help
 
 # train --help is one screen: the speculation knobs but one are in --help-all.
 name="train --help is at most 60 lines"
@@ -270,6 +276,35 @@ elif [ -z "$loss_scaled" ] || [ "$loss_scaled" != "$loss_saved" ]; then
     fail "$name" "the saved model's '$loss_saved' is not the scaled run's '$loss_scaled'"
 elif [ "$loss_scaled" = "$loss_plain" ]; then fail "$name" "the scaling left the loss at '$loss_plain'"
 else pass "$name"; fi
+
+# eval and generate on the model trained above (byte-level, no tokenizer.json): the loss line, the
+# same text for the same seed, an empty prompt and missing data refused with their names.
+name="eval --model (byte-level) --data text"
+run eval --model "$work/trained" --data /usr/share/games/fortunes --seq-len 16 --micro-batch 4 --max-sequences 8 \
+    --ncuda 0 --ncpu 2
+if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif ! grep -qE '^loss [0-9]+\.[0-9]+ nats/token, perplexity [0-9]+\.[0-9]+, 128 tokens counted in 8 windows of 16 \(fp32\)$' "$out"; then
+    fail "$name" "no 'loss L nats/token, perplexity P, 128 tokens counted in 8 windows of 16 (fp32)' line"
+else pass "$name"; fi
+check_error "eval without --data" "--model DIR and --data PATH are both needed" eval --model "$work/trained"
+check_error "eval --data missing" "$work/no-such-data" eval --model "$work/trained" --data "$work/no-such-data"
+check_error "eval --model missing" "$work/no-such-model/config.json" \
+    eval --model "$work/no-such-model" --data /usr/share/games/fortunes
+
+name="generate (byte-level) seeded twice"
+run generate --model "$work/trained" --prompt "Q: What" --max-new-tokens 12 --temperature 0.9 --top-p 0.95 --seed 4
+cp "$out" "$work/gen1"
+rc1=$rc
+run generate --model "$work/trained" --prompt "Q: What" --max-new-tokens 12 --temperature 0.9 --top-p 0.95 --seed 4
+if [ "$rc" -ne 0 ] || [ "$rc1" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif ! grep -q '7 prompt tokens, 12 new' "$err"; then fail "$name" "no '7 prompt tokens, 12 new' line"
+elif ! cmp -s "$out" "$work/gen1"; then fail "$name" "the same seed gave other text"
+else pass "$name"; fi
+check_error "generate --prompt ''" "the prompt is empty" generate --model "$work/trained" --prompt ""
+check_error "generate --chat without a tokenizer" "no chat template applies" \
+    generate --model "$work/trained" --prompt "hi" --chat
+check_error "generate --tokenizer missing" "$work/no-such-tokenizer.json" \
+    generate --model "$work/trained" --prompt "hi" --tokenizer "$work/no-such-tokenizer.json"
 
 # --dtype is honoured: bf16 weights (rounded from the fp32 masters) give other gradients.
 name="grads --dtype bf16 on CPU workers"

@@ -10,5 +10,7 @@ int cli_bench(int argc, char **argv);
 int cli_grads(int argc, char **argv);
 int cli_info(int argc, char **argv);
 int cli_plot(int argc, char **argv);
+int cli_eval(int argc, char **argv);
+int cli_generate(int argc, char **argv);
 
 #endif

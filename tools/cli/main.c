@@ -19,6 +19,8 @@ static const struct {
     { "grads", cli_grads, "one batch's loss, logits and gradients as safetensors (parity with transformers)" },
     { "info", cli_info, "show StarPU's workers and check that every kind runs a task" },
     { "plot", cli_plot, "draw the loss and tokens/s of train --metrics files as a PNG (gnuplot)" },
+    { "eval", cli_eval, "a model's validation loss and perplexity on prepared data or text" },
+    { "generate", cli_generate, "continue a prompt with a model (greedy, temperature, top-p)" },
 };
 enum { NCOMMANDS = sizeof commands / sizeof commands[0] };
 
@@ -28,7 +30,7 @@ static void main_help(void)
            "Trains LLMs that do not fit in GPU memory: host RAM holds every weight, gradient and\n"
            "AdamW state; layers stream through the GPU as a StarPU task graph.\n\n"
            "commands:\n");
-    for (int k = 0; k < NCOMMANDS; k++) printf("  %-8s%s\n", commands[k].name, commands[k].what);
+    for (int k = 0; k < NCOMMANDS; k++) printf("  %-10s%s\n", commands[k].name, commands[k].what);
     printf("\n'megatrain COMMAND --help' describes each command, 'megatrain COMMAND --help-all' also its\n"
            "advanced options; 'megatrain help COMMAND' is 'megatrain COMMAND --help'.\n");
 }
