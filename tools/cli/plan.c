@@ -85,7 +85,7 @@ int cli_plan(int argc, char **argv)
     const bool any_model = has_config || has_shape || has_dir;
     const bool table = req.shapes || (req.host_memory && !any_model);
     if (table && any_model) return cli_usage_error(cmd, "--shapes plans the published shapes: give no model with it");
-    if (!has_shape && model.layers > 0 && !table) return cli_usage_error(cmd, "--layers needs --shape");
+    if (model.layers > 0 && !any_model) return cli_usage_error(cmd, "--layers needs --shape, --config or --model");
 
     char err[1024], have[32], path[4200];
     if (has_dir) {
