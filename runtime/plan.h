@@ -85,8 +85,8 @@ typedef enum mt_plan_kind {
     MT_PLAN_RUNTIME,        /* StarPU started: a base, and per CPU worker its thread and state */
     MT_PLAN_CPU_SCRATCH,    /* CPU-only run: the layer and head scratch of every CPU worker but
                              * the one WORKSPACE counts (StarPU gives each worker its own copy of
-                             * a STARPU_SCRATCH buffer), and the allocator's slack on the working
-                             * set the workers allocate */
+                             * a STARPU_SCRATCH buffer), and what the working set costs beyond
+                             * its buffers (the workers' OpenBLAS packing buffers, the allocator) */
     MT_PLAN_CUDA,           /* with a GPU: the CUDA context and the loaded CUDA libraries (an
                              * estimate: runtime/plan.c) */
     MT_PLAN_DATA,           /* the training data as loaded, and the loop's batch and validation
