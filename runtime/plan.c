@@ -4,14 +4,22 @@
  * be resident at once (double-buffered weights and gradients, one block of activations). */
 #include "runtime/plan.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <hwloc.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backends/cpu/ranged_flags.h"
 #include "codelets/common.h"
 #include "models/layout.h"
+#include "mt_build_config.h"
+#if MT_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 static int plan_fail(mt_plan *plan, const char *fmt, ...)
 {
@@ -47,6 +55,58 @@ static uint64_t host_state_bytes(const mt_plan *plan, uint64_t elem)
     uint64_t layer = round_up_u64((uint64_t)plan->tile_numel[MT_TILE_LAYER] * elem, MT_PLAN_TILE_BYTES_ALIGN);
     uint64_t head = round_up_u64((uint64_t)plan->tile_numel[MT_TILE_HEAD] * elem, MT_PLAN_TILE_BYTES_ALIGN);
     return embed + (uint64_t)(plan->num_tiles - 2) * layer + head;
+}
+
+/* The process's costs beyond the state and the graph's buffers, from the peak resident set
+ * (VmHWM) of `megatrain train` runs on the CPU workers of an x86-64 Debian 12 host (StarPU
+ * 1.4.10, OpenBLAS 0.3.21, glibc 2.36, the CUDA 13 libraries linked), resident set read between
+ * the stages of a run: docs/design.md, section 5.1, has the method and the figures. */
+/* starpu_init: its tables, the main and helper threads, hwloc's topology; measured 4.5-4.9 MiB
+ * with 1 and 2 CPU workers, the rest per worker (thread stack as touched, StarPU's per-worker
+ * state and OpenBLAS's per-thread bookkeeping). */
+#define STARPU_START_BYTES ((uint64_t)9 << 19)
+#define STARPU_PER_CPU_WORKER_BYTES ((uint64_t)1 << 18)
+/* A CPU run's working set costs more than its buffers: the workers' OpenBLAS packing buffers
+ * (one per thread, touched as far as the GEMMs' panels reach) and the allocator's pages around
+ * the buffers StarPU allocates from the worker threads (train fixes glibc's mmap threshold, so
+ * this part does not depend on thread timing). Measured from 3% (one worker, a small model) to
+ * 46% (two workers, a head of 16384 rows) of the working set on top of it; a quarter keeps the
+ * plan within 6% of every measured peak. */
+#define CPU_ALLOCATOR_SLACK_PERCENT 25
+/* With a GPU: the CUDA context's host side (the driver's allocations, the kernels of libcudart,
+ * cuBLASLt and cuDNN loaded on first use) and StarPU's CUDA worker and its pinned staging. Not
+ * measured where the other constants were (no GPU there): an estimate, to be replaced by a
+ * measurement on a GPU host (the peak line of `megatrain train` there gives it). */
+#define CUDA_CONTEXT_BYTES ((uint64_t)512 << 20)
+
+/* Fills the process's rows (host only) of a plan whose state and working set are counted. */
+static int count_process(mt_plan *plan, const uint64_t *work, uint64_t ntok)
+{
+    const mt_plan_params *p = &plan->params;
+    const mt_plan_process *pr = &p->process;
+    if (pr->ncpu < 1) return plan_fail(plan, "the process's plan needs at least one CPU worker, got %d", pr->ncpu);
+    if (pr->eval_sequences < 0)
+        return plan_fail(plan, "validation sequences must not be negative, got %" PRId64, pr->eval_sequences);
+    bool of = false;
+    plan->host[MT_PLAN_PROGRAM] = pr->program_bytes;
+    plan->host[MT_PLAN_RUNTIME] = add(STARPU_START_BYTES, mul((uint64_t)pr->ncpu, STARPU_PER_CPU_WORKER_BYTES, &of), &of);
+    if (!p->use_gpu) {
+        /* every CPU worker may run a layer or the head, and keeps its scratch copies from then on */
+        const uint64_t copies = mul((uint64_t)(pr->ncpu - 1), work[MT_PLAN_WORKSPACE], &of);
+        uint64_t working = copies;
+        for (int k = MT_PLAN_CHECKPOINTS; k <= MT_PLAN_GRAD_ACC; k++) working = add(working, work[k], &of);
+        plan->host[MT_PLAN_CPU_SCRATCH] = add(copies, mul(working / 100, CPU_ALLOCATOR_SLACK_PERCENT, &of), &of);
+    } else {
+        plan->host[MT_PLAN_CUDA] = CUDA_CONTEXT_BYTES;
+    }
+    /* the loop's step batch (tokens and targets, int32, accumulation x B x T) and its validation
+     * windows (eval_sequences + B of them) beside the data itself */
+    const uint64_t T = (uint64_t)p->seq_len;
+    const uint64_t batch = mul(mul((uint64_t)p->grad_accum, ntok, &of), 8, &of);
+    const uint64_t eval = mul(mul(add((uint64_t)pr->eval_sequences, (uint64_t)p->micro_batch, &of), T, &of), 8, &of);
+    plan->host[MT_PLAN_DATA] = add(pr->data_bytes, add(batch, eval, &of), &of);
+    if (of) return plan_fail(plan, "the process's byte counts overflow");
+    return 0;
 }
 
 int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt_plan *plan)
@@ -187,6 +247,8 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
     plan->host[MT_PLAN_CLIP_FLAGS] = !compact && p->use_gpu && p->compute == MT_DTYPE_BF16 ? plan->host_clip_flags : 0;
     plan->host_pinned[MT_PLAN_CLIP_FLAGS] = p->use_gpu;
 
+    if (p->process.counted && count_process(plan, work, ntok)) return -1;
+
     for (int k = 0; k < MT_PLAN_KIND_COUNT; k++) {
         plan->host_total = add(plan->host_total, plan->host[k], &of);
         if (plan->host_pinned[k]) plan->host_pinned_total = add(plan->host_pinned_total, plan->host[k], &of);
@@ -236,6 +298,11 @@ static const char *kind_name(int k, const mt_plan *plan)
     case MT_PLAN_INPUTS: return "tokens and targets";
     case MT_PLAN_CLIP_FLAGS: return "clip speculation flags";
     case MT_PLAN_GRAD_ACC: return "gradient accumulators (fp32)";
+    case MT_PLAN_PROGRAM: return "program and libraries";
+    case MT_PLAN_RUNTIME: return "runtime (StarPU, BLAS)";
+    case MT_PLAN_CPU_SCRATCH: return "CPU activations (workers)";
+    case MT_PLAN_CUDA: return "CUDA context (estimate)";
+    case MT_PLAN_DATA: return "data";
     }
     return "?";
 }
@@ -254,16 +321,21 @@ void mt_plan_print(const mt_plan *plan, FILE *out)
             p->micro_batch, p->seq_len, p->grad_accum, plan->tokens_per_step, p->checkpoint_interval,
             plan->num_checkpoints, p->compute == MT_DTYPE_BF16 ? "bf16" : "fp32",
             p->use_gpu ? "GPU (sized for the CUDA kernels)" : "CPU only");
-    fprintf(out, "  %-30s %17s %11s %-6s %17s %11s\n", "kind", "host bytes", "host", "pinned", "GPU bytes", "GPU");
-    for (int k = 0; k < MT_PLAN_KIND_COUNT; k++) {
-        if (!plan->host[k] && !plan->gpu[k]) continue;
-        fprintf(out, "  %-30s %17" PRIu64 " %11s %-6s %17" PRIu64 " %11s\n", kind_name(k, plan), plan->host[k],
-                mt_format_bytes(plan->host[k], a, sizeof a), plan->host[k] ? (plan->host_pinned[k] ? "yes" : "no") : "",
-                plan->gpu[k], mt_format_bytes(plan->gpu[k], b, sizeof b));
+    /* a CPU-only run has no GPU columns: nothing of it is there, and nothing pinned */
+    const bool gpu = p->use_gpu;
+    if (gpu) fprintf(out, "  %-30s %17s %11s %-6s %17s %11s\n", "kind", "host bytes", "host", "pinned", "GPU bytes", "GPU");
+    else fprintf(out, "  %-30s %17s %11s\n", "kind", "host bytes", "host");
+    for (int k = 0; k <= MT_PLAN_KIND_COUNT; k++) {
+        const bool total = k == MT_PLAN_KIND_COUNT;
+        const uint64_t host = total ? plan->host_total : plan->host[k], dev = total ? plan->gpu_total : plan->gpu[k];
+        if (!host && !dev) continue;
+        fprintf(out, "  %-30s %17" PRIu64 " %11s", total ? "total" : kind_name(k, plan), host,
+                mt_format_bytes(host, a, sizeof a));
+        if (gpu)
+            fprintf(out, " %-6s %17" PRIu64 " %11s", !total && host ? (plan->host_pinned[k] ? "yes" : "no") : "", dev,
+                    mt_format_bytes(dev, b, sizeof b));
+        fprintf(out, "\n");
     }
-    fprintf(out, "  %-30s %17" PRIu64 " %11s %-6s %17" PRIu64 " %11s\n", "total", plan->host_total,
-            mt_format_bytes(plan->host_total, a, sizeof a), "", plan->gpu_total,
-            mt_format_bytes(plan->gpu_total, b, sizeof b));
     uint64_t state = 0;
     for (int k = MT_PLAN_WEIGHTS; k <= MT_PLAN_ADAM_V; k++) state += plan->host[k];
     fprintf(out, "  host: %s pinned; training state %.2f bytes per parameter; all in %.2f bytes per parameter\n",
@@ -272,7 +344,7 @@ void mt_plan_print(const mt_plan *plan, FILE *out)
     if (p->layout == MT_LAYOUT_COMPACT)
         fprintf(out, "  compact layout: no clip speculation and no second gradient (the update waits for the norm and "
                      "overlaps the next forward)\n");
-    else
+    else if (p->use_gpu && plan->weight_elem_bytes == 2)
         fprintf(out, "  with ranged speculation and --adamw-defer auto (the default; when it fits in 80%% of the memory "
                      "available) or on: + %s of a second gradient (%s)\n",
                 mt_format_bytes(plan->host_grad_alt, a, sizeof a), plan->params.use_gpu ? "pinned" : "not pinned");
@@ -331,6 +403,75 @@ uint64_t mt_host_memory_available(void)
     if (pages > 0 && page > 0) return (uint64_t)pages * (uint64_t)page;
     return 0;
 }
+
+int mt_plan_data_bytes(const char *path, uint64_t *bytes, char *err, size_t errlen)
+{
+    *bytes = 0;
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        *bytes = (uint64_t)sb.st_size;
+        return 0;
+    }
+    DIR *d = opendir(path);
+    if (!d) {
+        snprintf(err, errlen, "%s: cannot list directory: %s", path, strerror(errno));
+        return -1;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const size_t n = strlen(e->d_name);
+        if (e->d_name[0] == '.' || (n > 4 && strcmp(e->d_name + n - 4, ".dat") == 0) || strcmp(e->d_name, "meta.json") == 0)
+            continue;
+        char full[4352];
+        snprintf(full, sizeof full, "%s/%s", path, e->d_name);
+        struct stat fs;
+        if (lstat(full, &fs) == 0 && S_ISREG(fs.st_mode)) *bytes += (uint64_t)fs.st_size;
+    }
+    closedir(d);
+    return 0;
+}
+
+void mt_plan_workers(int ncpu_request, int ncuda_request, int *ncpu, int *ncuda)
+{
+    int devices = 0;
+#if MT_HAVE_CUDA
+    if (ncuda_request != 0 && cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+#endif
+    *ncuda = !MT_HAVE_CUDA ? 0 : ncuda_request >= 0 ? ncuda_request : devices;
+    if (ncpu_request >= 1) {
+        *ncpu = ncpu_request;
+        return;
+    }
+    int cores = 0;
+    hwloc_topology_t topo;
+    if (hwloc_topology_init(&topo) == 0) {
+        if (hwloc_topology_load(topo) == 0) cores = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_CORE);
+        hwloc_topology_destroy(topo);
+    }
+    if (cores <= 0) cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    *ncpu = cores - *ncuda >= 1 ? cores - *ncuda : 1;
+}
+
+/* The value of a "Key:   N kB" line of /proc/self/status, in bytes; 0 when absent. */
+static uint64_t status_kib(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kib = 0;
+    const size_t n = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, key, n) == 0 && line[n] == ':' && sscanf(line + n + 1, "%llu", &kib) == 1) break;
+    fclose(f);
+    return (uint64_t)kib * 1024;
+}
+
+uint64_t mt_host_peak_rss(void) { return status_kib("VmHWM"); }
+uint64_t mt_host_rss(void) { return status_kib("VmRSS"); }
 
 uint64_t mt_plan_activation_bytes(const mt_plan *plan)
 {

@@ -36,6 +36,20 @@ typedef enum mt_host_layout {
 /* "auto", "full", "compact". */
 const char *mt_host_layout_name(mt_host_layout layout);
 
+/* The process around the training state: what a run of `megatrain train` holds besides the
+ * buffers of the state and the step graph (runtime/plan.c models each part and says where its
+ * constants come from). */
+typedef struct mt_plan_process {
+    bool counted;             /* false (the zero value): the plan counts the state and the graph's
+                               * buffers alone, as the GPU cap of bench and the unit tests want */
+    int ncpu;                 /* StarPU CPU workers (>= 1 when counted) */
+    uint64_t program_bytes;   /* the program and its libraries as loaded (CUDA's among them in a
+                               * CUDA build, whether a GPU is used or not): the caller's resident
+                               * set before it loads or starts anything, mt_host_rss() */
+    uint64_t data_bytes;      /* the training data as the run loads it (mt_plan_data_bytes) */
+    int64_t eval_sequences;   /* validation windows held at once (mt_train_options.eval_sequences) */
+} mt_plan_process;
+
 typedef struct mt_plan_params {
     int64_t micro_batch;         /* B: sequences per micro-batch */
     int64_t seq_len;             /* T: tokens per sequence */
@@ -46,6 +60,7 @@ typedef struct mt_plan_params {
     bool use_gpu;                /* false: activations live on the host, nothing is pinned */
     int64_t head_chunk;          /* LM-head rows at a time; 0: min(B*T, MT_PLAN_DEFAULT_HEAD_CHUNK) */
     mt_host_layout layout;       /* FULL (0, the default) or COMPACT; AUTO is mt_plan_choose's */
+    mt_plan_process process;     /* the fixed costs: counted by train and plan */
 } mt_plan_params;
 
 /* What the memory holds. Host state kinds exist on the host only; the working kinds live where
@@ -65,6 +80,17 @@ typedef enum mt_plan_kind {
                              * (the default with clipping, --clip-speculate auto): host_clip_flags */
     MT_PLAN_GRAD_ACC,       /* compact: the fp32 gradient accumulators alive at once where the
                              * compute runs (no host home: GPU, or host for a CPU-only run) */
+    /* The process (mt_plan_process.counted), host only: */
+    MT_PLAN_PROGRAM,        /* the program and its libraries as loaded: mt_plan_process.program_bytes */
+    MT_PLAN_RUNTIME,        /* StarPU started: a base, and per CPU worker its thread and state */
+    MT_PLAN_CPU_SCRATCH,    /* CPU-only run: the layer and head scratch of every CPU worker but
+                             * the one WORKSPACE counts (StarPU gives each worker its own copy of
+                             * a STARPU_SCRATCH buffer), and what the working set costs beyond
+                             * its buffers (the workers' OpenBLAS packing buffers, the allocator) */
+    MT_PLAN_CUDA,           /* with a GPU: the CUDA context and the loaded CUDA libraries (an
+                             * estimate: runtime/plan.c) */
+    MT_PLAN_DATA,           /* the training data as loaded, and the loop's batch and validation
+                             * buffers (runtime/train.c) */
     MT_PLAN_KIND_COUNT
 } mt_plan_kind;
 
@@ -169,6 +195,23 @@ int mt_plan_check_gpu(const mt_plan *plan, uint64_t available_bytes, char *err, 
 /* Host memory available to a new run now: MemAvailable from /proc/meminfo, else the free
  * physical pages from sysconf; 0 when neither can be read. */
 uint64_t mt_host_memory_available(void);
+
+/* The bytes the training data at `path` holds once loaded (runtime/data.c, runtime/dataset.c):
+ * the sizes of the regular files it names (a file, or a directory's files but hidden ones,
+ * fortune indexes *.dat and a prepared directory's meta.json). Returns 0, or -1 with err naming
+ * the path when it cannot be read. */
+int mt_plan_data_bytes(const char *path, uint64_t *bytes, char *err, size_t errlen);
+
+/* The StarPU workers mt_runtime_init starts for the requests (-1: its default) on this machine,
+ * found without starting StarPU: CUDA workers, every CUDA device unless told (none in a build
+ * without CUDA); CPU workers, one per core (hwloc) less one per CUDA worker, which drives its
+ * device from a core of its own, and at least one. */
+void mt_plan_workers(int ncpu_request, int ncuda_request, int *ncpu, int *ncuda);
+
+/* This process's peak resident set (VmHWM of /proc/self/status) and its resident set now (VmRSS),
+ * in bytes; 0 when they cannot be read. */
+uint64_t mt_host_peak_rss(void);
+uint64_t mt_host_rss(void);
 
 /* Bytes of activations, workspaces and inputs (where the compute runs) of a plan. */
 uint64_t mt_plan_activation_bytes(const mt_plan *plan);

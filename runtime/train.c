@@ -2,6 +2,7 @@
  * always holds one step ahead and the CPU optimizer of step s overlaps the forward of s+1. */
 #include "runtime/train.h"
 
+#include <malloc.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -21,6 +22,9 @@
 #include "runtime/metrics.h"
 #include "runtime/plan.h"
 #include "runtime/train_checks.h"
+
+/* glibc's default mmap threshold, here fixed (mt_train_run says why). */
+#define MT_TRAIN_MMAP_THRESHOLD (128 * 1024)
 
 /* The built-in model's config: in the source tree this binary was built from, else beside the
  * executable's build tree (a copied checkout), else where `meson install` puts it. */
@@ -197,6 +201,12 @@ static int save_model(const mt_train_options *o, const mt_host_state *st, mt_dty
 
 int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, char *err, size_t errlen)
 {
+    const uint64_t program_bytes = mt_host_rss(); /* the plan's: before the run loads anything */
+    /* Large buffers always mapped on their own, so that what is freed goes back at once: glibc's
+     * threshold otherwise rises with each such free, and the buffers StarPU then places in the
+     * workers' arenas stay resident by amounts that depend on thread timing, which no plan can
+     * count. */
+    mallopt(M_MMAP_THRESHOLD, MT_TRAIN_MMAP_THRESHOLD);
     memset(res, 0, sizeof *res);
     res->first_val = res->last_val = NAN;
     mt_model_config cfg;
@@ -296,6 +306,9 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     /* The host layout, and the host check, once the dtype and the workers are known. */
     pp.compute = o->dtype;
     pp.use_gpu = mt_runtime_ncuda() > 0;
+    pp.process = (mt_plan_process){ .counted = true, .ncpu = mt_runtime_ncpu(), .program_bytes = program_bytes,
+                                    .eval_sequences = o->eval_sequences };
+    if (mt_plan_data_bytes(o->data_path, &pp.process.data_bytes, err, errlen)) goto out;
     mt_plan plan;
     mt_layout_choice layout;
     const uint64_t avail = mt_host_memory_available();
@@ -509,6 +522,9 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
                     res->tokens_per_second, res->first_loss, res->last_loss, val);
         else
             fprintf(log, "done: no step trained (the checkpoint was at step %lld)%s\n", (long long)res->steps_done, val);
+        char peak[32], planned[32];
+        fprintf(log, "megatrain: peak host memory %s (plan %s)\n", mt_format_bytes(mt_host_peak_rss(), peak, sizeof peak),
+                mt_format_bytes(layout.host_total, planned, sizeof planned));
         if (res->skipped) fprintf(log, "megatrain: %lld steps skipped (loss or gradient norm not finite)\n", (long long)res->skipped);
         fflush(log);
     }

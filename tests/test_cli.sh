@@ -193,19 +193,28 @@ check_error "info --ncpu x" "--ncpu.*'x'" info --ncpu x
 check_error "info --sched bogus" "bogus" info --sched bogus --ncpu 1 --ncuda 0
 
 # --- memory plan -----------------------------------------------------------------------------
+# --ncuda 1: the GPU run's plan (bf16 weights, the compact layout possible) on any machine
 check_error "plan 7B in 125 GiB, full layout" "needs [0-9]+ bytes" plan --shape qwen2.5-7b --host-memory 134217728000 \
-    --host-layout full
-check_ok "plan 0.5B in 100 GB" '^fits:' plan --shape qwen2.5-0.5b --host-memory 100000000000
-check_ok "plan 7B in 125 GiB: compact, 14.00 bytes per parameter" 'all in 14\.00 bytes per parameter' \
-    plan --shape qwen2.5-7b --host-memory 125G
-check_ok "plan 7B in 125 GiB: the choice" '^host layout: compact \(--host-layout auto\)' plan --shape qwen2.5-7b --host-memory 125G
+    --host-layout full --ncuda 1
+check_ok "plan 0.5B in 100 GB" '^fits:' plan --shape qwen2.5-0.5b --host-memory 100000000000 --ncuda 1
+check_ok "plan 7B in 125 GiB: compact, 14.00 bytes per parameter" 'training state 14\.00 bytes per parameter' \
+    plan --shape qwen2.5-7b --host-memory 125G --ncuda 1
+check_ok "plan 7B in 125 GiB: the choice" '^host layout: compact \(--host-layout auto\)' plan --shape qwen2.5-7b --host-memory 125G \
+    --ncuda 1
 check_ok "plan without a model: what fits in 125 GiB" '^\| qwen2\.5-7b \| 7\.616B \| compact \|.* fits \|$' \
-    plan --host-memory 125G
+    plan --host-memory 125G --ncuda 1
+check_ok "plan without a model: train's built-in model on the CPU" '^run: 2 CPU \+ 0 CUDA workers' plan --ncpu 2 --ncuda 0
+check_ok "plan --cpu: fp32 weights, no GPU column" '^  kind +host bytes +host$' plan --cpu
+check_error "plan --cpu --ncuda 1" "--cpu" plan --cpu --ncuda 1
+check_error "plan --data missing" "/nonexistent" plan --data /nonexistent
 printf '%s' '{"model_type": "qwen2", "hidden_size": 8192, "intermediate_size": 29568, "num_hidden_layers": 80,
   "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 152064, "max_position_embeddings": 32768,
   "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": false}' >"$work/qwen2.5-72b.json"
 check_ok "plan Qwen2.5-72B in 1.5 TB: compact" '^fits: .*\(compact host layout\)' \
-    plan --config "$work/qwen2.5-72b.json" --host-memory 1.5TB
+    plan --config "$work/qwen2.5-72b.json" --host-memory 1.5TB --ncuda 1
+mkdir -p "$work/hfdir" && cp "$work/qwen2.5-72b.json" "$work/hfdir/config.json"
+check_ok "plan --model DIR reads DIR/config.json" '^model: .*hfdir, 80 layers, hidden 8192' \
+    plan --model "$work/hfdir" --host-memory 1.5TB --ncuda 1
 
 # --- the training job ------------------------------------------------------------------------
 check_error "train --data /nonexistent" "/nonexistent" train --data /nonexistent --steps 1 --ncpu 1

@@ -1,13 +1,15 @@
 /* The memory plan: byte counts of two shapes checked against arithmetic written out by hand, the
  * host check refusing what does not fit (7B and 14B against a 125 GiB box) with a message that
  * names the bytes, and parameter validation; the compact layout's bytes (14.0 per parameter all
- * in), the choice of a layout, and the table of what fits. */
+ * in), the choice of a layout, and the table of what fits; the process's rows, the data's bytes, the
+ * workers StarPU would start and the resident set. */
 #include <check.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backends/cpu/ops.h"
 #include "codelets/codelets.h"
@@ -531,6 +533,141 @@ START_TEST(test_micro_batch_choice)
 }
 END_TEST
 
+/* The process's rows: counted only when asked, each as its rule says, in the total, for random
+ * worker counts, program and data sizes; a GPU plan has the CUDA context and no CPU copies. */
+START_TEST(test_process_rows)
+{
+    mt_model_config c;
+    ck_assert_int_eq(mt_config_from_shape("tiny", &c), 0);
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 41);
+    for (int trial = 0; trial < 20; trial++) {
+        const bool gpu = trial % 2;
+        const int ncpu = 1 + (int)(mt_test_uniform(&rng) * 16);
+        const uint64_t program = 1 + (uint64_t)(mt_test_uniform(&rng) * 4e8), data = 1 + (uint64_t)(mt_test_uniform(&rng) * 1e9);
+        const int64_t B = 1 + (int64_t)(mt_test_uniform(&rng) * 8), T = 16 << (int)(mt_test_uniform(&rng) * 4);
+        const int64_t accum = 1 + (int64_t)(mt_test_uniform(&rng) * 3), eval = (int64_t)(mt_test_uniform(&rng) * 100);
+        mt_plan_params p = { .micro_batch = B, .seq_len = T, .grad_accum = accum, .checkpoint_interval = 2,
+                             .compute = gpu ? MT_DTYPE_BF16 : MT_DTYPE_F32, .use_gpu = gpu };
+        mt_plan bare, plan;
+        ck_assert_msg(mt_plan_compute(&c, &p, &bare) == 0, "%s", bare.error);
+        p.process = (mt_plan_process){ .counted = true, .ncpu = ncpu, .program_bytes = program, .data_bytes = data,
+                                       .eval_sequences = eval };
+        ck_assert_msg(mt_plan_compute(&c, &p, &plan) == 0, "%s", plan.error);
+        for (int k = MT_PLAN_PROGRAM; k <= MT_PLAN_DATA; k++) ck_assert_uint_eq(bare.host[k], 0);
+        ck_assert_uint_eq(plan.host[MT_PLAN_PROGRAM], program);
+        ck_assert_uint_eq(plan.host[MT_PLAN_RUNTIME], (9ULL << 19) + (uint64_t)ncpu * (1ULL << 18));
+        ck_assert_uint_eq(plan.host[MT_PLAN_DATA], data + (uint64_t)(accum * B * T) * 8 + (uint64_t)((eval + B) * T) * 8);
+        uint64_t rows = 0;
+        for (int k = MT_PLAN_PROGRAM; k <= MT_PLAN_DATA; k++) rows += plan.host[k];
+        ck_assert_uint_eq(plan.host_total, bare.host_total + rows);
+        ck_assert_uint_eq(plan.gpu_total, bare.gpu_total);
+        if (gpu) {
+            ck_assert_uint_eq(plan.host[MT_PLAN_CPU_SCRATCH], 0);
+            ck_assert_uint_eq(plan.host[MT_PLAN_CUDA], 512ULL << 20);
+        } else {
+            /* the other workers' scratch copies, and 25% of the working set with them */
+            const uint64_t copies = (uint64_t)(ncpu - 1) * plan.host[MT_PLAN_WORKSPACE];
+            uint64_t working = copies;
+            for (int k = MT_PLAN_CHECKPOINTS; k <= MT_PLAN_GRAD_ACC; k++) working += plan.host[k];
+            ck_assert_uint_eq(plan.host[MT_PLAN_CPU_SCRATCH], copies + working / 100 * 25);
+            ck_assert_uint_eq(plan.host[MT_PLAN_CUDA], 0);
+        }
+    }
+    /* a counted process needs a worker */
+    mt_plan_params p = { .micro_batch = 1, .seq_len = 16, .grad_accum = 1, .checkpoint_interval = 1,
+                         .compute = MT_DTYPE_F32, .process = { .counted = true, .ncpu = 0 } };
+    mt_plan plan;
+    ck_assert_int_eq(mt_plan_compute(&c, &p, &plan), -1);
+    ck_assert_msg(strstr(plan.error, "CPU worker") != NULL, "%s", plan.error);
+}
+END_TEST
+
+/* Writes n random bytes to dir/name; returns n. */
+static uint64_t write_random_file(const char *dir, const char *name, mt_test_rng *rng)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    const uint64_t n = 1 + (uint64_t)(mt_test_uniform(rng) * 20000);
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    for (uint64_t i = 0; i < n; i++) fputc((int)(mt_test_uniform(rng) * 256), f);
+    fclose(f);
+    return n;
+}
+
+/* The data's bytes: a file's size; a directory's files but hidden ones, *.dat and meta.json; a
+ * missing path named. */
+START_TEST(test_data_bytes)
+{
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 43);
+    char dir[] = "/tmp/mt_plan_dataXXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    const uint64_t a = write_random_file(dir, "a.txt", &rng), b = write_random_file(dir, "shard-0.bin", &rng);
+    write_random_file(dir, ".hidden", &rng);
+    write_random_file(dir, "a.txt.dat", &rng);
+    write_random_file(dir, "meta.json", &rng);
+    uint64_t bytes;
+    char err[256], path[600];
+    ck_assert_int_eq(mt_plan_data_bytes(dir, &bytes, err, sizeof err), 0);
+    ck_assert_uint_eq(bytes, a + b);
+    snprintf(path, sizeof path, "%s/a.txt", dir);
+    ck_assert_int_eq(mt_plan_data_bytes(path, &bytes, err, sizeof err), 0);
+    ck_assert_uint_eq(bytes, a);
+    snprintf(path, sizeof path, "%s/none", dir);
+    ck_assert_int_eq(mt_plan_data_bytes(path, &bytes, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, path) != NULL, "%s", err);
+    const char *names[] = { "a.txt", "shard-0.bin", ".hidden", "a.txt.dat", "meta.json" };
+    for (int i = 0; i < 5; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        remove(path);
+    }
+    rmdir(dir);
+}
+END_TEST
+
+/* The workers: requests kept, CPU workers one per core less the CUDA workers and at least one;
+ * no CUDA worker in a build without CUDA. */
+START_TEST(test_workers)
+{
+    int ncpu, ncuda, cores, none;
+    mt_plan_workers(-1, 0, &cores, &none);
+    ck_assert_int_eq(none, 0);
+    ck_assert_int_ge(cores, 1);
+    mt_plan_workers(3, 0, &ncpu, &ncuda);
+    ck_assert_int_eq(ncpu, 3);
+    mt_plan_workers(-1, 2, &ncpu, &ncuda);
+    ck_assert_int_eq(ncuda, MT_HAVE_CUDA ? 2 : 0);
+    ck_assert_int_eq(ncpu, cores - ncuda >= 1 ? cores - ncuda : 1);
+    mt_plan_workers(-1, -1, &ncpu, &ncuda);
+    ck_assert_int_ge(ncuda, 0);
+    ck_assert_int_ge(ncpu, 1);
+}
+END_TEST
+
+/* The resident set: the peak at least the current one, and both grow by what is touched. */
+START_TEST(test_resident_set)
+{
+    const uint64_t rss = mt_host_rss(), peak = mt_host_peak_rss();
+    ck_assert_uint_gt(rss, 0);
+    ck_assert_uint_ge(peak, rss);
+    const size_t n = (size_t)64 << 20;
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 47);
+    unsigned char *touched = malloc(n);
+    ck_assert_ptr_nonnull(touched);
+    for (size_t i = 0; i < n; i += 4096) touched[i] = (unsigned char)(1 + mt_test_uniform(&rng) * 254);
+    /* 64 MiB touched: within 4 MiB of it in both (other pages may come and go meanwhile) */
+    ck_assert_uint_ge(mt_host_rss(), rss + n - (4 << 20));
+    ck_assert_uint_ge(mt_host_peak_rss(), rss + n - (4 << 20));
+    unsigned sum = 0;
+    for (size_t i = 0; i < n; i += 4096) sum += touched[i];
+    ck_assert_uint_gt(sum, 0);
+    free(touched);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("plan");
@@ -544,6 +681,10 @@ int main(void)
     tcase_add_test(tc, test_compact_bytes);
     tcase_add_test(tc, test_layout_choice);
     tcase_add_test(tc, test_fit_table);
+    tcase_add_test(tc, test_process_rows);
+    tcase_add_test(tc, test_data_bytes);
+    tcase_add_test(tc, test_workers);
+    tcase_add_test(tc, test_resident_set);
     suite_add_tcase(s, tc);
     return mt_test_run(s, false);
 }

@@ -1,86 +1,155 @@
-/* megatrain plan: what fits in this machine's memory (runtime/plan.h), before allocating any:
- * without a model, every published shape's verdict; with one, every byte its run will hold on the
- * host and the GPU, the host layouts compared, the one chosen and whether it fits. */
+/* megatrain plan: what `megatrain train` with the same options will hold in memory, before
+ * allocating any (runtime/plan.h): its defaults are train's (mt_train_defaults), its workers those
+ * StarPU would start here, and its host total counts the process around the state. With --shapes
+ * (or --host-memory and no model), every published shape's verdict instead. */
 #include <limits.h>
 #include <stdio.h>
 
+#include "runtime/dataset.h"
 #include "runtime/plan.h"
+#include "runtime/train.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/options.h"
 
 static const char cmd[] = "megatrain plan";
 
 typedef struct plan_request {
-    mt_dtype compute;
-    bool use_gpu;
+    bool cpu;              /* --cpu: --ncuda 0 */
+    bool shapes;           /* --shapes: the published shapes' table */
     uint64_t host_memory;  /* 0: MemAvailable */
-    mt_host_layout layout;
 } plan_request;
 
+#define FIELD(name) offsetof(mt_train_options, name)
+
+/* train's options of the same names (tools/cli/train.c), into the same fields. */
+static const cli_option run_options[] = {
+    { .name = "data", .arg = "PATH", .kind = CLI_STRING, .field = FIELD(data_path), .show_default = true,
+      .help = "train's data: its size is counted, a prepared directory sets --seq-len" },
+    { .name = "dtype", .arg = "fp32|bf16", .kind = CLI_CUSTOM, .field = FIELD(dtype), .parse = cli_dtype_option,
+      .help = "streamed weights and compute (default: bf16 with a GPU, else fp32)" },
+};
+
+static const cli_option tokens_options[] = {
+    { .name = "tokens-per-step", .arg = "N", .kind = CLI_INT64, .field = FIELD(tokens_per_step), .min = 1,
+      .max = 1LL << 40, .help = "tokens per step: micro-batch and accum then fit --activation-budget" },
+    { .name = "activation-budget", .arg = "BYTES", .kind = CLI_UINT64, .field = FIELD(activation_budget), .min = 1,
+      .max = LLONG_MAX, .show_default = true, .help = "activation memory of one micro-batch" },
+};
+
 static const cli_option plan_options[] = {
-    { .name = "dtype", .arg = "bf16|fp32", .kind = CLI_CUSTOM, .field = offsetof(plan_request, compute),
-      .parse = cli_dtype_option, .help = "streamed weight precision (default bf16)" },
-    { .name = "cpu", .kind = CLI_SET, .field = offsetof(plan_request, use_gpu), .on = false,
-      .help = "plan a CPU-only run (activations on the host)" },
     { .name = "host-memory", .arg = "BYTES", .kind = CLI_CUSTOM, .field = offsetof(plan_request, host_memory),
       .min = 1, .parse = cli_bytes_option, .help = "check against this much (125G, 1.5T) instead of MemAvailable" },
+    { .name = "shapes", .kind = CLI_SET, .field = offsetof(plan_request, shapes), .on = true,
+      .help = "what fits of each published shape (the default with --host-memory and no model)" },
+    { .name = "cpu", .kind = CLI_SET, .field = offsetof(plan_request, cpu), .on = true,
+      .help = "plan a CPU-only run (as --ncuda 0)" },
 };
 
 int cli_plan(int argc, char **argv)
 {
-    cli_model model = { 0 };
-    mt_step_config batch = { .B = 16, .T = 2048, .accum = 1, .K = 4 };
-    plan_request req = { .compute = MT_DTYPE_BF16, .use_gpu = true, .layout = MT_LAYOUT_AUTO };
+    /* train's program, as this one: the same binary and libraries, loaded and nothing else yet */
+    const uint64_t program_bytes = mt_host_rss();
+    mt_train_options o = mt_train_defaults();
+    cli_model model = { .config_path = o.config_path };
+    plan_request req = { 0 };
     const cli_group groups[] = {
-        CLI_GROUP_ONLY("model", cli_model_options, &model, "shape config layers rope-scaling"),
-        CLI_GROUP("batch", cli_batch_options, &batch),
-        CLI_GROUP("run", plan_options, &req),
-        CLI_GROUP(NULL, cli_layout_options, &req.layout),
+        CLI_GROUP_ONLY("model and data", cli_model_options, &model, "config model shape layers rope-scaling"),
+        CLI_GROUP(NULL, run_options, &o),
+        CLI_GROUP("batch", cli_batch_options, &o.step),
+        CLI_GROUP(NULL, tokens_options, &o),
+        CLI_GROUP("host memory", cli_layout_options, &o.host_layout),
+        CLI_GROUP(NULL, plan_options, &req),
+        CLI_GROUP_ONLY("workers", cli_worker_options, &o.runtime, "ncpu ncuda"),
     };
     const cli_command c = {
         .name = cmd,
-        .usage = "usage: megatrain plan [--shape NAME | --config FILE] [options]\n\n"
-                 "Says what fits in this machine's memory (or --host-memory), before allocating any.\n"
-                 "Without a model: for each published shape, its parameters, the host layout chosen, its\n"
-                 "host bytes and whether it fits, else how many of its layers would. With one: every byte\n"
-                 "its run will hold on the host and the GPU, the host layouts compared (bytes per parameter\n"
-                 "= host total / parameters), the one chosen and why, and whether it fits.\n",
+        .usage = "usage: megatrain plan [--model DIR | --config FILE | --shape NAME] [train's options]\n\n"
+                 "Says what `megatrain train` with the same options will hold in memory, before allocating\n"
+                 "any: train's defaults (the built-in model without a model option), on the workers StarPU\n"
+                 "would start here (a CPU run in fp32 without a CUDA device or with --ncuda 0). Every byte on\n"
+                 "the host and the GPU: the state, the step's buffers, and the process around them (runtime,\n"
+                 "CPU workers' activations, CUDA, data); the host layouts compared (bytes per parameter =\n"
+                 "host total / parameters), the one chosen and why, and whether it fits in MemAvailable (or\n"
+                 "--host-memory). With --shapes, or --host-memory and no model: for each published shape, its\n"
+                 "parameters, layout, host bytes and whether it fits, else how many of its layers would.\n",
         .groups = groups,
         .ngroups = sizeof groups / sizeof groups[0],
     };
+    cli_given given;
     int status;
-    if (!cli_parse(&c, argc, argv, NULL, &status)) return status;
-    if (model.shape && model.config_path) return cli_usage_error(cmd, "give at most one of --shape and --config");
-    const mt_plan_params pp = { .micro_batch = batch.B, .seq_len = batch.T, .grad_accum = batch.accum,
-                                .checkpoint_interval = batch.K, .compute = req.compute, .use_gpu = req.use_gpu };
+    if (!cli_parse(&c, argc, argv, &given, &status)) return status;
+    const bool has_config = cli_was_given(&given, "config"), has_shape = model.shape != NULL,
+               has_dir = model.model_dir != NULL;
+    if (has_config + has_shape + has_dir > 1) return cli_usage_error(cmd, "give at most one of --model, --config and --shape");
+    if (req.cpu && o.runtime.ncuda > 0) return cli_usage_error(cmd, "--cpu plans no CUDA worker, --ncuda asks for %d", o.runtime.ncuda);
+    const bool any_model = has_config || has_shape || has_dir;
+    const bool table = req.shapes || (req.host_memory && !any_model);
+    if (table && any_model) return cli_usage_error(cmd, "--shapes plans the published shapes: give no model with it");
+    if (model.layers > 0 && !any_model) return cli_usage_error(cmd, "--layers needs --shape, --config or --model");
+
+    char err[1024], have[32], path[4200];
+    if (has_dir) {
+        snprintf(path, sizeof path, "%s/config.json", model.model_dir);
+        model.config_path = path;
+    }
+    /* what train does with prepared data and no --seq-len */
+    if (!cli_was_given(&given, "seq-len") && mt_dataset_is_prepared(o.data_path)) {
+        int64_t T;
+        if (mt_dataset_seq_len(o.data_path, &T, err, sizeof err)) return cli_failed(cmd, err);
+        o.step.T = T;
+    }
+    uint64_t data_bytes;
+    if (mt_plan_data_bytes(o.data_path, &data_bytes, err, sizeof err)) return cli_failed(cmd, err);
+    int ncpu, ncuda;
+    mt_plan_workers(o.runtime.ncpu, req.cpu ? 0 : o.runtime.ncuda, &ncpu, &ncuda);
+    /* train's rule: without --dtype, bf16 when a GPU computes, else fp32 */
+    const mt_dtype dtype = cli_was_given(&given, "dtype") ? o.dtype : ncuda > 0 ? MT_DTYPE_BF16 : MT_DTYPE_F32;
+    mt_plan_params pp = { .micro_batch = o.step.B, .seq_len = o.step.T, .grad_accum = o.step.accum,
+                          .checkpoint_interval = o.step.K, .compute = dtype, .use_gpu = ncuda > 0,
+                          .head_chunk = o.step.head_chunk,
+                          .process = { .counted = true, .ncpu = ncpu, .program_bytes = program_bytes, .data_bytes = data_bytes,
+                                       .eval_sequences = o.eval_sequences } };
     const uint64_t avail = req.host_memory ? req.host_memory : mt_host_memory_available();
-    char err[1024], have[32];
     mt_format_bytes(avail, have, sizeof have);
-    if (!model.shape && !model.config_path) {
-        if (model.layers > 0) return cli_usage_error(cmd, "--layers needs --shape or --config");
+    char workers[96];
+    snprintf(workers, sizeof workers, "%d CPU + %d CUDA workers%s", ncpu, ncuda,
+             ncuda > 0 || req.cpu || o.runtime.ncuda == 0 ? "" : " (no CUDA device here)");
+    if (table) {
         mt_plan_fit rows[MT_PLAN_NSHAPES];
-        const int n = mt_plan_fit_shapes(&pp, req.layout, avail, rows, err, sizeof err);
+        const int n = mt_plan_fit_shapes(&pp, o.host_layout, avail, rows, err, sizeof err);
         if (n < 0) return cli_failed(cmd, err);
         printf("host memory %s (%s), %d%% usable; %lld x %lld tokens per micro-batch, weights %s, %s, --host-layout %s\n",
                have, req.host_memory ? "--host-memory" : "MemAvailable", MT_PLAN_HOST_USABLE_PERCENT,
-               (long long)batch.B, (long long)batch.T, mt_dtype_name(req.compute), req.use_gpu ? "GPU" : "CPU only",
-               mt_host_layout_name(req.layout));
+               (long long)pp.micro_batch, (long long)pp.seq_len, mt_dtype_name(dtype), workers,
+               mt_host_layout_name(o.host_layout));
         mt_plan_print_fits(rows, n, stdout);
         return 0;
     }
     mt_model_config cfg;
     const int bad = cli_model_config(cmd, &model, &cfg);
     if (bad) return bad;
-    if (mt_config_check_seq_len(&cfg, batch.T, err, sizeof err)) return cli_failed(cmd, err);
+    if (mt_config_check_seq_len(&cfg, pp.seq_len, err, sizeof err)) return cli_failed(cmd, err);
+    if (o.tokens_per_step > 0) {
+        /* as train chooses them (runtime/train.c): before the workers are known, against the
+         * activations of a CPU run in the dtype asked for */
+        mt_plan_params base = pp;
+        base.compute = o.dtype;
+        base.use_gpu = false;
+        int64_t B, accum;
+        if (mt_plan_micro_batch(&cfg, &base, o.tokens_per_step, o.activation_budget, &B, &accum, err, sizeof err))
+            return cli_failed(cmd, err);
+        pp.micro_batch = B;
+        pp.grad_accum = accum;
+    }
     mt_plan plan;
     mt_layout_choice choice;
-    if (mt_plan_choose(&cfg, &pp, req.layout, avail, &plan, &choice)) return cli_failed(cmd, plan.error);
-    printf("model: %s, %lld layers, hidden %lld", model.shape ? model.shape : model.config_path,
+    if (mt_plan_choose(&cfg, &pp, o.host_layout, avail, &plan, &choice)) return cli_failed(cmd, plan.error);
+    printf("model: %s, %lld layers, hidden %lld", has_shape ? model.shape : has_dir ? model.model_dir : model.config_path,
            (long long)cfg.layers, (long long)cfg.hidden);
     if (cfg.experts > 0)
         printf(", %lld experts of which %lld per token in %lld sparse layers", (long long)cfg.experts,
                (long long)cfg.experts_per_token, (long long)mt_config_sparse_layers(&cfg));
-    printf("\n");
+    printf("\nrun: %s, data %s\n", workers, o.data_path);
     mt_plan_print(&plan, stdout);
     mt_plan_print_choice(&choice, stdout);
     if (!choice.fits) {
