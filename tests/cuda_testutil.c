@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "models/util.h"
+#include "runtime/runtime.h"
 
 void mt_test_round_bf16(float *x, int64_t n, mt_bf16 *bits)
 {
@@ -108,4 +109,24 @@ void mt_test_check_padding_zero(const char *what, const mt_tile_layout *lay, con
     printf("  %-52s %lld non-zero padding elements\n", what, (long long)bad);
     fflush(stdout);
     ck_assert_msg(bad == 0, "%s: %lld padding elements not zero", what, (long long)bad);
+}
+
+int mt_test_cuda_main(const char *name, Suite *suite)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        printf("no GPU: skipped\n");
+        return 77;
+    }
+    const char *attn = getenv("MT_ATTENTION") ? getenv("MT_ATTENTION") : "own";
+    mt_cuda_options opts = { .attention = MT_CUDA_ATTENTION_OWN };
+    char why[256];
+    if (mt_runtime_parse_attention(attn, &opts.attention, why, sizeof why) ||
+        mt_runtime_parse_qblock(getenv("MT_ATTENTION_QBLOCK"), &opts.qblock, why, sizeof why)) {
+        fprintf(stderr, "%s: %s\n", name, why);
+        return 1;
+    }
+    mt_cuda_ctx_configure(&opts);
+    printf("attention: MT_ATTENTION=%s\n", attn);
+    return mt_test_run(suite, true);
 }

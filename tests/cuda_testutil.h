@@ -50,6 +50,12 @@ float *mt_test_random_tile(mt_test_rng *rng, const mt_tile_layout *lay, float sc
 /* Asserts that the elements of a gradient tile outside every present tensor are exactly 0. */
 void mt_test_check_padding_zero(const char *what, const mt_tile_layout *lay, const float *dtile);
 
+/* A CUDA suite's main: 77 without a GPU; the attention kernels of MT_ATTENTION (default "own":
+ * the own kernels, bitwise reproducible) and MT_ATTENTION_QBLOCK, as the CLI reads them, on this
+ * thread's context; then the suite, unforked (CUDA is initialised in this process by the device
+ * count, and a forked child could not use it). */
+int mt_test_cuda_main(const char *name, Suite *suite);
+
 /* test_cuda's timings (cuda_bench.c), a test case of their own. */
 TCase *mt_test_cuda_bench_tcase(void);
 

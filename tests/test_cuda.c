@@ -16,7 +16,6 @@
 #include "backends/cpu/ops.h"
 #include "backends/cuda/kernels.h"
 #include "models/util.h"
-#include "runtime/runtime.h"
 #include "tests/cuda_testutil.h"
 #include "tests/testutil.h"
 
@@ -518,28 +517,9 @@ static Suite *cuda_suite(void)
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("no GPU: skipped\n");
-        return 77;
-    }
-    /* The attention kernels of every case, on this (the only) thread's context: MT_ATTENTION and
-     * MT_ATTENTION_QBLOCK as the CLI reads them, except that MT_ATTENTION defaults to "own" here.
-     * The layer cases check the own kernels: cuDNN's attention is checked by test_cuda_attention
-     * (kernel) and test_gpu_step (the step, under the default). Under cuDNN's forward the qwen3
-     * D=128 case's k_proj.bias gradient comes out at the 1e-2 bound (a column sum over 131 rows
-     * and two query heads, the worst-conditioned tensor of the suite). */
-    const char *attn = getenv("MT_ATTENTION") ? getenv("MT_ATTENTION") : "own";
-    mt_cuda_options opts = { .attention = MT_CUDA_ATTENTION_OWN };
-    char why[256];
-    if (mt_runtime_parse_attention(attn, &opts.attention, why, sizeof why) ||
-        mt_runtime_parse_qblock(getenv("MT_ATTENTION_QBLOCK"), &opts.qblock, why, sizeof why)) {
-        fprintf(stderr, "test_cuda: %s\n", why);
-        return 1;
-    }
-    mt_cuda_ctx_configure(&opts);
-    printf("attention: MT_ATTENTION=%s\n", attn);
-    /* CUDA is already initialised in this process (the device count): a forked child could not
-     * use it, so the tests run in this process. */
-    return mt_test_run(cuda_suite(), true);
+    /* The layer cases check the own attention kernels: cuDNN's attention is checked by
+     * test_cuda_attention (kernel) and test_gpu_step (the step, under the default). Under cuDNN's
+     * forward the qwen3 D=128 case's k_proj.bias gradient comes out at the bf16 bound (a column
+     * sum over 131 rows and two query heads). */
+    return mt_test_cuda_main("test_cuda", cuda_suite());
 }

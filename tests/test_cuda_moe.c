@@ -722,22 +722,6 @@ static Suite *cuda_moe_suite(void)
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("no GPU: skipped\n");
-        return 77;
-    }
     /* The layer cases run the own attention kernels, as test_cuda's do (MT_ATTENTION overrides). */
-    const char *attn = getenv("MT_ATTENTION") ? getenv("MT_ATTENTION") : "own";
-    mt_cuda_options opts = {.attention = MT_CUDA_ATTENTION_OWN};
-    char why[256];
-    if (mt_runtime_parse_attention(attn, &opts.attention, why, sizeof why) ||
-        mt_runtime_parse_qblock(getenv("MT_ATTENTION_QBLOCK"), &opts.qblock, why, sizeof why)) {
-        fprintf(stderr, "test_cuda_moe: %s\n", why);
-        return 1;
-    }
-    mt_cuda_ctx_configure(&opts);
-    printf("attention: MT_ATTENTION=%s\n", attn);
-    /* CUDA is initialised in this process (the device count): the tests run in it, unforked. */
-    return mt_test_run(cuda_moe_suite(), true);
+    return mt_test_cuda_main("test_cuda_moe", cuda_moe_suite());
 }
