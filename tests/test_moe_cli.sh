@@ -4,7 +4,7 @@
 # prepared with the Qwen3 tokenizer, `train --model DIR --save-model OUT` (the loss falls; OUT
 # keeps the config and names every expert and router as HF does), OUT loaded again, a run stopped
 # with --stop-after and resumed bit for bit the uninterrupted one, eval and generate on OUT; then
-# the load and save round trip of a mixtral directory (its w1/w2/w3 names).
+# the save and load round trip of a mixtral directory (its w1/w2/w3 names).
 # Usage: test_moe_cli.sh PATH/TO/megatrain. Prints one line per check, then "N passed, M failed".
 set -u
 
@@ -110,7 +110,7 @@ else cp "$tokenizer" base/ && ok "a random qwen3_moe directory"; fi
 check_dir "its config and expert names" base qwen3_moe "$fixtures/qwen3_moe.json"
 
 # --- fine-tuning: train --model DIR --checkpoint --save-model --------------------------------
-mt train --model base "${run[@]}" --steps 16 --metrics full.jsonl --checkpoint ck --save-model tuned
+mt train --model base "${run[@]}" --steps 10 --metrics full.jsonl --checkpoint ck --save-model tuned
 if [ "$rc" -ne 0 ]; then bad "train --model (qwen3_moe)" "failed"
 elif [ ! -f ck ] || [ ! -f tuned/model.safetensors ] || [ ! -f tuned/tokenizer.json ]; then
     bad "train --model (qwen3_moe)" "no checkpoint, model or tokenizer.json written"
@@ -118,11 +118,11 @@ elif ! grep -q '(qwen3_moe, 2 layers' err.txt out.txt; then bad "train --model (
 else ok "train --model (qwen3_moe)"; fi
 tuned_val=$(cat out.txt err.txt | sed -n 's/^done:.* | val \([0-9.]*\) nats\/token.*/\1/p')
 # The loss falls: the mean of the last 4 steps at least 1 nat below the first step's (random
-# initialisation starts near ln 151669 = 11.9; 16 steps at lr 0.01 reach about 7).
+# initialisation starts near ln 151669 = 11.9; 10 steps at lr 0.01 reach about 8).
 if ! python3 - full.jsonl <<'PY'
 import json, sys
 loss = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-assert len(loss) == 16, f"{len(loss)} steps in the metrics"
+assert len(loss) == 10, f"{len(loss)} steps in the metrics"
 last = sum(loss[-4:]) / 4
 assert last < loss[0] - 1.0, f"loss {loss[0]:.4f} -> mean of the last 4 {last:.4f}"
 PY
@@ -140,12 +140,12 @@ elif ! cmp -s tuned/model.safetensors again/model.safetensors; then
 else ok "train --model OUT"; fi
 
 # --- stop and resume: bit for bit the uninterrupted run -------------------------------------
-mt train --model base "${run[@]}" --steps 16 --metrics part.jsonl --stop-after 7 --checkpoint ck2
-if [ "$rc" -ne 0 ] || [ ! -f ck2 ]; then bad "--stop-after 7" "no checkpoint"
-else ok "--stop-after 7"; fi
-mt train --model base "${run[@]}" --steps 16 --metrics part.jsonl --resume ck2 --checkpoint ck2 --save-model resumed
+mt train --model base "${run[@]}" --steps 10 --metrics part.jsonl --stop-after 5 --checkpoint ck2
+if [ "$rc" -ne 0 ] || [ ! -f ck2 ]; then bad "--stop-after 5" "no checkpoint"
+else ok "--stop-after 5"; fi
+mt train --model base "${run[@]}" --steps 10 --metrics part.jsonl --resume ck2 --checkpoint ck2 --save-model resumed
 if [ "$rc" -ne 0 ]; then bad "--resume" "failed"
-elif ! grep -q 'resumed from ck2 at step 7' err.txt out.txt; then bad "--resume" "not resumed at step 7"
+elif ! grep -q 'resumed from ck2 at step 5' err.txt out.txt; then bad "--resume" "not resumed at step 5"
 elif [ "$(losses full.jsonl)" != "$(losses part.jsonl)" ]; then bad "--resume" "the losses differ from the uninterrupted run"
 elif ! cmp -s tuned/model.safetensors resumed/model.safetensors; then
     bad "--resume" "model.safetensors differs from the uninterrupted run's"
@@ -162,26 +162,19 @@ else ok "eval --model OUT"; fi
 mt generate --model tuned --prompt x --max-new-tokens 3
 if [ "$rc" -ne 0 ] || ! grep -q '1 prompt tokens, 3 new' err.txt; then bad "generate --model OUT" "no 3 new tokens"
 else ok "generate --model OUT"; fi
-mt generate --model tuned --chat --prompt "Add 3 and 4." --max-new-tokens 4
-if [ "$rc" -ne 0 ]; then bad "generate --chat --model OUT" "failed"
-else ok "generate --chat --model OUT"; fi
 
 # --- mixtral: its names, saved and loaded ----------------------------------------------------
 mt train --config "$fixtures/mixtral.json" "${run[@]}" --steps 1 --save-model mbase
 if [ "$rc" -ne 0 ] || [ ! -f mbase/model.safetensors ]; then bad "a random mixtral directory" "not written"
 else cp "$tokenizer" mbase/ && ok "a random mixtral directory"; fi
 check_dir "mixtral's config and expert names" mbase mixtral "$fixtures/mixtral.json"
-mt train --model mbase "${run[@]}" --steps 4 --save-model mtuned
+# Loaded and saved again by a step of lr 0 and no decay: the same bytes, under the same names.
+mt train --model mbase "${run[@]}" --steps 1 --lr 0 --weight-decay 0 --save-model magain
 if [ "$rc" -ne 0 ] || ! grep -q '(mixtral, 2 layers' err.txt out.txt; then bad "train --model (mixtral)" "failed"
+elif ! cmp -s mbase/model.safetensors magain/model.safetensors; then
+    bad "train --model (mixtral)" "loaded and saved again, model.safetensors differs"
 else ok "train --model (mixtral)"; fi
-check_dir "mixtral saved" mtuned mixtral "$fixtures/mixtral.json"
-mt train --model mtuned "${run[@]}" --steps 1 --lr 0 --weight-decay 0 --save-model magain
-if [ "$rc" -ne 0 ] || ! cmp -s mtuned/model.safetensors magain/model.safetensors; then
-    bad "mixtral round trip" "loaded and saved again, model.safetensors differs"
-else ok "mixtral round trip"; fi
-mt eval --model mtuned --data shards --ncpu 2 --ncuda 0
-if [ "$rc" -ne 0 ] || ! grep -qE '^loss [0-9.]+ nats/token' out.txt; then bad "eval (mixtral)" "no loss line"
-else ok "eval (mixtral)"; fi
+check_dir "mixtral saved again" magain mixtral "$fixtures/mixtral.json"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
