@@ -203,7 +203,11 @@ int mt_hf_load(const char *dir, mt_host_state *st, char *err, size_t errlen)
         snprintf(path, sizeof path, "%s/%s", dir, shards[s]);
         mt_st_file *f = mt_st_open(path, err, errlen);
         if (!f) {
-            if (!have_single && !strstr(err, "tensor '")) { /* name a tensor the shard was to provide */
+            /* Name a tensor the shard was to provide, unless the reader's message names one: it
+             * is read past the path the message starts with (a file name may hold "tensor '"). */
+            const size_t plen = strlen(path);
+            const char *said = strncmp(err, path, plen) == 0 ? err + plen : err;
+            if (!have_single && !strstr(said, "tensor '")) {
                 const char *who = "?";
                 for (int i = 0; i < ne; i++)
                     if (e[i].shard == s) { who = e[i].name; break; }

@@ -418,6 +418,18 @@ START_TEST(test_bad_index)
     json_decref(ix);
     expect_error(&b, "shard outside the directory", index, "tensor 'model.norm.weight'", NULL);
 
+    /* A missing shard whose own name holds "tensor '" (shard 2's tensors sent to it): the message
+     * still says which tensor and which index named it (a file name is no reader's message about
+     * a tensor). */
+    ix = json_deep_copy(orig);
+    json_object_foreach(json_object_get(ix, "weight_map"), key, v)
+        if (!strcmp(json_string_value(v), name2)) json_string_set(v, "model-00009-of-00tensor 'x.safetensors");
+    write_index(b.dir, ix);
+    json_decref(ix);
+    char named[200];
+    snprintf(named, sizeof named, "(shard of %s in", first2);
+    expect_error(&b, "missing shard named with tensor '", "00tensor 'x.safetensors", named, "model.safetensors.index.json)");
+
     /* The index sends a tensor to a shard that does not hold it. */
     ix = json_deep_copy(orig);
     char name1[64];

@@ -2,8 +2,8 @@
  * mt_hf_load in runtime/hf.c) of an HF directory whose two shards hold the tensors of a tiny
  * model (fake_state.h: no StarPU). The input is the index; the shards and config.json are
  * written once, by mt_hf_save's sharding. A refusal names a file of the directory: the index, or
- * a shard (one the index names that is missing names the index too, except where the shard's name
- * holds "tensor '": tests/fuzz/crashes/README.md). */
+ * a shard (one the index names that is missing names the index too: tests/test_hf_bad_files.c
+ * checks that, also for a shard whose name holds "tensor '", an input this harness found). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
