@@ -471,6 +471,10 @@ for i in $(seq 1 2000); do
     echo "Line $i: a fortune for the bench, $((i * 7919 % 1000)) of them told."
     [ $((i % 5)) -eq 0 ] && echo
 done | head -c 40960 >"$work/corpus.txt"
+# train's corpus line on a small corpus: one file, its split in units that show it (9 of 10 blocks).
+check_ok "train --data (one small file): the corpus line" \
+    "^megatrain: corpus $work/corpus.txt: 1 file, 36.00 KiB train, 4.00 KiB validation$" \
+    train --data "$work/corpus.txt" --steps 1 --micro-batch 1 --seq-len 16 --sample-bytes 0 --eval-every 0 --ncpu 2 --ncuda 0
 bench_data=(bench --shape tiny --micro-batch 2 --seq-len 64 --warmup 1 --steps 2 --ncpu 2 --ncuda 0)
 run "${bench_data[@]}"
 grep '^bench: K=4 clip 1 step' "$err" >"$work/random_losses.txt"
