@@ -144,10 +144,12 @@ static void file_done(prep *p, const char *path, int64_t lines, size_t len)
         fprintf(p->log, "prepare: %s: %lld line%s (%s), no documents in it\n", path, (long long)lines,
                 lines == 1 ? "" : "s", size_text(len, a));
     else if (lines == 0)
-        fprintf(p->log, "prepare: %s: %s, 1 document, %lld tokens\n", path, size_text(len, a), (long long)tokens);
+        fprintf(p->log, "prepare: %s: %s, 1 document, %lld token%s\n", path, size_text(len, a), (long long)tokens,
+                tokens == 1 ? "" : "s");
     else
-        fprintf(p->log, "prepare: %s: %lld line%s (%s), %lld document%s, %lld tokens\n", path, (long long)lines,
-                lines == 1 ? "" : "s", size_text(len, a), (long long)docs, docs == 1 ? "" : "s", (long long)tokens);
+        fprintf(p->log, "prepare: %s: %lld line%s (%s), %lld document%s, %lld token%s\n", path, (long long)lines,
+                lines == 1 ? "" : "s", size_text(len, a), (long long)docs, docs == 1 ? "" : "s", (long long)tokens,
+                tokens == 1 ? "" : "s");
     fflush(p->log);
     p->last_progress = mt_clock_s();
 }

@@ -343,9 +343,14 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
             fprintf(log, "megatrain: data %s (%s, tokenizer %s): %lld train + %lld validation windows of %lld tokens, %s order\n",
                     o->data_path, ds->family, ds->tokenizer, (long long)ds->train.n_seq, (long long)ds->val.n_seq,
                     (long long)ds->seq_len, o->data_shuffle ? "shuffled" : "sequential");
-        else
-            fprintf(log, "megatrain: corpus %s: %d files, %.2f MB train, %.2f MB validation\n", o->data_path,
-                    corpus->nfiles, corpus->ntrain / 1e6, corpus->nval / 1e6);
+        else {
+            /* Binary units with two decimals: a small corpus reads as KiB or bytes, never 0.00 MB. */
+            char train_bytes[32], val_bytes[32];
+            fprintf(log, "megatrain: corpus %s: %d file%s, %s train, %s validation\n", o->data_path, corpus->nfiles,
+                    corpus->nfiles == 1 ? "" : "s",
+                    mt_format_bytes((uint64_t)corpus->ntrain, train_bytes, sizeof train_bytes),
+                    mt_format_bytes((uint64_t)corpus->nval, val_bytes, sizeof val_bytes));
+        }
         fprintf(log, "megatrain: %lld steps of %d x %lld x %lld tokens, K=%d, clip %g, lr %g (%s), %d CPU + %d CUDA workers, policy %s\n",
                 (long long)o->steps, o->step.accum, (long long)o->step.B, (long long)o->step.T, o->step.K, o->step.clip,
                 o->lr, o->schedule == MT_LR_COSINE ? "warm-up + cosine" : "constant", mt_runtime_ncpu(),

@@ -219,6 +219,13 @@ check_ok "plan --model DIR reads DIR/config.json" '^model: .*hfdir, 80 layers, h
 # --- the training job ------------------------------------------------------------------------
 check_error "train --data /nonexistent" "/nonexistent" train --data /nonexistent --steps 1 --ncpu 1
 check_error "train --config missing" "/nonexistent/config.json" train --config /nonexistent/config.json --steps 1
+mkdir -p "$work/no-config"
+check_error "train --config DIR without config.json" "$work/no-config: a directory without a config.json" \
+    train --config "$work/no-config" --steps 1 --ncpu 1 --ncuda 0
+check_error "plan --config DIR without config.json" "$work/no-config: a directory without a config.json" \
+    plan --config "$work/no-config"
+check_ok "plan --config DIR reads DIR/config.json" '^model: .*hfdir, 80 layers, hidden 8192' \
+    plan --config "$work/hfdir" --host-memory 1.5TB --ncuda 1
 check_ok "info" '^info: ok$' info --ncuda 0 --ncpu 1
 
 name="train 3 steps"
@@ -370,6 +377,19 @@ if [ "$cores" -lt 100 ]; then
     elif ! grep -q "^megatrain: warning: --ncpu $((cores + 1)) asks for more CPU workers than the $cores cores" "$err"; then
         fail "$name" "no warning naming $((cores + 1)) and $cores"
     else pass "$name"; fi
+    # train and bench start StarPU through the same call: the same warning, on stderr.
+    for sub in train bench; do
+        name="$sub --ncpu above the cores warns"
+        if [ "$sub" = train ]; then
+            run train --ncpu $((cores + 1)) --ncuda 0 --steps 1 --micro-batch 1 --seq-len 16 --sample-bytes 0 --eval-every 0
+        else
+            run bench --shape tiny --ncpu $((cores + 1)) --ncuda 0 --warmup 1 --steps 1 --micro-batch 1 --seq-len 16
+        fi
+        if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+        elif ! grep -q "^megatrain: warning: --ncpu $((cores + 1)) asks for more CPU workers than the $cores cores" "$err"; then
+            fail "$name" "no warning naming $((cores + 1)) and $cores"
+        else pass "$name"; fi
+    done
 fi
 name="--ncpu within the cores: no warning"
 run info --ncpu 1 --ncuda 0
@@ -451,6 +471,10 @@ for i in $(seq 1 2000); do
     echo "Line $i: a fortune for the bench, $((i * 7919 % 1000)) of them told."
     [ $((i % 5)) -eq 0 ] && echo
 done | head -c 40960 >"$work/corpus.txt"
+# train's corpus line on a small corpus: one file, its split in units that show it (9 of 10 blocks).
+check_ok "train --data (one small file): the corpus line" \
+    "^megatrain: corpus $work/corpus.txt: 1 file, 36.00 KiB train, 4.00 KiB validation$" \
+    train --data "$work/corpus.txt" --steps 1 --micro-batch 1 --seq-len 16 --sample-bytes 0 --eval-every 0 --ncpu 2 --ncuda 0
 bench_data=(bench --shape tiny --micro-batch 2 --seq-len 64 --warmup 1 --steps 2 --ncpu 2 --ncuda 0)
 run "${bench_data[@]}"
 grep '^bench: K=4 clip 1 step' "$err" >"$work/random_losses.txt"
@@ -492,6 +516,26 @@ else
         else pass "$name"; fi
     fi
 fi
+# prepare on a one-line input: each count in the number it has ("1 document, 1 token"); a UTF-8
+# byte order mark before a JSONL file's first record is skipped, not reported.
+name="prepare a one-line file: singular counts"
+printf 'hello\n' >"$work/one-line.txt"
+run prepare --tokenizer "$root/tests/fixtures/tokenizers/qwen3/tokenizer.json" --format text --family qwen3 \
+    --input "$work/one-line.txt" --output "$work/one-line" --seq-len 4 --val-fraction 0
+if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif ! grep -qx "prepare: $work/one-line.txt: 1 line (6 bytes), 1 document, 1 token" "$err"; then
+    fail "$name" "no 'one-line.txt: 1 line (6 bytes), 1 document, 1 token' line"
+elif ! grep -qx "prepared $work/one-line: train 1 document, 1 window, 1 trained target; validation 0 documents, 0 windows, 0 trained targets" "$out"; then
+    fail "$name" "no 'train 1 document, 1 window, 1 trained target; validation 0 documents, ...' line"
+else pass "$name"; fi
+name="prepare --format alpaca: a byte order mark before the first record"
+printf '\xEF\xBB\xBF{"instruction": "say hi", "input": "", "output": "hi"}\n{"instruction": "say yo", "input": "", "output": "yo"}\n' \
+    >"$work/bom.jsonl"
+run prepare --tokenizer "$root/tests/fixtures/tokenizers/qwen3/tokenizer.json" --format alpaca --family qwen3 \
+    --input "$work/bom.jsonl" --output "$work/bom-prepared" --seq-len 16 --val-fraction 0
+if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif ! grep -q "^prepared $work/bom-prepared: train 2 documents" "$out"; then fail "$name" "not 2 documents trained"
+else pass "$name"; fi
 # A prepared directory of byte tokens (vocabulary 256, written here in the shard format of
 # docs/data.md): bench reads its training windows in order, a fresh batch each step.
 python3 - "$work/corpus.txt" "$work/bytes-prepared" <<'PY'

@@ -50,6 +50,14 @@ static const cli_option prepare_options[] = {
       .max = 1LL << 40, .help = "windows per shard file (default: about 256 MiB of tokens)" },
 };
 
+/* "1 document, 3 windows, 40 trained targets": a split's counts, each noun in the number it has. */
+static void counts_text(int64_t documents, int64_t windows, int64_t trained, char buf[160])
+{
+    snprintf(buf, 160, "%lld document%s, %lld window%s, %lld trained target%s", (long long)documents,
+             documents == 1 ? "" : "s", (long long)windows, windows == 1 ? "" : "s", (long long)trained,
+             trained == 1 ? "" : "s");
+}
+
 int cli_prepare(int argc, char **argv)
 {
     mt_prepare_options o = mt_prepare_defaults();
@@ -79,9 +87,8 @@ int cli_prepare(int argc, char **argv)
     mt_prepare_result res;
     char err[2048];
     if (mt_prepare(&o, &res, stderr, err, sizeof err)) return cli_failed(cmd, err);
-    printf("prepared %s: train %lld documents, %lld windows, %lld trained targets; validation %lld documents, "
-           "%lld windows, %lld trained targets\n", o.output_dir, (long long)res.documents[0],
-           (long long)res.sequences[0], (long long)res.trained[0], (long long)res.documents[1],
-           (long long)res.sequences[1], (long long)res.trained[1]);
+    char part[2][160];
+    for (int s = 0; s < 2; s++) counts_text(res.documents[s], res.sequences[s], res.trained[s], part[s]);
+    printf("prepared %s: train %s; validation %s\n", o.output_dir, part[0], part[1]);
     return 0;
 }
