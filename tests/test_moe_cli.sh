@@ -8,26 +8,7 @@
 # Usage: test_moe_cli.sh PATH/TO/megatrain. Prints one line per check, then "N passed, M failed".
 set -u
 
-megatrain=$(realpath "${1:?usage: test_moe_cli.sh PATH/TO/megatrain}")
-root=$(cd "$(dirname "$0")/.." && pwd)
-work=$(mktemp -d /tmp/mt-moe-cli.XXXXXX)
-trap 'rm -rf "$work"' EXIT
-export STARPU_SILENT=1
-export STARPU_HOME=${STARPU_HOME:-$work/starpu-home}
-mkdir -p "$STARPU_HOME"
-cd "$work" || exit 2
-
-passed=0
-failed=0
-rc=0
-
-ok() { passed=$((passed + 1)); echo "ok   $1"; }
-bad() {
-    failed=$((failed + 1))
-    echo "FAIL $1: $2"
-    echo "     exit status $rc; stdout, stderr:"
-    sed -n '1,12s/^/       /p' out.txt err.txt 2>/dev/null
-}
+. "$(dirname "$0")/script_harness.sh" moe-cli "$@"
 
 # mt CMD ARGS...: runs megatrain; stdout in out.txt, stderr in err.txt, status in $rc.
 mt() {

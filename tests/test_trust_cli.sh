@@ -6,26 +6,7 @@
 # per check, then "N passed, M failed".
 set -u
 
-megatrain=$(realpath "${1:?usage: test_trust_cli.sh PATH/TO/megatrain}")
-root=$(cd "$(dirname "$0")/.." && pwd)
-work=$(mktemp -d /tmp/mt-trust.XXXXXX)
-trap 'rm -rf "$work"' EXIT
-export STARPU_SILENT=1
-export STARPU_HOME=${STARPU_HOME:-$work/starpu-home}
-mkdir -p "$STARPU_HOME"
-cd "$work" || exit 2
-
-passed=0
-failed=0
-rc=0
-
-ok() { passed=$((passed + 1)); echo "ok   $1"; }
-bad() {
-    failed=$((failed + 1))
-    echo "FAIL $1: $2"
-    echo "     exit status $rc; stdout, stderr:"
-    sed -n '1,12s/^/       /p' out.txt err.txt 2>/dev/null
-}
+. "$(dirname "$0")/script_harness.sh" trust "$@"
 
 # train ARGS...: runs megatrain train; stdout in out.txt, stderr in err.txt, status in $rc.
 train() {
