@@ -84,12 +84,12 @@ def main():
     }
     for name, js in seeds.items():
         put("tokenizer", name, js.encode("utf-8") + b"\0" + text.encode("utf-8", "surrogateescape"))
-    # issue 24 item 13: "(.)*" on more than 1,365 characters exhausted PCRE2's default JIT stack
+    # "(.)*" on more than 1,365 characters exhausts PCRE2's default JIT stack
     put("tokenizer", "dot-star-jit-stack", small_byte_level(split("(.)*")).encode() + b"\0" + b"ab" * 1200)
     # found by this harness: two added tokens with one id (refused)
     put("tokenizer", "duplicate-added-id", small_byte_level({"type": "ByteLevel"}, added=["<a>", "<b>"]).replace(
         '"id": 261', '"id": 260').encode() + b"\0a<b>c")
-    # issue 24 item 14: an added token id far beyond the vocabulary (refused)
+    # an added token id far beyond the vocabulary (refused)
     put("tokenizer", "sparse-id", small_byte_level({"type": "ByteLevel"}).replace(
         '"added_tokens": []', '"added_tokens": [{"id": 2147483646, "content": "<big>"}]'))
 
