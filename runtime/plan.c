@@ -441,7 +441,7 @@ void mt_plan_workers(int ncpu_request, int ncuda_request, int *ncpu, int *ncuda)
 #if MT_HAVE_CUDA
     if (ncuda_request != 0 && cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
 #endif
-    *ncuda = !MT_HAVE_CUDA ? 0 : ncuda_request >= 0 ? ncuda_request : devices;
+    *ncuda = ncuda_request >= 0 ? ncuda_request : devices;
     if (ncpu_request >= 1) {
         *ncpu = ncpu_request;
         return;

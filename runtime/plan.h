@@ -204,7 +204,8 @@ int mt_plan_data_bytes(const char *path, uint64_t *bytes, char *err, size_t errl
 
 /* The StarPU workers mt_runtime_init starts for the requests (-1: its default) on this machine,
  * found without starting StarPU: CUDA workers, every CUDA device unless told (none in a build
- * without CUDA); CPU workers, one per core (hwloc) less one per CUDA worker, which drives its
+ * without CUDA; a count asked for is kept whatever the build, so that a plan can be made for a
+ * GPU run elsewhere); CPU workers, one per core (hwloc) less one per CUDA worker, which drives its
  * device from a core of its own, and at least one. */
 void mt_plan_workers(int ncpu_request, int ncuda_request, int *ncpu, int *ncuda);
 

@@ -149,6 +149,7 @@ static void check_against_transformers(const char *family_name)
              * conversation ends with the answer, so ours does not. */
             const char *prompt = "<|start_header_id|>assistant<|end_header_id|>\n\n";
             char *with = malloc(strlen(ours) + strlen(prompt) + 1);
+            ck_assert_ptr_nonnull(with);
             sprintf(with, "%s%s", ours, prompt);
             free(ours);
             ours = with;
