@@ -351,8 +351,8 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
                     mt_format_bytes((uint64_t)corpus->ntrain, train_bytes, sizeof train_bytes),
                     mt_format_bytes((uint64_t)corpus->nval, val_bytes, sizeof val_bytes));
         }
-        fprintf(log, "megatrain: %lld steps of %d x %lld x %lld tokens, K=%d, clip %g, lr %g (%s), %d CPU + %d CUDA workers, policy %s\n",
-                (long long)o->steps, o->step.accum, (long long)o->step.B, (long long)o->step.T, o->step.K, o->step.clip,
+        fprintf(log, "megatrain: %lld step%s of %d x %lld x %lld tokens, K=%d, clip %g, lr %g (%s), %d CPU + %d CUDA workers, policy %s\n",
+                (long long)o->steps, o->steps == 1 ? "" : "s", o->step.accum, (long long)o->step.B, (long long)o->step.T, o->step.K, o->step.clip,
                 o->lr, o->schedule == MT_LR_COSINE ? "warm-up + cosine" : "constant", mt_runtime_ncpu(),
                 mt_runtime_ncuda(), o->runtime.sched ? o->runtime.sched : mt_default_sched());
         fprintf(log, "megatrain: %s host layout (--host-layout %s), %.2f bytes per parameter of host memory: %s\n",
