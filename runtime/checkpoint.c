@@ -71,7 +71,7 @@ int mt_checkpoint_save(const char *path, const mt_host_state *st, const mt_check
         snprintf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
         return -1;
     }
-    writer w = { .f = f, .hash = MT_FNV_START };
+    writer w = { .f = f, .hash = MT_FNV1A64_START };
     uint32_t version = MT_CHECKPOINT_VERSION, ntiles = (uint32_t)st->ntiles;
     int64_t shape[NSHAPE];
     double fshape[2];
@@ -268,7 +268,7 @@ int mt_checkpoint_read_header(const char *path, const mt_model_config *cfg, mt_c
         snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         return -1;
     }
-    reader r = { .f = f, .hash = MT_FNV_START, .path = path, .err = err, .errlen = errlen };
+    reader r = { .f = f, .hash = MT_FNV1A64_START, .path = path, .err = err, .errlen = errlen };
     uint32_t ntiles;
     int rc = read_header(&r, cfg, -1, &ntiles, meta);
     fclose(f);
@@ -282,7 +282,7 @@ int mt_checkpoint_load(const char *path, mt_host_state *st, mt_checkpoint_meta *
         snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         return -1;
     }
-    reader r = { .f = f, .hash = MT_FNV_START, .path = path, .err = err, .errlen = errlen };
+    reader r = { .f = f, .hash = MT_FNV1A64_START, .path = path, .err = err, .errlen = errlen };
     int rc = -1;
     float *buf = NULL; /* a compact tile's master, read before it is encoded */
     uint32_t ntiles;
@@ -336,7 +336,7 @@ out:
 
 uint64_t mt_state_hash(const mt_host_state *st)
 {
-    uint64_t h = MT_FNV_START;
+    uint64_t h = MT_FNV1A64_START;
     float *buf = NULL; /* a compact tile's master, decoded: the hash is the fp32 master's in either layout */
     for (int i = 0; i < st->ntiles; i++) {
         const float *master = mt_state_master_f32(st, i, &buf);

@@ -11,13 +11,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-uint64_t mt_fnv1a64(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001B3ull;
-    return h;
-}
-
 int mt_file_fnv1a64(const char *path, uint64_t *hash, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "rb");
@@ -26,7 +19,7 @@ int mt_file_fnv1a64(const char *path, uint64_t *hash, char *err, size_t errlen)
         return -1;
     }
     unsigned char buf[1 << 16];
-    uint64_t h = MT_FNV_START;
+    uint64_t h = MT_FNV1A64_START;
     size_t n;
     while ((n = fread(buf, 1, sizeof buf, f)) > 0) h = mt_fnv1a64(h, buf, n);
     const int failed = ferror(f);

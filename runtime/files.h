@@ -9,11 +9,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define MT_FNV_START 0xCBF29CE484222325ull
+#include "models/util.h"
 
-/* FNV-1a 64 of n more bytes, from h (MT_FNV_START for the first). */
-uint64_t mt_fnv1a64(uint64_t h, const void *p, size_t n);
-/* FNV-1a 64 of a whole file (what `prepare` records as tokenizer.fnv1a64). 0, or -1 with err
+/* FNV-1a 64 (mt_fnv1a64, models/util.h) of a whole file (what `prepare` records as tokenizer.fnv1a64). 0, or -1 with err
  * naming the file. */
 int mt_file_fnv1a64(const char *path, uint64_t *hash, char *err, size_t errlen);
 

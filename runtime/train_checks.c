@@ -251,7 +251,7 @@ void mt_train_data_identity(const mt_run_data *d, char *buf, size_t len)
         return;
     }
     const mt_corpus *c = &d->corpus;
-    uint64_t h = mt_fnv1a64(mt_fnv1a64(MT_FNV_START, c->train, (size_t)c->ntrain), c->val, (size_t)c->nval);
+    uint64_t h = mt_fnv1a64(mt_fnv1a64(MT_FNV1A64_START, c->train, (size_t)c->ntrain), c->val, (size_t)c->nval);
     snprintf(buf, len, "text, %lld + %lld bytes, fnv1a64 %016llx", (long long)c->ntrain, (long long)c->nval,
              (unsigned long long)h);
 }

@@ -350,7 +350,7 @@ static void write_version_1(const char *v2, const char *v1)
     uint32_t one = 1;
     memcpy(b + 8, &one, sizeof one);
     memmove(b + head, b + head + cut, rest);
-    uint64_t h = mt_fnv1a64(MT_FNV_START, b, head + rest);
+    uint64_t h = mt_fnv1a64(MT_FNV1A64_START, b, head + rest);
     memcpy(b + head + rest, &h, sizeof h);
     FILE *f = fopen(v1, "wb");
     fwrite(b, 1, head + rest + 8, f);

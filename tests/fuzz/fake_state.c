@@ -39,3 +39,20 @@ mt_host_state *fuzz_fake_state(void)
 }
 
 void mt_state_sync_weights(mt_host_state *st) { (void)st; }
+
+/* The full layout's accessors: the fake state has no compact tiles and no streamed copy. */
+void mt_state_read_master(const mt_host_state *st, int tile, int64_t offset, int64_t n, float *out)
+{
+    memcpy(out, st->tiles[tile].master + offset, sizeof(float) * (size_t)n);
+}
+
+void mt_state_write_master(mt_host_state *st, int tile, int64_t offset, int64_t n, const float *in)
+{
+    memcpy(st->tiles[tile].master + offset, in, sizeof(float) * (size_t)n);
+}
+
+const float *mt_state_master_f32(const mt_host_state *st, int tile, float **buf)
+{
+    (void)buf;
+    return st->tiles[tile].master;
+}
