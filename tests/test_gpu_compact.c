@@ -75,20 +75,6 @@ START_TEST(test_grad_home_kernel)
 }
 END_TEST
 
-static mt_model_config config(bool tied)
-{
-    char json[1024], err[256];
-    snprintf(json, sizeof json,
-             "{\"model_type\": \"qwen2\", \"hidden_size\": 192, \"intermediate_size\": 333,"
-             " \"num_hidden_layers\": 3, \"num_attention_heads\": 3, \"num_key_value_heads\": 1,"
-             " \"head_dim\": 64, \"vocab_size\": 1001, \"max_position_embeddings\": 512,"
-             " \"rope_theta\": 1000000.0, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": %s}",
-             tied ? "true" : "false");
-    mt_model_config cfg;
-    ck_assert_msg(mt_config_parse(json, "gpu-test", &cfg, err, sizeof err) == 0, "%s", err);
-    return cfg;
-}
-
 /* StarPU with the megatrain policy, 4 CPU workers and ncuda CUDA ones, a bf16 state in `layout`
  * with seeded weights, a graph of accum micro-batches of 2 x 77 tokens, their random batch. */
 typedef struct fixture {
@@ -107,7 +93,7 @@ static fixture fixture_open(bool tied, int ncuda, mt_host_layout layout, int K, 
     ck_assert_msg(mt_runtime_parse_attention(getenv("MT_ATTENTION"), &ro.cuda.attention, err, sizeof err) == 0, "%s",
                   err);
     ck_assert_msg(mt_runtime_init(&ro, err, sizeof err) == 0, "%s", err);
-    const mt_model_config cfg = config(tied);
+    const mt_model_config cfg = mt_test_gpu_config(tied);
     const mt_state_args a = { .cfg = &cfg, .compute_dtype = MT_DTYPE_BF16, .layout = layout };
     fixture f;
     f.st = mt_state_create_with(&a, err, sizeof err);

@@ -24,20 +24,6 @@ typedef struct result {
     double loss;
 } result;
 
-static mt_model_config config(bool tied)
-{
-    char json[1024], err[256];
-    snprintf(json, sizeof json,
-             "{\"model_type\": \"qwen2\", \"hidden_size\": 192, \"intermediate_size\": 333,"
-             " \"num_hidden_layers\": 3, \"num_attention_heads\": 3, \"num_key_value_heads\": 1,"
-             " \"head_dim\": 64, \"vocab_size\": 1001, \"max_position_embeddings\": 512,"
-             " \"rope_theta\": 1000000.0, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": %s}",
-             tied ? "true" : "false");
-    mt_model_config cfg;
-    ck_assert_msg(mt_config_parse(json, "gpu-test", &cfg, err, sizeof err) == 0, "%s", err);
-    return cfg;
-}
-
 /* What both kinds of test start from: StarPU with the megatrain policy, ncpu CPU and ncuda CUDA
  * workers; a state in dtype with random weights; a graph for 2 x fixture_T tokens per micro-batch; and
  * accum micro-batches of random tokens and targets (a tenth of the targets ignored when asked). */
@@ -87,7 +73,7 @@ static fixture fixture_open(bool tied, int ncpu, int ncuda, mt_dtype dtype, uint
                   err);
     if (fixture_own_attention) ro.cuda.attention = MT_CUDA_ATTENTION_OWN;
     ck_assert_msg(mt_runtime_init(&ro, err, sizeof err) == 0, "%s", err);
-    f.cfg = config(tied);
+    f.cfg = mt_test_gpu_config(tied);
     f.st = mt_state_create(&f.cfg, dtype, 0, err, sizeof err);
     ck_assert_msg(f.st != NULL, "%s", err);
     if (ncuda > 0) assert_pinned(f.st, false);

@@ -177,3 +177,17 @@ int mt_test_run(Suite *s, bool in_process)
     srunner_free(sr);
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
+
+mt_model_config mt_test_gpu_config(bool tied)
+{
+    char json[1024], err[256];
+    snprintf(json, sizeof json,
+             "{\"model_type\": \"qwen2\", \"hidden_size\": 192, \"intermediate_size\": 333,"
+             " \"num_hidden_layers\": 3, \"num_attention_heads\": 3, \"num_key_value_heads\": 1,"
+             " \"head_dim\": 64, \"vocab_size\": 1001, \"max_position_embeddings\": 512,"
+             " \"rope_theta\": 1000000.0, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": %s}",
+             tied ? "true" : "false");
+    mt_model_config cfg;
+    ck_assert_msg(mt_config_parse(json, "gpu-test", &cfg, err, sizeof err) == 0, "%s", err);
+    return cfg;
+}

@@ -8,6 +8,8 @@
 
 #include <check.h>
 
+#include "models/config.h"
+
 /* Deterministic xorshift generator for test inputs. */
 typedef struct { uint64_t s; } mt_test_rng;
 void mt_test_rng_seed(mt_test_rng *r, uint64_t seed);
@@ -52,5 +54,9 @@ const char *mt_test_source_path(const char *relative);
  * CUDA cannot fork usable children, and costly fixtures load once) and returns main's exit
  * status: EXIT_SUCCESS when none failed. */
 int mt_test_run(Suite *s, bool in_process);
+
+/* The small qwen2 of the GPU step suites (test_gpu_step, test_gpu_compact): d 192, 3 layers, 3
+ * heads of 64 over one KV head, intermediate 333, vocabulary 1001, tied head or not. */
+mt_model_config mt_test_gpu_config(bool tied);
 
 #endif
