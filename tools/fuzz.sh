@@ -2,9 +2,11 @@
 # Builds the libFuzzer harnesses of tests/fuzz/ with clang (AddressSanitizer and UBSan) into
 # build-fuzz/ and runs each for a while on its committed seeds plus what earlier runs found.
 #
-#   tools/fuzz.sh [--seconds N] [--make-seeds] [HARNESS...] [-- LIBFUZZER_FLAGS...]
+#   tools/fuzz.sh [--seconds N | --cpu-seconds N] [--make-seeds] [HARNESS...] [-- LIBFUZZER_FLAGS...]
 #
-#   --seconds N    time per harness (default 60)
+#   --seconds N      wall time per harness (default 60)
+#   --cpu-seconds N  instead, run each harness until it has had N seconds of CPU (on a shared
+#                    machine a harness gets less CPU than wall time; this is the budget that counts)
 #   --make-seeds   write the seeds of tests/fuzz/corpus/ again (tests/fuzz/make_seeds.py and the
 #                  harnesses' own writers) instead of fuzzing
 #   HARNESS        some of: safetensors config tokenizer tokenizer_text chat shard checkpoint
@@ -20,6 +22,7 @@ cd "$(dirname "$0")/.."
 
 ALL=(safetensors config tokenizer tokenizer_text chat shard checkpoint index)
 seconds=60
+cpu_seconds=0
 make_seeds=no
 harnesses=()
 extra=()
@@ -28,6 +31,9 @@ while [ $# -gt 0 ]; do
         --seconds) [ $# -ge 2 ] || { echo "fuzz: --seconds needs a number" >&2; exit 2; }
                    seconds=$2; shift 2 ;;
         --seconds=*) seconds=${1#--seconds=}; shift ;;
+        --cpu-seconds) [ $# -ge 2 ] || { echo "fuzz: --cpu-seconds needs a number" >&2; exit 2; }
+                       cpu_seconds=$2; shift 2 ;;
+        --cpu-seconds=*) cpu_seconds=${1#--cpu-seconds=}; shift ;;
         --make-seeds) make_seeds=yes; shift ;;
         -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         --) shift; extra=("$@"); break ;;
@@ -37,6 +43,9 @@ while [ $# -gt 0 ]; do
     esac
 done
 [[ "$seconds" =~ ^[0-9]+$ ]] && [ "$seconds" -ge 1 ] || { echo "fuzz: --seconds '$seconds' is not a positive integer" >&2; exit 2; }
+[[ "$cpu_seconds" =~ ^[0-9]+$ ]] || { echo "fuzz: --cpu-seconds '$cpu_seconds' is not a positive integer" >&2; exit 2; }
+# With a CPU budget the wall limit only guards against a harness that gets no CPU at all.
+[ "$cpu_seconds" -eq 0 ] || seconds=$((cpu_seconds * 20))
 [ ${#harnesses[@]} -gt 0 ] || harnesses=("${ALL[@]}")
 
 command -v clang >/dev/null || { echo "fuzz: no clang (tools/setup.sh installs clang and libclang-rt-14-dev)" >&2; exit 1; }
@@ -82,6 +91,17 @@ children_cpu() {
                                       print n }' "$times_file")"
 }
 
+# Sends SIGINT to process $1 once its user + system time reaches $2 seconds (libFuzzer then prints
+# its final stats and exits); returns when the process is gone.
+watch_cpu() {
+    local tck; tck=$(getconf CLK_TCK)
+    while [ -r "/proc/$1/stat" ]; do
+        local t; t=$(awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null) || break
+        [ -n "$t" ] && [ "$t" -ge $(( $2 * tck )) ] && { kill -INT "$1" 2>/dev/null; break; }
+        sleep 5
+    done
+}
+
 mkdir -p build-fuzz/logs
 crashed=0
 for h in "${harnesses[@]}"; do
@@ -95,7 +115,12 @@ for h in "${harnesses[@]}"; do
     UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} \
         "build-fuzz/fuzz_$h" -max_total_time="$seconds" -max_len="$(max_len "$h")" -timeout=25 \
         -rss_limit_mb=3072 -print_final_stats=1 -artifact_prefix="$crashes/" "${dict[@]}" "${extra[@]}" \
-        "$work" "tests/fuzz/corpus/$h" >"$log" 2>&1 || rc=$?
+        "$work" "tests/fuzz/corpus/$h" >"$log" 2>&1 &
+    pid=$!
+    [ "$cpu_seconds" -eq 0 ] || watch_cpu "$pid" "$cpu_seconds" &
+    wait "$pid" || rc=$?
+    # libFuzzer stopped by the CPU watcher (SIGINT) ends with status 72 after its final stats.
+    [ "$cpu_seconds" -eq 0 ] || { [ "$rc" -ne 72 ] && [ "$rc" -ne 130 ] || ! grep -q '^stat::number_of_executed_units' "$log" || rc=0; }
     children_cpu cpu_after
     cpu=$(awk -v a="$cpu_before" -v b="$cpu_after" 'BEGIN { printf "%.0f", b - a }')
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
@@ -110,7 +135,7 @@ for h in "${harnesses[@]}"; do
         echo "fuzz: $h: CRASH after ${runs:-?} runs (${cpu} s of CPU): ${why:-exit status $rc}"
         echo "fuzz: $h: input ${input:-(none written)}, log $log"
     else
-        echo "fuzz: $h: ${runs:-?} runs in ${seconds} s (${cpu} s of CPU), cov ${cov:-?} ft ${ft:-?}, corpus ${corp:-?}, no crash"
+        echo "fuzz: $h: ${runs:-?} runs (${cpu} s of CPU), cov ${cov:-?} ft ${ft:-?}, corpus ${corp:-?}, no crash"
     fi
 done
 [ "$crashed" -eq 0 ] || { echo "fuzz: $crashed of ${#harnesses[@]} harnesses crashed" >&2; exit 1; }

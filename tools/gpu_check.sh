@@ -2,7 +2,7 @@
 # The GPU checks, run on the GPU machine from binaries built on the development machine:
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, from the repository root on the GPU machine (build-gpu and .deps/gpu-runtime carried):
-#   tools/gpu_check.sh [quick|bench3b|parity|ab3b|final3b|scale7b|width|moe]
+#   tools/gpu_check.sh [quick|bench3b|parity|ab3b|final3b|scale7b|train7b|width|numerics|moe]
 #
 #   quick    correctness: megatrain info, the CUDA suites (test_cuda, test_cuda_attention,
 #            test_gpu_step), their kernel timings (MT_CUDA_BENCH=1), the 0.5B step, PyTorch's
@@ -27,11 +27,18 @@
 #   scale7b  Qwen2.5-7B, all 28 layers, with the host layout plan picks for the box (compact), at
 #            32 x 2048 and 16 x 2048 tokens a step, clip 1, on DATA (default .deps/fortunes-qwen3);
 #            plan's figures first, the bench's peak RSS beside them.
+#   train7b  a random Qwen2.5-7B HF directory in bf16 (tools/torch_train.py --make-model, the Qwen3
+#            tokenizer beside it) trained 20 steps by `megatrain train --model` with plan's choices,
+#            saved with --save-model; then its validation loss by `megatrain eval` on the GPU and by
+#            transformers loading the saved directory (tools/torch_train.py --eval), side by side.
+#            The directories (15 GB each) go to TMPDIR, not $OUT, and are removed.
 #   width    the 7B width with 12 layers and the 14B width with 8 (--layers), 16 x 2048, clip 1,
 #            on DATA, megatrain then PyTorch at the same shape (TORCH=0 skips it).
 #   numerics the default bf16 GPU path against a plain PyTorch loop (tools/torch_train.py): the same
 #            random Qwen2.5-0.5B model, 100 steps of 4 x 2048 tokens of DATA in sequential order,
-#            the same schedule, clipping and AdamW; the mean relative difference of the losses.
+#            the same schedule, clipping and AdamW; the mean relative difference of the losses, for
+#            the full host layout and the compact one (--host-layout compact: the streamed bf16
+#            weight is the master's high half, its truncation).
 #   moe      the CUDA mixture-of-experts suite against the CPU ops, then its timings
 #            (MT_CUDA_BENCH=1) at the Qwen3-30B-A3B layer shape.
 #
@@ -166,26 +173,54 @@ numerics)
     init="$OUT/init-0.5b"
     run init_model python3 tools/torch_train.py --make-model qwen2.5-0.5b --model "$init"
     common=(--steps 100 --micro-batch 4 --lr 1e-4 --warmup 10 --clip 1 --weight-decay 0.1)
-    run train_megatrain "$B/tools/megatrain" train --model "$init" --data "$DATA" --data-order sequential \
-        --seq-len 2048 "${common[@]}" --eval-every 0 --sample-bytes 0 --metrics "$OUT/megatrain.jsonl"
+    for layout in full compact; do
+        run "train_megatrain_$layout" "$B/tools/megatrain" train --model "$init" --data "$DATA" --data-order sequential \
+            --seq-len 2048 "${common[@]}" --host-layout $layout --eval-every 0 --sample-bytes 0 \
+            --metrics "$OUT/megatrain-$layout.jsonl"
+    done
     run train_torch python3 tools/torch_train.py --model "$init" --data "$DATA" "${common[@]}" --beta2 0.99 \
         --min-lr-ratio 0.1 --out "$OUT/torch.jsonl"
     rm -rf "$init"
-    python3 - "$OUT/megatrain.jsonl" "$OUT/torch.jsonl" <<'PY' | tee -a "$OUT/summary.txt"
+    python3 - "$OUT/torch.jsonl" "$OUT/megatrain-full.jsonl" "$OUT/megatrain-compact.jsonl" <<'PY' | tee -a "$OUT/summary.txt"
 import json, sys
-a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
-n = min(len(a), len(b))
-rel = [abs(x["loss"] - y["loss"]) / abs(y["loss"]) for x, y in zip(a[:n], b[:n])]
-print(f"| numerics | {n} steps | loss megatrain {a[0]['loss']:.4f} -> {a[n-1]['loss']:.4f} | torch "
-      f"{b[0]['loss']:.4f} -> {b[n-1]['loss']:.4f} | mean relative difference {100*sum(rel)/n:.3f}% | max {100*max(rel):.3f}% |")
+b = [json.loads(l) for l in open(sys.argv[1])]
+for name, p in zip(("full", "compact"), sys.argv[2:]):
+    try:
+        a = [json.loads(l) for l in open(p)]
+    except OSError:
+        print(f"| numerics {name} | no run |")
+        continue
+    n = min(len(a), len(b))
+    if n == 0:
+        print(f"| numerics {name} | no steps |")
+        continue
+    rel = [abs(x["loss"] - y["loss"]) / abs(y["loss"]) for x, y in zip(a[:n], b[:n])]
+    print(f"| numerics {name} | {n} steps | loss megatrain {a[0]['loss']:.4f} -> {a[n-1]['loss']:.4f} | torch "
+          f"{b[0]['loss']:.4f} -> {b[n-1]['loss']:.4f} | mean relative difference {100*sum(rel)/n:.3f}% | max {100*max(rel):.3f}% |")
 PY
+    ;;
+train7b)
+    DATA=${DATA:-.deps/fortunes-qwen3}
+    tmp=${TMPDIR:-/tmp}/megatrain-7b
+    rm -rf "$tmp" && mkdir -p "$tmp"
+    run make_7b python3 tools/torch_train.py --make-model qwen2.5-7b --dtype bf16 --model "$tmp/init"
+    cp tests/fixtures/tokenizers/qwen3/tokenizer.json "$tmp/init/"
+    run plan_7b_train "$B/tools/megatrain" plan --model "$tmp/init" --micro-batch 8 --seq-len 2048
+    run train_7b "$B/tools/megatrain" train --model "$tmp/init" --data "$DATA" --seq-len 2048 --micro-batch 8 \
+        --steps 20 --lr 1e-5 --warmup 2 --eval-every 0 --log-every 1 --sample-bytes 0 \
+        --metrics "$OUT/train7b.jsonl" --save-model "$tmp/trained"
+    ls -la "$tmp/trained" >"$OUT/trained_dir.txt" 2>&1
+    run eval_7b_megatrain "$B/tools/megatrain" eval --model "$tmp/trained" --data "$DATA" --max-sequences 16
+    run eval_7b_transformers python3 tools/torch_train.py --model "$tmp/trained" --data "$DATA" --eval 16
+    grep -h -E "loss|perplexity" "$OUT/eval_7b_megatrain.log" "$OUT/eval_7b_transformers.log" | tail -4 | tee -a "$OUT/summary.txt"
+    rm -rf "$tmp"
     ;;
 moe)
     run test_cuda_moe "$B/tests/test_cuda_moe"
     MT_CUDA_BENCH=1 run moe_bench "$B/tests/test_cuda_moe"
     ;;
 *)
-    echo "gpu_check.sh: unknown mode '$mode' (quick, bench3b, parity, ab3b, final3b, scale7b, width or moe)" >&2
+    echo "gpu_check.sh: unknown mode '$mode' (quick, bench3b, parity, ab3b, final3b, scale7b, train7b, width, numerics or moe)" >&2
     exit 2
     ;;
 esac

@@ -15,7 +15,12 @@ the default there), fp32 otherwise. Prints one line a step and writes one JSON l
 
 `--make-model SHAPE` instead writes a randomly initialised model of a published shape (those of
 tools/torch_bench.py, transformers' own initialisation, seeded) to --model DIR and exits: the
-common starting point of a comparison.
+common starting point of a comparison; with `--dtype bf16` its weights are saved in bf16, as
+published checkpoints are (built on the GPU when there is one: a 7B model initialises in seconds).
+
+`--eval N` instead prints the model's loss on the first N validation windows of --data (the sum
+over counted targets over their count, bf16 autocast on a GPU, fp32 otherwise), the figure
+`megatrain eval --max-sequences N` prints for the same directory, and exits.
 """
 import argparse
 import json
@@ -57,6 +62,32 @@ def lr_at(args, s):
     return low + 0.5 * (args.lr - low) * (1 + math.cos(math.pi * prog))
 
 
+def evaluate(args, device, dtype):
+    import numpy as np
+    import torch
+    import transformers
+    tokens, mask, T = read_split(args.data, "val")
+    n = min(args.eval, tokens.shape[0])
+    if n < 1:
+        sys.exit(f"torch_train: {args.data} has no validation windows")
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32).to(device)
+    model.eval()
+    total, counted = 0.0, 0
+    with torch.no_grad():
+        for i in range(n):
+            w = torch.from_numpy(tokens[i:i + 1].astype(np.int64)).to(device)
+            m = torch.from_numpy(mask[i:i + 1].astype(bool)).to(device)
+            y = torch.where(m[:, 1:], w[:, 1:], torch.full_like(w[:, 1:], -100))
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=dtype == "bf16"):
+                logits = model(input_ids=w[:, :T]).logits
+            total += float(torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten(),
+                                                             ignore_index=-100, reduction="sum"))
+            counted += int((y != -100).sum())
+    loss = total / max(counted, 1)
+    print(f"torch_train: {args.model}: loss {loss:.6f} on {n} validation windows ({counted} targets), "
+          f"perplexity {math.exp(loss):.3f}, {dtype}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="HF model directory (config.json and safetensors)")
@@ -79,6 +110,7 @@ def main():
     ap.add_argument("--out", help="one JSON line a step")
     ap.add_argument("--make-model", metavar="SHAPE", help="write a random model of SHAPE to --model and exit")
     ap.add_argument("--seed", type=int, default=0, help="--make-model's initialisation seed")
+    ap.add_argument("--eval", type=int, metavar="N", help="print the loss on the first N validation windows and exit")
     args = ap.parse_args()
     try:
         import numpy as np
@@ -95,13 +127,20 @@ def main():
         cfg = transformers.Qwen2Config(**SHAPES[args.make_model], rope_theta=1e6, rms_norm_eps=1e-6,
                                        max_position_embeddings=32768)
         torch.manual_seed(args.seed)
-        transformers.Qwen2ForCausalLM(cfg).save_pretrained(args.model, safe_serialization=True)
-        print(f"torch_train: a random {args.make_model} model in {args.model}")
+        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+            model = transformers.Qwen2ForCausalLM(cfg)
+        if args.dtype == "bf16":
+            model = model.to(torch.bfloat16)
+        model.save_pretrained(args.model, safe_serialization=True)
+        print(f"torch_train: a random {args.make_model} model ({args.dtype or 'fp32'}) in {args.model}")
         return
     if not args.data:
         sys.exit("torch_train: --data DIR is required (a `megatrain prepare` directory)")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = args.dtype or ("bf16" if device == "cuda" else "fp32")
+    if args.eval is not None:
+        evaluate(args, device, dtype)
+        return
     tokens, mask, T = read_split(args.data, "train")
     model = transformers.AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32).to(device)
     if args.checkpointing:
