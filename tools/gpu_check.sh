@@ -38,7 +38,7 @@
 #            random Qwen2.5-0.5B model, 100 steps of 4 x 2048 tokens of DATA in sequential order,
 #            the same schedule, clipping and AdamW; the mean relative difference of the losses, for
 #            the full host layout and the compact one (--host-layout compact: the streamed bf16
-#            weight is the master's high half, its truncation).
+#            weight is the master's high half, rounded to nearest, ties away from zero).
 #   moe      the CUDA mixture-of-experts suite against the CPU ops, then its timings
 #            (MT_CUDA_BENCH=1) at the Qwen3-30B-A3B layer shape.
 #
@@ -207,12 +207,12 @@ train7b)
     cp tests/fixtures/tokenizers/qwen3/tokenizer.json "$tmp/init/"
     run plan_7b_train "$B/tools/megatrain" plan --model "$tmp/init" --micro-batch 8 --seq-len 2048
     run train_7b "$B/tools/megatrain" train --model "$tmp/init" --data "$DATA" --seq-len 2048 --micro-batch 8 \
-        --steps 20 --lr 1e-5 --warmup 2 --eval-every 0 --log-every 1 --sample-bytes 0 \
+        --steps 20 --lr 1e-5 --warmup 2 ${TRAIN_ARGS:-} --eval-every 0 --log-every 1 --sample-bytes 0 \
         --metrics "$OUT/train7b.jsonl" --save-model "$tmp/trained"
     ls -la "$tmp/trained" >"$OUT/trained_dir.txt" 2>&1
-    run eval_7b_megatrain "$B/tools/megatrain" eval --model "$tmp/trained" --data "$DATA" --max-sequences 16
+    [ "${EVAL_MT:-1}" = 1 ] && run eval_7b_megatrain "$B/tools/megatrain" eval --model "$tmp/trained" --data "$DATA" --max-sequences 16
     run eval_7b_transformers python3 tools/torch_train.py --model "$tmp/trained" --data "$DATA" --eval 16
-    grep -h -E "loss|perplexity" "$OUT/eval_7b_megatrain.log" "$OUT/eval_7b_transformers.log" | tail -4 | tee -a "$OUT/summary.txt"
+    grep -h -E "loss|perplexity" "$OUT"/eval_7b_*.log | tail -4 | tee -a "$OUT/summary.txt"
     rm -rf "$tmp"
     ;;
 moe)
