@@ -497,6 +497,54 @@ int mt_hf_copy_tokenizer(const char *from, const char *to, int *copied, char *er
     return 0;
 }
 
+/* Keys of a base config.json that a save does not take over: the dtype is the saved weights' own
+ * (mt_hf_save writes torch_dtype), and the version of transformers that wrote the base did not
+ * write this directory. */
+static bool base_key_skipped(const char *key)
+{
+    return !strcmp(key, "torch_dtype") || !strcmp(key, "dtype") || !strcmp(key, "transformers_version");
+}
+
+int mt_hf_keep_base_config(const char *base_dir, const char *dir, int *kept, char *err, size_t errlen)
+{
+    if (kept) *kept = 0;
+    if (mt_same_file(base_dir, dir)) return 0;
+    char base_path[4200], path[4200];
+    snprintf(base_path, sizeof base_path, "%s/config.json", base_dir);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_error_t je;
+    json_t *base = json_load_file(base_path, 0, &je);
+    if (!base || !json_is_object(base)) {
+        json_decref(base);
+        return mt_fail(err, errlen, "%s: cannot read it as a JSON object: %s", base_path, je.text);
+    }
+    json_t *saved = json_load_file(path, JSON_PRESERVE_ORDER, &je);
+    if (!saved || !json_is_object(saved)) {
+        json_decref(base);
+        json_decref(saved);
+        return mt_fail(err, errlen, "%s: cannot read back the written config: %s", path, je.text);
+    }
+    int n = 0;
+    const char *key;
+    json_t *v;
+    json_object_foreach(base, key, v) {
+        if (base_key_skipped(key) || json_object_get(saved, key)) continue;
+        json_object_set(saved, key, v);
+        n++;
+    }
+    int rc = 0;
+    if (n > 0) {
+        char *text = json_dumps(saved, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        rc = text ? write_text_atomic(path, text, err, errlen) : mt_fail(err, errlen, "%s: out of memory", path);
+        free(text);
+        if (rc == 0) mt_sync_dir(dir);
+    }
+    json_decref(base);
+    json_decref(saved);
+    if (rc == 0 && kept) *kept = n;
+    return rc;
+}
+
 int mt_hf_weights_dtype(const char *dir, mt_st_dtype *dtype, char *err, size_t errlen)
 {
     char path[4200];

@@ -50,6 +50,14 @@ int mt_hf_check_output(const char *dir, char *err, size_t errlen);
  * are the same directory. *copied (may be NULL) gets how many. 0, or -1 with err set. */
 int mt_hf_copy_tokenizer(const char *from, const char *to, int *copied, char *err, size_t errlen);
 
+/* Adds to dir/config.json (mt_hf_save's) the keys of base_dir/config.json that it lacks: what the
+ * base model's config says and megatrain does not model (bos and eos token ids, sliding-window
+ * settings, keys of later transformers versions), so that the saved directory keeps them. The keys
+ * megatrain wrote win; the base's dtype and transformers_version are not taken. Nothing when
+ * they are the same directory. *kept (may be NULL) gets how many keys were added. 0, or -1 with
+ * err naming the file. */
+int mt_hf_keep_base_config(const char *base_dir, const char *dir, int *kept, char *err, size_t errlen);
+
 /* The dtype most of the weights of HF directory `dir` are stored in (F32, F16 or BF16; of
  * model.safetensors, else of the index's first shard). 0, or -1 with err set. */
 int mt_hf_weights_dtype(const char *dir, mt_st_dtype *dtype, char *err, size_t errlen);

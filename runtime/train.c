@@ -191,10 +191,14 @@ static int save_model(const mt_train_options *o, const mt_host_state *st, mt_dty
 {
     say(log, "megatrain: writing the model to %s ...\n", o->save_model_dir);
     if (mt_hf_save(o->save_model_dir, st, dtype, MT_HF_DEFAULT_SHARD_BYTES, err, errlen)) return -1;
-    int copied = 0;
+    int copied = 0, kept = 0;
     if (o->model_dir && mt_hf_copy_tokenizer(o->model_dir, o->save_model_dir, &copied, err, errlen)) return -1;
+    if (o->model_dir && mt_hf_keep_base_config(o->model_dir, o->save_model_dir, &kept, err, errlen)) return -1;
     char extra[4200] = "";
-    if (copied) snprintf(extra, sizeof extra, ", %d tokenizer files from %s", copied, o->model_dir);
+    size_t at = 0;
+    if (copied) at += (size_t)snprintf(extra, sizeof extra, ", %d tokenizer files from %s", copied, o->model_dir);
+    if (kept && at < sizeof extra)
+        snprintf(extra + at, sizeof extra - at, ", %d more config.json keys of %s", kept, o->model_dir);
     say(log, "megatrain: model saved to %s (HF format, %s weights%s)\n", o->save_model_dir, mt_dtype_name(dtype), extra);
     return 0;
 }

@@ -361,6 +361,64 @@ START_TEST(test_tokenizer_copy)
 }
 END_TEST
 
+/* A save from a base model keeps the base config's keys megatrain does not model; its own keys
+ * and the saved dtype win; the base's dtype keys and transformers_version are not taken. */
+START_TEST(test_base_config_keys_kept)
+{
+    char *base = temp_dir(), *out = temp_dir(), err[1024], path[4200];
+    mt_host_state *st = random_state(1, MT_DTYPE_F32, 6);
+    save_ok(base, st, MT_DTYPE_BF16, 0);
+    snprintf(path, sizeof path, "%s/config.json", base);
+    json_t *o = json_load_file(path, 0, NULL);
+    ck_assert(o);
+    json_object_set_new(o, "bos_token_id", json_integer(151643));
+    json_object_set_new(o, "eos_token_id", json_pack("[ii]", 151645, 151643));
+    json_object_set_new(o, "sliding_window", json_integer(131072));
+    json_object_set_new(o, "pad_token_id", json_integer(151643));
+    json_object_set_new(o, "dtype", json_string("bfloat16"));
+    json_object_set_new(o, "transformers_version", json_string("4.43.1"));
+    json_object_set_new(o, "hidden_size", json_integer(12345)); /* megatrain's own key: its value wins */
+    ck_assert_int_eq(json_dump_file(o, path, JSON_INDENT(2)), 0);
+    json_decref(o);
+
+    save_ok(out, st, MT_DTYPE_F32, 0);
+    int kept = -1;
+    ck_assert_msg(mt_hf_keep_base_config(base, out, &kept, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(kept, 4);
+    snprintf(path, sizeof path, "%s/config.json", out);
+    o = json_load_file(path, 0, NULL);
+    ck_assert(o);
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "bos_token_id")), 151643);
+    json_t *eos = json_object_get(o, "eos_token_id");
+    ck_assert(json_is_array(eos) && json_array_size(eos) == 2);
+    ck_assert_int_eq(json_integer_value(json_array_get(eos, 0)), 151645);
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "sliding_window")), 131072);
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "pad_token_id")), 151643);
+    ck_assert_str_eq(json_string_value(json_object_get(o, "torch_dtype")), "float32");
+    ck_assert(!json_object_get(o, "dtype") && !json_object_get(o, "transformers_version"));
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "hidden_size")), st->cfg.hidden);
+    json_decref(o);
+    /* the merged config loads as the same model */
+    mt_model_config back;
+    ck_assert_msg(mt_config_load(path, &back, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(back.hidden, st->cfg.hidden);
+    ck_assert_int_eq(back.layers, st->cfg.layers);
+    /* again: nothing left to add; the same directory: nothing at all */
+    ck_assert_msg(mt_hf_keep_base_config(base, out, &kept, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(kept, 0);
+    ck_assert_int_eq(mt_hf_keep_base_config(out, out, &kept, err, sizeof err), 0);
+    ck_assert_int_eq(kept, 0);
+    /* a base without a readable config.json is named */
+    snprintf(path, sizeof path, "%s/config.json", base);
+    unlink(path);
+    ck_assert_int_eq(mt_hf_keep_base_config(base, out, &kept, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, path), "%s", err);
+    mt_state_destroy(st);
+    remove_dir(base);
+    remove_dir(out);
+}
+END_TEST
+
 /* The dtype of a directory's weights, single file or shards. */
 START_TEST(test_weights_dtype)
 {
@@ -392,6 +450,7 @@ static Suite *hf_roundtrip_suite(void)
     tcase_add_test(tc, test_output_checks);
     tcase_add_test(tc, test_tokenizer_copy);
     tcase_add_test(tc, test_weights_dtype);
+    tcase_add_test(tc, test_base_config_keys_kept);
     suite_add_tcase(s, tc);
     return s;
 }
