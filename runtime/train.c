@@ -488,7 +488,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     res->seconds = mt_clock_s() - t0;
     const int64_t trained = res->steps_done >= first ? res->steps_done - first + 1 : 0;
     res->tokens_per_second = trained > 0 ? trained * per_step / res->seconds : 0;
-    res->weights_hash = mt_state_hash(st);
+    res->weights_hash = o->hash_weights ? mt_state_hash(st) : 0;
     const bool reached_end = res->steps_done >= last;
     if (!sig && o->stop_signal) sig = *o->stop_signal;
     if (sig && !reached_end) {

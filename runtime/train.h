@@ -63,6 +63,8 @@ typedef struct mt_train_options {
     bool save_over_model;      /* save_model_dir may be model_dir (the base model is replaced) */
     mt_dtype save_dtype;       /* the saved weights' dtype; used as given only when save_dtype_explicit */
     bool save_dtype_explicit;  /* false: model_dir's weights' dtype (bf16 stays bf16, else fp32), fp32 without one */
+    bool hash_weights;         /* fill the result's weights_hash: one pass over every fp32 master (for tests;
+                                * about a minute for a 7B model) */
     bool allow_other_tokenizer;/* train although model_dir's tokenizer.json is not the prepared data's */
     mt_nonfinite on_nonfinite;
     const char *metrics_path;  /* one JSON line a step (runtime/metrics.h); NULL: none */
@@ -83,7 +85,7 @@ typedef struct mt_train_result {
     int64_t val_counted;              /* targets the last validation counted (masked ones do not) */
     double seconds, tokens_per_second;
     double *losses;                   /* (steps) training loss by step (index step-1); caller frees */
-    uint64_t weights_hash;            /* mt_state_hash of the final master weights */
+    uint64_t weights_hash;            /* mt_state_hash of the final master weights (hash_weights), else 0 */
 } mt_train_result;
 
 /* Defaults: the built-in tiny byte-level model on the fortunes corpus. */

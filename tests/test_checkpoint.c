@@ -34,6 +34,7 @@ static mt_train_options small_run(int64_t steps)
     o.runtime.sched = "eager";
     o.runtime.ncpu = 2;
     o.runtime.ncuda = 0;
+    o.hash_weights = true;
     return o;
 }
 
