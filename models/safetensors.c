@@ -379,20 +379,32 @@ int mt_st_write(const char *path, const mt_st_source *ts, int n, mt_st_dtype dty
     if (rc == 0) rc = write_all(fd, header, hlen, tmp, err, errlen);
     free(header);
     mt_bf16 *scratch = NULL;
+    float *produced = NULL; /* a chunk of a source that has read instead of data */
+    bool any_read = false;
+    for (int i = 0; i < n; i++) any_read |= ts[i].data == NULL;
     if (rc == 0 && dtype == MT_ST_BF16 && !(scratch = malloc(CHUNK_BYTES))) rc = mt_fail(err, errlen, "%s: out of memory", path);
+    if (rc == 0 && any_read && !(produced = malloc(CHUNK_BYTES))) rc = mt_fail(err, errlen, "%s: out of memory", path);
     for (int i = 0; i < n && rc == 0; i++) {
         int64_t numel = source_numel(&ts[i]);
-        if (dtype == MT_ST_F32) {
+        if (dtype == MT_ST_F32 && ts[i].data) {
             rc = write_all(fd, ts[i].data, (size_t)numel * sizeof(float), tmp, err, errlen);
             continue;
         }
-        int64_t per_chunk = (int64_t)(CHUNK_BYTES / sizeof *scratch);
+        /* a chunk of fp32 elements (CHUNK_BYTES) converts into half the scratch */
+        int64_t per_chunk = (int64_t)(CHUNK_BYTES / sizeof(float));
         for (int64_t done = 0; done < numel && rc == 0; done += per_chunk) {
             int64_t m = numel - done < per_chunk ? numel - done : per_chunk;
-            mt_f32_to_bf16(m, ts[i].data + done, scratch);
+            const float *src = ts[i].data ? ts[i].data + done : produced;
+            if (!ts[i].data) ts[i].read(ts[i].ctx, done, m, produced);
+            if (dtype == MT_ST_F32) {
+                rc = write_all(fd, src, (size_t)m * sizeof(float), tmp, err, errlen);
+                continue;
+            }
+            mt_f32_to_bf16(m, src, scratch);
             rc = write_all(fd, scratch, (size_t)m * sizeof *scratch, tmp, err, errlen);
         }
     }
+    free(produced);
     free(scratch);
     if (rc == 0 && fsync(fd) != 0) rc = mt_fail(err, errlen, "%s: fsync: %s", tmp, strerror(errno));
     if (close(fd) != 0 && rc == 0) rc = mt_fail(err, errlen, "%s: close: %s", tmp, strerror(errno));

@@ -60,7 +60,12 @@ typedef struct mt_st_source {
     const char *name;
     int ndim;
     int64_t shape[MT_ST_MAX_DIMS];
-    const float *data;
+    const float *data;  /* the fp32 elements; or NULL and read: */
+    /* Produces elements [first, first + n) into dst, chunk by chunk as the writer goes, for data
+     * that is not held as fp32 (a compact master's two planes): the writer then never holds more
+     * than a chunk of it. */
+    void (*read)(const void *ctx, int64_t first, int64_t n, float *dst);
+    const void *ctx;
 } mt_st_source;
 
 /* Writes the tensors in the given order as `dtype` (MT_ST_F32 or MT_ST_BF16, converted with

@@ -299,6 +299,19 @@ static void remove_stale(const char *dir, int nshards)
     closedir(d);
 }
 
+/* One tensor of a compact tile, read out of its master planes for the writer. */
+typedef struct master_source {
+    const mt_host_state *st;
+    int tile;
+    int64_t offset;
+} master_source;
+
+static void read_master_chunk(const void *ctx, int64_t first, int64_t n, float *dst)
+{
+    const master_source *m = ctx;
+    mt_state_read_master(m->st, m->tile, m->offset + first, n, dst);
+}
+
 int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_t max_shard_bytes,
                char *err, size_t errlen)
 {
@@ -312,9 +325,11 @@ int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_
     int ne = 0;
     expected *e = list_expected(st, &ne);
     mt_st_source *src = calloc((size_t)ne + 1, sizeof *src);
-    if (!e || !src) {
+    master_source *ctx = calloc((size_t)ne + 1, sizeof *ctx);
+    if (!e || !src || !ctx) {
         free(e);
         free(src);
+        free(ctx);
         return mt_fail(err, errlen, "%s: out of memory", dir);
     }
     /* Greedy shards in HF order, as save_pretrained: a new shard when the next tensor would
@@ -332,6 +347,13 @@ int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_
         total += bytes;
         src[i] = (mt_st_source){ .name = e[i].name, .ndim = e[i].ndim, .shape = { e[i].shape[0], e[i].shape[1] },
                                  .data = e[i].master };
+        /* compact: the masters are decoded from their planes chunk by chunk as the writer goes */
+        if (st->layout == MT_LAYOUT_COMPACT) {
+            ctx[i] = (master_source){ .st = st, .tile = e[i].tile, .offset = e[i].offset };
+            src[i].data = NULL;
+            src[i].read = read_master_chunk;
+            src[i].ctx = &ctx[i];
+        }
     }
     char path[4096], name[64];
     int rc = 0;
@@ -342,23 +364,7 @@ int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_
         if (nshards == 1) snprintf(name, sizeof name, "%s", SINGLE_NAME);
         else shard_name(s, nshards, name, sizeof name);
         snprintf(path, sizeof path, "%s/%s", dir, name);
-        /* compact: the shard's masters decoded to fp32, one shard at a time */
-        float *decoded = NULL;
-        if (st->layout == MT_LAYOUT_COMPACT) {
-            int64_t numel = 0;
-            for (int i = first; i < last; i++) numel += e[i].numel;
-            if (!(decoded = malloc(sizeof(float) * (size_t)(numel > 0 ? numel : 1)))) {
-                rc = mt_fail(err, errlen, "%s: out of memory decoding the masters", path);
-                break;
-            }
-            float *dst = decoded;
-            for (int i = first; i < last; dst += e[i].numel, i++) {
-                mt_state_read_master(st, e[i].tile, e[i].offset, e[i].numel, dst);
-                src[i].data = dst;
-            }
-        }
         rc = mt_st_write(path, src + first, last - first, fdtype, err, errlen);
-        free(decoded);
         for (int i = first; i < last; i++) json_object_set_new(map, e[i].name, json_string(name));
         first = last;
     }
@@ -377,6 +383,7 @@ int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_
     if (rc == 0) rc = save_config(dir, &st->cfg, dtype, err, errlen);
     if (rc == 0) remove_stale(dir, nshards);
     if (rc == 0) mt_sync_dir(dir); /* make the renames durable */
+    free(ctx);
     free(src);
     free(e);
     return rc;

@@ -290,7 +290,7 @@ static void sources_of(const mt_host_state *st, source_list *l)
             const mt_tensor_desc *d = &t->layout->tensors[s];
             if (!d->numel) continue;
             mt_layout_full_name(t->layout, i - 1, s, l->names[l->n], sizeof l->names[l->n]);
-            l->src[l->n] = (mt_st_source){ l->names[l->n], d->ndim, { d->shape[0], d->shape[1] }, t->master + d->offset };
+            l->src[l->n] = (mt_st_source){ .name = l->names[l->n], .ndim = d->ndim, .shape = { d->shape[0], d->shape[1] }, .data = t->master + d->offset };
             l->n++;
         }
     }
@@ -327,17 +327,17 @@ START_TEST(test_bad_missing_and_extra)
     write_sources(b.file, l);
     expect_error(&b, "missing lm_head (untied)", b.file, "tensor 'lm_head.weight'", "missing");
     sources_of(b.src, l);
-    l->src[l->n++] = (mt_st_source){ "model.layers.0.self_attn.extra.weight", 1, { 4 }, extra };
+    l->src[l->n++] = (mt_st_source){ .name = "model.layers.0.self_attn.extra.weight", .ndim = 1, .shape = { 4 }, .data = extra };
     write_sources(b.file, l);
     expect_error(&b, "extra tensor", b.file, "tensor 'model.layers.0.self_attn.extra.weight'", "unexpected");
     sources_of(b.src, l);
-    l->src[l->n++] = (mt_st_source){ "model.layers.2.input_layernorm.weight", 1, { 64 }, b.src->tiles[1].master };
+    l->src[l->n++] = (mt_st_source){ .name = "model.layers.2.input_layernorm.weight", .ndim = 1, .shape = { 64 }, .data = b.src->tiles[1].master };
     write_sources(b.file, l);
     expect_error(&b, "layer beyond the config", b.file, "tensor 'model.layers.2.input_layernorm.weight'", "unexpected");
     /* Harmless extras: rotary buffers. */
     sources_of(b.src, l);
-    l->src[l->n++] = (mt_st_source){ "model.layers.0.self_attn.rotary_emb.inv_freq", 1, { 4 }, extra };
-    l->src[l->n++] = (mt_st_source){ "model.rotary_emb.inv_freq", 1, { 4 }, extra };
+    l->src[l->n++] = (mt_st_source){ .name = "model.layers.0.self_attn.rotary_emb.inv_freq", .ndim = 1, .shape = { 4 }, .data = extra };
+    l->src[l->n++] = (mt_st_source){ .name = "model.rotary_emb.inv_freq", .ndim = 1, .shape = { 4 }, .data = extra };
     write_sources(b.file, l);
     expect_ok(&b, "rotary buffers");
     assert_masters(b.src, b.dst, false);
@@ -345,7 +345,7 @@ START_TEST(test_bad_missing_and_extra)
     /* Tied: an lm_head.weight in the file is ignored; a missing embedding is still an error. */
     b = bad_setup(1, 0);
     sources_of(b.src, l);
-    l->src[l->n++] = (mt_st_source){ "lm_head.weight", 2, { 300, 64 }, b.src->tiles[0].master };
+    l->src[l->n++] = (mt_st_source){ .name = "lm_head.weight", .ndim = 2, .shape = { 300, 64 }, .data = b.src->tiles[0].master };
     write_sources(b.file, l);
     expect_ok(&b, "tied with lm_head");
     assert_masters(b.src, b.dst, false);
@@ -357,7 +357,7 @@ START_TEST(test_bad_missing_and_extra)
     /* Qwen2 biases in a Llama checkpoint are extras. */
     b = bad_setup(3, 0);
     sources_of(b.src, l);
-    l->src[l->n++] = (mt_st_source){ "model.layers.0.self_attn.q_proj.bias", 1, { 4 }, extra };
+    l->src[l->n++] = (mt_st_source){ .name = "model.layers.0.self_attn.q_proj.bias", .ndim = 1, .shape = { 4 }, .data = extra };
     write_sources(b.file, l);
     expect_error(&b, "bias in llama", b.file, "tensor 'model.layers.0.self_attn.q_proj.bias'", "unexpected");
     bad_teardown(&b);

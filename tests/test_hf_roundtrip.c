@@ -239,7 +239,7 @@ END_TEST
 START_TEST(test_writer_format)
 {
     float a[6] = { 1, -2, 3.5f, 1e-3f, 0, -0.0f }, b[3] = { 7, 8, 9 };
-    mt_st_source src[2] = { { "a", 2, { 2, 3 }, a }, { "b.c", 1, { 3 }, b } };
+    mt_st_source src[2] = { { .name = "a", .ndim = 2, .shape = { 2, 3 }, .data = a }, { .name = "b.c", .ndim = 1, .shape = { 3 }, .data = b } };
     char *dir = temp_dir();
     char path[4096], err[512] = "";
     snprintf(path, sizeof path, "%s/x.safetensors", dir);
@@ -281,6 +281,41 @@ START_TEST(test_writer_format)
     mt_st_source dup[2] = { src[0], src[0] };
     ck_assert_int_eq(mt_st_write(path, dup, 2, MT_ST_F32, err, sizeof err), -1);
     ck_assert_ptr_nonnull(strstr(err, "'a'"));
+    remove_dir(dir);
+}
+END_TEST
+
+/* A source read back chunk by chunk by the writer: here, from a plain array with an offset. */
+static void read_from_array(const void *ctx, int64_t first, int64_t n, float *dst)
+{
+    memcpy(dst, (const float *)ctx + first, sizeof(float) * (size_t)n);
+}
+
+/* A source with a read function instead of data writes the same bytes as the data would, in
+ * both dtypes, over several of the writer's chunks (2.5M elements, chunks of 1M). */
+START_TEST(test_writer_read_sources)
+{
+    const int64_t n = 2500001;
+    float *x = malloc(sizeof(float) * (size_t)n);
+    mt_test_rng r;
+    mt_test_rng_seed(&r, 5);
+    for (int64_t i = 0; i < n; i++) x[i] = (float)(mt_test_uniform(&r) * 4 - 2);
+    float small[3] = { 0.5f, -1.25f, 3 };
+    mt_st_source plain[2] = { { .name = "big", .ndim = 1, .shape = { n }, .data = x },
+                              { .name = "small", .ndim = 1, .shape = { 3 }, .data = small } };
+    mt_st_source produced[2] = { { .name = "big", .ndim = 1, .shape = { n }, .read = read_from_array, .ctx = x },
+                                 plain[1] };
+    char *dir = temp_dir(), a[4096], b[4096], err[512], cmd[9000];
+    snprintf(a, sizeof a, "%s/plain.safetensors", dir);
+    snprintf(b, sizeof b, "%s/produced.safetensors", dir);
+    for (int k = 0; k < 2; k++) {
+        mt_st_dtype dt = k ? MT_ST_BF16 : MT_ST_F32;
+        ck_assert_msg(mt_st_write(a, plain, 2, dt, err, sizeof err) == 0, "%s", err);
+        ck_assert_msg(mt_st_write(b, produced, 2, dt, err, sizeof err) == 0, "%s", err);
+        snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", a, b);
+        ck_assert_msg(system(cmd) == 0, "%s: the read source wrote other bytes than the data", mt_st_dtype_name(dt));
+    }
+    free(x);
     remove_dir(dir);
 }
 END_TEST
@@ -451,6 +486,7 @@ static Suite *hf_roundtrip_suite(void)
     tcase_add_test(tc, test_tokenizer_copy);
     tcase_add_test(tc, test_weights_dtype);
     tcase_add_test(tc, test_base_config_keys_kept);
+    tcase_add_test(tc, test_writer_read_sources);
     suite_add_tcase(s, tc);
     return s;
 }
