@@ -67,7 +67,7 @@ mt_train_options mt_train_defaults(void)
         .sample_bytes = 300, .sample_prompt = "Q: What is the meaning of life?\nA:",
         .time_limit = 0,
         .tokens_per_step = 0, .activation_budget = (uint64_t)2 << 30,
-        .runtime = mt_runtime_defaults(),
+        .runtime = mt_runtime_defaults(), .router_aux_loss = -1,
     };
     o.step.B = 16;
     o.step.T = 128;
@@ -220,6 +220,15 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     if ((o->rope_scaling && mt_config_set_rope_scaling(&cfg, o->rope_scaling, err, errlen)) ||
         mt_config_check_seq_len(&cfg, o->step.T, err, errlen))
         return -1;
+    if (o->router_aux_loss >= 0) {
+        if (o->router_aux_loss > 0 && mt_config_sparse_layers(&cfg) == 0) {
+            snprintf(err, errlen, "%s: --router-aux-loss %g: the model has no mixture-of-experts layer, so no router "
+                     "to balance; leave the option out", config_path, o->router_aux_loss);
+            return -1;
+        }
+        cfg.router_aux = o->router_aux_loss > 0 ? MT_ROUTER_AUX_ON : MT_ROUTER_AUX_OFF;
+        if (o->router_aux_loss > 0) cfg.router_aux_loss_coef = o->router_aux_loss;
+    }
     const bool prepared = mt_dataset_is_prepared(o->data_path);
     if (!prepared && cfg.vocab < 256) {
         snprintf(err, errlen, "%s: key 'vocab_size': the byte-level trainer needs at least 256, got %lld",
