@@ -14,11 +14,8 @@
 #include "backends/cpu/ops.h"
 #include "models/config.h"
 #include "models/layout.h"
-#include "models/safetensors.h"
 #include "models/util.h"
 #include "runtime/checkpoint.h"
-#include "runtime/hf.h"
-#include "runtime/runtime.h"
 #include "runtime/state.h"
 #include "runtime/step.h"
 #include "runtime/train.h"
@@ -45,15 +42,6 @@ static mt_model_config step_config(const char *base, const char *extra)
     snprintf(json, sizeof json, "%s%s}", base, extra);
     return parse_ok(json, "step");
 }
-
-static void runtime_up(void)
-{
-    mt_runtime_options ro = { .sched = "eager", .ncpu = 2, .ncuda = 0 };
-    char err[512] = "";
-    ck_assert_msg(mt_runtime_init(&ro, err, sizeof err) == 0, "mt_runtime_init: %s", err);
-}
-
-static void runtime_down(void) { mt_runtime_shutdown(); }
 
 /* A step's fresh random tokens and targets (every seventh target ignored). */
 static int64_t fill_batch(mt_test_rng *rng, int64_t vocab, int32_t *tokens, int32_t *targets)
@@ -321,45 +309,17 @@ START_TEST(test_mixed_whole_model)
 END_TEST
 
 /* Saved as an HF directory: a dense layer's MLP and a sparse layer's experts under their names
- * and shapes, and nothing else; loaded back bit for bit. */
+ * and shapes, and neither under the other's; loaded back bit for bit. */
 START_TEST(test_mixed_hf_roundtrip)
 {
+    const hf_tensor want[] = {
+        { "model.layers.0.mlp.gate_proj.weight", 27, 20 }, { "model.layers.1.mlp.experts.4.down_proj.weight", 20, 7 },
+        { "model.layers.1.mlp.gate.weight", 5, 20 }, { "model.layers.0.mlp.gate.weight", 0, 0 },
+        { "model.layers.1.mlp.gate_proj.weight", 0, 0 }, { NULL, 0, 0 },
+    };
     for (int c = 0; c < 2; c++) {
         const mt_model_config cfg = step_config(QWEN3_STEP, mixed_extras[c]);
-        char err[1024] = "";
-        mt_host_state *a = mt_state_create(&cfg, MT_DTYPE_F32, 0, err, sizeof err);
-        ck_assert_msg(a != NULL, "%s", err);
-        mt_state_init_random(a, 61 + (uint64_t)c, 1.0);
-        char dir[] = "/tmp/mt-moe-mixed.XXXXXX";
-        ck_assert(mkdtemp(dir) != NULL);
-        ck_assert_msg(mt_hf_save(dir, a, MT_DTYPE_F32, 0, err, sizeof err) == 0, "%s", err);
-        char path[4200];
-        snprintf(path, sizeof path, "%s/model.safetensors", dir);
-        mt_st_file *f = mt_st_open(path, err, sizeof err);
-        ck_assert_msg(f != NULL, "%s", err);
-        const mt_st_tensor *dense = mt_st_find(f, "model.layers.0.mlp.gate_proj.weight");
-        const mt_st_tensor *expert = mt_st_find(f, "model.layers.1.mlp.experts.4.down_proj.weight");
-        ck_assert(dense && dense->shape[0] == 27 && dense->shape[1] == 20);
-        ck_assert(expert && expert->shape[0] == 20 && expert->shape[1] == 7);
-        ck_assert(mt_st_find(f, "model.layers.0.mlp.gate.weight") == NULL);
-        ck_assert(mt_st_find(f, "model.layers.1.mlp.gate_proj.weight") == NULL);
-        int64_t expected = 0;
-        for (int i = 0; i < a->ntiles; i++)
-            for (int s = 0; s < a->tiles[i].layout->ntensors; s++) expected += a->tiles[i].layout->tensors[s].numel > 0;
-        ck_assert_int_eq(f->ntensors, expected);
-        mt_st_close(f);
-        mt_model_config back;
-        ck_assert_msg(mt_config_load(dir, &back, err, sizeof err) == 0, "%s", err);
-        mt_host_state *b = mt_state_create(&back, MT_DTYPE_F32, 0, err, sizeof err);
-        ck_assert_msg(b != NULL, "%s", err);
-        ck_assert_msg(mt_hf_load(dir, b, err, sizeof err) == 0, "%s", err);
-        for (int i = 0; i < a->ntiles; i++) {
-            ck_assert_int_eq(a->tiles[i].numel, b->tiles[i].numel);
-            ck_assert(memcmp(a->tiles[i].master, b->tiles[i].master, sizeof(float) * (size_t)a->tiles[i].numel) == 0);
-        }
-        mt_state_destroy(a);
-        mt_state_destroy(b);
-        mt_test_remove_dir(dir);
+        check_hf_roundtrip(&cfg, 61 + (uint64_t)c, want);
     }
 }
 END_TEST
@@ -429,7 +389,7 @@ static Suite *moe_step_suite(void)
 {
     Suite *s = suite_create("moe_step");
     TCase *aux = tcase_create("aux");
-    tcase_add_checked_fixture(aux, runtime_up, runtime_down);
+    tcase_add_checked_fixture(aux, moe_runtime_up, moe_runtime_down);
     tcase_set_timeout(aux, 300);
     tcase_add_test(aux, test_aux_qwen3_moe);
     tcase_add_test(aux, test_aux_mixtral);
@@ -437,7 +397,7 @@ static Suite *moe_step_suite(void)
     tcase_add_test(aux, test_aux_setting_resumes);
     suite_add_tcase(s, aux);
     TCase *mixed = tcase_create("mixed");
-    tcase_add_checked_fixture(mixed, runtime_up, runtime_down);
+    tcase_add_checked_fixture(mixed, moe_runtime_up, moe_runtime_down);
     tcase_set_timeout(mixed, 300);
     tcase_add_test(mixed, test_mixed_whole_model);
     tcase_add_test(mixed, test_mixed_hf_roundtrip);
