@@ -348,6 +348,9 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         fprintf(log, "megatrain: %s (%s, %lld layers, d=%lld, %.2fM parameters), %s dtype\n", o->model_dir ? o->model_dir : config_path,
                 cfg.model_type, (long long)cfg.layers, (long long)cfg.hidden, mt_config_param_count(&cfg) / 1e6,
                 mt_dtype_name(o->dtype));
+        if (mt_config_router_aux_coef(&cfg) > 0)
+            fprintf(log, "megatrain: the router's load-balancing loss is on (coefficient %g): the step's loss includes "
+                         "it, the validation loss does not\n", mt_config_router_aux_coef(&cfg));
         if (ds)
             fprintf(log, "megatrain: data %s (%s, tokenizer %s): %lld train + %lld validation windows of %lld tokens, %s order\n",
                     o->data_path, ds->family, ds->tokenizer, (long long)ds->train.n_seq, (long long)ds->val.n_seq,

@@ -153,6 +153,7 @@ mt train --model base "${run[@]}" --steps 2 --metrics aux0.jsonl --router-aux-lo
 rc0=$rc
 mt train --model base "${run[@]}" --steps 3 --stop-after 2 --metrics aux.jsonl --router-aux-loss 0.5 --checkpoint ck3
 if [ "$rc0" -ne 0 ] || [ "$rc" -ne 0 ]; then bad "--router-aux-loss" "a run failed"
+elif ! grep -q 'load-balancing loss is on (coefficient 0.5)' err.txt out.txt; then bad "--router-aux-loss" "not said on"
 elif ! python3 - aux0.jsonl aux.jsonl <<'PY'
 import json, sys
 off, on = ([json.loads(l)["loss"] for l in open(f)] for f in sys.argv[1:3])
