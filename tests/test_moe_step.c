@@ -2,8 +2,9 @@
  * (docs/moe.md): the router's load-balancing loss inside the step (its value added to the step's
  * loss, its gradient to the step's gradients), and models whose dense and sparse layers mix
  * (mlp_only_layers, decoder_sparse_step). The whole model's loss and gradients are checked against
- * a double reference and its central differences; the mixed models also through an HF round trip
- * and a checkpoint resume, bit for bit. CPU workers; sizes deliberately not multiples of 8. */
+ * a double reference and its central differences (fp32 and bf16 streamed weights); the mixed
+ * models also through an HF round trip and a checkpoint resume, bit for bit. CPU workers; sizes
+ * deliberately not multiples of 8. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -70,7 +71,7 @@ static mt_graph *step_graph(mt_host_state *st, double clip)
 
 typedef struct ref_model {
     const mt_host_state *st;   /* the layouts */
-    double **tiles;            /* (ntiles) the state's master, widened */
+    double **tiles;            /* (ntiles) the state's streamed weights, widened */
     const int32_t *tokens, *targets;
     int64_t counted;
     double coef;               /* the load-balancing loss's coefficient, 0: off */
@@ -115,7 +116,17 @@ static ref_model ref_create(const mt_host_state *st, const int32_t *tokens, cons
     ref_model m = { .st = st, .tokens = tokens, .targets = targets, .counted = counted,
                     .coef = mt_config_router_aux_coef(cfg) };
     m.tiles = mt_xmalloc(sizeof(double *) * (size_t)st->ntiles);
-    for (int i = 0; i < st->ntiles; i++) m.tiles[i] = mt_test_to_f64(st->tiles[i].master, st->tiles[i].numel);
+    for (int i = 0; i < st->ntiles; i++) {
+        const mt_tile *t = &st->tiles[i];
+        if (st->compute_dtype == MT_DTYPE_BF16) {
+            float *w = mt_xmalloc(sizeof(float) * (size_t)t->numel);
+            mt_bf16_to_f32(t->numel, t->weights, w);
+            m.tiles[i] = mt_test_to_f64(w, t->numel);
+            free(w);
+        } else {
+            m.tiles[i] = mt_test_to_f64(t->weights, t->numel);
+        }
+    }
     int64_t scratch_n = mt_layer_scratch_numel(cfg, SB, ST);
     if (mt_head_scratch_numel(cfg, SN) > scratch_n) scratch_n = mt_head_scratch_numel(cfg, SN);
     m.x = mt_test_alloc_f64(SN * cfg->hidden);
@@ -135,13 +146,14 @@ static void ref_destroy(ref_model *m)
 #define FD_H 1e-5      /* five-point differences: truncation ~h^4, rounding ~1e-16 / h */
 #define GRAD_TOL 1e-5  /* ||step - fd|| / ||fd|| per tile: the step computes in fp32 */
 
-/* One step of the graph (clip off: its gradients as computed) against the reference: the loss
- * within 1e-6, and every tile's gradient, at PICKS entries of each tensor, against central
- * differences of the reference's objective. Returns the reference's aux (mean per micro-batch). */
-static double check_whole_model(const mt_model_config *cfg, uint64_t seed)
+/* One step of the graph (clip off: its gradients as computed) with streamed weights of `dtype`
+ * against the reference at those weights: the loss within 1e-6, and every tile's gradient, at
+ * PICKS entries of each tensor, against central differences of the reference's objective (the
+ * step computes in fp32 either way). Returns the reference's aux (mean per micro-batch). */
+static double check_whole_model(const mt_model_config *cfg, uint64_t seed, mt_dtype dtype)
 {
     char err[512] = "";
-    mt_host_state *st = mt_state_create(cfg, MT_DTYPE_F32, 0, err, sizeof err);
+    mt_host_state *st = mt_state_create(cfg, dtype, 0, err, sizeof err);
     ck_assert_msg(st != NULL, "%s", err);
     mt_state_init_random(st, seed, 0.3);
     mt_graph *g = step_graph(st, 0);
@@ -199,7 +211,7 @@ START_TEST(test_aux_qwen3_moe)
 {
     const mt_model_config cfg =
         step_config(QWEN3_STEP, ", \"output_router_logits\": true, \"router_aux_loss_coef\": 0.7");
-    const double aux = check_whole_model(&cfg, 31);
+    const double aux = check_whole_model(&cfg, 31, MT_DTYPE_F32);
     ck_assert(aux > 0.5); /* k = 2 of E = 5 balanced gives 2 */
 }
 END_TEST
@@ -208,7 +220,7 @@ START_TEST(test_aux_mixtral)
 {
     const mt_model_config cfg =
         step_config(MIXTRAL_STEP, ", \"output_router_logits\": true, \"router_aux_loss_coef\": 0.9");
-    const double aux = check_whole_model(&cfg, 32);
+    const double aux = check_whole_model(&cfg, 32, MT_DTYPE_F32);
     ck_assert(aux > 0.5);
 }
 END_TEST
@@ -298,13 +310,30 @@ START_TEST(test_mixed_whole_model)
     for (int c = 0; c < 2; c++) {
         const mt_model_config cfg = step_config(QWEN3_STEP, mixed_extras[c]);
         ck_assert(mt_config_has_dense_layers(&cfg) && mt_config_sparse_layers(&cfg) > 0);
-        check_whole_model(&cfg, 51 + (uint64_t)c);
+        check_whole_model(&cfg, 51 + (uint64_t)c, MT_DTYPE_F32);
         /* and with the load-balancing loss, whose rows are those of the sparse layers only */
         char extra[256];
         snprintf(extra, sizeof extra, "%s, \"output_router_logits\": true, \"router_aux_loss_coef\": 0.6", mixed_extras[c]);
         const mt_model_config aux = step_config(QWEN3_STEP, extra);
-        check_whole_model(&aux, 53 + (uint64_t)c);
+        check_whole_model(&aux, 53 + (uint64_t)c, MT_DTYPE_F32);
     }
+}
+END_TEST
+
+/* bf16 streamed weights, whose CPU tasks widen a layer's tile into their scratch: with a dense
+ * layer larger than the sparse ones, that room is the larger tile's. */
+START_TEST(test_mixed_bf16_dense_larger)
+{
+    const mt_model_config cfg = step_config(
+        "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 20, \"intermediate_size\": 200, \"num_hidden_layers\": 3,"
+        " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 6, \"vocab_size\": 29,"
+        " \"max_position_embeddings\": 64, \"num_experts\": 5, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 7",
+        ", \"mlp_only_layers\": [2], \"output_router_logits\": true");
+    mt_tile_layout dense, sparse;
+    mt_layout_build_layer(&cfg, 2, &dense);
+    mt_layout_build_layer(&cfg, 0, &sparse);
+    ck_assert(dense.numel > sparse.numel && mt_layout_largest_layer_numel(&cfg) == dense.numel);
+    check_whole_model(&cfg, 57, MT_DTYPE_BF16);
 }
 END_TEST
 
@@ -400,6 +429,7 @@ static Suite *moe_step_suite(void)
     tcase_add_checked_fixture(mixed, moe_runtime_up, moe_runtime_down);
     tcase_set_timeout(mixed, 300);
     tcase_add_test(mixed, test_mixed_whole_model);
+    tcase_add_test(mixed, test_mixed_bf16_dense_larger);
     tcase_add_test(mixed, test_mixed_hf_roundtrip);
     tcase_add_test(mixed, test_mixed_resume);
     suite_add_tcase(s, mixed);
