@@ -22,11 +22,7 @@ size_t mt_codelet_layer_scratch_bytes(const mt_model_config *cfg, mt_dtype weigh
     (void)gpu;
 #endif
     int64_t n = mt_layer_scratch_numel(cfg, B, T);
-    if (weights == MT_DTYPE_BF16) {
-        mt_tile_layout lay;
-        mt_layout_build(cfg, MT_TILE_LAYER, &lay);
-        n += lay.numel;
-    }
+    if (weights == MT_DTYPE_BF16) n += mt_layout_largest_layer_numel(cfg);
     return (size_t)n * sizeof(float);
 }
 

@@ -29,14 +29,15 @@ static inline mt_cuda_prec mt_codelet_cuda_prec(mt_dtype weights)
 }
 #endif
 
-/* The model a graph's tasks compute: its config, the layouts of its three kinds of tile, the
- * dtype of the streamed weights, and the table's AdamW chunks (as boundaries: chunk c is elements
+/* The model a graph's tasks compute: its config, the layouts of its kinds of tile (a model with
+ * dense and sparse layers has two layer layouts: mt_host_state's), the dtype of the streamed
+ * weights, and the table's AdamW chunks (as boundaries: chunk c is elements
  * [table_chunks[c], table_chunks[c + 1]) of the table), which the table's sum of squares follows.
  * Built by the graph and never changed while tasks run: they get a pointer to it. */
 typedef struct mt_codelet_model {
     mt_model_config cfg;
     mt_dtype dtype;
-    mt_tile_layout layout_embed, layout_layer, layout_head;
+    mt_tile_layout layout_embed, layout_layer, layout_head, layout_dense_layer;
     int table_nchunks;
     const int64_t *table_chunks;  /* table_nchunks + 1 */
 } mt_codelet_model;
@@ -54,7 +55,20 @@ typedef struct mt_compute_args {
     bool table_sumsq;        /* head, tied, with sumsq: one more buffer after it (1 double, W)
                               * receives that of the table's gradient as the head leaves it (what
                               * ranged speculation predicts from: mt_ranged_args) */
+    int64_t layer;           /* layer tasks: the decoder layer (0-based), which picks its layout */
+    bool router_stats;       /* layer tasks of a sparse layer, with the load-balancing loss: a last
+                              * buffer holds the micro-batch's router statistics (2E doubles,
+                              * mt_moe_aux_loss): the forward adds to them (RW), the backward reads
+                              * their counts (R) */
+    double aux_scale;        /* layer backward with router_stats: mt_moe_aux_grad_scale */
 } mt_compute_args;
+
+/* The layout of decoder layer `layer`'s tile. */
+static inline const mt_tile_layout *mt_codelet_layer_layout(const mt_codelet_model *model, int64_t layer)
+{
+    return model->layout_dense_layer.numel > 0 && !mt_config_layer_is_sparse(&model->cfg, layer)
+               ? &model->layout_dense_layer : &model->layout_layer;
+}
 
 /* Bytes of the buffers a codelet needs on the kind of worker that runs it (gpu: the CUDA op's,
  * which keeps activations of the weights' dtype; else the CPU op's own fp32 scratch plus, for

@@ -12,10 +12,11 @@ static void layer_forward_cpu(void *buffers[], void *cl_arg)
     float *scratch = (float *)STARPU_VECTOR_GET_PTR(buffers[3]);
     float *wtmp = scratch + mt_layer_scratch_numel(&md->cfg, a.B, a.T); /* bf16 only */
     const float *w = mt_codelet_weights_f32(md, buffers[0], wtmp);
-    mt_cpu_layer_forward_f32(&md->cfg, &md->layout_layer, w, a.B, a.T,
-                             (const float *)STARPU_VECTOR_GET_PTR(buffers[1]),
-                             (float *)STARPU_VECTOR_GET_PTR(buffers[2]),
-                             a.save ? (float *)STARPU_VECTOR_GET_PTR(buffers[4]) : NULL, scratch);
+    double *stats = a.router_stats ? (double *)STARPU_VECTOR_GET_PTR(buffers[a.save ? 5 : 4]) : NULL;
+    mt_cpu_layer_forward_aux_f32(&md->cfg, mt_codelet_layer_layout(md, a.layer), w, a.B, a.T,
+                                 (const float *)STARPU_VECTOR_GET_PTR(buffers[1]),
+                                 (float *)STARPU_VECTOR_GET_PTR(buffers[2]),
+                                 a.save ? (float *)STARPU_VECTOR_GET_PTR(buffers[4]) : NULL, scratch, stats);
 }
 
 static void layer_backward_cpu(void *buffers[], void *cl_arg)
@@ -28,10 +29,12 @@ static void layer_backward_cpu(void *buffers[], void *cl_arg)
     const float *w = mt_codelet_weights_f32(md, buffers[0], wtmp);
     float *dtile = (float *)STARPU_VECTOR_GET_PTR(buffers[4]);
     if (!a.accumulate) memset(dtile, 0, STARPU_VECTOR_GET_NX(buffers[4]) * sizeof(float));
-    mt_cpu_layer_backward_f32(&md->cfg, &md->layout_layer, w, a.B, a.T,
-                              (const float *)STARPU_VECTOR_GET_PTR(buffers[1]),
-                              (const float *)STARPU_VECTOR_GET_PTR(buffers[2]),
-                              (float *)STARPU_VECTOR_GET_PTR(buffers[3]), dtile, scratch);
+    /* the counts are the first E of the statistics, final once every sparse forward has run */
+    const double *counts = a.router_stats ? (const double *)STARPU_VECTOR_GET_PTR(buffers[a.sumsq ? 7 : 6]) : NULL;
+    mt_cpu_layer_backward_aux_f32(&md->cfg, mt_codelet_layer_layout(md, a.layer), w, a.B, a.T,
+                                  (const float *)STARPU_VECTOR_GET_PTR(buffers[1]),
+                                  (const float *)STARPU_VECTOR_GET_PTR(buffers[2]),
+                                  (float *)STARPU_VECTOR_GET_PTR(buffers[3]), dtile, scratch, counts, a.aux_scale);
     if (a.sumsq) mt_codelet_sumsq_cpu(buffers[4], buffers[6]);
 }
 
@@ -41,7 +44,8 @@ static void layer_forward_cuda(void *buffers[], void *cl_arg)
     mt_compute_args a;
     starpu_codelet_unpack_args(cl_arg, &a);
     const mt_codelet_model *md = a.model;
-    mt_cuda_layer_forward(mt_cuda_ctx_get(), &md->cfg, &md->layout_layer, mt_codelet_cuda_prec(md->dtype),
+    STARPU_ASSERT_MSG(!a.router_stats, "the CUDA layer has no load-balancing loss (the graph refuses it on a GPU)");
+    mt_cuda_layer_forward(mt_cuda_ctx_get(), &md->cfg, mt_codelet_layer_layout(md, a.layer), mt_codelet_cuda_prec(md->dtype),
                           (const void *)STARPU_VECTOR_GET_PTR(buffers[0]), a.B, a.T,
                           (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), (float *)STARPU_VECTOR_GET_PTR(buffers[2]),
                           a.save ? (void *)STARPU_VECTOR_GET_PTR(buffers[4]) : NULL,
@@ -55,7 +59,8 @@ static void layer_backward_cuda(void *buffers[], void *cl_arg)
     const mt_codelet_model *md = a.model;
     cudaStream_t stream = starpu_cuda_get_local_stream();
     float *dtile = (float *)STARPU_VECTOR_GET_PTR(buffers[4]);
-    mt_cuda_layer_backward(mt_cuda_ctx_get(), &md->cfg, &md->layout_layer, mt_codelet_cuda_prec(md->dtype),
+    STARPU_ASSERT_MSG(!a.router_stats, "the CUDA layer has no load-balancing loss (the graph refuses it on a GPU)");
+    mt_cuda_layer_backward(mt_cuda_ctx_get(), &md->cfg, mt_codelet_layer_layout(md, a.layer), mt_codelet_cuda_prec(md->dtype),
                            (const void *)STARPU_VECTOR_GET_PTR(buffers[0]), a.B, a.T,
                            (const void *)STARPU_VECTOR_GET_PTR(buffers[1]), (const float *)STARPU_VECTOR_GET_PTR(buffers[2]),
                            (float *)STARPU_VECTOR_GET_PTR(buffers[3]), dtile, a.accumulate,

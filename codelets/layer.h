@@ -8,10 +8,12 @@
 #include "codelets/common.h"
 
 /* layer_forward: [0] layer weights R, [1] x R, [2] y W, [3] scratch SCRATCH,
- *                [4] saved W (only when args.save) */
+ *                [4] saved W (only when args.save), then the router statistics RW when
+ *                args.router_stats (never in a recompute: a micro-batch counts once) */
 extern struct starpu_codelet mt_cl_layer_forward;
 /* layer_backward: [0] weights R, [1] saved R, [2] dy R, [3] dx W, [4] layer grad W|RW,
- *                 [5] scratch SCRATCH, then the sumsq buffer when args.sumsq */
+ *                 [5] scratch SCRATCH, then the sumsq buffer when args.sumsq, then the router
+ *                 statistics R when args.router_stats */
 extern struct starpu_codelet mt_cl_layer_backward;
 
 #endif

@@ -116,6 +116,18 @@ void mt_layout_build_layer(const mt_model_config *cfg, int64_t layer, mt_tile_la
     build_layer(cfg, mt_config_layer_is_sparse(cfg, layer), out);
 }
 
+int64_t mt_layout_largest_layer_numel(const mt_model_config *cfg)
+{
+    mt_tile_layout lay;
+    mt_layout_build(cfg, MT_TILE_LAYER, &lay);
+    int64_t n = lay.numel;
+    if (mt_config_sparse_layers(cfg) > 0 && mt_config_has_dense_layers(cfg)) {
+        build_layer(cfg, false, &lay);
+        if (lay.numel > n) n = lay.numel;
+    }
+    return n;
+}
+
 bool mt_layout_is_sparse(const mt_tile_layout *layout)
 {
     return layout->kind == MT_TILE_LAYER && layout->ntensors > MT_L_ROUTER_W &&

@@ -298,6 +298,13 @@ mt_host_state *mt_state_create_with(const mt_state_args *args, char *err, size_t
     mt_layout_build(cfg, MT_TILE_EMBED, &st->layout_embed);
     mt_layout_build(cfg, MT_TILE_LAYER, &st->layout_layer);
     mt_layout_build(cfg, MT_TILE_HEAD, &st->layout_head);
+    const bool mixed = mt_config_sparse_layers(cfg) > 0 && mt_config_has_dense_layers(cfg);
+    if (mixed)
+        for (int64_t l = 0; l < cfg->layers; l++)
+            if (!mt_config_layer_is_sparse(cfg, l)) {
+                mt_layout_build_layer(cfg, l, &st->layout_dense_layer);
+                break;
+            }
     st->ntiles = (int)cfg->layers + 2;
     st->tiles = calloc(st->ntiles, sizeof *st->tiles);
 
@@ -305,7 +312,8 @@ mt_host_state *mt_state_create_with(const mt_state_args *args, char *err, size_t
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
         t->index = i;
-        t->layout = i == 0 ? &st->layout_embed : i == st->ntiles - 1 ? &st->layout_head : &st->layout_layer;
+        t->layout = i == 0 ? &st->layout_embed : i == st->ntiles - 1 ? &st->layout_head
+                    : mixed && !mt_config_layer_is_sparse(cfg, i - 1) ? &st->layout_dense_layer : &st->layout_layer;
         t->numel = t->layout->numel;
         t->weight_bytes = round_up((size_t)t->numel * esz, TILE_ALIGN_BYTES);
         size_t fbytes = (size_t)t->numel * sizeof(float);
@@ -319,12 +327,13 @@ mt_host_state *mt_state_create_with(const mt_state_args *args, char *err, size_t
     atomic_int unpinned = 0;
     for_each_tile(st, zero_tile, &unpinned);
     note_unpinned(st, atomic_load(&unpinned), "host state");
-    /* Every decoder layer's streamed copy shares one allocation size, so a GPU buffer freed by
-     * one layer is reused as is by the next (StarPU recycles same-size buffers). */
+    /* Every decoder layer's streamed copy shares one allocation size, that of the largest layer
+     * tile when dense and sparse layers differ, so a GPU buffer freed by one layer is reused as
+     * is by the next (StarPU recycles same-size buffers). */
+    const size_t layer_allocsize = round_up((size_t)mt_layout_largest_layer_numel(cfg) * esz, TILE_ALIGN_BYTES);
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
-        size_t allocsize = (i == 0 || i == st->ntiles - 1) ? t->weight_bytes
-                                                             : round_up((size_t)st->layout_layer.numel * esz, TILE_ALIGN_BYTES);
+        size_t allocsize = (i == 0 || i == st->ntiles - 1) ? t->weight_bytes : layer_allocsize;
         register_tile(st, t, allocsize);
     }
     return st;

@@ -59,7 +59,10 @@ typedef struct mt_tile {
 typedef struct mt_host_state {
     mt_model_config cfg;
     mt_dtype compute_dtype;
-    mt_tile_layout layout_embed, layout_layer, layout_head;
+    /* layout_layer: every decoder layer's, or in a model with dense and sparse layers the sparse
+     * layers' (mt_layout_build); layout_dense_layer: the dense layers' of such a model, else
+     * unused (numel 0). Each tile's `layout` points at its own (mt_config_layer_is_sparse). */
+    mt_tile_layout layout_embed, layout_layer, layout_head, layout_dense_layer;
     int ntiles;              /* L + 2 */
     mt_tile *tiles;
     int64_t chunk_numel;     /* largest AdamW chunk */

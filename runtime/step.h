@@ -157,8 +157,10 @@ int mt_graph_submit_step(mt_graph *g, int64_t step, const int32_t *tokens, const
 /* The handle the global-norm task writes (2 doubles: norm, scale): for tests that gate it. */
 starpu_data_handle_t mt_graph_clip_handle(mt_graph *g);
 
-/* Blocks until the step submitted in `slot` has its loss: mean over counted targets. Also the
- * global gradient norm before clipping (NAN when clipping is off). */
+/* Blocks until the step submitted in `slot` has its loss: mean over counted targets, plus, with
+ * a mixture-of-experts model's load-balancing loss on, coef x the mean over the micro-batches of
+ * each one's aux loss (docs/moe.md). Also the global gradient norm before clipping (NAN when
+ * clipping is off). */
 double mt_graph_wait_loss(mt_graph *g, int slot, double *grad_norm);
 
 /* Forward-only loss over n_seq sequences (n_seq a multiple of B) with the current weights,

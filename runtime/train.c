@@ -67,7 +67,7 @@ mt_train_options mt_train_defaults(void)
         .sample_bytes = 300, .sample_prompt = "Q: What is the meaning of life?\nA:",
         .time_limit = 0,
         .tokens_per_step = 0, .activation_budget = (uint64_t)2 << 30,
-        .runtime = mt_runtime_defaults(),
+        .runtime = mt_runtime_defaults(), .router_aux_loss = -1,
     };
     o.step.B = 16;
     o.step.T = 128;
@@ -224,6 +224,15 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     if ((o->rope_scaling && mt_config_set_rope_scaling(&cfg, o->rope_scaling, err, errlen)) ||
         mt_config_check_seq_len(&cfg, o->step.T, err, errlen))
         return -1;
+    if (o->router_aux_loss >= 0) {
+        if (o->router_aux_loss > 0 && mt_config_sparse_layers(&cfg) == 0) {
+            snprintf(err, errlen, "%s: --router-aux-loss %g: the model has no mixture-of-experts layer, so no router "
+                     "to balance; leave the option out", config_path, o->router_aux_loss);
+            return -1;
+        }
+        cfg.router_aux = o->router_aux_loss > 0 ? MT_ROUTER_AUX_ON : MT_ROUTER_AUX_OFF;
+        if (o->router_aux_loss > 0) cfg.router_aux_loss_coef = o->router_aux_loss;
+    }
     const bool prepared = mt_dataset_is_prepared(o->data_path);
     if (!prepared && cfg.vocab < 256) {
         snprintf(err, errlen, "%s: key 'vocab_size': the byte-level trainer needs at least 256, got %lld",
@@ -343,6 +352,9 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         fprintf(log, "megatrain: %s (%s, %lld layers, d=%lld, %.2fM parameters), %s dtype\n", o->model_dir ? o->model_dir : config_path,
                 cfg.model_type, (long long)cfg.layers, (long long)cfg.hidden, mt_config_param_count(&cfg) / 1e6,
                 mt_dtype_name(o->dtype));
+        if (mt_config_router_aux_coef(&cfg) > 0)
+            fprintf(log, "megatrain: the router's load-balancing loss is on (coefficient %g): the step's loss includes "
+                         "it, the validation loss does not\n", mt_config_router_aux_coef(&cfg));
         if (ds)
             fprintf(log, "megatrain: data %s (%s, tokenizer %s): %lld train + %lld validation windows of %lld tokens, %s order\n",
                     o->data_path, ds->family, ds->tokenizer, (long long)ds->train.n_seq, (long long)ds->val.n_seq,

@@ -59,6 +59,9 @@ typedef struct mt_train_options {
     const char *model_dir;     /* start from this HF directory's config and weights (NULL: config_path, random) */
     const char *rope_scaling;  /* "TYPE:FACTOR" replacing the config's rope scaling (mt_config_set_rope_scaling);
                                 * NULL: the config's own */
+    double router_aux_loss;    /* a mixture-of-experts model's load-balancing loss coefficient, replacing the
+                                * config's output_router_logits and router_aux_loss_coef: 0 off, > 0 on with
+                                * this coefficient; < 0 (the default): the config's */
     const char *save_model_dir;/* write the trained model here as an HF directory, with model_dir's tokenizer files */
     bool save_over_model;      /* save_model_dir may be model_dir (the base model is replaced) */
     mt_dtype save_dtype;       /* the saved weights' dtype; used as given only when save_dtype_explicit */

@@ -23,7 +23,8 @@
 /* The settings mt_train_settings records, in its order; "data-path" is only noted when it moves. */
 static const char *const setting_names[] = {
     "data", "data-path", "data-order", "micro-batch", "accum", "seq-len", "steps", "lr", "min-lr-ratio", "schedule",
-    "warmup", "seed", "weight-decay", "beta1", "beta2", "eps", "clip", "dtype", "rope-scaling", NULL,
+    "warmup", "seed", "weight-decay", "beta1", "beta2", "eps", "clip", "dtype", "rope-scaling",
+    "router-aux-loss", NULL,
 };
 
 static bool known_setting(const char *name, size_t len)
@@ -260,15 +261,17 @@ void mt_train_settings(const mt_train_options *o, const char *data_identity, cha
 {
     char real[4096];
     const char *data_path = realpath(o->data_path, real) ? real : o->data_path;
+    char router_aux[32] = "the config's";
+    if (o->router_aux_loss >= 0) snprintf(router_aux, sizeof router_aux, "%.17g", o->router_aux_loss);
     snprintf(buf, len,
              "data=%s\ndata-path=%s\ndata-order=%s\nmicro-batch=%lld\naccum=%d\nseq-len=%lld\nsteps=%lld\nlr=%.17g\n"
              "min-lr-ratio=%.17g\nschedule=%s\nwarmup=%lld\nseed=%llu\nweight-decay=%.17g\nbeta1=%.17g\nbeta2=%.17g\n"
-             "eps=%.17g\nclip=%.17g\ndtype=%s\nrope-scaling=%s\n",
+             "eps=%.17g\nclip=%.17g\ndtype=%s\nrope-scaling=%s\nrouter-aux-loss=%s\n",
              data_identity, data_path, o->data_shuffle ? "shuffled" : "sequential", (long long)o->step.B, o->step.accum,
              (long long)o->step.T, (long long)o->steps, o->lr, o->min_lr_ratio,
              o->schedule == MT_LR_COSINE ? "cosine" : "constant", (long long)o->warmup, (unsigned long long)o->seed,
              o->step.weight_decay, o->step.beta1, o->step.beta2, o->step.eps, o->step.clip, mt_dtype_name(o->dtype),
-             o->rope_scaling ? o->rope_scaling : "the config's");
+             o->rope_scaling ? o->rope_scaling : "the config's", router_aux);
 }
 
 /* The value of `name` in "name=value\n" lines, into buf; false when absent. */

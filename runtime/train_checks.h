@@ -41,7 +41,8 @@ void mt_train_data_identity(const mt_run_data *d, char *buf, size_t len);
 
 /* The settings a run's trajectory depends on, as "name=value\n" lines (names as the options of
  * `megatrain train`): data (identity), data-path, data-order, micro-batch, accum, seq-len,
- * steps, lr, min-lr-ratio, schedule, warmup, seed, weight-decay, beta1, beta2, eps, clip, dtype.
+ * steps, lr, min-lr-ratio, schedule, warmup, seed, weight-decay, beta1, beta2, eps, clip, dtype,
+ * rope-scaling, router-aux-loss.
  * o holds the run's resolved values (micro-batch and accum chosen, dtype decided). */
 void mt_train_settings(const mt_train_options *o, const char *data_identity, char *buf, size_t len);
 

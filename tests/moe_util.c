@@ -7,8 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
 #include "backends/cpu/ops.h"
+#include "models/safetensors.h"
 #include "models/util.h"
+#include "runtime/hf.h"
+#include "runtime/runtime.h"
+#include "runtime/state.h"
 
 /* Five-point central differences in double: truncation ~h^4, rounding ~1e-16 |L| / h, small
  * enough for the experts that few tokens reach, whose gradients are small against the loss. */
@@ -122,4 +128,79 @@ double topk_gap(const double *probs, int64_t n, int64_t E, int64_t k)
     free(sel);
     free(w);
     return gap;
+}
+
+/* Every field of the two configs is the same (the run's override is not the model's). */
+void assert_same_config(const mt_model_config *a, const mt_model_config *b)
+{
+    ck_assert_int_eq(a->family, b->family);
+    ck_assert_str_eq(a->model_type, b->model_type);
+    ck_assert(a->hidden == b->hidden && a->intermediate == b->intermediate && a->layers == b->layers);
+    ck_assert(a->heads == b->heads && a->kv_heads == b->kv_heads && a->head_dim == b->head_dim);
+    ck_assert(a->vocab == b->vocab && a->max_positions == b->max_positions && a->tied == b->tied);
+    ck_assert(a->rope_theta == b->rope_theta && a->rms_eps == b->rms_eps && a->sliding_window == b->sliding_window);
+    ck_assert(a->qkv_bias == b->qkv_bias && a->qk_norm == b->qk_norm);
+    ck_assert_int_eq(a->experts, b->experts);
+    ck_assert_int_eq(a->experts_per_token, b->experts_per_token);
+    ck_assert_int_eq(a->expert_intermediate, b->expert_intermediate);
+    ck_assert_int_eq(a->norm_topk_prob, b->norm_topk_prob);
+    ck_assert_int_eq(a->decoder_sparse_step, b->decoder_sparse_step);
+    ck_assert_int_eq(a->mlp_only_layers_count, b->mlp_only_layers_count);
+    for (int64_t i = 0; i < a->mlp_only_layers_count; i++)
+        ck_assert_int_eq(a->mlp_only_layers[i], b->mlp_only_layers[i]);
+    ck_assert(a->router_aux_loss_coef == b->router_aux_loss_coef);
+    ck_assert_int_eq(a->output_router_logits, b->output_router_logits);
+}
+
+void moe_runtime_up(void)
+{
+    mt_runtime_options ro = { .sched = "eager", .ncpu = 2, .ncuda = 0 };
+    char err[512] = "";
+    ck_assert_msg(mt_runtime_init(&ro, err, sizeof err) == 0, "mt_runtime_init: %s", err);
+}
+
+void moe_runtime_down(void) { mt_runtime_shutdown(); }
+
+void check_hf_roundtrip(const mt_model_config *cfg, uint64_t seed, const hf_tensor *want)
+{
+    char err[1024] = "";
+    mt_host_state *a = mt_state_create(cfg, MT_DTYPE_F32, 0, err, sizeof err);
+    ck_assert_msg(a != NULL, "%s", err);
+    mt_state_init_random(a, seed, 1.0);
+    char dir[] = "/tmp/mt-moe-hf.XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    ck_assert_msg(mt_hf_save(dir, a, MT_DTYPE_F32, 0, err, sizeof err) == 0, "%s", err);
+
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    mt_st_file *f = mt_st_open(path, err, sizeof err);
+    ck_assert_msg(f != NULL, "%s", err);
+    for (const hf_tensor *w = want; w->name; w++) {
+        const mt_st_tensor *t = mt_st_find(f, w->name);
+        if (w->rows == 0) {
+            ck_assert_msg(t == NULL, "%s: holds '%s'", path, w->name);
+            continue;
+        }
+        ck_assert_msg(t != NULL, "%s: no tensor '%s'", path, w->name);
+        ck_assert_msg(t->ndim == 2 && t->shape[0] == w->rows && t->shape[1] == w->cols, "%s: shape", w->name);
+    }
+    int64_t expected = 0;
+    for (int i = 0; i < a->ntiles; i++)
+        for (int s = 0; s < a->tiles[i].layout->ntensors; s++) expected += a->tiles[i].layout->tensors[s].numel > 0;
+    ck_assert_int_eq(f->ntensors, expected);
+    mt_st_close(f);
+
+    mt_model_config back;
+    ck_assert_msg(mt_config_load(dir, &back, err, sizeof err) == 0, "%s", err);
+    assert_same_config(cfg, &back);
+    mt_host_state *b = mt_state_create(&back, MT_DTYPE_F32, 0, err, sizeof err);
+    ck_assert_msg(b != NULL, "%s", err);
+    ck_assert_msg(mt_hf_load(dir, b, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < a->ntiles; i++) {
+        ck_assert_int_eq(a->tiles[i].numel, b->tiles[i].numel);
+        ck_assert(memcmp(a->tiles[i].master, b->tiles[i].master, sizeof(float) * (size_t)a->tiles[i].numel) == 0);
+    }
+    mt_state_destroy(a);
+    mt_state_destroy(b);
+    mt_test_remove_dir(dir);
 }

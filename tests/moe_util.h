@@ -11,7 +11,6 @@
 #include "tests/testutil.h"
 
 /* A base tiny qwen3_moe config followed by extra keys. */
-/* A base tiny qwen3_moe config followed by extra keys. */
 #define QWEN3_MOE_BASE                                                                                  \
     "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 20, \"intermediate_size\": 27, \"num_hidden_layers\": 6," \
     " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 6, \"vocab_size\": 29,"    \
@@ -50,5 +49,23 @@ double topk_gap(const double *probs, int64_t n, int64_t E, int64_t k);
 
 /* QWEN3_MOE_BASE or MIXTRAL_BASE closed after the extra keys (", \"key\": value" pairs). */
 mt_model_config moe_config(const char *base, const char *extra);
+
+/* Every field of the two configs is the same (the run's override is not the model's). */
+void assert_same_config(const mt_model_config *a, const mt_model_config *b);
+
+/* StarPU on two CPU workers, no GPU: the checked fixture of the suites that run tasks. */
+void moe_runtime_up(void);
+void moe_runtime_down(void);
+
+/* A tensor an HF file must hold (rows 0: it must not hold it). */
+typedef struct hf_tensor {
+    const char *name;
+    int64_t rows, cols;
+} hf_tensor;
+
+/* A random fp32 model of cfg saved as an HF directory holds one tensor per present slot of every
+ * tile, each of `want` (ended by a NULL name) with its shape or, rows 0, not at all; its config
+ * loads back as cfg and its weights into a fresh state bit for bit. StarPU must run. */
+void check_hf_roundtrip(const mt_model_config *cfg, uint64_t seed, const hf_tensor *want);
 
 #endif

@@ -3,8 +3,9 @@
 # a tiny random qwen3_moe HF directory written by `train --config --save-model`, an alpaca file
 # prepared with the Qwen3 tokenizer, `train --model DIR --save-model OUT` (the loss falls; OUT
 # keeps the config and names every expert and router as HF does), OUT loaded again, a run stopped
-# with --stop-after and resumed bit for bit the uninterrupted one, eval and generate on OUT; then
-# the save and load round trip of a mixtral directory (its w1/w2/w3 names).
+# with --stop-after and resumed bit for bit the uninterrupted one, eval and generate on OUT; the
+# router's load-balancing loss (--router-aux-loss) and a model with a dense layer; then the save
+# and load round trip of a mixtral directory (its w1/w2/w3 names).
 # Usage: test_moe_cli.sh PATH/TO/megatrain. Prints one line per check, then "N passed, M failed".
 set -u
 
@@ -143,6 +144,46 @@ else ok "eval --model OUT"; fi
 mt generate --model tuned --prompt x --max-new-tokens 3
 if [ "$rc" -ne 0 ] || ! grep -q '1 prompt tokens, 3 new' err.txt; then bad "generate --model OUT" "no 3 new tokens"
 else ok "generate --model OUT"; fi
+
+# --- the router's load-balancing loss: --router-aux-loss -------------------------------------
+# The first step's loss with it on is the same run's without it plus coef x aux, aux near k = 2
+# for a random router (at most E = 4); the option goes into the checkpoint's settings, so a
+# resume with another value is refused naming it; a dense model has no router to balance.
+mt train --model base "${run[@]}" --steps 2 --metrics aux0.jsonl --router-aux-loss 0
+rc0=$rc
+mt train --model base "${run[@]}" --steps 3 --stop-after 2 --metrics aux.jsonl --router-aux-loss 0.5 --checkpoint ck3
+if [ "$rc0" -ne 0 ] || [ "$rc" -ne 0 ]; then bad "--router-aux-loss" "a run failed"
+elif ! grep -q 'load-balancing loss is on (coefficient 0.5)' err.txt out.txt; then bad "--router-aux-loss" "not said on"
+elif ! python3 - aux0.jsonl aux.jsonl <<'PY'
+import json, sys
+off, on = ([json.loads(l)["loss"] for l in open(f)] for f in sys.argv[1:3])
+d = on[0] - off[0]
+assert 0.5 * 0.5 < d < 0.5 * 4, f"step 1: loss {on[0]:.6f} with the aux loss, {off[0]:.6f} without"
+PY
+then bad "--router-aux-loss" "see above"
+else ok "--router-aux-loss"; fi
+mt train --model base "${run[@]}" --steps 3 --resume ck3 --router-aux-loss 0.1
+if [ "$rc" -eq 0 ] || ! grep -q 'router-aux-loss' err.txt; then bad "--resume checks --router-aux-loss" "not refused"
+else ok "--resume checks --router-aux-loss"; fi
+mt train --steps 1 --router-aux-loss 0.1 --ncpu 2 --ncuda 0
+if [ "$rc" -eq 0 ] || ! grep -q 'no mixture-of-experts layer' err.txt; then
+    bad "--router-aux-loss on a dense model" "not refused"
+else ok "--router-aux-loss on a dense model"; fi
+
+# --- dense and sparse layers in one model: mlp_only_layers -----------------------------------
+python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["mlp_only_layers"] = [0]; json.dump(c, open("mixed.json", "w"))' \
+    "$fixtures/qwen3_moe.json"
+mt train --config mixed.json "${run[@]}" --steps 2 --router-aux-loss 0.01 --save-model xbase
+if [ "$rc" -ne 0 ] || ! python3 - xbase <<'PY'
+import json, struct, sys
+with open(sys.argv[1] + "/model.safetensors", "rb") as f:
+    header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+for k in ("model.layers.0.mlp.gate_proj.weight", "model.layers.1.mlp.gate.weight", "model.layers.1.mlp.experts.0.up_proj.weight"):
+    assert k in header, f"no {k}"
+assert "model.layers.0.mlp.gate.weight" not in header and "model.layers.1.mlp.up_proj.weight" not in header
+PY
+then bad "a model with a dense layer 0" "failed, or the saved names are wrong"
+else ok "a model with a dense layer 0"; fi
 
 # --- mixtral: its names, saved and loaded ----------------------------------------------------
 mt train --config "$fixtures/mixtral.json" "${run[@]}" --steps 1 --save-model mbase

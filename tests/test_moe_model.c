@@ -8,15 +8,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "backends/cpu/ops.h"
 #include "models/config.h"
 #include "models/layout.h"
-#include "models/safetensors.h"
 #include "models/util.h"
-#include "runtime/hf.h"
-#include "runtime/runtime.h"
 #include "runtime/state.h"
 #include "runtime/step.h"
 #include "tests/moe_util.h"
@@ -177,28 +173,6 @@ START_TEST(test_sparse_layers)
     ck_assert_int_eq(mt_config_active_param_count(&z), mt_config_param_count(&z));
 }
 END_TEST
-
-/* Every field of the two configs is the same (the run's override is not the model's). */
-static void assert_same_config(const mt_model_config *a, const mt_model_config *b)
-{
-    ck_assert_int_eq(a->family, b->family);
-    ck_assert_str_eq(a->model_type, b->model_type);
-    ck_assert(a->hidden == b->hidden && a->intermediate == b->intermediate && a->layers == b->layers);
-    ck_assert(a->heads == b->heads && a->kv_heads == b->kv_heads && a->head_dim == b->head_dim);
-    ck_assert(a->vocab == b->vocab && a->max_positions == b->max_positions && a->tied == b->tied);
-    ck_assert(a->rope_theta == b->rope_theta && a->rms_eps == b->rms_eps && a->sliding_window == b->sliding_window);
-    ck_assert(a->qkv_bias == b->qkv_bias && a->qk_norm == b->qk_norm);
-    ck_assert_int_eq(a->experts, b->experts);
-    ck_assert_int_eq(a->experts_per_token, b->experts_per_token);
-    ck_assert_int_eq(a->expert_intermediate, b->expert_intermediate);
-    ck_assert_int_eq(a->norm_topk_prob, b->norm_topk_prob);
-    ck_assert_int_eq(a->decoder_sparse_step, b->decoder_sparse_step);
-    ck_assert_int_eq(a->mlp_only_layers_count, b->mlp_only_layers_count);
-    for (int64_t i = 0; i < a->mlp_only_layers_count; i++)
-        ck_assert_int_eq(a->mlp_only_layers[i], b->mlp_only_layers[i]);
-    ck_assert(a->router_aux_loss_coef == b->router_aux_loss_coef);
-    ck_assert_int_eq(a->output_router_logits, b->output_router_logits);
-}
 
 /* Saved configs load back as the same model, under each family's own key names. */
 START_TEST(test_config_roundtrip)
@@ -377,60 +351,14 @@ START_TEST(test_layout_mixtral)
 }
 END_TEST
 
-static void runtime_up(void)
-{
-    mt_runtime_options ro = { .sched = "eager", .ncpu = 2, .ncuda = 0 };
-    char err[512] = "";
-    ck_assert_msg(mt_runtime_init(&ro, err, sizeof err) == 0, "mt_runtime_init: %s", err);
-}
-
-static void runtime_down(void) { mt_runtime_shutdown(); }
-
 /* A sparse model saved as an HF directory holds every expert under its HF name and shape, and
  * loads back into a fresh state bit for bit, through the generic code of runtime/hf.c. */
-static void run_hf_roundtrip(const char *json, const char *probe, int64_t rows, int64_t cols)
-{
-    mt_model_config cfg = parse_ok(json, "hf");
-    char err[1024] = "";
-    mt_host_state *a = mt_state_create(&cfg, MT_DTYPE_F32, 0, err, sizeof err);
-    ck_assert_msg(a != NULL, "%s", err);
-    mt_state_init_random(a, 7, 1.0);
-    char dir[] = "/tmp/mt-moe-hf.XXXXXX";
-    ck_assert(mkdtemp(dir) != NULL);
-    ck_assert_msg(mt_hf_save(dir, a, MT_DTYPE_F32, 0, err, sizeof err) == 0, "%s", err);
-
-    char path[4200];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    mt_st_file *f = mt_st_open(path, err, sizeof err);
-    ck_assert_msg(f != NULL, "%s", err);
-    const mt_st_tensor *t = mt_st_find(f, probe);
-    ck_assert_msg(t != NULL, "%s: no tensor '%s'", path, probe);
-    ck_assert(t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols);
-    int64_t expected = 0;
-    for (int i = 0; i < a->ntiles; i++)
-        for (int s = 0; s < a->tiles[i].layout->ntensors; s++) expected += a->tiles[i].layout->tensors[s].numel > 0;
-    ck_assert_int_eq(f->ntensors, expected);
-    mt_st_close(f);
-
-    mt_model_config back;
-    ck_assert_msg(mt_config_load(dir, &back, err, sizeof err) == 0, "%s", err);
-    assert_same_config(&cfg, &back);
-    mt_host_state *b = mt_state_create(&back, MT_DTYPE_F32, 0, err, sizeof err);
-    ck_assert_msg(b != NULL, "%s", err);
-    ck_assert_msg(mt_hf_load(dir, b, err, sizeof err) == 0, "%s", err);
-    for (int i = 0; i < a->ntiles; i++) {
-        ck_assert_int_eq(a->tiles[i].numel, b->tiles[i].numel);
-        ck_assert(memcmp(a->tiles[i].master, b->tiles[i].master, sizeof(float) * (size_t)a->tiles[i].numel) == 0);
-    }
-    mt_state_destroy(a);
-    mt_state_destroy(b);
-    mt_test_remove_dir(dir);
-}
-
 START_TEST(test_hf_roundtrip)
 {
-    run_hf_roundtrip(QWEN3_MOE_BASE "}", "model.layers.5.mlp.experts.4.down_proj.weight", 20, 7);
-    run_hf_roundtrip(MIXTRAL_BASE "}", "model.layers.0.block_sparse_moe.experts.3.w3.weight", 9, 20);
+    const mt_model_config q = parse_ok(QWEN3_MOE_BASE "}", "hf"), m = parse_ok(MIXTRAL_BASE "}", "hf");
+    check_hf_roundtrip(&q, 7, (const hf_tensor[]){ { "model.layers.5.mlp.experts.4.down_proj.weight", 20, 7 }, { 0 } });
+    check_hf_roundtrip(&m, 7, (const hf_tensor[]){ { "model.layers.0.block_sparse_moe.experts.3.w3.weight", 9, 20 },
+                                                   { 0 } });
 }
 END_TEST
 
@@ -517,29 +445,6 @@ START_TEST(test_step_graph)
 }
 END_TEST
 
-/* What the step cannot run yet is refused when the graph is built, naming what to change. */
-START_TEST(test_step_refuses)
-{
-    const char *const extras[] = { ", \"output_router_logits\": true", ", \"mlp_only_layers\": [1]" };
-    const char *const wants[] = { "output_router_logits", "mlp_only_layers" };
-    for (int i = 0; i < 2; i++) {
-        char json[1024];
-        snprintf(json, sizeof json, "%.*s%s}", (int)strlen(step_json) - 1, step_json, extras[i]);
-        const mt_model_config cfg = parse_ok(json, "step-refused");
-        char err[512] = "";
-        mt_host_state *st = mt_state_create(&cfg, MT_DTYPE_F32, 0, err, sizeof err);
-        ck_assert_msg(st != NULL, "%s", err);
-        mt_step_config sc = mt_step_defaults();
-        sc.B = 1; sc.T = 4; sc.K = 1; sc.accum = 1; sc.head_chunk = 4;
-        mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
-        fprintf(stderr, "  refused: %s\n", err);
-        ck_assert_msg(g == NULL && strstr(err, "mixture-of-experts") && strstr(err, wants[i]), "'%s'", err);
-        mt_state_destroy(st);
-    }
-}
-END_TEST
-
-
 static Suite *moe_model_suite(void)
 {
     Suite *s = suite_create("moe_model");
@@ -556,10 +461,9 @@ static Suite *moe_model_suite(void)
     tcase_add_test(layout, test_layout_mixtral);
     suite_add_tcase(s, layout);
     TCase *hf = tcase_create("runtime"); /* HF directories and the step graph, on StarPU */
-    tcase_add_checked_fixture(hf, runtime_up, runtime_down);
+    tcase_add_checked_fixture(hf, moe_runtime_up, moe_runtime_down);
     tcase_add_test(hf, test_hf_roundtrip);
     tcase_add_test(hf, test_step_graph);
-    tcase_add_test(hf, test_step_refuses);
     suite_add_tcase(s, hf);
     return s;
 }

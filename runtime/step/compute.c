@@ -34,17 +34,30 @@ static starpu_data_handle_t forward_output(mt_graph *g, int i, int u)
     return g->act[u][(i + 1) % 2];
 }
 
-/* observe: report start/end of this forward (the streaming pass of a training step). */
+/* The router statistics a layer's tasks use for micro-batch u: the micro-batch's buffer for a
+ * sparse layer with the load-balancing loss on, else NULL. */
+static starpu_data_handle_t router_stats(const mt_graph *g, const mt_step_slot *sl, int i, int u)
+{
+    if (!sl || !sl->h_router_stats || !mt_config_layer_is_sparse(&g->st->cfg, i)) return NULL;
+    return sl->h_router_stats[u];
+}
+
+/* observe: report start/end of this forward (the streaming pass of a training step). stats: the
+ * router statistics it adds to (RW), or NULL (a recompute, an evaluation, a dense layer). */
 static void insert_layer_forward(mt_graph *g, int i, starpu_data_handle_t x, starpu_data_handle_t y,
-                                 starpu_data_handle_t saved, int64_t step, bool observe, void *hint)
+                                 starpu_data_handle_t saved, starpu_data_handle_t stats, int64_t step, bool observe,
+                                 void *hint)
 {
     mt_tile *t = mt_state_layer(g->st, i);
-    mt_compute_args a = { .model = &g->model, .B = g->sc.B, .T = g->sc.T, .save = saved != NULL };
-    struct starpu_data_descr d[5] = {
+    mt_compute_args a = { .model = &g->model, .B = g->sc.B, .T = g->sc.T, .save = saved != NULL, .layer = i,
+                          .router_stats = stats != NULL };
+    struct starpu_data_descr d[6] = {
         { t->h_weights, STARPU_R }, { x, STARPU_R }, { y, STARPU_W }, { g->scratch_layer, STARPU_SCRATCH },
-        { saved, STARPU_W },
     };
-    mt_step_check_insert(starpu_task_insert(&mt_cl_layer_forward, STARPU_DATA_MODE_ARRAY, d, saved ? 5 : 4,
+    int nd = 4;
+    if (saved) d[nd++] = (struct starpu_data_descr){ saved, STARPU_W };
+    if (stats) d[nd++] = (struct starpu_data_descr){ stats, STARPU_RW };
+    mt_step_check_insert(starpu_task_insert(&mt_cl_layer_forward, STARPU_DATA_MODE_ARRAY, d, nd,
                                     STARPU_VALUE, &a, sizeof a, STARPU_NAME, "layer_forward",
                                     STARPU_EXECUTE_WHERE, g->where, STARPU_TASK_SCHED_DATA, hint,
                                     MT_OBSERVE_END(&g->observer, observe, MT_EV_FORWARD, step, t->index),
@@ -54,8 +67,10 @@ static void insert_layer_forward(mt_graph *g, int i, starpu_data_handle_t x, sta
 
 /* The forward pass of micro-batches 0..n-1 up to x_L (act[u][L % 2]), layer by layer: each
  * layer's weights serve every micro-batch in turn. The first micro-batch's task carries the
- * prefetch hint for the next tile. */
-static void submit_forward(mt_graph *g, const starpu_data_handle_t *tokens, int n, int64_t step, bool observe)
+ * prefetch hint for the next tile. sl: the step's slot, whose router statistics the sparse layers
+ * add to; NULL for an evaluation. */
+static void submit_forward(mt_graph *g, const starpu_data_handle_t *tokens, int n, const mt_step_slot *sl,
+                           int64_t step, bool observe)
 {
     const int L = (int)g->st->cfg.layers;
     mt_compute_args a = { .model = &g->model, .B = g->sc.B, .T = g->sc.T };
@@ -69,8 +84,8 @@ static void submit_forward(mt_graph *g, const starpu_data_handle_t *tokens, int 
     for (int i = 0; i < L; i++) {
         int next = i + 1 < L ? i + 2 : g->st->ntiles - 1; /* the next layer, or the head */
         for (int u = 0; u < n; u++)
-            insert_layer_forward(g, i, forward_input(g, i, u), forward_output(g, i, u), NULL, step, observe && u == 0,
-                                 u == 0 ? mt_step_hint(g, next, 0) : NULL);
+            insert_layer_forward(g, i, forward_input(g, i, u), forward_output(g, i, u), NULL, router_stats(g, sl, i, u),
+                                 step, observe && u == 0, u == 0 ? mt_step_hint(g, next, 0) : NULL);
     }
 }
 
@@ -129,7 +144,10 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
     const bool compact = st->layout == MT_LAYOUT_COMPACT;
     const bool clipped = g->sc.clip > 0 && !compact; /* the compute tasks take the sums of squares */
 
-    submit_forward(g, sl->h_tokens, M, step, true);
+    submit_forward(g, sl->h_tokens, M, sl, step, true);
+    /* The load-balancing loss's gradient scale: coef x E / R^2 for a micro-batch's R router rows,
+     * each micro-batch's loss weighing 1 / M in the step's objective (mt_graph_wait_loss). */
+    const double aux_scale = mt_moe_aux_grad_scale(st->cfg.experts, g->aux_rows, g->aux_coef, 1.0 / M);
 
     /* Loss anchor: dh_L goes to grad[u][L % 2], the input of layer L-1's backward. */
     for (int u = 0; u < M; u++) {
@@ -173,20 +191,24 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
                 void *hint = !first ? NULL
                              : i + 1 < hi ? mt_step_hint(g, i + 2, 0)
                              : hi - 2 >= lo ? mt_step_hint(g, hi - 1, 0) : hint_after_backward(g, lo);
-                insert_layer_forward(g, i, x, g->act[u][(i + 1) % 2], g->saved[i - lo], step, false, hint);
+                insert_layer_forward(g, i, x, g->act[u][(i + 1) % 2], g->saved[i - lo], NULL, step, false, hint);
                 if (i == lo) mt_step_drop(x); /* the block's checkpoint has served */
             }
             for (int i = hi - 1; i >= lo; i--) {
                 mt_tile *t = mt_state_layer(st, i);
-                mt_compute_args ba = { .model = &g->model, .B = g->sc.B, .T = g->sc.T, .accumulate = !first, .sumsq = sumsq };
-                struct starpu_data_descr bd[7] = {
+                starpu_data_handle_t stats = router_stats(g, sl, i, u);
+                mt_compute_args ba = { .model = &g->model, .B = g->sc.B, .T = g->sc.T, .accumulate = !first, .sumsq = sumsq,
+                                       .layer = i, .router_stats = stats != NULL, .aux_scale = aux_scale };
+                struct starpu_data_descr bd[8] = {
                     { t->h_weights, STARPU_R }, { g->saved[i - lo], STARPU_R }, { g->grad[u][(i + 1) % 2], STARPU_R },
                     { g->grad[u][i % 2], STARPU_W }, { grad_target(g, t), gmode }, { g->scratch_layer, STARPU_SCRATCH },
-                    { g->partial[t->index], STARPU_W },
                 };
+                int nbd = 6;
+                if (sumsq) bd[nbd++] = (struct starpu_data_descr){ g->partial[t->index], STARPU_W };
+                if (stats) bd[nbd++] = (struct starpu_data_descr){ stats, STARPU_R };
                 bool leaves_block = i % K == 0;
                 void *hint = (leaves_block ? last : first) ? hint_after_backward(g, i) : NULL;
-                mt_step_check_insert(starpu_task_insert(&mt_cl_layer_backward, STARPU_DATA_MODE_ARRAY, bd, sumsq ? 7 : 6,
+                mt_step_check_insert(starpu_task_insert(&mt_cl_layer_backward, STARPU_DATA_MODE_ARRAY, bd, nbd,
                                                 STARPU_VALUE, &ba, sizeof ba, STARPU_NAME, "layer_backward",
                                                 STARPU_EXECUTE_WHERE, g->where, STARPU_TASK_SCHED_DATA, hint,
                                                 MT_OBSERVE_END(&g->observer, last, MT_EV_BACKWARD, step, t->index), 0),
@@ -235,6 +257,14 @@ static void fill_handle(starpu_data_handle_t h, void *dst, const void *src, size
     starpu_data_release(h);
 }
 
+/* Zeroes a registered host handle once its earlier readers are done. */
+static void zero_handle(starpu_data_handle_t h, void *dst, size_t bytes)
+{
+    starpu_data_acquire(h, STARPU_W);
+    memset(dst, 0, bytes);
+    starpu_data_release(h);
+}
+
 int mt_step_submit_compute(mt_graph *g, int64_t step, const int32_t *tokens, const int32_t *targets, bool early_table)
 {
     mt_speculation_begin_step(&g->speculation, &g->update);
@@ -248,8 +278,11 @@ int mt_step_submit_compute(mt_graph *g, int64_t step, const int32_t *tokens, con
     for (int u = 0; u < accum; u++) {
         fill_handle(sl->h_tokens[u], sl->tokens + u * g->ntok, tokens + u * g->ntok, g->ntok * sizeof(int32_t));
         fill_handle(sl->h_targets[u], sl->targets + u * g->ntok, targets + u * g->ntok, g->ntok * sizeof(int32_t));
+        if (sl->h_router_stats) zero_handle(sl->h_router_stats[u], sl->router_stats + u * 2 * g->st->cfg.experts,
+                                            2 * (size_t)g->st->cfg.experts * sizeof(double));
     }
-    /* The step's loss is the mean over every counted target of every micro-batch. */
+    /* The step's loss is the mean over every counted target of every micro-batch, plus, with the
+     * load-balancing loss, coef x the mean over the micro-batches of each one's aux loss. */
     double loss_scale = counted > 0 ? 1.0 / (double)counted : 0.0;
     submit_micro_batches(g, sl, step, loss_scale, early_table);
 
@@ -271,6 +304,14 @@ double mt_graph_wait_loss(mt_graph *g, int slot_id, double *grad_norm)
         count += sl->loss[2 * u + 1];
         starpu_data_release(sl->h_loss[u]);
     }
+    /* transformers adds coef x aux per forward call: here per micro-batch, averaged over them. */
+    double aux = 0;
+    for (int u = 0; sl->h_router_stats && u < g->sc.accum; u++) {
+        starpu_data_acquire(sl->h_router_stats[u], STARPU_R);
+        aux += mt_moe_aux_loss(g->st->cfg.experts, g->aux_rows, sl->router_stats + u * 2 * g->st->cfg.experts);
+        starpu_data_release(sl->h_router_stats[u]);
+    }
+    aux *= g->aux_coef / g->sc.accum;
     double norm = NAN;
     if (g->sc.clip > 0 && sl->updated) {
         starpu_data_acquire(sl->h_clip_copy, STARPU_R);
@@ -281,7 +322,7 @@ double mt_graph_wait_loss(mt_graph *g, int slot_id, double *grad_norm)
         sl->updated = false;
     }
     if (grad_norm) *grad_norm = norm;
-    return count > 0 ? sum / count : NAN;
+    return count > 0 ? sum / count + aux : NAN;
 }
 
 double mt_graph_eval(mt_graph *g, int64_t n_seq, const int32_t *tokens, const int32_t *targets, int64_t *counted)
@@ -291,7 +332,7 @@ double mt_graph_eval(mt_graph *g, int64_t n_seq, const int32_t *tokens, const in
     for (int64_t s0 = 0; s0 + g->sc.B <= n_seq; s0 += g->sc.B) {
         fill_handle(g->h_eval_tokens, g->eval_tokens, tokens + s0 * g->sc.T, g->ntok * sizeof(int32_t));
         fill_handle(g->h_eval_targets, g->eval_targets, targets + s0 * g->sc.T, g->ntok * sizeof(int32_t));
-        submit_forward(g, &g->h_eval_tokens, 1, 0, false);
+        submit_forward(g, &g->h_eval_tokens, 1, NULL, 0, false);
         starpu_data_handle_t xL = g->act[0][st->cfg.layers % 2];
         mt_compute_args a = { .model = &g->model, .B = g->sc.B, .T = g->sc.T, .head_chunk = g->sc.head_chunk };
         struct starpu_data_descr hd[6] = {

@@ -77,20 +77,13 @@ static int check_config(const mt_host_state *st, const mt_step_config *sc, bool 
         return -1;
     }
     if (mt_config_check_seq_len(&st->cfg, sc->T, err, errlen)) return -1;
-    /* Mixture of experts: the CPU and the CUDA layer compute a sparse layer; the step's
-     * load-balancing loss and a state of two kinds of layer tile are still to come (docs/moe.md),
-     * on either kind of worker. */
-    if (mt_config_sparse_layers(&st->cfg) > 0) {
-        const char *missing = mt_config_has_dense_layers(&st->cfg) ? "for models with dense and sparse layers "
-                                                                     "(mlp_only_layers, decoder_sparse_step)"
-                            : mt_config_router_aux_coef(&st->cfg) > 0 ? "with the router's load-balancing loss "
-                                                                        "(set output_router_logits to false)"
-                                                                      : NULL;
-        if (missing) {
-            snprintf(err, errlen, "%s: mixture-of-experts training is not implemented %s yet", st->cfg.model_type,
-                     missing);
-            return -1;
-        }
+    /* The load-balancing loss: the CPU layer carries it, the CUDA layer does not. */
+    if (gpu && mt_config_router_aux_coef(&st->cfg) > 0) {
+        snprintf(err, errlen, "%s: the router's load-balancing loss (router_aux_loss_coef %g) runs on CPU workers only: "
+                 "the CUDA decoder layer does not compute it; train with --ncuda 0, or turn the loss off with "
+                 "--router-aux-loss 0 (or output_router_logits false in config.json)", st->cfg.model_type,
+                 mt_config_router_aux_coef(&st->cfg));
+        return -1;
     }
     /* A StarPU vector is at most 2^32 elements: 16 GiB of floats per buffer. */
     const size_t limit = (size_t)UINT32_MAX * sizeof(float);
@@ -123,6 +116,7 @@ static void describe_model(mt_graph *g)
     chunks[t->nchunks] = t->chunks[t->nchunks - 1].offset + t->chunks[t->nchunks - 1].numel;
     g->model = (mt_codelet_model){ .cfg = st->cfg, .dtype = st->compute_dtype, .layout_embed = st->layout_embed,
                                    .layout_layer = st->layout_layer, .layout_head = st->layout_head,
+                                   .layout_dense_layer = st->layout_dense_layer,
                                    .table_nchunks = t->nchunks, .table_chunks = chunks };
 }
 
@@ -144,6 +138,9 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
     g->nblocks = (int)((st->cfg.layers + sc->K - 1) / sc->K);
     const int64_t d = st->cfg.hidden;
     describe_model(g);
+    g->aux_coef = mt_config_router_aux_coef(&st->cfg);
+    g->aux_rows = g->ntok * mt_config_sparse_layers(&st->cfg);
+    const int64_t nstats = 2 * st->cfg.experts;
 
     g->ckpt = calloc((size_t)g->nblocks * sc->accum, sizeof *g->ckpt);
     for (int b = 0; b < g->nblocks * sc->accum; b++) g->ckpt[b] = new_floats(g->ntok * d);
@@ -192,6 +189,12 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
             sl->h_tokens[u] = host_vector(sl->tokens + u * g->ntok, g->ntok, sizeof(int32_t));
             sl->h_targets[u] = host_vector(sl->targets + u * g->ntok, g->ntok, sizeof(int32_t));
             sl->h_loss[u] = host_vector(sl->loss + 2 * u, 2, sizeof(double));
+        }
+        if (g->aux_coef > 0) {
+            sl->router_stats = calloc((size_t)(sc->accum * nstats), sizeof(double));
+            sl->h_router_stats = calloc(sc->accum, sizeof(starpu_data_handle_t));
+            for (int u = 0; u < sc->accum; u++)
+                sl->h_router_stats[u] = host_vector(sl->router_stats + u * nstats, nstats, sizeof(double));
         }
         sl->h_clip_copy = host_vector(sl->clip_result, 2, sizeof(double));
     }
@@ -246,7 +249,10 @@ void mt_graph_destroy(mt_graph *g)
             starpu_data_unregister(sl->h_tokens[u]);
             starpu_data_unregister(sl->h_targets[u]);
             starpu_data_unregister(sl->h_loss[u]);
+            if (sl->h_router_stats) starpu_data_unregister(sl->h_router_stats[u]);
         }
+        free(sl->router_stats);
+        free(sl->h_router_stats);
         starpu_data_unregister(sl->h_clip_copy);
         free(sl->tokens); free(sl->targets); free(sl->loss);
         free(sl->h_tokens); free(sl->h_targets); free(sl->h_loss);

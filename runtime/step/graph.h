@@ -13,7 +13,10 @@
  *   saved[j]    what layer j of the block being recomputed keeps for its backward (the
  *               micro-batches recompute and walk back a block one after the other)
  *   slot data   tokens, targets and loss of each micro-batch, two slots so step s+1 can be
- *               filled while step s still runs
+ *               filled while step s still runs; with the router's load-balancing loss also
+ *               each micro-batch's router statistics (2E doubles, mt_moe_aux_loss): zeroed
+ *               when the micro-batch is submitted, added to by each sparse layer's forward
+ *               (RW), read by each sparse layer's backward; the recompute adds nothing
  * Activations have no home (-1): StarPU allocates them where the task runs. */
 #ifndef MT_RUNTIME_STEP_GRAPH_H
 #define MT_RUNTIME_STEP_GRAPH_H
@@ -35,6 +38,8 @@ typedef struct mt_step_slot {
     int32_t *tokens, *targets;               /* (accum, B*T) host arrays */
     starpu_data_handle_t *h_tokens, *h_targets, *h_loss;
     double *loss;                            /* (accum, 2): sum, count */
+    double *router_stats;                    /* (accum, 2E) with the load-balancing loss, else NULL */
+    starpu_data_handle_t *h_router_stats;    /* (accum) over router_stats */
     double clip_result[2];
     starpu_data_handle_t h_clip_copy;
     bool updated, speculated;                /* an update of this slot's step was submitted; speculatively */
@@ -73,6 +78,8 @@ struct mt_graph {
     double eval_loss[2];
     mt_observer observer;
     uint32_t where;                           /* STARPU_CUDA when a GPU runs compute, else STARPU_CPU */
+    double aux_coef;                          /* the load-balancing loss's coefficient; 0: off */
+    int64_t aux_rows;                         /* router rows of a micro-batch: tokens x sparse layers */
     uint32_t *updates_submitted;              /* (ntiles) AdamW updates submitted per tile */
     mt_ready_note *ready_notes;               /* (MT_STEP_READY_RING * ntiles) */
     mt_adamw_stats stats;                     /* the AdamW tasks' counters and timers */

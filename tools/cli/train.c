@@ -98,6 +98,9 @@ static const cli_option optimizer_options[] = {
       .help = "linear warm-up steps, fewer than --steps (default 30, or a tenth of a shorter run)" },
     { .name = "weight-decay", .arg = "X", .kind = CLI_DOUBLE, .field = FIELD(step.weight_decay), .lo = 0, .hi = 10,
       .show_default = true, .help = "AdamW decoupled weight decay on matrices" },
+    { .name = "router-aux-loss", .arg = "COEF", .kind = CLI_DOUBLE, .field = FIELD(router_aux_loss), .lo = 0,
+      .hi = 100, .help = "MoE: the router's load-balancing loss coefficient, 0 = off (default: the config's "
+      "output_router_logits and router_aux_loss_coef)" },
 };
 
 static const cli_option progress_options[] = {
