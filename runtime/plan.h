@@ -27,7 +27,8 @@
 #define MT_PLAN_GPU_MARGIN_BYTES ((uint64_t)256 << 20)
 /* ... and the CUDA context's device side: the context itself, the kernels of libcudart, cuBLASLt
  * and cuDNN loaded on first use, cuBLAS's workspace. An estimate, as the host side's
- * (MT_PLAN_CUDA) is: bench's "device used" note on a GPU host gives the figure to put here. */
+ * (MT_PLAN_CUDA) is: bench's note "whole device in use at the end" less its peak GPU, on a GPU
+ * host, gives the figure to put here. */
 #define MT_PLAN_GPU_CONTEXT_BYTES ((uint64_t)1 << 30)
 /* mt_plan_params.checkpoint_interval asked as "auto" (--checkpoint-every auto): mt_plan_choose_run
  * takes the largest K whose plan fits the host and the GPU. mt_plan_compute refuses it. */

@@ -95,7 +95,7 @@ static const cli_option run_options[] = {
 };
 
 static const cli_option k_options[] = {
-    { .name = "checkpoint-every", .arg = "K|auto", .kind = CLI_CUSTOM, .field = FIELD(step.K), .parse = parse_k_list,
+    { .name = "checkpoint-every", .arg = "K", .kind = CLI_CUSTOM, .field = FIELD(step.K), .parse = parse_k_list,
       .show_default = true, .show = show_k,
       .help = "layers per recompute block; a list (1,2,4) measures each; auto: the largest that fits" },
 };

@@ -449,9 +449,9 @@ static const char *show_checkpoint(const void *field, char *buf, size_t size)
 }
 
 const cli_option cli_checkpoint_options[1] = {
-    { .name = "checkpoint-every", .arg = "K|auto", .kind = CLI_CUSTOM, .field = offsetof(mt_step_config, K),
+    { .name = "checkpoint-every", .arg = "K", .kind = CLI_CUSTOM, .field = offsetof(mt_step_config, K),
       .parse = parse_checkpoint, .show_default = true, .show = show_checkpoint,
-      .help = "layers per recompute block; auto: the largest K that fits host and GPU" },
+      .help = "layers per recompute block, or auto: the largest K that fits host and GPU" },
 };
 
 const cli_option cli_gpu_memory_options[1] = {
