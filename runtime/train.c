@@ -324,6 +324,11 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         run.step.K = (int)chosen.K;
         say(log, "megatrain: checkpoint interval %s\n", chosen.why_k);
     }
+    if (chosen.gpu_checked) {
+        char need[32], have[32];
+        say(log, "megatrain: GPU plan %s (buffers, StarPU's margin, CUDA context) within the %s of the GPU (%s)\n",
+            mt_format_bytes(plan.gpu_need, need, sizeof need), mt_format_bytes(gpu_memory, have, sizeof have), gpu_source);
+    }
     const mt_state_args sa = { .cfg = &cfg, .compute_dtype = o->dtype, .layout = layout.layout };
     st = mt_state_create_with(&sa, err, errlen);
     if (!st) goto out;
