@@ -545,38 +545,54 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
     }
 
     /* Every pair's plan; the GPU budget is the largest, the host state (its layout chosen from the
-     * first pair's plan) the same for all. */
-    uint64_t gpu_need = 0;
+     * first pair's plan, as plan and train choose it, with auto's K) the same for all. */
+    uint64_t gpu_need = 0, plan_limit_mib = 0;
     mt_layout_choice layout;
+    const char *gpu_source;
+    const uint64_t gpu_memory = mt_plan_gpu_memory(o->gpu_memory, o->runtime.ncuda == 0 ? 0 : 1, &gpu_source);
     for (int i = 0; i < count; i++) {
         mt_bench_result *r = &results[i];
         pair_of(o, i, r);
+        if (r->K == MT_PLAN_K_AUTO && i > 0) r->K = results[0].K;
         if (r->K > cfg.layers) r->K = (int)cfg.layers;
         mt_plan_params pp = { .micro_batch = o->step.B, .seq_len = o->step.T, .grad_accum = o->step.accum,
                               .checkpoint_interval = r->K, .compute = o->dtype, .use_gpu = true,
                               .head_chunk = o->step.head_chunk, .layout = i ? layout.layout : MT_LAYOUT_FULL };
         mt_plan plan;
         const uint64_t avail = mt_host_memory_available();
-        if (i == 0 ? mt_plan_choose(&cfg, &pp, o->host_layout, avail, &plan, &layout) : mt_plan_compute(&cfg, &pp, &plan)) {
-            snprintf(err, errlen, "%s", plan.error);
-            goto fail;
+        if (i == 0) {
+            mt_run_choice chosen;
+            if (mt_plan_choose_run(&cfg, &pp, o->host_layout, avail, gpu_memory, &plan, &chosen)) {
+                snprintf(err, errlen, "%s", plan.error);
+                goto fail;
+            }
+            layout = chosen.layout;
+            r->K = (int)chosen.K;
+            if (chosen.k_auto && log) fprintf(log, "bench: checkpoint interval %s\n", chosen.why_k);
+            if (mt_plan_run_refusal(&plan, &chosen, err, errlen)) goto fail;
+        } else {
+            if (mt_plan_compute(&cfg, &pp, &plan)) {
+                snprintf(err, errlen, "%s", plan.error);
+                goto fail;
+            }
+            if (gpu_memory && mt_plan_check_gpu(&plan, gpu_memory, err, errlen)) goto fail;
         }
-        if (i == 0 && mt_plan_check_host(&plan, avail, err, errlen)) goto fail;
         if (i == 0 && log)
             fprintf(log, "bench: host layout %s (--host-layout %s), %.2f bytes per parameter of host memory in all "
                          "(%.2f GiB): %s\n", mt_host_layout_name(layout.layout), mt_host_layout_name(o->host_layout),
                     (double)layout.host_total / (double)plan.param_count, layout.host_total / 1073741824.0, layout.why);
         r->plan_gpu_gib = plan.gpu_total / 1073741824.0;
         if (plan.gpu_total > gpu_need) gpu_need = plan.gpu_total;
+        if (mt_plan_gpu_limit_mib(&plan) > plan_limit_mib) plan_limit_mib = mt_plan_gpu_limit_mib(&plan);
     }
 
     /* The GPU budget must be set before StarPU starts. The plan counts every buffer the graph
-     * registers (runtime/plan.c); a little room on top for StarPU's own small allocations. */
+     * registers (runtime/plan.c); its margin leaves room for StarPU's own small allocations. */
     uint64_t limit_mib = 0;
     if (!o->resident) {
         if (o->gpu_limit_mib) limit_mib = o->gpu_limit_mib;
         else if (o->gpu_limit_margin > 0) limit_mib = (uint64_t)ceil(gpu_need * (1 + o->gpu_limit_margin / 100) / 1048576.0);
-        else limit_mib = ((gpu_need + gpu_need / 50) >> 20) + 256;
+        else limit_mib = plan_limit_mib;
         char v[32];
         snprintf(v, sizeof v, "%llu", (unsigned long long)limit_mib);
         setenv("STARPU_LIMIT_CUDA_MEM", v, 1);

@@ -72,6 +72,9 @@ typedef struct mt_bench_options {
                                    * as tokens) or a prepared directory: a fresh batch each step */
     mt_dtype dtype;               /* weights and compute: bf16 (default) or fp32 (exact, slower) */
     mt_host_layout host_layout;   /* the host state's (runtime/plan.h): AUTO (default), FULL or COMPACT */
+    uint64_t gpu_memory;          /* the GPU plan is checked against this many bytes before StarPU
+                                   * starts; 0: the device's (mt_plan_gpu_memory). step.K (and the
+                                   * sweep's one K) may be MT_PLAN_K_AUTO: the largest K that fits */
     double heartbeat_s;           /* > 0: a phase (the host state's set-up, a step) longer than this is
                                    * named on the log again every heartbeat_s; 0: MT_BENCH_HEARTBEAT_S */
     mt_runtime_options runtime;

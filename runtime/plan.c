@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <hwloc.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -254,6 +255,14 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
         if (plan->host_pinned[k]) plan->host_pinned_total = add(plan->host_pinned_total, plan->host[k], &of);
         plan->gpu_total = add(plan->gpu_total, plan->gpu[k], &of);
     }
+    if (p->use_gpu) {
+        /* floor(gpu_total * percent / 100) without the product's overflow */
+        plan->gpu_margin = add(plan->gpu_total / 100 * MT_PLAN_GPU_MARGIN_PERCENT +
+                                   plan->gpu_total % 100 * MT_PLAN_GPU_MARGIN_PERCENT / 100,
+                               MT_PLAN_GPU_MARGIN_BYTES, &of);
+        plan->gpu_context = MT_PLAN_GPU_CONTEXT_BYTES;
+        plan->gpu_need = add(add(plan->gpu_total, plan->gpu_margin, &of), plan->gpu_context, &of);
+    }
     if (of) return plan_fail(plan, "the totals overflow 64-bit byte counts");
     return 0;
 }
@@ -371,16 +380,58 @@ int mt_plan_check_host(const mt_plan *plan, uint64_t available_bytes, char *err,
     return -1;
 }
 
-int mt_plan_check_gpu(const mt_plan *plan, uint64_t available_bytes, char *err, size_t errlen)
+int mt_plan_check_gpu(const mt_plan *plan, uint64_t device_bytes, char *err, size_t errlen)
 {
-    if (plan->gpu_total <= available_bytes) return 0;
-    char need[32], have[32];
+    if (!plan->params.use_gpu || plan->gpu_need <= device_bytes) return 0;
+    const uint64_t *g = plan->gpu;
+    const uint64_t in_flight = g[MT_PLAN_WEIGHTS] + g[MT_PLAN_GRADS] + g[MT_PLAN_GRAD_ACC];
+    const uint64_t block = g[MT_PLAN_BLOCK_SAVED] + g[MT_PLAN_ACT_GRADS];
+    const uint64_t work = g[MT_PLAN_WORKSPACE] + g[MT_PLAN_INPUTS];
+    char need[32], have[32], a[32], b[32], c[32], d[32], e[32], f[32];
+    const mt_plan_params *p = &plan->params;
     snprintf(err, errlen,
-             "not enough GPU memory: the plan needs %" PRIu64 " bytes (%s), the GPU grants %" PRIu64
-             " bytes (%s); lower the micro batch size or sequence length, or the checkpoint interval K",
-             plan->gpu_total, mt_format_bytes(plan->gpu_total, need, sizeof need), available_bytes,
-             mt_format_bytes(available_bytes, have, sizeof have));
+             "not enough GPU memory: the plan needs %" PRIu64 " bytes (%s), the GPU has %" PRIu64 " bytes (%s): "
+             "weights and gradients in flight %s, checkpoints %s (%" PRId64 " per micro-batch at K=%" PRId64
+             ", %" PRId64 " micro-batch%s), block activations and their gradients %s, workspaces and inputs %s, "
+             "StarPU's margin %s, CUDA context %s (estimate); lower the micro batch size (more micro-batches with "
+             "--accum) or the sequence length, or try another --checkpoint-every (auto takes the largest K that fits)",
+             plan->gpu_need, mt_format_bytes(plan->gpu_need, need, sizeof need), device_bytes,
+             mt_format_bytes(device_bytes, have, sizeof have), mt_format_bytes(in_flight, a, sizeof a),
+             mt_format_bytes(g[MT_PLAN_CHECKPOINTS], b, sizeof b), plan->num_checkpoints, p->checkpoint_interval,
+             p->grad_accum, p->grad_accum == 1 ? "" : "es", mt_format_bytes(block, c, sizeof c),
+             mt_format_bytes(work, d, sizeof d), mt_format_bytes(plan->gpu_margin, e, sizeof e),
+             mt_format_bytes(plan->gpu_context, f, sizeof f));
     return -1;
+}
+
+uint64_t mt_plan_gpu_limit_mib(const mt_plan *plan) { return (plan->gpu_total + plan->gpu_margin) >> 20; }
+
+uint64_t mt_gpu_memory_total(void)
+{
+#if MT_HAVE_CUDA
+    int devices = 0;
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 1 || cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return (uint64_t)prop.totalGlobalMem;
+#else
+    return 0;
+#endif
+}
+
+uint64_t mt_plan_gpu_memory(uint64_t given, int ncuda, const char **source)
+{
+    uint64_t bytes = 0;
+    *source = "none";
+    if (ncuda < 1) return 0;
+    if (given) {
+        *source = "--gpu-memory";
+        return given;
+    }
+    if ((bytes = mt_gpu_memory_total())) *source = "device 0";
+    return bytes;
 }
 
 uint64_t mt_host_memory_available(void)
@@ -497,12 +548,20 @@ int mt_plan_micro_batch(const mt_model_config *cfg, const mt_plan_params *base, 
         mt_plan_params p = *base;
         p.micro_batch = B;
         p.grad_accum = sequences / B;
-        mt_plan plan;
-        if (mt_plan_compute(cfg, &p, &plan)) {
-            snprintf(err, errlen, "%s", plan.error);
-            return -1;
+        /* auto: the K that needs least, each K from 1 to the layers tried */
+        const int64_t k_first = base->checkpoint_interval == MT_PLAN_K_AUTO ? 1 : base->checkpoint_interval;
+        const int64_t k_last = base->checkpoint_interval == MT_PLAN_K_AUTO ? cfg->layers : k_first;
+        uint64_t need = UINT64_MAX;
+        for (int64_t K = k_first; K <= k_last; K++) {
+            p.checkpoint_interval = K;
+            mt_plan plan;
+            if (mt_plan_compute(cfg, &p, &plan)) {
+                snprintf(err, errlen, "%s", plan.error);
+                return -1;
+            }
+            const uint64_t at_k = mt_plan_activation_bytes(&plan);
+            if (at_k < need) need = at_k;
         }
-        uint64_t need = mt_plan_activation_bytes(&plan);
         smallest = need;
         if (need <= budget) {
             *micro_batch = B;
@@ -703,4 +762,111 @@ void mt_plan_print_fits(const mt_plan_fit *rows, int n, FILE *out)
                 mt_format_bytes(r->host_bytes, b, sizeof b), r->params ? (double)r->host_bytes / (double)r->params : 0.0,
                 verdict);
     }
+}
+
+/* How far the choice at one K is from fitting: the larger of its two sides' need over what that
+ * side has (the host's usable share, the GPU's memory); at most 1 when it fits. */
+static double overshoot(const mt_plan *plan, const mt_run_choice *run)
+{
+    double host = run->layout.usable ? (double)run->layout.host_total / (double)run->layout.usable : INFINITY;
+    double gpu = run->gpu_checked ? (double)plan->gpu_need / (double)run->gpu_memory : 0;
+    return host > gpu ? host : gpu;
+}
+
+/* run's host and GPU verdicts for params at checkpoint interval K. */
+static int choose_at_k(const mt_model_config *cfg, const mt_plan_params *params, int64_t K, mt_host_layout request,
+                       uint64_t host_available, mt_plan *plan, mt_run_choice *run)
+{
+    mt_plan_params p = *params;
+    p.checkpoint_interval = K;
+    if (mt_plan_choose(cfg, &p, request, host_available, plan, &run->layout)) return -1;
+    run->K = plan->params.checkpoint_interval;
+    run->gpu_checked = plan->params.use_gpu && run->gpu_memory > 0;
+    run->gpu_fits = !run->gpu_checked || plan->gpu_need <= run->gpu_memory;
+    run->fits = run->layout.fits && run->gpu_fits;
+    return 0;
+}
+
+int mt_plan_choose_run(const mt_model_config *cfg, const mt_plan_params *params, mt_host_layout request,
+                       uint64_t host_available, uint64_t gpu_memory, mt_plan *plan, mt_run_choice *run)
+{
+    memset(run, 0, sizeof *run);
+    run->gpu_memory = gpu_memory;
+    run->k_auto = params->checkpoint_interval == MT_PLAN_K_AUTO;
+    if (!run->k_auto) return choose_at_k(cfg, params, params->checkpoint_interval, request, host_available, plan, run);
+    /* Larger K: fewer checkpoints, one larger block of saved activations; the need is not
+     * monotone in K, so every K is tried from the top. */
+    const int64_t L = cfg->layers;
+    int64_t least_k = L;
+    double least = INFINITY;
+    const char *missed = "host";
+    mt_run_choice at = *run;
+    for (int64_t K = L; K >= 1; K--) {
+        if (choose_at_k(cfg, params, K, request, host_available, plan, &at)) return -1;
+        if (at.fits) {
+            *run = at;
+            run->k_auto = true;
+            snprintf(run->why_k, sizeof run->why_k, "K=%" PRId64 " (--checkpoint-every auto): %s", K,
+                     K == L ? "every layer in one block fits" : "the largest K whose plan fits the host and the GPU");
+            if (K < L) {
+                mt_run_choice above = at;
+                mt_plan next;
+                if (choose_at_k(cfg, params, K + 1, request, host_available, &next, &above) == 0) {
+                    char b[32], have[32];
+                    const bool gpu = !above.gpu_fits;
+                    size_t n = strlen(run->why_k);
+                    snprintf(run->why_k + n, sizeof run->why_k - n, "; K=%" PRId64 " needs %s of %s on the %s",
+                             K + 1, mt_format_bytes(gpu ? next.gpu_need : above.layout.host_total, b, sizeof b),
+                             mt_format_bytes(gpu ? gpu_memory : above.layout.usable, have, sizeof have),
+                             gpu ? "GPU" : "host (its usable share)");
+                }
+            }
+            return 0;
+        }
+        const double m = overshoot(plan, &at);
+        if (m < least) {
+            least = m;
+            least_k = K;
+            missed = at.gpu_fits ? "host" : "GPU";
+        }
+    }
+    if (choose_at_k(cfg, params, least_k, request, host_available, plan, run)) return -1;
+    run->k_auto = true;
+    snprintf(run->why_k, sizeof run->why_k,
+             "--checkpoint-every auto: no K from 1 to %" PRId64 " fits; K=%" PRId64 " comes nearest (the %s over)", L,
+             least_k, missed);
+    return 0;
+}
+
+int mt_plan_run_refusal(const mt_plan *plan, const mt_run_choice *run, char *err, size_t errlen)
+{
+    if (run->fits) return 0;
+    char why[1536];
+    if (!run->layout.fits) {
+        if (mt_plan_check_host(plan, run->layout.available, why, sizeof why) == 0)
+            snprintf(why, sizeof why, "%s", run->layout.why);
+    } else {
+        mt_plan_check_gpu(plan, run->gpu_memory, why, sizeof why);
+    }
+    if (run->k_auto) snprintf(err, errlen, "%s: %s", run->why_k, why);
+    else snprintf(err, errlen, "%s", why);
+    return -1;
+}
+
+void mt_plan_print_run(const mt_plan *plan, const mt_run_choice *run, const char *gpu_source, FILE *out)
+{
+    char need[32], have[32];
+    if (run->k_auto) fprintf(out, "checkpoint interval: %s\n", run->why_k);
+    if (!plan->params.use_gpu) return;
+    mt_format_bytes(plan->gpu_need, need, sizeof need);
+    if (!run->gpu_checked) {
+        fprintf(out, "GPU: needs %" PRIu64 " bytes (%s: the buffers, StarPU's margin and the CUDA context); not "
+                     "checked: no CUDA device here (--gpu-memory BYTES checks against a device's size)\n",
+                plan->gpu_need, need);
+        return;
+    }
+    fprintf(out, "GPU: needs %" PRIu64 " bytes (%s: the buffers, StarPU's margin and the CUDA context), %s the %s "
+                 "of the GPU (%s)\n",
+            plan->gpu_need, need, run->gpu_fits ? "within" : "over",
+            mt_format_bytes(run->gpu_memory, have, sizeof have), gpu_source);
 }

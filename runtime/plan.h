@@ -20,6 +20,19 @@
 /* Share of the available host memory a plan may use; the rest stays free for the OS, the page
  * cache, StarPU's own buffers and the data loader. */
 #define MT_PLAN_HOST_USABLE_PERCENT 90
+/* With a GPU, the device holds besides the graph's buffers (gpu_total) StarPU's own small
+ * allocations, granted as bench's STARPU_LIMIT_CUDA_MEM grants them: this share of the buffers
+ * and this many bytes on top. */
+#define MT_PLAN_GPU_MARGIN_PERCENT 2
+#define MT_PLAN_GPU_MARGIN_BYTES ((uint64_t)256 << 20)
+/* ... and the CUDA context's device side: the context itself, the kernels of libcudart, cuBLASLt
+ * and cuDNN loaded on first use, cuBLAS's workspace. An estimate, as the host side's
+ * (MT_PLAN_CUDA) is: bench's note "whole device in use at the end" less its peak GPU, on a GPU
+ * host, gives the figure to put here. */
+#define MT_PLAN_GPU_CONTEXT_BYTES ((uint64_t)1 << 30)
+/* mt_plan_params.checkpoint_interval asked as "auto" (--checkpoint-every auto): mt_plan_choose_run
+ * takes the largest K whose plan fits the host and the GPU. mt_plan_compute refuses it. */
+#define MT_PLAN_K_AUTO 0
 
 /* How a run's host state holds the training state (runtime/state.h allocates it so; the plan
  * counts it; docs/design.md, section 1.1). */
@@ -110,6 +123,11 @@ typedef struct mt_plan {
     uint64_t gpu[MT_PLAN_KIND_COUNT];
     bool host_pinned[MT_PLAN_KIND_COUNT];
     uint64_t host_total, host_pinned_total, gpu_total;
+    /* With a GPU (0 without): StarPU's margin (MT_PLAN_GPU_MARGIN_*) and the CUDA context
+     * (MT_PLAN_GPU_CONTEXT_BYTES), apart from gpu_total, which counts the graph's buffers alone
+     * (what bench compares StarPU's peak with); gpu_need = gpu_total + both, what the device must
+     * hold. */
+    uint64_t gpu_margin, gpu_context, gpu_need;
     /* Not in the totals: the second gradient of every tile (pinned with a GPU) that
      * deferred moments halves add (mt_step_config.adamw_defer, --adamw-defer on); 0 in the
      * compact layout, which does not defer. */
@@ -188,9 +206,55 @@ void mt_plan_print_fits(const mt_plan_fit *rows, int n, FILE *out);
  * the plan needs, what there is, and what to change. */
 int mt_plan_check_host(const mt_plan *plan, uint64_t available_bytes, char *err, size_t errlen);
 
-/* Checks the GPU side against a device's free memory (no headroom rule: the caller passes what
- * it grants the run, e.g. the STARPU_LIMIT_CUDA_MEM it will set). Returns 0 or -1 with a message. */
-int mt_plan_check_gpu(const mt_plan *plan, uint64_t available_bytes, char *err, size_t errlen);
+/* Checks the GPU side against a device of `device_bytes`: the plan fits when its gpu_need (the
+ * buffers, StarPU's margin and the CUDA context) is at most that. A plan without a GPU always
+ * fits. Returns 0, or -1 with a message giving the need by kind (weights and gradients in flight,
+ * checkpoints, block activations, workspaces and inputs, margin, context), the device's size, and
+ * what to change. */
+int mt_plan_check_gpu(const mt_plan *plan, uint64_t device_bytes, char *err, size_t errlen);
+
+/* What StarPU may allocate on the GPU for the plan's buffers (its STARPU_LIMIT_CUDA_MEM, bench's
+ * cap): gpu_total and the margin, in MiB rounded down. */
+uint64_t mt_plan_gpu_limit_mib(const mt_plan *plan);
+
+/* The memory of the first CUDA device (cudaGetDeviceProperties' total, without creating a
+ * context); 0 in a build without CUDA or without a device. Memory other processes hold on it is
+ * not taken off. */
+uint64_t mt_gpu_memory_total(void);
+
+/* The GPU memory a run with `ncuda` CUDA workers is checked against: `given` (--gpu-memory) when
+ * not 0, else mt_gpu_memory_total(); 0 (no check) without CUDA workers. *source says which
+ * ("--gpu-memory", "device 0", "none"). */
+uint64_t mt_plan_gpu_memory(uint64_t given, int ncuda, const char **source);
+
+/* A run's plan chosen on both sides: the host layout (mt_plan_choose) and, with K asked as
+ * MT_PLAN_K_AUTO, the checkpoint interval. */
+typedef struct mt_run_choice {
+    mt_layout_choice layout;   /* the host side, at the chosen K */
+    bool k_auto;               /* K was asked as auto */
+    int64_t K;                 /* the plan's K: chosen, or as given clamped to the layers */
+    uint64_t gpu_memory;       /* the device's bytes the GPU side is checked against; 0: not checked */
+    bool gpu_checked;          /* a GPU plan and a known device size */
+    bool gpu_fits;             /* true also when not checked */
+    bool fits;                 /* layout.fits && gpu_fits */
+    char why_k[320];           /* with auto: the choice of K in one sentence */
+} mt_run_choice;
+
+/* Plans params under the host layout `request` against `host_available` bytes and, for a GPU
+ * plan, `gpu_memory` device bytes (0: the GPU side is not checked). With checkpoint_interval
+ * MT_PLAN_K_AUTO: the largest K from the layer count down whose plan fits both sides; when none
+ * does, the K whose plan needs least where it does not fit (the GPU's need when that side fails,
+ * else the host's), refused. *plan is the chosen one's. Returns 0 whether it fits or not, or -1
+ * with plan->error set. */
+int mt_plan_choose_run(const mt_model_config *cfg, const mt_plan_params *params, mt_host_layout request,
+                       uint64_t host_available, uint64_t gpu_memory, mt_plan *plan, mt_run_choice *run);
+/* Why a run that does not fit is refused, host first (mt_plan_check_host, else the layout's why),
+ * then the GPU (mt_plan_check_gpu), with auto's choice of K in front; returns -1, or 0 when it
+ * fits. */
+int mt_plan_run_refusal(const mt_plan *plan, const mt_run_choice *run, char *err, size_t errlen);
+/* The GPU side's lines: the need against the device (or that it is not checked, and why), and
+ * with auto the choice of K. Nothing for a plan without a GPU but the K line. */
+void mt_plan_print_run(const mt_plan *plan, const mt_run_choice *run, const char *gpu_source, FILE *out);
 
 /* Host memory available to a new run now: MemAvailable from /proc/meminfo, else the free
  * physical pages from sysconf; 0 when neither can be read. */
@@ -218,8 +282,10 @@ uint64_t mt_host_rss(void);
 uint64_t mt_plan_activation_bytes(const mt_plan *plan);
 
 /* Gradient accumulation: splits tokens_per_step (a multiple of base->seq_len) into the largest
- * micro-batch whose activations fit in `budget` bytes and the number of micro-batches. Returns 0,
- * or -1 with err set (not a multiple, or one sequence alone does not fit). */
+ * micro-batch whose activations fit in `budget` bytes and the number of micro-batches; with K
+ * MT_PLAN_K_AUTO, a micro-batch's activations are the least over every K (auto then picks K on
+ * both sides' memory). Returns 0, or -1 with err set (not a multiple, or one sequence alone does
+ * not fit). */
 int mt_plan_micro_batch(const mt_model_config *cfg, const mt_plan_params *base, int64_t tokens_per_step,
                         uint64_t budget, int64_t *micro_batch, int64_t *grad_accum, char *err, size_t errlen);
 

@@ -323,15 +323,24 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
                                     .eval_sequences = o->eval_sequences };
     if (mt_plan_data_bytes(o->data_path, &pp.process.data_bytes, err, errlen)) goto out;
     mt_plan plan;
-    mt_layout_choice layout;
+    mt_run_choice chosen; /* plan's choice (tools/cli/plan.c): the host layout, the GPU, auto's K */
+    const char *gpu_source;
     const uint64_t avail = mt_host_memory_available();
-    if (mt_plan_choose(&cfg, &pp, o->host_layout, avail, &plan, &layout)) {
+    const uint64_t gpu_memory = mt_plan_gpu_memory(o->gpu_memory, mt_runtime_ncuda(), &gpu_source);
+    if (mt_plan_choose_run(&cfg, &pp, o->host_layout, avail, gpu_memory, &plan, &chosen)) {
         snprintf(err, errlen, "%s", plan.error);
         goto out;
     }
-    if (!layout.fits) {
-        if (mt_plan_check_host(&plan, avail, err, errlen) == 0) snprintf(err, errlen, "%s", layout.why);
-        goto out;
+    if (mt_plan_run_refusal(&plan, &chosen, err, errlen)) goto out;
+    const mt_layout_choice layout = chosen.layout;
+    if (chosen.k_auto) {
+        run.step.K = (int)chosen.K;
+        say(log, "megatrain: checkpoint interval %s\n", chosen.why_k);
+    }
+    if (chosen.gpu_checked) {
+        char need[32], have[32];
+        say(log, "megatrain: GPU plan %s (buffers, StarPU's margin, CUDA context) within the %s of the GPU (%s)\n",
+            mt_format_bytes(plan.gpu_need, need, sizeof need), mt_format_bytes(gpu_memory, have, sizeof have), gpu_source);
     }
     const mt_state_args sa = { .cfg = &cfg, .compute_dtype = o->dtype, .layout = layout.layout };
     st = mt_state_create_with(&sa, err, errlen);

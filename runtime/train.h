@@ -46,6 +46,9 @@ typedef struct mt_train_options {
     bool dtype_explicit;       /* false: fp32 on CPU workers, bf16 when a GPU computes */
     mt_host_layout host_layout;/* AUTO (default): full with clip speculation where it fits, else
                                 * compact (runtime/plan.h: mt_plan_choose); FULL; COMPACT */
+    uint64_t gpu_memory;       /* with a CUDA worker, the GPU plan is checked against this many bytes;
+                                * 0: the device's (runtime/plan.h: mt_plan_gpu_memory). step.K may be
+                                * MT_PLAN_K_AUTO: the largest K that fits both, chosen before the state */
     int64_t sample_bytes;      /* generated after training; 0 = none */
     const char *sample_prompt;
     double time_limit;         /* seconds; stop early (after a step) when exceeded; 0 = none */

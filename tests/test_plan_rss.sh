@@ -54,7 +54,9 @@ check() {
     }' || failures=$((failures + 1))
 }
 
-check "built-in model, CPU" --ncpu 2 --ncuda 0
+# The data named to both: plan without --data counts none, train reads its default corpus.
+data=/usr/share/games/fortunes
+check "built-in model, CPU" --ncpu 2 --ncuda 0 --data "$data"
 
 # A Qwen2-like model of 25M parameters (500 MB of fp32 state), its vocabulary large beside its
 # width, as a fine-tuning's head is.
@@ -63,7 +65,8 @@ cat >"$work/mid.json" <<'EOF'
  "num_attention_heads": 6, "num_key_value_heads": 2, "vocab_size": 16384, "max_position_embeddings": 1024,
  "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": false}
 EOF
-check "25M-parameter Qwen2-like model, CPU" --config "$work/mid.json" --micro-batch 4 --seq-len 64 --ncpu 2 --ncuda 0
+check "25M-parameter Qwen2-like model, CPU" --config "$work/mid.json" --micro-batch 4 --seq-len 64 --ncpu 2 --ncuda 0 \
+    --data "$data"
 
 if [ "$failures" -ne 0 ]; then
     echo "$failures failed"

@@ -2,6 +2,7 @@
  * combination of the lists it is given, on one host state. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backends/cpu/ranged.h"
 #include "mt_build_config.h"
@@ -12,10 +13,19 @@
 
 static const char cmd[] = "megatrain bench";
 
-/* --checkpoint-every K[,K...]: the first is the step's, the list the sweep's. */
+/* --checkpoint-every K[,K...] or auto: the first is the step's, the list the sweep's; auto
+ * (MT_PLAN_K_AUTO) stands alone, the run's plan resolves it. */
 static int parse_k_list(const char *cmd, const cli_option *opt, const char *arg, void *target)
 {
     mt_bench_options *o = target;
+    if (!strcmp(arg, "auto")) {
+        o->nsweep_K = 1;
+        o->sweep_K[0] = o->step.K = MT_PLAN_K_AUTO;
+        return 0;
+    }
+    if (strstr(arg, "auto"))
+        return cli_usage_error(cmd, "--checkpoint-every: '%s': auto stands alone (the largest K that fits), not in a list",
+                               arg);
     double ks[MT_BENCH_MAX_SWEEP];
     if (cli_parse_list(cmd, "--checkpoint-every", arg, 1, 1 << 20, ks, MT_BENCH_MAX_SWEEP, &o->nsweep_K)) return 2;
     for (int i = 0; i < o->nsweep_K; i++) {
@@ -58,8 +68,9 @@ static int parse_bounds_list(const char *cmd, const cli_option *opt, const char 
     return 0;
 }
 
-static const char *show_int(const void *field, char *buf, size_t size)
+static const char *show_k(const void *field, char *buf, size_t size)
 {
+    if (*(const int *)field == MT_PLAN_K_AUTO) return "auto";
     snprintf(buf, size, "%d", *(const int *)field);
     return buf;
 }
@@ -85,7 +96,8 @@ static const cli_option run_options[] = {
 
 static const cli_option k_options[] = {
     { .name = "checkpoint-every", .arg = "K", .kind = CLI_CUSTOM, .field = FIELD(step.K), .parse = parse_k_list,
-      .show_default = true, .show = show_int, .help = "layers per recompute block; a list (1,2,4) measures each" },
+      .show_default = true, .show = show_k,
+      .help = "layers per recompute block; a list (1,2,4) measures each; auto: the largest that fits" },
 };
 
 static const cli_option clip_options[] = {
@@ -128,6 +140,7 @@ int cli_bench(int argc, char **argv)
                        "clip-speculate clip-range clip-range-max clip-range-grow clip-range-memory clip-range-check"),
         CLI_GROUP("host memory", cli_layout_options, &o.host_layout),
         CLI_GROUP("GPU memory", memory_options, &o),
+        CLI_GROUP(NULL, cli_gpu_memory_options, &o.gpu_memory),
         CLI_GROUP("workers", cli_worker_options, &o.runtime),
     };
     const cli_command c = {

@@ -423,6 +423,42 @@ const cli_option cli_batch_options[4] = {
       .max = CLI_MAX_BATCH, .help = "layers per recompute block", .show_default = true },
 };
 
+/* --checkpoint-every: a whole number in [1, CLI_MAX_BATCH], or auto. */
+static int parse_checkpoint(const char *cmd, const cli_option *opt, const char *arg, void *target)
+{
+    int *K = (int *)((char *)target + opt->field);
+    if (!strcmp(arg, "auto")) {
+        *K = MT_PLAN_K_AUTO;
+        return 0;
+    }
+    long long v;
+    if (cli_parse_int(cmd, "--checkpoint-every", arg, 1, CLI_MAX_BATCH, &v)) {
+        fprintf(stderr, "%s: --checkpoint-every takes a number of layers or auto\n", cmd);
+        return 2;
+    }
+    *K = (int)v;
+    return 0;
+}
+
+static const char *show_checkpoint(const void *field, char *buf, size_t size)
+{
+    const int K = *(const int *)field;
+    if (K == MT_PLAN_K_AUTO) return "auto";
+    snprintf(buf, size, "%d", K);
+    return buf;
+}
+
+const cli_option cli_checkpoint_options[1] = {
+    { .name = "checkpoint-every", .arg = "K", .kind = CLI_CUSTOM, .field = offsetof(mt_step_config, K),
+      .parse = parse_checkpoint, .show_default = true, .show = show_checkpoint,
+      .help = "layers per recompute block, or auto: the largest K that fits host and GPU" },
+};
+
+const cli_option cli_gpu_memory_options[1] = {
+    { .name = "gpu-memory", .arg = "BYTES", .kind = CLI_CUSTOM, .field = 0, .min = 1, .parse = cli_bytes_option,
+      .help = "check the GPU plan against this much (80G, 141GB) instead of the device's memory" },
+};
+
 /* A factor above 1 into the double field (--clip-range, --clip-range-max). */
 static int parse_ratio(const char *cmd, const cli_option *opt, const char *arg, void *target)
 {

@@ -138,6 +138,12 @@ int cli_model_config(const char *cmd, const cli_model *m, mt_model_config *cfg);
 
 /* --micro-batch, --seq-len, --accum, --checkpoint-every into an mt_step_config. */
 extern const cli_option cli_batch_options[4];
+/* --checkpoint-every K|auto into an mt_step_config's K (auto: MT_PLAN_K_AUTO, which
+ * mt_plan_choose_run resolves): train's, plan's. eval and grads take cli_batch_options' K. */
+extern const cli_option cli_checkpoint_options[1];
+/* --gpu-memory BYTES into a uint64_t, the group's target that field itself (0: the device's,
+ * runtime/plan.h: mt_plan_gpu_memory): train, plan and bench. */
+extern const cli_option cli_gpu_memory_options[1];
 /* --clip and clip speculation (the advanced knobs of ranged speculation and the AdamW deferral)
  * into an mt_step_config. */
 extern const cli_option cli_clip_options[8];

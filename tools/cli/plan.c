@@ -17,14 +17,15 @@ typedef struct plan_request {
     bool cpu;              /* --cpu: --ncuda 0 */
     bool shapes;           /* --shapes: the published shapes' table */
     uint64_t host_memory;  /* 0: MemAvailable */
+    uint64_t gpu_memory;   /* 0: the device's (mt_plan_gpu_memory) */
 } plan_request;
 
 #define FIELD(name) offsetof(mt_train_options, name)
 
 /* train's options of the same names (tools/cli/train.c), into the same fields. */
 static const cli_option run_options[] = {
-    { .name = "data", .arg = "PATH", .kind = CLI_STRING, .field = FIELD(data_path), .show_default = true,
-      .help = "train's data: its size is counted, a prepared directory sets --seq-len" },
+    { .name = "data", .arg = "PATH", .kind = CLI_STRING, .field = FIELD(data_path),
+      .help = "train's data: its size is counted, a prepared directory sets --seq-len (default: none counted)" },
     { .name = "dtype", .arg = "fp32|bf16", .kind = CLI_CUSTOM, .field = FIELD(dtype), .parse = cli_dtype_option,
       .help = "streamed weights and compute (default: bf16 with a GPU, else fp32)" },
 };
@@ -55,10 +56,12 @@ int cli_plan(int argc, char **argv)
     const cli_group groups[] = {
         CLI_GROUP_ONLY("model and data", cli_model_options, &model, "config model shape layers rope-scaling"),
         CLI_GROUP(NULL, run_options, &o),
-        CLI_GROUP("batch", cli_batch_options, &o.step),
+        CLI_GROUP_ONLY("batch", cli_batch_options, &o.step, "micro-batch seq-len accum"),
+        CLI_GROUP(NULL, cli_checkpoint_options, &o.step),
         CLI_GROUP(NULL, tokens_options, &o),
         CLI_GROUP("host memory", cli_layout_options, &o.host_layout),
         CLI_GROUP(NULL, plan_options, &req),
+        CLI_GROUP("GPU memory", cli_gpu_memory_options, &req.gpu_memory),
         CLI_GROUP_ONLY("workers", cli_worker_options, &o.runtime, "ncpu ncuda"),
     };
     const cli_command c = {
@@ -70,7 +73,8 @@ int cli_plan(int argc, char **argv)
                  "the host and the GPU: the state, the step's buffers, and the process around them (runtime,\n"
                  "CPU workers' activations, CUDA, data); the host layouts compared (bytes per parameter =\n"
                  "host total / parameters), the one chosen and why, and whether it fits in MemAvailable (or\n"
-                 "--host-memory). With --shapes, or --host-memory and no model: for each published shape, its\n"
+                 "--host-memory) and, with a CUDA worker, in the GPU's memory (or --gpu-memory). Without --data\n"
+                 "no data is counted. With --shapes, or --host-memory and no model: for each published shape, its\n"
                  "parameters, layout, host bytes and whether it fits, else how many of its layers would.\n",
         .groups = groups,
         .ngroups = sizeof groups / sizeof groups[0],
@@ -92,14 +96,16 @@ int cli_plan(int argc, char **argv)
         snprintf(path, sizeof path, "%s/config.json", model.model_dir);
         model.config_path = path;
     }
+    /* Without --data nothing is read: train's default corpus need not be on this machine. */
+    const bool has_data = cli_was_given(&given, "data");
     /* what train does with prepared data and no --seq-len */
-    if (!cli_was_given(&given, "seq-len") && mt_dataset_is_prepared(o.data_path)) {
+    if (has_data && !cli_was_given(&given, "seq-len") && mt_dataset_is_prepared(o.data_path)) {
         int64_t T;
         if (mt_dataset_seq_len(o.data_path, &T, err, sizeof err)) return cli_failed(cmd, err);
         o.step.T = T;
     }
-    uint64_t data_bytes;
-    if (mt_plan_data_bytes(o.data_path, &data_bytes, err, sizeof err)) return cli_failed(cmd, err);
+    uint64_t data_bytes = 0;
+    if (has_data && mt_plan_data_bytes(o.data_path, &data_bytes, err, sizeof err)) return cli_failed(cmd, err);
     int ncpu, ncuda;
     mt_plan_workers(o.runtime.ncpu, req.cpu ? 0 : o.runtime.ncuda, &ncpu, &ncuda);
     /* train's rule: without --dtype, bf16 when a GPU computes, else fp32 */
@@ -114,7 +120,10 @@ int cli_plan(int argc, char **argv)
     char workers[96];
     snprintf(workers, sizeof workers, "%d CPU + %d CUDA workers%s", ncpu, ncuda,
              ncuda > 0 || req.cpu || o.runtime.ncuda == 0 ? "" : " (no CUDA device here)");
+    const char *gpu_source;
+    const uint64_t gpu_memory = mt_plan_gpu_memory(req.gpu_memory, ncuda, &gpu_source);
     if (table) {
+        if (pp.checkpoint_interval == MT_PLAN_K_AUTO) pp.checkpoint_interval = 1; /* the host side only */
         mt_plan_fit rows[MT_PLAN_NSHAPES];
         const int n = mt_plan_fit_shapes(&pp, o.host_layout, avail, rows, err, sizeof err);
         if (n < 0) return cli_failed(cmd, err);
@@ -142,21 +151,27 @@ int cli_plan(int argc, char **argv)
         pp.grad_accum = accum;
     }
     mt_plan plan;
-    mt_layout_choice choice;
-    if (mt_plan_choose(&cfg, &pp, o.host_layout, avail, &plan, &choice)) return cli_failed(cmd, plan.error);
+    mt_run_choice run;
+    if (mt_plan_choose_run(&cfg, &pp, o.host_layout, avail, gpu_memory, &plan, &run)) return cli_failed(cmd, plan.error);
+    const mt_layout_choice *choice = &run.layout;
     printf("model: %s, %lld layers, hidden %lld", has_shape ? model.shape : has_dir ? model.model_dir : model.config_path,
            (long long)cfg.layers, (long long)cfg.hidden);
     if (cfg.experts > 0)
         printf(", %lld experts of which %lld per token in %lld sparse layers", (long long)cfg.experts,
                (long long)cfg.experts_per_token, (long long)mt_config_sparse_layers(&cfg));
-    printf("\nrun: %s, data %s\n", workers, o.data_path);
+    if (has_data) printf("\nrun: %s, data %s\n", workers, o.data_path);
+    else printf("\nrun: %s, no data counted (no --data)\n", workers);
     mt_plan_print(&plan, stdout);
-    mt_plan_print_choice(&choice, stdout);
-    if (!choice.fits) {
-        if (mt_plan_check_host(&plan, avail, err, sizeof err)) return cli_failed(cmd, err);
-        return cli_failed(cmd, choice.why);
+    mt_plan_print_choice(choice, stdout);
+    mt_plan_print_run(&plan, &run, gpu_source, stdout);
+    if (mt_plan_run_refusal(&plan, &run, err, sizeof err)) return cli_failed(cmd, err);
+    char gpu[96] = "";
+    if (run.gpu_checked) {
+        char need[32], dev[32];
+        snprintf(gpu, sizeof gpu, "; GPU plan %s within %s", mt_format_bytes(plan.gpu_need, need, sizeof need),
+                 mt_format_bytes(gpu_memory, dev, sizeof dev));
     }
-    printf("fits: host plan within %d%% of %s available (%s host layout)\n", MT_PLAN_HOST_USABLE_PERCENT, have,
-           mt_host_layout_name(choice.layout));
+    printf("fits: host plan within %d%% of %s available (%s host layout)%s\n", MT_PLAN_HOST_USABLE_PERCENT, have,
+           mt_host_layout_name(choice->layout), gpu);
     return 0;
 }

@@ -141,12 +141,14 @@ int cli_train(int argc, char **argv)
     const cli_group groups[] = {
         CLI_GROUP_ONLY("model and data", cli_model_options, &model, "config model rope-scaling"),
         CLI_GROUP(NULL, data_options, &o),
-        CLI_GROUP("batch", cli_batch_options, &o.step),
+        CLI_GROUP_ONLY("batch", cli_batch_options, &o.step, "micro-batch seq-len accum"),
+        CLI_GROUP(NULL, cli_checkpoint_options, &o.step),
         CLI_GROUP(NULL, tokens_options, &o),
         CLI_GROUP("optimizer", optimizer_options, &o),
         CLI_GROUP(NULL, cli_clip_options, &o.step),
         CLI_GROUP("progress and checkpoints", progress_options, &o),
         CLI_GROUP("host memory", cli_layout_options, &o.host_layout),
+        CLI_GROUP("GPU memory", cli_gpu_memory_options, &o.gpu_memory),
         CLI_GROUP("workers", cli_worker_options, &o.runtime),
     };
     const cli_command c = {

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# `megatrain plan`'s GPU side and its K: a GPU plan refused with its need by kind against a small
+# --gpu-memory and fitting a large one; --checkpoint-every auto's K fits and K+1 does not (unless
+# K is every layer), for plan and train alike; bench refusing before StarPU starts; plan without
+# --data on a machine without train's default corpus (hidden in a mount namespace).
+# Usage: test_plan_gpu.sh PATH/TO/megatrain
+set -u
+. "$(dirname "$0")/script_harness.sh" plan-gpu "$@"
+
+# expect_ok NAME PATTERN ARGS...: exit 0, stdout matching PATTERN (grep -E)
+expect_ok() {
+    local name=$1 pattern=$2
+    shift 2
+    "$megatrain" "$@" >out.txt 2>err.txt
+    rc=$?
+    if [ "$rc" -ne 0 ]; then bad "$name" "expected exit status 0"
+    elif ! grep -qE -- "$pattern" out.txt; then bad "$name" "stdout does not match '$pattern'"
+    else ok "$name"; fi
+}
+
+# expect_error NAME PATTERN ARGS...: exit 1 or 2 (not a signal), stderr matching PATTERN
+expect_error() {
+    local name=$1 pattern=$2
+    shift 2
+    "$megatrain" "$@" >out.txt 2>err.txt
+    rc=$?
+    if [ "$rc" -eq 0 ] || [ "$rc" -ge 128 ]; then bad "$name" "expected a refusal (exit 1 or 2)"
+    elif ! grep -qE -- "$pattern" err.txt; then bad "$name" "stderr does not match '$pattern'"
+    else ok "$name"; fi
+}
+
+# A 7B GPU run of 32 x 2048 tokens, the host side ample so that the GPU side decides.
+seven=(plan --shape qwen2.5-7b --micro-batch 32 --seq-len 2048 --ncuda 1 --host-memory 2T)
+
+# --- the GPU side decides ---------------------------------------------------------------------
+expect_error "7B, 32 x 2048 in 24 GiB: refused with the need by kind" \
+    'not enough GPU memory: the plan needs [0-9]+ bytes .*the GPU has 25769803776 bytes.*weights and gradients in flight .*checkpoints .*block activations .*workspaces and inputs .*CUDA context' \
+    "${seven[@]}" --gpu-memory 24G
+expect_ok "7B, 32 x 2048 in 1 TiB: fits, the GPU's line" '^GPU: needs [0-9]+ bytes .* within the 1\.00 TiB of the GPU \(--gpu-memory\)$' \
+    "${seven[@]}" --gpu-memory 1T
+grep -qE '^fits: .*; GPU plan .* within 1\.00 TiB$' out.txt && ok "the fits line names the GPU" ||
+    bad "the fits line names the GPU" "no '; GPU plan X within 1.00 TiB' on the fits line"
+expect_error "--gpu-memory takes --host-memory's sizes" "--gpu-memory.*'12Q'" "${seven[@]}" --gpu-memory 12Q
+# without --gpu-memory: the device's size, or without one the need shown and not checked
+expect_ok "without --gpu-memory: the device's, or not checked" \
+    '^GPU: needs .*(not checked: no CUDA device here|of the GPU \(device 0\))' "${seven[@]}"
+expect_ok "a CPU plan has no GPU side" '^fits: host plan within 90% of [0-9.]+ TiB available \([a-z]+ host layout\)$' \
+    plan --shape qwen2.5-0.5b --micro-batch 2 --seq-len 512 --ncuda 0 --host-memory 2T --gpu-memory 1K
+
+# --- --checkpoint-every auto ----------------------------------------------------------------
+# plan_fits ARGS...: 0 when plan with ARGS fits, 1 when it is refused for memory
+plan_fits() {
+    "$megatrain" "$@" >fit.txt 2>fit.err && return 0
+    grep -qE 'not enough (GPU|host) memory' fit.err && return 1
+    echo "unexpected failure: $(cat fit.err)" >&2
+    return 2
+}
+
+# check_auto NAME ARGS...: auto's K printed, the same plan with that K fits, with K+1 it does not
+# (unless K is every layer); the layers read from the model line.
+check_auto() {
+    local name=$1
+    shift
+    expect_ok "$name: auto chooses" '^checkpoint interval: K=[0-9]+ \(--checkpoint-every auto\)' "$@" --checkpoint-every auto
+    [ "$rc" -eq 0 ] || return
+    local K L
+    K=$(sed -nE 's/^checkpoint interval: K=([0-9]+) .*/\1/p' out.txt)
+    L=$(sed -nE 's/^model: .*, ([0-9]+) layers, .*/\1/p' out.txt)
+    plan_fits "$@" --checkpoint-every "$K"
+    [ $? -eq 0 ] && ok "$name: K=$K fits" || bad "$name: K=$K fits" "plan --checkpoint-every $K was refused"
+    if [ "$K" -lt "$L" ]; then
+        plan_fits "$@" --checkpoint-every $((K + 1))
+        [ $? -eq 1 ] && ok "$name: K=$((K + 1)) does not" || bad "$name: K=$((K + 1)) does not" "it was not refused for memory"
+    else
+        ok "$name: K=$K is every layer ($L)"
+    fi
+}
+
+check_auto "7B, 32 x 2048 on 141 GB" "${seven[@]}" --gpu-memory 141GB
+check_auto "0.5B, 16 x 4096 on 30 GiB" plan --shape qwen2.5-0.5b --micro-batch 16 --seq-len 4096 --ncuda 1 --host-memory 2T \
+    --gpu-memory 30G
+check_auto "0.5B, 2 x 512 on 80 GiB: every layer" plan --shape qwen2.5-0.5b --micro-batch 2 --seq-len 512 --ncuda 1 \
+    --host-memory 2T --gpu-memory 80G
+expect_ok "an explicit K is kept" '^  B=32 x T=2048 x accumulation 1 = 65536 tokens/step, K=3 ' "${seven[@]}" --gpu-memory 141GB \
+    --checkpoint-every 3
+expect_error "auto where no K fits: refused, saying so" 'no K from 1 to 28 fits.*not enough GPU memory' "${seven[@]}" \
+    --gpu-memory 16G --checkpoint-every auto
+expect_error "--checkpoint-every takes a number or auto" 'number of layers or auto' "${seven[@]}" --checkpoint-every most
+
+# train and bench: the same option, the same refusal before any long work
+expect_error "bench refuses a GPU plan over --gpu-memory before StarPU starts" 'not enough GPU memory' \
+    bench --shape qwen2.5-0.5b --micro-batch 4 --seq-len 1024 --gpu-memory 1G --steps 1 --warmup 0
+expect_error "bench --checkpoint-every auto stands alone" 'auto stands alone' bench --shape tiny --checkpoint-every 2,auto
+expect_ok "train --checkpoint-every auto on the CPU: the choice in the log" \
+    '^megatrain: checkpoint interval K=[0-9]+ \(--checkpoint-every auto\)' \
+    train --steps 1 --sample-bytes 0 --eval-every 0 --ncpu 2 --ncuda 0 --micro-batch 2 --seq-len 64 --checkpoint-every auto
+grep -qE '^megatrain: 1 step of 1 x 2 x 64 tokens, K=6,' out.txt && ok "train ran at auto's K (the built-in model's 6 layers)" ||
+    bad "train ran at auto's K (the built-in model's 6 layers)" "no 'K=6' on the run line"
+
+# --- plan without --data ----------------------------------------------------------------------
+default=/usr/share/games/fortunes
+shape=(plan --shape qwen2.5-7b --micro-batch 32 --seq-len 2048 --host-memory 2T)
+expect_ok "no --data: no data counted" '^run: .*, no data counted \(no --data\)$' "${shape[@]}"
+# the default corpus hidden: an empty tmpfs over its directory, in a user and mount namespace
+if unshare -rm sh -c "mount -t tmpfs none ${default%/*}" 2>/dev/null; then
+    unshare -rm sh -c "mount -t tmpfs none ${default%/*} && exec \"\$0\" \"\$@\"" "$megatrain" "${shape[@]}" >out.txt 2>err.txt
+    rc=$?
+    if [ "$rc" -eq 0 ] && grep -q '^fits: ' out.txt; then ok "no --data, and no $default: plans"
+    else bad "no --data, and no $default: plans" "expected exit status 0 and a fits line"; fi
+    unshare -rm sh -c "mount -t tmpfs none ${default%/*} && exec \"\$0\" \"\$@\"" "$megatrain" "${shape[@]}" --data "$default" \
+        >out.txt 2>err.txt
+    rc=$?
+    if [ "$rc" -eq 1 ] && grep -q "$default: No such file or directory" err.txt; then ok "an explicit --data missing: named"
+    else bad "an explicit --data missing: named" "expected exit status 1 naming $default"; fi
+else
+    echo "skip the hidden default corpus: no user and mount namespace here (unshare -rm)"
+fi
+expect_error "an explicit --data that does not exist" "$work/none: No such file or directory" "${shape[@]}" --data "$work/none"
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
