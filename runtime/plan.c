@@ -54,8 +54,9 @@ static uint64_t host_state_bytes(const mt_plan *plan, uint64_t elem)
 {
     uint64_t embed = round_up_u64((uint64_t)plan->tile_numel[MT_TILE_EMBED] * elem, MT_PLAN_TILE_BYTES_ALIGN);
     uint64_t layer = round_up_u64((uint64_t)plan->tile_numel[MT_TILE_LAYER] * elem, MT_PLAN_TILE_BYTES_ALIGN);
+    uint64_t dense = round_up_u64((uint64_t)plan->dense_layer_numel * elem, MT_PLAN_TILE_BYTES_ALIGN);
     uint64_t head = round_up_u64((uint64_t)plan->tile_numel[MT_TILE_HEAD] * elem, MT_PLAN_TILE_BYTES_ALIGN);
-    return embed + (uint64_t)(plan->num_tiles - 2) * layer + head;
+    return embed + (uint64_t)(plan->num_tiles - 2 - plan->dense_layers) * layer + (uint64_t)plan->dense_layers * dense + head;
 }
 
 /* The process's costs beyond the state and the graph's buffers, from the peak resident set
@@ -157,6 +158,18 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
         if (lay.numel > plan->max_tile_numel) plan->max_tile_numel = lay.numel;
     }
     plan->num_tiles = cfg->layers + 2;
+    /* A model mixing dense and sparse layers: each host tile has its own layer's size (state.c),
+     * the GPU buffers that of the larger. */
+    plan->dense_layers = 0;
+    plan->dense_layer_numel = 0;
+    if (mt_config_sparse_layers(cfg) > 0 && mt_config_has_dense_layers(cfg))
+        for (int64_t l = 0; l < cfg->layers; l++)
+            if (!mt_config_layer_is_sparse(cfg, l)) {
+                mt_layout_build_layer(cfg, l, &lay);
+                plan->dense_layers++;
+                plan->dense_layer_numel = lay.numel;
+                if (lay.numel > plan->max_tile_numel) plan->max_tile_numel = lay.numel;
+            }
     plan->num_checkpoints = (int64_t)((L + K - 1) / K);
     plan->weight_elem_bytes = p->compute == MT_DTYPE_BF16 ? 2 : 4;
 
@@ -177,8 +190,11 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
     plan->host_clip_flags = 0;
     for (int t = MT_TILE_EMBED; t <= MT_TILE_HEAD; t++) {
         const uint64_t bytes = mt_ranged_flags_bytes(plan->tile_numel[t], MT_RANGED_SIDE_ROOM_DEFAULT);
-        plan->host_clip_flags += t == MT_TILE_LAYER ? (uint64_t)(plan->num_tiles - 2) * bytes : bytes;
+        plan->host_clip_flags += t == MT_TILE_LAYER ? (uint64_t)(plan->num_tiles - 2 - plan->dense_layers) * bytes : bytes;
     }
+    if (plan->dense_layers)
+        plan->host_clip_flags += (uint64_t)plan->dense_layers *
+                                 mt_ranged_flags_bytes(plan->dense_layer_numel, MT_RANGED_SIDE_ROOM_DEFAULT);
     /* state.c's mt_state_enable_grad_alt: every tile (the table's moments are deferred too) */
     plan->host_grad_alt = compact ? 0 : host_state_bytes(plan, 4);
 
@@ -204,7 +220,7 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
          * backward, with several micro-batches, a block's K layers together (one layer
          * otherwise) and one more being converted; at the end, the table's with layer 0's being
          * converted. Without a GPU, StarPU allocates them in host memory. */
-        const uint64_t E = (uint64_t)plan->tile_numel[MT_TILE_EMBED], Ly = (uint64_t)plan->tile_numel[MT_TILE_LAYER];
+        const uint64_t E = (uint64_t)plan->tile_numel[MT_TILE_EMBED], Ly = (uint64_t)mt_layout_largest_layer_numel(cfg);
         const uint64_t H = (uint64_t)plan->tile_numel[MT_TILE_HEAD], n = p->grad_accum > 1 ? K : 1;
         const uint64_t anchor = (cfg->tied ? E : 0) + H, backward = (cfg->tied ? E : 0) + (n + 1) * Ly, table = E + Ly;
         uint64_t most = anchor > backward ? anchor : backward;

@@ -115,6 +115,8 @@ typedef struct mt_plan {
                                  * experts' routed experts only; param_count for a dense model) */
     int64_t flops_params;      /* mt_config_flops_params */
     int64_t tile_numel[3];     /* elements of the embedding, one layer and the head tile (padded) */
+    int64_t dense_layers;      /* layers of a model mixing dense and sparse layers that are dense (0 otherwise) */
+    int64_t dense_layer_numel; /* elements of such a dense layer's tile (tile_numel's layer is the sparse one) */
     int64_t num_tiles;         /* L + 2 */
     int64_t max_tile_numel;    /* the largest tile: every GPU weight buffer is this size */
     int64_t num_checkpoints;   /* ceil(L / K), per micro-batch */

@@ -17,6 +17,7 @@
 #include "models/layout.h"
 #include "models/util.h"
 #include "runtime/checkpoint.h"
+#include "runtime/plan.h"
 #include "runtime/state.h"
 #include "runtime/step.h"
 #include "runtime/train.h"
@@ -337,6 +338,35 @@ START_TEST(test_mixed_bf16_dense_larger)
 }
 END_TEST
 
+/* The plan of a mixed model counts each host tile at its own layer's size, as the host state
+ * allocates them, and sizes the GPU's layer buffers by the larger layer. */
+START_TEST(test_mixed_plan_bytes)
+{
+    const mt_model_config cfg = step_config(
+        "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 20, \"intermediate_size\": 200, \"num_hidden_layers\": 3,"
+        " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 6, \"vocab_size\": 29,"
+        " \"max_position_embeddings\": 64, \"num_experts\": 5, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 7",
+        ", \"mlp_only_layers\": [2]");
+    char err[512];
+    mt_host_state *st = mt_state_create(&cfg, MT_DTYPE_F32, 0, err, sizeof err);
+    ck_assert_msg(st, "%s", err);
+    uint64_t want = 0;
+    for (int i = 0; i < st->ntiles; i++)
+        want += ((uint64_t)st->tiles[i].numel * 4 + MT_PLAN_TILE_BYTES_ALIGN - 1) / MT_PLAN_TILE_BYTES_ALIGN *
+                MT_PLAN_TILE_BYTES_ALIGN;
+    mt_plan_params p = { .micro_batch = 2, .seq_len = 8, .grad_accum = 1, .checkpoint_interval = 1,
+                         .compute = MT_DTYPE_F32, .use_gpu = false };
+    mt_plan plan;
+    ck_assert_msg(mt_plan_compute(&cfg, &p, &plan) == 0, "%s", plan.error);
+    ck_assert_uint_eq(plan.host[MT_PLAN_MASTER], want);
+    ck_assert_int_eq(plan.dense_layers, 1);
+    /* the dense layer (intermediate 200) is the largest tile, larger than the sparse layers' */
+    ck_assert_int_eq(plan.max_tile_numel, mt_layout_largest_layer_numel(&cfg));
+    ck_assert_int_gt(plan.max_tile_numel, plan.tile_numel[MT_TILE_LAYER]);
+    mt_state_destroy(st);
+}
+END_TEST
+
 /* Saved as an HF directory: a dense layer's MLP and a sparse layer's experts under their names
  * and shapes, and neither under the other's; loaded back bit for bit. */
 START_TEST(test_mixed_hf_roundtrip)
@@ -431,6 +461,7 @@ static Suite *moe_step_suite(void)
     tcase_add_test(mixed, test_mixed_whole_model);
     tcase_add_test(mixed, test_mixed_bf16_dense_larger);
     tcase_add_test(mixed, test_mixed_hf_roundtrip);
+    tcase_add_test(mixed, test_mixed_plan_bytes);
     tcase_add_test(mixed, test_mixed_resume);
     suite_add_tcase(s, mixed);
     return s;
