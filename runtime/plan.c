@@ -843,7 +843,7 @@ int mt_plan_choose_run(const mt_model_config *cfg, const mt_plan_params *params,
         if (m < least) {
             least = m;
             least_k = K;
-            missed = at.gpu_fits ? "host" : "GPU";
+            missed = at.gpu_fits ? "host" : at.layout.fits ? "GPU" : "host and the GPU";
         }
     }
     if (choose_at_k(cfg, params, least_k, request, host_available, plan, run)) return -1;
