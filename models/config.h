@@ -91,6 +91,8 @@ typedef struct mt_model_config {
     double router_aux_loss_coef; /* weight of the load-balancing loss in the objective */
     bool output_router_logits;   /* the config's switch for that loss (saved as read) */
     mt_router_aux_mode router_aux; /* a run's override of output_router_logits; never saved */
+    double router_aux_coef_run;  /* with router_aux ON: the run's coefficient (--router-aux-loss); never
+                                  * saved, so a saved config keeps router_aux_loss_coef as read */
 } mt_model_config;
 
 /* Reads and validates a config.json. Returns 0, or -1 with a message in err naming the file and

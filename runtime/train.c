@@ -231,7 +231,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
             return -1;
         }
         cfg.router_aux = o->router_aux_loss > 0 ? MT_ROUTER_AUX_ON : MT_ROUTER_AUX_OFF;
-        if (o->router_aux_loss > 0) cfg.router_aux_loss_coef = o->router_aux_loss;
+        if (o->router_aux_loss > 0) cfg.router_aux_coef_run = o->router_aux_loss;
     }
     const bool prepared = mt_dataset_is_prepared(o->data_path);
     if (!prepared && cfg.vocab < 256) {

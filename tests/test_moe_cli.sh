@@ -165,6 +165,17 @@ else ok "--router-aux-loss"; fi
 mt train --model base "${run[@]}" --steps 3 --resume ck3 --router-aux-loss 0.1
 if [ "$rc" -eq 0 ] || ! grep -q 'router-aux-loss' err.txt; then bad "--resume checks --router-aux-loss" "not refused"
 else ok "--resume checks --router-aux-loss"; fi
+# a run's coefficient is not the model's: the saved config keeps the base's two keys
+mt train --model base "${run[@]}" --steps 3 --resume ck3 --router-aux-loss 0.5 --save-model aux-saved
+if [ "$rc" -ne 0 ]; then bad "--router-aux-loss --save-model" "the run failed"
+elif ! python3 - base/config.json aux-saved/config.json <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+for k in ("router_aux_loss_coef", "output_router_logits"):
+    assert a.get(k) == b.get(k), f"{k}: base {a.get(k)!r}, saved {b.get(k)!r}"
+PY
+then bad "--router-aux-loss --save-model" "see above"
+else ok "--router-aux-loss --save-model keeps the model's keys"; fi
 mt train --steps 1 --router-aux-loss 0.1 --ncpu 2 --ncuda 0
 if [ "$rc" -eq 0 ] || ! grep -q 'no mixture-of-experts layer' err.txt; then
     bad "--router-aux-loss on a dense model" "not refused"

@@ -78,5 +78,7 @@ double mt_config_router_aux_coef(const mt_model_config *cfg)
 {
     const bool on = cfg->router_aux == MT_ROUTER_AUX_ON ||
                     (cfg->router_aux == MT_ROUTER_AUX_FROM_CONFIG && cfg->output_router_logits);
-    return on && mt_config_sparse_layers(cfg) > 0 ? cfg->router_aux_loss_coef : 0.0;
+    if (!on || mt_config_sparse_layers(cfg) == 0) return 0.0;
+    return cfg->router_aux == MT_ROUTER_AUX_ON && cfg->router_aux_coef_run > 0 ? cfg->router_aux_coef_run
+                                                                                 : cfg->router_aux_loss_coef;
 }
