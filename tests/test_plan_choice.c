@@ -1,0 +1,209 @@
+/* The memory plan's GPU side (the buffers, StarPU's margin and the CUDA context against the
+ * device) and the choice of K under --checkpoint-every auto on either side. */
+#include <check.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backends/cpu/ops.h"
+#include "codelets/codelets.h"
+#include "mt_build_config.h"
+#include "models/config.h"
+#include "runtime/plan.h"
+#include "tests/testutil.h"
+
+#define GiB ((uint64_t)1 << 30)
+
+/* The GPU side: what the device must hold is the buffers, StarPU's margin (bench's cap: 2% and
+ * 256 MiB) and the CUDA context; the check refuses one byte short of it, naming the kinds, and a
+ * plan without a GPU has no GPU side. */
+START_TEST(test_gpu_check)
+{
+    mt_model_config c;
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-0.5b", &c), 0);
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 61);
+    for (int trial = 0; trial < 6; trial++) {
+        mt_plan_params p = { .micro_batch = 1 + (int64_t)(mt_test_uniform(&rng) * 8),
+                             .seq_len = 256 * (1 + (int64_t)(mt_test_uniform(&rng) * 16)),
+                             .grad_accum = 1 + (int64_t)(mt_test_uniform(&rng) * 3),
+                             .checkpoint_interval = 1 + (int64_t)(mt_test_uniform(&rng) * 24),
+                             .compute = MT_DTYPE_BF16, .use_gpu = true, .layout = trial % 2 ? MT_LAYOUT_COMPACT : MT_LAYOUT_FULL };
+        mt_plan plan;
+        ck_assert_msg(mt_plan_compute(&c, &p, &plan) == 0, "%s", plan.error);
+        const uint64_t g = plan.gpu_total;
+        ck_assert_uint_gt(g, 0);
+        ck_assert_uint_eq(plan.gpu_margin, g * 2 / 100 + ((uint64_t)256 << 20));
+        ck_assert_uint_eq(plan.gpu_context, MT_PLAN_GPU_CONTEXT_BYTES);
+        ck_assert_uint_eq(plan.gpu_need, g + plan.gpu_margin + plan.gpu_context);
+        /* bench's STARPU_LIMIT_CUDA_MEM as it was written before the plan gave it */
+        ck_assert_uint_eq(mt_plan_gpu_limit_mib(&plan), ((g + g / 50) >> 20) + 256);
+        char err[1536];
+        ck_assert_msg(mt_plan_check_gpu(&plan, plan.gpu_need, err, sizeof err) == 0, "%s", err);
+        ck_assert_int_eq(mt_plan_check_gpu(&plan, plan.gpu_need - 1, err, sizeof err), -1);
+        char need[64];
+        snprintf(need, sizeof need, "needs %" PRIu64 " bytes", plan.gpu_need);
+        ck_assert_msg(strstr(err, need), "%s", err);
+        ck_assert_msg(strstr(err, "weights and gradients in flight") && strstr(err, "checkpoints") &&
+                          strstr(err, "workspaces") && strstr(err, "CUDA context"), "%s", err);
+    }
+    mt_plan_params cpu = { .micro_batch = 3, .seq_len = 512, .grad_accum = 1, .checkpoint_interval = 2,
+                           .compute = MT_DTYPE_F32, .use_gpu = false };
+    mt_plan plan;
+    ck_assert_int_eq(mt_plan_compute(&c, &cpu, &plan), 0);
+    ck_assert_uint_eq(plan.gpu_need, 0);
+    char err[1536];
+    ck_assert_int_eq(mt_plan_check_gpu(&plan, 1, err, sizeof err), 0);
+    /* where the GPU's size comes from */
+    const char *source;
+    ck_assert_uint_eq(mt_plan_gpu_memory(5 * GiB, 1, &source), 5 * GiB);
+    ck_assert_str_eq(source, "--gpu-memory");
+    ck_assert_uint_eq(mt_plan_gpu_memory(5 * GiB, 0, &source), 0);
+    ck_assert_str_eq(source, "none");
+    ck_assert_uint_eq(mt_plan_gpu_memory(0, 1, &source), mt_gpu_memory_total());
+#if !MT_HAVE_CUDA
+    ck_assert_uint_eq(mt_gpu_memory_total(), 0);
+#endif
+}
+END_TEST
+
+/* Auto K on the GPU side: against a device size between the K's needs, the choice is the largest
+ * K that fits (brute force over every K); K+1 does not fit unless K is every layer; an explicit K
+ * is kept as given; a device smaller than every K's need is refused at the K nearest to fitting. */
+START_TEST(test_auto_k_gpu)
+{
+    mt_model_config c;
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-0.5b", &c), 0);
+    const int64_t L = c.layers;
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 67);
+    for (int trial = 0; trial < 5; trial++) {
+        mt_plan_params p = { .micro_batch = 2 + (int64_t)(mt_test_uniform(&rng) * 14),
+                             .seq_len = 1024 * (1 + (int64_t)(mt_test_uniform(&rng) * 4)),
+                             .grad_accum = 1 + (int64_t)(mt_test_uniform(&rng) * 2),
+                             .checkpoint_interval = MT_PLAN_K_AUTO, .compute = MT_DTYPE_BF16, .use_gpu = true };
+        uint64_t need[64], lo = UINT64_MAX, hi = 0;
+        for (int64_t K = 1; K <= L; K++) {
+            mt_plan_params q = p;
+            q.checkpoint_interval = K;
+            mt_plan plan;
+            ck_assert_int_eq(mt_plan_compute(&c, &q, &plan), 0);
+            need[K] = plan.gpu_need;
+            if (need[K] < lo) lo = need[K];
+            if (need[K] > hi) hi = need[K];
+        }
+        ck_assert_uint_lt(lo, hi);
+        const uint64_t device = lo + (uint64_t)((double)(hi - lo) * (0.1 + 0.8 * mt_test_uniform(&rng)));
+        int64_t expect = 0;
+        for (int64_t K = L; K >= 1 && !expect; K--)
+            if (need[K] <= device) expect = K;
+        ck_assert_int_gt(expect, 0);
+        mt_plan plan;
+        mt_run_choice run;
+        ck_assert_msg(mt_plan_choose_run(&c, &p, MT_LAYOUT_AUTO, 1ULL << 50, device, &plan, &run) == 0, "%s", plan.error);
+        ck_assert(run.k_auto && run.gpu_checked && run.fits);
+        ck_assert_int_eq(run.K, expect);
+        ck_assert_int_eq(plan.params.checkpoint_interval, expect);
+        ck_assert_uint_le(plan.gpu_need, device);
+        if (expect < L) {
+            ck_assert_uint_gt(need[expect + 1], device);
+            ck_assert_msg(strstr(run.why_k, "needs") != NULL, "%s", run.why_k);
+        }
+        char err[2048];
+        ck_assert_int_eq(mt_plan_run_refusal(&plan, &run, err, sizeof err), 0);
+        /* explicit K: kept, and refused when it does not fit */
+        for (int64_t K = 1; K <= L; K += 5) {
+            mt_plan_params q = p;
+            q.checkpoint_interval = K;
+            ck_assert_int_eq(mt_plan_choose_run(&c, &q, MT_LAYOUT_AUTO, 1ULL << 50, device, &plan, &run), 0);
+            ck_assert(!run.k_auto);
+            ck_assert_int_eq(run.K, K);
+            ck_assert(run.fits == (need[K] <= device));
+            ck_assert_int_eq(mt_plan_run_refusal(&plan, &run, err, sizeof err), need[K] <= device ? 0 : -1);
+        }
+        /* nothing fits: the K of the least need, refused with the GPU's numbers */
+        int64_t least = L;
+        for (int64_t K = L; K >= 1; K--)
+            if (need[K] < need[least]) least = K;
+        ck_assert_int_eq(mt_plan_choose_run(&c, &p, MT_LAYOUT_AUTO, 1ULL << 50, lo - 1, &plan, &run), 0);
+        ck_assert(!run.fits && !run.gpu_fits && run.k_auto);
+        ck_assert_int_eq(run.K, least);
+        ck_assert_int_eq(mt_plan_run_refusal(&plan, &run, err, sizeof err), -1);
+        ck_assert_msg(strstr(err, "no K from 1 to 24 fits") && strstr(err, "not enough GPU memory"), "%s", err);
+    }
+}
+END_TEST
+
+/* Auto K on a CPU plan: the host side alone decides (the checkpoints and the block live there),
+ * the choice the largest K within the usable share, and no GPU side (a device size is ignored). */
+START_TEST(test_auto_k_host)
+{
+    mt_model_config c;
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-0.5b", &c), 0);
+    const int64_t L = c.layers;
+    mt_plan_params p = { .micro_batch = 8, .seq_len = 2048, .grad_accum = 1, .checkpoint_interval = MT_PLAN_K_AUTO,
+                         .compute = MT_DTYPE_F32, .use_gpu = false };
+    uint64_t host[64], lo = UINT64_MAX, hi = 0;
+    for (int64_t K = 1; K <= L; K++) {
+        mt_plan_params q = p;
+        q.checkpoint_interval = K;
+        mt_plan plan;
+        mt_layout_choice choice;
+        ck_assert_int_eq(mt_plan_choose(&c, &q, MT_LAYOUT_AUTO, 1ULL << 50, &plan, &choice), 0);
+        host[K] = choice.host_total;
+        if (host[K] < lo) lo = host[K];
+        if (host[K] > hi) hi = host[K];
+    }
+    ck_assert_uint_lt(lo, hi);
+    /* available such that the usable 90% lies between the least and the most */
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 71);
+    const uint64_t usable = lo + (uint64_t)((double)(hi - lo) * (0.2 + 0.6 * mt_test_uniform(&rng)));
+    const uint64_t available = usable / 90 * 100 + 100;
+    int64_t expect = 0;
+    for (int64_t K = L; K >= 1 && !expect; K--)
+        if (host[K] <= available / 100 * 90) expect = K;
+    mt_plan plan;
+    mt_run_choice run;
+    ck_assert_int_eq(mt_plan_choose_run(&c, &p, MT_LAYOUT_AUTO, available, 1, &plan, &run), 0);
+    ck_assert(run.fits && !run.gpu_checked && run.k_auto);
+    ck_assert_int_eq(run.K, expect);
+    if (expect < L) ck_assert_uint_gt(host[expect + 1], available / 100 * 90);
+}
+END_TEST
+
+/* --tokens-per-step with auto K: the micro-batch is the largest whose activations fit the budget
+ * at some K, so at least as large as with any one K. */
+START_TEST(test_micro_batch_auto_k)
+{
+    mt_model_config c;
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-0.5b", &c), 0);
+    mt_plan_params base = { .seq_len = 1024, .checkpoint_interval = MT_PLAN_K_AUTO, .compute = MT_DTYPE_BF16,
+                            .use_gpu = true };
+    char err[512];
+    int64_t B, accum;
+    ck_assert_msg(mt_plan_micro_batch(&c, &base, 64 * 1024, 6 * GiB, &B, &accum, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(B * accum, 64);
+    for (int64_t K = 1; K <= c.layers; K += 3) {
+        mt_plan_params q = base;
+        q.checkpoint_interval = K;
+        int64_t Bk, ak;
+        if (mt_plan_micro_batch(&c, &q, 64 * 1024, 6 * GiB, &Bk, &ak, err, sizeof err) == 0) ck_assert_int_ge(B, Bk);
+    }
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("plan_choice");
+    TCase *tc = tcase_create("plan_choice");
+    tcase_add_test(tc, test_gpu_check);
+    tcase_add_test(tc, test_auto_k_gpu);
+    tcase_add_test(tc, test_auto_k_host);
+    tcase_add_test(tc, test_micro_batch_auto_k);
+    suite_add_tcase(s, tc);
+    return mt_test_run(s, false);
+}
