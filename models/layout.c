@@ -109,23 +109,30 @@ void mt_layout_build(const mt_model_config *cfg, mt_tile_kind kind, mt_tile_layo
     out->numel = at;
 }
 
-void mt_layout_build_layer(const mt_model_config *cfg, int64_t layer, mt_tile_layout *out)
+static void layer_layout(const mt_model_config *cfg, bool sparse, mt_tile_layout *out)
 {
     memset(out, 0, sizeof *out);
     out->kind = MT_TILE_LAYER;
-    build_layer(cfg, mt_config_layer_is_sparse(cfg, layer), out);
+    build_layer(cfg, sparse, out);
+}
+
+void mt_layout_build_layer(const mt_model_config *cfg, int64_t layer, mt_tile_layout *out)
+{
+    layer_layout(cfg, mt_config_layer_is_sparse(cfg, layer), out);
+}
+
+bool mt_layout_build_dense_layer(const mt_model_config *cfg, mt_tile_layout *out)
+{
+    if (mt_config_sparse_layers(cfg) == 0 || !mt_config_has_dense_layers(cfg)) return false;
+    layer_layout(cfg, false, out);
+    return true;
 }
 
 int64_t mt_layout_largest_layer_numel(const mt_model_config *cfg)
 {
-    mt_tile_layout lay;
+    mt_tile_layout lay, dense;
     mt_layout_build(cfg, MT_TILE_LAYER, &lay);
-    int64_t n = lay.numel;
-    if (mt_config_sparse_layers(cfg) > 0 && mt_config_has_dense_layers(cfg)) {
-        build_layer(cfg, false, &lay);
-        if (lay.numel > n) n = lay.numel;
-    }
-    return n;
+    return mt_layout_build_dense_layer(cfg, &dense) && dense.numel > lay.numel ? dense.numel : lay.numel;
 }
 
 bool mt_layout_is_sparse(const mt_tile_layout *layout)

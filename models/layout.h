@@ -73,6 +73,10 @@ void mt_layout_build(const mt_model_config *cfg, mt_tile_kind kind, mt_tile_layo
 /* The layout of decoder layer `layer`: sparse or dense as mt_config_layer_is_sparse says. */
 void mt_layout_build_layer(const mt_model_config *cfg, int64_t layer, mt_tile_layout *out);
 
+/* A model that mixes dense and sparse layers: the layout of its dense layers into out, true;
+ * any other model (one layout serves every layer: mt_layout_build's): false, out untouched. */
+bool mt_layout_build_dense_layer(const mt_model_config *cfg, mt_tile_layout *out);
+
 /* Elements of the largest decoder layer tile of the model: a model with dense and sparse layers
  * has two layer layouts, and buffers that hold any layer's tile are sized by the larger. */
 int64_t mt_layout_largest_layer_numel(const mt_model_config *cfg);

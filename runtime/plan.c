@@ -162,14 +162,11 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
      * the GPU buffers that of the larger. */
     plan->dense_layers = 0;
     plan->dense_layer_numel = 0;
-    if (mt_config_sparse_layers(cfg) > 0 && mt_config_has_dense_layers(cfg))
-        for (int64_t l = 0; l < cfg->layers; l++)
-            if (!mt_config_layer_is_sparse(cfg, l)) {
-                mt_layout_build_layer(cfg, l, &lay);
-                plan->dense_layers++;
-                plan->dense_layer_numel = lay.numel;
-                if (lay.numel > plan->max_tile_numel) plan->max_tile_numel = lay.numel;
-            }
+    if (mt_layout_build_dense_layer(cfg, &lay)) {
+        plan->dense_layers = cfg->layers - mt_config_sparse_layers(cfg);
+        plan->dense_layer_numel = lay.numel;
+        if (lay.numel > plan->max_tile_numel) plan->max_tile_numel = lay.numel;
+    }
     plan->num_checkpoints = (int64_t)((L + K - 1) / K);
     plan->weight_elem_bytes = p->compute == MT_DTYPE_BF16 ? 2 : 4;
 

@@ -298,13 +298,7 @@ mt_host_state *mt_state_create_with(const mt_state_args *args, char *err, size_t
     mt_layout_build(cfg, MT_TILE_EMBED, &st->layout_embed);
     mt_layout_build(cfg, MT_TILE_LAYER, &st->layout_layer);
     mt_layout_build(cfg, MT_TILE_HEAD, &st->layout_head);
-    const bool mixed = mt_config_sparse_layers(cfg) > 0 && mt_config_has_dense_layers(cfg);
-    if (mixed)
-        for (int64_t l = 0; l < cfg->layers; l++)
-            if (!mt_config_layer_is_sparse(cfg, l)) {
-                mt_layout_build_layer(cfg, l, &st->layout_dense_layer);
-                break;
-            }
+    const bool mixed = mt_layout_build_dense_layer(cfg, &st->layout_dense_layer);
     st->ntiles = (int)cfg->layers + 2;
     st->tiles = calloc(st->ntiles, sizeof *st->tiles);
 
