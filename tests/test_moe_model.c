@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backends/cpu/ops.h"
 #include "models/config.h"
@@ -130,6 +131,38 @@ START_TEST(test_defaults)
                                  " \"num_experts\": 4, \"sliding_window\": 4096}", "mixtral-alias");
     ck_assert_int_eq(b.experts, 4);
     ck_assert_int_eq(b.sliding_window, 4096);
+}
+END_TEST
+
+/* The sparse-layer count is computed in closed form: it must equal the per-layer rule summed
+ * over the layers for every step and mlp_only_layers list, and a config naming a billion layers
+ * must count at once (the fuzzer found the loop it replaced taking minutes). */
+START_TEST(test_sparse_count_closed_form)
+{
+    mt_model_config c = parse_ok(QWEN3_MOE_BASE "}", "base");
+    const int64_t only[][4] = { { 0, 0, 0, 0 }, { 1, 0, 0, 0 }, { 2, 0, 3, 0 }, { 4, 1, 2, 5 }, { 3, 0, 5, 7 } };
+    for (int64_t layers = 1; layers <= 13; layers++)
+        for (int64_t step = 1; step <= 5; step++)
+            for (size_t k = 0; k < sizeof only / sizeof only[0]; k++) {
+                c.layers = layers;
+                c.decoder_sparse_step = step;
+                c.mlp_only_layers_count = 0;
+                for (int64_t i = 1; i <= only[k][0]; i++)
+                    if (only[k][i] < layers) c.mlp_only_layers[c.mlp_only_layers_count++] = only[k][i];
+                int64_t want = 0;
+                for (int64_t l = 0; l < layers; l++) want += mt_config_layer_is_sparse(&c, l);
+                ck_assert_msg(mt_config_sparse_layers(&c) == want, "%lld layers, step %lld, list %zu: %lld, want %lld",
+                              (long long)layers, (long long)step, k, (long long)mt_config_sparse_layers(&c),
+                              (long long)want);
+            }
+    mt_model_config big = parse_ok("{\"model_type\": \"llama\", \"hidden_size\": 80, \"intermediate_size\": 72,"
+                                   " \"num_hidden_layers\": 1214748364, \"num_attention_heads\": 4,"
+                                   " \"vocab_size\": 1}", "many-layers");
+    const clock_t t0 = clock();
+    ck_assert_int_gt(mt_config_param_count(&big), big.layers);
+    ck_assert_int_gt(mt_config_flops_params(&big), big.layers);
+    const double took = (double)(clock() - t0) / CLOCKS_PER_SEC;
+    ck_assert_msg(took < 1.0, "counting %lld layers took %.1f s of CPU", (long long)big.layers, took);
 }
 END_TEST
 
@@ -452,6 +485,7 @@ static Suite *moe_model_suite(void)
     tcase_add_test(config, test_published_counts);
     tcase_add_test(config, test_defaults);
     tcase_add_test(config, test_sparse_layers);
+    tcase_add_test(config, test_sparse_count_closed_form);
     tcase_add_test(config, test_config_roundtrip);
     tcase_add_test(config, test_config_errors);
     tcase_add_test(config, test_router_aux_coef);

@@ -13,10 +13,17 @@ bool mt_config_layer_is_sparse(const mt_model_config *cfg, int64_t layer)
     return (layer + 1) % cfg->decoder_sparse_step == 0;
 }
 
+/* In closed form, not a loop over the layers: a config may name billions of them before the
+ * plan refuses it, and these counts are what the refusal is computed from. */
 int64_t mt_config_sparse_layers(const mt_model_config *cfg)
 {
-    int64_t n = 0;
-    for (int64_t l = 0; l < cfg->layers; l++) n += mt_config_layer_is_sparse(cfg, l);
+    if (cfg->experts <= 0 || cfg->decoder_sparse_step <= 0) return 0;
+    int64_t n = cfg->layers / cfg->decoder_sparse_step;
+    /* the entries of mlp_only_layers are distinct (validated); each that would be sparse is not */
+    for (int64_t i = 0; i < cfg->mlp_only_layers_count; i++) {
+        const int64_t l = cfg->mlp_only_layers[i];
+        n -= l >= 0 && l < cfg->layers && (l + 1) % cfg->decoder_sparse_step == 0;
+    }
     return n;
 }
 
@@ -38,21 +45,15 @@ static int64_t attention_params(const mt_model_config *cfg)
     return n;
 }
 
-/* The MLP of layer `layer`: gate, up, down of a dense layer; of a sparse one the router and all
- * experts, or (active) the router and the k experts one token uses. */
-static int64_t mlp_params(const mt_model_config *cfg, int64_t layer, bool active)
-{
-    const int64_t d = cfg->hidden;
-    if (!mt_config_layer_is_sparse(cfg, layer)) return 3 * cfg->intermediate * d;
-    const int64_t used = active ? cfg->experts_per_token : cfg->experts;
-    return cfg->experts * d + used * 3 * cfg->expert_intermediate * d;
-}
-
+/* Every layer's attention block and MLP: gate, up, down of a dense layer; of a sparse one the
+ * router and all experts, or (active) the router and the k experts one token uses. */
 static int64_t layers_params(const mt_model_config *cfg, bool active)
 {
-    int64_t n = 0;
-    for (int64_t l = 0; l < cfg->layers; l++) n += attention_params(cfg) + mlp_params(cfg, l, active);
-    return n;
+    const int64_t d = cfg->hidden, sparse = mt_config_sparse_layers(cfg);
+    const int64_t used = active ? cfg->experts_per_token : cfg->experts;
+    const int64_t dense_mlp = 3 * cfg->intermediate * d;
+    const int64_t sparse_mlp = sparse ? cfg->experts * d + used * 3 * cfg->expert_intermediate * d : 0;
+    return cfg->layers * attention_params(cfg) + (cfg->layers - sparse) * dense_mlp + sparse * sparse_mlp;
 }
 
 int64_t mt_config_param_count(const mt_model_config *cfg)
