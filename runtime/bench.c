@@ -126,12 +126,39 @@ static int trace_capacity(const mt_bench_options *o, const mt_step_config *sc, c
     return events < (1 << 22) ? (int)events : 1 << 22;
 }
 
+/* --task-log: every task the trace holds (every worker's), by start, in ms from the measured
+ * window's start `t0`; first the steps' embedding forward starts and layer 0's backward ends as
+ * the observer saw them, to cut the timeline into steps and find the boundary. */
+static void write_tasks(FILE *out, const mt_step_config *sc, const timeline *tl, double t0,
+                        mt_policy_trace_record *records, int n, int dropped)
+{
+    mt_bench_sort_records(records, n);
+    fprintf(out, "# K=%d clip %g: %d tasks%s\n", sc->K, sc->clip, n, dropped > 0 ? " (events dropped: the trace was full)" : "");
+    for (int k = 1; k <= tl->nsteps; k++)
+        if (tl->embed_start[k] >= t0)
+            fprintf(out, "# step %d: embedding forward %.3f ms, layer 0 backward end %.3f ms\n", k,
+                    1e3 * (tl->embed_start[k] - t0), tl->bwd0_end[k] > 0 ? 1e3 * (tl->bwd0_end[k] - t0) : -1.0);
+    fprintf(out, "worker,kind,name,tile,pop_ms,start_ms,end_ms\n");
+    for (int i = 0; i < n; i++) {
+        const mt_policy_trace_record *t = &records[i];
+        fprintf(out, "%d,%s,%s,%d,%.3f,%.3f,%.3f\n", t->worker, t->cuda ? "cuda" : "cpu", t->name, t->tile,
+                t->pop_s > 0 ? 1e3 * (t->pop_s - t0) : -1.0, 1e3 * (t->start_s - t0), 1e3 * (t->end_s - t0));
+    }
+}
+
 /* Ends the measured window's trace (`traced`: it began) and fills r->gpu and r->gpu_idle_s; the
- * longest gaps get their step from the embedding starts the observer saw. */
-static void gpu_time(const mt_bench_options *o, bool traced, const timeline *tl, mt_bench_result *r)
+ * longest gaps get their step from the embedding starts the observer saw. With `tasks` (the trace
+ * then held every worker's tasks) writes them there first. */
+static void gpu_time(const mt_bench_options *o, bool traced, const timeline *tl, double t0, FILE *tasks,
+                     const mt_step_config *sc, mt_bench_result *r)
 {
     mt_policy_trace_record *records = NULL;
     int n = 0, dropped = traced ? mt_policy_trace_end(MT_SCHED_CTX_INITIAL, &records, &n) : -1;
+    if (tasks && dropped >= 0) write_tasks(tasks, sc, tl, t0, records, n, dropped);
+    int ncuda = 0; /* the breakdown is the GPU's: the CUDA workers' tasks only */
+    for (int i = 0; i < n; i++)
+        if (records[i].cuda) records[ncuda++] = records[i];
+    n = ncuda;
     mt_bench_gpu_breakdown(records, n, &r->gpu);
     free(records);
     r->gpu.dropped = dropped > 0 ? dropped : 0;
@@ -304,9 +331,17 @@ static void progress(ticker *t, const mt_bench_options *o, const mt_step_config 
     ticker_phase(t, line, what);
 }
 
+/* The research logs a run may write (advanced options): NULL when not asked for. */
+typedef struct bench_logs {
+    FILE *norms; /* --norm-log */
+    FILE *tasks; /* --task-log */
+} bench_logs;
+
 static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt_model_config *cfg, mt_host_state *st,
-                   bench_data *data, mt_bench_result *r, FILE *log, ticker *tick, FILE *norms, char *err, size_t errlen)
+                   bench_data *data, mt_bench_result *r, FILE *log, ticker *tick, const bench_logs *logs, char *err,
+                   size_t errlen)
 {
+    FILE *norms = logs->norms;
     ticker_phase(tick, NULL, "building the step graph");
     mt_graph *g = mt_graph_create(st, sc, err, errlen);
     if (!g) return -1;
@@ -364,7 +399,8 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
             pthread_mutex_lock(&tl.lock);
             tl.peak_gpu = 0;
             pthread_mutex_unlock(&tl.lock);
-            traced = mt_policy_trace_begin(MT_SCHED_CTX_INITIAL, trace_capacity(o, sc, cfg)) == 0;
+            traced = mt_policy_trace_begin(MT_SCHED_CTX_INITIAL, logs->tasks ? 1 << 22 : trace_capacity(o, sc, cfg),
+                                           logs->tasks != NULL) == 0;
             adamw_cpu0 = mt_adamw_stats_seconds(stats);
             mt_adamw_stats_seconds_by_kind(stats, kind0);
             rc0 = mt_adamw_stats_ranged(stats);
@@ -416,7 +452,7 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
                 sc->K, sc->clip, (long long)rside, (long long)rarrays, 100.0 * (double)rarrays / (double)(rside + rarrays),
                 sc->ranged_side_room > 0 ? sc->ranged_side_room : MT_RANGED_SIDE_ROOM_DEFAULT);
     double window = mt_clock_s() - measure_start;
-    gpu_time(o, traced, &tl, r);
+    gpu_time(o, traced, &tl, measure_start, logs->tasks, sc, r);
     /* The measured steps' AdamW tasks, all of them (the warm-up's drained before the window). */
     r->adamw_step_cpu_s = (mt_adamw_stats_seconds(stats) - adamw_cpu0) / o->steps;
     if (log && o->steps > 0) {
@@ -519,6 +555,31 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
     return 0;
 }
 
+/* Opens the log `path` of option `opt` for writing (*f stays NULL without a path). */
+static int open_log(const char *opt, const char *path, FILE **f, char *err, size_t errlen)
+{
+    *f = NULL;
+    if (path && !(*f = fopen(path, "w"))) {
+        snprintf(err, errlen, "%s: cannot write '%s': %s", opt, path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Closes the logs; returns rc, or -1 with the message when rc was 0 and a write failed. */
+static int close_logs(const mt_bench_options *o, bench_logs *logs, int rc, char *err, size_t errlen)
+{
+    const struct { FILE *f; const char *opt, *path; } l[2] = { { logs->norms, "--norm-log", o->norm_log },
+                                                               { logs->tasks, "--task-log", o->task_log } };
+    for (int i = 0; i < 2; i++)
+        if (l[i].f && fclose(l[i].f) && rc == 0) {
+            snprintf(err, errlen, "%s: writing '%s' failed: %s", l[i].opt, l[i].path, strerror(errno));
+            rc = -1;
+        }
+    logs->norms = logs->tasks = NULL;
+    return rc;
+}
+
 int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log, FILE *table, char *err, size_t errlen)
 {
     const int count = mt_bench_count(o);
@@ -533,14 +594,16 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
     if ((o->rope_scaling && mt_config_set_rope_scaling(&cfg, o->rope_scaling, err, errlen)) ||
         mt_config_check_seq_len(&cfg, o->step.T, err, errlen))
         return -1;
-    FILE *norms = NULL;
-    if (o->norm_log && !(norms = fopen(o->norm_log, "w"))) {
-        snprintf(err, errlen, "--norm-log: cannot write '%s': %s", o->norm_log, strerror(errno));
+    bench_logs logs = { 0 };
+    if (open_log("--norm-log", o->norm_log, &logs.norms, err, errlen) ||
+        open_log("--task-log", o->task_log, &logs.tasks, err, errlen)) {
+        close_logs(o, &logs, 0, err, errlen);
         return -1;
     }
+    FILE *norms = logs.norms;
     bench_data data; /* before the plans: a wrong path is the first thing to hear of */
     if (bench_data_open(o, &cfg, &data, log, err, errlen)) {
-        if (norms) fclose(norms);
+        close_logs(o, &logs, 0, err, errlen);
         return -1;
     }
 
@@ -634,7 +697,7 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         sc.adamw_defer = r->defer;
         sc.ranged_bounds = (mt_ranged_bounds)r->bounds;
         r->bounds_used = (int)mt_ranged_bounds_used(sc.ranged_bounds);
-        if (measure(o, &sc, &cfg, st, &data, r, log, &tick, norms, err, errlen)) goto out;
+        if (measure(o, &sc, &cfg, st, &data, r, log, &tick, &logs, err, errlen)) goto out;
         if (table) {
             mt_bench_print(o, r, i == 0, table);
             fflush(table);
@@ -647,13 +710,9 @@ out:
     mt_state_destroy(st);
     mt_runtime_shutdown();
     bench_data_close(&data);
-    if (norms && fclose(norms) && rc == 0) {
-        snprintf(err, errlen, "--norm-log: writing '%s' failed: %s", o->norm_log, strerror(errno));
-        rc = -1;
-    }
-    return rc;
+    return close_logs(o, &logs, rc, err, errlen);
 fail: /* before StarPU started */
     bench_data_close(&data);
-    if (norms) fclose(norms);
+    close_logs(o, &logs, 0, err, errlen);
     return -1;
 }

@@ -54,6 +54,8 @@ typedef struct mt_gpu_breakdown {
  * "inputs" is the part after the task was popped (start_i - max(pop_i, that end)), the rest
  * waited for the task to become ready. Status MT_GPU_TRACE_OK, dropped 0. */
 void mt_bench_gpu_breakdown(mt_policy_trace_record *records, int n, mt_gpu_breakdown *out);
+/* Sorts trace records by start (then end) in place. */
+void mt_bench_sort_records(mt_policy_trace_record *records, int n);
 
 typedef struct mt_bench_options {
     const char *shape;            /* mt_config_from_shape name */
@@ -66,6 +68,7 @@ typedef struct mt_bench_options {
                                    * and 256 MiB for StarPU's own small allocations */
     int64_t layers;               /* > 0: override the shape's layer count (memory-bound tests) */
     const char *norm_log;         /* NULL, or a CSV file: every norm's sums of squares per tile */
+    const char *task_log;         /* NULL, or a CSV file: every task of the measured steps, every worker's */
     const char *rope_scaling;     /* NULL, or a --rope-scaling value (mt_config_set_rope_scaling) */
     const char *data;             /* NULL: one batch of random tokens, the same every step (what the
                                    * PyTorch script feeds); else a text file or directory (bytes

@@ -16,6 +16,11 @@ static int cmp_record_start(const void *a, const void *b)
     return (x->end_s > y->end_s) - (x->end_s < y->end_s);
 }
 
+void mt_bench_sort_records(mt_policy_trace_record *records, int n)
+{
+    if (n > 0) qsort(records, (size_t)n, sizeof *records, cmp_record_start);
+}
+
 /* Most idle first, then by name: the order the breakdown prints. */
 static int cmp_idle_desc(const void *a, const void *b)
 {
@@ -52,7 +57,7 @@ void mt_bench_gpu_breakdown(mt_policy_trace_record *records, int n, mt_gpu_break
     out->status = MT_GPU_TRACE_OK;
     out->tasks = n;
     if (n <= 0) return;
-    qsort(records, (size_t)n, sizeof *records, cmp_record_start);
+    mt_bench_sort_records(records, n);
     double last_end = records[0].end_s; /* the latest end among the tasks started so far */
     for (int i = 0; i < n; i++) {
         const mt_policy_trace_record *t = &records[i];

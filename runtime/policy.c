@@ -19,7 +19,7 @@
 
 #define MAX_PENDING 64
 
-/* One event of the trace: a CUDA worker popped, started or ended a task. */
+/* One event of the trace: a worker (a CUDA one, or any with trace_all) popped, started or ended a task. */
 enum { TRACE_POP, TRACE_START, TRACE_END };
 typedef struct trace_event {
     const struct starpu_task *task;    /* identifies the task while it lives (job ids are all 0 without FxT) */
@@ -78,6 +78,7 @@ typedef struct policy_data {
     atomic_int tracing;
     trace_event *events;
     int capacity;
+    bool trace_all;          /* CPU workers' tasks too, not only the CUDA workers' */
     atomic_int nevents;
 } policy_data;
 
@@ -272,7 +273,7 @@ static const char *task_name(const struct starpu_task *task)
 static void trace_task(policy_data *d, struct starpu_task *task, int kind)
 {
     int w = starpu_worker_get_id();
-    if (w < 0 || starpu_worker_get_type(w) != STARPU_CUDA_WORKER) return;
+    if (w < 0 || (!d->trace_all && starpu_worker_get_type(w) != STARPU_CUDA_WORKER)) return;
     int i = atomic_fetch_add_explicit(&d->nevents, 1, memory_order_relaxed);
     if (i >= d->capacity) return;
     d->events[i] = (trace_event){ .task = task, .seq = i, .t = mt_clock_s(), .name = task_name(task),
@@ -319,7 +320,7 @@ static struct starpu_task *pop_task(unsigned ctx)
     }
     STARPU_PTHREAD_MUTEX_UNLOCK(&d->lock);
     if (t) worker_is(d, w, WORKER_FETCHING, t);
-    if (t && is_gpu && tracing(d)) trace_task(d, t, TRACE_POP);
+    if (t && tracing(d)) trace_task(d, t, TRACE_POP);
     return t;
 }
 
@@ -432,7 +433,7 @@ void mt_policy_set_prefetch(unsigned sched_ctx, int enabled)
     if (d) d->prefetch = enabled;
 }
 
-int mt_policy_trace_begin(unsigned sched_ctx, int capacity)
+int mt_policy_trace_begin(unsigned sched_ctx, int capacity, bool all_workers)
 {
     policy_data *d = running(sched_ctx);
     if (!d) return -1;
@@ -442,6 +443,7 @@ int mt_policy_trace_begin(unsigned sched_ctx, int capacity)
     d->events = malloc(sizeof *d->events * (size_t)capacity);
     STARPU_ASSERT_MSG(d->events, "mt_policy_trace_begin: no memory for %d events", capacity);
     d->capacity = capacity;
+    d->trace_all = all_workers;
     atomic_store_explicit(&d->nevents, 0, memory_order_relaxed);
     atomic_store_explicit(&d->tracing, 1, memory_order_release);
     return 0;
@@ -489,6 +491,7 @@ int mt_policy_trace_end(unsigned sched_ctx, mt_policy_trace_record **records, in
         const trace_event *e = &d->events[j - 1];
         if (t[TRACE_START] > 0 && t[TRACE_END] > 0)
             r[count++] = (mt_policy_trace_record){ .name = e->name, .worker = e->worker,
+                                                   .cuda = starpu_worker_get_type(e->worker) == STARPU_CUDA_WORKER,
                                                    .tile = tile_of(d, e->first), .pop_s = t[TRACE_POP],
                                                    .start_s = t[TRACE_START], .end_s = t[TRACE_END] };
         i = j;

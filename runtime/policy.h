@@ -53,10 +53,11 @@ int mt_policy_report(unsigned sched_ctx, FILE *out);
  * progress), or -1 when the megatrain policy is not the running one. */
 long long mt_policy_finished(unsigned sched_ctx);
 
-/* One task a CUDA worker ran while the trace was on. Times are CLOCK_MONOTONIC seconds. */
+/* One task a worker ran while the trace was on. Times are CLOCK_MONOTONIC seconds. */
 typedef struct mt_policy_trace_record {
     const char *name;      /* the codelet's name (static storage), or "?" */
-    int worker;            /* the CUDA worker that ran it */
+    int worker;            /* the worker that ran it */
+    bool cuda;             /* a CUDA worker (the only kind traced unless all_workers) */
     int tile;              /* the tile whose weights are its first buffer (0 embedding, 1..L layers,
                             * L+1 head), or -1 */
     double pop_s;          /* the worker took it from the policy; 0 when that was before the trace */
@@ -64,10 +65,11 @@ typedef struct mt_policy_trace_record {
     double end_s;          /* post_exec_hook: StarPU saw its kernels complete */
 } mt_policy_trace_record;
 
-/* Starts recording every task a CUDA worker runs, into room for `capacity` events (three per
- * task: pop, start, end). Returns 0, or -1 when the megatrain policy does not run in the context
+/* Starts recording every task a CUDA worker runs (all_workers: every worker), into room for
+ * `capacity` events (three per task: pop, start, end). On a CPU worker the start is the codelet's
+ * call and the end its return. Returns 0, or -1 when the megatrain policy does not run in the context
  * (other policies have no hooks). Costs nothing while off; while on, one atomic add per event. */
-int mt_policy_trace_begin(unsigned sched_ctx, int capacity);
+int mt_policy_trace_begin(unsigned sched_ctx, int capacity, bool all_workers);
 
 /* Stops the trace; call it with no task running (after starpu_task_wait_for_all). *records gets
  * the tasks that both started and ended while it ran, in no particular order (malloc'd, the

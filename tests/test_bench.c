@@ -209,17 +209,28 @@ START_TEST(test_trace_under_policies)
     mt_policy_trace_record *r = NULL;
     int n = -1;
     ck_assert_int_eq(mt_policy_trace_end(MT_SCHED_CTX_INITIAL, &r, &n), -1); /* none began */
-    ck_assert_int_eq(mt_policy_trace_begin(MT_SCHED_CTX_INITIAL, 64), 0);
+    ck_assert_int_eq(mt_policy_trace_begin(MT_SCHED_CTX_INITIAL, 64, false), 0);
     for (int i = 0; i < 8; i++) ck_assert_int_eq(starpu_task_insert(&noop_cl, 0), 0);
     starpu_task_wait_for_all();
     ck_assert_int_eq(mt_policy_trace_end(MT_SCHED_CTX_INITIAL, &r, &n), 0);
     ck_assert_int_eq(n, 0);
     free(r);
+    /* every worker's: the eight CPU tasks, each popped, started and ended in that order */
+    ck_assert_int_eq(mt_policy_trace_begin(MT_SCHED_CTX_INITIAL, 64, true), 0);
+    for (int i = 0; i < 8; i++) ck_assert_int_eq(starpu_task_insert(&noop_cl, 0), 0);
+    starpu_task_wait_for_all();
+    ck_assert_int_eq(mt_policy_trace_end(MT_SCHED_CTX_INITIAL, &r, &n), 0);
+    ck_assert_int_eq(n, 8);
+    for (int i = 0; i < n; i++) {
+        ck_assert(!r[i].cuda);
+        ck_assert(r[i].pop_s > 0 && r[i].pop_s <= r[i].start_s && r[i].start_s <= r[i].end_s);
+    }
+    free(r);
     mt_runtime_shutdown();
 
     ro.sched = "eager";
     ck_assert_msg(mt_runtime_init(&ro, err, sizeof err) == 0, "%s", err);
-    ck_assert_int_eq(mt_policy_trace_begin(MT_SCHED_CTX_INITIAL, 64), -1);
+    ck_assert_int_eq(mt_policy_trace_begin(MT_SCHED_CTX_INITIAL, 64, false), -1);
     ck_assert_int_eq(mt_policy_trace_end(MT_SCHED_CTX_INITIAL, &r, &n), -1);
     ck_assert_ptr_null(r);
     ck_assert_int_eq(n, 0);

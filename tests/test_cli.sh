@@ -111,7 +111,7 @@ name="bench --help-all lists the advanced options"
 run bench --help-all
 missing=""
 for opt in layers clip-range clip-range-max clip-range-grow clip-range-memory clip-range-check adamw-defer \
-           ranged-bounds norm-log gpu-limit-margin prefetch no-prefetch; do
+           ranged-bounds norm-log task-log gpu-limit-margin prefetch no-prefetch; do
     grep -qE -- "^  --$opt " "$out" || missing="$missing --$opt"
 done
 if [ -n "$missing" ]; then fail "$name" "missing:$missing"
@@ -460,6 +460,29 @@ else
         --norm-log "$work/no/such/dir/norms.csv"
     if [ "$rc" -eq 0 ]; then fail "$name" "expected failure for an unwritable file"
     elif ! grep -q "norm-log: cannot write '$work/no/such/dir/norms.csv'" "$err"; then fail "$name" "error does not name the file"
+    else pass "$name"; fi
+fi
+
+# The task log: the measured steps' tasks of every worker, by start; each step's embedding
+# forward in it at the time its header gives, every task ended after it started; an unwritable
+# file is named before any work.
+name="bench --task-log"
+run bench --shape tiny --micro-batch 2 --seq-len 64 --warmup 1 --steps 2 --ncpu 2 --ncuda 0 --task-log "$work/tasks.csv"
+if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif ! grep -qx 'worker,kind,name,tile,pop_ms,start_ms,end_ms' "$work/tasks.csv"; then fail "$name" "no CSV header"
+elif [ "$(grep -c '^# step [23]: embedding forward ' "$work/tasks.csv")" -ne 2 ]; then
+    fail "$name" "expected the two measured steps' embedding forward times"
+elif ! awk -F, '/^# step/ { sub(/ ms.*/, "", $0); n = split($0, w, " "); want[w[n]] = 1; next }
+                /^[0-9]/ { rows++; if ($2 != "cpu" || $7 < $6 || $6 < $5 || $6 < last) bad = 1; last = $6
+                           if ($3 == "embedding_forward") for (t in want) if ($6 - t < 1 && t - $6 < 1) seen[t] = 1
+                           if ($3 == "adamw_params") adamw++ }
+                END { for (t in want) if (!(t in seen)) bad = 1; exit bad || rows < 20 || adamw == 0 }' "$work/tasks.csv"; then
+    fail "$name" "rows not by start, not cpu, ended before started, no AdamW, or no embedding forward at the steps' times"
+else
+    run bench --shape tiny --micro-batch 2 --seq-len 64 --warmup 1 --steps 1 --ncpu 2 --ncuda 0 \
+        --task-log "$work/no/such/dir/tasks.csv"
+    if [ "$rc" -eq 0 ]; then fail "$name" "expected failure for an unwritable file"
+    elif ! grep -q "task-log: cannot write '$work/no/such/dir/tasks.csv'" "$err"; then fail "$name" "error does not name the file"
     else pass "$name"; fi
 fi
 

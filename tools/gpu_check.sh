@@ -33,7 +33,8 @@
 #            transformers loading the saved directory (tools/torch_train.py --eval), side by side.
 #            The directories (15 GB each) go to TMPDIR, not $OUT, and are removed.
 #   width    the 7B width with 12 layers and the 14B width with 8 (--layers), 16 x 2048, clip 1,
-#            on DATA, megatrain then PyTorch at the same shape (TORCH=0 skips it).
+#            on DATA, megatrain then PyTorch at the same shape (TORCH=0 skips it); TASKLOG=1 writes
+#            each run's tasks (bench --task-log) to $OUT/tasks_SHAPE_lN.csv.
 #   numerics the default bf16 GPU path against a plain PyTorch loop (tools/torch_train.py): the same
 #            random Qwen2.5-0.5B model, 100 steps of 4 x 2048 tokens of DATA in sequential order,
 #            the same schedule, clipping and AdamW; the mean relative difference of the losses, for
@@ -163,7 +164,8 @@ width)
     for sl in qwen2.5-7b:12 qwen2.5-14b:8; do
         s=${sl%:*} l=${sl#*:}
         run "bench_${s}_l$l" "$B/tools/megatrain" bench --shape "$s" --layers "$l" --micro-batch 16 --seq-len 2048 \
-            --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-4} --data "$DATA"
+            --checkpoint-every ${K:-2} --clip 1 --warmup 2 --steps ${STEPS:-4} --data "$DATA" \
+            ${TASKLOG:+--task-log "$OUT/tasks_${s}_l$l.csv"}
         [ "${TORCH:-1}" = 1 ] && run "torch_${s}_l$l" python3 tools/torch_bench.py --shape "$s" --layers "$l" \
             --micro-batch 16 --seq-len 2048 --warmup 2 --steps 4
     done

@@ -124,6 +124,8 @@ static const cli_option memory_options[] = {
       .help = "avx512|avx2 (approximate) or exact; a list measures each (default avx512)" },
     { .name = "norm-log", .arg = "FILE", .kind = CLI_STRING, .field = FIELD(norm_log), .advanced = true,
       .help = "every norm's sums of squares per tile as CSV (what ranged predicts from)" },
+    { .name = "task-log", .arg = "FILE", .kind = CLI_STRING, .field = FIELD(task_log), .advanced = true,
+      .help = "every task of the measured steps, CPU and GPU workers', as CSV (megatrain policy)" },
 };
 
 int cli_bench(int argc, char **argv)
