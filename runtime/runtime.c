@@ -13,6 +13,7 @@
 #include "codelets/mt_starpu.h"
 
 #include "mt_build_config.h"
+#include "runtime/dist.h"
 #include "runtime/policy.h"
 #include "runtime/watchdog.h"
 #if MT_HAVE_CUDA
@@ -115,7 +116,18 @@ int mt_runtime_init(const mt_runtime_options *opts, char *err, size_t errlen)
     /* Each worker is one core: a multithreaded BLAS inside a task would oversubscribe them
      * and make results depend on thread timing. */
     openblas_set_num_threads(1);
-    int ret = starpu_init(&conf);
+    const bool dist = o.distributed && mt_dist_launched();
+    if (dist && o.ncpu < 0) {
+        const int share = mt_runtime_cores() / mt_dist_local_size();
+        conf.ncpus = share > 1 ? share : 1;
+    }
+    if (dist && mt_dist_local_size() > 1 && conf.ncuda != 0) {
+        conf.ncuda = 1;
+        conf.use_explicit_workers_cuda_gpuid = 1;
+        conf.workers_cuda_gpuid[0] = (unsigned)mt_dist_local_rank();
+    }
+    if (dist && mt_dist_start(&conf, err, errlen)) return -1;
+    int ret = dist ? 0 : starpu_init(&conf);
     if (ret == -ENODEV) {
         snprintf(err, errlen, "StarPU found no worker (asked for %d CPU and %d CUDA workers)", o.ncpu, o.ncuda);
         return -1;
@@ -142,7 +154,8 @@ void mt_runtime_shutdown(void)
 {
     mt_watchdog_stop(watchdog);
     watchdog = NULL;
-    starpu_shutdown();
+    if (mt_dist_running()) mt_dist_shutdown();
+    else starpu_shutdown();
 }
 
 int mt_runtime_ncpu(void) { return (int)starpu_cpu_worker_get_count(); }

@@ -24,6 +24,10 @@ typedef struct mt_runtime_options {
      * stalled: reported and ended (runtime/watchdog.h); 0: no watchdog. Default
      * MT_WATCHDOG_DEFAULT_S. */
     double watchdog_s;
+    /* Launched as one of several ranks (runtime/dist.h): start MPI and StarPU-MPI with StarPU,
+     * the node's cores shared among its ranks (ncpu -1), each rank on its own GPU (the rank's
+     * place on the node). Ignored when not launched so. */
+    bool distributed;
 } mt_runtime_options;
 
 /* The names of cuda.attention and cuda.qblock, as MT_ATTENTION and MT_ATTENTION_QBLOCK spell

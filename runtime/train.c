@@ -14,6 +14,7 @@
 #include "models/util.h"
 #include "runtime/data.h"
 #include "runtime/dataset.h"
+#include "runtime/dist.h"
 #include "mt_build_config.h"
 #include "runtime/checkpoint.h"
 #include "runtime/files.h"
@@ -290,6 +291,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
      * The caller that stops runs on signals gets its handler back. */
     struct sigaction caller_sigint;
     sigaction(SIGINT, NULL, &caller_sigint);
+    run.runtime.distributed = true; /* when launched as one of several ranks (runtime/dist.h) */
     if (mt_runtime_init(&o->runtime, err, errlen)) {
         mt_run_data_close(&data);
         return -1;
@@ -297,6 +299,17 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     if (o->stop_signal) sigaction(SIGINT, &caller_sigint, NULL);
     /* Without an explicit --dtype: bf16 when a GPU computes (the fast path), fp32 on CPU workers. */
     if (!o->dtype_explicit) run.dtype = mt_runtime_ncuda() > 0 ? MT_DTYPE_BF16 : MT_DTYPE_F32;
+    /* Several ranks: each trains its share of the global batch on the whole host state (the
+     * gradients are summed over the ranks in the step graph); rank 0 alone logs and writes the
+     * checkpoint, the metrics and the model. */
+    const int ranks = mt_dist_size(), rank = mt_dist_rank();
+    if (rank > 0) {
+        log = NULL;
+        run.checkpoint_path = NULL;
+        run.metrics_path = NULL;
+        run.save_model_dir = NULL;
+    }
+    if (ranks > 1 && o->host_layout == MT_LAYOUT_AUTO) run.host_layout = MT_LAYOUT_FULL;
     int rc = -1;
     mt_host_state *st = NULL;
     mt_graph *g = NULL;
@@ -307,6 +320,12 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     char identity[256];
     mt_train_data_identity(&data, identity, sizeof identity);
     mt_train_settings(o, identity, settings, sizeof settings);
+    if (ranks > 1 && o->host_layout == MT_LAYOUT_COMPACT) {
+        snprintf(err, errlen, "--host-layout compact: a run over %d ranks sums the gradients in fp32, which the compact "
+                 "layout does not keep; use --host-layout full (or auto)", ranks);
+        goto out;
+    }
+    if (mt_dist_check_same("options or data", settings, strlen(settings), err, errlen)) goto out;
     if (resumed && mt_train_check_settings(o, o->resume_path, resumed->settings, settings, log, err, errlen)) goto out;
     /* Leftovers of killed runs (numbered checkpoints' and links' temporaries share the prefix). */
     if (o->checkpoint_path) mt_remove_stale_temporaries_of(o->checkpoint_path, log, "megatrain");
@@ -350,7 +369,8 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     g = mt_graph_create(st, &o->step, err, errlen);
     if (!g) goto out;
 
-    const int64_t per_step = o->step.accum * o->step.B * o->step.T;
+    /* per_step: the global batch's tokens, every rank's; this rank trains its slice of it */
+    const int64_t rank_step = o->step.accum * o->step.B * o->step.T, per_step = rank_step * ranks;
     tok = malloc(sizeof *tok * per_step);
     tgt = malloc(sizeof *tgt * per_step);
     vtok = malloc(sizeof *vtok * (o->eval_sequences + o->step.B) * o->step.T);
@@ -384,6 +404,10 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
                 mt_host_layout_name(layout.layout), mt_host_layout_name(o->host_layout),
                 (double)layout.host_total / (double)plan.param_count, layout.why);
         mt_graph_log_defer(g, log, "megatrain");
+        if (ranks > 1)
+            fprintf(log, "megatrain: %d ranks (StarPU-MPI), each training %d x %lld sequences of the global batch's %lld; "
+                         "the gradients summed over the ranks before the norm and AdamW (no clip speculation)\n",
+                    ranks, o->step.accum, (long long)o->step.B, (long long)(o->step.accum * o->step.B * ranks));
     }
     mt_rng rng;
     mt_rng_seed(&rng, o->seed);
@@ -416,7 +440,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     if (save_only) say(log, "megatrain: the checkpoint is at step %lld, the run ends at step %lld: nothing to train\n",
                        (long long)meta->step, (long long)last);
     /* Training data passed per step, for the epoch count. */
-    const double epoch_per_step = ds ? (double)(o->step.accum * o->step.B) / (double)ds->train.n_seq
+    const double epoch_per_step = ds ? (double)(o->step.accum * o->step.B * ranks) / (double)ds->train.n_seq
                                      : (double)per_step / (double)corpus->ntrain;
 
     double t0 = mt_clock_s();
@@ -488,14 +512,16 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         }
         if (s <= last) {
             if (s == first && o->stop_signal && (sig = *o->stop_signal)) break;
-            const int64_t windows = o->step.accum * o->step.B;
+            /* every rank draws the global batch (the same windows, the same generator state) */
+            const int64_t windows = o->step.accum * o->step.B * ranks;
             mt_run_data_batch(&data, o->data_shuffle, o->seed, (s - 1) * windows, &rng, windows, o->step.T, tok, tgt);
+            const int32_t *my_tok = tok + rank * rank_step, *my_tgt = tgt + rank * rank_step;
             const double lr = mt_lr_at(o, s);
             /* AdamW's step counts the updates applied (they are the steps, unless some were skipped). */
             if (!skip_mode) {
-                slot = mt_graph_submit_step(g, ++updates, tok, tgt, lr);
+                slot = mt_graph_submit_step(g, ++updates, my_tok, my_tgt, lr);
             } else {
-                slot = mt_graph_submit_compute(g, s, tok, tgt);
+                slot = mt_graph_submit_compute(g, s, my_tok, my_tgt);
                 mt_graph_submit_norm(g);
                 next_loss = mt_graph_wait_loss(g, slot, NULL);
                 next_norm = o->step.clip > 0 ? read_norm(g) : NAN;

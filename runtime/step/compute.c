@@ -12,6 +12,7 @@
 #include "codelets/grad_home.h"
 #include "codelets/head.h"
 #include "codelets/layer.h"
+#include "runtime/dist.h"
 #include "runtime/policy.h"
 
 void *mt_step_hint(mt_graph *g, int tile, uint32_t ahead)
@@ -142,12 +143,14 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
     mt_tile *embed = mt_state_embed(st), *head = mt_state_head(st);
     const int head_tile = st->ntiles - 1, last_block = g->nblocks - 1;
     const bool compact = st->layout == MT_LAYOUT_COMPACT;
-    const bool clipped = g->sc.clip > 0 && !compact; /* the compute tasks take the sums of squares */
+    /* the compute tasks take the sums of squares; across ranks the sum's task does (dist.c) */
+    const bool clipped = g->sc.clip > 0 && !compact && g->dist_size == 1;
+    const bool ranks = g->dist_size > 1;
 
     submit_forward(g, sl->h_tokens, M, sl, step, true);
     /* The load-balancing loss's gradient scale: coef x E / R^2 for a micro-batch's R router rows,
      * each micro-batch's loss weighing 1 / M in the step's objective (mt_graph_wait_loss). */
-    const double aux_scale = mt_moe_aux_grad_scale(st->cfg.experts, g->aux_rows, g->aux_coef, 1.0 / M);
+    const double aux_scale = mt_moe_aux_grad_scale(st->cfg.experts, g->aux_rows, g->aux_coef, 1.0 / (M * g->dist_size));
 
     /* Loss anchor: dh_L goes to grad[u][L % 2], the input of layer L-1's backward. */
     for (int u = 0; u < M; u++) {
@@ -169,6 +172,7 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
                                         STARPU_TASK_SCHED_DATA, first ? mt_step_hint(g, last_block * K + 1, 0) : NULL, 0),
                      "head");
         if (compact && u == M - 1) insert_grad_home(g, head);
+        if (ranks && u == M - 1) mt_step_dist_reduce(g, head);
         if (sumsq) mt_speculation_insert_known(&g->speculation, st, g->partial, head_tile);
         /* The forward's hidden states are dead now (the recompute rewrites them): dropped, so
          * that making room on the GPU never copies them back to the host. */
@@ -214,6 +218,7 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
                                                 MT_OBSERVE_END(&g->observer, last, MT_EV_BACKWARD, step, t->index), 0),
                              "layer_backward");
                 if (compact && last) insert_grad_home(g, t);
+                if (ranks && last) mt_step_dist_reduce(g, t);
                 if (sumsq) mt_speculation_insert_known(&g->speculation, st, g->partial, t->index);
                 mt_step_drop(g->saved[i - lo]);
             }
@@ -244,6 +249,7 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
                                         STARPU_TASK_SCHED_DATA, last ? mt_step_hint(g, 1, 1) : NULL, 0),
                      "embedding_backward");
         if (compact && last) insert_grad_home(g, embed);
+        if (ranks && last) mt_step_dist_reduce(g, embed);
         mt_step_drop(g->grad[u][0]);
         mt_step_drop(g->grad[u][1]);
     }
@@ -275,14 +281,18 @@ int mt_step_submit_compute(mt_graph *g, int64_t step, const int32_t *tokens, con
     const int accum = g->sc.accum;
     int64_t counted = 0;
     for (int64_t e = 0; e < accum * g->ntok; e++) counted += targets[e] >= 0;
+    /* across ranks the objective is the mean over every rank's targets (collective: every rank
+     * submits its steps in the same order) */
+    if (g->dist_size > 1) counted = mt_dist_sum_i64(counted);
     for (int u = 0; u < accum; u++) {
         fill_handle(sl->h_tokens[u], sl->tokens + u * g->ntok, tokens + u * g->ntok, g->ntok * sizeof(int32_t));
         fill_handle(sl->h_targets[u], sl->targets + u * g->ntok, targets + u * g->ntok, g->ntok * sizeof(int32_t));
         if (sl->h_router_stats) zero_handle(sl->h_router_stats[u], sl->router_stats + u * 2 * g->st->cfg.experts,
                                             2 * (size_t)g->st->cfg.experts * sizeof(double));
     }
-    /* The step's loss is the mean over every counted target of every micro-batch, plus, with the
-     * load-balancing loss, coef x the mean over the micro-batches of each one's aux loss. */
+    /* The step's loss is the mean over every counted target of every micro-batch (of every
+     * rank), plus, with the load-balancing loss, coef x the mean over the micro-batches of each
+     * one's aux loss. */
     double loss_scale = counted > 0 ? 1.0 / (double)counted : 0.0;
     submit_micro_batches(g, sl, step, loss_scale, early_table);
 
@@ -310,6 +320,13 @@ double mt_graph_wait_loss(mt_graph *g, int slot_id, double *grad_norm)
         starpu_data_acquire(sl->h_router_stats[u], STARPU_R);
         aux += mt_moe_aux_loss(g->st->cfg.experts, g->aux_rows, sl->router_stats + u * 2 * g->st->cfg.experts);
         starpu_data_release(sl->h_router_stats[u]);
+    }
+    if (g->dist_size > 1) {
+        /* the global batch's: every rank's sums, added in rank order (the same bits everywhere) */
+        const double mine[3] = { sum, count, aux };
+        double all[3];
+        mt_dist_sum_f64(mine, all, 3);
+        sum = all[0], count = all[1], aux = all[2] / g->dist_size;
     }
     aux *= g->aux_coef / g->sc.accum;
     double norm = NAN;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "backends/cpu/table_sumsq.h"
+#include "runtime/dist.h"
 #include "runtime/policy.h"
 
 mt_step_config mt_step_defaults(void)
@@ -120,10 +121,24 @@ static void describe_model(mt_graph *g)
                                    .table_nchunks = t->nchunks, .table_chunks = chunks };
 }
 
-mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err, size_t errlen)
+mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc_in, char *err, size_t errlen)
 {
     const bool gpu = starpu_cuda_worker_get_count() > 0;
+    /* Across ranks each tile's update waits for its gradient's sum (runtime/step/dist.c):
+     * nothing to speculate on before it, and the sum is taken over the whole gradient. */
+    mt_step_config dist_sc = *sc_in;
+    const int ranks = mt_dist_size();
+    if (ranks > 1) {
+        dist_sc.clip_speculate = 0;
+        dist_sc.adamw_defer = 0;
+    }
+    const mt_step_config *sc = &dist_sc;
     if (check_config(st, sc, gpu, err, errlen)) return NULL;
+    if (ranks > 1 && st->layout == MT_LAYOUT_COMPACT) {
+        snprintf(err, errlen, "a run over %d ranks needs the full host layout (--host-layout full): the gradients are "
+                 "summed over the ranks in fp32, and the compact layout keeps them in bf16", ranks);
+        return NULL;
+    }
     mt_graph *g = calloc(1, sizeof *g);
     if (mt_speculation_init(&g->speculation, st, sc, gpu, err, errlen)) {
         free(g);
@@ -134,6 +149,12 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc, char *err
     g->updates_submitted = calloc(st->ntiles, sizeof *g->updates_submitted);
     g->ready_notes = calloc((size_t)MT_STEP_READY_RING * st->ntiles, sizeof *g->ready_notes);
     g->sc = *sc;
+    g->dist_rank = mt_dist_rank();
+    g->dist_size = ranks;
+    if (ranks > 1) {
+        g->dist_recv = calloc((size_t)st->ntiles * ranks, sizeof *g->dist_recv);
+        g->dist_recv_mem = calloc((size_t)st->ntiles * ranks, sizeof *g->dist_recv_mem);
+    }
     g->ntok = sc->B * sc->T;
     g->nblocks = (int)((st->cfg.layers + sc->K - 1) / sc->K);
     const int64_t d = st->cfg.hidden;
@@ -236,6 +257,7 @@ void mt_graph_destroy(mt_graph *g)
     starpu_data_unregister(g->scratch_layer);
     starpu_data_unregister(g->scratch_head);
     for (int i = 0; i < g->st->ntiles; i++) starpu_data_unregister(g->partial[i]);
+    mt_step_dist_free(g);
     mt_speculation_destroy(&g->speculation, g->st);
     for (int c = 0; c < mt_state_embed(g->st)->nchunks; c++) {
         starpu_data_unregister(g->embed_partial[c]);

@@ -85,6 +85,12 @@ struct mt_graph {
     mt_adamw_stats stats;                     /* the AdamW tasks' counters and timers */
     mt_update_ctx update;                     /* what the AdamW tasks share */
     mt_speculation speculation;
+    /* A distributed run's ranks (runtime/dist.h; size 1: one process) and, on each tile's
+     * owner, the receive buffers of the other ranks' gradients ((ntiles * dist_size), NULL
+     * until used; dist.c). */
+    int dist_rank, dist_size;
+    starpu_data_handle_t *dist_recv;
+    float **dist_recv_mem;
 };
 
 /* Checkpoint of block b for micro-batch u. */
@@ -107,5 +113,11 @@ bool mt_step_split_update(const mt_graph *g, int tile);
 /* table.c: the table's update started before its embedding backward (clipping: sp says how it
  * speculates). */
 void mt_step_submit_table_early(mt_graph *g, int slot, int64_t step, double lr, mt_speculation_choice sp);
+
+/* dist.c: tile t's gradient, whole on this rank, summed over the ranks (every rank then holds
+ * the sum), then with clipping its sum of squares into partial[t]. After the tile's last
+ * gradient task is submitted; only when dist_size > 1. */
+void mt_step_dist_reduce(mt_graph *g, mt_tile *t);
+void mt_step_dist_free(mt_graph *g);
 
 #endif

@@ -1,0 +1,41 @@
+/* reduce (codelets/reduce.h). */
+#include "codelets/reduce.h"
+
+#include <stdlib.h>
+
+
+static void grad_sum_cpu(void *buffers[], void *cl_arg)
+{
+    mt_grad_sum_args a;
+    starpu_codelet_unpack_args(cl_arg, &a);
+    const int n = STARPU_TASK_GET_NBUFFERS(starpu_task_get_current());
+    const int64_t numel = (int64_t)STARPU_VECTOR_GET_NX(buffers[0]);
+    float **g = malloc(sizeof *g * (size_t)n);
+    for (int k = 0; k < n; k++) g[k] = (float *)STARPU_VECTOR_GET_PTR(buffers[k]);
+    float *out = g[a.own];
+    for (int64_t i = 0; i < numel; i++) {
+        float s = g[0][i];
+        for (int k = 1; k < n; k++) s += g[k][i];
+        out[i] = s;
+    }
+    free(g);
+}
+
+struct starpu_codelet mt_cl_grad_sum = {
+    .name = "grad_sum",
+    .cpu_funcs = { grad_sum_cpu },
+    .nbuffers = STARPU_VARIABLE_NBUFFERS,
+};
+
+static void grad_sumsq_cpu(void *buffers[], void *cl_arg)
+{
+    (void)cl_arg;
+    mt_codelet_sumsq_cpu(buffers[0], buffers[1]);
+}
+
+struct starpu_codelet mt_cl_grad_sumsq = {
+    .name = "grad_sumsq",
+    .cpu_funcs = { grad_sumsq_cpu },
+    .nbuffers = 2,
+    .modes = { STARPU_R, STARPU_W },
+};

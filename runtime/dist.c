@@ -1,0 +1,126 @@
+/* The process group (runtime/dist.h): MPI and StarPU-MPI started together, and collectives of a
+ * few values through MPI itself. */
+#include "runtime/dist.h"
+
+#include <mpi.h>
+#include <starpu_mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool running;
+static int rank, size = 1;
+
+/* The first of the launchers' variables that is set, as a positive integer; else `fallback`. */
+static int env_int(const char *const *names, int fallback)
+{
+    for (int i = 0; names[i]; i++) {
+        const char *v = getenv(names[i]);
+        char *end;
+        long n = v ? strtol(v, &end, 10) : -1;
+        if (v && *v && !*end && n >= 0 && n < (1 << 20)) return (int)n;
+    }
+    return fallback;
+}
+
+static const char *const size_vars[] = { "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE", NULL };
+static const char *const local_size_vars[] = { "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE",
+                                               NULL };
+static const char *const local_rank_vars[] = { "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", NULL };
+
+bool mt_dist_launched(void) { return env_int(size_vars, 1) > 1; }
+int mt_dist_local_size(void) { return mt_dist_launched() ? env_int(local_size_vars, 1) : 1; }
+int mt_dist_local_rank(void) { return mt_dist_launched() ? env_int(local_rank_vars, 0) : 0; }
+
+int mt_dist_start(struct starpu_conf *conf, char *err, size_t errlen)
+{
+    int inited = 0, finalized = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (finalized) {
+        snprintf(err, errlen, "MPI was already finalized in this process: a distributed run starts once");
+        return -1;
+    }
+    int provided = 0;
+    if (!inited && MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+        snprintf(err, errlen, "MPI_Init_thread failed");
+        return -1;
+    }
+    if (inited) MPI_Query_thread(&provided);
+    if (provided < MPI_THREAD_MULTIPLE) {
+        snprintf(err, errlen, "the MPI library gives thread level %d, not MPI_THREAD_MULTIPLE (%d): the training loop's "
+                 "collectives run beside StarPU-MPI's progress thread", provided, MPI_THREAD_MULTIPLE);
+        return -1;
+    }
+    int ret = starpu_mpi_init_conf(NULL, NULL, 0, MPI_COMM_WORLD, conf);
+    if (ret != 0) {
+        snprintf(err, errlen, "starpu_mpi_init_conf failed (%d)", ret);
+        return -1;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    running = true;
+    return 0;
+}
+
+void mt_dist_shutdown(void)
+{
+    if (!running) return;
+    starpu_mpi_shutdown();
+    MPI_Finalize();
+    running = false;
+    rank = 0;
+    size = 1;
+}
+
+bool mt_dist_running(void) { return running; }
+int mt_dist_rank(void) { return rank; }
+int mt_dist_size(void) { return size; }
+
+int64_t mt_dist_sum_i64(int64_t mine)
+{
+    if (!running) return mine;
+    long long in = mine, out = 0;
+    MPI_Allreduce(&in, &out, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+    return out;
+}
+
+void mt_dist_sum_f64(const double *mine, double *sum, int n)
+{
+    if (!running) {
+        memcpy(sum, mine, sizeof *sum * (size_t)n);
+        return;
+    }
+    /* Gathered, then summed here in rank order: MPI_Allreduce may sum in another order per rank. */
+    double *all = malloc(sizeof *all * (size_t)n * (size_t)size);
+    MPI_Allgather(mine, n, MPI_DOUBLE, all, n, MPI_DOUBLE, MPI_COMM_WORLD);
+    for (int i = 0; i < n; i++) {
+        double s = all[i];
+        for (int r = 1; r < size; r++) s += all[(size_t)r * n + i];
+        sum[i] = s;
+    }
+    free(all);
+}
+
+/* FNV-1a of the bytes: what the ranks compare. */
+static uint64_t fnv(const void *bytes, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)bytes)[i]) * 1099511628211ull;
+    return h;
+}
+
+int mt_dist_check_same(const char *what, const void *bytes, size_t n, char *err, size_t errlen)
+{
+    if (!running) return 0;
+    unsigned long long mine = fnv(bytes, n), *all = malloc(sizeof *all * (size_t)size);
+    MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all, 1, MPI_UNSIGNED_LONG_LONG, MPI_COMM_WORLD);
+    int differs = -1;
+    for (int r = 1; r < size && differs < 0; r++)
+        if (all[r] != all[0]) differs = r;
+    free(all);
+    if (differs < 0) return 0;
+    snprintf(err, errlen, "rank %d of %d was started with other %s than rank 0: every rank must run the same command",
+             differs, size, what);
+    return -1;
+}

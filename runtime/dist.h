@@ -1,0 +1,44 @@
+/* Data parallelism across processes: the process group a run was launched in by mpirun (or any
+ * launcher that sets the usual MPI environment), MPI and StarPU-MPI started together, and the
+ * few collective values the training loop needs. Every rank holds the whole host state; each
+ * tile's gradient is summed over the ranks inside the step graph (runtime/step/dist.c), so every
+ * rank applies the same update to the same weights. */
+#ifndef MT_RUNTIME_DIST_H
+#define MT_RUNTIME_DIST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <starpu.h>
+
+/* Whether this process was launched as one of several ranks (read from the launcher's
+ * environment: OMPI_COMM_WORLD_SIZE, PMI_SIZE, ...), before anything starts. */
+bool mt_dist_launched(void);
+/* The launcher's count of ranks on this node and this rank's place among them (1 and 0 when not
+ * launched), before anything starts: for the CPU workers' share of the cores and the GPU. */
+int mt_dist_local_size(void);
+int mt_dist_local_rank(void);
+
+/* Starts MPI (MPI_THREAD_MULTIPLE: the submitting thread's collectives below run beside
+ * StarPU-MPI's progress thread) and StarPU-MPI with `conf` in place of starpu_init. 0, or -1
+ * with err set. mt_dist_shutdown stops both; MPI cannot start twice in one process. */
+int mt_dist_start(struct starpu_conf *conf, char *err, size_t errlen);
+void mt_dist_shutdown(void);
+/* Whether mt_dist_start ran (and mt_dist_shutdown not yet). */
+bool mt_dist_running(void);
+
+/* This rank and the number of ranks: 0 and 1 unless running. */
+int mt_dist_rank(void);
+int mt_dist_size(void);
+
+/* The sum over the ranks of `mine` (exact). Collective: every rank calls it in the same order. */
+int64_t mt_dist_sum_i64(int64_t mine);
+/* sum[i] = the sum over ranks 0, 1, ... in that order of each rank's mine[i]: the same bits on
+ * every rank. Collective. */
+void mt_dist_sum_f64(const double *mine, double *sum, int n);
+/* Whether every rank passed the same bytes (the settings a run must share); when not, -1 with
+ * err naming `what` and the first rank that differs from rank 0. Collective. */
+int mt_dist_check_same(const char *what, const void *bytes, size_t n, char *err, size_t errlen);
+
+#endif
