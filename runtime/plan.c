@@ -257,9 +257,29 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
      * buffers copied over each micro-batch. */
     plan->host[MT_PLAN_INPUTS] = work[MT_PLAN_INPUTS];
     plan->host_pinned[MT_PLAN_INPUTS] = p->use_gpu;
-    /* StarPU allocates the flags buffers (registered without a home), pinned with a GPU */
-    plan->host[MT_PLAN_CLIP_FLAGS] = !compact && p->use_gpu && p->compute == MT_DTYPE_BF16 ? plan->host_clip_flags : 0;
+    /* StarPU allocates the flags buffers (registered without a home), pinned with a GPU; a run
+     * over several ranks does not speculate */
+    const int64_t ranks = p->ranks > 1 ? p->ranks : 1;
+    plan->host[MT_PLAN_CLIP_FLAGS] =
+        !compact && ranks == 1 && p->use_gpu && p->compute == MT_DTYPE_BF16 ? plan->host_clip_flags : 0;
     plan->host_pinned[MT_PLAN_CLIP_FLAGS] = p->use_gpu;
+    if (ranks > 1) {
+        /* per owner: (ranks - 1) fp32 receive buffers of each tile it owns; the busiest owner */
+        uint64_t most = 0;
+        for (int64_t r = 0; r < ranks && r < plan->num_tiles; r++) {
+            uint64_t owned = 0;
+            for (int64_t t = r; t < plan->num_tiles; t += ranks) {
+                const int64_t n = t == 0 ? plan->tile_numel[MT_TILE_EMBED]
+                                  : t == plan->num_tiles - 1 ? plan->tile_numel[MT_TILE_HEAD]
+                                  : plan->dense_layers && !mt_config_layer_is_sparse(cfg, t - 1) ? plan->dense_layer_numel
+                                                                                                : plan->tile_numel[MT_TILE_LAYER];
+                owned = add(owned, (uint64_t)n, &of);
+            }
+            if (owned > most) most = owned;
+        }
+        plan->host[MT_PLAN_RANK_RECV] = mul(mul(most, (uint64_t)(ranks - 1), &of), 4, &of);
+        plan->host_pinned[MT_PLAN_RANK_RECV] = p->use_gpu;
+    }
 
     if (p->process.counted && count_process(plan, work, ntok)) return -1;
 
@@ -320,6 +340,7 @@ static const char *kind_name(int k, const mt_plan *plan)
     case MT_PLAN_INPUTS: return "tokens and targets";
     case MT_PLAN_CLIP_FLAGS: return "clip speculation flags";
     case MT_PLAN_GRAD_ACC: return "gradient accumulators (fp32)";
+    case MT_PLAN_RANK_RECV: return "other ranks' gradients (fp32)";
     case MT_PLAN_PROGRAM: return "program and libraries";
     case MT_PLAN_RUNTIME: return "runtime (StarPU, BLAS)";
     case MT_PLAN_CPU_SCRATCH: return "CPU activations (workers)";
@@ -363,7 +384,11 @@ void mt_plan_print(const mt_plan *plan, FILE *out)
     fprintf(out, "  host: %s pinned; training state %.2f bytes per parameter; all in %.2f bytes per parameter\n",
             mt_format_bytes(plan->host_pinned_total, a, sizeof a),
             plan->param_count ? (double)state / (double)plan->param_count : 0.0, per_parameter(plan->host_total, plan));
-    if (p->layout == MT_LAYOUT_COMPACT)
+    if (p->ranks > 1)
+        fprintf(out, "  over %" PRId64 " ranks: each holds the whole state, trains its share of the global batch "
+                     "(%" PRId64 " tokens a step in all) and sums the gradients of the tiles it owns; no clip "
+                     "speculation\n", p->ranks, plan->tokens_per_step * p->ranks);
+    else if (p->layout == MT_LAYOUT_COMPACT)
         fprintf(out, "  compact layout: no clip speculation and no second gradient (the update waits for the norm and "
                      "overlaps the next forward)\n");
     else if (p->use_gpu && plan->weight_elem_bytes == 2)
@@ -647,6 +672,12 @@ int mt_plan_choose(const mt_model_config *cfg, const mt_plan_params *params, mt_
         memset(plan, 0, sizeof *plan);
         return plan_fail(plan, "host layout %d is not auto, full or compact", (int)request);
     }
+    if (params->ranks > 1 && request == MT_LAYOUT_COMPACT) {
+        memset(plan, 0, sizeof *plan);
+        return plan_fail(plan, "--host-layout compact: a run over %" PRId64 " ranks sums the gradients in fp32, which "
+                         "the compact layout does not keep; use --host-layout full (or auto)", params->ranks);
+    }
+    if (params->ranks > 1) request = MT_LAYOUT_FULL; /* the choice explained as the user asked it */
     mt_plan_params p = *params;
     p.layout = MT_LAYOUT_FULL;
     if (mt_plan_compute(cfg, &p, plan)) return -1;

@@ -18,6 +18,7 @@ typedef struct plan_request {
     bool shapes;           /* --shapes: the published shapes' table */
     uint64_t host_memory;  /* 0: MemAvailable */
     uint64_t gpu_memory;   /* 0: the device's (mt_plan_gpu_memory) */
+    int64_t ranks;         /* --ranks: the plan of one rank of a run over that many (0: one process) */
 } plan_request;
 
 #define FIELD(name) offsetof(mt_train_options, name)
@@ -44,6 +45,8 @@ static const cli_option plan_options[] = {
       .help = "what fits of each published shape (the default with --host-memory and no model)" },
     { .name = "cpu", .kind = CLI_SET, .field = offsetof(plan_request, cpu), .on = true,
       .help = "plan a CPU-only run (as --ncuda 0)" },
+    { .name = "ranks", .arg = "N", .kind = CLI_INT64, .field = offsetof(plan_request, ranks), .min = 1, .max = 4096,
+      .help = "one rank's plan of `mpirun -np N megatrain train` (--micro-batch is per rank)" },
 };
 
 int cli_plan(int argc, char **argv)
@@ -112,7 +115,7 @@ int cli_plan(int argc, char **argv)
     const mt_dtype dtype = cli_was_given(&given, "dtype") ? o.dtype : ncuda > 0 ? MT_DTYPE_BF16 : MT_DTYPE_F32;
     mt_plan_params pp = { .micro_batch = o.step.B, .seq_len = o.step.T, .grad_accum = o.step.accum,
                           .checkpoint_interval = o.step.K, .compute = dtype, .use_gpu = ncuda > 0,
-                          .head_chunk = o.step.head_chunk,
+                          .head_chunk = o.step.head_chunk, .ranks = req.ranks,
                           .process = { .counted = true, .ncpu = ncpu, .program_bytes = program_bytes, .data_bytes = data_bytes,
                                        .eval_sequences = o.eval_sequences } };
     const uint64_t avail = req.host_memory ? req.host_memory : mt_host_memory_available();

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Training over several processes (runtime/dist.h), launched by mpirun on this machine, one CPU
+# worker a rank: 2 and 4 ranks give the losses of 1 rank at the same global batch (within 1e-6
+# relative); rank 0 alone logs and writes; a run stopped and resumed over 2 ranks saves the model
+# of the uninterrupted one byte for byte; ranks started with different options, and the compact
+# layout, are refused; a killed rank ends the job with its rank named, and the last checkpoint
+# resumes; plan --ranks. Skips (77) without mpirun (after the plan checks).
+# Usage: test_dist.sh PATH/TO/megatrain. Prints one line per check, then "N passed, M failed".
+set -u
+
+. "$(dirname "$0")/script_harness.sh" dist "$@"
+
+# plan --ranks N: one rank's plan, the other ranks' gradients of its tiles on top of the state
+# (every rank holds it whole); the compact layout refused.
+"$megatrain" plan --shape qwen2.5-0.5b --micro-batch 2 --seq-len 64 --cpu --host-memory 1T >one.txt 2>&1
+"$megatrain" plan --shape qwen2.5-0.5b --micro-batch 2 --seq-len 64 --cpu --host-memory 1T --ranks 3 >three.txt 2>&1
+rc=$?
+# the total without the program's own resident set, which each plan measures anew
+total() { awk '/^  total / { t = $2 } /^  program and libraries / { p = $4 } END { printf "%.0f\n", t - p }' "$1"; }
+recv=$(sed -n "s/^  other ranks' gradients (fp32)  *\([0-9]*\) .*/\1/p" three.txt)
+if [ "$rc" -ne 0 ] || [ -z "$recv" ]; then bad "plan --ranks" "no line of the other ranks' gradients"
+elif ! grep -q "^  over 3 ranks: each holds the whole state" three.txt; then bad "plan --ranks" "the ranks are not said"
+elif [ $(( $(total three.txt) - $(total one.txt) )) -ne "$recv" ]; then
+    bad "plan --ranks" "the totals differ by $(( $(total three.txt) - $(total one.txt) )), not by the $recv received"
+else
+    # rank 0 owns tiles 0 and 3 (of the embedding, 24 layers and the head): the busiest owner
+    # holds two layers' gradients from each of the 2 others at least
+    layer=$(python3 -c 'd=896; kv=128; i=4864; print(2*d + d*d + d + 2*(kv*d + kv) + d*d + 3*i*d)')
+    if [ "$recv" -lt $(( 2 * 2 * 4 * layer )) ]; then bad "plan --ranks" "$recv bytes received is below two layers from each rank"
+    else ok "plan --ranks"; fi
+fi
+"$megatrain" plan --shape qwen2.5-0.5b --ranks 2 --host-layout compact >out.txt 2>err.txt
+rc=$?
+if [ "$rc" -eq 0 ] || ! grep -q "a run over 2 ranks sums the gradients in fp32" err.txt out.txt; then
+    bad "plan --ranks compact" "expected the refusal"
+else ok "plan --ranks compact"; fi
+
+if ! command -v mpirun >/dev/null 2>&1; then
+    echo "test_dist.sh: no mpirun (Debian's openmpi-bin): skipped"
+    exit 77
+fi
+# Root in containers; more ranks than cores; shared memory without cross-process copies (which
+# containers often forbid).
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+launch=(mpirun --oversubscribe --bind-to none)
+
+# mt NP ARGS...: megatrain on NP ranks (NP 0: one plain process); stdout in out.txt, stderr in
+# err.txt, status in $rc.
+mt() {
+    local np=$1; shift
+    if [ "$np" -eq 0 ]; then timeout 300 "$megatrain" "$@" >out.txt 2>err.txt
+    else timeout 300 "${launch[@]}" -np "$np" "$megatrain" "$@" >out.txt 2>err.txt; fi
+    rc=$?
+}
+run=(train --steps 6 --micro-batch 2 --seq-len 64 --lr 0.002 --warmup 2 --eval-every 0 --log-every 1 --sample-bytes 0
+     --ncpu 1 --ncuda 0)
+
+# losses FILE: the metrics file's losses, one a line
+losses() { python3 -c 'import json,sys; [print(json.loads(l)["loss"]) for l in open(sys.argv[1])]' "$1"; }
+
+# The same global batch of 8 sequences: 1 rank accumulating 4 micro-batches, 2 ranks of 2, 4 of 1.
+mt 0 "${run[@]}" --accum 4 --metrics one.jsonl
+if [ "$rc" -ne 0 ]; then bad "1 process" "exit status $rc"; else ok "1 process"; fi
+for np in 2 4; do
+    mt "$np" "${run[@]}" --accum $((4 / np)) --metrics r$np.jsonl
+    if [ "$rc" -ne 0 ]; then bad "$np ranks run" "exit status $rc"; continue; fi
+    if [ "$(grep -c '^done: ' err.txt out.txt | awk -F: '{ n += $2 } END { print n }')" -ne 1 ] ||
+       ! grep -q "^megatrain: $np ranks (StarPU-MPI), each training $((4 / np)) x 2 sequences of the global batch's 8" err.txt out.txt; then
+        bad "$np ranks log" "expected one rank's log, naming the $np ranks and the slices"
+    else ok "$np ranks log"; fi
+    if ! msg=$(paste <(losses one.jsonl) <(losses r$np.jsonl) | awk '
+            { n++; d = $1 - $2; if (d < 0) d = -d; if ($2 == "" || d > 1e-6 * $1) { print "step " n ": " $1 " vs " $2; bad = 1 } }
+            END { if (n != 6) { print n " steps"; bad = 1 }; exit bad }'); then
+        bad "$np ranks losses" "not those of 1 process: $msg"
+    else ok "$np ranks losses"; fi
+done
+
+# Stopped after 3 steps and resumed over 2 ranks: the model of the uninterrupted run, bytes.
+mt 2 "${run[@]}" --checkpoint whole.ckpt --save-model whole
+a=$rc
+mt 2 "${run[@]}" --checkpoint part.ckpt --stop-after 3
+b=$rc
+mt 2 "${run[@]}" --resume part.ckpt --checkpoint part.ckpt --save-model resumed
+if [ "$a" -ne 0 ] || [ "$b" -ne 0 ] || [ "$rc" -ne 0 ]; then bad "resume over 2 ranks" "exit statuses $a $b $rc"
+elif ! cmp -s whole/model.safetensors resumed/model.safetensors; then bad "resume over 2 ranks" "the saved models differ"
+elif ls ./*.tmp.* whole/*.tmp.* resumed/*.tmp.* >/dev/null 2>&1; then bad "resume over 2 ranks" "temporaries left"
+else ok "resume over 2 ranks"; fi
+
+# Every rank must run the same command: a rank with another --lr is named, before any step.
+timeout 120 "${launch[@]}" -np 1 "$megatrain" "${run[@]}" : -np 1 "$megatrain" "${run[@]}" --lr 0.003 >out.txt 2>err.txt
+rc=$?
+if [ "$rc" -eq 0 ]; then bad "ranks with other options" "expected failure"
+elif ! grep -q "rank 1 of 2 was started with other options or data than rank 0" err.txt out.txt; then
+    bad "ranks with other options" "the rank is not named"
+elif grep -q '^step ' err.txt out.txt; then bad "ranks with other options" "a step ran"
+else ok "ranks with other options"; fi
+mt 2 "${run[@]}" --host-layout compact
+if [ "$rc" -eq 0 ] || ! grep -q -- "--host-layout compact: a run over 2 ranks sums the gradients in fp32" err.txt out.txt; then
+    bad "compact over ranks" "expected the refusal"
+else ok "compact over ranks"; fi
+
+# A rank killed mid-run: the job ends within a minute, naming the rank; the checkpoint of the
+# last step saved before resumes.
+long=(train --steps 400 --micro-batch 2 --seq-len 64 --eval-every 0 --log-every 1 --sample-bytes 0 --ncpu 1 --ncuda 0
+      --checkpoint kill.ckpt --save-every 1)
+"${launch[@]}" -np 2 "$megatrain" "${long[@]}" >out.txt 2>err.txt &
+job=$!
+for _ in $(seq 1 600); do [ -e kill.ckpt ] && break; sleep 0.1; done
+victim=""
+for p in $(pgrep -f -- "--checkpoint kill.ckpt" || true); do
+    [ "$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')" = 1 ] && victim=$p
+done
+t0=$(date +%s)
+[ -n "$victim" ] && kill -9 "$victim"
+ended=no
+for _ in $(seq 1 600); do kill -0 "$job" 2>/dev/null || { ended=yes; break; }; sleep 0.1; done
+wait "$job"
+rc=$?
+if [ -z "$victim" ]; then bad "killed rank" "no rank 1 process found (or no checkpoint was written)"
+elif [ "$ended" != yes ]; then bad "killed rank" "the job still ran $(( $(date +%s) - t0 )) s after the kill"; kill -9 "$job"
+elif [ "$rc" -eq 0 ]; then bad "killed rank" "the job exited 0"
+elif ! grep -qiE "rank 1|process rank 1" err.txt out.txt; then bad "killed rank" "rank 1 is not named"
+else
+    saved=$(sed -n 's/.*checkpoint of step \([0-9]*\) saved.*/\1/p' err.txt out.txt | tail -1)
+    mt 2 "${long[@]}" --resume kill.ckpt --stop-after $(( ${saved:-0} + 2 ))
+    if [ "$rc" -ne 0 ] || ! grep -q "resumed from kill.ckpt" err.txt out.txt; then bad "killed rank" "the checkpoint did not resume"
+    else ok "killed rank"; fi
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
