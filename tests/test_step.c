@@ -16,6 +16,7 @@
 #include "runtime/runtime.h"
 #include "runtime/state.h"
 #include "runtime/step.h"
+#include "runtime/step/graph.h" /* the checkpoints' homes (test_offload_checkpoints_bitwise) */
 #include "tests/testutil.h"
 
 /* Five layers so that K = 2 and 3 do not divide L; odd sizes; GQA; q/k/v bias. */
@@ -108,8 +109,15 @@ static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int n
     sc.offload_checkpoints = offload_mode;
     mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
     ck_assert_msg(g != NULL, "%s", err);
-    /* auto resolves to off on CPU workers (nothing to offload from) */
+    /* auto resolves to off on CPU workers (nothing to offload from); on, every block's checkpoint
+     * but the last's has its home in host memory, the last's none */
     ck_assert(mt_graph_offloads_checkpoints(g) == (offload_mode == 1));
+    for (int b = 0; b < g->nblocks; b++)
+        for (int u = 0; u < accum; u++) {
+            const int home = starpu_data_get_home_node(mt_step_ckpt(g, b, u));
+            ck_assert_msg(home == (offload_mode == 1 && b < g->nblocks - 1 ? STARPU_MAIN_RAM : -1),
+                          "checkpoint of block %d, micro-batch %d: home node %d", b, u, home);
+        }
     int64_t n = accum * sc.B * sc.T;
     int32_t *tok = malloc(sizeof *tok * n), *tgt = malloc(sizeof *tgt * n);
     outcome o = { .ntiles = st->ntiles };
