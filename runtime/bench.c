@@ -611,6 +611,7 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
      * first pair's plan, as plan and train choose it, with auto's K) the same for all. */
     uint64_t gpu_need = 0, plan_limit_mib = 0;
     mt_layout_choice layout;
+    int offload = o->step.offload_checkpoints; /* auto: as the first pair's plan resolves it */
     const char *gpu_source;
     const uint64_t gpu_memory = mt_plan_gpu_memory(o->gpu_memory, o->runtime.ncuda == 0 ? 0 : 1, &gpu_source);
     for (int i = 0; i < count; i++) {
@@ -620,7 +621,8 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         if (r->K > cfg.layers) r->K = (int)cfg.layers;
         mt_plan_params pp = { .micro_batch = o->step.B, .seq_len = o->step.T, .grad_accum = o->step.accum,
                               .checkpoint_interval = r->K, .compute = o->dtype, .use_gpu = true,
-                              .head_chunk = o->step.head_chunk, .layout = i ? layout.layout : MT_LAYOUT_FULL };
+                              .head_chunk = o->step.head_chunk, .layout = i ? layout.layout : MT_LAYOUT_FULL,
+                              .offload_checkpoints = offload };
         mt_plan plan;
         const uint64_t avail = mt_host_memory_available();
         if (i == 0) {
@@ -631,6 +633,8 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
             }
             layout = chosen.layout;
             r->K = (int)chosen.K;
+            offload = chosen.offload ? 1 : 0;
+            if (log) fprintf(log, "bench: checkpoints %s\n", chosen.why_offload);
             if (chosen.k_auto && log) fprintf(log, "bench: checkpoint interval %s\n", chosen.why_k);
             if (mt_plan_run_refusal(&plan, &chosen, err, errlen)) goto fail;
         } else {
@@ -695,6 +699,7 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         sc.K = r->K;
         sc.clip = r->clip;
         sc.adamw_defer = r->defer;
+        sc.offload_checkpoints = offload;
         sc.ranged_bounds = (mt_ranged_bounds)r->bounds;
         r->bounds_used = (int)mt_ranged_bounds_used(sc.ranged_bounds);
         if (measure(o, &sc, &cfg, st, &data, r, log, &tick, &logs, err, errlen)) goto out;

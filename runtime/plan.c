@@ -128,6 +128,9 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
     if (p->compute != MT_DTYPE_BF16 && p->compute != MT_DTYPE_F32)
         return plan_fail(plan, "unknown compute dtype %d", (int)p->compute);
     if (p->checkpoint_interval > cfg->layers) p->checkpoint_interval = cfg->layers;
+    if (p->offload_checkpoints == MT_PLAN_OFFLOAD_AUTO) p->offload_checkpoints = MT_PLAN_OFFLOAD_OFF;
+    if (p->offload_checkpoints != MT_PLAN_OFFLOAD_OFF && p->offload_checkpoints != MT_PLAN_OFFLOAD_ON)
+        return plan_fail(plan, "checkpoint offload %d is not on (1), off (0) or auto (-1)", p->offload_checkpoints);
     if (p->layout != MT_LAYOUT_FULL && p->layout != MT_LAYOUT_COMPACT)
         return plan_fail(plan, "host layout %d is not full or compact (mt_plan_choose resolves auto)", (int)p->layout);
     const bool compact = p->layout == MT_LAYOUT_COMPACT;
@@ -253,6 +256,19 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
     }
     plan->gpu[MT_PLAN_WEIGHTS] = work[MT_PLAN_WEIGHTS];
     plan->gpu[MT_PLAN_GRADS] = work[MT_PLAN_GRADS];
+    /* Offloaded, every checkpoint but the last block's has a pinned host home, and the GPU holds
+     * those in flight only. Without a GPU they are in host memory either way, as counted. */
+    if (p->use_gpu) {
+        const int64_t all = plan->num_checkpoints * p->grad_accum;
+        plan->gpu_checkpoints = all;
+        if (p->offload_checkpoints == MT_PLAN_OFFLOAD_ON) {
+            plan->gpu_checkpoints = mt_plan_offload_in_flight(plan->num_checkpoints, p->grad_accum);
+            plan->host_checkpoints = (plan->num_checkpoints - 1) * p->grad_accum;
+            plan->host[MT_PLAN_CHECKPOINTS] = mul((uint64_t)plan->host_checkpoints, hidden, &of);
+            plan->host_pinned[MT_PLAN_CHECKPOINTS] = true;
+        }
+        plan->gpu[MT_PLAN_CHECKPOINTS] = mul((uint64_t)plan->gpu_checkpoints, hidden, &of);
+    }
     /* Tokens and targets start on the host in every run; with a GPU they are pinned staging
      * buffers copied over each micro-batch. */
     plan->host[MT_PLAN_INPUTS] = work[MT_PLAN_INPUTS];
@@ -364,6 +380,10 @@ void mt_plan_print(const mt_plan *plan, FILE *out)
             p->micro_batch, p->seq_len, p->grad_accum, plan->tokens_per_step, p->checkpoint_interval,
             plan->num_checkpoints, p->compute == MT_DTYPE_BF16 ? "bf16" : "fp32",
             p->use_gpu ? "GPU (sized for the CUDA kernels)" : "CPU only");
+    if (p->use_gpu && p->offload_checkpoints == MT_PLAN_OFFLOAD_ON)
+        fprintf(out, "  checkpoints offloaded: %" PRId64 " in pinned host memory, %" PRId64
+                " on the GPU at once (a block boundary's, one more, one fetched ahead)\n",
+                plan->host_checkpoints, plan->gpu_checkpoints);
     /* a CPU-only run has no GPU columns: nothing of it is there, and nothing pinned */
     const bool gpu = p->use_gpu;
     if (gpu) fprintf(out, "  %-30s %17s %11s %-6s %17s %11s\n", "kind", "host bytes", "host", "pinned", "GPU bytes", "GPU");
@@ -427,19 +447,42 @@ int mt_plan_check_gpu(const mt_plan *plan, uint64_t device_bytes, char *err, siz
     const uint64_t work = g[MT_PLAN_WORKSPACE] + g[MT_PLAN_INPUTS];
     char need[32], have[32], a[32], b[32], c[32], d[32], e[32], f[32];
     const mt_plan_params *p = &plan->params;
+    const bool offloaded = p->offload_checkpoints == MT_PLAN_OFFLOAD_ON;
+    char where[96];
+    if (offloaded) snprintf(where, sizeof where, "offloaded: %" PRId64 " in flight on the GPU", plan->gpu_checkpoints);
+    else snprintf(where, sizeof where, "all on the GPU");
     snprintf(err, errlen,
              "not enough GPU memory: the plan needs %" PRIu64 " bytes (%s), the GPU has %" PRIu64 " bytes (%s): "
              "weights and gradients in flight %s, checkpoints %s (%" PRId64 " per micro-batch at K=%" PRId64
-             ", %" PRId64 " micro-batch%s), block activations and their gradients %s, workspaces and inputs %s, "
+             ", %" PRId64 " micro-batch%s, %s), block activations and their gradients %s, workspaces and inputs %s, "
              "StarPU's margin %s, CUDA context %s (estimate); lower the micro batch size (more micro-batches with "
-             "--accum) or the sequence length, or try another --checkpoint-every (auto takes the largest K that fits)",
+             "--accum) or the sequence length, or try another --checkpoint-every (auto takes the largest K that "
+             "fits)%s",
              plan->gpu_need, mt_format_bytes(plan->gpu_need, need, sizeof need), device_bytes,
              mt_format_bytes(device_bytes, have, sizeof have), mt_format_bytes(in_flight, a, sizeof a),
              mt_format_bytes(g[MT_PLAN_CHECKPOINTS], b, sizeof b), plan->num_checkpoints, p->checkpoint_interval,
-             p->grad_accum, p->grad_accum == 1 ? "" : "es", mt_format_bytes(block, c, sizeof c),
+             p->grad_accum, p->grad_accum == 1 ? "" : "es", where, mt_format_bytes(block, c, sizeof c),
              mt_format_bytes(work, d, sizeof d), mt_format_bytes(plan->gpu_margin, e, sizeof e),
-             mt_format_bytes(plan->gpu_context, f, sizeof f));
+             mt_format_bytes(plan->gpu_context, f, sizeof f),
+             offloaded ? "" : ", or keep the checkpoints in host memory (--offload-checkpoints on)");
     return -1;
+}
+
+int64_t mt_plan_offload_in_flight(int64_t nblocks, int64_t accum)
+{
+    const int64_t all = nblocks * accum;
+    return accum + 2 < all ? accum + 2 : all;
+}
+
+bool mt_plan_offload_needed(const mt_model_config *cfg, const mt_plan_params *params, uint64_t gpu_memory)
+{
+    if (!params->use_gpu || gpu_memory == 0) return false;
+    mt_plan_params p = *params;
+    mt_plan off, on;
+    p.offload_checkpoints = MT_PLAN_OFFLOAD_OFF;
+    if (mt_plan_compute(cfg, &p, &off) || off.gpu_need <= gpu_memory) return false;
+    p.offload_checkpoints = MT_PLAN_OFFLOAD_ON;
+    return mt_plan_compute(cfg, &p, &on) == 0 && on.gpu_need < off.gpu_need;
 }
 
 uint64_t mt_plan_gpu_limit_mib(const mt_plan *plan) { return (plan->gpu_total + plan->gpu_margin) >> 20; }
@@ -831,8 +874,9 @@ static int choose_at_k(const mt_model_config *cfg, const mt_plan_params *params,
     return 0;
 }
 
-int mt_plan_choose_run(const mt_model_config *cfg, const mt_plan_params *params, mt_host_layout request,
-                       uint64_t host_available, uint64_t gpu_memory, mt_plan *plan, mt_run_choice *run)
+/* mt_plan_choose_run at params' offload_checkpoints, on or off. */
+static int choose_run_at(const mt_model_config *cfg, const mt_plan_params *params, mt_host_layout request,
+                         uint64_t host_available, uint64_t gpu_memory, mt_plan *plan, mt_run_choice *run)
 {
     memset(run, 0, sizeof *run);
     run->gpu_memory = gpu_memory;
@@ -882,6 +926,55 @@ int mt_plan_choose_run(const mt_model_config *cfg, const mt_plan_params *params,
     return 0;
 }
 
+int mt_plan_choose_run(const mt_model_config *cfg, const mt_plan_params *params, mt_host_layout request,
+                       uint64_t host_available, uint64_t gpu_memory, mt_plan *plan, mt_run_choice *run)
+{
+    mt_plan_params p = *params;
+    const bool automatic = p.offload_checkpoints == MT_PLAN_OFFLOAD_AUTO;
+    if (!automatic) {
+        if (choose_run_at(cfg, &p, request, host_available, gpu_memory, plan, run)) return -1;
+        run->offload = plan->params.offload_checkpoints == MT_PLAN_OFFLOAD_ON;
+        snprintf(run->why_offload, sizeof run->why_offload, "%s (--offload-checkpoints %s)",
+                 !run->offload ? "kept where they are written" : p.use_gpu ? "offloaded to pinned host memory"
+                                                                           : "in host memory (no GPU)",
+                 run->offload ? "on" : "off");
+        return 0;
+    }
+    /* auto: off where that fits (nothing crosses the bus for the checkpoints), else on where it
+     * fits, else the nearer of the two */
+    p.offload_checkpoints = MT_PLAN_OFFLOAD_OFF;
+    if (choose_run_at(cfg, &p, request, host_available, gpu_memory, plan, run)) return -1;
+    const char *why = !p.use_gpu ? "no GPU: they are in host memory either way"
+                      : !run->gpu_checked ? "the GPU is not checked (no device here and no --gpu-memory)"
+                                          : "the plan with every checkpoint on the GPU fits";
+    if (p.use_gpu && run->gpu_checked && !run->fits) {
+        mt_plan on;
+        mt_run_choice at;
+        p.offload_checkpoints = MT_PLAN_OFFLOAD_ON;
+        if (choose_run_at(cfg, &p, request, host_available, gpu_memory, &on, &at)) return -1;
+        if (at.fits || overshoot(&on, &at) < overshoot(plan, run)) {
+            *plan = on;
+            *run = at;
+            run->offload = true;
+            why = at.fits ? "the plan with every checkpoint on the GPU does not fit, with them offloaded it does"
+                          : "neither fits; offloaded comes nearer";
+        } else {
+            why = "neither fits; every checkpoint on the GPU comes nearer";
+        }
+    }
+    run->offload_auto = true;
+    char b[32], h[32];
+    if (run->offload)
+        snprintf(run->why_offload, sizeof run->why_offload,
+                 "offloaded to pinned host memory (--offload-checkpoints auto: %s): %s there, %" PRId64
+                 " in flight on the GPU (%s)", why, mt_format_bytes(plan->host[MT_PLAN_CHECKPOINTS], h, sizeof h),
+                 plan->gpu_checkpoints, mt_format_bytes(plan->gpu[MT_PLAN_CHECKPOINTS], b, sizeof b));
+    else
+        snprintf(run->why_offload, sizeof run->why_offload, "kept where they are written (--offload-checkpoints auto: %s)",
+                 why);
+    return 0;
+}
+
 int mt_plan_run_refusal(const mt_plan *plan, const mt_run_choice *run, char *err, size_t errlen)
 {
     if (run->fits) return 0;
@@ -902,6 +995,7 @@ void mt_plan_print_run(const mt_plan *plan, const mt_run_choice *run, const char
     char need[32], have[32];
     if (run->k_auto) fprintf(out, "checkpoint interval: %s\n", run->why_k);
     if (!plan->params.use_gpu) return;
+    fprintf(out, "checkpoints: %s\n", run->why_offload);
     mt_format_bytes(plan->gpu_need, need, sizeof need);
     if (!run->gpu_checked) {
         fprintf(out, "GPU: needs %" PRIu64 " bytes (%s: the buffers, StarPU's margin and the CUDA context); not "

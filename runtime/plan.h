@@ -33,6 +33,14 @@
 /* mt_plan_params.checkpoint_interval asked as "auto" (--checkpoint-every auto): mt_plan_choose_run
  * takes the largest K whose plan fits the host and the GPU. mt_plan_compute refuses it. */
 #define MT_PLAN_K_AUTO 0
+/* mt_plan_params.offload_checkpoints (mt_step_config.offload_checkpoints, --offload-checkpoints):
+ * off, the zero value, keeps every checkpoint where the compute runs from the forward to the
+ * backward; on keeps those of every block but the last in pinned host memory, the GPU holding
+ * only the ones in flight (mt_plan_offload_in_flight); auto is mt_plan_choose_run's to resolve
+ * (mt_plan_compute plans it as off). */
+#define MT_PLAN_OFFLOAD_AUTO (-1)
+#define MT_PLAN_OFFLOAD_OFF 0
+#define MT_PLAN_OFFLOAD_ON 1
 
 /* How a run's host state holds the training state (runtime/state.h allocates it so; the plan
  * counts it; docs/design.md, section 1.1). */
@@ -77,6 +85,7 @@ typedef struct mt_plan_params {
                                   * Each rank holds the whole state and, for the tiles it owns,
                                   * the other ranks' gradients (MT_PLAN_RANK_RECV); full layout,
                                   * no clip speculation. The plan is the busiest rank's. */
+    int offload_checkpoints;     /* MT_PLAN_OFFLOAD_OFF (0, the default), _ON or _AUTO (above) */
     mt_plan_process process;     /* the fixed costs: counted by train and plan */
 } mt_plan_params;
 
@@ -88,7 +97,9 @@ typedef enum mt_plan_kind {
     MT_PLAN_GRADS,          /* host: fp32 gradients; GPU: 2 fp32 gradient buffers */
     MT_PLAN_ADAM_M,         /* host: fp32 Adam first moment */
     MT_PLAN_ADAM_V,         /* host: fp32 Adam second moment */
-    MT_PLAN_CHECKPOINTS,    /* ceil(L/K) fp32 hidden states (B*T*d) per micro-batch, forward to backward */
+    MT_PLAN_CHECKPOINTS,    /* ceil(L/K) fp32 hidden states (B*T*d) per micro-batch, forward to backward;
+                             * offloaded: all but the last block's in pinned host memory, on the GPU
+                             * those in flight */
     MT_PLAN_BLOCK_SAVED,    /* one block's saved activations: K * mt_codelet_layer_saved_bytes */
     MT_PLAN_ACT_GRADS,      /* per micro-batch, fp32 ping-pong pairs of hidden states and their gradients: 4 * B*T*d */
     MT_PLAN_WORKSPACE,      /* layer scratch + head scratch (chunked LM head), mt_codelet_*_scratch_bytes */
@@ -127,6 +138,11 @@ typedef struct mt_plan {
     int64_t num_tiles;         /* L + 2 */
     int64_t max_tile_numel;    /* the largest tile: every GPU weight buffer is this size */
     int64_t num_checkpoints;   /* ceil(L / K), per micro-batch */
+    int64_t gpu_checkpoints;   /* checkpoints on the GPU at once, over all micro-batches: every one
+                                * (num_checkpoints x accumulation), or offloaded those in flight;
+                                * 0 without a GPU */
+    int64_t host_checkpoints;  /* offloaded with a GPU: the checkpoints whose home is host memory,
+                                * (num_checkpoints - 1) x accumulation; else 0 */
     int weight_elem_bytes;     /* 2 (bf16) or 4 */
     uint64_t host[MT_PLAN_KIND_COUNT];
     uint64_t gpu[MT_PLAN_KIND_COUNT];
@@ -222,6 +238,19 @@ int mt_plan_check_host(const mt_plan *plan, uint64_t available_bytes, char *err,
  * what to change. */
 int mt_plan_check_gpu(const mt_plan *plan, uint64_t device_bytes, char *err, size_t errlen);
 
+/* The checkpoints on the GPU at once when they are offloaded, over `accum` micro-batches of
+ * `nblocks` blocks each: those of a block boundary (accum: written there in the forward, and the
+ * last block's, which keep no host home and are read first by the backward), one more (with K = 1
+ * a layer reads one boundary's while it writes the next's; else one still draining home), and
+ * one fetched back ahead of the next recompute: accum + 2, at most nblocks x accum. The step
+ * graph and the plan both count this (runtime/step/graph.c, mt_graph_working_bytes). */
+int64_t mt_plan_offload_in_flight(int64_t nblocks, int64_t accum);
+
+/* Whether --offload-checkpoints auto turns it on for params (its offload_checkpoints ignored)
+ * on a device of gpu_memory bytes: a GPU plan whose need with the checkpoints kept on the GPU is
+ * over gpu_memory, where offloading them lowers it. False without a GPU or a device size (0). */
+bool mt_plan_offload_needed(const mt_model_config *cfg, const mt_plan_params *params, uint64_t gpu_memory);
+
 /* What StarPU may allocate on the GPU for the plan's buffers (its STARPU_LIMIT_CUDA_MEM, bench's
  * cap): gpu_total and the margin, in MiB rounded down. */
 uint64_t mt_plan_gpu_limit_mib(const mt_plan *plan);
@@ -247,22 +276,29 @@ typedef struct mt_run_choice {
     bool gpu_fits;             /* true also when not checked */
     bool fits;                 /* layout.fits && gpu_fits */
     char why_k[320];           /* with auto: the choice of K in one sentence */
+    bool offload_auto;         /* offload_checkpoints was asked as auto */
+    bool offload;              /* the plan's: checkpoints offloaded to host memory */
+    char why_offload[320];     /* the choice of offload in one sentence */
 } mt_run_choice;
 
 /* Plans params under the host layout `request` against `host_available` bytes and, for a GPU
  * plan, `gpu_memory` device bytes (0: the GPU side is not checked). With checkpoint_interval
  * MT_PLAN_K_AUTO: the largest K from the layer count down whose plan fits both sides; when none
  * does, the K whose plan needs least where it does not fit (the GPU's need when that side fails,
- * else the host's), refused. *plan is the chosen one's. Returns 0 whether it fits or not, or -1
- * with plan->error set. */
+ * else the host's), refused. With offload_checkpoints MT_PLAN_OFFLOAD_AUTO: off when that plan
+ * (with auto's K) fits, else on when that one fits (its own K); when neither fits, the one nearer
+ * to fitting, refused. Offloading moves two copies of each checkpoint a step over the bus and
+ * pins host memory for them, so auto takes it only where the GPU needs it. *plan is the chosen
+ * one's. Returns 0 whether it fits or not, or -1 with plan->error set. */
 int mt_plan_choose_run(const mt_model_config *cfg, const mt_plan_params *params, mt_host_layout request,
                        uint64_t host_available, uint64_t gpu_memory, mt_plan *plan, mt_run_choice *run);
 /* Why a run that does not fit is refused, host first (mt_plan_check_host, else the layout's why),
  * then the GPU (mt_plan_check_gpu), with auto's choice of K in front; returns -1, or 0 when it
  * fits. */
 int mt_plan_run_refusal(const mt_plan *plan, const mt_run_choice *run, char *err, size_t errlen);
-/* The GPU side's lines: the need against the device (or that it is not checked, and why), and
- * with auto the choice of K. Nothing for a plan without a GPU but the K line. */
+/* The GPU side's lines: the need against the device (or that it is not checked, and why), with
+ * auto the choice of K, and where the checkpoints live and why. Nothing for a plan without a GPU
+ * but the K line. */
 void mt_plan_print_run(const mt_plan *plan, const mt_run_choice *run, const char *gpu_source, FILE *out);
 
 /* Host memory available to a new run now: MemAvailable from /proc/meminfo, else the free

@@ -68,6 +68,14 @@ typedef struct mt_step_config {
     int ranged_side_room;  /* ranged: the flags buffers hold the inputs of 1/this of their chunk's
                             * elements for the redo (MT_RANGED_SIDE_ROOM_MIN.._MAX; 0: the default,
                             * MT_RANGED_SIDE_ROOM_DEFAULT). Only the work and the memory change. */
+    int offload_checkpoints; /* The activation checkpoints of every block but the last live in
+                            * pinned host memory: written home as the forward writes them, their
+                            * GPU copies first to be reclaimed, fetched back ahead of their
+                            * block's recompute (runtime/step/graph.h). 1 on; 0 off (every
+                            * checkpoint stays where it was written, from the forward to the
+                            * backward); -1 (auto, the default): on where a GPU computes and the
+                            * memory plan with them off needs more than the device holds
+                            * (mt_plan_offload_needed). Bitwise the same results either way. */
 } mt_step_config;
 
 /* What 0 means for the ranged settings above. */
@@ -79,7 +87,7 @@ typedef struct mt_step_config {
 
 /* Defaults: accum 1, K 4, clip 1.0, head_chunk 1024, betas (0.9, 0.999), eps 1e-8, wd 0,
  * adamw_split -1, clip_speculate -1, clip_range_check -1, adamw_defer -1, ranged_bounds
- * MT_RANGED_BOUNDS_DEFAULT, the rest 0 (their defaults). */
+ * MT_RANGED_BOUNDS_DEFAULT, offload_checkpoints -1, the rest 0 (their defaults). */
 mt_step_config mt_step_defaults(void);
 
 /* What an observer hears: a compute task of a training step ended. */
@@ -110,10 +118,14 @@ bool mt_graph_defers(const mt_graph *g);
  * declined, or that on has no effect (bench and train print it). */
 void mt_graph_log_defer(const mt_graph *g, FILE *log, const char *prefix);
 
-/* Bytes of the working buffers the graph registered where its compute runs: checkpoints,
+/* Bytes of the working buffers the graph registered where its compute runs: checkpoints (with
+ * offload_checkpoints where a GPU computes, those in flight there: mt_plan_offload_in_flight),
  * ping-pong hidden states and gradients, saved activations, layer and head scratch. The memory
  * plan predicts this number (mt_plan_activation_bytes less the inputs); tests hold them equal. */
 uint64_t mt_graph_working_bytes(const mt_graph *g);
+
+/* Whether the graph keeps its checkpoints in host memory (offload_checkpoints, auto resolved). */
+bool mt_graph_offloads_checkpoints(const mt_graph *g);
 
 /* Changes adamw_split (mt_step_config) for the updates submitted from now on. */
 void mt_graph_set_adamw_split(mt_graph *g, int split);

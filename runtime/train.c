@@ -339,6 +339,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     pp.compute = o->dtype;
     pp.use_gpu = mt_runtime_ncuda() > 0;
     pp.ranks = ranks;
+    pp.offload_checkpoints = o->step.offload_checkpoints;
     pp.process = (mt_plan_process){ .counted = true, .ncpu = mt_runtime_ncpu(), .program_bytes = program_bytes,
                                     .eval_sequences = o->eval_sequences };
     if (mt_plan_data_bytes(o->data_path, &pp.process.data_bytes, err, errlen)) goto out;
@@ -357,6 +358,8 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         run.step.K = (int)chosen.K;
         say(log, "megatrain: checkpoint interval %s\n", chosen.why_k);
     }
+    run.step.offload_checkpoints = chosen.offload ? 1 : 0; /* auto resolved as plan resolves it */
+    if (pp.use_gpu) say(log, "megatrain: checkpoints %s\n", chosen.why_offload);
     if (chosen.gpu_checked) {
         char need[32], have[32];
         say(log, "megatrain: GPU plan %s (buffers, StarPU's margin, CUDA context) within the %s of the GPU (%s)\n",

@@ -145,6 +145,11 @@ check_error "train --clip-range-check 1" "--clip-range-check: '1' is not on or o
 check_ok "bench --help-all lists --clip-range-check" '--clip-range-check M' bench --help-all
 check_ok "bench --help-all lists --norm-log" '--norm-log FILE' bench --help-all
 check_ok "train --help-all lists --adamw-defer" '--adamw-defer M' train --help-all
+check_ok "train --help lists --offload-checkpoints" '--offload-checkpoints M +auto\|on\|off' train --help
+check_ok "bench --help lists --offload-checkpoints" '--offload-checkpoints M +auto\|on\|off' bench --help
+check_ok "plan --help lists --offload-checkpoints" '--offload-checkpoints M +auto\|on\|off' plan --help
+check_error "train --offload-checkpoints yes" "--offload-checkpoints: 'yes' is not auto, on or off" \
+    train --offload-checkpoints yes
 check_error "train --steps 0" "--steps.*0" train --steps 0
 check_error "train --lr -1" "--lr.*-1" train --lr -1
 check_error "train --lr nan" "--lr.*nan" train --lr nan

@@ -37,6 +37,8 @@ typedef struct fixture {
 
 /* clip_speculate of the graphs fixture_open builds (-1: the default). */
 static int fixture_speculate = -1;
+/* offload_checkpoints of those graphs (0: off; 1: on, the graph says so). */
+static int fixture_offload = 0;
 /* Tokens per sequence of fixture_open's graphs: 77 (no tile multiple), or 128, which every cuDNN 9
  * fused attention backward takes (head dim 64: the default attention is then cuDNN's both ways). */
 static int64_t fixture_T = 77;
@@ -81,8 +83,10 @@ static fixture fixture_open(bool tied, int ncpu, int ncuda, mt_dtype dtype, uint
     f.sc = mt_step_defaults();
     f.sc.B = 2; f.sc.T = fixture_T; f.sc.K = K; f.sc.accum = accum; f.sc.head_chunk = 50; f.sc.clip = clip;
     f.sc.clip_speculate = fixture_speculate;
+    f.sc.offload_checkpoints = fixture_offload;
     f.g = mt_graph_create(f.st, &f.sc, err, sizeof err);
     ck_assert_msg(f.g != NULL, "%s", err);
+    ck_assert(mt_graph_offloads_checkpoints(f.g) == (fixture_offload == 1));
     const int64_t n = accum * f.sc.B * f.sc.T;
     f.tok = malloc(sizeof *f.tok * n);
     f.tgt = malloc(sizeof *f.tgt * n);
@@ -111,7 +115,8 @@ static result run(bool tied, int ncuda, int K, int accum, mt_dtype dtype)
     fixture f = fixture_open(tied, 2, ncuda, dtype, 11, K, accum, mt_step_defaults().clip, 99, true);
     /* The memory plan counts exactly the buffers the graph registers, on either kind of worker. */
     mt_plan_params pp = { .micro_batch = f.sc.B, .seq_len = f.sc.T, .grad_accum = accum, .checkpoint_interval = K,
-                          .compute = dtype, .use_gpu = ncuda > 0, .head_chunk = f.sc.head_chunk };
+                          .compute = dtype, .use_gpu = ncuda > 0, .head_chunk = f.sc.head_chunk,
+                          .offload_checkpoints = fixture_offload };
     mt_plan plan;
     ck_assert_msg(mt_plan_compute(&f.cfg, &pp, &plan) == 0, "%s", plan.error);
     uint64_t planned = mt_plan_activation_bytes(&plan) - (ncuda > 0 ? plan.gpu : plan.host)[MT_PLAN_INPUTS];
@@ -209,11 +214,13 @@ END_TEST
  * (the scale below 1 every step), with clip_speculate `speculate`; *checked: the elements ranged
  * runs checked. */
 typedef struct state_copy { int ntiles; int64_t *numel; float **master, **m, **v; bool deferred; } state_copy;
+/* K of clipped_steps' graphs. */
+static int fixture_K = 2;
 
 static state_copy clipped_steps(int speculate, int steps, int64_t *checked)
 {
     fixture_speculate = speculate;
-    fixture f = fixture_open(true, 4, 1, MT_DTYPE_BF16, 5, 2, 1, 0.05, 7, false);
+    fixture f = fixture_open(true, 4, 1, MT_DTYPE_BF16, 5, fixture_K, 1, 0.05, 7, false);
     fixture_speculate = -1;
     const mt_ranged_counts c0 = mt_adamw_stats_ranged(mt_graph_adamw_stats(f.g));
     int prev = -1;
@@ -241,6 +248,17 @@ static state_copy clipped_steps(int speculate, int steps, int64_t *checked)
         }
     }
     fixture_close(&f);
+    return c;
+}
+
+/* clipped_steps with the moments of plain clipping, at K = 1, checkpoints offloaded or not. */
+static state_copy offload_steps(int offload, int64_t *checked)
+{
+    fixture_offload = offload;
+    fixture_K = 1;
+    state_copy c = clipped_steps(0, 5, checked);
+    fixture_K = 2;
+    fixture_offload = 0;
     return c;
 }
 
@@ -297,6 +315,39 @@ START_TEST(test_default_ranged_bitwise)
 }
 END_TEST
 
+/* Checkpoints in host memory (written through, fetched back ahead of their recompute) give the
+ * GPU's own bits: master, m and v after 5 clipped steps at K = 1 (three blocks, two offloaded),
+ * against the same run with them on the GPU; only where the plain run repeats bit for bit. */
+START_TEST(test_offload_checkpoints_bitwise)
+{
+    fixture_own_attention = true;
+    int64_t checked;
+    state_copy off = offload_steps(0, &checked);
+    state_copy off2 = offload_steps(0, &checked);
+    state_copy on = offload_steps(1, &checked);
+    char what[64];
+    if (!states_equal(&off, &off2, what, sizeof what)) {
+        printf("the plain GPU run is not repeatable bit for bit (%s differs): offloaded vs plain not compared\n", what);
+    } else {
+        ck_assert_msg(states_equal(&off, &on, what, sizeof what), "offloaded vs plain checkpoints: %s differs", what);
+    }
+    fixture_own_attention = false;
+    state_copy_free(&on);
+    state_copy_free(&off2);
+    state_copy_free(&off);
+}
+END_TEST
+
+/* The GPU step with offloaded checkpoints (the plan's count of them in flight held to the graph's)
+ * against CPU workers, two micro-batches at K = 1. */
+START_TEST(test_step_gradients_offloaded)
+{
+    fixture_offload = 1;
+    compare(true, 1, 2, MT_DTYPE_BF16);
+    fixture_offload = 0;
+}
+END_TEST
+
 START_TEST(test_step_gradients_untied) { compare(false, 2, 1, MT_DTYPE_BF16); }
 END_TEST
 START_TEST(test_step_gradients_tied_accum) { compare(true, 1, 2, MT_DTYPE_BF16); }
@@ -337,6 +388,8 @@ int main(void)
     tcase_add_test(tc, test_pipelined_training_steps);
     tcase_add_test(tc, test_pipelined_training_steps_f32);
     tcase_add_test(tc, test_default_ranged_bitwise);
+    tcase_add_test(tc, test_offload_checkpoints_bitwise);
+    tcase_add_test(tc, test_step_gradients_offloaded);
     suite_add_tcase(s, tc);
     return mt_test_run(s, true);
 }

@@ -137,6 +137,174 @@ START_TEST(test_auto_k_gpu)
 }
 END_TEST
 
+/* Checkpoints offloaded to host memory: on the GPU only those in flight (a block boundary's
+ * micro-batches, one more, one fetched ahead: accum + 2, at most all), in pinned host memory every
+ * block's but the last; every other kind as with them off. A CPU plan is the same either way. */
+START_TEST(test_offload_figures)
+{
+    ck_assert_int_eq(mt_plan_offload_in_flight(1, 1), 1);
+    ck_assert_int_eq(mt_plan_offload_in_flight(2, 1), 2);
+    ck_assert_int_eq(mt_plan_offload_in_flight(36, 1), 3);
+    ck_assert_int_eq(mt_plan_offload_in_flight(2, 3), 5);
+    ck_assert_int_eq(mt_plan_offload_in_flight(9, 4), 6);
+    mt_model_config c;
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-0.5b", &c), 0);
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 71);
+    for (int trial = 0; trial < 8; trial++) {
+        mt_plan_params p = { .micro_batch = 1 + (int64_t)(mt_test_uniform(&rng) * 4),
+                             .seq_len = 512 * (1 + (int64_t)(mt_test_uniform(&rng) * 8)),
+                             .grad_accum = 1 + (int64_t)(mt_test_uniform(&rng) * 3),
+                             .checkpoint_interval = 1 + (int64_t)(mt_test_uniform(&rng) * 24),
+                             .compute = MT_DTYPE_BF16, .use_gpu = true,
+                             .layout = trial % 2 ? MT_LAYOUT_COMPACT : MT_LAYOUT_FULL };
+        mt_plan off, on;
+        ck_assert_msg(mt_plan_compute(&c, &p, &off) == 0, "%s", off.error);
+        p.offload_checkpoints = MT_PLAN_OFFLOAD_ON;
+        ck_assert_msg(mt_plan_compute(&c, &p, &on) == 0, "%s", on.error);
+        const int64_t nb = (24 + p.checkpoint_interval - 1) / p.checkpoint_interval, M = p.grad_accum;
+        const uint64_t hidden = (uint64_t)(p.micro_batch * p.seq_len) * 896 * 4;
+        const int64_t flight = nb * M < M + 2 ? nb * M : M + 2;
+        ck_assert_int_eq(off.gpu_checkpoints, nb * M);
+        ck_assert_int_eq(off.host_checkpoints, 0);
+        ck_assert_uint_eq(off.gpu[MT_PLAN_CHECKPOINTS], (uint64_t)(nb * M) * hidden);
+        ck_assert_uint_eq(off.host[MT_PLAN_CHECKPOINTS], 0);
+        ck_assert_int_eq(on.gpu_checkpoints, flight);
+        ck_assert_int_eq(on.host_checkpoints, (nb - 1) * M);
+        ck_assert_uint_eq(on.gpu[MT_PLAN_CHECKPOINTS], (uint64_t)flight * hidden);
+        ck_assert_uint_eq(on.host[MT_PLAN_CHECKPOINTS], (uint64_t)((nb - 1) * M) * hidden);
+        ck_assert(on.host_pinned[MT_PLAN_CHECKPOINTS]);
+        for (int k = 0; k < MT_PLAN_KIND_COUNT; k++) {
+            if (k == MT_PLAN_CHECKPOINTS) continue;
+            ck_assert_uint_eq(on.gpu[k], off.gpu[k]);
+            ck_assert_uint_eq(on.host[k], off.host[k]);
+        }
+        ck_assert_uint_eq(off.gpu_total - on.gpu_total, (uint64_t)(nb * M - flight) * hidden);
+        ck_assert_uint_eq(on.host_total - off.host_total, (uint64_t)((nb - 1) * M) * hidden);
+        ck_assert_uint_eq(on.host_pinned_total - off.host_pinned_total, (uint64_t)((nb - 1) * M) * hidden);
+        /* the printout names the choice, the refusal offers it when off */
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        mt_plan_print(&on, f);
+        fclose(f);
+        char line[128];
+        snprintf(line, sizeof line, "checkpoints offloaded: %" PRId64 " in pinned host memory, %" PRId64 " on the GPU",
+                 (nb - 1) * M, flight);
+        ck_assert_msg(strstr(text, line), "%s", text);
+        free(text);
+        char err[1536];
+        ck_assert_int_eq(mt_plan_check_gpu(&off, off.gpu_need - 1, err, sizeof err), -1);
+        ck_assert_msg(strstr(err, "all on the GPU") && strstr(err, "--offload-checkpoints on"), "%s", err);
+        ck_assert_int_eq(mt_plan_check_gpu(&on, on.gpu_need - 1, err, sizeof err), -1);
+        snprintf(line, sizeof line, "offloaded: %" PRId64 " in flight on the GPU", flight);
+        ck_assert_msg(strstr(err, line) && !strstr(err, "--offload-checkpoints on"), "%s", err);
+        /* a CPU plan holds them in host memory either way */
+        mt_plan cpu_off, cpu_on;
+        p.use_gpu = false;
+        p.compute = MT_DTYPE_F32;
+        p.layout = MT_LAYOUT_FULL;
+        ck_assert_int_eq(mt_plan_compute(&c, &p, &cpu_on), 0);
+        p.offload_checkpoints = MT_PLAN_OFFLOAD_OFF;
+        ck_assert_int_eq(mt_plan_compute(&c, &p, &cpu_off), 0);
+        ck_assert_uint_eq(cpu_on.host_total, cpu_off.host_total);
+        ck_assert_uint_eq(cpu_on.host[MT_PLAN_CHECKPOINTS], (uint64_t)(nb * M) * hidden);
+        ck_assert_uint_eq(cpu_on.gpu_total, 0);
+    }
+    /* a value that is none of the three is refused */
+    mt_plan_params bad = { .micro_batch = 1, .seq_len = 64, .grad_accum = 1, .checkpoint_interval = 1,
+                           .compute = MT_DTYPE_BF16, .use_gpu = true, .offload_checkpoints = 2 };
+    mt_plan plan;
+    ck_assert_int_eq(mt_plan_compute(&c, &bad, &plan), -1);
+    ck_assert_msg(strstr(plan.error, "checkpoint offload 2"), "%s", plan.error);
+}
+END_TEST
+
+/* --offload-checkpoints auto: off where the plan with every checkpoint on the GPU fits, on where
+ * only the offloaded one does (at the given K, or with auto's K the largest K that fits
+ * offloaded), the nearer when neither fits; off without a GPU or a device size. */
+START_TEST(test_offload_auto)
+{
+    mt_model_config c;
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-0.5b", &c), 0);
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 73);
+    for (int trial = 0; trial < 4; trial++) {
+        mt_plan_params p = { .micro_batch = 1 + (int64_t)(mt_test_uniform(&rng) * 2),
+                             .seq_len = 4096 * (1 + (int64_t)(mt_test_uniform(&rng) * 4)),
+                             .grad_accum = 1 + (int64_t)(mt_test_uniform(&rng) * 2), .checkpoint_interval = 1,
+                             .compute = MT_DTYPE_BF16, .use_gpu = true, .offload_checkpoints = MT_PLAN_OFFLOAD_AUTO };
+        mt_plan off, on, plan;
+        mt_plan_params q = p;
+        q.offload_checkpoints = MT_PLAN_OFFLOAD_OFF;
+        ck_assert_int_eq(mt_plan_compute(&c, &q, &off), 0);
+        q.offload_checkpoints = MT_PLAN_OFFLOAD_ON;
+        ck_assert_int_eq(mt_plan_compute(&c, &q, &on), 0);
+        ck_assert_uint_lt(on.gpu_need, off.gpu_need);
+        const uint64_t between = on.gpu_need + (uint64_t)((double)(off.gpu_need - on.gpu_need) * mt_test_uniform(&rng));
+        mt_run_choice run;
+        /* fits with them on the GPU: off */
+        ck_assert_int_eq(mt_plan_choose_run(&c, &p, MT_LAYOUT_AUTO, 1ULL << 50, off.gpu_need, &plan, &run), 0);
+        ck_assert(run.fits && run.offload_auto && !run.offload);
+        ck_assert_int_eq(plan.params.offload_checkpoints, MT_PLAN_OFFLOAD_OFF);
+        ck_assert(!mt_plan_offload_needed(&c, &p, off.gpu_need));
+        /* only offloaded: on */
+        ck_assert_int_eq(mt_plan_choose_run(&c, &p, MT_LAYOUT_AUTO, 1ULL << 50, between, &plan, &run), 0);
+        ck_assert_msg(run.fits && run.offload, "%s", run.why_offload);
+        ck_assert_int_eq(plan.params.offload_checkpoints, MT_PLAN_OFFLOAD_ON);
+        ck_assert_uint_eq(plan.gpu_need, on.gpu_need);
+        ck_assert_msg(strstr(run.why_offload, "does not fit, with them offloaded it does"), "%s", run.why_offload);
+        ck_assert(mt_plan_offload_needed(&c, &p, between));
+        /* neither: offloaded is nearer, refused */
+        ck_assert_int_eq(mt_plan_choose_run(&c, &p, MT_LAYOUT_AUTO, 1ULL << 50, on.gpu_need - 1, &plan, &run), 0);
+        ck_assert(!run.fits && run.offload);
+        char err[2048];
+        ck_assert_int_eq(mt_plan_run_refusal(&plan, &run, err, sizeof err), -1);
+        /* no device size, no GPU: off */
+        ck_assert_int_eq(mt_plan_choose_run(&c, &p, MT_LAYOUT_AUTO, 1ULL << 50, 0, &plan, &run), 0);
+        ck_assert(!run.offload && !run.gpu_checked);
+        ck_assert(!mt_plan_offload_needed(&c, &p, 0));
+        mt_plan_params cpu = p;
+        cpu.use_gpu = false;
+        cpu.compute = MT_DTYPE_F32;
+        ck_assert_int_eq(mt_plan_choose_run(&c, &cpu, MT_LAYOUT_AUTO, 1ULL << 50, between, &plan, &run), 0);
+        ck_assert(!run.offload);
+        /* explicit: as asked, fitting or not */
+        q = p;
+        q.offload_checkpoints = MT_PLAN_OFFLOAD_OFF;
+        ck_assert_int_eq(mt_plan_choose_run(&c, &q, MT_LAYOUT_AUTO, 1ULL << 50, between, &plan, &run), 0);
+        ck_assert(!run.offload && !run.fits && !run.offload_auto);
+        q.offload_checkpoints = MT_PLAN_OFFLOAD_ON;
+        ck_assert_int_eq(mt_plan_choose_run(&c, &q, MT_LAYOUT_AUTO, 1ULL << 50, off.gpu_need, &plan, &run), 0);
+        ck_assert(run.offload && run.fits);
+        /* with auto's K: the largest K that fits offloaded, when no K fits with them on the GPU */
+        p.checkpoint_interval = MT_PLAN_K_AUTO;
+        uint64_t least_off = UINT64_MAX, need_on[25];
+        for (int64_t K = 1; K <= 24; K++) {
+            mt_plan_params r = p;
+            r.checkpoint_interval = K;
+            r.offload_checkpoints = MT_PLAN_OFFLOAD_OFF;
+            ck_assert_int_eq(mt_plan_compute(&c, &r, &plan), 0);
+            if (plan.gpu_need < least_off) least_off = plan.gpu_need;
+            r.offload_checkpoints = MT_PLAN_OFFLOAD_ON;
+            ck_assert_int_eq(mt_plan_compute(&c, &r, &plan), 0);
+            need_on[K] = plan.gpu_need;
+        }
+        const uint64_t device = least_off - 1;
+        int64_t expect = 0;
+        for (int64_t K = 24; K >= 1 && !expect; K--)
+            if (need_on[K] <= device) expect = K;
+        ck_assert_int_eq(mt_plan_choose_run(&c, &p, MT_LAYOUT_AUTO, 1ULL << 50, device, &plan, &run), 0);
+        if (expect) {
+            ck_assert_msg(run.fits && run.offload && run.k_auto, "%s / %s", run.why_k, run.why_offload);
+            ck_assert_int_eq(run.K, expect);
+        } else {
+            ck_assert(!run.fits);
+        }
+    }
+}
+END_TEST
+
 /* Auto K on a CPU plan: the host side alone decides (the checkpoints and the block live there),
  * the choice the largest K within the usable share, and no GPU side (a device size is ignored). */
 START_TEST(test_auto_k_host)
@@ -204,6 +372,8 @@ int main(void)
     tcase_add_test(tc, test_auto_k_gpu);
     tcase_add_test(tc, test_auto_k_host);
     tcase_add_test(tc, test_micro_batch_auto_k);
+    tcase_add_test(tc, test_offload_figures);
+    tcase_add_test(tc, test_offload_auto);
     suite_add_tcase(s, tc);
     return mt_test_run(s, false);
 }

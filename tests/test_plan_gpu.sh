@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `megatrain plan`'s GPU side and its K: a GPU plan refused with its need by kind against a small
 # --gpu-memory and fitting a large one; --checkpoint-every auto's K fits and K+1 does not (unless
-# K is every layer), for plan and train alike; bench refusing before StarPU starts; plan without
-# --data on a machine without train's default corpus (hidden in a mount namespace).
+# K is every layer), for plan and train alike; bench refusing before StarPU starts;
+# --offload-checkpoints' figures, auto's choice and its refusals; plan without --data on a machine
+# without train's default corpus (hidden in a mount namespace).
 # Usage: test_plan_gpu.sh PATH/TO/megatrain
 set -u
 . "$(dirname "$0")/script_harness.sh" plan-gpu "$@"
@@ -96,6 +97,35 @@ expect_ok "train --checkpoint-every auto on the CPU: the choice in the log" \
     train --steps 1 --sample-bytes 0 --eval-every 0 --ncpu 2 --ncuda 0 --micro-batch 2 --seq-len 64 --checkpoint-every auto
 grep -qE '^megatrain: 1 step of 1 x 2 x 64 tokens, K=6,' out.txt && ok "train ran at auto's K (the built-in model's 6 layers)" ||
     bad "train ran at auto's K (the built-in model's 6 layers)" "no 'K=6' on the run line"
+
+# --- --offload-checkpoints ---------------------------------------------------------------------
+# 3B at one 131072-token sequence, K=2: 18 GiB of checkpoints on the GPU, or 3 GiB in flight
+# with the other 17 GiB in pinned host memory; 48 GiB holds only the second.
+long=(plan --shape qwen2.5-3b --micro-batch 1 --seq-len 131072 --rope-scaling yarn:4 --ncuda 1 --host-memory 2T
+      --checkpoint-every 2)
+expect_error "offload off, 3B at 131072 tokens in 48 GiB: refused, offering the offload" \
+    'checkpoints 18\.00 GiB \(18 per micro-batch at K=2, 1 micro-batch, all on the GPU\).*--offload-checkpoints on' \
+    "${long[@]}" --gpu-memory 48G --offload-checkpoints off
+expect_ok "offload on: fits, the plan names it" \
+    '^  checkpoints offloaded: 17 in pinned host memory, 3 on the GPU at once' "${long[@]}" --gpu-memory 48G \
+    --offload-checkpoints on
+grep -qE '^  checkpoints +18253611008 +17\.00 GiB yes +3221225472 +3\.00 GiB$' out.txt && ok "offload on: 17 GiB pinned, 3 GiB on the GPU" ||
+    bad "offload on: 17 GiB pinned, 3 GiB on the GPU" "no such checkpoints row"
+expect_ok "offload auto in 48 GiB: on, saying why" \
+    '^checkpoints: offloaded to pinned host memory \(--offload-checkpoints auto: the plan with every checkpoint on the GPU does not fit, with them offloaded it does\)' \
+    "${long[@]}" --gpu-memory 48G
+expect_ok "offload auto in 141 GB: off" '^checkpoints: kept where they are written \(--offload-checkpoints auto: the plan with every checkpoint on the GPU fits\)$' \
+    "${long[@]}" --gpu-memory 141GB
+expect_ok "offload auto with auto's K in 48 GiB: a K" '^checkpoint interval: K=[0-9]+ \(--checkpoint-every auto\)' \
+    "${long[@]}" --gpu-memory 48G --checkpoint-every auto
+grep -q '^checkpoints: offloaded' out.txt && ok "auto's K with the offload" || bad "auto's K with the offload" "no 'checkpoints: offloaded' line"
+expect_error "--offload-checkpoints takes auto, on or off" "--offload-checkpoints: 'sometimes' is not auto, on or off" \
+    "${long[@]}" --offload-checkpoints sometimes
+expect_error "bench --offload-checkpoints 1" "--offload-checkpoints: '1' is not auto, on or off" \
+    bench --shape tiny --offload-checkpoints 1
+expect_ok "train --offload-checkpoints on on the CPU" '^done: 2 steps' \
+    train --steps 2 --sample-bytes 0 --eval-every 0 --ncpu 2 --ncuda 0 --micro-batch 2 --seq-len 64 --checkpoint-every 2 \
+    --offload-checkpoints on
 
 # --- plan without --data ----------------------------------------------------------------------
 default=/usr/share/games/fortunes

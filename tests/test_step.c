@@ -16,6 +16,7 @@
 #include "runtime/runtime.h"
 #include "runtime/state.h"
 #include "runtime/step.h"
+#include "runtime/step/graph.h" /* the checkpoints' homes (test_offload_checkpoints_bitwise) */
 #include "tests/testutil.h"
 
 /* Five layers so that K = 2 and 3 do not divide L; odd sizes; GQA; q/k/v bias. */
@@ -78,6 +79,8 @@ static int range_check_mode = -1; /* clip_range_check (-1: the default, on) */
 static int defer_mode = 0;
 static int switch_step = 0, switch_to = 0;
 static mt_dtype state_dtype = MT_DTYPE_F32;
+/* offload_checkpoints of the runs below (0: off; the library's default is -1, auto). */
+static int offload_mode = 0;
 
 static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int nsteps, double clip, int64_t B);
 
@@ -103,8 +106,18 @@ static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int n
     sc.adamw_split = split_mode;
     sc.clip_speculate = speculate_mode;
     sc.adamw_defer = defer_mode;
+    sc.offload_checkpoints = offload_mode;
     mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
     ck_assert_msg(g != NULL, "%s", err);
+    /* auto resolves to off on CPU workers (nothing to offload from); on, every block's checkpoint
+     * but the last's has its home in host memory, the last's none */
+    ck_assert(mt_graph_offloads_checkpoints(g) == (offload_mode == 1));
+    for (int b = 0; b < g->nblocks; b++)
+        for (int u = 0; u < accum; u++) {
+            const int home = starpu_data_get_home_node(mt_step_ckpt(g, b, u));
+            ck_assert_msg(home == (offload_mode == 1 && b < g->nblocks - 1 ? STARPU_MAIN_RAM : -1),
+                          "checkpoint of block %d, micro-batch %d: home node %d", b, u, home);
+        }
     int64_t n = accum * sc.B * sc.T;
     int32_t *tok = malloc(sizeof *tok * n), *tgt = malloc(sizeof *tgt * n);
     outcome o = { .ntiles = st->ntiles };
@@ -706,6 +719,39 @@ START_TEST(test_policy_fifo_for_equals)
 }
 END_TEST
 
+/* Checkpoints with a host home (written through, marked as not used soon once the forward has
+ * read them, prefetched from the end of each unit's first recompute) give the bits of those kept
+ * where they were written: loss, gradients, weights and moments after three steps, K = 1 and 2
+ * (three and two blocks of five layers), one and two micro-batches, under the megatrain policy
+ * and eager, tied and untied. On CPU workers the home is where the compute runs, so this holds the
+ * graph's order and its callbacks to the plain graph's results; the transfers themselves need a
+ * GPU (tests/test_gpu_step.c). */
+START_TEST(test_offload_checkpoints_bitwise)
+{
+    const struct { const char *sched; bool tied; int K, accum; } cases[] = {
+        { "eager", true, 1, 1 }, { "eager", false, 2, 2 }, { "megatrain", true, 2, 1 }, { "megatrain", false, 1, 2 },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        offload_mode = 0;
+        outcome off = run_steps(cases[c].sched, cases[c].tied, cases[c].K, cases[c].accum, 3, 1.0);
+        offload_mode = 1;
+        outcome on = run_steps(cases[c].sched, cases[c].tied, cases[c].K, cases[c].accum, 3, 1.0);
+        offload_mode = -1; /* auto: off here */
+        outcome automatic = run_steps(cases[c].sched, cases[c].tied, cases[c].K, cases[c].accum, 3, 1.0);
+        offload_mode = 0;
+        char what[96];
+        snprintf(what, sizeof what, "offloaded checkpoints, %s, tied %d, K=%d, accum %d", cases[c].sched,
+                 cases[c].tied, cases[c].K, cases[c].accum);
+        assert_bitwise(&off, &on, 3, what);
+        assert_bitwise(&off, &automatic, 3, what);
+        ck_assert(off.loss[0] > 4.0 && off.loss[0] < 7.0 && off.loss[2] != off.loss[0]);
+        outcome_free(&automatic);
+        outcome_free(&on);
+        outcome_free(&off);
+    }
+}
+END_TEST
+
 /* The memory plan counts exactly the working buffers the graph registers, for several shapes. */
 START_TEST(test_plan_matches_graph)
 {
@@ -716,18 +762,22 @@ START_TEST(test_plan_matches_graph)
         char err[256];
         mt_host_state *st = mt_state_create(&cfg, MT_DTYPE_F32, 0, err, sizeof err);
         ck_assert_msg(st != NULL, "%s", err);
-        mt_step_config sc = mt_step_defaults();
-        sc.B = cases[c].B; sc.T = cases[c].T; sc.K = cases[c].K; sc.accum = cases[c].accum;
-        mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
-        ck_assert_msg(g != NULL, "%s", err);
-        mt_plan_params pp = { .micro_batch = sc.B, .seq_len = sc.T, .grad_accum = sc.accum, .checkpoint_interval = sc.K,
-                              .compute = MT_DTYPE_F32, .use_gpu = false, .head_chunk = sc.head_chunk };
-        mt_plan plan;
-        ck_assert_msg(mt_plan_compute(&cfg, &pp, &plan) == 0, "%s", plan.error);
-        uint64_t planned = mt_plan_activation_bytes(&plan) - plan.host[MT_PLAN_INPUTS];
-        ck_assert_msg(mt_graph_working_bytes(g) == planned, "case %zu: graph %llu bytes, plan %llu", c,
-                      (unsigned long long)mt_graph_working_bytes(g), (unsigned long long)planned);
-        mt_graph_destroy(g);
+        for (int offload = 0; offload <= 1; offload++) {
+            mt_step_config sc = mt_step_defaults();
+            sc.B = cases[c].B; sc.T = cases[c].T; sc.K = cases[c].K; sc.accum = cases[c].accum;
+            sc.offload_checkpoints = offload;
+            mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
+            ck_assert_msg(g != NULL, "%s", err);
+            mt_plan_params pp = { .micro_batch = sc.B, .seq_len = sc.T, .grad_accum = sc.accum,
+                                  .checkpoint_interval = sc.K, .compute = MT_DTYPE_F32, .use_gpu = false,
+                                  .head_chunk = sc.head_chunk, .offload_checkpoints = offload };
+            mt_plan plan;
+            ck_assert_msg(mt_plan_compute(&cfg, &pp, &plan) == 0, "%s", plan.error);
+            uint64_t planned = mt_plan_activation_bytes(&plan) - plan.host[MT_PLAN_INPUTS];
+            ck_assert_msg(mt_graph_working_bytes(g) == planned, "case %zu offload %d: graph %llu bytes, plan %llu", c,
+                          offload, (unsigned long long)mt_graph_working_bytes(g), (unsigned long long)planned);
+            mt_graph_destroy(g);
+        }
         mt_state_destroy(st);
     }
     mt_runtime_shutdown();
@@ -744,6 +794,10 @@ START_TEST(test_bad_step_config)
     sc.B = 1; sc.T = 8; sc.K = 6; /* more than the 5 layers */
     ck_assert(mt_graph_create(st, &sc, err, sizeof err) == NULL);
     ck_assert_msg(strstr(err, "K=6") != NULL, "%s", err);
+    sc.K = 2; sc.offload_checkpoints = 2; /* auto -1, off 0, on 1 */
+    ck_assert(mt_graph_create(st, &sc, err, sizeof err) == NULL);
+    ck_assert_msg(strstr(err, "offload_checkpoints=2") != NULL, "%s", err);
+    sc.offload_checkpoints = -1;
     sc.K = 2; sc.T = 65; /* beyond max_position_embeddings 64 */
     ck_assert(mt_graph_create(st, &sc, err, sizeof err) == NULL);
     ck_assert_msg(strstr(err, "max_position_embeddings") != NULL, "%s", err);
@@ -782,6 +836,7 @@ int main(void)
     tcase_add_test(tc, test_no_adamw_during_backward_with_clip);
     tcase_add_test(tc, test_gates_megatrain_policy);
     tcase_add_test(tc, test_plan_matches_graph);
+    tcase_add_test(tc, test_offload_checkpoints_bitwise);
     tcase_add_test(tc, test_policy_fifo_for_equals);
     tcase_add_test(tc, test_bad_step_config);
     suite_add_tcase(s, tc);

@@ -43,13 +43,40 @@ static starpu_data_handle_t router_stats(const mt_graph *g, const mt_step_slot *
     return sl->h_router_stats[u];
 }
 
+/* A checkpoint has served its last reader of the step (the forward's, or its recompute): dropped,
+ * or when offloaded marked as not used soon instead. Its host copy is current (written through),
+ * so StarPU reclaims the GPU copy with no transfer, before other buffers; and it keeps a value,
+ * which the prefetch ahead of its recompute needs (StarPU refuses to prefetch a handle whose last
+ * submitted access was an invalidation, and the main thread submits a step's drops long before
+ * its tasks run). The next step's forward overwrites it (W: nothing is fetched for that). */
+static void release_checkpoint(mt_graph *g, int b, starpu_data_handle_t h)
+{
+    if (mt_step_ckpt_offloaded(g, b)) starpu_data_wont_use(h);
+    else mt_step_drop(h);
+}
+
+/* Task callback: prefetches an offloaded checkpoint to the memory node of the worker that ran the
+ * task, where the recompute that reads it runs (the GPU's; on a CPU worker its home, where it is
+ * already). A prefetch is not ordered with the tasks, but it only ever copies the handle's current
+ * value, and an offloaded checkpoint is never invalidated (release_checkpoint), so it
+ * always has one: issued at the wrong time it costs a transfer, never a wrong value. */
+static void fetch_checkpoint(void *handle)
+{
+    starpu_data_prefetch_on_node((starpu_data_handle_t)handle, starpu_worker_get_local_memory_node(), 1);
+}
+
 /* observe: report start/end of this forward (the streaming pass of a training step). stats: the
- * router statistics it adds to (RW), or NULL (a recompute, an evaluation, a dense layer). */
+ * router statistics it adds to (RW), or NULL (a recompute, an evaluation, a dense layer). fetch:
+ * a checkpoint the task's end prefetches (fetch_checkpoint; never with observe), or NULL. */
 static void insert_layer_forward(mt_graph *g, int i, starpu_data_handle_t x, starpu_data_handle_t y,
                                  starpu_data_handle_t saved, starpu_data_handle_t stats, int64_t step, bool observe,
-                                 void *hint)
+                                 void *hint, starpu_data_handle_t fetch)
 {
+    STARPU_ASSERT_MSG(!fetch || !observe, "layer %d: a forward task has one end callback, the observer's or a prefetch", i);
     mt_tile *t = mt_state_layer(g->st, i);
+    const bool observed = MT_OBSERVED(&g->observer, observe);
+    void (*done)(void *) = observed ? mt_step_notify : fetch ? fetch_checkpoint : NULL;
+    void *done_arg = observed ? mt_step_note(&g->observer, MT_EV_FORWARD, step, t->index) : (void *)fetch;
     mt_compute_args a = { .model = &g->model, .B = g->sc.B, .T = g->sc.T, .save = saved != NULL, .layer = i,
                           .router_stats = stats != NULL };
     struct starpu_data_descr d[6] = {
@@ -61,7 +88,7 @@ static void insert_layer_forward(mt_graph *g, int i, starpu_data_handle_t x, sta
     mt_step_check_insert(starpu_task_insert(&mt_cl_layer_forward, STARPU_DATA_MODE_ARRAY, d, nd,
                                     STARPU_VALUE, &a, sizeof a, STARPU_NAME, "layer_forward",
                                     STARPU_EXECUTE_WHERE, g->where, STARPU_TASK_SCHED_DATA, hint,
-                                    MT_OBSERVE_END(&g->observer, observe, MT_EV_FORWARD, step, t->index),
+                                    STARPU_CALLBACK_WITH_ARG_NFREE, done, done_arg,
                                     MT_OBSERVE_START(&g->observer, observe, MT_EV_FORWARD_START, step, t->index), 0),
                  "layer_forward");
 }
@@ -84,9 +111,16 @@ static void submit_forward(mt_graph *g, const starpu_data_handle_t *tokens, int 
                      "embedding_forward");
     for (int i = 0; i < L; i++) {
         int next = i + 1 < L ? i + 2 : g->st->ntiles - 1; /* the next layer, or the head */
-        for (int u = 0; u < n; u++)
+        for (int u = 0; u < n; u++) {
             insert_layer_forward(g, i, forward_input(g, i, u), forward_output(g, i, u), NULL, router_stats(g, sl, i, u),
-                                 step, observe && u == 0, u == 0 ? mt_step_hint(g, next, 0) : NULL);
+                                 step, observe && u == 0, u == 0 ? mt_step_hint(g, next, 0) : NULL, NULL);
+            /* An offloaded checkpoint has served the forward: its GPU copy, clean once written
+             * through, goes first when StarPU needs room. (wont_use waits for the writer, not
+             * for this reader; should StarPU reclaim the copy before the reader runs, the reader
+             * fetches it back from home: a transfer, never a wrong value.) */
+            if (i % g->sc.K == 0 && mt_step_ckpt_offloaded(g, i / g->sc.K))
+                release_checkpoint(g, i / g->sc.K, forward_input(g, i, u));
+        }
     }
 }
 
@@ -96,6 +130,22 @@ static void submit_forward(mt_graph *g, const starpu_data_handle_t *tokens, int 
  * activations would be copied back to the host whenever the GPU needs room. Dropped, the buffer
  * is free to recycle with no copy. */
 void mt_step_drop(starpu_data_handle_t h) { starpu_data_invalidate_submit(h); }
+
+/* The checkpoint the end of unit (b, u)'s first recompute task prefetches: the next unit's in the
+ * backward's order ((b, u + 1), else (b - 1, 0)) when offloaded, else NULL. Its writer, the
+ * forward, has ended by then, whatever the scheduler, so the transfer is never wasted: past the
+ * last block, that task waits through saved[0] for the backward of every unit before it, so for
+ * every micro-batch's head and whole forward; the last block's last unit, the only one of that
+ * block whose next is offloaded, waits for its own checkpoint (micro-batch M-1's forward up to
+ * the last block) and, through saved[0] and the gradients accumulated in micro-batch order, for
+ * micro-batch 0's head. The transfer overlaps the rest of the unit: its other recompute tasks
+ * and its backward. */
+static starpu_data_handle_t fetch_after_recompute(const mt_graph *g, int b, int u)
+{
+    const int M = g->sc.accum;
+    const int nb = u + 1 < M ? b : b - 1, nu = u + 1 < M ? u + 1 : 0;
+    return nb >= 0 && mt_step_ckpt_offloaded(g, nb) ? mt_step_ckpt(g, nb, nu) : NULL;
+}
 
 /* Prefetch hint for the weights the GPU needs after layer i's backward (block-wise order): the
  * previous layer, or the first layer of the previous block's recompute; after layer 0, the
@@ -195,8 +245,9 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
                 void *hint = !first ? NULL
                              : i + 1 < hi ? mt_step_hint(g, i + 2, 0)
                              : hi - 2 >= lo ? mt_step_hint(g, hi - 1, 0) : hint_after_backward(g, lo);
-                insert_layer_forward(g, i, x, g->act[u][(i + 1) % 2], g->saved[i - lo], NULL, step, false, hint);
-                if (i == lo) mt_step_drop(x); /* the block's checkpoint has served */
+                insert_layer_forward(g, i, x, g->act[u][(i + 1) % 2], g->saved[i - lo], NULL, step, false, hint,
+                                     i == lo ? fetch_after_recompute(g, b, u) : NULL);
+                if (i == lo) release_checkpoint(g, b, x); /* the block's checkpoint has served */
             }
             for (int i = hi - 1; i >= lo; i--) {
                 mt_tile *t = mt_state_layer(st, i);

@@ -10,6 +10,7 @@
 
 #include "backends/cpu/table_sumsq.h"
 #include "runtime/dist.h"
+#include "runtime/plan.h"
 #include "runtime/policy.h"
 
 mt_step_config mt_step_defaults(void)
@@ -18,6 +19,7 @@ mt_step_config mt_step_defaults(void)
         .B = 8, .T = 128, .accum = 1, .K = 4, .clip = 1.0, .head_chunk = 1024,
         .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0, .adamw_split = -1,
         .clip_speculate = -1, .clip_range_check = -1, .adamw_defer = -1, .ranged_bounds = MT_RANGED_BOUNDS_DEFAULT,
+        .offload_checkpoints = -1,
     };
     return c;
 }
@@ -77,6 +79,11 @@ static int check_config(const mt_host_state *st, const mt_step_config *sc, bool 
                  (int)sc->ranged_bounds, MT_RANGED_BOUNDS_AVX2, MT_RANGED_BOUNDS_AVX512, MT_RANGED_BOUNDS_EXACT);
         return -1;
     }
+    if (sc->offload_checkpoints < -1 || sc->offload_checkpoints > 1) {
+        snprintf(err, errlen, "invalid step configuration: offload_checkpoints=%d (auto -1, off 0, on 1)",
+                 sc->offload_checkpoints);
+        return -1;
+    }
     if (mt_config_check_seq_len(&st->cfg, sc->T, err, errlen)) return -1;
     /* The load-balancing loss: the CPU layer carries it, the CUDA layer does not. */
     if (gpu && mt_config_router_aux_coef(&st->cfg) > 0) {
@@ -121,6 +128,44 @@ static void describe_model(mt_graph *g)
                                    .table_nchunks = t->nchunks, .table_chunks = chunks };
 }
 
+/* offload_checkpoints as the graph runs it: auto is on where a GPU computes and the memory plan
+ * with every checkpoint on the GPU does not fit the device (the rule of train's and bench's plan,
+ * mt_plan_choose_run, at this K). */
+static bool resolve_offload(const mt_host_state *st, const mt_step_config *sc, bool gpu)
+{
+    if (sc->offload_checkpoints >= 0) return sc->offload_checkpoints == 1;
+    if (!gpu) return false;
+    const mt_plan_params p = { .micro_batch = sc->B, .seq_len = sc->T, .grad_accum = sc->accum,
+                               .checkpoint_interval = sc->K, .compute = st->compute_dtype, .use_gpu = true,
+                               .head_chunk = sc->head_chunk, .layout = st->layout };
+    return mt_plan_offload_needed(&st->cfg, &p, mt_gpu_memory_total());
+}
+
+/* Frees the n pinned checkpoint homes allocated so far (NULL entries skipped). */
+static void free_ckpt_homes(float **home, int n, size_t bytes)
+{
+    for (int i = 0; home && i < n; i++)
+        if (home[i]) starpu_free_flags(home[i], bytes, STARPU_MALLOC_PINNED);
+    free(home);
+}
+
+/* The pinned host homes of the offloaded checkpoints, allocated before anything is registered so
+ * that a refusal leaves nothing behind; 0, or -1 with err set. */
+static int alloc_ckpt_homes(mt_graph *g, int n, size_t bytes, char *err, size_t errlen)
+{
+    g->ckpt_home = calloc(n, sizeof *g->ckpt_home);
+    for (int i = 0; i < n; i++)
+        if (!g->ckpt_home || starpu_malloc_flags((void **)&g->ckpt_home[i], bytes, STARPU_MALLOC_PINNED)) {
+            free_ckpt_homes(g->ckpt_home, i, bytes);
+            g->ckpt_home = NULL;
+            snprintf(err, errlen, "--offload-checkpoints: cannot allocate %d pinned host buffers of %zu bytes for the "
+                     "activation checkpoints (%d of them allocated); free host memory, or use --offload-checkpoints "
+                     "off", n, bytes, i);
+            return -1;
+        }
+    return 0;
+}
+
 mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc_in, char *err, size_t errlen)
 {
     const bool gpu = starpu_cuda_worker_get_count() > 0;
@@ -140,7 +185,16 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc_in, char *
         return NULL;
     }
     mt_graph *g = calloc(1, sizeof *g);
+    g->offload = resolve_offload(st, sc, gpu);
+    const int nblocks = (int)((st->cfg.layers + sc->K - 1) / sc->K);
+    const int nhomes = g->offload ? (nblocks - 1) * sc->accum : 0;
+    const size_t ckpt_bytes = (size_t)(sc->B * sc->T * st->cfg.hidden) * sizeof(float);
+    if (nhomes > 0 && alloc_ckpt_homes(g, nhomes, ckpt_bytes, err, errlen)) {
+        free(g);
+        return NULL;
+    }
     if (mt_speculation_init(&g->speculation, st, sc, gpu, err, errlen)) {
+        free_ckpt_homes(g->ckpt_home, nhomes, ckpt_bytes);
         free(g);
         return NULL;
     }
@@ -164,7 +218,16 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc_in, char *
     const int64_t nstats = 2 * st->cfg.experts;
 
     g->ckpt = calloc((size_t)g->nblocks * sc->accum, sizeof *g->ckpt);
-    for (int b = 0; b < g->nblocks * sc->accum; b++) g->ckpt[b] = new_floats(g->ntok * d);
+    for (int b = 0; b < g->nblocks * sc->accum; b++) {
+        if (b >= nhomes) {
+            g->ckpt[b] = new_floats(g->ntok * d);
+            continue;
+        }
+        /* written through to its home as the forward writes it: the GPU copy is then clean, and
+         * StarPU reclaims it with no copy */
+        g->ckpt[b] = host_vector(g->ckpt_home[b], g->ntok * d, sizeof(float));
+        starpu_data_set_wt_mask(g->ckpt[b], 1u << STARPU_MAIN_RAM);
+    }
     g->act = calloc(sc->accum, sizeof *g->act);
     g->grad = calloc(sc->accum, sizeof *g->grad);
     for (int u = 0; u < sc->accum; u++)
@@ -232,7 +295,10 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc_in, char *
 uint64_t mt_graph_working_bytes(const mt_graph *g)
 {
     uint64_t n = starpu_data_get_size(g->scratch_layer) + starpu_data_get_size(g->scratch_head);
-    for (int b = 0; b < g->nblocks * g->sc.accum; b++) n += starpu_data_get_size(g->ckpt[b]);
+    /* offloaded where a GPU computes: the checkpoints in flight there, all of one size */
+    const int all = g->nblocks * g->sc.accum;
+    const int there = g->offload && g->where == STARPU_CUDA ? (int)mt_plan_offload_in_flight(g->nblocks, g->sc.accum) : all;
+    for (int b = 0; b < there; b++) n += starpu_data_get_size(g->ckpt[b]);
     for (int u = 0; u < g->sc.accum; u++)
         for (int i = 0; i < 2; i++) n += starpu_data_get_size(g->act[u][i]) + starpu_data_get_size(g->grad[u][i]);
     for (int j = 0; j < g->sc.K; j++) n += starpu_data_get_size(g->saved[j]);
@@ -283,6 +349,8 @@ void mt_graph_destroy(mt_graph *g)
     starpu_data_unregister(g->h_eval_targets);
     starpu_data_unregister(g->h_eval_loss);
     free(g->eval_tokens); free(g->eval_targets);
+    free_ckpt_homes(g->ckpt_home, g->offload ? (g->nblocks - 1) * g->sc.accum : 0,
+                    (size_t)g->ntok * (size_t)g->st->cfg.hidden * sizeof(float));
     free(g->ckpt); free(g->saved); free(g->partial); free(g->partial_mem);
     free(g->embed_partial); free(g->embed_partial_mem);
     free(g->embed_rows); free(g->embed_rows_mem);
@@ -297,6 +365,8 @@ void mt_graph_set_observer(mt_graph *g, mt_observer_fn fn, void *user)
     g->observer.fn = fn;
     g->observer.user = user;
 }
+
+bool mt_graph_offloads_checkpoints(const mt_graph *g) { return g->offload; }
 
 void mt_graph_set_adamw_split(mt_graph *g, int split) { g->sc.adamw_split = split; }
 

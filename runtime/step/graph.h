@@ -17,7 +17,16 @@
  *               each micro-batch's router statistics (2E doubles, mt_moe_aux_loss): zeroed
  *               when the micro-batch is submitted, added to by each sparse layer's forward
  *               (RW), read by each sparse layer's backward; the recompute adds nothing
- * Activations have no home (-1): StarPU allocates them where the task runs. */
+ * Activations have no home (-1): StarPU allocates them where the task runs, except, with
+ * offload_checkpoints, the checkpoints of every block but the last: their home is pinned host
+ * memory (ckpt_home) with a write-through mask to it, so each goes home as the forward writes it
+ * and its GPU copy is clean; once the forward's reader is submitted, starpu_data_wont_use puts
+ * that copy first in line when StarPU needs room (its buffer, the size of every hidden state, is
+ * reused as is); the end of the first recompute task of each (block, micro-batch) prefetches the
+ * next one's checkpoint to the GPU, overlapping that unit's remaining recompute and backward;
+ * after its recompute it is marked again instead of dropped (it keeps a value: compute.c,
+ * release_checkpoint). The last block's checkpoints are read first by the backward, right after
+ * the forward: they stay where they are written. */
 #ifndef MT_RUNTIME_STEP_GRAPH_H
 #define MT_RUNTIME_STEP_GRAPH_H
 
@@ -59,6 +68,8 @@ struct mt_graph {
     int64_t ntok;                             /* B * T */
     int nblocks;
     starpu_data_handle_t *ckpt;               /* (nblocks * accum), mt_step_ckpt() */
+    bool offload;                             /* offload_checkpoints, auto resolved */
+    float **ckpt_home;                        /* offload: ((nblocks - 1) * accum) pinned homes, (B*T, d) */
     starpu_data_handle_t (*act)[2], (*grad)[2]; /* (accum) ping-pong pairs */
     starpu_data_handle_t *saved;
     starpu_data_handle_t scratch_layer, scratch_head;
@@ -95,6 +106,8 @@ struct mt_graph {
 
 /* Checkpoint of block b for micro-batch u. */
 static inline starpu_data_handle_t mt_step_ckpt(const mt_graph *g, int b, int u) { return g->ckpt[b * g->sc.accum + u]; }
+/* Whether block b's checkpoints have their home in host memory (offload, every block but the last). */
+static inline bool mt_step_ckpt_offloaded(const mt_graph *g, int b) { return g->offload && b < g->nblocks - 1; }
 
 /* compute.c: the forward, loss anchor and block-wise backward of every micro-batch of a step
  * (early_table: the table's embedding backward runs in its early update path instead), into a

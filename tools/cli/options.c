@@ -459,6 +459,12 @@ const cli_option cli_gpu_memory_options[1] = {
       .help = "check the GPU plan against this much (80G, 141GB) instead of the device's memory" },
 };
 
+const cli_option cli_offload_options[1] = {
+    { .name = "offload-checkpoints", .arg = "M", .kind = CLI_WORD, .field = offsetof(mt_step_config, offload_checkpoints),
+      .words = cli_auto_on_off, .show_default = true,
+      .help = "auto|on|off: checkpoints in host RAM, fetched back for the recompute" },
+};
+
 /* A factor above 1 into the double field (--clip-range, --clip-range-max). */
 static int parse_ratio(const char *cmd, const cli_option *opt, const char *arg, void *target)
 {

@@ -144,6 +144,9 @@ extern const cli_option cli_checkpoint_options[1];
 /* --gpu-memory BYTES into a uint64_t, the group's target that field itself (0: the device's,
  * runtime/plan.h: mt_plan_gpu_memory): train, plan and bench. */
 extern const cli_option cli_gpu_memory_options[1];
+/* --offload-checkpoints auto|on|off into an mt_step_config's offload_checkpoints (-1, 1, 0;
+ * runtime/plan.h: mt_plan_choose_run resolves auto): train, plan and bench. */
+extern const cli_option cli_offload_options[1];
 /* --clip and clip speculation (the advanced knobs of ranged speculation and the AdamW deferral)
  * into an mt_step_config. */
 extern const cli_option cli_clip_options[8];

@@ -65,6 +65,7 @@ int cli_plan(int argc, char **argv)
         CLI_GROUP("host memory", cli_layout_options, &o.host_layout),
         CLI_GROUP(NULL, plan_options, &req),
         CLI_GROUP("GPU memory", cli_gpu_memory_options, &req.gpu_memory),
+        CLI_GROUP(NULL, cli_offload_options, &o.step),
         CLI_GROUP_ONLY("workers", cli_worker_options, &o.runtime, "ncpu ncuda"),
     };
     const cli_command c = {
@@ -116,6 +117,7 @@ int cli_plan(int argc, char **argv)
     mt_plan_params pp = { .micro_batch = o.step.B, .seq_len = o.step.T, .grad_accum = o.step.accum,
                           .checkpoint_interval = o.step.K, .compute = dtype, .use_gpu = ncuda > 0,
                           .head_chunk = o.step.head_chunk, .ranks = req.ranks,
+                          .offload_checkpoints = o.step.offload_checkpoints,
                           .process = { .counted = true, .ncpu = ncpu, .program_bytes = program_bytes, .data_bytes = data_bytes,
                                        .eval_sequences = o.eval_sequences } };
     const uint64_t avail = req.host_memory ? req.host_memory : mt_host_memory_available();
