@@ -5,23 +5,15 @@
 #include <assert.h>
 #include <string.h>
 
-/* The CPU scratch: gathered rows (nrows, d), the head kernel's own (its hn), then for bf16
- * weights the fp32 copies of the head tile and, tied, of the table. */
+/* The CPU scratch: gathered rows (nrows, d), then what the loss head takes for nrows rows (its
+ * kernel's scratch, whose hn the logits use, and for bf16 weights the fp32 copies of the head tile
+ * and, tied, of the table). */
 size_t mt_codelet_head_logits_scratch_bytes(const mt_model_config *cfg, mt_dtype weights, bool gpu, int64_t nrows)
 {
 #if MT_HAVE_CUDA
     if (gpu) return mt_cuda_head_logits_scratch_bytes(cfg, mt_codelet_cuda_prec(weights), nrows);
-#else
-    (void)gpu;
 #endif
-    int64_t n = nrows * cfg->hidden + mt_head_scratch_numel(cfg, nrows);
-    if (weights == MT_DTYPE_BF16) {
-        mt_tile_layout head, embed;
-        mt_layout_build(cfg, MT_TILE_HEAD, &head);
-        mt_layout_build(cfg, MT_TILE_EMBED, &embed);
-        n += head.numel + (cfg->tied ? embed.numel : 0);
-    }
-    return (size_t)n * sizeof(float);
+    return (size_t)(nrows * cfg->hidden) * sizeof(float) + mt_codelet_head_scratch_bytes(cfg, weights, false, nrows);
 }
 
 static void head_logits_cpu(void *buffers[], void *cl_arg)

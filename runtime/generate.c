@@ -173,8 +173,8 @@ static bool is_eos(const mt_generate_args *a, int32_t id)
  * with err set. */
 typedef int (*last_logits_fn)(void *user, const int32_t *seq, int64_t T, float *logits, char *err, size_t errlen);
 
-/* The token loop of both forwards: cap, the longest sequence it reaches, sized the forward's
- * buffers. */
+/* The token loop of both forwards; cap: the longest sequence it reaches (what the forward's
+ * buffers hold). */
 static int64_t generate_loop(const mt_model_config *cfg, last_logits_fn last_logits, void *user, int64_t cap,
                              const int32_t *prompt, int64_t n_prompt, const mt_generate_args *a, int32_t *out,
                              bool *eos_hit, char *err, size_t errlen)
