@@ -1,8 +1,9 @@
 /* The forward of the host master weights through the CPU kernels (mt_host_hidden, also what
- * `megatrain grads --logits` uses), sampling over a row of logits, and text generation with them:
- * byte-level for the end of a training job (mt_generate), token-level for `megatrain generate`.
- * No KV cache: each new token re-runs the forward over the whole context, which the CPU layer op
- * computes for a whole sequence at once. */
+ * `megatrain grads --logits` uses), sampling over a row of logits, and text generation: byte-level
+ * from the host forward for the end of a training job (mt_generate), token-level from either the
+ * host forward or the step graph's (mt_generate_ids, mt_generate_ids_graph), and `megatrain
+ * generate`, which takes the graph's so that it runs on the GPU when there is one. No KV cache:
+ * each new token re-runs the forward over the whole context. */
 #include "runtime/generate.h"
 
 #include <jansson.h>
@@ -18,6 +19,7 @@
 #include "models/tokenizer.h"
 #include "runtime/hf.h"
 #include "runtime/runtime.h"
+#include "runtime/step.h"
 
 /* Tile i's master as fp32 (mt_state_master_f32), aborting when memory is short: the callers
  * have no error path, and a compact state's tiles are decoded one at a time. */
@@ -167,42 +169,34 @@ static bool is_eos(const mt_generate_args *a, int32_t id)
     return false;
 }
 
-int64_t mt_generate_ids(const mt_host_state *st, const int32_t *prompt, int64_t n_prompt, const mt_generate_args *a,
-                        int32_t *out, bool *eos_hit, char *err, size_t errlen)
+/* The logits (V) of the last of the T ids of seq, from one of the two forwards below; 0, or -1
+ * with err set. */
+typedef int (*last_logits_fn)(void *user, const int32_t *seq, int64_t T, float *logits, char *err, size_t errlen);
+
+/* The token loop of both forwards; cap: the longest sequence it reaches (what the forward's
+ * buffers hold). */
+static int64_t generate_loop(const mt_model_config *cfg, last_logits_fn last_logits, void *user, int64_t cap,
+                             const int32_t *prompt, int64_t n_prompt, const mt_generate_args *a, int32_t *out,
+                             bool *eos_hit, char *err, size_t errlen)
 {
-    const mt_model_config *cfg = &st->cfg;
-    const int64_t d = cfg->hidden, V = cfg->vocab;
-    *eos_hit = false;
-    const int64_t longest = mt_config_max_seq_len(cfg);
-    if (n_prompt < 1 || n_prompt > longest) {
-        snprintf(err, errlen, "the prompt has %lld tokens; the model takes 1 to %lld", (long long)n_prompt,
-                 (long long)longest);
-        return -1;
-    }
-    /* The longest sequence this call can reach sizes every buffer. */
-    int64_t cap = n_prompt + a->max_new;
-    if (cap > longest) cap = longest;
+    const int64_t V = cfg->vocab;
     int32_t *seq = malloc(sizeof *seq * (size_t)cap);
-    float *x = malloc(sizeof *x * (size_t)(cap * d)), *y = malloc(sizeof *y * (size_t)(cap * d));
-    float *scratch = malloc(sizeof(float) * (size_t)mt_layer_scratch_numel(cfg, 1, cap));
-    float *hscratch = malloc(sizeof(float) * (size_t)mt_head_scratch_numel(cfg, 1));
     float *logits = malloc(sizeof *logits * (size_t)V);
     mt_sampler sampler = { 0 };
-    float *embed_buf = NULL, *head_buf = NULL;
     int64_t n = -1;
-    if (!seq || !x || !y || !scratch || !hscratch || !logits || mt_sampler_init(&sampler, V)) {
+    if (!seq || !logits || mt_sampler_init(&sampler, V)) {
         snprintf(err, errlen, "out of memory for a sequence of %lld tokens", (long long)cap);
         goto out;
     }
-    const float *embed = master_of(st, 0, &embed_buf), *head = master_of(st, st->ntiles - 1, &head_buf);
     mt_rng rng;
     mt_rng_seed(&rng, a->seed);
     memcpy(seq, prompt, sizeof *seq * (size_t)n_prompt);
     int64_t T = n_prompt;
     for (n = 0; n < a->max_new && T < cap; n++) {
-        const float *h = mt_host_hidden(st, 1, T, seq, x, y, scratch);
-        mt_cpu_head_logits_f32(cfg, &st->layout_head, head, cfg->tied ? embed : NULL, 1, h + (T - 1) * d, logits,
-                               hscratch);
+        if (last_logits(user, seq, T, logits, err, errlen)) {
+            n = -1;
+            break;
+        }
         const int32_t id = mt_sample(&sampler, logits, &a->sampling, &rng);
         if (is_eos(a, id)) {
             *eos_hit = true;
@@ -215,9 +209,138 @@ int64_t mt_generate_ids(const mt_host_state *st, const int32_t *prompt, int64_t 
         }
     }
 out:
-    free(embed_buf); free(head_buf);
-    free(seq); free(x); free(y); free(scratch); free(hscratch); free(logits);
+    free(seq); free(logits);
     mt_sampler_free(&sampler);
+    return n;
+}
+
+/* The prompt's length against the model's; the longest sequence a generation reaches into *cap.
+ * 0, or -1 with err set. */
+static int check_prompt(const mt_model_config *cfg, int64_t n_prompt, const mt_generate_args *a, int64_t *cap,
+                        char *err, size_t errlen)
+{
+    const int64_t longest = mt_config_max_seq_len(cfg);
+    if (n_prompt < 1 || n_prompt > longest) {
+        snprintf(err, errlen, "the prompt has %lld tokens; the model takes 1 to %lld", (long long)n_prompt,
+                 (long long)longest);
+        return -1;
+    }
+    *cap = n_prompt + a->max_new;
+    if (*cap > longest) *cap = longest;
+    return 0;
+}
+
+/* The host forward: mt_host_hidden over the whole sequence, the head on its last row. */
+typedef struct host_forward {
+    const mt_host_state *st;
+    const float *embed, *head;  /* fp32 masters */
+    float *x, *y, *scratch, *hscratch;
+} host_forward;
+
+static int host_last_logits(void *user, const int32_t *seq, int64_t T, float *logits, char *err, size_t errlen)
+{
+    (void)err; (void)errlen;
+    host_forward *f = user;
+    const mt_model_config *cfg = &f->st->cfg;
+    const float *h = mt_host_hidden(f->st, 1, T, seq, f->x, f->y, f->scratch);
+    mt_cpu_head_logits_f32(cfg, &f->st->layout_head, f->head, cfg->tied ? f->embed : NULL, 1, h + (T - 1) * cfg->hidden,
+                           logits, f->hscratch);
+    return 0;
+}
+
+int64_t mt_generate_ids(const mt_host_state *st, const int32_t *prompt, int64_t n_prompt, const mt_generate_args *a,
+                        int32_t *out, bool *eos_hit, char *err, size_t errlen)
+{
+    const mt_model_config *cfg = &st->cfg;
+    const int64_t d = cfg->hidden;
+    *eos_hit = false;
+    int64_t cap;
+    if (check_prompt(cfg, n_prompt, a, &cap, err, errlen)) return -1;
+    host_forward f = { .st = st };
+    f.x = malloc(sizeof *f.x * (size_t)(cap * d));
+    f.y = malloc(sizeof *f.y * (size_t)(cap * d));
+    f.scratch = malloc(sizeof(float) * (size_t)mt_layer_scratch_numel(cfg, 1, cap));
+    f.hscratch = malloc(sizeof(float) * (size_t)mt_head_scratch_numel(cfg, 1));
+    float *embed_buf = NULL, *head_buf = NULL;
+    int64_t n = -1;
+    if (!f.x || !f.y || !f.scratch || !f.hscratch) {
+        snprintf(err, errlen, "out of memory for a sequence of %lld tokens", (long long)cap);
+        goto out;
+    }
+    f.embed = master_of(st, 0, &embed_buf);
+    f.head = master_of(st, st->ntiles - 1, &head_buf);
+    n = generate_loop(cfg, host_last_logits, &f, cap, prompt, n_prompt, a, out, eos_hit, err, errlen);
+out:
+    free(embed_buf); free(head_buf);
+    free(f.x); free(f.y); free(f.scratch); free(f.hscratch);
+    return n;
+}
+
+/* The graph's forward: a graph of one sequence of `T` tokens, rebuilt for a longer bucket when
+ * the sequence outgrows it; the tokens past the sequence are padding that the causal attention
+ * keeps from the last position's logits. */
+typedef struct graph_forward {
+    mt_host_state *st;
+    mt_graph *g;
+    int64_t T;          /* the graph's length; 0: no graph yet */
+    int64_t cap;        /* the longest sequence of this generation */
+    int32_t *tokens;    /* (cap) */
+} graph_forward;
+
+/* The graph length for a sequence of len tokens (len <= cap): the smallest power of two from
+ * MT_GENERATE_MIN_BUCKET up that holds it, at most cap, so that a generation builds a few
+ * graphs and never runs more than twice its length. A dynamic-NTK rope's frequencies follow the
+ * length run past max_position_embeddings: there the bucket is the sequence itself (or
+ * max_position_embeddings, which gives the same frequencies), as the host forward runs. */
+int64_t mt_generate_bucket(const mt_model_config *cfg, int64_t len, int64_t cap)
+{
+    int64_t T = MT_GENERATE_MIN_BUCKET;
+    while (T < len) T *= 2;
+    if (T > cap) T = cap;
+    if (cfg->rope_type == MT_ROPE_DYNAMIC && T > cfg->max_positions)
+        T = len > cfg->max_positions ? len : cfg->max_positions;
+    return T;
+}
+
+static int graph_last_logits(void *user, const int32_t *seq, int64_t T, float *logits, char *err, size_t errlen)
+{
+    graph_forward *f = user;
+    const int64_t want = mt_generate_bucket(&f->st->cfg, T, f->cap);
+    if (want != f->T) {
+        if (f->g) mt_graph_destroy(f->g);
+        mt_step_config sc = mt_step_defaults();
+        sc.B = 1;
+        sc.T = want;
+        sc.K = f->st->cfg.layers < 4 ? (int)f->st->cfg.layers : 4;
+        sc.clip = 0;
+        sc.head_chunk = 1; /* the loss head never runs here */
+        f->g = mt_graph_create(f->st, &sc, err, errlen);
+        f->T = f->g ? want : 0;
+        if (!f->g) return -1;
+    }
+    memcpy(f->tokens, seq, sizeof *seq * (size_t)T);
+    /* Padding: a repeat of the last id, any id of the vocabulary would do. */
+    for (int64_t t = T; t < f->T; t++) f->tokens[t] = seq[T - 1];
+    const int32_t last = (int32_t)(T - 1);
+    mt_graph_logits(f->g, f->tokens, &last, logits);
+    return 0;
+}
+
+int64_t mt_generate_ids_graph(mt_host_state *st, const int32_t *prompt, int64_t n_prompt, const mt_generate_args *a,
+                              int32_t *out, bool *eos_hit, char *err, size_t errlen)
+{
+    *eos_hit = false;
+    graph_forward f = { .st = st };
+    if (check_prompt(&st->cfg, n_prompt, a, &f.cap, err, errlen)) return -1;
+    f.tokens = malloc(sizeof *f.tokens * (size_t)f.cap);
+    if (!f.tokens) {
+        snprintf(err, errlen, "out of memory for a sequence of %lld tokens", (long long)f.cap);
+        return -1;
+    }
+    const int64_t n = generate_loop(&st->cfg, graph_last_logits, &f, f.cap, prompt, n_prompt, a, out, eos_hit, err,
+                                    errlen);
+    if (f.g) mt_graph_destroy(f.g);
+    free(f.tokens);
     return n;
 }
 
@@ -229,7 +352,8 @@ mt_generate_options mt_generate_defaults(void)
         .max_new_tokens = 128,
         .sampling = { .temperature = 0, .top_p = 1 },
         .seed = 0,
-        .ncpu = 1,
+        .runtime = mt_runtime_defaults(),
+        .dtype = MT_DTYPE_F32,
     };
 }
 
@@ -435,13 +559,11 @@ int mt_generate_run(const mt_generate_options *o, FILE *out, mt_generate_result 
     if (mt_config_check_seq_len(&cfg, n_prompt, err, errlen)) goto out;
     res->prompt_tokens = n_prompt;
 
-    mt_runtime_options ro = mt_runtime_defaults();
-    ro.sched = "eager";
-    ro.ncpu = o->ncpu > 0 ? o->ncpu : 1;
-    ro.ncuda = 0;
-    if (mt_runtime_init(&ro, err, errlen)) goto out;
+    if (mt_runtime_init(&o->runtime, err, errlen)) goto out;
     runtime_up = true;
-    st = mt_state_create(&cfg, MT_DTYPE_F32, 0, err, errlen);
+    res->ncuda = mt_runtime_ncuda();
+    res->dtype = o->dtype_explicit ? o->dtype : res->ncuda > 0 ? MT_DTYPE_BF16 : MT_DTYPE_F32;
+    st = mt_state_create(&cfg, res->dtype, 0, err, errlen);
     if (!st || mt_hf_load(o->model_dir, st, err, errlen)) goto out;
 
     printer p = { .tok = tok, .out = out, .written = (size_t)n_prompt };
@@ -453,7 +575,7 @@ int mt_generate_run(const mt_generate_options *o, FILE *out, mt_generate_result 
     gen = malloc(sizeof *gen * (size_t)o->max_new_tokens);
     const mt_generate_args a = { .max_new = o->max_new_tokens, .sampling = o->sampling, .seed = o->seed, .eos = eos,
                                  .neos = neos, .on_token = out ? print_new : NULL, .user = &p };
-    const int64_t n = mt_generate_ids(st, ids, n_prompt, &a, gen, &res->eos, err, errlen);
+    const int64_t n = mt_generate_ids_graph(st, ids, n_prompt, &a, gen, &res->eos, err, errlen);
     if (n < 0) goto out;
     if (p.failed) {
         snprintf(err, errlen, "%s: %s", tok_path, p.err);

@@ -1,8 +1,10 @@
-/* Text from a model's host master weights, through the fp32 CPU ops: the forward of a batch
- * (mt_host_hidden), one sampling decision over a row of logits (greedy, temperature, top-p), a
- * token-by-token loop that stops at an end-of-sequence id, and `megatrain generate`'s whole job
- * (an HF directory and its tokenizer, a prompt, the text printed as it comes). No KV cache: each
- * new token re-runs the forward over the whole context, the prompt included. */
+/* Text from a model: one sampling decision over a row of logits (greedy, temperature, top-p), a
+ * token-by-token loop that stops at an end-of-sequence id, with two forwards to take the logits
+ * from: the host master weights through the fp32 CPU ops (mt_host_hidden, mt_generate_ids) or the
+ * step graph's forward on the runtime's workers, GPU or CPU (mt_generate_ids_graph); and
+ * `megatrain generate`'s whole job (an HF directory and its tokenizer, a prompt, the text printed
+ * as it comes), which runs the graph's. No KV cache: each new token re-runs the forward over the
+ * whole context, the prompt included. */
 #ifndef MT_RUNTIME_GENERATE_H
 #define MT_RUNTIME_GENERATE_H
 
@@ -12,6 +14,7 @@
 #include <stdio.h>
 
 #include "runtime/data.h"
+#include "runtime/runtime.h"
 #include "runtime/state.h"
 
 /* The final hidden state (B*T, d) of tokens (B, T) through the fp32 CPU ops on the host master
@@ -67,6 +70,22 @@ typedef struct mt_generate_args {
 int64_t mt_generate_ids(const mt_host_state *st, const int32_t *prompt, int64_t n_prompt, const mt_generate_args *a,
                         int32_t *out, bool *eos_hit, char *err, size_t errlen);
 
+/* As mt_generate_ids (the same sampling, stops and result), the logits from the step graph's
+ * forward (mt_graph_logits) on the runtime's workers: the GPU when there are CUDA workers, the CPU
+ * workers otherwise, with st's compute dtype (no task in flight; the runtime up). The graph holds
+ * one sequence of mt_generate_bucket tokens, the context padded after its end, and is rebuilt
+ * when the context outgrows it. With fp32 weights on CPU workers the logits are the host
+ * forward's up to rounding (the tests hold them within 1e-5 relative). */
+int64_t mt_generate_ids_graph(mt_host_state *st, const int32_t *prompt, int64_t n_prompt, const mt_generate_args *a,
+                              int32_t *out, bool *eos_hit, char *err, size_t errlen);
+
+/* The shortest graph mt_generate_ids_graph builds. */
+#define MT_GENERATE_MIN_BUCKET 32
+/* The graph length for a context of len tokens when the generation reaches cap: the smallest
+ * power of two from MT_GENERATE_MIN_BUCKET holding len, at most cap; with a dynamic-NTK rope no
+ * more than max(len, max_position_embeddings), whose frequencies are len's. */
+int64_t mt_generate_bucket(const mt_model_config *cfg, int64_t len, int64_t cap);
+
 /* ---- megatrain generate --------------------------------------------------------------------- */
 
 typedef struct mt_generate_options {
@@ -80,7 +99,10 @@ typedef struct mt_generate_options {
     int64_t max_new_tokens;
     mt_sampling sampling;
     uint64_t seed;
-    int ncpu;                   /* StarPU CPU workers (the state's registration only; the forward runs here) */
+    mt_runtime_options runtime; /* the workers: the forward runs on the GPU when there are CUDA workers
+                                 * (ncuda -1, the default: every GPU), on the CPU workers otherwise */
+    mt_dtype dtype;             /* of the streamed weights and the compute, when dtype_explicit */
+    bool dtype_explicit;        /* else bf16 with CUDA workers, fp32 without */
 } mt_generate_options;
 
 mt_generate_options mt_generate_defaults(void);
@@ -88,6 +110,8 @@ mt_generate_options mt_generate_defaults(void);
 typedef struct mt_generate_result {
     int64_t prompt_tokens, new_tokens;
     bool eos;                   /* stopped at an end-of-sequence id */
+    int ncuda;                  /* the CUDA workers the forward ran on (0: the CPU workers) */
+    mt_dtype dtype;             /* the compute dtype */
 } mt_generate_result;
 
 /* Loads the model and tokenizer, checks them and the prompt before any long work (missing files,

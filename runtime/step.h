@@ -180,4 +180,11 @@ double mt_graph_wait_loss(mt_graph *g, int slot, double *grad_norm);
 double mt_graph_eval(mt_graph *g, int64_t n_seq, const int32_t *tokens, const int32_t *targets,
                      int64_t *counted);
 
+/* Forward only, as mt_graph_eval, then the logits of one position per sequence: tokens (B, T),
+ * positions (B) each in [0, T), logits (B, V) fp32 = the LM head's output at token positions[b] of
+ * sequence b. Ordered after every submitted update; returns once the logits are in host memory.
+ * A position's logits depend on the tokens up to it only (causal attention), so the tokens after
+ * it may be anything. */
+void mt_graph_logits(mt_graph *g, const int32_t *tokens, const int32_t *positions, float *logits);
+
 #endif

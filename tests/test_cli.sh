@@ -90,6 +90,7 @@ for sub in eval generate; do
 done
 check_ok "megatrain --help lists generate" '^  generate ' --help
 check_ok "generate --help says there is no KV cache" 'no KV cache' generate --help
+check_ok "generate --help offers --ncuda" '^  --ncuda N' generate --help
 
 # train --help is one screen: the speculation knobs but one are in --help-all.
 name="train --help is at most 60 lines"
@@ -320,6 +321,11 @@ run generate --model "$work/trained" --prompt "Q: What" --max-new-tokens 12 --te
 if [ "$rc" -ne 0 ] || [ "$rc1" -ne 0 ]; then fail "$name" "expected exit status 0"
 elif ! grep -q '7 prompt tokens, 12 new' "$err"; then fail "$name" "no '7 prompt tokens, 12 new' line"
 elif ! cmp -s "$out" "$work/gen1"; then fail "$name" "the same seed gave other text"
+else pass "$name"; fi
+name="generate --ncuda 0 says it ran on the CPU workers in fp32"
+run generate --model "$work/trained" --prompt "Q: What" --max-new-tokens 3 --ncuda 0 --ncpu 2
+if [ "$rc" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif ! grep -q '3 new, .* (fp32 on the CPU workers)$' "$err"; then fail "$name" "no '(fp32 on the CPU workers)' line"
 else pass "$name"; fi
 check_error "generate --prompt ''" "the prompt is empty" generate --model "$work/trained" --prompt ""
 check_error "generate --chat without a tokenizer" "no chat template applies" \

@@ -1,8 +1,9 @@
 /* Check suite of the CUDA model pieces (backends/cuda: context.cu, linear.cu, rmsnorm.cu,
- * layer.cu, head.cu, embedding.cu) against the fp32 CPU reference (backends/cpu) on fresh random
+ * layer.cu, head.cu, head_logits.cu, embedding.cu) against the fp32 CPU reference (backends/cpu) on fresh random
  * bf16-rounded inputs, at sizes that are not multiples of 64: conversions, sum of squares,
  * embedding, attention, decoder layer forward/backward (every gradient tensor, = and +=, padding,
- * bitwise determinism), head (tied/untied, ignored targets, chunk < ntok). The embedding, layer
+ * bitwise determinism), head (tied/untied, ignored targets, chunk < ntok), the logits of selected
+ * rows (tied/untied). The embedding, layer
  * and head run in both precisions: bf16 (bound 1e-2, bias gradients 2e-2) and fp32 on fresh fp32 values (bound 1e-5).
  * Every measured error is printed, one line per tensor. MT_CUDA_BENCH=1 adds the timings of
  * cuda_bench.c. Without a CUDA device it prints "no GPU: skipped" and exits 77. */
@@ -490,6 +491,62 @@ END_TEST
 START_TEST(test_head_tied_ignored_chunk) { run_head_case("tied, first chunk all ignored", true, true); }
 END_TEST
 
+/* The logits of selected rows (head_logits.cu) against mt_cpu_head_logits over the same rows
+ * gathered on the host: rows picked at random from ntok, one of them twice. */
+static void run_head_logits_prec(bool tied, mt_cuda_prec prec)
+{
+    const mt_model_config cfg = mt_test_cuda_config(MT_FAMILY_QWEN2, true, false, 5, 1, 64, tied);
+    mt_tile_layout hl, el;
+    mt_layout_build(&cfg, MT_TILE_HEAD, &hl);
+    mt_layout_build(&cfg, MT_TILE_EMBED, &el);
+    const int64_t ntok = TB * TT, d = cfg.hidden, V = cfg.vocab, nrows = 4;
+    const bool f32 = prec == MT_CUDA_F32;
+    printf("head logits, %s: ntok=%lld nrows=%lld d=%lld V=%lld tied=%d\n", f32 ? "fp32" : "bf16", (long long)ntok,
+           (long long)nrows, (long long)d, (long long)V, tied);
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 301 + tied * 2 + f32 * 10);
+    float *head = mt_test_random_tile(&rng, &hl, 0.05f, !f32), *embed = mt_test_random_tile(&rng, &el, 0.05f, !f32);
+    mt_bf16 *head_bits = mt_test_bf16_of(head, hl.numel), *embed_bits = mt_test_bf16_of(embed, el.numel);
+    float *h = mt_test_random_f32(&rng, ntok * d, 1.0f);
+    int32_t rows[4];
+    for (int64_t r = 0; r < nrows; r++) rows[r] = (int32_t)(mt_test_uniform(&rng) * (double)ntok);
+    rows[nrows - 1] = rows[0];
+    float *gathered = mt_test_alloc_f32(nrows * d), *want = mt_test_alloc_f32(nrows * V);
+    float *scratch = mt_test_alloc_f32(mt_head_scratch_numel(&cfg, nrows));
+    for (int64_t r = 0; r < nrows; r++) memcpy(gathered + r * d, h + (int64_t)rows[r] * d, (size_t)d * sizeof(float));
+    mt_cpu_head_logits_f32(&cfg, &hl, head, tied ? embed : NULL, nrows, gathered, want, scratch);
+
+    cudaStream_t st = mt_test_new_stream();
+    void *d_head = f32 ? mt_test_gpu_buffer(head, (size_t)hl.numel * 4)
+                       : mt_test_gpu_buffer(head_bits, (size_t)hl.numel * 2);
+    void *d_embed = f32 ? mt_test_gpu_buffer(embed, (size_t)el.numel * 4)
+                        : mt_test_gpu_buffer(embed_bits, (size_t)el.numel * 2);
+    float *d_h = mt_test_gpu_buffer(h, (size_t)(ntok * d) * 4);
+    int32_t *d_rows = mt_test_gpu_buffer(rows, sizeof rows);
+    float *d_logits = mt_test_gpu_buffer(NULL, (size_t)(nrows * V) * 4);
+    void *d_scratch = mt_test_gpu_buffer(NULL, mt_cuda_head_logits_scratch_bytes(&cfg, prec, nrows));
+    mt_cuda_head_logits(mt_cuda_ctx_get(), &cfg, &hl, prec, d_head, d_embed, ntok, d_h, nrows, d_rows, d_logits,
+                        d_scratch, (mt_cuda_stream)st);
+    CK_CUDA(cudaStreamSynchronize(st));
+    float *got = mt_test_download_f32(d_logits, nrows * V);
+    mt_test_check_close("logits of the selected rows", got, want, nrows * V, f32 ? F32_TOL : BF16_TOL);
+
+    void *bufs[] = {d_head, d_embed, d_h, d_rows, d_logits, d_scratch};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CK_CUDA(cudaFree(bufs[i]));
+    CK_CUDA(cudaStreamDestroy(st));
+    void *hbufs[] = {head, embed, head_bits, embed_bits, h, gathered, want, scratch, got};
+    for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++) free(hbufs[i]);
+}
+
+START_TEST(test_head_logits)
+{
+    for (int tied = 0; tied < 2; tied++) {
+        run_head_logits_prec(tied, MT_CUDA_BF16);
+        run_head_logits_prec(tied, MT_CUDA_F32);
+    }
+}
+END_TEST
+
 static Suite *cuda_suite(void)
 {
     Suite *s = suite_create("cuda");
@@ -510,6 +567,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(head, test_head_untied);
     tcase_add_test(head, test_head_tied);
     tcase_add_test(head, test_head_tied_ignored_chunk);
+    tcase_add_test(head, test_head_logits);
     suite_add_tcase(s, head);
     suite_add_tcase(s, mt_test_cuda_bench_tcase());
     return s;

@@ -19,6 +19,7 @@
 #include "runtime/hf.h"
 #include "runtime/prepare.h"
 #include "runtime/runtime.h"
+#include "runtime/step.h"
 #include "tests/testutil.h"
 
 #define SPM_TOKENIZER "tests/fixtures/tokenizers/spm/tokenizer.json"
@@ -111,21 +112,25 @@ static void stop_runtime(void)
     mt_runtime_shutdown();
 }
 
-/* logits (T, V) of one sequence through mt_host_hidden and the head; caller frees. */
-static float *logits_of(const int32_t *ids, int64_t T)
+/* logits (T, V) of one sequence through mt_host_hidden and the head of an fp32 state s; caller
+ * frees. */
+static float *logits_of_state(mt_host_state *s, const int32_t *ids, int64_t T)
 {
-    const mt_model_config *cfg = &st->cfg;
+    const mt_model_config *cfg = &s->cfg;
     const int64_t d = cfg->hidden, V = cfg->vocab;
     float *x = malloc(sizeof *x * T * d), *y = malloc(sizeof *y * T * d);
     float *scratch = malloc(sizeof(float) * mt_layer_scratch_numel(cfg, 1, T));
     float *hscratch = malloc(sizeof(float) * mt_head_scratch_numel(cfg, T));
     float *logits = malloc(sizeof *logits * T * V);
-    const float *h = mt_host_hidden(st, 1, T, ids, x, y, scratch);
-    mt_cpu_head_logits_f32(cfg, &st->layout_head, mt_state_head(st)->master,
-                           cfg->tied ? mt_state_embed(st)->master : NULL, T, h, logits, hscratch);
+    const float *h = mt_host_hidden(s, 1, T, ids, x, y, scratch);
+    mt_cpu_head_logits_f32(cfg, &s->layout_head, mt_state_head(s)->master,
+                           cfg->tied ? mt_state_embed(s)->master : NULL, T, h, logits, hscratch);
     free(x); free(y); free(scratch); free(hscratch);
     return logits;
 }
+
+/* logits (T, V) of one sequence of the fixture's model; caller frees. */
+static float *logits_of(const int32_t *ids, int64_t T) { return logits_of_state(st, ids, T); }
 
 /* -log softmax(row)[target] in double. */
 static double nll(const float *row, int64_t V, int32_t target)
@@ -374,6 +379,138 @@ START_TEST(test_generate_ids)
 }
 END_TEST
 
+/* max |got - want| over max |want| of n values. */
+static double max_rel(const float *got, const float *want, int64_t n)
+{
+    double diff = 0, scale = 0;
+    for (int64_t k = 0; k < n; k++) {
+        diff = fmax(diff, fabs((double)got[k] - want[k]));
+        scale = fmax(scale, fabs((double)want[k]));
+    }
+    return diff / scale;
+}
+
+/* A forward-only graph of B sequences of T tokens on the runtime's workers. */
+static mt_graph *logits_graph(mt_host_state *s, int64_t B, int64_t T)
+{
+    mt_step_config sc = mt_step_defaults();
+    sc.B = B;
+    sc.T = T;
+    sc.K = 1;
+    sc.clip = 0;
+    sc.head_chunk = 1;
+    char err[1024];
+    mt_graph *g = mt_graph_create(s, &sc, err, sizeof err);
+    ck_assert_msg(g, "%s", err);
+    return g;
+}
+
+/* Random ids (n) of a vocabulary of V. */
+static void random_ids(mt_test_rng *r, int32_t *ids, int64_t n, int64_t V)
+{
+    for (int64_t k = 0; k < n; k++) ids[k] = (int32_t)(mt_test_uniform(r) * (double)V);
+}
+
+/* The graph's logits of one position per sequence against the host forward over that
+ * sequence's prefix alone (so the tokens after the position, different in each sequence, change
+ * nothing): fp32 within 1e-5 relative to the largest logit, for the untied fixture (two sequences,
+ * the second one's rows offset by T) and a tied model; bf16 weights on the CPU workers within 2e-2
+ * of the fp32 host forward (bf16 keeps 8 bits of mantissa). */
+START_TEST(test_graph_logits)
+{
+    fixture();
+    char err[1024];
+    const int64_t V = st->cfg.vocab, T = 32;
+    mt_test_rng r;
+    mt_test_rng_seed(&r, 4711);
+    int32_t tokens[2 * 32];
+    random_ids(&r, tokens, 2 * T, V);
+    float *logits = malloc(sizeof *logits * 2 * V);
+    mt_graph *g = logits_graph(st, 2, T);
+    const int32_t picks[3][2] = { { 31, 9 }, { 0, 31 }, { 17, 3 } };
+    for (int k = 0; k < 3; k++) {
+        mt_graph_logits(g, tokens, picks[k], logits);
+        for (int b = 0; b < 2; b++) {
+            float *want = logits_of(tokens + b * T, picks[k][b] + 1);
+            char what[128];
+            snprintf(what, sizeof what, "graph logits, fp32, sequence %d position %d", b, picks[k][b]);
+            mt_test_report(what, max_rel(logits + b * V, want + picks[k][b] * V, V), 1e-5);
+            free(want);
+        }
+    }
+    mt_graph_destroy(g);
+
+    mt_model_config cfg = st->cfg;
+    cfg.tied = true;
+    mt_host_state *tied = mt_state_create(&cfg, MT_DTYPE_F32, 0, err, sizeof err);
+    ck_assert_msg(tied, "%s", err);
+    mt_state_init_random(tied, 99, 0.1);
+    mt_host_state *tied_bf16 = mt_state_create(&cfg, MT_DTYPE_BF16, 0, err, sizeof err);
+    ck_assert_msg(tied_bf16, "%s", err);
+    mt_state_init_random(tied_bf16, 99, 0.1);
+    const int32_t last = 20;
+    float *want = logits_of_state(tied, tokens, last + 1);
+    g = logits_graph(tied, 1, T);
+    mt_graph_logits(g, tokens, &last, logits);
+    mt_graph_destroy(g);
+    mt_test_report("graph logits, tied, fp32", max_rel(logits, want + last * V, V), 1e-5);
+    g = logits_graph(tied_bf16, 1, T);
+    mt_graph_logits(g, tokens, &last, logits);
+    mt_graph_destroy(g);
+    mt_test_report("graph logits, tied, bf16 weights", max_rel(logits, want + last * V, V), 2e-2);
+    free(want);
+    mt_state_destroy(tied);
+    mt_state_destroy(tied_bf16);
+    free(logits);
+    remove_fixture();
+}
+END_TEST
+
+/* Greedy generation through the graph on the CPU workers gives the host forward's tokens, one for
+ * one, over a context that outgrows the first graph (32 tokens) and ends at the longest sequence
+ * the call reaches. */
+START_TEST(test_generate_graph)
+{
+    fixture();
+    char err[512];
+    size_t np;
+    int32_t *prompt = mt_tokenizer_encode(tok, "the cat sat on", 14, &np, err, sizeof err);
+    ck_assert_msg(prompt && np > 1, "%s", err);
+    enum { LONG = 40 };
+    ck_assert((int64_t)np < MT_GENERATE_MIN_BUCKET && (int64_t)np + LONG > MT_GENERATE_MIN_BUCKET);
+    int32_t want[LONG], got[LONG];
+    bool eos_want, eos_got;
+    mt_generate_args a = { .max_new = LONG, .sampling = { .temperature = 0, .top_p = 1 } };
+    const int64_t n_want = generate(prompt, (int64_t)np, &a, want, &eos_want);
+    const int64_t n_got = mt_generate_ids_graph(st, prompt, (int64_t)np, &a, got, &eos_got, err, sizeof err);
+    ck_assert_msg(n_got >= 0, "%s", err);
+    ck_assert_int_eq(n_want, LONG);
+    ck_assert_int_eq(n_got, n_want);
+    ck_assert(!eos_want && !eos_got);
+    for (int k = 0; k < LONG; k++)
+        ck_assert_msg(got[k] == want[k], "token %d: the graph's %d, the host forward's %d", k, got[k], want[k]);
+    free(prompt);
+    remove_fixture();
+}
+END_TEST
+
+/* The graph lengths: powers of two from 32 up to the generation's longest sequence; with a
+ * dynamic-NTK rope none beyond max_position_embeddings unless the context is. */
+START_TEST(test_generate_bucket)
+{
+    mt_model_config cfg = { .max_positions = 64, .rope_type = MT_ROPE_DEFAULT };
+    ck_assert_int_eq(mt_generate_bucket(&cfg, 5, 100), 32);
+    ck_assert_int_eq(mt_generate_bucket(&cfg, 32, 100), 32);
+    ck_assert_int_eq(mt_generate_bucket(&cfg, 33, 100), 64);
+    ck_assert_int_eq(mt_generate_bucket(&cfg, 65, 100), 100);
+    ck_assert_int_eq(mt_generate_bucket(&cfg, 5, 10), 10);
+    cfg.rope_type = MT_ROPE_DYNAMIC;
+    ck_assert_int_eq(mt_generate_bucket(&cfg, 10, 200), 32);
+    ck_assert_int_eq(mt_generate_bucket(&cfg, 40, 200), 64);
+    ck_assert_int_eq(mt_generate_bucket(&cfg, 70, 200), 70);
+}
+END_TEST
+
 /* The sampler alone: ties go to the lowest id; with probabilities 0.5, 0.3, 0.2 and top-p 0.7
  * only the first two are drawn, as 5:3 (within 0.015 over 40000 draws). */
 START_TEST(test_sampler)
@@ -402,6 +539,18 @@ START_TEST(test_sampler)
 }
 END_TEST
 
+/* The command's options for the fixture's model on two CPU workers (fp32: the host forward's
+ * tokens). */
+static mt_generate_options generate_options(void)
+{
+    mt_generate_options o = mt_generate_defaults();
+    o.model_dir = model_dir;
+    o.runtime.sched = "eager";
+    o.runtime.ncpu = 2;
+    o.runtime.ncuda = 0;
+    return o;
+}
+
 /* The whole command's job: the text printed is the decoding of the greedy ids; an empty prompt,
  * a missing model and a tokenizer with more ids than the model are refused before any work. */
 START_TEST(test_generate_run)
@@ -422,8 +571,7 @@ START_TEST(test_generate_run)
     char *head = mt_tokenizer_decode(tok, ids, np, &prompt_len, err, sizeof err);
     stop_runtime();
 
-    mt_generate_options o = mt_generate_defaults();
-    o.model_dir = model_dir;
+    mt_generate_options o = generate_options();
     o.prompt = text;
     o.max_new_tokens = 6;
     char *printed;
@@ -492,8 +640,7 @@ START_TEST(test_generate_eos_file)
     FILE *f = fopen(path, "w");
     fprintf(f, "{\"eos_token_id\": [%d, %d]}\n", ids[0] == 0 ? 1 : 0, ids[0]);
     fclose(f);
-    mt_generate_options o = mt_generate_defaults();
-    o.model_dir = model_dir;
+    mt_generate_options o = generate_options();
     o.prompt = text;
     o.max_new_tokens = 5;
     mt_generate_result r;
@@ -515,6 +662,9 @@ int main(void)
     tcase_add_test(tc, test_eval_text);
     tcase_add_test(tc, test_sampler);
     tcase_add_test(tc, test_generate_ids);
+    tcase_add_test(tc, test_graph_logits);
+    tcase_add_test(tc, test_generate_graph);
+    tcase_add_test(tc, test_generate_bucket);
     tcase_add_test(tc, test_generate_run);
     tcase_add_test(tc, test_generate_eos_file);
     suite_add_tcase(s, tc);

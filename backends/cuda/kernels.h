@@ -78,7 +78,7 @@ void mt_cuda_attention_backward(mt_cuda_ctx *ctx, int64_t B, int64_t T, int64_t 
                                 const mt_cuda_bf16 *out, const float *lse, const mt_cuda_bf16 *dout,
                                 float *dq, float *dk, float *dv, void *workspace, mt_cuda_stream stream);
 
-/* ---- model pieces (backends/cuda/layer.cu, head.cu, embedding.cu) ---- */
+/* ---- model pieces (backends/cuda/layer.cu, head.cu, head_logits.cu, embedding.cu) ---- */
 /* h0 (ntok, d) fp32 = rows of the table (V, d) of the precision's type */
 void mt_cuda_embedding_forward(int64_t ntok, int64_t d, mt_cuda_prec prec, const void *table, const int32_t *tokens,
                                float *h0, mt_cuda_stream stream);
@@ -146,6 +146,14 @@ void mt_cuda_head(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_la
                   const float *h, const int32_t *targets, double loss_scale, int64_t chunk,
                   float *dh, float *dhead, float *dembed, bool accumulate, double *loss,
                   void *scratch, mt_cuda_stream stream);
+/* The logits of selected rows (backends/cuda/head_logits.cu, as mt_cpu_head_logits): logits
+ * (nrows, V) fp32 = LM head of the final-normed rows h[rows[r]] of h (ntok, d) fp32; rows (nrows)
+ * device int32 in [0, ntok). Tiles of prec's type; scratch: mt_cuda_head_logits_scratch_bytes. */
+size_t mt_cuda_head_logits_scratch_bytes(const mt_model_config *cfg, mt_cuda_prec prec, int64_t nrows);
+void mt_cuda_head_logits(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *head_layout,
+                         mt_cuda_prec prec, const void *head_tile, const void *embed_tile, int64_t ntok,
+                         const float *h, int64_t nrows, const int32_t *rows, float *logits, void *scratch,
+                         mt_cuda_stream stream);
 
 #ifdef __cplusplus
 }

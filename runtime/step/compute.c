@@ -1,16 +1,19 @@
 /* The compute of a step and of an evaluation (runtime/step/graph.h): the streaming forward with
  * a checkpoint every K layers, the loss anchor, and the block-wise backward (recompute a block
  * from its checkpoint, then backward layer by layer, gradients home), each tile's partial sum of
- * squares left by its last backward task when clipping. */
+ * squares left by its last backward task when clipping; the forward alone for the logits of
+ * chosen positions (generation). */
 #include "runtime/step/graph.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "codelets/embedding.h"
 #include "codelets/grad_home.h"
 #include "codelets/head.h"
+#include "codelets/head_logits.h"
 #include "codelets/layer.h"
 #include "runtime/dist.h"
 #include "runtime/policy.h"
@@ -416,4 +419,45 @@ double mt_graph_eval(mt_graph *g, int64_t n_seq, const int32_t *tokens, const in
     }
     if (counted) *counted = (int64_t)count;
     return count > 0 ? sum / count : NAN;
+}
+
+void mt_graph_logits(mt_graph *g, const int32_t *tokens, const int32_t *positions, float *logits)
+{
+    mt_host_state *st = g->st;
+    const int64_t B = g->sc.B, T = g->sc.T, V = st->cfg.vocab;
+    int32_t *rows = malloc(sizeof *rows * (size_t)B);
+    if (!rows) {
+        fprintf(stderr, "megatrain: out of memory for the %lld logits rows of a forward\n", (long long)B);
+        abort();
+    }
+    for (int64_t b = 0; b < B; b++) {
+        if (positions[b] < 0 || positions[b] >= T) {
+            fprintf(stderr, "megatrain: mt_graph_logits: position %d of sequence %lld outside [0, %lld)\n",
+                    positions[b], (long long)b, (long long)T);
+            abort();
+        }
+        rows[b] = (int32_t)(b * T + positions[b]);
+    }
+    /* The row indices and the logits are the caller's memory, registered for this call only;
+     * the scratch has no home (-1): StarPU allocates it where the task runs. */
+    starpu_data_handle_t h_rows, h_logits, h_scratch;
+    starpu_vector_data_register(&h_rows, STARPU_MAIN_RAM, (uintptr_t)rows, (uint32_t)B, sizeof *rows);
+    starpu_vector_data_register(&h_logits, STARPU_MAIN_RAM, (uintptr_t)logits, (uint32_t)(B * V), sizeof *logits);
+    const size_t scratch = mt_codelet_head_logits_scratch_bytes(&st->cfg, st->compute_dtype, g->where == STARPU_CUDA, B);
+    starpu_vector_data_register(&h_scratch, -1, 0, (uint32_t)((scratch + sizeof(float) - 1) / sizeof(float)), sizeof(float));
+    fill_handle(g->h_eval_tokens, g->eval_tokens, tokens, g->ntok * sizeof(int32_t));
+    submit_forward(g, &g->h_eval_tokens, 1, NULL, 0, false);
+    mt_compute_args a = { .model = &g->model, .B = B, .T = T };
+    struct starpu_data_descr hd[6] = {
+        { mt_state_head(st)->h_weights, STARPU_R }, { g->act[0][st->cfg.layers % 2], STARPU_R }, { h_rows, STARPU_R },
+        { h_logits, STARPU_W }, { h_scratch, STARPU_SCRATCH }, { mt_state_embed(st)->h_weights, STARPU_R },
+    };
+    mt_step_check_insert(starpu_task_insert(&mt_cl_head_logits, STARPU_DATA_MODE_ARRAY, hd, st->cfg.tied ? 6 : 5,
+                                            STARPU_VALUE, &a, sizeof a, STARPU_NAME, "head_logits",
+                                            STARPU_EXECUTE_WHERE, g->where, 0), "head_logits");
+    /* Unregistering waits for the task and brings the logits home. */
+    starpu_data_unregister(h_logits);
+    starpu_data_unregister(h_rows);
+    starpu_data_unregister(h_scratch);
+    free(rows);
 }

@@ -26,8 +26,8 @@ static const cli_option generate_options[] = {
       .help = "draw among the most probable tokens whose probabilities sum to P", .show_default = true },
     { .name = "seed", .arg = "S", .kind = CLI_UINT64, .field = FIELD(seed), .min = 0, .max = INT64_MAX,
       .help = "the sampler's seed (the same seed, the same text)", .show_default = true },
-    { .name = "ncpu", .arg = "N", .kind = CLI_INT, .field = FIELD(ncpu), .min = 1, .max = CLI_MAX_NCPU,
-      .help = "StarPU CPU workers (the forward itself runs on OpenBLAS's threads)", .advanced = true },
+    { .name = "dtype", .arg = "fp32|bf16", .kind = CLI_CUSTOM, .field = FIELD(dtype), .parse = cli_dtype_option,
+      .help = "weights and compute (default: bf16 on a GPU, else fp32)" },
 };
 
 int cli_generate(int argc, char **argv)
@@ -37,6 +37,7 @@ int cli_generate(int argc, char **argv)
     const cli_group groups[] = {
         CLI_GROUP_ONLY("options", cli_model_options, &model, "model rope-scaling"),
         CLI_GROUP(NULL, generate_options, &o),
+        CLI_GROUP("workers", cli_worker_options, &o.runtime),
     };
     const cli_command c = {
         .name = cmd,
@@ -45,16 +46,21 @@ int cli_generate(int argc, char **argv)
                  "comes; stops at an end-of-sequence token (config.json's and generation_config.json's\n"
                  "eos_token_id, with --chat also the template's end of turn) or after --max-new-tokens.\n"
                  "Greedy by default; --temperature T > 0 samples, --top-p P keeps the nucleus.\n"
-                 "It computes on the CPU in fp32, from the weights in host memory, with no KV cache:\n"
-                 "each new token runs the model over the whole text so far. (On the GPU: not yet.)\n",
+                 "It runs the training graph's forward: on the GPU in bf16 when there is one, on the\n"
+                 "CPU workers in fp32 otherwise (--ncuda 0), with no KV cache: each new token runs the\n"
+                 "model over the whole text so far.\n",
         .groups = groups,
         .ngroups = sizeof groups / sizeof groups[0],
     };
+    cli_given given;
     int status;
-    if (!cli_parse(&c, argc, argv, NULL, &status)) return status;
+    if (!cli_parse(&c, argc, argv, &given, &status)) return status;
+    const int env = cli_environment(cmd, &o.runtime, NULL);
+    if (env) return env;
     if (!model.model_dir || !o.prompt) return cli_usage_error(cmd, "--model DIR and --prompt TEXT are both needed");
     o.model_dir = model.model_dir;
     o.rope_scaling = model.rope_scaling;
+    o.dtype_explicit = cli_was_given(&given, "dtype");
     mt_generate_result r;
     char err[2048];
     if (mt_generate_run(&o, stdout, &r, err, sizeof err)) {
@@ -62,7 +68,8 @@ int cli_generate(int argc, char **argv)
         return cli_failed(cmd, err);
     }
     printf("\n");
-    fprintf(stderr, "megatrain generate: %lld prompt tokens, %lld new, %s\n", (long long)r.prompt_tokens,
-            (long long)r.new_tokens, r.eos ? "stopped at end of sequence" : "stopped at --max-new-tokens or the model's length");
+    fprintf(stderr, "megatrain generate: %lld prompt tokens, %lld new, %s (%s on %s)\n", (long long)r.prompt_tokens,
+            (long long)r.new_tokens, r.eos ? "stopped at end of sequence" : "stopped at --max-new-tokens or the model's length",
+            mt_dtype_name(r.dtype), r.ncuda > 0 ? "the GPU" : "the CPU workers");
     return 0;
 }
