@@ -85,6 +85,14 @@ int64_t mt_dist_sum_i64(int64_t mine)
     return out;
 }
 
+int64_t mt_dist_max_i64(int64_t mine)
+{
+    if (!running) return mine;
+    long long in = mine, out = 0;
+    MPI_Allreduce(&in, &out, 1, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+    return out;
+}
+
 void mt_dist_sum_f64(const double *mine, double *sum, int n)
 {
     if (!running) {

@@ -34,6 +34,8 @@ int mt_dist_size(void);
 
 /* The sum over the ranks of `mine` (exact). Collective: every rank calls it in the same order. */
 int64_t mt_dist_sum_i64(int64_t mine);
+/* The largest over the ranks of `mine`. Collective. */
+int64_t mt_dist_max_i64(int64_t mine);
 /* sum[i] = the sum over ranks 0, 1, ... in that order of each rank's mine[i]: the same bits on
  * every rank. Collective. */
 void mt_dist_sum_f64(const double *mine, double *sum, int n);

@@ -502,7 +502,14 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
             }
             mt_metrics_write(&metrics, &row);
             sig = o->stop_signal ? *o->stop_signal : 0;
-            const bool stop = (sig || (o->time_limit > 0 && el > o->time_limit)) && p < last;
+            bool over_time = o->time_limit > 0 && el > o->time_limit;
+            if (ranks > 1) {
+                /* every rank stops after the same step: a signal or the time limit on any one
+                 * stops them all (mpirun forwards signals, but they land between different steps) */
+                sig = (int)mt_dist_max_i64(sig);
+                over_time = mt_dist_max_i64(over_time) > 0;
+            }
+            const bool stop = (sig || over_time) && p < last;
             if (o->checkpoint_path && ((o->save_every > 0 && p % o->save_every == 0) || p == last || stop)) {
                 *meta = (mt_checkpoint_meta){ .step = p, .rng_state = rng.state, .seed = o->seed, .updates = updates };
                 snprintf(meta->settings, sizeof meta->settings, "%s", settings);
@@ -515,7 +522,11 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
             if (stop) break;
         }
         if (s <= last) {
-            if (s == first && o->stop_signal && (sig = *o->stop_signal)) break;
+            if (s == first && o->stop_signal) {
+                sig = *o->stop_signal;
+                if (ranks > 1) sig = (int)mt_dist_max_i64(sig);
+                if (sig) break;
+            }
             /* every rank draws the global batch (the same windows, the same generator state) */
             const int64_t windows = o->step.accum * o->step.B * ranks;
             mt_run_data_batch(&data, o->data_shuffle, o->seed, (s - 1) * windows, &rng, windows, o->step.T, tok, tgt);

@@ -4,7 +4,7 @@
 # relative); rank 0 alone logs and writes; a run stopped and resumed over 2 ranks saves the model
 # of the uninterrupted one byte for byte; ranks started with different options, and the compact
 # layout, are refused; a killed rank ends the job with its rank named, and the last checkpoint
-# resumes; plan --ranks. Skips (77) without mpirun (after the plan checks).
+# resumes; Ctrl-C on one rank stops all after the same step with a checkpoint; plan --ranks. Skips (77) without mpirun (after the plan checks).
 # Usage: test_dist.sh PATH/TO/megatrain. Prints one line per check, then "N passed, M failed".
 set -u
 
@@ -135,6 +135,33 @@ else
     mt 2 "${long[@]}" --resume kill.ckpt --stop-after $(( ${saved:-0} + 2 ))
     if [ "$rc" -ne 0 ] || ! grep -q "resumed from kill.ckpt" err.txt out.txt; then bad "killed rank" "the checkpoint did not resume"
     else ok "killed rank"; fi
+fi
+
+# Ctrl-C reaching one rank only: every rank stops after the same step, rank 0 writes the
+# checkpoint and says so, and it resumes.
+"${launch[@]}" -np 2 "$megatrain" train --steps 400 --micro-batch 2 --seq-len 64 --eval-every 0 --log-every 1 \
+    --sample-bytes 0 --ncpu 1 --ncuda 0 --checkpoint sig.ckpt --save-every 50 >out.txt 2>err.txt &
+job=$!
+for _ in $(seq 1 600); do grep -q '^step     3/' err.txt out.txt 2>/dev/null && break; sleep 0.1; done
+target=""
+for p in $(pgrep -f -- "--checkpoint sig.ckpt" || true); do
+    [ "$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')" = 1 ] && target=$p
+done
+[ -n "$target" ] && kill -INT "$target"
+ended=no
+for _ in $(seq 1 600); do kill -0 "$job" 2>/dev/null || { ended=yes; break; }; sleep 0.1; done
+wait "$job"
+rc=$?
+stopped=$(sed -n 's/^megatrain: SIGINT: stopped after step \([0-9]*\) of 400.*/\1/p' err.txt out.txt | head -1)
+if [ -z "$target" ]; then bad "Ctrl-C on one rank" "no rank 1 process found"
+elif [ "$ended" != yes ]; then bad "Ctrl-C on one rank" "the job still runs a minute after the signal"; kill -9 "$job"
+elif [ -z "$stopped" ]; then bad "Ctrl-C on one rank" "rank 0 does not say where it stopped"
+else
+    mt 2 train --steps 400 --micro-batch 2 --seq-len 64 --eval-every 0 --log-every 1 --sample-bytes 0 --ncpu 1 --ncuda 0 \
+        --resume sig.ckpt --stop-after $((stopped + 1))
+    if [ "$rc" -ne 0 ] || ! grep -q "resumed from sig.ckpt at step $stopped" err.txt out.txt; then
+        bad "Ctrl-C on one rank" "the checkpoint of step $stopped did not resume (exit status $rc)"
+    else ok "Ctrl-C on one rank"; fi
 fi
 
 echo "$passed passed, $failed failed"
