@@ -1,8 +1,9 @@
 /* Check suite of the CUDA mixture-of-experts path (backends/cuda/moe_routing.cu, moe.cu, and the
  * decoder layer of layer.cu on a sparse layout) against the double CPU reference
  * (backends/cpu/moe.inc, moe.c, layer.inc) on fresh random inputs:
- *   routing: the softmax (fp32, another summation order), the top k with ties and NaN, and the
- *     grouping by expert (bitwise the CPU's order and offsets, pos its inverse);
+ *   routing: the softmax (fp32, another summation order), the top k with ties and NaN, the
+ *     grouping by expert (bitwise the CPU's order and offsets, pos its inverse), and the
+ *     load-balancing loss's statistics (up to 256 experts: several blocks of 32);
  *   the MoE block alone and the whole layer, forward output, input gradient and every weight
  *     gradient (= and +=), under imbalanced routing (a few experts take most tokens, one none),
  *     every token to one expert, and top k = the number of experts. bf16 within BF16_TOL (the
@@ -41,6 +42,7 @@
 #define BF16_TOL 1e-2 /* ||gpu - ref|| / ||ref|| per tensor where the GPU feeds bf16 to GEMMs */
 #define F32_TOL 1e-5  /* the same on the fp32 path */
 #define SOFTMAX_TOL 1e-6 /* fp32 softmax, another summation order */
+#define STATS_TOL 1e-12  /* probability sums in double, another summation order */
 
 /* The layer tests' shape: d and the expert widths no multiple of 64 where it matters (an expert
  * width whose Ie * d is no multiple of MT_TILE_ALIGN keeps gate and up apart in the tile). */
@@ -273,10 +275,37 @@ static void run_routing_case(int64_t n, int64_t E, int64_t k, uint64_t seed)
     printf("  %-52s %lld wrong\n", "grouping pos: order[pos[a]] == a", (long long)bad);
     ck_assert_msg(bad == 0, "pos is not the inverse of order at %lld assignments", (long long)bad);
 
-    void *bufs[] = {d_logits, d_probs, d_experts, d_w, d_off, d_ord, d_pos, d_ws};
+    /* the load-balancing loss's statistics of those probabilities and offsets, added onto random
+     * ones (as another layer leaves them) twice from the same start: the counts exactly, the
+     * sums against a double sum in row order, the two runs bitwise */
+    const int64_t E2 = 2 * E;
+    double *stats0 = mt_test_alloc_f64(E2), *want = mt_test_alloc_f64(E2);
+    for (int64_t e = 0; e < E; e++) {
+        stats0[e] = floor(mt_test_uniform(&rng) * (double)nk);
+        stats0[E + e] = mt_test_uniform(&rng) * (double)n;
+        want[e] = stats0[e] + (double)(off_cpu[e + 1] - off_cpu[e]);
+        double sum = 0;
+        for (int64_t r = 0; r < n; r++) sum += (double)p[r * E + e];
+        want[E + e] = stats0[E + e] + sum;
+    }
+    CK_CUDA(cudaMemcpy(d_probs, p, (size_t)nE * 4, cudaMemcpyHostToDevice));
+    double *d_stats = mt_test_gpu_buffer(stats0, (size_t)E2 * 8), *d_stats2 = mt_test_gpu_buffer(stats0, (size_t)E2 * 8);
+    mt_cuda_router_stats(n, E, d_probs, d_off, d_stats, s);
+    mt_cuda_router_stats(n, E, d_probs, d_off, d_stats2, s);
+    CK_CUDA(cudaStreamSynchronize(st));
+    double *stats = mt_test_alloc_f64(E2), *stats2 = mt_test_alloc_f64(E2);
+    CK_CUDA(cudaMemcpy(stats, d_stats, (size_t)E2 * 8, cudaMemcpyDeviceToHost));
+    CK_CUDA(cudaMemcpy(stats2, d_stats2, (size_t)E2 * 8, cudaMemcpyDeviceToHost));
+    mt_test_check_bitwise("aux statistics: counts vs the grouping's", stats, want, (size_t)E * 8);
+    mt_test_report("aux statistics: probability sums vs double", mt_test_rel_err_f64(stats + E, want + E, E),
+                   STATS_TOL);
+    mt_test_check_bitwise("aux statistics, run twice", stats, stats2, (size_t)E2 * 8);
+
+    void *bufs[] = {d_logits, d_probs, d_experts, d_w, d_off, d_ord, d_pos, d_ws, d_stats, d_stats2};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CK_CUDA(cudaFree(bufs[i]));
     CK_CUDA(cudaStreamDestroy(st));
-    void *hbufs[] = {logits, probs_cpu, probs, p, ex_cpu, ex, w_cpu, off_cpu, ord_cpu, off, ord, pos};
+    void *hbufs[] = {logits, probs_cpu, probs, p, ex_cpu, ex, w_cpu, off_cpu, ord_cpu, off, ord, pos,
+                     stats0, want, stats, stats2};
     for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++) free(hbufs[i]);
 }
 

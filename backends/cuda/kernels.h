@@ -133,6 +133,12 @@ void mt_cuda_router_topk(int64_t n, int64_t E, int64_t k, bool renormalise, cons
 size_t mt_cuda_moe_group_workspace_bytes(int64_t n, int64_t E, int64_t k);
 void mt_cuda_moe_group(int64_t n, int64_t E, int64_t k, const int32_t *experts, int32_t *offsets, int32_t *order,
                        int32_t *pos, void *workspace, mt_cuda_stream stream);
+/* The load-balancing loss's statistics of n rows, as mt_cpu_moe_forward adds them: stats (2E
+ * doubles) += the assignments per expert (offsets[e + 1] - offsets[e], offsets from the grouping)
+ * in [0, E), the sums of probs (n, E) fp32 per expert, in double, in [E, 2E). No atomics: the
+ * same bits every run. */
+void mt_cuda_router_stats(int64_t n, int64_t E, const float *probs, const int32_t *offsets, double *stats,
+                          mt_cuda_stream stream);
 /* The MoE block of a sparse layer (as mt_cpu_moe_forward/backward without the load-balancing
  * loss, which mt_cuda_layer_forward_aux/backward_aux carry), the experts' GEMMs per expert on cuBLAS, fp32 accumulation; each call synchronises its
  * stream once (the experts' row counts shape the GEMMs). tile: a sparse layer's tile of prec's

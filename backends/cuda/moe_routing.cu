@@ -352,6 +352,12 @@ extern "C" void mt_cuda_router_topk(int64_t n, int64_t E, int64_t k, bool renorm
     mt_moe_router_topk(n, E, k, renormalise, probs, experts, weights, as_stream(stream));
 }
 
+extern "C" void mt_cuda_router_stats(int64_t n, int64_t E, const float *probs, const int32_t *offsets, double *stats,
+                                     mt_cuda_stream stream)
+{
+    mt_moe_router_stats(n, E, probs, offsets, stats, as_stream(stream));
+}
+
 extern "C" size_t mt_cuda_moe_group_workspace_bytes(int64_t n, int64_t E, int64_t k)
 {
     return mt_moe_group_workspace_bytes(n, E, k);
