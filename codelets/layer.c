@@ -44,12 +44,14 @@ static void layer_forward_cuda(void *buffers[], void *cl_arg)
     mt_compute_args a;
     starpu_codelet_unpack_args(cl_arg, &a);
     const mt_codelet_model *md = a.model;
-    STARPU_ASSERT_MSG(!a.router_stats, "the CUDA layer has no load-balancing loss (the graph refuses it on a GPU)");
-    mt_cuda_layer_forward(mt_cuda_ctx_get(), &md->cfg, mt_codelet_layer_layout(md, a.layer), mt_codelet_cuda_prec(md->dtype),
-                          (const void *)STARPU_VECTOR_GET_PTR(buffers[0]), a.B, a.T,
-                          (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), (float *)STARPU_VECTOR_GET_PTR(buffers[2]),
-                          a.save ? (void *)STARPU_VECTOR_GET_PTR(buffers[4]) : NULL,
-                          (void *)STARPU_VECTOR_GET_PTR(buffers[3]), starpu_cuda_get_local_stream());
+    /* the statistics handle is on this GPU (RW): the layer adds to it on its stream */
+    double *stats = a.router_stats ? (double *)STARPU_VECTOR_GET_PTR(buffers[a.save ? 5 : 4]) : NULL;
+    mt_cuda_layer_forward_aux(mt_cuda_ctx_get(), &md->cfg, mt_codelet_layer_layout(md, a.layer),
+                              mt_codelet_cuda_prec(md->dtype), (const void *)STARPU_VECTOR_GET_PTR(buffers[0]), a.B,
+                              a.T, (const float *)STARPU_VECTOR_GET_PTR(buffers[1]),
+                              (float *)STARPU_VECTOR_GET_PTR(buffers[2]),
+                              a.save ? (void *)STARPU_VECTOR_GET_PTR(buffers[4]) : NULL,
+                              (void *)STARPU_VECTOR_GET_PTR(buffers[3]), stats, starpu_cuda_get_local_stream());
 }
 
 static void layer_backward_cuda(void *buffers[], void *cl_arg)
@@ -59,12 +61,14 @@ static void layer_backward_cuda(void *buffers[], void *cl_arg)
     const mt_codelet_model *md = a.model;
     cudaStream_t stream = starpu_cuda_get_local_stream();
     float *dtile = (float *)STARPU_VECTOR_GET_PTR(buffers[4]);
-    STARPU_ASSERT_MSG(!a.router_stats, "the CUDA layer has no load-balancing loss (the graph refuses it on a GPU)");
-    mt_cuda_layer_backward(mt_cuda_ctx_get(), &md->cfg, mt_codelet_layer_layout(md, a.layer), mt_codelet_cuda_prec(md->dtype),
-                           (const void *)STARPU_VECTOR_GET_PTR(buffers[0]), a.B, a.T,
-                           (const void *)STARPU_VECTOR_GET_PTR(buffers[1]), (const float *)STARPU_VECTOR_GET_PTR(buffers[2]),
-                           (float *)STARPU_VECTOR_GET_PTR(buffers[3]), dtile, a.accumulate,
-                           (void *)STARPU_VECTOR_GET_PTR(buffers[5]), stream);
+    /* the counts are the first E of the statistics (R, on this GPU), final once every sparse forward has run */
+    const double *counts = a.router_stats ? (const double *)STARPU_VECTOR_GET_PTR(buffers[a.sumsq ? 7 : 6]) : NULL;
+    mt_cuda_layer_backward_aux(mt_cuda_ctx_get(), &md->cfg, mt_codelet_layer_layout(md, a.layer),
+                               mt_codelet_cuda_prec(md->dtype), (const void *)STARPU_VECTOR_GET_PTR(buffers[0]), a.B,
+                               a.T, (const void *)STARPU_VECTOR_GET_PTR(buffers[1]),
+                               (const float *)STARPU_VECTOR_GET_PTR(buffers[2]),
+                               (float *)STARPU_VECTOR_GET_PTR(buffers[3]), dtile, a.accumulate,
+                               (void *)STARPU_VECTOR_GET_PTR(buffers[5]), counts, a.aux_scale, stream);
     if (a.sumsq)
         mt_cuda_sumsq_f32(dtile, (int64_t)STARPU_VECTOR_GET_NX(buffers[4]), (double *)STARPU_VECTOR_GET_PTR(buffers[6]), stream);
 }

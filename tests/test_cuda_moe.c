@@ -1,18 +1,23 @@
 /* Check suite of the CUDA mixture-of-experts path (backends/cuda/moe_routing.cu, moe.cu, and the
  * decoder layer of layer.cu on a sparse layout) against the double CPU reference
  * (backends/cpu/moe.inc, moe.c, layer.inc) on fresh random inputs:
- *   routing: the softmax (fp32, another summation order), the top k with ties and NaN, and the
- *     grouping by expert (bitwise the CPU's order and offsets, pos its inverse);
+ *   routing: the softmax (fp32, another summation order), the top k with ties and NaN, the
+ *     grouping by expert (bitwise the CPU's order and offsets, pos its inverse), and the
+ *     load-balancing loss's statistics (up to 256 experts: several blocks of 32);
  *   the MoE block alone and the whole layer, forward output, input gradient and every weight
  *     gradient (= and +=), under imbalanced routing (a few experts take most tokens, one none),
  *     every token to one expert, and top k = the number of experts. bf16 within BF16_TOL (the
- *     dense CUDA layer's bound, tests/test_cuda.c), fp32 (MT_CUDA_F32) within F32_TOL.
+ *     dense CUDA layer's bound, tests/test_cuda.c), fp32 (MT_CUDA_F32) within F32_TOL;
+ *   the load-balancing loss in the layer: the statistics its forward adds (the assignment counts
+ *     exactly, the probability sums within the tolerance) and its backward with the counts of a
+ *     whole call (the router gradient's share of the loss, dx and every weight gradient).
  * The inputs make the routing decided by a wide margin: each token's hidden state is high at
  * the coordinates of the experts it is meant to choose and low at the others, and the router
  * reads those coordinates, so bf16 rounding cannot change a choice (a changed choice is not an
  * error of the kernels but would fail the comparison).
  * Then the whole step of a two-layer all-sparse model on a CUDA worker against CPU workers (its
- * memory plan, the loss, and in fp32 every gradient tile).
+ * memory plan, the loss, and in fp32 every gradient tile), without and with the load-balancing
+ * loss.
  * MT_CUDA_BENCH=1 adds the timing of the block at the Qwen3-30B-A3B layer shape. Every check
  * prints one line. Without a CUDA device it prints "no GPU: skipped" and exits 77. */
 #include <check.h>
@@ -37,6 +42,7 @@
 #define BF16_TOL 1e-2 /* ||gpu - ref|| / ||ref|| per tensor where the GPU feeds bf16 to GEMMs */
 #define F32_TOL 1e-5  /* the same on the fp32 path */
 #define SOFTMAX_TOL 1e-6 /* fp32 softmax, another summation order */
+#define STATS_TOL 1e-12  /* probability sums in double, another summation order */
 
 /* The layer tests' shape: d and the expert widths no multiple of 64 where it matters (an expert
  * width whose Ie * d is no multiple of MT_TILE_ALIGN keeps gate and up apart in the tile). */
@@ -269,10 +275,37 @@ static void run_routing_case(int64_t n, int64_t E, int64_t k, uint64_t seed)
     printf("  %-52s %lld wrong\n", "grouping pos: order[pos[a]] == a", (long long)bad);
     ck_assert_msg(bad == 0, "pos is not the inverse of order at %lld assignments", (long long)bad);
 
-    void *bufs[] = {d_logits, d_probs, d_experts, d_w, d_off, d_ord, d_pos, d_ws};
+    /* the load-balancing loss's statistics of those probabilities and offsets, added onto random
+     * ones (as another layer leaves them) twice from the same start: the counts exactly, the
+     * sums against a double sum in row order, the two runs bitwise */
+    const int64_t E2 = 2 * E;
+    double *stats0 = mt_test_alloc_f64(E2), *want = mt_test_alloc_f64(E2);
+    for (int64_t e = 0; e < E; e++) {
+        stats0[e] = floor(mt_test_uniform(&rng) * (double)nk);
+        stats0[E + e] = mt_test_uniform(&rng) * (double)n;
+        want[e] = stats0[e] + (double)(off_cpu[e + 1] - off_cpu[e]);
+        double sum = 0;
+        for (int64_t r = 0; r < n; r++) sum += (double)p[r * E + e];
+        want[E + e] = stats0[E + e] + sum;
+    }
+    CK_CUDA(cudaMemcpy(d_probs, p, (size_t)nE * 4, cudaMemcpyHostToDevice));
+    double *d_stats = mt_test_gpu_buffer(stats0, (size_t)E2 * 8), *d_stats2 = mt_test_gpu_buffer(stats0, (size_t)E2 * 8);
+    mt_cuda_router_stats(n, E, d_probs, d_off, d_stats, s);
+    mt_cuda_router_stats(n, E, d_probs, d_off, d_stats2, s);
+    CK_CUDA(cudaStreamSynchronize(st));
+    double *stats = mt_test_alloc_f64(E2), *stats2 = mt_test_alloc_f64(E2);
+    CK_CUDA(cudaMemcpy(stats, d_stats, (size_t)E2 * 8, cudaMemcpyDeviceToHost));
+    CK_CUDA(cudaMemcpy(stats2, d_stats2, (size_t)E2 * 8, cudaMemcpyDeviceToHost));
+    mt_test_check_bitwise("aux statistics: counts vs the grouping's", stats, want, (size_t)E * 8);
+    mt_test_report("aux statistics: probability sums vs double", mt_test_rel_err_f64(stats + E, want + E, E),
+                   STATS_TOL);
+    mt_test_check_bitwise("aux statistics, run twice", stats, stats2, (size_t)E2 * 8);
+
+    void *bufs[] = {d_logits, d_probs, d_experts, d_w, d_off, d_ord, d_pos, d_ws, d_stats, d_stats2};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CK_CUDA(cudaFree(bufs[i]));
     CK_CUDA(cudaStreamDestroy(st));
-    void *hbufs[] = {logits, probs_cpu, probs, p, ex_cpu, ex, w_cpu, off_cpu, ord_cpu, off, ord, pos};
+    void *hbufs[] = {logits, probs_cpu, probs, p, ex_cpu, ex, w_cpu, off_cpu, ord_cpu, off, ord, pos,
+                     stats0, want, stats, stats2};
     for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++) free(hbufs[i]);
 }
 
@@ -405,9 +438,37 @@ static void run_layer_prec(const routing_case *rc, mt_cuda_prec prec, uint64_t s
     double *saved64 = mt_test_alloc_f64(mt_layer_saved_numel(&cfg, B, T));
     double *scr64 = mt_test_alloc_f64(mt_layer_scratch_numel(&cfg, B, T));
     double *y64 = mt_test_alloc_f64(nd), *dx64 = mt_test_alloc_f64(nd), *dtile64 = mt_test_alloc_f64(lay.numel);
-    mt_cpu_layer_forward_f64(&cfg, &lay, tile64, B, T, x64, y64, saved64, scr64);
+    /* The load-balancing loss's statistics are added onto random ones, as another sparse layer of
+     * the forward call leaves them (integer counts, positive sums). */
+    const int64_t E = cfg.experts;
+    double *stats0 = mt_test_alloc_f64(2 * E);
+    for (int64_t e = 0; e < E; e++) {
+        stats0[e] = floor(mt_test_uniform(&rng) * 3.0 * (double)n);
+        stats0[E + e] = 1.0 + mt_test_uniform(&rng) * (double)n;
+    }
+    double *stats64 = mt_test_copy_f64(stats0, 2 * E);
+    mt_cpu_layer_forward_aux_f64(&cfg, &lay, tile64, B, T, x64, y64, saved64, scr64, stats64);
     mt_cpu_layer_backward_f64(&cfg, &lay, tile64, B, T, saved64, dy64, dx64, dtile64, scr64);
     report_routing(rc, &cfg, n, layer_saved_probs(&cfg, n, saved64));
+    /* The backward with that loss: the counts of the whole call (stats64's first E) at the scale
+     * that makes the loss's share of the router's gradient (linear in the scale) as large as the
+     * rest of it, so that a wrong or missing share shows. */
+    const mt_tensor_desc *router = &lay.tensors[MT_L_ROUTER_W];
+    double *dx_aux64 = mt_test_alloc_f64(nd), *dtile_aux64 = mt_test_alloc_f64(lay.numel);
+    double *share64 = mt_test_alloc_f64(router->numel);
+    mt_cpu_layer_backward_aux_f64(&cfg, &lay, tile64, B, T, saved64, dy64, dx_aux64, dtile_aux64, scr64, stats64, 1.0);
+    double share_sq = 0, rest_sq = 0;
+    for (int64_t i = 0; i < router->numel; i++) {
+        const double g0 = dtile64[router->offset + i], share = dtile_aux64[router->offset + i] - g0;
+        share_sq += share * share, rest_sq += g0 * g0;
+    }
+    ck_assert_msg(share_sq > 0 && rest_sq > 0, "the router's gradient has no share of the load-balancing loss");
+    const double aux_scale = sqrt(rest_sq / share_sq);
+    memset(dtile_aux64, 0, (size_t)lay.numel * sizeof(double));
+    mt_cpu_layer_backward_aux_f64(&cfg, &lay, tile64, B, T, saved64, dy64, dx_aux64, dtile_aux64, scr64, stats64,
+                                  aux_scale);
+    for (int64_t i = 0; i < router->numel; i++)
+        share64[i] = dtile_aux64[router->offset + i] - dtile64[router->offset + i];
 
     cudaStream_t st = mt_test_new_stream();
     const mt_cuda_stream s = (mt_cuda_stream)st;
@@ -460,11 +521,41 @@ static void run_layer_prec(const routing_case *rc, mt_cuda_prec prec, uint64_t s
     mt_test_check_padding_zero("dtile padding (+=)", &lay, dtile_acc);
     mt_test_check_bitwise("dx (=) again in += mode", dx2, dx, vec_bytes);
 
-    void *bufs[] = {d_tile, d_x, d_dy, d_y, d_y2, d_dx, d_saved, d_scratch, d_dtile, d_dtile2};
+    /* The load-balancing loss: the forward's statistics onto stats0, then the backward with the
+     * CPU's counts and aux_scale (the saved set written again, the same bits). */
+    const size_t stats_bytes = (size_t)(2 * E) * sizeof(double);
+    double *d_stats = mt_test_gpu_buffer(stats0, stats_bytes), *d_counts = mt_test_gpu_buffer(stats64, stats_bytes);
+    float *d_y3 = mt_test_gpu_buffer(NULL, vec_bytes);
+    mt_cuda_layer_forward_aux(ctx, &cfg, &lay, prec, d_tile, B, T, d_x, d_y3, d_saved, d_scratch, d_stats, s);
+    mt_cuda_layer_backward_aux(ctx, &cfg, &lay, prec, d_tile, B, T, d_saved, d_dy, d_dx, d_dtile, false, d_scratch,
+                               d_counts, aux_scale, s);
+    CK_CUDA(cudaStreamSynchronize(st));
+    double *stats = mt_test_alloc_f64(2 * E);
+    CK_CUDA(cudaMemcpy(stats, d_stats, stats_bytes, cudaMemcpyDeviceToHost));
+    float *y3 = mt_test_download_f32(d_y3, nd), *dx_aux = mt_test_download_f32(d_dx, nd);
+    float *dtile_aux = mt_test_download_f32(d_dtile, lay.numel), *share = mt_test_alloc_f32(router->numel);
+    mt_test_check_bitwise("forward y, with the statistics vs without", y3, y2, vec_bytes);
+    double count_diff = 0;
+    double *sums = mt_test_alloc_f64(E), *sums64 = mt_test_alloc_f64(E);
+    for (int64_t e = 0; e < E; e++) {
+        count_diff = fmax(count_diff, fabs(stats[e] - stats64[e]));
+        sums[e] = stats[E + e] - stats0[E + e], sums64[e] = stats64[E + e] - stats0[E + e];
+    }
+    mt_test_report("aux statistics: assignment counts (exactly)", count_diff, 0.0);
+    mt_test_report("aux statistics: probability sums", mt_test_rel_err_f64(sums, sums64, E), tol);
+    for (int64_t i = 0; i < router->numel; i++) share[i] = dtile_aux[router->offset + i] - dtile[router->offset + i];
+    printf("  aux scale %.4g (the loss's share of the router's gradient as large as the rest)\n", aux_scale);
+    check_vs("aux backward: the router gradient's share of the loss", share, share64, router->numel, tol);
+    check_vs("aux backward dx", dx_aux, dx_aux64, nd, tol);
+    check_tile("aux backward: ", "=", &lay, 0, dtile_aux, dtile_aux64, tol);
+
+    void *bufs[] = {d_tile, d_x, d_dy, d_y, d_y2, d_dx, d_saved, d_scratch, d_dtile, d_dtile2, d_stats, d_counts,
+                    d_y3};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CK_CUDA(cudaFree(bufs[i]));
     CK_CUDA(cudaStreamDestroy(st));
     void *hbufs[] = {tile, x, dy, tile64, x64, dy64, saved64, scr64, y64, dx64, dtile64, tile_bits, y, y2, dx,
-                     dtile, dtile2, y_res, dx_res, y64_res, dx64_res, dtile_acc, dx2};
+                     dtile, dtile2, y_res, dx_res, y64_res, dx64_res, dtile_acc, dx2, stats0, stats64, dx_aux64,
+                     dtile_aux64, share64, stats, y3, dx_aux, dtile_aux, share, sums, sums64};
     for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++) free(hbufs[i]);
 }
 
@@ -503,9 +594,10 @@ typedef struct step_result {
 
 enum { STEP_B = 2, STEP_T = 77 };
 
-/* One step's gradients (no update) with `ncuda` CUDA workers, in dtype; the memory plan must count
- * exactly the buffers the graph registers (the CUDA layer's sizes of a sparse layer included). */
-static step_result run_step(int ncuda, mt_dtype dtype)
+/* One step's gradients (no update) with `ncuda` CUDA workers, in dtype, the load-balancing loss
+ * at aux_coef (0: off); the memory plan must count exactly the buffers the graph registers (the
+ * CUDA layer's sizes of a sparse layer included). */
+static step_result run_step(int ncuda, mt_dtype dtype, double aux_coef)
 {
     mt_runtime_options ro = mt_runtime_defaults();
     ro.sched = "megatrain";
@@ -515,6 +607,7 @@ static step_result run_step(int ncuda, mt_dtype dtype)
     char err[512];
     ck_assert_msg(mt_runtime_init(&ro, err, sizeof err) == 0, "%s", err);
     mt_model_config cfg = step_config();
+    if (aux_coef > 0) cfg.router_aux = MT_ROUTER_AUX_ON, cfg.router_aux_coef_run = aux_coef; /* --router-aux-loss */
     mt_host_state *st = mt_state_create(&cfg, dtype, 0, err, sizeof err);
     ck_assert_msg(st != NULL, "%s", err);
     mt_state_init_random(st, 11, 0.05);
@@ -562,12 +655,14 @@ static step_result run_step(int ncuda, mt_dtype dtype)
 /* fp32: every gradient tile within F32_TOL and the loss within 1e-6. bf16: the loss within 1e-3
  * only; with random weights some routing choices are near ties that bf16 rounding flips, which
  * moves single experts' gradients far more than rounding does (the layer and block cases above
- * check bf16 gradients on inputs whose routing has a margin). */
-static void compare_step(mt_dtype dtype)
+ * check bf16 gradients on inputs whose routing has a margin). With the load-balancing loss on
+ * (aux_coef > 0) the loss includes its value and the gradients its share. */
+static void compare_step(mt_dtype dtype, double aux_coef)
 {
     const bool f32 = dtype == MT_DTYPE_F32;
-    printf("step of an all-sparse qwen3_moe, %s: B=%d T=%d\n", mt_dtype_name(dtype), (int)STEP_B, (int)STEP_T);
-    step_result cpu = run_step(0, dtype), gpu = run_step(1, dtype);
+    printf("step of an all-sparse qwen3_moe, %s: B=%d T=%d, load-balancing loss %g\n", mt_dtype_name(dtype),
+           (int)STEP_B, (int)STEP_T, aux_coef);
+    step_result cpu = run_step(0, dtype, aux_coef), gpu = run_step(1, dtype, aux_coef);
     const double lrel = fabs(gpu.loss - cpu.loss) / fabs(cpu.loss), ltol = f32 ? 1e-6 : 1e-3;
     printf("  %-52s rel err %.3e  (tol %.0e)%s   [gpu %.8f cpu %.8f]\n", "loss", lrel, ltol,
            lrel <= ltol ? "" : "  FAIL", gpu.loss, cpu.loss);
@@ -585,8 +680,10 @@ static void compare_step(mt_dtype dtype)
 
 START_TEST(test_step)
 {
-    compare_step(MT_DTYPE_F32);
-    compare_step(MT_DTYPE_BF16);
+    compare_step(MT_DTYPE_F32, 0.0);
+    compare_step(MT_DTYPE_BF16, 0.0);
+    compare_step(MT_DTYPE_F32, 0.5); /* a large coefficient: the loss's share of the gradients shows */
+    compare_step(MT_DTYPE_BF16, 0.5);
 }
 END_TEST
 

@@ -90,16 +90,29 @@ size_t mt_cuda_embedding_workspace_bytes(int64_t ntok, int64_t V);
 size_t mt_cuda_layer_saved_bytes(const mt_model_config *cfg, mt_cuda_prec prec, int64_t B, int64_t T);
 size_t mt_cuda_layer_scratch_bytes(const mt_model_config *cfg, mt_cuda_prec prec, int64_t B, int64_t T);
 /* One decoder layer (as mt_cpu_layer_forward): tile of prec's type; x, y (ntok, d) fp32; saved
- * may be NULL. A sparse layout (its MLP a router and experts) runs the MoE block below, without
- * the load-balancing loss; the sizes above are those of the larger kind of layer cfg has. */
+ * may be NULL. A sparse layout (its MLP a router and experts) runs the MoE block below; the sizes
+ * above are those of the larger kind of layer cfg has. */
 void mt_cuda_layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
                            mt_cuda_prec prec, const void *tile, int64_t B, int64_t T, const float *x, float *y,
                            void *saved, void *scratch, mt_cuda_stream stream);
+/* The same, a sparse layer also adding the load-balancing loss's statistics to router_stats (2E
+ * device doubles, NULL: none), as mt_cpu_layer_forward_aux: the E assignment counts over all k
+ * slots, then the E probability sums. A dense layer leaves them as they are. */
+void mt_cuda_layer_forward_aux(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
+                               mt_cuda_prec prec, const void *tile, int64_t B, int64_t T, const float *x, float *y,
+                               void *saved, void *scratch, double *router_stats, mt_cuda_stream stream);
 /* dx (ntok, d) fp32 =; dtile fp32 = or += (accumulate); saved from a forward of the same prec */
 void mt_cuda_layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
                             mt_cuda_prec prec, const void *tile, int64_t B, int64_t T, const void *saved,
                             const float *dy, float *dx, float *dtile, bool accumulate, void *scratch,
                             mt_cuda_stream stream);
+/* The same with the load-balancing loss's gradient, as mt_cpu_layer_backward_aux: aux_counts (E
+ * device doubles, NULL: none) the assignments per expert over every sparse layer of the forward
+ * call, aux_scale mt_moe_aux_grad_scale. */
+void mt_cuda_layer_backward_aux(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
+                                mt_cuda_prec prec, const void *tile, int64_t B, int64_t T, const void *saved,
+                                const float *dy, float *dx, float *dtile, bool accumulate, void *scratch,
+                                const double *aux_counts, double aux_scale, mt_cuda_stream stream);
 
 /* ---- mixture of experts (backends/cuda/moe_routing.cu, moe.cu; docs/moe.md) ----
  * n tokens each routed to k of E experts (E <= MT_MAX_EXPERTS); assignment a = token * k + slot.
@@ -120,8 +133,14 @@ void mt_cuda_router_topk(int64_t n, int64_t E, int64_t k, bool renormalise, cons
 size_t mt_cuda_moe_group_workspace_bytes(int64_t n, int64_t E, int64_t k);
 void mt_cuda_moe_group(int64_t n, int64_t E, int64_t k, const int32_t *experts, int32_t *offsets, int32_t *order,
                        int32_t *pos, void *workspace, mt_cuda_stream stream);
+/* The load-balancing loss's statistics of n rows, as mt_cpu_moe_forward adds them: stats (2E
+ * doubles) += the assignments per expert (offsets[e + 1] - offsets[e], offsets from the grouping)
+ * in [0, E), the sums of probs (n, E) fp32 per expert, in double, in [E, 2E). No atomics: the
+ * same bits every run. */
+void mt_cuda_router_stats(int64_t n, int64_t E, const float *probs, const int32_t *offsets, double *stats,
+                          mt_cuda_stream stream);
 /* The MoE block of a sparse layer (as mt_cpu_moe_forward/backward without the load-balancing
- * loss), the experts' GEMMs per expert on cuBLAS, fp32 accumulation; each call synchronises its
+ * loss, which mt_cuda_layer_forward_aux/backward_aux carry), the experts' GEMMs per expert on cuBLAS, fp32 accumulation; each call synchronises its
  * stream once (the experts' row counts shape the GEMMs). tile: a sparse layer's tile of prec's
  * type; hn (ntok, d) of prec's type, the normed hidden state. Forward: y (ntok, d) fp32 = resid
  * (NULL: 0) + the experts' weighted sum; saved (mt_cuda_moe_saved_bytes) may be NULL. Backward

@@ -243,7 +243,7 @@ extern "C" size_t mt_cuda_layer_scratch_bytes(const mt_model_config *cfg, mt_cud
 template <class E>
 static void layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout, const E *tile,
                           int64_t B, int64_t T, const float *x, float *y, void *saved, void *scratch,
-                          mt_cuda_stream stream_)
+                          double *router_stats, mt_cuda_stream stream_)
 {
     const cudaStream_t stream = as_stream(stream_);
     const mt_layer_dims m = mt_layer_dims_of(cfg, B, T);
@@ -283,7 +283,7 @@ static void layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt
     E *hn = fs.xn; // xn is dead once q/k/v are projected
     mt_rmsnorm_forward(n, m.d, sv.h, weight(layout, tile, MT_L_MLP_NORM), cfg->rms_eps, hn, sv.rms2, stream);
     if (sparse) {
-        mt_moe_forward(ctx, cfg, layout, tile, n, hn, sv.h, y, &sv.moe, fs.moe, stream);
+        mt_moe_forward(ctx, cfg, layout, tile, n, hn, sv.h, y, &sv.moe, router_stats, fs.moe, stream);
         return;
     }
     const cudaDataType_t e_type = mt_cuda_type<E>();
@@ -298,7 +298,8 @@ static void layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt
 template <class E>
 static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout, const E *tile,
                            int64_t B, int64_t T, const void *saved, const float *dy, float *dx, float *dtile,
-                           bool accumulate, void *scratch, mt_cuda_stream stream_)
+                           bool accumulate, void *scratch, const double *aux_counts, double aux_scale,
+                           mt_cuda_stream stream_)
 {
     const cudaStream_t stream = as_stream(stream_);
     const mt_layer_dims m = mt_layer_dims_of(cfg, B, T);
@@ -324,8 +325,8 @@ static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const m
     mt_rmsnorm_apply(n, m.d, sv.h, mlp_norm_w, sv.rms2, s.norm_out, stream); // hn (n, d)
     mt_cuda_from_f32(dy, s.dres, n * m.d, stream); // dy as E (n, d)
     if (sparse) {
-        mt_moe_backward(ctx, cfg, layout, tile, n, s.norm_out, &sv.moe, s.dres, s.dnorm, dtile, s.moe,
-                        stream); // dhn (n, d)
+        mt_moe_backward(ctx, cfg, layout, tile, n, s.norm_out, &sv.moe, s.dres, aux_counts, aux_scale, s.dnorm,
+                        dtile, s.moe, stream); // dhn (n, d)
     } else {
         mt_layer_swiglu_forward(n * m.inter, sv.g, sv.u, s.s_dg, stream);
         mt_linear_backward_weight(ctx, n, m.inter, m.d, s.s_dg, s.dres, grad(layout, dtile, MT_L_DOWN_W), true,
@@ -388,14 +389,36 @@ static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const m
 }
 // ---- the entry points: one instantiation per precision ----
 
+extern "C" void mt_cuda_layer_forward_aux(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
+                                          mt_cuda_prec prec, const void *tile, int64_t B, int64_t T, const float *x,
+                                          float *y, void *saved, void *scratch, double *router_stats,
+                                          mt_cuda_stream stream)
+{
+    if (prec == MT_CUDA_F32)
+        layer_forward(ctx, cfg, layout, (const float *)tile, B, T, x, y, saved, scratch, router_stats, stream);
+    else
+        layer_forward(ctx, cfg, layout, (const bf16 *)tile, B, T, x, y, saved, scratch, router_stats, stream);
+}
+
 extern "C" void mt_cuda_layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
                                       mt_cuda_prec prec, const void *tile, int64_t B, int64_t T, const float *x,
                                       float *y, void *saved, void *scratch, mt_cuda_stream stream)
 {
+    mt_cuda_layer_forward_aux(ctx, cfg, layout, prec, tile, B, T, x, y, saved, scratch, nullptr, stream);
+}
+
+extern "C" void mt_cuda_layer_backward_aux(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
+                                           mt_cuda_prec prec, const void *tile, int64_t B, int64_t T,
+                                           const void *saved, const float *dy, float *dx, float *dtile,
+                                           bool accumulate, void *scratch, const double *aux_counts, double aux_scale,
+                                           mt_cuda_stream stream)
+{
     if (prec == MT_CUDA_F32)
-        layer_forward(ctx, cfg, layout, (const float *)tile, B, T, x, y, saved, scratch, stream);
+        layer_backward(ctx, cfg, layout, (const float *)tile, B, T, saved, dy, dx, dtile, accumulate, scratch,
+                       aux_counts, aux_scale, stream);
     else
-        layer_forward(ctx, cfg, layout, (const bf16 *)tile, B, T, x, y, saved, scratch, stream);
+        layer_backward(ctx, cfg, layout, (const bf16 *)tile, B, T, saved, dy, dx, dtile, accumulate, scratch,
+                       aux_counts, aux_scale, stream);
 }
 
 extern "C" void mt_cuda_layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
@@ -403,8 +426,6 @@ extern "C" void mt_cuda_layer_backward(mt_cuda_ctx *ctx, const mt_model_config *
                                        const float *dy, float *dx, float *dtile, bool accumulate, void *scratch,
                                        mt_cuda_stream stream)
 {
-    if (prec == MT_CUDA_F32)
-        layer_backward(ctx, cfg, layout, (const float *)tile, B, T, saved, dy, dx, dtile, accumulate, scratch, stream);
-    else
-        layer_backward(ctx, cfg, layout, (const bf16 *)tile, B, T, saved, dy, dx, dtile, accumulate, scratch, stream);
+    mt_cuda_layer_backward_aux(ctx, cfg, layout, prec, tile, B, T, saved, dy, dx, dtile, accumulate, scratch, nullptr,
+                               0.0, stream);
 }

@@ -1,6 +1,7 @@
 // The mixture-of-experts block of a sparse layer on the GPU (moe.cuh): the routing of
 // moe_routing.cu, the tokens gathered into expert order, each expert's gate/up, SwiGLU and down
-// over its rows, the weighted combine; and the backward through all of it.
+// over its rows, the weighted combine, the load-balancing loss's statistics; and the backward
+// through all of it, the loss's gradient at the router included.
 //
 // The experts' GEMMs are per-expert cuBLAS calls (cublasGemmEx, fp32 accumulation) over
 // contiguous row ranges of the gathered tokens. Their row counts change every call, so the host
@@ -260,8 +261,8 @@ static void offsets_to_host(const int32_t *offsets, int64_t E, int32_t *host, cu
 
 template <class T>
 void mt_moe_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout, const T *tile,
-                    int64_t n, const T *hn, const float *resid, float *y, const mt_moe_saved<T> *sv, void *scratch,
-                    cudaStream_t stream)
+                    int64_t n, const T *hn, const float *resid, float *y, const mt_moe_saved<T> *sv,
+                    double *router_stats, void *scratch, cudaStream_t stream)
 {
     mt_moe_check(cfg, layout, n);
     if (n <= 0) return;
@@ -278,6 +279,7 @@ void mt_moe_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_
     mt_moe_router_softmax(n, E, sv->probs, sv->probs, stream);
     mt_moe_router_topk(n, E, k, cfg->norm_topk_prob, sv->probs, sv->experts, sv->weights, stream);
     mt_moe_group(n, E, k, sv->experts, sv->offsets, sv->order, sv->pos, s.group, stream);
+    if (router_stats) mt_moe_router_stats(n, E, sv->probs, sv->offsets, router_stats, stream);
     gather_kernel<<<row_blocks(nk), 256, 0, stream>>>(nk, d, (int)k, sv->order, hn, s.X);
     CUDA_CHECK_LAUNCH();
     int32_t off[MT_MAX_EXPERTS + 1];
@@ -315,8 +317,8 @@ void mt_moe_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_
 
 template <class T>
 void mt_moe_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout, const T *tile,
-                     int64_t n, const T *hn, const mt_moe_saved<T> *sv, const T *dy, float *dhn, float *dtile,
-                     void *scratch, cudaStream_t stream)
+                     int64_t n, const T *hn, const mt_moe_saved<T> *sv, const T *dy, const double *aux_counts,
+                     double aux_scale, float *dhn, float *dtile, void *scratch, cudaStream_t stream)
 {
     mt_moe_check(cfg, layout, n);
     if (n <= 0) return;
@@ -379,10 +381,12 @@ void mt_moe_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile
         }
     }
     // dhn = the sum of each token's k input gradients (the weights are inside them already), then
-    // the router's share: dlogits from dw, dWr += dlogits^T hn, dhn += dlogits Wr.
+    // the router's share: dlogits from dw and the load-balancing loss, dWr += dlogits^T hn, dhn +=
+    // dlogits Wr.
     combine_kernel<<<row_blocks(n), 256, 0, stream>>>(n, d, (int)k, sv->pos, nullptr, s.dX, nullptr, dhn);
     CUDA_CHECK_LAUNCH();
-    mt_moe_router_backward(n, E, k, cfg->norm_topk_prob, sv->probs, sv->experts, sv->pos, s.dw, s.dlogits, stream);
+    mt_moe_router_backward(n, E, k, cfg->norm_topk_prob, sv->probs, sv->experts, sv->pos, s.dw, aux_counts, aux_scale,
+                           s.dlogits, stream);
     const T *router = tile + layout->tensors[MT_L_ROUTER_W].offset;
     mt_linear_backward_weight(ctx, n, d, E, hn, s.dlogits, dtile + layout->tensors[MT_L_ROUTER_W].offset, true,
                               stream);
@@ -394,11 +398,11 @@ void mt_moe_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile
     template size_t mt_moe_forward_scratch_bytes<T>(const mt_model_config *, int64_t);                           \
     template size_t mt_moe_backward_scratch_bytes<T>(const mt_model_config *, int64_t);                          \
     template void mt_moe_forward<T>(mt_cuda_ctx *, const mt_model_config *, const mt_tile_layout *, const T *,    \
-                                    int64_t, const T *, const float *, float *, const mt_moe_saved<T> *, void *,  \
-                                    cudaStream_t);                                                               \
+                                    int64_t, const T *, const float *, float *, const mt_moe_saved<T> *,          \
+                                    double *, void *, cudaStream_t);                                             \
     template void mt_moe_backward<T>(mt_cuda_ctx *, const mt_model_config *, const mt_tile_layout *, const T *,   \
-                                     int64_t, const T *, const mt_moe_saved<T> *, const T *, float *, float *,    \
-                                     void *, cudaStream_t);
+                                     int64_t, const T *, const mt_moe_saved<T> *, const T *, const double *,      \
+                                     double, float *, float *, void *, cudaStream_t);
 MOE_INSTANTIATE(bf16)
 MOE_INSTANTIATE(float)
 
@@ -447,7 +451,7 @@ static void forward_entry(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt
 {
     void *rest;
     const mt_moe_saved<T> sv = saved_view<T>(cfg, ntok, saved, scratch, &rest);
-    mt_moe_forward(ctx, cfg, layout, (const T *)tile, ntok, (const T *)hn, resid, y, &sv, rest, stream);
+    mt_moe_forward(ctx, cfg, layout, (const T *)tile, ntok, (const T *)hn, resid, y, &sv, nullptr, rest, stream);
 }
 
 extern "C" void mt_cuda_moe_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
@@ -469,11 +473,11 @@ extern "C" void mt_cuda_moe_backward(mt_cuda_ctx *ctx, const mt_model_config *cf
     void *rest;
     if (prec == MT_CUDA_F32) {
         const mt_moe_saved<float> sv = saved_view<float>(cfg, ntok, (void *)saved, scratch, &rest);
-        mt_moe_backward(ctx, cfg, layout, (const float *)tile, ntok, (const float *)hn, &sv, (const float *)dy, dhn,
-                        dtile, rest, as_stream(stream));
+        mt_moe_backward(ctx, cfg, layout, (const float *)tile, ntok, (const float *)hn, &sv, (const float *)dy,
+                        nullptr, 0.0, dhn, dtile, rest, as_stream(stream));
     } else {
         const mt_moe_saved<bf16> sv = saved_view<bf16>(cfg, ntok, (void *)saved, scratch, &rest);
-        mt_moe_backward(ctx, cfg, layout, (const bf16 *)tile, ntok, (const bf16 *)hn, &sv, (const bf16 *)dy, dhn,
-                        dtile, rest, as_stream(stream));
+        mt_moe_backward(ctx, cfg, layout, (const bf16 *)tile, ntok, (const bf16 *)hn, &sv, (const bf16 *)dy,
+                        nullptr, 0.0, dhn, dtile, rest, as_stream(stream));
     }
 }

@@ -1,7 +1,8 @@
 // The router of a sparse layer on the GPU, as backends/cpu/moe.inc and moe.c compute it: the
 // softmax over the experts, the top k in rank order, the assignments grouped by expert (a stable
-// counting sort: bitwise mt_moe_group's result), and the router's backward. No float atomics
-// anywhere, so every result repeats bitwise. Declared in moe.cuh; C entry points in kernels.h.
+// counting sort: bitwise mt_moe_group's result), the load-balancing loss's statistics, and the
+// router's backward with that loss's gradient. No float atomics anywhere, so every result repeats
+// bitwise. Declared in moe.cuh; C entry points in kernels.h.
 #include "backends/cuda/moe.cuh"
 
 #define ROUTER_SLOTS (MT_MAX_EXPERTS / 32) // experts a lane holds: lane + 32 q, q < ROUTER_SLOTS
@@ -244,21 +245,57 @@ void mt_moe_group(int64_t n, int64_t E, int64_t k, const int32_t *experts, int32
     }
 }
 
+// ---- the load-balancing loss's statistics ----
+
+enum { STATS_ROWS = 32 }; // row lanes of a statistics block: blocks of (32 experts, STATS_ROWS rows)
+
+// stats[e] += the assignments to expert e (offsets[e + 1] - offsets[e], over all k slots) and
+// stats[E + e] += the sum of column e of probs (n, E) fp32, in double as the CPU adds them. Each
+// block owns 32 experts (threadIdx.x, so a warp reads a row's contiguous probabilities); its rows
+// are split over threadIdx.y and the partial sums added in a fixed order: no atomics, the same
+// bits every run.
+__global__ static void router_stats_kernel(int64_t n, int E, const float *probs, const int32_t *offsets,
+                                           double *stats)
+{
+    __shared__ double partial[STATS_ROWS][32];
+    const int e = blockIdx.x * 32 + threadIdx.x;
+    double acc = 0.0;
+    if (e < E)
+        for (int64_t r = threadIdx.y; r < n; r += STATS_ROWS) acc += (double)probs[r * E + e];
+    partial[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && e < E) {
+        double sum = 0.0;
+        for (int i = 0; i < STATS_ROWS; i++) sum += partial[i][threadIdx.x];
+        stats[e] += (double)(offsets[e + 1] - offsets[e]);
+        stats[E + e] += sum;
+    }
+}
+
+void mt_moe_router_stats(int64_t n, int64_t E, const float *probs, const int32_t *offsets, double *stats,
+                         cudaStream_t stream)
+{
+    MT_CUDA_REQUIRE(E >= 1 && E <= MT_MAX_EXPERTS, "%lld experts: 1..%d", (long long)E, MT_MAX_EXPERTS);
+    router_stats_kernel<<<(unsigned)((E + 31) / 32), dim3(32, STATS_ROWS), 0, stream>>>(n, (int)E, probs, offsets,
+                                                                                        stats);
+    CUDA_CHECK_LAUNCH();
+}
+
 // ---- the router's backward: one warp per row, the row staged in shared memory ----
 
 template <class T>
 __global__ static void router_backward_kernel(int64_t n, int E, int k, bool renormalise, const float *probs,
                                               const int32_t *experts, const int32_t *pos, const float *dgrouped,
-                                              T *dlogits)
+                                              const double *aux_counts, double aux_scale, T *dlogits)
 {
     __shared__ float shared_p[ROUTER_WARPS][MT_MAX_EXPERTS], shared_dp[ROUTER_WARPS][MT_MAX_EXPERTS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t row = blockIdx.x * (int64_t)ROUTER_WARPS + warp;
     if (row >= n) return;
     float *p = shared_p[warp], *dp = shared_dp[warp]; // dp: the gradient at the probabilities
-    for (int e = lane; e < E; e += 32) {
+    for (int e = lane; e < E; e += 32) { // the load-balancing loss's share first, as the CPU's
         p[e] = probs[row * E + e];
-        dp[e] = 0.f;
+        dp[e] = aux_counts ? (float)(aux_scale * aux_counts[e]) : 0.f;
     }
     __syncwarp();
     if (lane == 0) { // k choices in rank order, as mt_cpu_router_backward sums them
@@ -283,22 +320,24 @@ __global__ static void router_backward_kernel(int64_t n, int E, int k, bool reno
 
 template <class T>
 void mt_moe_router_backward(int64_t n, int64_t E, int64_t k, bool renormalise, const float *probs,
-                            const int32_t *experts, const int32_t *pos, const float *dgrouped, T *dlogits,
-                            cudaStream_t stream)
+                            const int32_t *experts, const int32_t *pos, const float *dgrouped,
+                            const double *aux_counts, double aux_scale, T *dlogits, cudaStream_t stream)
 {
     MT_CUDA_REQUIRE(E >= 1 && E <= MT_MAX_EXPERTS && k >= 1 && k <= E, "top %lld of %lld experts (at most %d)",
                     (long long)k, (long long)E, MT_MAX_EXPERTS);
     if (n <= 0) return;
     router_backward_kernel<T><<<router_blocks(n), ROUTER_WARPS * 32, 0, stream>>>(n, (int)E, (int)k, renormalise,
                                                                                  probs, experts, pos, dgrouped,
-                                                                                 dlogits);
+                                                                                 aux_counts, aux_scale, dlogits);
     CUDA_CHECK_LAUNCH();
 }
 
 template void mt_moe_router_backward<bf16>(int64_t, int64_t, int64_t, bool, const float *, const int32_t *,
-                                           const int32_t *, const float *, bf16 *, cudaStream_t);
+                                           const int32_t *, const float *, const double *, double, bf16 *,
+                                           cudaStream_t);
 template void mt_moe_router_backward<float>(int64_t, int64_t, int64_t, bool, const float *, const int32_t *,
-                                            const int32_t *, const float *, float *, cudaStream_t);
+                                            const int32_t *, const float *, const double *, double, float *,
+                                            cudaStream_t);
 
 // ---- C entry points (kernels.h) ----
 
@@ -311,6 +350,12 @@ extern "C" void mt_cuda_router_topk(int64_t n, int64_t E, int64_t k, bool renorm
                                     int32_t *experts, float *weights, mt_cuda_stream stream)
 {
     mt_moe_router_topk(n, E, k, renormalise, probs, experts, weights, as_stream(stream));
+}
+
+extern "C" void mt_cuda_router_stats(int64_t n, int64_t E, const float *probs, const int32_t *offsets, double *stats,
+                                     mt_cuda_stream stream)
+{
+    mt_moe_router_stats(n, E, probs, offsets, stats, as_stream(stream));
 }
 
 extern "C" size_t mt_cuda_moe_group_workspace_bytes(int64_t n, int64_t E, int64_t k)

@@ -85,14 +85,6 @@ static int check_config(const mt_host_state *st, const mt_step_config *sc, bool 
         return -1;
     }
     if (mt_config_check_seq_len(&st->cfg, sc->T, err, errlen)) return -1;
-    /* The load-balancing loss: the CPU layer carries it, the CUDA layer does not. */
-    if (gpu && mt_config_router_aux_coef(&st->cfg) > 0) {
-        snprintf(err, errlen, "%s: the router's load-balancing loss (router_aux_loss_coef %g) runs on CPU workers only: "
-                 "the CUDA decoder layer does not compute it; train with --ncuda 0, or turn the loss off with "
-                 "--router-aux-loss 0 (or output_router_logits false in config.json)", st->cfg.model_type,
-                 mt_config_router_aux_coef(&st->cfg));
-        return -1;
-    }
     /* A StarPU vector is at most 2^32 elements: 16 GiB of floats per buffer. */
     const size_t limit = (size_t)UINT32_MAX * sizeof(float);
     const size_t biggest[3] = {
