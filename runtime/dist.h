@@ -12,6 +12,10 @@
 
 #include <starpu.h>
 
+/* The owner of a tile receives each other rank's gradient chunk by chunk into pools of this many
+ * buffers per chunk size and rank, used in turn (runtime/step/dist.c; runtime/plan.c counts them). */
+#define MT_DIST_POOL_SLOTS 4
+
 /* Whether this process was launched as one of several ranks (read from the launcher's
  * environment: OMPI_COMM_WORLD_SIZE, PMI_SIZE, ...), before anything starts. */
 bool mt_dist_launched(void);

@@ -10,6 +10,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -18,6 +19,8 @@
 #include "codelets/common.h"
 #include "models/layout.h"
 #include "mt_build_config.h"
+#include "runtime/dist.h"
+#include "runtime/state.h"
 #if MT_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -280,20 +283,28 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
         !compact && ranks == 1 && p->use_gpu && p->compute == MT_DTYPE_BF16 ? plan->host_clip_flags : 0;
     plan->host_pinned[MT_PLAN_CLIP_FLAGS] = p->use_gpu;
     if (ranks > 1) {
-        /* per owner: (ranks - 1) fp32 receive buffers of each tile it owns; the busiest owner */
-        uint64_t most = 0;
-        for (int64_t r = 0; r < ranks && r < plan->num_tiles; r++) {
-            uint64_t owned = 0;
-            for (int64_t t = r; t < plan->num_tiles; t += ranks) {
-                const int64_t n = t == 0 ? plan->tile_numel[MT_TILE_EMBED]
-                                  : t == plan->num_tiles - 1 ? plan->tile_numel[MT_TILE_HEAD]
-                                  : plan->dense_layers && !mt_config_layer_is_sparse(cfg, t - 1) ? plan->dense_layer_numel
-                                                                                                : plan->tile_numel[MT_TILE_LAYER];
-                owned = add(owned, (uint64_t)n, &of);
+        /* runtime/step/dist.c's pools: MT_DIST_POOL_SLOTS fp32 buffers per other rank for each
+         * distinct size of the AdamW chunks (train's chunk size) of every kind of tile */
+        int64_t sizes[512];
+        int nsizes = 0;
+        mt_tile_layout kinds[4];
+        int nkinds = 0;
+        for (int k = MT_TILE_EMBED; k <= MT_TILE_HEAD; k++) mt_layout_build(cfg, (mt_tile_kind)k, &kinds[nkinds++]);
+        if (mt_layout_build_dense_layer(cfg, &kinds[nkinds])) nkinds++;
+        uint64_t per_rank = 0;
+        for (int k = 0; k < nkinds; k++) {
+            mt_chunk *chunks;
+            const int n = mt_state_build_chunks(&kinds[k], MT_STATE_CHUNK_NUMEL_DEFAULT, &chunks);
+            for (int c = 0; c < n; c++) {
+                int i = 0;
+                while (i < nsizes && sizes[i] != chunks[c].numel) i++;
+                if (i < nsizes || nsizes == (int)(sizeof sizes / sizeof sizes[0])) continue;
+                sizes[nsizes++] = chunks[c].numel;
+                per_rank = add(per_rank, (uint64_t)chunks[c].numel, &of);
             }
-            if (owned > most) most = owned;
+            free(chunks);
         }
-        plan->host[MT_PLAN_RANK_RECV] = mul(mul(most, (uint64_t)(ranks - 1), &of), 4, &of);
+        plan->host[MT_PLAN_RANK_RECV] = mul(mul(per_rank, (uint64_t)(ranks - 1) * MT_DIST_POOL_SLOTS, &of), 4, &of);
         plan->host_pinned[MT_PLAN_RANK_RECV] = p->use_gpu;
     }
 
@@ -356,7 +367,7 @@ static const char *kind_name(int k, const mt_plan *plan)
     case MT_PLAN_INPUTS: return "tokens and targets";
     case MT_PLAN_CLIP_FLAGS: return "clip speculation flags";
     case MT_PLAN_GRAD_ACC: return "gradient accumulators (fp32)";
-    case MT_PLAN_RANK_RECV: return "other ranks' gradients (fp32)";
+    case MT_PLAN_RANK_RECV: return "other ranks' gradient chunks (fp32)";
     case MT_PLAN_PROGRAM: return "program and libraries";
     case MT_PLAN_RUNTIME: return "runtime (StarPU, BLAS)";
     case MT_PLAN_CPU_SCRATCH: return "CPU activations (workers)";
@@ -406,7 +417,7 @@ void mt_plan_print(const mt_plan *plan, FILE *out)
             plan->param_count ? (double)state / (double)plan->param_count : 0.0, per_parameter(plan->host_total, plan));
     if (p->ranks > 1)
         fprintf(out, "  over %" PRId64 " ranks: each holds the whole state, trains its share of the global batch "
-                     "(%" PRId64 " tokens a step in all) and sums the gradients of the tiles it owns; no clip "
+                     "(%" PRId64 " tokens a step in all) and sums the gradients of the tiles it owns, chunk by chunk; no clip "
                      "speculation\n", p->ranks, plan->tokens_per_step * p->ranks);
     else if (p->layout == MT_LAYOUT_COMPACT)
         fprintf(out, "  compact layout: no clip speculation and no second gradient (the update waits for the norm and "

@@ -82,9 +82,9 @@ typedef struct mt_plan_params {
     int64_t head_chunk;          /* LM-head rows at a time; 0: min(B*T, MT_PLAN_DEFAULT_HEAD_CHUNK) */
     mt_host_layout layout;       /* FULL (0, the default) or COMPACT; AUTO is mt_plan_choose's */
     int64_t ranks;               /* processes of a distributed run (runtime/dist.h); 0 or 1: one.
-                                  * Each rank holds the whole state and, for the tiles it owns,
-                                  * the other ranks' gradients (MT_PLAN_RANK_RECV); full layout,
-                                  * no clip speculation. The plan is the busiest rank's. */
+                                  * Each rank holds the whole state and the buffers it receives the
+                                  * other ranks' gradients into (MT_PLAN_RANK_RECV); full layout,
+                                  * no clip speculation. */
     int offload_checkpoints;     /* MT_PLAN_OFFLOAD_OFF (0, the default), _ON or _AUTO (above) */
     mt_plan_process process;     /* the fixed costs: counted by train and plan */
 } mt_plan_params;
@@ -108,9 +108,10 @@ typedef enum mt_plan_kind {
                              * (the default with clipping, --clip-speculate auto): host_clip_flags */
     MT_PLAN_GRAD_ACC,       /* compact: the fp32 gradient accumulators alive at once where the
                              * compute runs (no host home: GPU, or host for a CPU-only run) */
-    MT_PLAN_RANK_RECV,      /* host, over several ranks: the other ranks' fp32 gradients of the
-                             * tiles this rank owns (tile t's owner is rank t mod ranks), received
-                             * to be summed (runtime/step/dist.c); the most any rank holds */
+    MT_PLAN_RANK_RECV,      /* host, over several ranks: the buffers a tile's owner (tile t's is
+                             * rank t mod ranks) receives the other ranks' gradient chunks into,
+                             * to sum them (runtime/step/dist.c): MT_DIST_POOL_SLOTS per other rank
+                             * and distinct chunk size, whatever the number of layers */
     /* The process (mt_plan_process.counted), host only: */
     MT_PLAN_PROGRAM,        /* the program and its libraries as loaded: mt_plan_process.program_bytes */
     MT_PLAN_RUNTIME,        /* StarPU started: a base, and per CPU worker its thread and state */

@@ -138,10 +138,8 @@ static void note_unpinned(mt_host_state *st, int unpinned, const char *what)
                     "host-GPU copies from them will be slower\n", unpinned, what);
 }
 
-/* Splits a tile into AdamW chunks: boundaries at every tensor start, pieces of at most
- * chunk_numel elements aligned to MT_TILE_ALIGN; a tensor's trailing padding joins its last
- * piece so the chunks tile the whole vector (a partition must). */
-static int build_chunks(const mt_tile_layout *lay, int64_t chunk_numel, mt_chunk **out)
+/* mt_state_build_chunks (runtime/state.h). */
+int mt_state_build_chunks(const mt_tile_layout *lay, int64_t chunk_numel, mt_chunk **out)
 {
     int cap = 16, n = 0;
     mt_chunk *c = malloc(sizeof *c * cap);
@@ -229,7 +227,7 @@ static int register_tile(mt_host_state *st, mt_tile *t, size_t weight_allocsize)
     size_t esz = mt_dtype_size(st->compute_dtype);
     starpu_vector_data_register_allocsize(&t->h_weights, STARPU_MAIN_RAM, (uintptr_t)t->weights,
                                           (uint32_t)t->numel, esz, weight_allocsize);
-    t->nchunks = build_chunks(t->layout, st->chunk_numel, &t->chunks);
+    t->nchunks = mt_state_build_chunks(t->layout, st->chunk_numel, &t->chunks);
     t->h_weights_chunk = plan_chunks(t, t->h_weights);
     if (st->layout == MT_LAYOUT_COMPACT) {
         /* the bf16 gradient shares the weights' allocation size; its fp32 accumulator has no home,
@@ -293,7 +291,7 @@ mt_host_state *mt_state_create_with(const mt_state_args *args, char *err, size_t
     st->cfg = *cfg;
     st->compute_dtype = compute_dtype;
     st->layout = args->layout;
-    st->chunk_numel = args->chunk_numel > 0 ? args->chunk_numel : (int64_t)1 << 20;
+    st->chunk_numel = args->chunk_numel > 0 ? args->chunk_numel : MT_STATE_CHUNK_NUMEL_DEFAULT;
     st->pinned = gpu_present();
     mt_layout_build(cfg, MT_TILE_EMBED, &st->layout_embed);
     mt_layout_build(cfg, MT_TILE_LAYER, &st->layout_layer);

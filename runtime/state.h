@@ -22,6 +22,13 @@ typedef struct mt_chunk {
     bool decay;              /* weight decay applies */
 } mt_chunk;
 
+/* The AdamW chunks of a tile of layout `lay`: boundaries at every tensor start, pieces of at most
+ * chunk_numel elements aligned to MT_TILE_ALIGN, a tensor's trailing padding in its last piece, so
+ * that they tile the whole vector. *out is malloc'd; returns their count. */
+int mt_state_build_chunks(const mt_tile_layout *lay, int64_t chunk_numel, mt_chunk **out);
+/* The largest AdamW chunk when mt_state_args.chunk_numel is 0. */
+#define MT_STATE_CHUNK_NUMEL_DEFAULT ((int64_t)1 << 20)
+
 typedef struct mt_tile {
     const mt_tile_layout *layout;
     int index;               /* 0 = embedding, 1..L = layers, L+1 = head */
@@ -76,7 +83,7 @@ typedef struct mt_host_state {
 typedef struct mt_state_args {
     const mt_model_config *cfg;
     mt_dtype compute_dtype;  /* of the streamed weights */
-    int64_t chunk_numel;     /* largest AdamW chunk; 0: 2^20 */
+    int64_t chunk_numel;     /* largest AdamW chunk; 0: MT_STATE_CHUNK_NUMEL_DEFAULT */
     mt_host_layout layout;   /* FULL (0) or COMPACT (bf16 weights only) */
 } mt_state_args;
 

@@ -309,7 +309,6 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         run.metrics_path = NULL;
         run.save_model_dir = NULL;
     }
-    if (ranks > 1 && o->host_layout == MT_LAYOUT_AUTO) run.host_layout = MT_LAYOUT_FULL;
     int rc = -1;
     mt_host_state *st = NULL;
     mt_graph *g = NULL;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Training over several processes (runtime/dist.h), launched by mpirun on this machine, one CPU
 # worker a rank: 2 and 4 ranks give the losses of 1 rank at the same global batch (within 1e-6
-# relative); rank 0 alone logs and writes; a run stopped and resumed over 2 ranks saves the model
+# relative), rank 0's peak memory within 10% of its plan; rank 0 alone logs and writes; a run stopped and resumed over 2 ranks saves the model
 # of the uninterrupted one byte for byte; ranks started with different options, and the compact
 # layout, are refused; a killed rank ends the job with its rank named, and the last checkpoint
 # resumes; Ctrl-C on one rank stops all after the same step with a checkpoint; plan --ranks. Skips (77) without mpirun (after the plan checks).
@@ -10,25 +10,26 @@ set -u
 
 . "$(dirname "$0")/script_harness.sh" dist "$@"
 
-# plan --ranks N: one rank's plan, the other ranks' gradients of its tiles on top of the state
-# (every rank holds it whole); the compact layout refused.
-"$megatrain" plan --shape qwen2.5-0.5b --micro-batch 2 --seq-len 64 --cpu --host-memory 1T >one.txt 2>&1
-"$megatrain" plan --shape qwen2.5-0.5b --micro-batch 2 --seq-len 64 --cpu --host-memory 1T --ranks 3 >three.txt 2>&1
+# plan --ranks N: one rank's plan: the whole state, and the pools it receives the other ranks'
+# gradient chunks into, which grow with the other ranks and not with the layers; compact refused.
+plan=(plan --shape qwen2.5-0.5b --micro-batch 2 --seq-len 64 --cpu --host-memory 1T)
+"$megatrain" "${plan[@]}" >one.txt 2>&1
+"$megatrain" "${plan[@]}" --ranks 2 >two.txt 2>&1
+"$megatrain" "${plan[@]}" --ranks 3 >three.txt 2>&1
+"$megatrain" "${plan[@]}" --ranks 3 --layers 4 >three4.txt 2>&1
 rc=$?
 # the total without the program's own resident set, which each plan measures anew
 total() { awk '/^  total / { t = $2 } /^  program and libraries / { p = $4 } END { printf "%.0f\n", t - p }' "$1"; }
-recv=$(sed -n "s/^  other ranks' gradients (fp32)  *\([0-9]*\) .*/\1/p" three.txt)
-if [ "$rc" -ne 0 ] || [ -z "$recv" ]; then bad "plan --ranks" "no line of the other ranks' gradients"
+recv() { sed -n "s/^  other ranks' gradient chunks (fp32)  *\([0-9]*\) .*/\1/p" "$1"; }
+r2=$(recv two.txt) r3=$(recv three.txt) r34=$(recv three4.txt)
+if [ "$rc" -ne 0 ] || [ -z "$r2" ] || [ -z "$r3" ]; then bad "plan --ranks" "no line of the other ranks' gradient chunks"
 elif ! grep -q "^  over 3 ranks: each holds the whole state" three.txt; then bad "plan --ranks" "the ranks are not said"
-elif [ $(( $(total three.txt) - $(total one.txt) )) -ne "$recv" ]; then
-    bad "plan --ranks" "the totals differ by $(( $(total three.txt) - $(total one.txt) )), not by the $recv received"
-else
-    # rank 0 owns tiles 0 and 3 (of the embedding, 24 layers and the head): the busiest owner
-    # holds two layers' gradients from each of the 2 others at least
-    layer=$(python3 -c 'd=896; kv=128; i=4864; print(2*d + d*d + d + 2*(kv*d + kv) + d*d + 3*i*d)')
-    if [ "$recv" -lt $(( 2 * 2 * 4 * layer )) ]; then bad "plan --ranks" "$recv bytes received is below two layers from each rank"
-    else ok "plan --ranks"; fi
-fi
+elif [ $(( $(total three.txt) - $(total one.txt) )) -ne "$r3" ]; then
+    bad "plan --ranks" "the totals differ by $(( $(total three.txt) - $(total one.txt) )), not by the $r3 received"
+elif [ "$r3" -ne $((2 * r2)) ] || [ "$r34" != "$r3" ]; then
+    bad "plan --ranks" "receive pools $r2 (2 ranks), $r3 (3), $r34 (3, 4 layers): not linear in the other ranks, or grow with layers"
+elif [ "$r2" -gt $((4 * 4 * 64 * 1048576)) ]; then bad "plan --ranks" "$r2 bytes of pools for one other rank"
+else ok "plan --ranks"; fi
 "$megatrain" plan --shape qwen2.5-0.5b --ranks 2 --host-layout compact >out.txt 2>err.txt
 rc=$?
 if [ "$rc" -eq 0 ] || ! grep -q "a run over 2 ranks sums the gradients in fp32" err.txt out.txt; then
@@ -78,6 +79,13 @@ for np in 2 4; do
        ! grep -q "^megatrain: $np ranks (StarPU-MPI), each training $((4 / np)) x 2 sequences of the global batch's 8" err.txt out.txt; then
         bad "$np ranks log" "expected one rank's log, naming the $np ranks and the slices"
     else ok "$np ranks log"; fi
+    # rank 0's peak resident set within 10% of its plan (which counts the other ranks' gradients)
+    if ! msg=$(sed -n 's/^megatrain: peak host memory \(.*\) (plan \(.*\))$/\1 \2/p' err.txt out.txt | awk '
+            function bytes(v, u) { return v * (u == "GiB" ? 2^30 : u == "MiB" ? 2^20 : u == "KiB" ? 2^10 : 1) }
+            { n++; peak = bytes($1, $2); plan = bytes($3, $4); if (peak > 1.10 * plan) { print $0; bad = 1 } }
+            END { if (n != 1) { print n " lines"; bad = 1 }; exit bad }'); then
+        bad "$np ranks memory" "peak host memory beyond the plan + 10%: $msg"
+    else ok "$np ranks memory"; fi
     if ! msg=$(paste <(losses one.jsonl) <(losses r$np.jsonl) | awk '
             { n++; d = $1 - $2; if (d < 0) d = -d; if ($2 == "" || d > 1e-6 * $1) { print "step " n ": " $1 " vs " $2; bad = 1 } }
             END { if (n != 6) { print n " steps"; bad = 1 }; exit bad }'); then

@@ -1,10 +1,16 @@
 /* A tile's gradient summed over the ranks of a distributed run (runtime/dist.h), inside the step
- * graph, through StarPU-MPI's detached sends and receives (ordered with the tasks by the data
- * they access, like tasks): tile t's owner, rank t mod N, receives every other rank's gradient,
- * sums them in rank order (codelets/reduce.h) and sends the sum back; every rank then holds the
- * same bits, takes the same sum of squares for the norm and applies the same update. The owner
- * keeps one receive buffer per other rank for each tile it owns: (N - 1) / N x 4 bytes per
- * parameter on average. */
+ * graph, chunk by chunk (the tile's AdamW chunks), through StarPU-MPI's detached sends and
+ * receives (ordered with the tasks by the data they access, like tasks): tile t's owner, rank
+ * t mod N, receives every other rank's gradient of each chunk, sums them in rank order
+ * (codelets/reduce.h) and sends the sum back; every rank then holds the same bits, takes the same
+ * sum of squares for the norm and applies the same update.
+ *
+ * The owner receives into pools: for each distinct chunk size, MT_DIST_POOL_SLOTS buffers per other
+ * rank, used in turn; StarPU orders a slot's next receive (W) after the last sum that read it, so
+ * at most that many chunks of a size are in flight per rank, and the receive buffers take
+ * (N - 1) x MT_DIST_POOL_SLOTS x 4 bytes x the sum of the distinct chunk sizes, whatever the model's
+ * size (runtime/plan.c counts the same). No cycle: a receive waits only for sums of earlier
+ * chunks, whose sends every rank submitted before this chunk's. */
 #include "runtime/step/graph.h"
 
 #include <starpu_mpi.h>
@@ -14,65 +20,93 @@
 #include "codelets/reduce.h"
 #include "runtime/dist.h"
 
-/* Tags of tile t's messages: its gradients up to the owner, the sum back down. Each pair of
- * ranks exchanges them in step order (MPI keeps the order of one tag between two ranks). */
-static starpu_mpi_tag_t tag_up(int t) { return (starpu_mpi_tag_t)2 * t; }
-static starpu_mpi_tag_t tag_down(int t) { return (starpu_mpi_tag_t)2 * t + 1; }
+/* Tags of chunk c of tile t: its gradients up to the owner, the sum back down. Between two ranks
+ * one tag's messages arrive in the order sent (MPI), which is step order. */
+#define DIST_TAG_CHUNKS ((starpu_mpi_tag_t)1 << 20)
+static starpu_mpi_tag_t tag_of(int t, int c, int down) { return ((starpu_mpi_tag_t)t * DIST_TAG_CHUNKS + c) * 2 + down; }
 
 /* Owner rank of tile t. */
 static int owner(const mt_graph *g, int t) { return t % g->dist_size; }
 
-/* The owner's receive buffer of tile t for rank r, registered on first use. */
-static starpu_data_handle_t recv_buffer(mt_graph *g, const mt_tile *t, int r)
+/* A pool of receive buffers of one chunk size: MT_DIST_POOL_SLOTS slots of dist_size handles (the
+ * owner's own entry unused), registered on first use. */
+struct mt_dist_pool {
+    int64_t numel;
+    int next;
+    starpu_data_handle_t *h; /* (MT_DIST_POOL_SLOTS * dist_size) */
+    float **mem;
+};
+
+/* The next slot of the pool of `numel`-element chunks: its handles by rank. */
+static starpu_data_handle_t *next_slot(mt_graph *g, int64_t numel)
 {
-    const size_t k = (size_t)t->index * g->dist_size + r;
-    if (!g->dist_recv[k]) {
+    struct mt_dist_pool *p = NULL;
+    for (int i = 0; i < g->dist_npools && !p; i++)
+        if (g->dist_pools[i].numel == numel) p = &g->dist_pools[i];
+    if (!p) {
+        g->dist_pools = realloc(g->dist_pools, sizeof *g->dist_pools * (size_t)(g->dist_npools + 1));
+        p = &g->dist_pools[g->dist_npools++];
+        *p = (struct mt_dist_pool){ .numel = numel,
+                                    .h = calloc((size_t)MT_DIST_POOL_SLOTS * g->dist_size, sizeof *p->h),
+                                    .mem = calloc((size_t)MT_DIST_POOL_SLOTS * g->dist_size, sizeof *p->mem) };
+    }
+    const int k = p->next;
+    p->next = (p->next + 1) % MT_DIST_POOL_SLOTS;
+    starpu_data_handle_t *slot = &p->h[k * g->dist_size];
+    float **mem = &p->mem[k * g->dist_size];
+    for (int r = 0; r < g->dist_size; r++) {
+        if (r == g->dist_rank || slot[r]) continue;
         /* pinned where StarPU pins (a GPU is there): MPI reads and writes it as host memory */
-        if (starpu_malloc((void **)&g->dist_recv_mem[k], sizeof(float) * (size_t)t->numel)) {
-            fprintf(stderr, "megatrain: out of host memory for tile %d's gradient from rank %d (%lld floats)\n",
-                    t->index, r, (long long)t->numel);
+        if (starpu_malloc((void **)&mem[r], sizeof(float) * (size_t)numel)) {
+            fprintf(stderr, "megatrain: out of host memory for a gradient chunk from rank %d (%lld floats)\n", r,
+                    (long long)numel);
             abort();
         }
-        starpu_vector_data_register(&g->dist_recv[k], STARPU_MAIN_RAM, (uintptr_t)g->dist_recv_mem[k],
-                                    (uint32_t)t->numel, sizeof(float));
+        starpu_vector_data_register(&slot[r], STARPU_MAIN_RAM, (uintptr_t)mem[r], (uint32_t)numel, sizeof(float));
     }
-    return g->dist_recv[k];
+    return slot;
 }
 
 void mt_step_dist_reduce(mt_graph *g, mt_tile *t)
 {
     const int n = g->dist_size, me = g->dist_rank, o = owner(g, t->index);
-    starpu_data_handle_t grad = t->h_grad;
-    if (me != o) {
-        mt_step_check_insert(starpu_mpi_isend_detached(grad, o, tag_up(t->index), MPI_COMM_WORLD, NULL, NULL),
-                             "gradient send");
-        mt_step_check_insert(starpu_mpi_irecv_detached(grad, o, tag_down(t->index), MPI_COMM_WORLD, NULL, NULL),
-                             "gradient sum receive");
-    } else {
-        struct starpu_data_descr *d = calloc((size_t)n, sizeof *d);
+    STARPU_ASSERT_MSG(t->nchunks < DIST_TAG_CHUNKS, "tile %d has %d chunks: more than the tags hold", t->index,
+                      t->nchunks);
+    starpu_data_partition_submit(t->h_grad, t->nchunks, t->h_grad_chunk);
+    struct starpu_data_descr *d = calloc((size_t)n, sizeof *d);
+    for (int c = 0; c < t->nchunks; c++) {
+        starpu_data_handle_t chunk = t->h_grad_chunk[c];
+        const starpu_mpi_tag_t up = tag_of(t->index, c, 0), down = tag_of(t->index, c, 1);
+        if (me != o) {
+            mt_step_check_insert(starpu_mpi_isend_detached(chunk, o, up, MPI_COMM_WORLD, NULL, NULL), "gradient send");
+            mt_step_check_insert(starpu_mpi_irecv_detached(chunk, o, down, MPI_COMM_WORLD, NULL, NULL),
+                                 "gradient sum receive");
+            continue;
+        }
+        starpu_data_handle_t *slot = next_slot(g, t->chunks[c].numel);
         for (int r = 0; r < n; r++) {
             if (r == me) {
-                d[r] = (struct starpu_data_descr){ grad, STARPU_RW };
+                d[r] = (struct starpu_data_descr){ chunk, STARPU_RW };
                 continue;
             }
-            starpu_data_handle_t b = recv_buffer(g, t, r);
-            mt_step_check_insert(starpu_mpi_irecv_detached(b, r, tag_up(t->index), MPI_COMM_WORLD, NULL, NULL),
+            mt_step_check_insert(starpu_mpi_irecv_detached(slot[r], r, up, MPI_COMM_WORLD, NULL, NULL),
                                  "gradient receive");
-            d[r] = (struct starpu_data_descr){ b, STARPU_R };
+            d[r] = (struct starpu_data_descr){ slot[r], STARPU_R };
         }
         const mt_grad_sum_args a = { .own = me };
         mt_step_check_insert(starpu_task_insert(&mt_cl_grad_sum, STARPU_DATA_MODE_ARRAY, d, n, STARPU_VALUE, &a, sizeof a,
                                                 STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_PRIORITY, STARPU_MAX_PRIO,
                                                 STARPU_NAME, "grad_sum", 0),
                              "grad_sum");
-        free(d);
         for (int r = 0; r < n; r++)
             if (r != me)
-                mt_step_check_insert(starpu_mpi_isend_detached(grad, r, tag_down(t->index), MPI_COMM_WORLD, NULL, NULL),
+                mt_step_check_insert(starpu_mpi_isend_detached(chunk, r, down, MPI_COMM_WORLD, NULL, NULL),
                                      "gradient sum send");
     }
+    free(d);
+    starpu_data_unpartition_submit(t->h_grad, t->nchunks, t->h_grad_chunk, STARPU_MAIN_RAM);
     if (g->sc.clip > 0)
-        mt_step_check_insert(starpu_task_insert(&mt_cl_grad_sumsq, STARPU_R, grad, STARPU_W, g->partial[t->index],
+        mt_step_check_insert(starpu_task_insert(&mt_cl_grad_sumsq, STARPU_R, t->h_grad, STARPU_W, g->partial[t->index],
                                                 STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_PRIORITY, STARPU_MAX_PRIO,
                                                 STARPU_NAME, "grad_sumsq", 0),
                              "grad_sumsq");
@@ -80,12 +114,17 @@ void mt_step_dist_reduce(mt_graph *g, mt_tile *t)
 
 void mt_step_dist_free(mt_graph *g)
 {
-    if (!g->dist_recv) return;
-    for (size_t k = 0; k < (size_t)g->st->ntiles * g->dist_size; k++)
-        if (g->dist_recv[k]) {
-            starpu_data_unregister(g->dist_recv[k]);
-            starpu_free_noflag(g->dist_recv_mem[k], sizeof(float) * (size_t)g->st->tiles[k / g->dist_size].numel);
-        }
-    free(g->dist_recv);
-    free(g->dist_recv_mem);
+    for (int i = 0; i < g->dist_npools; i++) {
+        struct mt_dist_pool *p = &g->dist_pools[i];
+        for (int k = 0; k < MT_DIST_POOL_SLOTS * g->dist_size; k++)
+            if (p->h[k]) {
+                starpu_data_unregister(p->h[k]);
+                starpu_free_noflag(p->mem[k], sizeof(float) * (size_t)p->numel);
+            }
+        free(p->h);
+        free(p->mem);
+    }
+    free(g->dist_pools);
+    g->dist_pools = NULL;
+    g->dist_npools = 0;
 }

@@ -197,10 +197,6 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc_in, char *
     g->sc = *sc;
     g->dist_rank = mt_dist_rank();
     g->dist_size = ranks;
-    if (ranks > 1) {
-        g->dist_recv = calloc((size_t)st->ntiles * ranks, sizeof *g->dist_recv);
-        g->dist_recv_mem = calloc((size_t)st->ntiles * ranks, sizeof *g->dist_recv_mem);
-    }
     g->ntok = sc->B * sc->T;
     g->nblocks = (int)((st->cfg.layers + sc->K - 1) / sc->K);
     const int64_t d = st->cfg.hidden;

@@ -96,12 +96,11 @@ struct mt_graph {
     mt_adamw_stats stats;                     /* the AdamW tasks' counters and timers */
     mt_update_ctx update;                     /* what the AdamW tasks share */
     mt_speculation speculation;
-    /* A distributed run's ranks (runtime/dist.h; size 1: one process) and, on each tile's
-     * owner, the receive buffers of the other ranks' gradients ((ntiles * dist_size), NULL
-     * until used; dist.c). */
+    /* A distributed run's ranks (runtime/dist.h; size 1: one process) and the pools of receive
+     * buffers of the other ranks' gradient chunks, one per chunk size (dist.c). */
     int dist_rank, dist_size;
-    starpu_data_handle_t *dist_recv;
-    float **dist_recv_mem;
+    struct mt_dist_pool *dist_pools;
+    int dist_npools;
 };
 
 /* Checkpoint of block b for micro-batch u. */
