@@ -2,7 +2,7 @@
 # The GPU checks, run on the GPU machine from binaries built on the development machine:
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, from the repository root on the GPU machine (build-gpu and .deps/gpu-runtime carried):
-#   tools/gpu_check.sh [quick|bench3b|parity|ab3b|final3b|scale7b|train7b|width|numerics|moe]
+#   tools/gpu_check.sh [quick|bench3b|parity|ab3b|final3b|scale7b|train7b|width|numerics|long|generate|moe]
 #
 #   quick    correctness: megatrain info, the CUDA suites (test_cuda, test_cuda_attention,
 #            test_gpu_step), their kernel timings (MT_CUDA_BENCH=1), the 0.5B step, PyTorch's
@@ -40,6 +40,11 @@
 #            the same schedule, clipping and AdamW; the mean relative difference of the losses, for
 #            the full host layout and the compact one (--host-layout compact: the streamed bf16
 #            weight is the master's high half, rounded to nearest, ties away from zero).
+#   long     Qwen2.5-3B at one 131072-token sequence (yarn:4, K=1, own attention kernels) with the
+#            activation checkpoints on the GPU, then offloaded to host memory (--offload-checkpoints):
+#            the same losses, each run's peak GPU memory beside its plan.
+#   generate megatrain generate on a random Qwen2.5-0.5B: 32 greedy tokens on the CPU workers, on the
+#            GPU in fp32 (the same tokens expected) and in bf16.
 #   moe      the CUDA mixture-of-experts suite against the CPU ops, then its timings
 #            (MT_CUDA_BENCH=1) at the Qwen3-30B-A3B layer shape.
 #
@@ -217,12 +222,40 @@ train7b)
     grep -h -E "loss|perplexity" "$OUT"/eval_7b_*.log | tail -4 | tee -a "$OUT/summary.txt"
     rm -rf "$tmp"
     ;;
+long)
+    # the checkpoint offload at one 131072-token sequence, off then on: the same losses (own
+    # attention kernels, bitwise), the peak GPU memory of each beside its plan
+    for off in off on; do
+        MT_ATTENTION=own run "bench_3b_131k_offload_$off" "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 1 \
+            --seq-len 131072 --rope-scaling yarn:4 --checkpoint-every 1 --clip 1 --warmup 1 --steps 2 \
+            --offload-checkpoints "$off"
+    done
+    grep -h -E "loss|peak GPU" "$OUT"/bench_3b_131k_offload_*.log | tail -8 | tee -a "$OUT/summary.txt"
+    ;;
+generate)
+    # megatrain generate through the step graph: the first 32 greedy tokens on the CPU workers,
+    # on the GPU in fp32 (the same tokens expected) and in bf16, from a random Qwen2.5-0.5B
+    tmp=${TMPDIR:-/tmp}/megatrain-gen
+    rm -rf "$tmp" && mkdir -p "$tmp"
+    run make_05b python3 tools/torch_train.py --make-model qwen2.5-0.5b --model "$tmp/m"
+    cp tests/fixtures/tokenizers/qwen3/tokenizer.json "$tmp/m/"
+    g=("$B/tools/megatrain" generate --model "$tmp/m" --prompt "The capital of France is" --max-new-tokens 32)
+    for v in "cpu --ncuda 0" "gpu_fp32 --dtype fp32" "gpu_bf16"; do
+        set -- $v
+        name=$1; shift
+        "${g[@]}" "$@" >"$OUT/gen_$name.txt" 2>"$OUT/gen_$name.log"
+        echo "gen_$name rc=$? $(tail -1 "$OUT/gen_$name.log")" | tee -a "$OUT/summary.txt"
+    done
+    if cmp -s "$OUT/gen_cpu.txt" "$OUT/gen_gpu_fp32.txt"; then echo "generate: fp32 on the GPU gives the CPU's tokens" | tee -a "$OUT/summary.txt"
+    else echo "generate: fp32 on the GPU and the CPU differ" | tee -a "$OUT/summary.txt"; fi
+    rm -rf "$tmp"
+    ;;
 moe)
     run test_cuda_moe "$B/tests/test_cuda_moe"
     MT_CUDA_BENCH=1 run moe_bench "$B/tests/test_cuda_moe"
     ;;
 *)
-    echo "gpu_check.sh: unknown mode '$mode' (quick, bench3b, parity, ab3b, final3b, scale7b, train7b, width, numerics or moe)" >&2
+    echo "gpu_check.sh: unknown mode '$mode' (quick, bench3b, parity, ab3b, final3b, scale7b, train7b, width, numerics, long, generate or moe)" >&2
     exit 2
     ;;
 esac
