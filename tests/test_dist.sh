@@ -18,8 +18,11 @@ plan=(plan --shape qwen2.5-0.5b --micro-batch 2 --seq-len 64 --cpu --host-memory
 "$megatrain" "${plan[@]}" --ranks 3 >three.txt 2>&1
 "$megatrain" "${plan[@]}" --ranks 3 --layers 4 >three4.txt 2>&1
 rc=$?
-# the total without the program's own resident set, which each plan measures anew
-total() { awk '/^  total / { t = $2 } /^  program and libraries / { p = $4 } END { printf "%.0f\n", t - p }' "$1"; }
+# the total without the program's own resident set, which each plan measures anew, and the
+# runtime's (which adds MPI's over ranks)
+total() { awk 'function num() { for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+$/) return $i }
+               /^  total / { t = num() } /^  program and libraries / { p = num() } /^  runtime \(/ { r = num() }
+               END { printf "%.0f\n", t - p - r }' "$1"; }
 recv() { sed -n "s/^  other ranks' gradient chunks (fp32)  *\([0-9]*\) .*/\1/p" "$1"; }
 r2=$(recv two.txt) r3=$(recv three.txt) r34=$(recv three4.txt)
 if [ "$rc" -ne 0 ] || [ -z "$r2" ] || [ -z "$r3" ]; then bad "plan --ranks" "no line of the other ranks' gradient chunks"
