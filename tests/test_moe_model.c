@@ -140,7 +140,8 @@ END_TEST
 START_TEST(test_sparse_count_closed_form)
 {
     mt_model_config c = parse_ok(QWEN3_MOE_BASE "}", "base");
-    const int64_t only[][4] = { { 0, 0, 0, 0 }, { 1, 0, 0, 0 }, { 2, 0, 3, 0 }, { 4, 1, 2, 5 }, { 3, 0, 5, 7 } };
+    /* each: the count of layers listed, then the layers (sorted, distinct) */
+    const int64_t only[][5] = { { 0 }, { 1, 0 }, { 2, 0, 3 }, { 4, 1, 2, 5, 7 }, { 3, 0, 5, 7 } };
     for (int64_t layers = 1; layers <= 13; layers++)
         for (int64_t step = 1; step <= 5; step++)
             for (size_t k = 0; k < sizeof only / sizeof only[0]; k++) {
