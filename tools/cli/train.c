@@ -155,10 +155,10 @@ int cli_train(int argc, char **argv)
     const cli_command c = {
         .name = cmd,
         .usage = "usage: megatrain train [options]\n\n"
-                 "Trains a model on a text corpus with the streaming step (a StarPU task graph), shows\n"
-                 "progress and validation loss, and ends with a sample of generated text. With no\n"
-                 "options: the built-in byte-level model on the fortunes corpus. Ctrl-C (SIGINT) or\n"
-                 "SIGTERM stops it after the step in flight and saves --checkpoint; a second one at once.\n",
+                 "Trains a model with the streaming step (a StarPU task graph), showing progress and\n"
+                 "validation loss; no options: the built-in byte-level model on the fortunes corpus.\n"
+                 "Ctrl-C or SIGTERM stops it after the step in flight and saves --checkpoint (a second\n"
+                 "one at once). Under mpirun -np N the ranks train data-parallel, --micro-batch each.\n",
         .groups = groups,
         .ngroups = sizeof groups / sizeof groups[0],
         .advanced_note = advanced_note,
