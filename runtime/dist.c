@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/util.h"
+
 static bool running;
 static int rank, size = 1;
 
@@ -110,18 +112,10 @@ void mt_dist_sum_f64(const double *mine, double *sum, int n)
     free(all);
 }
 
-/* FNV-1a of the bytes: what the ranks compare. */
-static uint64_t fnv(const void *bytes, size_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)bytes)[i]) * 1099511628211ull;
-    return h;
-}
-
 int mt_dist_check_same(const char *what, const void *bytes, size_t n, char *err, size_t errlen)
 {
     if (!running) return 0;
-    unsigned long long mine = fnv(bytes, n), *all = malloc(sizeof *all * (size_t)size);
+    unsigned long long mine = mt_fnv1a64(MT_FNV1A64_START, bytes, n), *all = malloc(sizeof *all * (size_t)size);
     MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all, 1, MPI_UNSIGNED_LONG_LONG, MPI_COMM_WORLD);
     int differs = -1;
     for (int r = 1; r < size && differs < 0; r++)
