@@ -458,11 +458,25 @@ static int cmp_event(const void *a, const void *b)
     return (x->seq > y->seq) - (x->seq < y->seq);
 }
 
-/* The tile whose weights are `h`, or -1; assumes the lock is held. */
+/* Whether `h` is one of the chunk handles of `hs` (NULL: that partition does not exist). */
+static bool in_chunks(starpu_data_handle_t const *hs, int n, starpu_data_handle_t h)
+{
+    for (int c = 0; hs && c < n; c++)
+        if (hs[c] == h) return true;
+    return false;
+}
+
+/* The tile whose weights are `h`, or whose chunk of weights, gradient, master or moment `h` is
+ * (the first buffer of the CPU's update and embedding tasks), or -1; assumes the lock is held. */
 static int tile_of(const policy_data *d, starpu_data_handle_t h)
 {
-    for (int i = 0; h && d->st && i < d->st->ntiles; i++)
-        if (d->st->tiles[i].h_weights == h) return i;
+    for (int i = 0; h && d->st && i < d->st->ntiles; i++) {
+        const mt_tile *t = &d->st->tiles[i];
+        if (t->h_weights == h || in_chunks(t->h_weights_chunk, t->nchunks, h) ||
+            in_chunks(t->h_grad_chunk, t->nchunks, h) || in_chunks(t->h_master_chunk, t->nchunks, h) ||
+            in_chunks(t->h_master_lo_chunk, t->nchunks, h) || in_chunks(t->h_m_chunk, t->nchunks, h))
+            return i;
+    }
     return -1;
 }
 

@@ -58,8 +58,8 @@ typedef struct mt_policy_trace_record {
     const char *name;      /* the codelet's name (static storage), or "?" */
     int worker;            /* the worker that ran it */
     bool cuda;             /* a CUDA worker (the only kind traced unless all_workers) */
-    int tile;              /* the tile whose weights are its first buffer (0 embedding, 1..L layers,
-                            * L+1 head), or -1 */
+    int tile;              /* the tile whose weights, or a chunk of whose weights, gradient, master or
+                            * m, are its first buffer (0 embedding, 1..L layers, L+1 head), or -1 */
     double pop_s;          /* the worker took it from the policy; 0 when that was before the trace */
     double start_s;        /* pre_exec_hook: its inputs are on the GPU, its kernels about to be queued */
     double end_s;          /* post_exec_hook: StarPU saw its kernels complete */

@@ -486,9 +486,9 @@ elif [ "$(grep -c '^# step [23]: embedding forward ' "$work/tasks.csv")" -ne 2 ]
 elif ! awk -F, '/^# step/ { sub(/ ms.*/, "", $0); n = split($0, w, " "); want[w[n]] = 1; next }
                 /^[0-9]/ { rows++; if ($2 != "cpu" || $7 < $6 || $6 < $5 || $6 < last) bad = 1; last = $6
                            if ($3 == "embedding_forward") for (t in want) if ($6 - t < 1 && t - $6 < 1) seen[t] = 1
-                           if ($3 == "adamw_params") adamw++ }
-                END { for (t in want) if (!(t in seen)) bad = 1; exit bad || rows < 20 || adamw == 0 }' "$work/tasks.csv"; then
-    fail "$name" "rows not by start, not cpu, ended before started, no AdamW, or no embedding forward at the steps' times"
+                           if ($3 == "adamw_params") { adamw++; if ($4 < 0) untiled++ } }
+                END { for (t in want) if (!(t in seen)) bad = 1; exit bad || rows < 20 || adamw == 0 || untiled > 0 }' "$work/tasks.csv"; then
+    fail "$name" "rows not by start, not cpu, ended before started, no AdamW, AdamW without its tile, or no embedding forward at the steps' times"
 else
     run bench --shape tiny --micro-batch 2 --seq-len 64 --warmup 1 --steps 1 --ncpu 2 --ncuda 0 \
         --task-log "$work/no/such/dir/tasks.csv"
