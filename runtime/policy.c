@@ -466,7 +466,7 @@ static bool in_chunks(starpu_data_handle_t const *hs, int n, starpu_data_handle_
     return false;
 }
 
-/* The tile whose weights are `h`, or whose chunk of weights, gradient, master or moment `h` is
+/* The tile whose weights are `h`, or whose chunk of weights, gradient, master (or its low half) or m `h` is
  * (the first buffer of the CPU's update and embedding tasks), or -1; assumes the lock is held. */
 static int tile_of(const policy_data *d, starpu_data_handle_t h)
 {
