@@ -275,17 +275,21 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
             plan->host_pinned[MT_PLAN_CHECKPOINTS] = true;
         }
         plan->gpu[MT_PLAN_CHECKPOINTS] = mul((uint64_t)plan->gpu_checkpoints, hidden, &of);
+        /* each micro-batch's dh0 has a pinned host home too, which the table's CPU backward reads;
+         * the other activations' homes are plain memory that only an eviction from the GPU writes
+         * (runtime/step/graph.c, alloc_homes), not counted */
+        plan->host[MT_PLAN_ACT_GRADS] = mul(mb, hidden, &of);
+        plan->host_pinned[MT_PLAN_ACT_GRADS] = true;
     }
     /* Tokens and targets start on the host in every run; with a GPU they are pinned staging
      * buffers copied over each micro-batch. */
     plan->host[MT_PLAN_INPUTS] = work[MT_PLAN_INPUTS];
     plan->host_pinned[MT_PLAN_INPUTS] = p->use_gpu;
-    /* StarPU allocates the flags buffers (registered without a home), pinned with a GPU; a run
+    /* The flags buffers: plain host memory, only CPU tasks touch them (runtime/speculate); a run
      * over several ranks does not speculate */
     const int64_t ranks = p->ranks > 1 ? p->ranks : 1;
     plan->host[MT_PLAN_CLIP_FLAGS] =
         !compact && ranks == 1 && p->use_gpu && p->compute == MT_DTYPE_BF16 ? plan->host_clip_flags : 0;
-    plan->host_pinned[MT_PLAN_CLIP_FLAGS] = p->use_gpu;
     if (ranks > 1) {
         /* runtime/step/dist.c's pools: MT_DIST_POOL_SLOTS fp32 buffers per other rank for each
          * distinct size of the AdamW chunks (train's chunk size) of every kind of tile */

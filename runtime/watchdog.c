@@ -22,7 +22,9 @@ struct mt_watchdog {
     const char *what;
 };
 
-/* The memory of every memory node StarPU manages, as its allocator counts it. */
+/* The memory of every memory node StarPU manages, as its allocator counts it. A buffer StarPU
+ * allocates itself on a node that has no room for it waits there until room is made: a full
+ * node is named. */
 static void report_memory(FILE *out)
 {
     const unsigned n = starpu_memory_nodes_get_count();
@@ -31,11 +33,18 @@ static void report_memory(FILE *out)
         starpu_memory_node_get_name(node, name, sizeof name);
         const starpu_ssize_t total = starpu_memory_get_total(node);
         const double used = (double)starpu_memory_get_used(node);
-        if (total > 0)
-            fprintf(out, "  memory node %s: %.2f GiB of %.2f GiB in use\n", name, used / 1073741824.0,
-                    (double)total / 1073741824.0);
-        else
+        if (total <= 0) {
             fprintf(out, "  memory node %s: %.2f GiB in use, no limit set\n", name, used / 1073741824.0);
+            continue;
+        }
+        fprintf(out, "  memory node %s: %.2f GiB of %.2f GiB in use\n", name, used / 1073741824.0,
+                (double)total / 1073741824.0);
+        if (used < 0.9 * (double)total) continue;
+        fprintf(out, "    nearly full: a buffer StarPU allocates there waits for room%s\n",
+                starpu_node_get_kind(node) == STARPU_CPU_RAM
+                    ? " (StarPU sizes its RAM node from hwloc's reading of the machine's memory, whatever else is free; "
+                      "STARPU_LIMIT_CPU_MEM can only lower it)"
+                    : "");
     }
 }
 

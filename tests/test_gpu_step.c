@@ -15,6 +15,7 @@
 #include "runtime/runtime.h"
 #include "runtime/state.h"
 #include "runtime/step.h"
+#include "runtime/step/graph.h"
 #include "tests/testutil.h"
 
 typedef struct result {
@@ -87,6 +88,10 @@ static fixture fixture_open(bool tied, int ncpu, int ncuda, mt_dtype dtype, uint
     f.g = mt_graph_create(f.st, &f.sc, err, sizeof err);
     ck_assert_msg(f.g != NULL, "%s", err);
     ck_assert(mt_graph_offloads_checkpoints(f.g) == (fixture_offload == 1));
+    /* each micro-batch's dh0, which the table's CPU backward reads, has a pinned host home where a
+     * GPU computes (StarPU allocates none of it in its RAM node: graph.c, alloc_homes) */
+    for (int u = 0; ncuda > 0 && u < accum; u++)
+        ck_assert_int_eq(mt_cuda_host_pointer_pinned(starpu_data_handle_to_pointer(f.g->grad[u][0], STARPU_MAIN_RAM)), 1);
     const int64_t n = accum * f.sc.B * f.sc.T;
     f.tok = malloc(sizeof *f.tok * n);
     f.tgt = malloc(sizeof *f.tgt * n);

@@ -123,11 +123,15 @@ START_TEST(test_qwen05_gpu)
      * 18640800 + 24 (x 24), head 112 + 1440 + 24. */
     ck_assert_uint_eq(plan.host_clip_flags, 187185496ULL + 24ULL * 20504872 + 1576);
     ck_assert_uint_eq(plan.host[MT_PLAN_CLIP_FLAGS], plan.host_clip_flags);
-    ck_assert_uint_eq(plan.host_total, 988123136ULL + 4 * 1976143872ULL + 17 * 32768 + plan.host_clip_flags);
-    ck_assert_uint_eq(plan.host_total, 9572559680ULL);
-    ck_assert_uint_eq(plan.host_pinned_total, plan.host_total);
+    /* each micro-batch's dh0 in pinned host memory, read by the table's CPU backward: 8 x 4096 x 896 fp32 */
+    ck_assert_uint_eq(plan.host[MT_PLAN_ACT_GRADS], 8ULL * 4096 * 896 * 4);
+    ck_assert_uint_eq(plan.host_total,
+                      988123136ULL + 4 * 1976143872ULL + 17 * 32768 + plan.host_clip_flags + 8ULL * 4096 * 896 * 4);
+    ck_assert_uint_eq(plan.host_total, 9690000192ULL);
+    /* all pinned but the flags, which only CPU tasks touch */
+    ck_assert_uint_eq(plan.host_pinned_total, plan.host_total - plan.host_clip_flags);
     /* About 18 bytes per parameter of state, as docs/design.md says, and 1.375 of flags. */
-    const uint64_t state = plan.host_total - plan.host_clip_flags;
+    const uint64_t state = plan.host_total - plan.host_clip_flags - plan.host[MT_PLAN_ACT_GRADS];
     ck_assert(state > 18ULL * 494032768 && state < 18ULL * 494032768 + 2000000);
 
     /* GPU: two weight buffers of the largest tile (the embedding) in bf16, two fp32 gradient
@@ -184,8 +188,8 @@ START_TEST(test_qwen05_gpu)
     ck_assert_ptr_nonnull(strstr(text, "checkpoints"));
     ck_assert_ptr_nonnull(strstr(text, "total"));
     ck_assert_ptr_nonnull(strstr(text, "clip speculation flags"));
-    ck_assert_ptr_nonnull(strstr(text, "9572559680"));
-    ck_assert_ptr_nonnull(strstr(text, "8.92 GiB"));
+    ck_assert_ptr_nonnull(strstr(text, "9690000192"));
+    ck_assert_ptr_nonnull(strstr(text, "9.02 GiB"));
     free(text);
 }
 END_TEST
@@ -202,9 +206,12 @@ START_TEST(test_host_refusal)
     ck_assert_int_eq(mt_config_from_shape("qwen2.5-7b", &c), 0);
     ck_assert_msg(mt_plan_compute(&c, &p, &plan) == 0, "%s", plan.error);
     /* 7615616512 * 18 = 137,081,097,216 bytes, plus page padding and the token buffers, plus the
-     * clip speculation flags (~1.375 B per parameter). */
-    ck_assert_uint_ge(plan.host_total - plan.host_clip_flags, 137081097216ULL);
-    ck_assert_uint_lt(plan.host_total - plan.host_clip_flags, 137081097216ULL + 4 * 1024 * 1024);
+     * clip speculation flags (~1.375 B per parameter), plus the dh0 of the micro-batch (8 x 1024 x
+     * 3584 fp32). */
+    ck_assert_uint_eq(plan.host[MT_PLAN_ACT_GRADS], 8ULL * 1024 * 3584 * 4);
+    const uint64_t state = plan.host_total - plan.host_clip_flags - plan.host[MT_PLAN_ACT_GRADS];
+    ck_assert_uint_ge(state, 137081097216ULL);
+    ck_assert_uint_lt(state, 137081097216ULL + 4 * 1024 * 1024);
     ck_assert_msg(llabs((long long)plan.host_clip_flags - 7615616512LL / 8 * 11) < 1000000, "flags %llu",
                   (unsigned long long)plan.host_clip_flags);
     ck_assert_int_eq(mt_plan_check_host(&plan, 125 * GiB, err, sizeof err), -1);
@@ -281,11 +288,14 @@ START_TEST(test_compact_bytes)
     ck_assert_uint_eq(plan.host[MT_PLAN_CLIP_FLAGS], 0);
     ck_assert_uint_eq(plan.host_grad_alt, 0);
     ck_assert_uint_eq(plan.host[MT_PLAN_INPUTS], 3 * 2 * 4 * 32768);
-    ck_assert_uint_eq(plan.host_total, 3 * 15231262720ULL + 2 * 30462525440ULL + 786432);
-    /* only what the GPU copies is pinned: the streamed half, the gradient, the inputs */
-    ck_assert_uint_eq(plan.host_pinned_total, 2 * 15231262720ULL + 786432);
-    /* 14.0 bytes per parameter, all in */
-    const double per = (double)plan.host_total / (double)plan.param_count;
+    /* dh0 (16 x 2048 x 3584 fp32) */
+    const uint64_t dh0 = 16ULL * 2048 * 3584 * 4;
+    ck_assert_uint_eq(plan.host[MT_PLAN_ACT_GRADS], dh0);
+    ck_assert_uint_eq(plan.host_total, 3 * 15231262720ULL + 2 * 30462525440ULL + 786432 + dh0);
+    /* only what the GPU copies is pinned: the streamed half, the gradient, the inputs, dh0 */
+    ck_assert_uint_eq(plan.host_pinned_total, 2 * 15231262720ULL + 786432 + dh0);
+    /* 14.0 bytes per parameter with the inputs; dh0 adds 0.06 */
+    const double per = (double)(plan.host_total - dh0) / (double)plan.param_count;
     ck_assert_msg(per >= 14.0 && per < 14.0005, "%.6f bytes per parameter", per);
     /* GPU: two bf16 gradient buffers of the largest tile (the head), as the weights; the
      * accumulators at their most: the table's with layer 0's being converted, fp32 */
@@ -312,7 +322,8 @@ START_TEST(test_compact_bytes)
     fclose(f);
     ck_assert_ptr_nonnull(strstr(text, "master high half"));
     ck_assert_ptr_nonnull(strstr(text, "gradient accumulators"));
-    ck_assert_ptr_nonnull(strstr(text, "all in 14.00 bytes per parameter"));
+    /* one micro-batch's dh0 (16 x 2048 x 3584 fp32) adds 0.06 to the state's 14 */
+    ck_assert_msg(strstr(text, "training state 14.00 bytes per parameter; all in 14.06 bytes per parameter"), "%s", text);
     free(text);
 }
 END_TEST
@@ -333,8 +344,10 @@ START_TEST(test_layout_choice)
     ck_assert_int_eq(plan.params.layout, MT_LAYOUT_FULL);
     /* 18 + 1.375 of flags + 4 of the second gradient */
     ck_assert(ch.full_speculation == plan.host_total + plan.host_grad_alt);
-    ck_assert_msg(fabs((double)ch.full_speculation / (double)ch.param_count - 23.375) < 0.01, "%.4f",
-                  (double)ch.full_speculation / (double)ch.param_count);
+    const double dh0 = (double)plan.host[MT_PLAN_ACT_GRADS];
+    ck_assert(dh0 == 16.0 * 2048 * 2048 * 4);
+    ck_assert_msg(fabs(((double)ch.full_speculation - dh0) / (double)ch.param_count - 23.375) < 0.01, "%.4f",
+                  ((double)ch.full_speculation - dh0) / (double)ch.param_count);
     ck_assert_uint_eq(ch.host_total, ch.full_speculation);
 
     ck_assert_int_eq(mt_config_from_shape("qwen2.5-7b", &c), 0);
@@ -375,7 +388,7 @@ START_TEST(test_layout_choice)
         ck_assert_int_eq(ch.param_count, 72706203648LL);
         ck_assert_msg(ch.fits && ch.layout == MT_LAYOUT_COMPACT, "%s", ch.why);
         ck_assert(ch.full_speculation > ch.usable);
-        const double per = (double)plan.host_total / (double)plan.param_count;
+        const double per = (double)(plan.host_total - plan.host[MT_PLAN_ACT_GRADS]) / (double)plan.param_count;
         ck_assert_msg(per >= 14.0 && per < 14.0005, "%.6f", per);
     }
 }
@@ -418,7 +431,7 @@ START_TEST(test_fit_table)
     FILE *f = open_memstream(&text, &len);
     mt_plan_print_fits(rows, MT_PLAN_NSHAPES, f);
     fclose(f);
-    ck_assert_msg(strstr(text, "| qwen2.5-7b | 7.616B | compact | 99.30 GiB | 14.00 | fits |"), "%s", text);
+    ck_assert_msg(strstr(text, "| qwen2.5-7b | 7.616B | compact | 99.73 GiB | 14.06 | fits |"), "%s", text);
     ck_assert_msg(strstr(text, "| qwen2.5-3b | 3.086B | full + clip speculation |"), "%s", text);
     char want[64];
     snprintf(want, sizeof want, "refused; at this width %lld of its 48 layers fit", (long long)most);

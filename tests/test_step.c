@@ -109,15 +109,24 @@ static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int n
     sc.offload_checkpoints = offload_mode;
     mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
     ck_assert_msg(g != NULL, "%s", err);
-    /* auto resolves to off on CPU workers (nothing to offload from); on, every block's checkpoint
-     * but the last's has its home in host memory, the last's none */
+    /* auto resolves to off on CPU workers (nothing to offload from). Every activation buffer has
+     * its home in host memory, so that StarPU's RAM node never has to hold one (graph.c,
+     * alloc_homes); offloaded, every block's checkpoint but the last's is pinned there. */
     ck_assert(mt_graph_offloads_checkpoints(g) == (offload_mode == 1));
     for (int b = 0; b < g->nblocks; b++)
         for (int u = 0; u < accum; u++) {
             const int home = starpu_data_get_home_node(mt_step_ckpt(g, b, u));
-            ck_assert_msg(home == (offload_mode == 1 && b < g->nblocks - 1 ? STARPU_MAIN_RAM : -1),
-                          "checkpoint of block %d, micro-batch %d: home node %d", b, u, home);
+            ck_assert_msg(home == STARPU_MAIN_RAM, "checkpoint of block %d, micro-batch %d: home node %d", b, u, home);
+            ck_assert(g->homes[b * accum + u].pinned == (offload_mode == 1 && b < g->nblocks - 1));
         }
+    for (int u = 0; u < accum; u++)
+        for (int i = 0; i < 2; i++) {
+            ck_assert_int_eq(starpu_data_get_home_node(g->act[u][i]), STARPU_MAIN_RAM);
+            ck_assert_int_eq(starpu_data_get_home_node(g->grad[u][i]), STARPU_MAIN_RAM);
+        }
+    for (int j = 0; j < sc.K; j++) ck_assert_int_eq(starpu_data_get_home_node(g->saved[j]), STARPU_MAIN_RAM);
+    /* pinned only where a GPU copies every step: nothing else on CPU workers */
+    for (int h = g->nblocks * accum; h < g->nhomes; h++) ck_assert(!g->homes[h].pinned);
     int64_t n = accum * sc.B * sc.T;
     int32_t *tok = malloc(sizeof *tok * n), *tgt = malloc(sizeof *tgt * n);
     outcome o = { .ntiles = st->ntiles };

@@ -62,13 +62,23 @@ int mt_speculation_init(mt_speculation *s, mt_host_state *st, const mt_step_conf
 void mt_speculation_register(mt_speculation *s, const mt_host_state *st)
 {
     if (s->ranged) {
-        /* one bit per parameter and room for side entries, per AdamW chunk */
+        /* One bit per parameter and room for side entries, per AdamW chunk: 1.375 bytes per
+         * parameter, read and written by CPU tasks only. Their home is plain host memory, so that
+         * StarPU's RAM node (hwloc's reading of the machine's memory, a few GiB on some machines
+         * whatever the host has: runtime/step/graph.c, alloc_homes) need not hold them; where
+         * that memory is refused, StarPU allocates the chunk's itself. */
         s->flags = calloc(st->ntiles, sizeof *s->flags);
+        s->flags_mem = calloc(st->ntiles, sizeof *s->flags_mem);
         for (int i = 0; i < st->ntiles; i++) {
             const mt_tile *t = &st->tiles[i];
             s->flags[i] = calloc(t->nchunks, sizeof **s->flags);
-            for (int c = 0; c < t->nchunks; c++)
-                s->flags[i][c] = new_bytes(mt_ranged_flags_bytes(t->chunks[c].numel, s->side_room));
+            s->flags_mem[i] = calloc(t->nchunks, sizeof **s->flags_mem);
+            for (int c = 0; c < t->nchunks; c++) {
+                const size_t bytes = mt_ranged_flags_bytes(t->chunks[c].numel, s->side_room);
+                const int64_t n = (int64_t)((bytes + sizeof(float) - 1) / sizeof(float));
+                s->flags_mem[i][c] = calloc((size_t)n, sizeof(float));
+                s->flags[i][c] = s->flags_mem[i][c] ? host_vector(s->flags_mem[i][c], n, sizeof(float)) : new_bytes(bytes);
+            }
         }
         if (st->cfg.tied) s->head_table = host_vector(&s->head_table_mem, 1, sizeof(double));
         s->known_mem = calloc(st->ntiles, sizeof *s->known_mem);
@@ -88,10 +98,15 @@ void mt_speculation_register(mt_speculation *s, const mt_host_state *st)
 void mt_speculation_destroy(mt_speculation *s, const mt_host_state *st)
 {
     for (int i = 0; s->flags && i < st->ntiles; i++) {
-        for (int c = 0; c < st->tiles[i].nchunks; c++) starpu_data_unregister(s->flags[i][c]);
+        for (int c = 0; c < st->tiles[i].nchunks; c++) {
+            starpu_data_unregister_no_coherency(s->flags[i][c]);
+            free(s->flags_mem[i][c]);
+        }
         free(s->flags[i]);
+        free(s->flags_mem[i]);
     }
     free(s->flags);
+    free(s->flags_mem);
     if (s->head_table) starpu_data_unregister(s->head_table);
     for (int i = 0; s->known && i < st->ntiles; i++) starpu_data_unregister(s->known[i]);
     free(s->known);

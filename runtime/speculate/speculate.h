@@ -66,6 +66,7 @@ typedef struct mt_speculation {
     /* the ranged runs' buffers: flags (tile, chunk), the known sums per tile, the table's head
      * part (tied), the norm history's two records, the log of the norms' records */
     starpu_data_handle_t **flags;
+    void ***flags_mem;            /* their homes (tile, chunk), NULL where StarPU allocates the chunk's */
     starpu_data_handle_t *known;
     double (*known_mem)[2];
     starpu_data_handle_t head_table;

@@ -128,10 +128,10 @@ static void submit_forward(mt_graph *g, const starpu_data_handle_t *tokens, int 
 }
 
 /* Drops the contents of an activation buffer once its last reader is submitted (ordered after
- * it, like a task). An activation has no home node, so a valid copy StarPU evicts to make room
- * is written back to host memory first: without the drop, stale checkpoints and saved
- * activations would be copied back to the host whenever the GPU needs room. Dropped, the buffer
- * is free to recycle with no copy. */
+ * it, like a task). A valid copy StarPU evicts to make room is written back to the activation's
+ * host home first: without the drop, stale checkpoints and saved activations would be copied
+ * back to the host whenever the GPU needs room. Dropped, the buffer is free to recycle with no
+ * copy. */
 void mt_step_drop(starpu_data_handle_t h) { starpu_data_invalidate_submit(h); }
 
 /* The checkpoint the end of unit (b, u)'s first recompute task prefetches: the next unit's in the

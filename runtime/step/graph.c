@@ -133,29 +133,64 @@ static bool resolve_offload(const mt_host_state *st, const mt_step_config *sc, b
     return mt_plan_offload_needed(&st->cfg, &p, mt_gpu_memory_total());
 }
 
-/* Frees the n pinned checkpoint homes allocated so far (NULL entries skipped). */
-static void free_ckpt_homes(float **home, int n, size_t bytes)
+/* Every activation buffer of the graph (checkpoints, ping-pong activations and gradients, the
+ * saved activations of a block) has a host home, so that StarPU never allocates one in its RAM
+ * node: that node's size is hwloc's reading of the machine's memory, which some machines (a
+ * container whose sysfs shows one small NUMA node) give as a few GiB whatever the host has, and
+ * a buffer evicted from the GPU or fetched for a CPU task that does not fit it waits there for
+ * ever. A home the GPU copies to every step is pinned: the offloaded checkpoints and, where a GPU
+ * computes, each micro-batch's dh0, which the table's CPU backward reads. The others are plain
+ * memory that costs RAM only where a page of it is written: an eviction from the GPU, or a CPU
+ * worker computing in it. */
+static void *alloc_home(mt_graph *g, size_t bytes, bool pinned)
 {
-    for (int i = 0; home && i < n; i++)
-        if (home[i]) starpu_free_flags(home[i], bytes, STARPU_MALLOC_PINNED);
-    free(home);
+    void *p = NULL;
+    if (pinned ? starpu_malloc_flags(&p, bytes, STARPU_MALLOC_PINNED) != 0
+               : posix_memalign(&p, 4096, bytes) != 0)
+        return NULL;
+    g->homes[g->nhomes++] = (mt_home){ .p = p, .bytes = bytes, .pinned = pinned };
+    return p;
 }
 
-/* The pinned host homes of the offloaded checkpoints, allocated before anything is registered so
- * that a refusal leaves nothing behind; 0, or -1 with err set. */
-static int alloc_ckpt_homes(mt_graph *g, int n, size_t bytes, char *err, size_t errlen)
+static void free_homes(mt_graph *g)
 {
-    g->ckpt_home = calloc(n, sizeof *g->ckpt_home);
-    for (int i = 0; i < n; i++)
-        if (!g->ckpt_home || starpu_malloc_flags((void **)&g->ckpt_home[i], bytes, STARPU_MALLOC_PINNED)) {
-            free_ckpt_homes(g->ckpt_home, i, bytes);
-            g->ckpt_home = NULL;
-            snprintf(err, errlen, "--offload-checkpoints: cannot allocate %d pinned host buffers of %zu bytes for the "
-                     "activation checkpoints (%d of them allocated); free host memory, or use --offload-checkpoints "
-                     "off", n, bytes, i);
-            return -1;
-        }
-    return 0;
+    for (int i = 0; i < g->nhomes; i++) {
+        if (g->homes[i].pinned) starpu_free_flags(g->homes[i].p, g->homes[i].bytes, STARPU_MALLOC_PINNED);
+        else free(g->homes[i].p);
+    }
+    free(g->homes);
+    g->homes = NULL;
+    g->nhomes = 0;
+}
+
+/* An activation buffer of `bytes` (counted in floats: a vector's length is 32-bit) at its home. */
+static starpu_data_handle_t homed_floats(void *home, size_t bytes)
+{
+    return host_vector(home, (int64_t)((bytes + sizeof(float) - 1) / sizeof(float)), sizeof(float));
+}
+
+/* The homes, allocated before anything is registered so that a refusal leaves nothing behind, in
+ * the order mt_graph_create registers them: the checkpoints (nblocks x accum, the first
+ * nckpt_pinned pinned), then per micro-batch act[u][0..1] and grad[u][0..1], then the K saved
+ * buffers. 0, or -1 with err set. */
+static int alloc_homes(mt_graph *g, const mt_step_config *sc, int nblocks, int nckpt_pinned, size_t hidden_bytes,
+                       size_t saved_bytes, bool gpu, char *err, size_t errlen)
+{
+    const int n = nblocks * sc->accum + 4 * sc->accum + sc->K;
+    g->homes = calloc(n, sizeof *g->homes);
+    bool ok = g->homes != NULL, pin = false;
+    size_t bytes = hidden_bytes;
+    for (int b = 0; ok && b < nblocks * sc->accum; b++) ok = alloc_home(g, bytes, pin = b < nckpt_pinned) != NULL;
+    for (int u = 0; ok && u < sc->accum; u++)
+        for (int k = 0; ok && k < 4; k++) ok = alloc_home(g, bytes, pin = gpu && k == 2) != NULL; /* k 2: grad[u][0] */
+    for (int j = 0; ok && j < sc->K; j++) ok = alloc_home(g, bytes = saved_bytes, pin = false) != NULL;
+    if (ok) return 0;
+    const int got = g->nhomes;
+    free_homes(g);
+    snprintf(err, errlen, "cannot allocate %s host memory for the activation buffers: buffer %d of %d (%zu bytes) "
+             "failed; free host memory, or use a smaller micro-batch or sequence%s", pin ? "pinned" : "", got + 1, n,
+             bytes, nckpt_pinned ? " (or --offload-checkpoints off: the offloaded checkpoints are pinned)" : "");
+    return -1;
 }
 
 mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc_in, char *err, size_t errlen)
@@ -179,14 +214,15 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc_in, char *
     mt_graph *g = calloc(1, sizeof *g);
     g->offload = resolve_offload(st, sc, gpu);
     const int nblocks = (int)((st->cfg.layers + sc->K - 1) / sc->K);
-    const int nhomes = g->offload ? (nblocks - 1) * sc->accum : 0;
-    const size_t ckpt_bytes = (size_t)(sc->B * sc->T * st->cfg.hidden) * sizeof(float);
-    if (nhomes > 0 && alloc_ckpt_homes(g, nhomes, ckpt_bytes, err, errlen)) {
+    const int npinned = g->offload ? (nblocks - 1) * sc->accum : 0;
+    const size_t hidden_bytes = (size_t)(sc->B * sc->T * st->cfg.hidden) * sizeof(float);
+    const size_t saved_bytes = mt_codelet_layer_saved_bytes(&st->cfg, st->compute_dtype, gpu, sc->B, sc->T);
+    if (alloc_homes(g, sc, nblocks, npinned, hidden_bytes, saved_bytes, gpu, err, errlen)) {
         free(g);
         return NULL;
     }
     if (mt_speculation_init(&g->speculation, st, sc, gpu, err, errlen)) {
-        free_ckpt_homes(g->ckpt_home, nhomes, ckpt_bytes);
+        free_homes(g);
         free(g);
         return NULL;
     }
@@ -199,33 +235,28 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc_in, char *
     g->dist_size = ranks;
     g->ntok = sc->B * sc->T;
     g->nblocks = (int)((st->cfg.layers + sc->K - 1) / sc->K);
-    const int64_t d = st->cfg.hidden;
     describe_model(g);
     g->aux_coef = mt_config_router_aux_coef(&st->cfg);
     g->aux_rows = g->ntok * mt_config_sparse_layers(&st->cfg);
     const int64_t nstats = 2 * st->cfg.experts;
 
     g->ckpt = calloc((size_t)g->nblocks * sc->accum, sizeof *g->ckpt);
+    const mt_home *home = g->homes; /* in alloc_homes' order */
     for (int b = 0; b < g->nblocks * sc->accum; b++) {
-        if (b >= nhomes) {
-            g->ckpt[b] = new_floats(g->ntok * d);
-            continue;
-        }
-        /* written through to its home as the forward writes it: the GPU copy is then clean, and
-         * StarPU reclaims it with no copy */
-        g->ckpt[b] = host_vector(g->ckpt_home[b], g->ntok * d, sizeof(float));
-        starpu_data_set_wt_mask(g->ckpt[b], 1u << STARPU_MAIN_RAM);
+        g->ckpt[b] = homed_floats((home++)->p, hidden_bytes);
+        /* offloaded: written through to its home as the forward writes it, so that the GPU copy
+         * is clean and StarPU reclaims it with no copy */
+        if (b < npinned) starpu_data_set_wt_mask(g->ckpt[b], 1u << STARPU_MAIN_RAM);
     }
     g->act = calloc(sc->accum, sizeof *g->act);
     g->grad = calloc(sc->accum, sizeof *g->grad);
-    for (int u = 0; u < sc->accum; u++)
-        for (int i = 0; i < 2; i++) {
-            g->act[u][i] = new_floats(g->ntok * d);
-            g->grad[u][i] = new_floats(g->ntok * d);
-        }
+    for (int u = 0; u < sc->accum; u++) {
+        for (int i = 0; i < 2; i++) g->act[u][i] = homed_floats((home++)->p, hidden_bytes);
+        for (int i = 0; i < 2; i++) g->grad[u][i] = homed_floats((home++)->p, hidden_bytes);
+    }
     g->saved = calloc(sc->K, sizeof *g->saved);
-    const size_t saved_bytes = mt_codelet_layer_saved_bytes(&st->cfg, st->compute_dtype, gpu, sc->B, sc->T);
-    for (int j = 0; j < sc->K; j++) g->saved[j] = new_bytes(saved_bytes);
+    for (int j = 0; j < sc->K; j++) g->saved[j] = homed_floats((home++)->p, saved_bytes);
+    assert(home == g->homes + g->nhomes);
     g->scratch_layer = new_bytes(mt_codelet_layer_scratch_bytes(&st->cfg, st->compute_dtype, gpu, sc->B, sc->T));
     int64_t chunk = sc->head_chunk < g->ntok ? sc->head_chunk : g->ntok;
     g->sc.head_chunk = chunk;
@@ -299,15 +330,16 @@ void mt_graph_destroy(mt_graph *g)
     mt_graph_flush(g);
     starpu_task_wait_for_all();
     mt_policy_detach(MT_SCHED_CTX_INITIAL);
-    for (int b = 0; b < g->nblocks * g->sc.accum; b++) starpu_data_unregister(g->ckpt[b]);
+    /* an activation's value is not wanted past the graph: no copy home */
+    for (int b = 0; b < g->nblocks * g->sc.accum; b++) starpu_data_unregister_no_coherency(g->ckpt[b]);
     for (int u = 0; u < g->sc.accum; u++)
         for (int i = 0; i < 2; i++) {
-            starpu_data_unregister(g->act[u][i]);
-            starpu_data_unregister(g->grad[u][i]);
+            starpu_data_unregister_no_coherency(g->act[u][i]);
+            starpu_data_unregister_no_coherency(g->grad[u][i]);
         }
     free(g->act);
     free(g->grad);
-    for (int j = 0; j < g->sc.K; j++) starpu_data_unregister(g->saved[j]);
+    for (int j = 0; j < g->sc.K; j++) starpu_data_unregister_no_coherency(g->saved[j]);
     starpu_data_unregister(g->scratch_layer);
     starpu_data_unregister(g->scratch_head);
     for (int i = 0; i < g->st->ntiles; i++) starpu_data_unregister(g->partial[i]);
@@ -337,8 +369,7 @@ void mt_graph_destroy(mt_graph *g)
     starpu_data_unregister(g->h_eval_targets);
     starpu_data_unregister(g->h_eval_loss);
     free(g->eval_tokens); free(g->eval_targets);
-    free_ckpt_homes(g->ckpt_home, g->offload ? (g->nblocks - 1) * g->sc.accum : 0,
-                    (size_t)g->ntok * (size_t)g->st->cfg.hidden * sizeof(float));
+    free_homes(g);
     free(g->ckpt); free(g->saved); free(g->partial); free(g->partial_mem);
     free(g->embed_partial); free(g->embed_partial_mem);
     free(g->embed_rows); free(g->embed_rows_mem);

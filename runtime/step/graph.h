@@ -17,9 +17,11 @@
  *               each micro-batch's router statistics (2E doubles, mt_moe_aux_loss): zeroed
  *               when the micro-batch is submitted, added to by each sparse layer's forward
  *               (RW), read by each sparse layer's backward; the recompute adds nothing
- * Activations have no home (-1): StarPU allocates them where the task runs, except, with
+ * Activations have host homes (graph.c, alloc_homes: StarPU allocates nothing of them in its RAM
+ * node), plain memory where only an eviction or a CPU worker writes, pinned where a GPU copies
+ * every step: each micro-batch's dh0 (read by the table's CPU backward) and, with
  * offload_checkpoints, the checkpoints of every block but the last: their home is pinned host
- * memory (ckpt_home) with a write-through mask to it, so each goes home as the forward writes it
+ * memory with a write-through mask to it, so each goes home as the forward writes it
  * and its GPU copy is clean; once the forward's reader is submitted, starpu_data_wont_use puts
  * that copy first in line when StarPU needs room (its buffer, the size of every hidden state, is
  * reused as is); the end of the first recompute task of each (block, micro-batch) prefetches the
@@ -42,6 +44,13 @@
 
 #define MT_STEP_SLOTS 2
 #define MT_STEP_READY_RING 4
+
+/* A host buffer the graph allocated as a handle's home. */
+typedef struct mt_home {
+    void *p;
+    size_t bytes;
+    bool pinned;                             /* starpu_malloc_flags(STARPU_MALLOC_PINNED), else posix_memalign */
+} mt_home;
 
 typedef struct mt_step_slot {
     int32_t *tokens, *targets;               /* (accum, B*T) host arrays */
@@ -69,7 +78,8 @@ struct mt_graph {
     int nblocks;
     starpu_data_handle_t *ckpt;               /* (nblocks * accum), mt_step_ckpt() */
     bool offload;                             /* offload_checkpoints, auto resolved */
-    float **ckpt_home;                        /* offload: ((nblocks - 1) * accum) pinned homes, (B*T, d) */
+    mt_home *homes;                           /* the activations' host homes (graph.c, alloc_homes) */
+    int nhomes;
     starpu_data_handle_t (*act)[2], (*grad)[2]; /* (accum) ping-pong pairs */
     starpu_data_handle_t *saved;
     starpu_data_handle_t scratch_layer, scratch_head;
