@@ -23,6 +23,9 @@
 /* With a GPU, the device holds besides the graph's buffers (gpu_total) StarPU's own small
  * allocations, granted as bench's STARPU_LIMIT_CUDA_MEM grants them: this share of the buffers
  * and this many bytes on top. */
+/* The step graph's byte buffers (a layer's saved activations, the scratch) are vectors of whole
+ * units of this many bytes (runtime/step/graph.c): one may hold more than 16 GiB. */
+#define MT_PLAN_BYTE_UNIT 64
 #define MT_PLAN_GPU_MARGIN_PERCENT 2
 #define MT_PLAN_GPU_MARGIN_BYTES ((uint64_t)256 << 20)
 /* ... and the CUDA context's device side: the context itself, the kernels of libcudart, cuBLASLt

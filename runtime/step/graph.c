@@ -24,17 +24,21 @@ mt_step_config mt_step_defaults(void)
     return c;
 }
 
-static starpu_data_handle_t new_floats(int64_t n)
-{
-    starpu_data_handle_t h;
-    starpu_vector_data_register(&h, -1, 0, (uint32_t)n, sizeof(float));
-    return h;
-}
+/* The layers' saved activations and the scratch buffers are bytes to the codelets, which read only
+ * their pointers: they are vectors of 64-byte units, so that one may hold more than the 16 GiB of
+ * 2^32 floats (a vector's length is 32-bit), which a layer's saved activations pass at a quarter
+ * of a million tokens. */
+#define BYTE_UNIT MT_PLAN_BYTE_UNIT
+#define BYTE_BUFFER_MAX ((size_t)UINT32_MAX * BYTE_UNIT)
 
-/* A buffer of at least `bytes`, counted in floats (a vector's length is 32-bit). */
+static uint32_t byte_units(size_t bytes) { return (uint32_t)((bytes + BYTE_UNIT - 1) / BYTE_UNIT); }
+
+/* A byte buffer with no home: StarPU allocates it where the task runs. */
 static starpu_data_handle_t new_bytes(size_t bytes)
 {
-    return new_floats((int64_t)((bytes + sizeof(float) - 1) / sizeof(float)));
+    starpu_data_handle_t h;
+    starpu_vector_data_register(&h, -1, 0, byte_units(bytes), BYTE_UNIT);
+    return h;
 }
 
 static starpu_data_handle_t host_vector(void *p, int64_t n, size_t esz)
@@ -85,18 +89,19 @@ static int check_config(const mt_host_state *st, const mt_step_config *sc, bool 
         return -1;
     }
     if (mt_config_check_seq_len(&st->cfg, sc->T, err, errlen)) return -1;
-    /* A StarPU vector is at most 2^32 elements: 16 GiB of floats per buffer. */
-    const size_t limit = (size_t)UINT32_MAX * sizeof(float);
+    /* A StarPU vector is at most 2^32 elements: 16 GiB of floats for a hidden state, 256 GiB of
+     * 64-byte units for a byte buffer. */
     const size_t biggest[3] = {
         mt_codelet_layer_saved_bytes(&st->cfg, st->compute_dtype, gpu, sc->B, sc->T),
         mt_codelet_layer_scratch_bytes(&st->cfg, st->compute_dtype, gpu, sc->B, sc->T),
         (size_t)(sc->B * sc->T) * (size_t)st->cfg.hidden * sizeof(float),
     };
+    const size_t limit[3] = { BYTE_BUFFER_MAX, BYTE_BUFFER_MAX, (size_t)UINT32_MAX * sizeof(float) };
     for (int i = 0; i < 3; i++)
-        if (biggest[i] > limit) {
-            snprintf(err, errlen, "a micro-batch of %lld x %lld tokens needs a %zu-byte activation buffer, over the 16 GiB a "
+        if (biggest[i] > limit[i]) {
+            snprintf(err, errlen, "a micro-batch of %lld x %lld tokens needs a %zu-byte activation buffer, over the %s a "
                      "StarPU vector holds: use a smaller micro-batch (gradient accumulation keeps the step's tokens)",
-                     (long long)sc->B, (long long)sc->T, biggest[i]);
+                     (long long)sc->B, (long long)sc->T, biggest[i], i < 2 ? "256 GiB" : "16 GiB");
             return -1;
         }
     return 0;
@@ -163,11 +168,14 @@ static void free_homes(mt_graph *g)
     g->nhomes = 0;
 }
 
-/* An activation buffer of `bytes` (counted in floats: a vector's length is 32-bit) at its home. */
+/* A hidden state of `bytes` at its home, in floats. */
 static starpu_data_handle_t homed_floats(void *home, size_t bytes)
 {
-    return host_vector(home, (int64_t)((bytes + sizeof(float) - 1) / sizeof(float)), sizeof(float));
+    return host_vector(home, (int64_t)(bytes / sizeof(float)), sizeof(float));
 }
+
+/* A byte buffer at its home (its allocation rounded up to whole units: alloc_homes). */
+static starpu_data_handle_t homed_bytes(void *home, size_t bytes) { return host_vector(home, byte_units(bytes), BYTE_UNIT); }
 
 /* The homes, allocated before anything is registered so that a refusal leaves nothing behind, in
  * the order mt_graph_create registers them: the checkpoints (nblocks x accum, the first
@@ -183,7 +191,8 @@ static int alloc_homes(mt_graph *g, const mt_step_config *sc, int nblocks, int n
     for (int b = 0; ok && b < nblocks * sc->accum; b++) ok = alloc_home(g, bytes, pin = b < nckpt_pinned) != NULL;
     for (int u = 0; ok && u < sc->accum; u++)
         for (int k = 0; ok && k < 4; k++) ok = alloc_home(g, bytes, pin = gpu && k == 2) != NULL; /* k 2: grad[u][0] */
-    for (int j = 0; ok && j < sc->K; j++) ok = alloc_home(g, bytes = saved_bytes, pin = false) != NULL;
+    bytes = (size_t)byte_units(saved_bytes) * BYTE_UNIT;
+    for (int j = 0; ok && j < sc->K; j++) ok = alloc_home(g, bytes, pin = false) != NULL;
     if (ok) return 0;
     const int got = g->nhomes;
     free_homes(g);
@@ -255,7 +264,7 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc_in, char *
         for (int i = 0; i < 2; i++) g->grad[u][i] = homed_floats((home++)->p, hidden_bytes);
     }
     g->saved = calloc(sc->K, sizeof *g->saved);
-    for (int j = 0; j < sc->K; j++) g->saved[j] = homed_floats((home++)->p, saved_bytes);
+    for (int j = 0; j < sc->K; j++) g->saved[j] = homed_bytes((home++)->p, saved_bytes);
     assert(home == g->homes + g->nhomes);
     g->scratch_layer = new_bytes(mt_codelet_layer_scratch_bytes(&st->cfg, st->compute_dtype, gpu, sc->B, sc->T));
     int64_t chunk = sc->head_chunk < g->ntok ? sc->head_chunk : g->ntok;
