@@ -152,15 +152,28 @@ static void problem(report *r, const char *fmt, ...)
 }
 
 /* The file's "loss" [1] and "logits" [B, T, V] agree: the logits are those of the input positions
- * whose next tokens the loss predicts. */
+ * whose next tokens the loss predicts. With the router's load-balancing loss on, the loss is their
+ * mean cross-entropy plus coef x aux, and aux = E sum_e (c_e / R)(P_e / R) lies in (0, E k]
+ * (docs/moe.md): what the logits leave of the loss must be such an aux. */
 static void check_loss_of_logits(report *r, const char *path, mt_st_file *f, const int32_t *targets,
-                                  int64_t B, int64_t T, int64_t V)
+                                 int64_t B, int64_t T, const mt_model_config *cfg)
 {
+    const int64_t V = cfg->vocab;
+    const double coef = mt_config_router_aux_coef(cfg);
     const mt_st_tensor *l = mt_st_find(f, "loss"), *z = mt_st_find(f, "logits");
     if (!l || !z || l->numel != 1 || z->ndim != 3 || z->shape[0] != B || z->shape[1] != T || z->shape[2] != V)
         return; /* reported by the comparison */
     float *loss = read_tensor(f, l), *logits = read_tensor(f, z);
     double from_logits = loss_of_logits(logits, targets, B * T, V);
+    if (coef > 0) {
+        const double aux = ((double)loss[0] - from_logits) / coef, most = (double)(cfg->experts * cfg->experts_per_token);
+        if (!(aux > 0 && aux <= most))
+            problem(r, "%s: \"loss\" is %.9g and its \"logits\" give a mean cross-entropy of %.9g: the load-balancing "
+                    "loss (coefficient %g) would be %.6g, outside (0, %g]", path, loss[0], from_logits, coef, aux, most);
+        free(loss);
+        free(logits);
+        return;
+    }
     double err = fabs(from_logits - loss[0]) / fabs((double)loss[0]);
     if (!(err <= PARITY_BOUND))
         problem(r, "%s: \"loss\" is %.9g but its \"logits\" give a mean cross-entropy of %.9g (relative %.3e)", path,
@@ -223,8 +236,8 @@ START_TEST(test_grads_match_transformers)
         if (!mt_st_find(ref, ours->tensors[k].name) && !(cfg.tied && !strcmp(ours->tensors[k].name, "lm_head.weight")))
             problem(r, "%s: tensor '%s': megatrain wrote it, the reference has none", ref_path, ours->tensors[k].name);
     int32_t *targets = read_targets(_i, o.B, o.T);
-    check_loss_of_logits(r, ours_path, ours, targets, o.B, o.T, cfg.vocab);
-    check_loss_of_logits(r, ref_path, ref, targets, o.B, o.T, cfg.vocab);
+    check_loss_of_logits(r, ours_path, ours, targets, o.B, o.T, &cfg);
+    check_loss_of_logits(r, ref_path, ref, targets, o.B, o.T, &cfg);
     printf("parity %s: loss %.9f, worst relative error %.3e (%s) over %d reference tensors, bound %g\n", fixtures[_i],
            loss, worst, worst_name, ref->ntensors, PARITY_BOUND);
     fflush(stdout);

@@ -6,8 +6,9 @@ Runs where torch and transformers are installed (the GPU machine):
     python3 tools/parity_suite.py --model DIR [--batch 2 --seq-len 64]    (your own HF directory)
 
 For each family (Llama 3 with rope scaling, Qwen2 with q/k/v bias, Qwen3 with q/k norm and an
-explicit head_dim, Mistral, and the rope scalings linear, dynamic and yarn on sequences longer
-than max_position_embeddings or the original context) it
+explicit head_dim, Mistral, the rope scalings linear, dynamic and yarn on sequences longer
+than max_position_embeddings or the original context, and the mixtures of experts Qwen3-MoE and
+Mixtral without and with the router's load-balancing loss) it
   1. builds a small random model in transformers (sizes not multiples of 64; norms and biases
      perturbed so that they matter) and saves it with save_pretrained, in a different on-disk
      dtype and shard layout per family (fp32 sharded, bf16, fp16, fp32 single file);
@@ -95,7 +96,74 @@ FAMILIES = {
                                                  beta_slow=1.0, mscale=1.0, mscale_all_dim=0.8, truncate=False,
                                                  original_max_position_embeddings=8)),
                    "float32", None),
+    # Mixtures of experts (docs/moe.md): Qwen3-MoE (softmax router, top 2 of 6 renormalised, one
+    # dense layer by mlp_only_layers) and Mixtral (top 2 of 4, w1/w3/w2 naming), each without and
+    # with the router's load-balancing loss in transformers' loss (output_router_logits).
+    "qwen3_moe": ("Qwen3MoeConfig", dict(vocab_size=150, hidden_size=80, intermediate_size=72,
+                                         moe_intermediate_size=40, num_experts=6, num_experts_per_tok=2,
+                                         norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
+                                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                         head_dim=32, max_position_embeddings=128, rms_norm_eps=1e-6,
+                                         tie_word_embeddings=True, use_sliding_window=False,
+                                         output_router_logits=False,
+                                         rope=dict(rope_theta=1000000.0, rope_type="default")),
+                  "float32", None),
+    "qwen3_moe-aux": ("Qwen3MoeConfig", dict(vocab_size=150, hidden_size=80, intermediate_size=72,
+                                             moe_intermediate_size=40, num_experts=6, num_experts_per_tok=2,
+                                             norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[],
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                             head_dim=32, max_position_embeddings=128, rms_norm_eps=1e-6,
+                                             tie_word_embeddings=False, use_sliding_window=False,
+                                             output_router_logits=True, router_aux_loss_coef=0.05,
+                                             rope=dict(rope_theta=1000000.0, rope_type="default")),
+                      "bfloat16", None),
+    "mixtral": ("MixtralConfig", dict(vocab_size=150, hidden_size=80, intermediate_size=72, num_local_experts=4,
+                                      num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, head_dim=32, max_position_embeddings=128,
+                                      rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=None,
+                                      output_router_logits=False, rope=dict(rope_theta=1000000.0, rope_type="default")),
+                "float32", None),
+    "mixtral-aux": ("MixtralConfig", dict(vocab_size=150, hidden_size=80, intermediate_size=72, num_local_experts=4,
+                                          num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
+                                          num_key_value_heads=2, head_dim=32, max_position_embeddings=128,
+                                          rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=None,
+                                          output_router_logits=True, router_aux_loss_coef=0.05,
+                                          rope=dict(rope_theta=1000000.0, rope_type="default")),
+                    "float32", "100KB"),
 }
+
+
+def hub_names(name, t, mixtral):
+    """A transformers parameter (or its gradient) under the names published checkpoints, and
+    megatrain, give it: transformers 5 holds a layer's experts fused (experts.gate_up_proj
+    [E, 2I, d], gate rows first; experts.down_proj [E, d, I]) and Mixtral's block under mlp.;
+    checkpoints have one tensor per expert (Mixtral: block_sparse_moe.experts.e.w1/w3/w2). A name
+    of neither form is returned as it is."""
+    block = ".block_sparse_moe." if mixtral else ".mlp."
+    if mixtral and (".mlp.gate." in name or ".mlp.experts." in name):
+        name = name.replace(".mlp.", block)
+    gate, up, down = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    for fused in ("experts.gate_up_proj", "experts.down_proj"):
+        if name.endswith(fused):
+            prefix = name[: -len(fused)] + "experts."
+            out = []
+            for e in range(t.shape[0]):
+                if fused.endswith("gate_up_proj"):
+                    half = t.shape[1] // 2
+                    out += [(f"{prefix}{e}.{gate}.weight", t[e, :half]), (f"{prefix}{e}.{up}.weight", t[e, half:])]
+                else:
+                    out.append((f"{prefix}{e}.{down}.weight", t[e]))
+            return [(n, x.contiguous()) for n, x in out]
+    return [(name, t)]
+
+
+def grads_by_hub_name(model):
+    mixtral = model.config.model_type == "mixtral"
+    out = {}
+    for name, p in model.named_parameters():
+        for n, g in hub_names(name, p.grad.detach().float(), mixtral):
+            out[n] = g.contiguous()
+    return out
 
 
 def make_config(transformers, cls_name, kw):
@@ -136,18 +204,31 @@ def write_tokens(path, ids):
         f.write(struct.pack(f"<{ids.numel()}i", *ids.flatten().tolist()))
 
 
+def hf_forward(torch, model, ids):
+    """transformers' loss and logits [B, T, V] of the batch megatrain trains on: inputs ids[:, :T],
+    targets ids[:, 1:]. With the router's load-balancing loss on, the forward must see the T inputs
+    only (the loss counts the routing of every position it sees): the cross-entropy, then
+    router_aux_loss_coef x transformers' aux_loss, as its causal-LM loss adds them. Otherwise
+    transformers' own shifted loss over the T + 1 ids, the same by causality."""
+    T = ids.shape[1] - 1
+    if getattr(model.config, "output_router_logits", False):
+        out = model(input_ids=ids[:, :T])
+        ce = torch.nn.functional.cross_entropy(out.logits.float().reshape(-1, out.logits.shape[-1]),
+                                               ids[:, 1:].reshape(-1))
+        return ce + model.config.router_aux_loss_coef * out.aux_loss, out.logits
+    out = model(input_ids=ids, labels=ids)
+    return out.loss, out.logits[:, :T]
+
+
 def hf_reference(transformers, torch, model_dir, ids, f32):
     """transformers' fp32 loss, logits and every parameter gradient of one batch."""
     ref = transformers.AutoModelForCausalLM.from_pretrained(model_dir, **f32, attn_implementation="eager")
     ref.train()  # dropout is 0 in these configs; train() only enables grads
-    out = ref(input_ids=ids, labels=ids)
-    out.loss.backward()
-    T = ids.shape[1] - 1
-    reference = {"loss": out.loss.detach().reshape(1).float(),
-                 "logits": out.logits[:, :T].detach().float().contiguous()}
-    for name, p in ref.named_parameters():
-        reference[name] = p.grad.detach().float().contiguous()
-    return ref, out.loss.item(), reference
+    loss, logits = hf_forward(torch, ref, ids)
+    loss.backward()
+    reference = {"loss": loss.detach().reshape(1).float(), "logits": logits.detach().float().contiguous()}
+    reference.update(grads_by_hub_name(ref))
+    return ref, loss.item(), reference
 
 
 def hf_autocast_errors(transformers, torch, model_dir, ids, reference, f32):
@@ -156,11 +237,11 @@ def hf_autocast_errors(transformers, torch, model_dir, ids, reference, f32):
     hf16 = transformers.AutoModelForCausalLM.from_pretrained(model_dir, **f32, attn_implementation="sdpa").cuda()
     hf16.train()
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        o16 = hf16(input_ids=ids.cuda(), labels=ids.cuda())
-    o16.loss.backward()
-    errs = {"loss": rel(o16.loss.detach().float().cpu().reshape(1), reference["loss"])}
-    for name, p in hf16.named_parameters():
-        errs[name] = rel(p.grad.detach().float().cpu(), reference[name])
+        loss16, _ = hf_forward(torch, hf16, ids.cuda())
+    loss16.backward()
+    errs = {"loss": rel(loss16.detach().float().cpu().reshape(1), reference["loss"])}
+    for name, g in grads_by_hub_name(hf16).items():
+        errs[name] = rel(g.cpu(), reference[name])
     return errs
 
 
@@ -239,7 +320,7 @@ def check_family(args, torch, transformers, load_file, save_file, f32, label, mo
             ref_params = dict(ref.named_parameters())
             diff = [n for n, p in back.named_parameters() if n not in ref_params or not torch.equal(p, ref_params[n])]
             with torch.no_grad():
-                loss_back = back(input_ids=ids, labels=ids).loss.item()
+                loss_back = hf_forward(torch, back, ids)[0].item()
             same = not diff and loss_back == ref_loss and len(ref_params) == len(dict(back.named_parameters()))
             failed += not same
             print(f"{label} export: transformers loaded {export}: {'bitwise equal' if not diff else 'differs in ' + ', '.join(diff[:4])}, "
