@@ -236,6 +236,12 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
         uint64_t most = anchor > backward ? anchor : backward;
         if (table > most) most = table;
         work[MT_PLAN_GRAD_ACC] = mul(most, 4, &of);
+        /* with a GPU the table's has its own host home too, pinned: the CPU embedding backward
+         * writes it (runtime/state.c) */
+        if (p->use_gpu) {
+            plan->host[MT_PLAN_GRAD_ACC] = mul(E, 4, &of);
+            plan->host_pinned[MT_PLAN_GRAD_ACC] = true;
+        }
     }
     /* The per-layer sizes below multiply B*T by the widest activation row; refuse sizes whose
      * products would not fit before computing them. */

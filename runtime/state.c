@@ -42,7 +42,7 @@ static void *alloc_state(size_t bytes)
 }
 
 /* mt_tile.pinned_kinds */
-enum { PIN_WEIGHTS = 1, PIN_MASTER = 2, PIN_GRAD = 4, PIN_M = 8, PIN_V = 16, PIN_GRAD_ALT = 32 };
+enum { PIN_WEIGHTS = 1, PIN_MASTER = 2, PIN_GRAD = 4, PIN_M = 8, PIN_V = 16, PIN_GRAD_ALT = 32, PIN_GRAD_ACC = 64 };
 
 /* Frees an allocation of tile t's kind `kind` (a PIN_* bit), unpinning it if it was pinned. */
 static void free_state(mt_tile *t, unsigned kind, void *p, size_t bytes)
@@ -115,6 +115,7 @@ static void zero_tile(mt_host_state *st, int i, void *arg)
     if (st->layout == MT_LAYOUT_COMPACT) {
         const size_t half = (size_t)t->numel * sizeof(uint16_t);
         bad += zero_and_pin(t, PIN_GRAD, t->grad_bf16, half);
+        if (t->grad_acc) bad += zero_and_pin(t, PIN_GRAD_ACC, t->grad_acc, fbytes);
         memset(t->master_lo, 0, round_up(half, TILE_ALIGN_BYTES));
         memset(t->adam_m, 0, round_up(fbytes, TILE_ALIGN_BYTES));
         memset(t->adam_v, 0, round_up(fbytes, TILE_ALIGN_BYTES));
@@ -230,11 +231,16 @@ static int register_tile(mt_host_state *st, mt_tile *t, size_t weight_allocsize)
     t->nchunks = mt_state_build_chunks(t->layout, st->chunk_numel, &t->chunks);
     t->h_weights_chunk = plan_chunks(t, t->h_weights);
     if (st->layout == MT_LAYOUT_COMPACT) {
-        /* the bf16 gradient shares the weights' allocation size; its fp32 accumulator has no home,
-         * and every layer's is the same size, so StarPU recycles their buffers */
+        /* the bf16 gradient shares the weights' allocation size. Its fp32 accumulator: the
+         * table's has a host home (alloc_tile), the others none (every layer's is the same size,
+         * so StarPU recycles their buffers where the compute runs) */
         t->grad_allocsize = weight_allocsize;
         register_grad(t, t->grad_bf16, sizeof(mt_bf16), &t->h_grad, &t->h_grad_chunk);
-        starpu_vector_data_register(&t->h_grad_acc, -1, 0, (uint32_t)t->numel, sizeof(float));
+        if (t->grad_acc)
+            starpu_vector_data_register(&t->h_grad_acc, STARPU_MAIN_RAM, (uintptr_t)t->grad_acc, (uint32_t)t->numel,
+                                        sizeof(float));
+        else
+            starpu_vector_data_register(&t->h_grad_acc, -1, 0, (uint32_t)t->numel, sizeof(float));
         register_state_chunks(t, (void *const[3]){ t->master_lo, t->adam_m, t->adam_v },
                               (const size_t[3]){ sizeof(uint16_t), sizeof(float), sizeof(float) },
                               (starpu_data_handle_t **[3]){ &t->h_master_lo_chunk, &t->h_m_chunk, &t->h_v_chunk });
@@ -266,7 +272,12 @@ static bool alloc_tile(const mt_host_state *st, mt_tile *t)
     if (st->layout == MT_LAYOUT_COMPACT) {
         t->master_lo = alloc_state(half);
         t->grad_bf16 = alloc_state(half);
-        return t->weights && t->adam_m && t->adam_v && t->master_lo && t->grad_bf16;
+        /* The table's fp32 accumulator is written on the host by the CPU embedding backward, and it
+         * is the size of the table (5 GB at a 72B shape's): a home of its own, so that StarPU's RAM
+         * node, which can be far smaller than the host's memory (runtime/step/graph.c,
+         * alloc_homes), need not hold it. Pinned with the rest when a GPU copies it. */
+        if (t->index == 0) t->grad_acc = alloc_state(fbytes);
+        return t->weights && t->adam_m && t->adam_v && t->master_lo && t->grad_bf16 && (t->index != 0 || t->grad_acc);
     }
     t->master = alloc_state(fbytes);
     t->grad = alloc_state(fbytes);
@@ -410,7 +421,7 @@ void mt_state_destroy(mt_host_state *st)
         unregister_state_chunks(t, (starpu_data_handle_t **[3]){ &t->h_master_chunk, &t->h_m_chunk, &t->h_v_chunk });
         for (int c = 0; t->h_master_lo_chunk && c < t->nchunks; c++) starpu_data_unregister(t->h_master_lo_chunk[c]);
         free(t->h_master_lo_chunk);
-        if (t->h_grad_acc) starpu_data_unregister(t->h_grad_acc);
+        if (t->h_grad_acc) starpu_data_unregister_no_coherency(t->h_grad_acc); /* dropped each step: no value */
         if (t->h_weights) {
             starpu_data_partition_clean(t->h_weights, t->nchunks, t->h_weights_chunk);
             starpu_data_unregister(t->h_weights);
@@ -423,6 +434,7 @@ void mt_state_destroy(mt_host_state *st)
         free_state(t, PIN_GRAD, t->grad, fbytes);
         free_state(t, PIN_MASTER, t->master_lo, half);
         free_state(t, PIN_GRAD, t->grad_bf16, half);
+        free_state(t, PIN_GRAD_ACC, t->grad_acc, fbytes);
         free_state(t, PIN_M, t->adam_m, fbytes);
         free_state(t, PIN_V, t->adam_v, fbytes);
         free(t->chunks);

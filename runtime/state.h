@@ -55,11 +55,13 @@ typedef struct mt_tile {
     /* The compact layout (mt_host_state.layout; docs/design.md, section 1.1), where master and
      * grad are NULL: `weights` is the master's high half (bf16, streamed), master_lo its low 16
      * bits (backends/cpu/master_planes.h), grad_bf16 the gradient's home (what h_grad covers, bf16),
-     * written once a step from h_grad_acc, the fp32 accumulator the compute tasks write (no host
-     * home: StarPU allocates it where they run). h_master_lo_chunk: master_lo's AdamW chunks.
-     * All NULL in the full layout. */
+     * written once a step from h_grad_acc, the fp32 accumulator the compute tasks write (the
+     * table's has its host home grad_acc, written by the CPU embedding backward; the others have
+     * none: StarPU allocates them where the tasks run). h_master_lo_chunk: master_lo's AdamW
+     * chunks. All NULL in the full layout. */
     uint16_t *master_lo;
     mt_bf16 *grad_bf16;
+    float *grad_acc;
     starpu_data_handle_t h_grad_acc, *h_master_lo_chunk;
 } mt_tile;
 
