@@ -379,6 +379,16 @@ check_error "bench --shape tiny --seq-len 512: a length given is checked" \
     "sequence length 512 exceeds the model's max_position_embeddings 256" bench --shape tiny --seq-len 512
 check_ok "bench --help says the default length" "2048 unless given, or the model's longest" bench --help
 
+# StarPU's RAM node holds only what StarPU allocates itself (every activation has a host home):
+# on CPU workers, each worker's scratch (19.19 MiB at 8 x 256 for the tiny shape). Under a limit
+# below the two workers' 38.39 MiB the run is refused before any step, naming the node; just
+# above it, it runs.
+STARPU_LIMIT_CPU_MEM=16 check_error "a RAM node too small for the workers' scratch is refused" \
+    "scratch buffers need 19.19 MiB on each of the 2 CPU workers \(38.39 MiB in all\) in StarPU's RAM node, which holds 16.00 MiB" \
+    bench --shape tiny --micro-batch 8 --seq-len 256 --warmup 0 --steps 1 --ncpu 2 --ncuda 0
+STARPU_LIMIT_CPU_MEM=40 check_ok "a RAM node just above the workers' scratch is enough" '^\| tiny \| 1 x 8 x 256 \|' \
+    bench --shape tiny --micro-batch 8 --seq-len 256 --warmup 0 --steps 1 --ncpu 2 --ncuda 0
+
 # --ncpu above the cores: a warning naming both numbers, not an error.
 cores=$(nproc)
 if [ "$cores" -lt 100 ]; then

@@ -107,6 +107,31 @@ static int check_config(const mt_host_state *st, const mt_step_config *sc, bool 
     return 0;
 }
 
+/* What StarPU still allocates itself in its RAM node for the step must fit there (every other
+ * buffer has a host home: alloc_homes): on CPU workers, the layer and head scratch of each worker
+ * that runs them, which keeps them from then on. That node's size is hwloc's reading of the
+ * machine's memory, or less with STARPU_LIMIT_CPU_MEM, and a buffer that does not fit it waits
+ * for room for ever: refused here, before anything is allocated. 0, or -1 with err set. */
+static int check_ram_node(const mt_host_state *st, const mt_step_config *sc, bool gpu, char *err, size_t errlen)
+{
+    const starpu_ssize_t total = starpu_memory_get_total(STARPU_MAIN_RAM);
+    const unsigned n = starpu_cpu_worker_get_count();
+    if (gpu || total <= 0 || n == 0) return 0;
+    const int64_t ntok = sc->B * sc->T, chunk = sc->head_chunk < ntok ? sc->head_chunk : ntok;
+    const size_t per = (size_t)byte_units(mt_codelet_layer_scratch_bytes(&st->cfg, st->compute_dtype, false, sc->B, sc->T)) *
+                           BYTE_UNIT +
+                       (size_t)byte_units(mt_codelet_head_scratch_bytes(&st->cfg, st->compute_dtype, false, chunk)) * BYTE_UNIT;
+    const starpu_ssize_t avail = starpu_memory_get_available(STARPU_MAIN_RAM);
+    if ((double)per * n <= (double)avail) return 0;
+    char a[32], b[32], c[32], d[32];
+    snprintf(err, errlen, "the step's scratch buffers need %s on each of the %u CPU workers (%s in all) in StarPU's RAM "
+             "node, which holds %s with %s free (StarPU sizes it from hwloc's reading of this machine's memory, or from "
+             "STARPU_LIMIT_CPU_MEM): use fewer CPU workers (--ncpu), a smaller micro-batch or sequence, or a larger "
+             "STARPU_LIMIT_CPU_MEM", mt_format_bytes(per, a, sizeof a), n, mt_format_bytes((uint64_t)per * n, b, sizeof b),
+             mt_format_bytes((uint64_t)total, c, sizeof c), mt_format_bytes(avail > 0 ? (uint64_t)avail : 0, d, sizeof d));
+    return -1;
+}
+
 /* The model as the compute tasks see it, the table's chunks as boundaries (they tile the
  * table: a partition must). */
 static void describe_model(mt_graph *g)
@@ -214,7 +239,7 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc_in, char *
         dist_sc.adamw_defer = 0;
     }
     const mt_step_config *sc = &dist_sc;
-    if (check_config(st, sc, gpu, err, errlen)) return NULL;
+    if (check_config(st, sc, gpu, err, errlen) || check_ram_node(st, sc, gpu, err, errlen)) return NULL;
     if (ranks > 1 && st->layout == MT_LAYOUT_COMPACT) {
         snprintf(err, errlen, "a run over %d ranks needs the full host layout (--host-layout full): the gradients are "
                  "summed over the ranks in fp32, and the compact layout keeps them in bf16", ranks);
