@@ -221,8 +221,8 @@ static int alloc_homes(mt_graph *g, const mt_step_config *sc, int nblocks, int n
     if (ok) return 0;
     const int got = g->nhomes;
     free_homes(g);
-    snprintf(err, errlen, "cannot allocate %s host memory for the activation buffers: buffer %d of %d (%zu bytes) "
-             "failed; free host memory, or use a smaller micro-batch or sequence%s", pin ? "pinned" : "", got + 1, n,
+    snprintf(err, errlen, "cannot allocate %shost memory for the activation buffers: buffer %d of %d (%zu bytes) "
+             "failed; free host memory, or use a smaller micro-batch or sequence%s", pin ? "pinned " : "", got + 1, n,
              bytes, nckpt_pinned ? " (or --offload-checkpoints off: the offloaded checkpoints are pinned)" : "");
     return -1;
 }
