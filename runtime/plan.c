@@ -87,9 +87,6 @@ static uint64_t host_state_bytes(const mt_plan *plan, uint64_t elem)
  * measurement on a GPU host (the peak line of `megatrain train` there gives it). */
 #define CUDA_CONTEXT_BYTES ((uint64_t)512 << 20)
 
-/* A byte buffer of the step graph as it registers it: whole MT_PLAN_BYTE_UNITs. */
-static uint64_t byte_units(uint64_t bytes) { return (bytes + MT_PLAN_BYTE_UNIT - 1) / MT_PLAN_BYTE_UNIT * MT_PLAN_BYTE_UNIT; }
-
 /* Fills the process's rows (host only) of a plan whose state and working set are counted. */
 static int count_process(mt_plan *plan, const uint64_t *work, uint64_t ntok)
 {
@@ -257,11 +254,11 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
     const uint64_t mb = (uint64_t)p->grad_accum, hidden = mul(mul(ntok, d, &of), 4, &of);
     work[MT_PLAN_CHECKPOINTS] = mul(mb, mul((uint64_t)plan->num_checkpoints, hidden, &of), &of);
     work[MT_PLAN_BLOCK_SAVED] =
-        mul(K, byte_units(mt_codelet_layer_saved_bytes(cfg, p->compute, p->use_gpu, p->micro_batch, p->seq_len)), &of);
+        mul(K, mt_plan_byte_buffer(mt_codelet_layer_saved_bytes(cfg, p->compute, p->use_gpu, p->micro_batch, p->seq_len)), &of);
     work[MT_PLAN_ACT_GRADS] = mul(mb, mul(4, hidden, &of), &of);
     work[MT_PLAN_WORKSPACE] =
-        add(byte_units(mt_codelet_layer_scratch_bytes(cfg, p->compute, p->use_gpu, p->micro_batch, p->seq_len)),
-            byte_units(mt_codelet_head_scratch_bytes(cfg, p->compute, p->use_gpu, p->head_chunk)), &of);
+        add(mt_plan_byte_buffer(mt_codelet_layer_scratch_bytes(cfg, p->compute, p->use_gpu, p->micro_batch, p->seq_len)),
+            mt_plan_byte_buffer(mt_codelet_head_scratch_bytes(cfg, p->compute, p->use_gpu, p->head_chunk)), &of);
     /* Two slots (step s+1 is filled while step s runs) of tokens and targets per micro-batch,
      * and one micro-batch for evaluation. */
     work[MT_PLAN_INPUTS] = mul(add(mul(2, mb, &of), 1, &of), mul(2 * 4, ntok, &of), &of);

@@ -26,6 +26,11 @@
 /* The step graph's byte buffers (a layer's saved activations, the scratch) are vectors of whole
  * units of this many bytes (runtime/step/graph.c): one may hold more than 16 GiB. */
 #define MT_PLAN_BYTE_UNIT 64
+/* A byte buffer of `bytes` as the step graph registers it: rounded up to whole units. */
+static inline uint64_t mt_plan_byte_buffer(uint64_t bytes)
+{
+    return (bytes + MT_PLAN_BYTE_UNIT - 1) / MT_PLAN_BYTE_UNIT * MT_PLAN_BYTE_UNIT;
+}
 #define MT_PLAN_GPU_MARGIN_PERCENT 2
 #define MT_PLAN_GPU_MARGIN_BYTES ((uint64_t)256 << 20)
 /* ... and the CUDA context's device side: the context itself, the kernels of libcudart, cuBLASLt

@@ -108,29 +108,25 @@ FAMILIES = {
                                          output_router_logits=False,
                                          rope=dict(rope_theta=1000000.0, rope_type="default")),
                   "float32", None),
-    "qwen3_moe-aux": ("Qwen3MoeConfig", dict(vocab_size=150, hidden_size=80, intermediate_size=72,
-                                             moe_intermediate_size=40, num_experts=6, num_experts_per_tok=2,
-                                             norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[],
-                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                             head_dim=32, max_position_embeddings=128, rms_norm_eps=1e-6,
-                                             tie_word_embeddings=False, use_sliding_window=False,
-                                             output_router_logits=True, router_aux_loss_coef=0.05,
-                                             rope=dict(rope_theta=1000000.0, rope_type="default")),
-                      "bfloat16", None),
     "mixtral": ("MixtralConfig", dict(vocab_size=150, hidden_size=80, intermediate_size=72, num_local_experts=4,
                                       num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
                                       num_key_value_heads=2, head_dim=32, max_position_embeddings=128,
                                       rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=None,
                                       output_router_logits=False, rope=dict(rope_theta=1000000.0, rope_type="default")),
                 "float32", None),
-    "mixtral-aux": ("MixtralConfig", dict(vocab_size=150, hidden_size=80, intermediate_size=72, num_local_experts=4,
-                                          num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
-                                          num_key_value_heads=2, head_dim=32, max_position_embeddings=128,
-                                          rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=None,
-                                          output_router_logits=True, router_aux_loss_coef=0.05,
-                                          rope=dict(rope_theta=1000000.0, rope_type="default")),
-                    "float32", "100KB"),
 }
+
+
+def with_aux(family, disk_dtype, shard, **changes):
+    """A family's entry with the router's load-balancing loss on (coefficient 0.05) and `changes`
+    to its config, stored as disk_dtype in shard-sized files."""
+    cls_name, kw, _, _ = FAMILIES[family]
+    return cls_name, dict(kw, output_router_logits=True, router_aux_loss_coef=0.05, **changes), disk_dtype, shard
+
+
+FAMILIES["qwen3_moe-aux"] = with_aux("qwen3_moe", "bfloat16", None, norm_topk_prob=False, mlp_only_layers=[],
+                                     num_hidden_layers=2, tie_word_embeddings=False)
+FAMILIES["mixtral-aux"] = with_aux("mixtral", "float32", "100KB")
 
 
 def hub_names(name, t, mixtral):
@@ -154,7 +150,7 @@ def hub_names(name, t, mixtral):
                 else:
                     out.append((f"{prefix}{e}.{down}.weight", t[e]))
             return [(n, x.contiguous()) for n, x in out]
-    return [(name, t)]
+    return [(name, t.contiguous())]
 
 
 def grads_by_hub_name(model):
@@ -162,7 +158,7 @@ def grads_by_hub_name(model):
     out = {}
     for name, p in model.named_parameters():
         for n, g in hub_names(name, p.grad.detach().float(), mixtral):
-            out[n] = g.contiguous()
+            out[n] = g
     return out
 
 

@@ -31,7 +31,7 @@ mt_step_config mt_step_defaults(void)
 #define BYTE_UNIT MT_PLAN_BYTE_UNIT
 #define BYTE_BUFFER_MAX ((size_t)UINT32_MAX * BYTE_UNIT)
 
-static uint32_t byte_units(size_t bytes) { return (uint32_t)((bytes + BYTE_UNIT - 1) / BYTE_UNIT); }
+static uint32_t byte_units(size_t bytes) { return (uint32_t)(mt_plan_byte_buffer(bytes) / BYTE_UNIT); }
 
 /* A byte buffer with no home: StarPU allocates it where the task runs. */
 static starpu_data_handle_t new_bytes(size_t bytes)
@@ -108,19 +108,16 @@ static int check_config(const mt_host_state *st, const mt_step_config *sc, bool 
 }
 
 /* What StarPU still allocates itself in its RAM node for the step must fit there (every other
- * buffer has a host home: alloc_homes): on CPU workers, the layer and head scratch of each worker
- * that runs them, which keeps them from then on. That node's size is hwloc's reading of the
- * machine's memory, or less with STARPU_LIMIT_CPU_MEM, and a buffer that does not fit it waits
- * for room for ever: refused here, before anything is allocated. 0, or -1 with err set. */
-static int check_ram_node(const mt_host_state *st, const mt_step_config *sc, bool gpu, char *err, size_t errlen)
+ * buffer has a host home: alloc_homes): on CPU workers, the layer and head scratch (`per` bytes,
+ * as registered) of each worker that runs them, which keeps them from then on. That node's
+ * size is hwloc's reading of the machine's memory, or less with STARPU_LIMIT_CPU_MEM, and a
+ * buffer that does not fit it waits for room for ever: refused here, before anything is
+ * allocated. 0, or -1 with err set. */
+static int check_ram_node(size_t per, bool gpu, char *err, size_t errlen)
 {
     const starpu_ssize_t total = starpu_memory_get_total(STARPU_MAIN_RAM);
     const unsigned n = starpu_cpu_worker_get_count();
     if (gpu || total <= 0 || n == 0) return 0;
-    const int64_t ntok = sc->B * sc->T, chunk = sc->head_chunk < ntok ? sc->head_chunk : ntok;
-    const size_t per = (size_t)byte_units(mt_codelet_layer_scratch_bytes(&st->cfg, st->compute_dtype, false, sc->B, sc->T)) *
-                           BYTE_UNIT +
-                       (size_t)byte_units(mt_codelet_head_scratch_bytes(&st->cfg, st->compute_dtype, false, chunk)) * BYTE_UNIT;
     const starpu_ssize_t avail = starpu_memory_get_available(STARPU_MAIN_RAM);
     if ((double)per * n <= (double)avail) return 0;
     char a[32], b[32], c[32], d[32];
@@ -216,7 +213,7 @@ static int alloc_homes(mt_graph *g, const mt_step_config *sc, int nblocks, int n
     for (int b = 0; ok && b < nblocks * sc->accum; b++) ok = alloc_home(g, bytes, pin = b < nckpt_pinned) != NULL;
     for (int u = 0; ok && u < sc->accum; u++)
         for (int k = 0; ok && k < 4; k++) ok = alloc_home(g, bytes, pin = gpu && k == 2) != NULL; /* k 2: grad[u][0] */
-    bytes = (size_t)byte_units(saved_bytes) * BYTE_UNIT;
+    bytes = mt_plan_byte_buffer(saved_bytes);
     for (int j = 0; ok && j < sc->K; j++) ok = alloc_home(g, bytes, pin = false) != NULL;
     if (ok) return 0;
     const int got = g->nhomes;
@@ -239,7 +236,12 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc_in, char *
         dist_sc.adamw_defer = 0;
     }
     const mt_step_config *sc = &dist_sc;
-    if (check_config(st, sc, gpu, err, errlen) || check_ram_node(st, sc, gpu, err, errlen)) return NULL;
+    if (check_config(st, sc, gpu, err, errlen)) return NULL;
+    const int64_t head_chunk = sc->head_chunk < sc->B * sc->T ? sc->head_chunk : sc->B * sc->T;
+    const size_t layer_scratch = mt_codelet_layer_scratch_bytes(&st->cfg, st->compute_dtype, gpu, sc->B, sc->T),
+                 head_scratch = mt_codelet_head_scratch_bytes(&st->cfg, st->compute_dtype, gpu, head_chunk);
+    if (check_ram_node(mt_plan_byte_buffer(layer_scratch) + mt_plan_byte_buffer(head_scratch), gpu, err, errlen))
+        return NULL;
     if (ranks > 1 && st->layout == MT_LAYOUT_COMPACT) {
         snprintf(err, errlen, "a run over %d ranks needs the full host layout (--host-layout full): the gradients are "
                  "summed over the ranks in fp32, and the compact layout keeps them in bf16", ranks);
@@ -291,10 +293,9 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc_in, char *
     g->saved = calloc(sc->K, sizeof *g->saved);
     for (int j = 0; j < sc->K; j++) g->saved[j] = homed_bytes((home++)->p, saved_bytes);
     assert(home == g->homes + g->nhomes);
-    g->scratch_layer = new_bytes(mt_codelet_layer_scratch_bytes(&st->cfg, st->compute_dtype, gpu, sc->B, sc->T));
-    int64_t chunk = sc->head_chunk < g->ntok ? sc->head_chunk : g->ntok;
-    g->sc.head_chunk = chunk;
-    g->scratch_head = new_bytes(mt_codelet_head_scratch_bytes(&st->cfg, st->compute_dtype, gpu, chunk));
+    g->scratch_layer = new_bytes(layer_scratch);
+    g->sc.head_chunk = head_chunk;
+    g->scratch_head = new_bytes(head_scratch);
 
     g->partial_mem = calloc(st->ntiles, sizeof(double));
     g->partial = calloc(st->ntiles, sizeof *g->partial);
