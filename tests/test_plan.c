@@ -582,7 +582,7 @@ START_TEST(test_process_rows)
         ck_assert_uint_eq(plan.gpu_total, bare.gpu_total);
         if (gpu) {
             ck_assert_uint_eq(plan.host[MT_PLAN_CPU_SCRATCH], 0);
-            ck_assert_uint_eq(plan.host[MT_PLAN_CUDA], 512ULL << 20);
+            ck_assert_uint_eq(plan.host[MT_PLAN_CUDA], 288ULL << 20);
         } else {
             /* the other workers' scratch copies, and 25% of the working set with them */
             const uint64_t copies = (uint64_t)(ncpu - 1) * plan.host[MT_PLAN_WORKSPACE];

@@ -2,7 +2,7 @@
 # The GPU checks, run on the GPU machine from binaries built on the development machine:
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, from the repository root on the GPU machine (build-gpu and .deps/gpu-runtime carried):
-#   tools/gpu_check.sh [quick|bench3b|parity|ab3b|final3b|scale7b|train7b|width|numerics|long|long262|generate|moe]
+#   tools/gpu_check.sh [quick|bench3b|parity|ab3b|final3b|scale7b|train7b|width|numerics|long|long262|generate|rss|moe]
 #
 #   quick    correctness: megatrain info, the CUDA suites (test_cuda, test_cuda_attention,
 #            test_gpu_step), their kernel timings (MT_CUDA_BENCH=1), the 0.5B step, PyTorch's
@@ -50,6 +50,9 @@
 #            own kernels.
 #   generate megatrain generate on a random Qwen2.5-0.5B: 32 greedy tokens on the CPU workers, on the
 #            GPU in fp32 (the same tokens expected) and in bf16.
+#   rss      the peak host memory of `megatrain train` on the GPU beside its plan's host total: the
+#            built-in byte-level model on .deps/fortunes (a copy of the fortunes files, carried), and
+#            a random Qwen2.5-0.5B on DATA (default .deps/fortunes-qwen3), 4 x 2048 tokens a step.
 #   moe      the CUDA mixture-of-experts suite against the CPU ops, then its timings
 #            (MT_CUDA_BENCH=1) at the Qwen3-30B-A3B layer shape.
 #
@@ -262,12 +265,24 @@ generate)
     else echo "generate: fp32 on the GPU and the CPU differ" | tee -a "$OUT/summary.txt"; fi
     rm -rf "$tmp"
     ;;
+rss)
+    DATA=${DATA:-.deps/fortunes-qwen3}
+    run rss_tiny "$B/tools/megatrain" train --data .deps/fortunes --steps 20 --eval-every 0 --sample-bytes 0
+    tmp=${TMPDIR:-/tmp}/megatrain-rss
+    rm -rf "$tmp" && mkdir -p "$tmp"
+    run make_05b_rss python3 tools/torch_train.py --make-model qwen2.5-0.5b --model "$tmp/m"
+    cp tests/fixtures/tokenizers/qwen3/tokenizer.json "$tmp/m/"
+    run rss_05b "$B/tools/megatrain" train --model "$tmp/m" --data "$DATA" --seq-len 2048 --micro-batch 4 \
+        --steps 4 --warmup 1 --eval-every 0 --sample-bytes 0
+    for f in rss_tiny rss_05b; do echo "$f: $(grep -h 'peak host memory' "$OUT/$f.log" | tail -1)"; done | tee -a "$OUT/summary.txt"
+    rm -rf "$tmp"
+    ;;
 moe)
     run test_cuda_moe "$B/tests/test_cuda_moe"
     MT_CUDA_BENCH=1 run moe_bench "$B/tests/test_cuda_moe"
     ;;
 *)
-    echo "gpu_check.sh: unknown mode '$mode' (quick, bench3b, parity, ab3b, final3b, scale7b, train7b, width, numerics, long, long262, generate or moe)" >&2
+    echo "gpu_check.sh: unknown mode '$mode' (quick, bench3b, parity, ab3b, final3b, scale7b, train7b, width, numerics, long, long262, generate, rss or moe)" >&2
     exit 2
     ;;
 esac
