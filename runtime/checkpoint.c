@@ -1,7 +1,9 @@
 /* Training checkpoint files. Layout (little-endian, as the host):
  *   "MTCKPT01" | u32 version | u32 ntiles | the model's shape (8 int64 + 2 double) |
  *   step, rng_state, seed (3 x u64) | version 2: updates (u64), u32 n, n bytes of settings |
- *   per tile: i64 numel, then master, m, v (numel fp32 each) | u64 FNV-1a of everything before it.
+ *   version 3: u32 shard ranks, u32 shard rank |
+ *   per tile: i64 numel, then master, m, v (numel fp32 each; nothing more for a tile the shard
+ *   does not hold) | u64 FNV-1a of everything before it.
  * The shape is compared on load so a checkpoint of another model is refused up front. */
 #include "runtime/checkpoint.h"
 
@@ -86,13 +88,16 @@ int mt_checkpoint_save(const char *path, const mt_host_state *st, const mt_check
     uint32_t nsettings = (uint32_t)strnlen(meta->settings, sizeof meta->settings);
     put(&w, &nsettings, sizeof nsettings);
     put(&w, meta->settings, nsettings);
+    const uint32_t shard[2] = { (uint32_t)st->shard_ranks, (uint32_t)st->shard_rank };
+    put(&w, shard, sizeof shard);
     float *buf = NULL; /* a compact tile's master, decoded */
     for (int i = 0; i < st->ntiles; i++) {
         const mt_tile *t = &st->tiles[i];
         size_t bytes = (size_t)t->numel * sizeof(float);
+        put(&w, &t->numel, sizeof t->numel);
+        if (!mt_state_holds(st, i)) continue; /* another rank's shard has it */
         const float *master = mt_state_master_f32(st, i, &buf);
         if (!master && !w.failed) w.failed = ENOMEM;
-        put(&w, &t->numel, sizeof t->numel);
         put(&w, master, bytes);
         put(&w, t->adam_m, bytes);
         put(&w, t->adam_v, bytes);
@@ -194,6 +199,32 @@ int mt_checkpoint_save_kept(const char *path, int64_t keep_last, const mt_host_s
     return 0;
 }
 
+void mt_checkpoint_shard_name(const char *base, int rank, int ranks, int64_t step, char *out, size_t len)
+{
+    snprintf(out, len, "%s.shard%dof%d.%06lld", base, rank, ranks, (long long)step);
+}
+
+void mt_checkpoint_base_of(const char *path, int64_t step, char *out, size_t len)
+{
+    snprintf(out, len, "%s", path);
+    const char *dot = strrchr(path, '.'), *slash = strrchr(path, '/');
+    if (!dot || (slash && dot < slash) || dot == path) return;
+    char base[4200];
+    snprintf(base, sizeof base, "%.*s", (int)(dot - path), path);
+    const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    const char *bname = strrchr(base, '/') ? strrchr(base, '/') + 1 : base;
+    if (numbered_step(name, bname) == step) snprintf(out, len, "%s", base);
+}
+
+void mt_checkpoint_prune_shards(const char *base, int rank, int ranks, int64_t step, int64_t keep)
+{
+    char dir[4096], shard[4400];
+    mt_dir_of(base, dir, sizeof dir);
+    const char *name = strrchr(base, '/') ? strrchr(base, '/') + 1 : base;
+    snprintf(shard, sizeof shard, "%s.shard%dof%d", name, rank, ranks);
+    prune_numbered(dir, shard, step, keep < 1 ? 1 : keep);
+}
+
 typedef struct reader { FILE *f; uint64_t hash; const char *path; char *err; size_t errlen; } reader;
 
 static int get(reader *r, void *p, size_t n, const char *what)
@@ -257,6 +288,18 @@ static int read_header(reader *r, const mt_model_config *cfg, int want_tiles, ui
             return -1;
         }
     }
+    meta->shard_ranks = 1;
+    meta->shard_rank = 0;
+    if (version >= 3) {
+        uint32_t shard[2];
+        if (get(r, shard, sizeof shard, "the shard")) return -1;
+        if (shard[0] < 1 || shard[0] > (1u << 20) || shard[1] >= shard[0]) {
+            snprintf(r->err, r->errlen, "%s: shard %u of %u ranks (damaged file?)", r->path, shard[1], shard[0]);
+            return -1;
+        }
+        meta->shard_ranks = shard[0];
+        meta->shard_rank = shard[1];
+    }
     return 0;
 }
 
@@ -292,6 +335,16 @@ int mt_checkpoint_load(const char *path, mt_host_state *st, mt_checkpoint_meta *
         goto out;
     }
     if (read_header(&r, &st->cfg, st->ntiles, &ntiles, m)) goto out;
+    if (m->shard_ranks != (uint32_t)st->shard_ranks || m->shard_rank != (uint32_t)st->shard_rank) {
+        if (m->shard_ranks == 1)
+            snprintf(err, errlen, "%s: a checkpoint of one process, not a shard: this run has %d ranks (resume it without "
+                     "mpirun, or with the same ranks that wrote it)", path, st->shard_ranks);
+        else
+            snprintf(err, errlen, "%s: rank %u's shard of a checkpoint written by %u ranks; this is rank %d of %d: resume "
+                     "with mpirun -np %u", path, m->shard_rank, m->shard_ranks, st->shard_rank, st->shard_ranks,
+                     m->shard_ranks);
+        goto out;
+    }
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
         int64_t numel;
@@ -302,6 +355,7 @@ int mt_checkpoint_load(const char *path, mt_host_state *st, mt_checkpoint_meta *
             snprintf(err, errlen, "%s: tile %d has %lld elements, the model's has %lld", path, i, (long long)numel, (long long)t->numel);
             goto out;
         }
+        if (!mt_state_holds(st, i)) continue; /* its owner's shard has it */
         size_t bytes = (size_t)numel * sizeof(float);
         float *master = t->master;
         if (!master && !(master = buf = realloc(buf, bytes))) {

@@ -12,6 +12,9 @@
 
 static bool running;
 static int rank, size = 1;
+/* MPI_COMM_WORLD's duplicate for the messages outside the step graph (mt_dist_share_weights,
+ * mt_dist_gather_masters): StarPU-MPI's own traffic is on MPI_COMM_WORLD. */
+static MPI_Comm side = MPI_COMM_NULL;
 
 /* The first of the launchers' variables that is set, as a positive integer; else `fallback`. */
 static int env_int(const char *const *names, int fallback)
@@ -31,6 +34,7 @@ static const char *const local_size_vars[] = { "OMPI_COMM_WORLD_LOCAL_SIZE", "MP
 static const char *const local_rank_vars[] = { "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", NULL };
 
 bool mt_dist_launched(void) { return env_int(size_vars, 1) > 1; }
+int mt_dist_launched_size(void) { return mt_dist_launched() ? env_int(size_vars, 1) : 1; }
 int mt_dist_local_size(void) { return mt_dist_launched() ? env_int(local_size_vars, 1) : 1; }
 int mt_dist_local_rank(void) { return mt_dist_launched() ? env_int(local_rank_vars, 0) : 0; }
 
@@ -61,6 +65,7 @@ int mt_dist_start(struct starpu_conf *conf, char *err, size_t errlen)
     }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_dup(MPI_COMM_WORLD, &side);
     running = true;
     return 0;
 }
@@ -69,6 +74,7 @@ void mt_dist_shutdown(void)
 {
     if (!running) return;
     starpu_mpi_shutdown();
+    if (side != MPI_COMM_NULL) MPI_Comm_free(&side);
     MPI_Finalize();
     running = false;
     rank = 0;
@@ -125,4 +131,60 @@ int mt_dist_check_same(const char *what, const void *bytes, size_t n, char *err,
     snprintf(err, errlen, "rank %d of %d was started with other %s than rank 0: every rank must run the same command",
              differs, size, what);
     return -1;
+}
+
+/* MPI counts are ints: large buffers go in pieces of at most this many bytes. */
+#define PIECE_BYTES ((size_t)1 << 30)
+
+int mt_dist_share_weights(mt_host_state *st, char *err, size_t errlen)
+{
+    if (!running || st->shard_ranks <= 1) return 0;
+    const size_t esz = mt_dtype_size(st->compute_dtype);
+    for (int i = 0; i < st->ntiles; i++) {
+        mt_tile *t = &st->tiles[i];
+        const size_t bytes = (size_t)t->numel * esz;
+        for (size_t o = 0; o < bytes; o += PIECE_BYTES) {
+            const size_t n = bytes - o < PIECE_BYTES ? bytes - o : PIECE_BYTES;
+            if (MPI_Bcast((char *)t->weights + o, (int)n, MPI_BYTE, mt_state_owner(st, i), side) != MPI_SUCCESS) {
+                snprintf(err, errlen, "sending tile %d's weights from rank %d failed", i, mt_state_owner(st, i));
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+int mt_dist_gather_masters(mt_host_state *st, char *err, size_t errlen)
+{
+    if (!running || st->shard_ranks <= 1) return 0;
+    /* rank 0 allocates every missing master first: a refusal then stops every rank before any send */
+    int failed = 0;
+    for (int i = 0; rank == 0 && i < st->ntiles && !failed; i++) {
+        mt_tile *t = &st->tiles[i];
+        if (!t->master && posix_memalign((void **)&t->master, 64, (size_t)t->numel * sizeof(float))) {
+            t->master = NULL;
+            failed = 1;
+        }
+    }
+    if (mt_dist_max_i64(failed)) {
+        snprintf(err, errlen, "out of host memory on rank 0 gathering the other ranks' master weights (4 bytes per "
+                              "parameter of their tiles) for the model");
+        return -1;
+    }
+    for (int i = 0; i < st->ntiles; i++) {
+        mt_tile *t = &st->tiles[i];
+        const int o = mt_state_owner(st, i);
+        if (o == 0 || (rank != 0 && rank != o)) continue;
+        const size_t bytes = (size_t)t->numel * sizeof(float);
+        for (size_t off = 0; off < bytes; off += PIECE_BYTES) {
+            const int n = (int)(bytes - off < PIECE_BYTES ? bytes - off : PIECE_BYTES);
+            const int rc = rank == o ? MPI_Send((char *)t->master + off, n, MPI_BYTE, 0, i, side)
+                                     : MPI_Recv((char *)t->master + off, n, MPI_BYTE, o, i, side, MPI_STATUS_IGNORE);
+            if (rc != MPI_SUCCESS) {
+                snprintf(err, errlen, "sending tile %d's master weights from rank %d to rank 0 failed", i, o);
+                return -1;
+            }
+        }
+    }
+    return 0;
 }

@@ -1,8 +1,9 @@
 /* Data parallelism across processes: the process group a run was launched in by mpirun (or any
  * launcher that sets the usual MPI environment), MPI and StarPU-MPI started together, and the
- * few collective values the training loop needs. Every rank holds the whole host state; each
- * tile's gradient is summed over the ranks inside the step graph (runtime/step/dist.c), so every
- * rank applies the same update to the same weights. */
+ * few collective values the training loop needs. Every rank holds every tile's streamed weights
+ * and gradient, and the master and AdamW moments of the tiles it owns (a sharded host state,
+ * runtime/state.h); each tile's gradient is summed over the ranks into its owner, which updates
+ * the tile and sends the new weights to every rank, inside the step graph (runtime/step/dist.c). */
 #ifndef MT_RUNTIME_DIST_H
 #define MT_RUNTIME_DIST_H
 
@@ -12,6 +13,8 @@
 
 #include <starpu.h>
 
+#include "runtime/state.h"
+
 /* The owner of a tile receives each other rank's gradient chunk by chunk into pools of this many
  * buffers per chunk size and rank, used in turn (runtime/step/dist.c; runtime/plan.c counts them). */
 #define MT_DIST_POOL_SLOTS 4
@@ -19,10 +22,21 @@
 /* Whether this process was launched as one of several ranks (read from the launcher's
  * environment: OMPI_COMM_WORLD_SIZE, PMI_SIZE, ...), before anything starts. */
 bool mt_dist_launched(void);
+/* The launcher's count of ranks (1 when not launched), before anything starts. */
+int mt_dist_launched_size(void);
 /* The launcher's count of ranks on this node and this rank's place among them (1 and 0 when not
  * launched), before anything starts: for the CPU workers' share of the cores and the GPU. */
 int mt_dist_local_size(void);
 int mt_dist_local_rank(void);
+
+/* Every tile's streamed weights from its owner to every rank (MPI_Bcast): after a sharded state
+ * (runtime/state.h) was loaded from the ranks' checkpoints, where each rank read only its own
+ * tiles. Collective; no task may be in flight. 0, or -1 with err set. */
+int mt_dist_share_weights(mt_host_state *st, char *err, size_t errlen);
+/* The fp32 master of every tile into rank 0, which allocates it for the tiles it does not hold
+ * (4 bytes per parameter of those, until the state is destroyed): for what reads a whole model
+ * there (the model's save, the sample, the weights' hash). Collective; no task may be in flight. */
+int mt_dist_gather_masters(mt_host_state *st, char *err, size_t errlen);
 
 /* Starts MPI (MPI_THREAD_MULTIPLE: the submitting thread's collectives below run beside
  * StarPU-MPI's progress thread) and StarPU-MPI with `conf` in place of starpu_init. 0, or -1

@@ -62,6 +62,34 @@ static uint64_t host_state_bytes(const mt_plan *plan, uint64_t elem)
     return embed + (uint64_t)(plan->num_tiles - 2 - plan->dense_layers) * layer + (uint64_t)plan->dense_layers * dense + head;
 }
 
+/* The bytes of the tiles rank r of `ranks` owns (tile t: rank t mod ranks; runtime/state.h), at
+ * elem bytes per element, for the largest rank's: what one rank of a sharded state holds of the
+ * master and moments. ranks 1: every tile's (host_state_bytes). */
+static uint64_t held_state_bytes(const mt_plan *plan, const mt_model_config *cfg, uint64_t elem, int64_t ranks)
+{
+    if (ranks <= 1) return host_state_bytes(plan, elem);
+    const uint64_t embed = round_up_u64((uint64_t)plan->tile_numel[MT_TILE_EMBED] * elem, MT_PLAN_TILE_BYTES_ALIGN);
+    const uint64_t layer = round_up_u64((uint64_t)plan->tile_numel[MT_TILE_LAYER] * elem, MT_PLAN_TILE_BYTES_ALIGN);
+    const uint64_t dense = round_up_u64((uint64_t)plan->dense_layer_numel * elem, MT_PLAN_TILE_BYTES_ALIGN);
+    const uint64_t head = round_up_u64((uint64_t)plan->tile_numel[MT_TILE_HEAD] * elem, MT_PLAN_TILE_BYTES_ALIGN);
+    const int64_t L = plan->num_tiles - 2;
+    uint64_t most = 0;
+    for (int64_t r = 0; r < ranks && r < plan->num_tiles; r++) {
+        uint64_t bytes = r == 0 ? embed : 0;
+        if ((L + 1) % ranks == r) bytes += head;
+        if (plan->dense_layers == 0) {
+            /* layers 1..L whose index is r mod ranks */
+            const int64_t first = r >= 1 ? r : ranks;
+            if (first <= L) bytes += (uint64_t)((L - first) / ranks + 1) * layer;
+        } else {
+            for (int64_t i = r >= 1 ? r : ranks; i <= L; i += ranks)
+                bytes += mt_config_layer_is_sparse(cfg, i - 1) ? layer : dense;
+        }
+        if (bytes > most) most = bytes;
+    }
+    return most;
+}
+
 /* The process's costs beyond the state and the graph's buffers, from the peak resident set
  * (VmHWM) of `megatrain train` runs on the CPU workers of an x86-64 Debian 12 host (StarPU
  * 1.4.10, OpenBLAS 0.3.21, glibc 2.36, the CUDA 13 libraries linked), resident set read between
@@ -186,10 +214,12 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
      * starpu_malloc returns ordinary memory anyway). The config's validation bounds the
      * parameter count far enough that these products cannot overflow. */
     plan->host[MT_PLAN_WEIGHTS] = host_state_bytes(plan, (uint64_t)plan->weight_elem_bytes);
-    plan->host[MT_PLAN_MASTER] = host_state_bytes(plan, compact ? 2 : 4);
+    /* over several ranks the state is sharded: the master and moments of a rank's own tiles */
+    const int64_t shards = p->ranks > 1 ? p->ranks : 1;
+    plan->host[MT_PLAN_MASTER] = held_state_bytes(plan, cfg, compact ? 2 : 4, shards);
     plan->host[MT_PLAN_GRADS] = host_state_bytes(plan, compact ? 2 : 4);
-    plan->host[MT_PLAN_ADAM_M] = host_state_bytes(plan, 4);
-    plan->host[MT_PLAN_ADAM_V] = host_state_bytes(plan, 4);
+    plan->host[MT_PLAN_ADAM_M] = held_state_bytes(plan, cfg, 4, shards);
+    plan->host[MT_PLAN_ADAM_V] = held_state_bytes(plan, cfg, 4, shards);
     /* compact pins only what a GPU copies (state.c): the weights and the gradient */
     for (int k = MT_PLAN_WEIGHTS; k <= MT_PLAN_ADAM_V; k++)
         plan->host_pinned[k] = p->use_gpu && (!compact || k == MT_PLAN_WEIGHTS || k == MT_PLAN_GRADS);
@@ -434,9 +464,11 @@ void mt_plan_print(const mt_plan *plan, FILE *out)
             mt_format_bytes(plan->host_pinned_total, a, sizeof a),
             plan->param_count ? (double)state / (double)plan->param_count : 0.0, per_parameter(plan->host_total, plan));
     if (p->ranks > 1)
-        fprintf(out, "  over %" PRId64 " ranks: each holds the whole state, trains its share of the global batch "
-                     "(%" PRId64 " tokens a step in all) and sums the gradients of the tiles it owns, chunk by chunk; no clip "
-                     "speculation\n", p->ranks, plan->tokens_per_step * p->ranks);
+        fprintf(out, "  over %" PRId64 " ranks: each holds every tile's streamed weights and gradient and the master and "
+                     "moments of the tiles it owns (tile t: rank t mod %" PRId64 "; the largest rank's shown), trains its "
+                     "share of the global batch (%" PRId64 " tokens a step in all), sums its tiles' gradients chunk by chunk, "
+                     "updates them and sends the weights to the others; no clip speculation\n",
+                p->ranks, p->ranks, plan->tokens_per_step * p->ranks);
     else if (p->layout == MT_LAYOUT_COMPACT)
         fprintf(out, "  compact layout: no clip speculation and no second gradient (the update waits for the norm and "
                      "overlaps the next forward)\n");

@@ -90,9 +90,10 @@ typedef struct mt_plan_params {
     int64_t head_chunk;          /* LM-head rows at a time; 0: min(B*T, MT_PLAN_DEFAULT_HEAD_CHUNK) */
     mt_host_layout layout;       /* FULL (0, the default) or COMPACT; AUTO is mt_plan_choose's */
     int64_t ranks;               /* processes of a distributed run (runtime/dist.h); 0 or 1: one.
-                                  * Each rank holds the whole state and the buffers it receives the
-                                  * other ranks' gradients into (MT_PLAN_RANK_RECV); full layout,
-                                  * no clip speculation. */
+                                  * Each rank holds every tile's weights and gradient, the master
+                                  * and moments of its own tiles (the largest rank's counted), and
+                                  * the buffers it receives the other ranks' gradients into
+                                  * (MT_PLAN_RANK_RECV); full layout, no clip speculation. */
     int offload_checkpoints;     /* MT_PLAN_OFFLOAD_OFF (0, the default), _ON or _AUTO (above) */
     mt_plan_process process;     /* the fixed costs: counted by train and plan */
 } mt_plan_params;

@@ -95,6 +95,7 @@ static void for_each_tile(mt_host_state *st, tile_fn fn, void *arg)
  * failed (the memory is then used unpinned), else 0. */
 static int zero_and_pin(mt_tile *t, unsigned kind, void *p, size_t bytes)
 {
+    if (!p) return 0; /* a kind a sharded state does not hold */
     bytes = round_up(bytes, TILE_ALIGN_BYTES);
     memset(p, 0, bytes);
     if (!gpu_present()) return 0;
@@ -248,6 +249,7 @@ static int register_tile(mt_host_state *st, mt_tile *t, size_t weight_allocsize)
     }
     t->grad_allocsize = weight_allocsize / esz * sizeof(float);
     register_grad(t, t->grad, sizeof(float), &t->h_grad, &t->h_grad_chunk);
+    if (!t->master) return 0; /* sharded: no master or moments here */
     register_state_chunks(t, (void *const[3]){ t->master, t->adam_m, t->adam_v },
                           (const size_t[3]){ sizeof(float), sizeof(float), sizeof(float) },
                           (starpu_data_handle_t **[3]){ &t->h_master_chunk, &t->h_m_chunk, &t->h_v_chunk });
@@ -267,6 +269,10 @@ static bool alloc_tile(const mt_host_state *st, mt_tile *t)
 {
     const size_t fbytes = (size_t)t->numel * sizeof(float), half = (size_t)t->numel * sizeof(uint16_t);
     t->weights = alloc_state(t->weight_bytes);
+    if (!mt_state_holds(st, t->index)) { /* sharded: another rank's master and moments */
+        t->grad = alloc_state(fbytes);
+        return t->weights && t->grad;
+    }
     t->adam_m = alloc_state(fbytes);
     t->adam_v = alloc_state(fbytes);
     if (st->layout == MT_LAYOUT_COMPACT) {
@@ -298,10 +304,18 @@ mt_host_state *mt_state_create_with(const mt_state_args *args, char *err, size_t
                               "bf16 weight); with %s weights use the full layout", mt_dtype_name(compute_dtype));
         return NULL;
     }
+    const bool sharded = args->shard_ranks > 1;
+    if (sharded && (args->layout != MT_LAYOUT_FULL || args->shard_rank < 0 || args->shard_rank >= args->shard_ranks)) {
+        snprintf(err, errlen, "a state sharded over %d ranks is in the full layout, with a rank from 0 to %d (got %d)",
+                 args->shard_ranks, args->shard_ranks - 1, args->shard_rank);
+        return NULL;
+    }
     mt_host_state *st = calloc(1, sizeof *st);
     st->cfg = *cfg;
     st->compute_dtype = compute_dtype;
     st->layout = args->layout;
+    st->shard_ranks = sharded ? args->shard_ranks : 1;
+    st->shard_rank = sharded ? args->shard_rank : 0;
     st->chunk_numel = args->chunk_numel > 0 ? args->chunk_numel : MT_STATE_CHUNK_NUMEL_DEFAULT;
     st->pinned = gpu_present();
     mt_layout_build(cfg, MT_TILE_EMBED, &st->layout_embed);
@@ -510,15 +524,23 @@ static void init_tile(mt_host_state *st, int i, void *arg)
             init_tile_compact(t, &s, std);
             return;
         }
-        memset(t->master, 0, (size_t)t->numel * sizeof(float));
+        /* a tile another rank holds: the same values, for its streamed copy alone (every rank
+         * draws them, so every rank starts from the same weights) */
+        float *master = t->master ? t->master : malloc((size_t)t->numel * sizeof(float));
+        if (!master) {
+            fprintf(stderr, "megatrain: out of host memory initialising tile %d (%lld floats)\n", i, (long long)t->numel);
+            abort();
+        }
+        memset(master, 0, (size_t)t->numel * sizeof(float));
         for (int k = 0; k < lay->ntensors; k++) {
             const mt_tensor_desc *d = &lay->tensors[k];
             const init_kind kind = init_kind_of(d);
             if (d->numel == 0 || kind == INIT_ZERO) continue; /* biases stay 0 */
-            init_values(kind, &s, std, d->numel, t->master + d->offset);
+            init_values(kind, &s, std, d->numel, master + d->offset);
         }
-        if (st->compute_dtype == MT_DTYPE_BF16) mt_f32_to_bf16(t->numel, t->master, (mt_bf16 *)t->weights);
-        else memcpy(t->weights, t->master, (size_t)t->numel * sizeof(float));
+        if (st->compute_dtype == MT_DTYPE_BF16) mt_f32_to_bf16(t->numel, master, (mt_bf16 *)t->weights);
+        else memcpy(t->weights, master, (size_t)t->numel * sizeof(float));
+        if (master != t->master) free(master);
     }
 }
 
@@ -533,6 +555,7 @@ void mt_state_sync_weights(mt_host_state *st)
     if (st->layout == MT_LAYOUT_COMPACT) return; /* the streamed copy is the master's high half */
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
+        if (!t->master) continue; /* sharded: the owner's update or mt_dist_share_weights sets it */
         if (st->compute_dtype == MT_DTYPE_BF16)
             mt_f32_to_bf16(t->numel, t->master, (mt_bf16 *)t->weights);
         else
@@ -543,10 +566,16 @@ void mt_state_sync_weights(mt_host_state *st)
 void mt_state_read_master(const mt_host_state *st, int tile, int64_t offset, int64_t n, float *out)
 {
     const mt_tile *t = &st->tiles[tile];
-    if (st->layout == MT_LAYOUT_COMPACT)
+    if (st->layout == MT_LAYOUT_COMPACT) {
         mt_cpu_master_decode(n, (const mt_bf16 *)t->weights + offset, t->master_lo + offset, out);
-    else
-        memcpy(out, t->master + offset, (size_t)n * sizeof(float));
+        return;
+    }
+    if (!t->master) {
+        fprintf(stderr, "megatrain: tile %d's master is rank %d's, not this rank's (%d of %d): gather it first\n", tile,
+                mt_state_owner(st, tile), st->shard_rank, st->shard_ranks);
+        abort();
+    }
+    memcpy(out, t->master + offset, (size_t)n * sizeof(float));
 }
 
 void mt_state_write_master(mt_host_state *st, int tile, int64_t offset, int64_t n, const float *in)
@@ -556,8 +585,8 @@ void mt_state_write_master(mt_host_state *st, int tile, int64_t offset, int64_t 
         mt_cpu_master_encode(n, in, (mt_bf16 *)t->weights + offset, t->master_lo + offset);
         return;
     }
-    memmove(t->master + offset, in, (size_t)n * sizeof(float));
-    mt_cpu_streamed_copy(n, t->master + offset, (char *)t->weights + (size_t)offset * mt_dtype_size(st->compute_dtype),
+    if (t->master) memmove(t->master + offset, in, (size_t)n * sizeof(float));
+    mt_cpu_streamed_copy(n, t->master ? t->master + offset : in, (char *)t->weights + (size_t)offset * mt_dtype_size(st->compute_dtype),
                          st->compute_dtype);
 }
 

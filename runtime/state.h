@@ -79,6 +79,12 @@ typedef struct mt_host_state {
                               * pinning one failed: state.c warns on stderr then) */
     mt_host_layout layout;   /* FULL or COMPACT; compact pins only the allocations a GPU copies
                               * (weights and gradient), and `pinned` says so of those */
+    /* Sharded over the ranks of a distributed run (ZeRO-1; full layout only): this process holds
+     * the streamed weights and the gradient of every tile, and the master and AdamW moments only
+     * of the tiles it owns, tile t's owner being rank t mod shard_ranks (mt_state_owner); the
+     * other tiles' master, adam_m, adam_v and their chunk handles are NULL. shard_ranks 1: every
+     * tile is held. */
+    int shard_ranks, shard_rank;
 } mt_host_state;
 
 /* What a host state is created from. */
@@ -87,6 +93,7 @@ typedef struct mt_state_args {
     mt_dtype compute_dtype;  /* of the streamed weights */
     int64_t chunk_numel;     /* largest AdamW chunk; 0: MT_STATE_CHUNK_NUMEL_DEFAULT */
     mt_host_layout layout;   /* FULL (0) or COMPACT (bf16 weights only) */
+    int shard_ranks, shard_rank; /* sharded over shard_ranks > 1 ranks (full layout); 0 or 1: not */
 } mt_state_args;
 
 /* Allocates and registers the host state (StarPU must be running). Weights are initialised by
@@ -124,7 +131,8 @@ void mt_state_sync_weights(mt_host_state *st);
  * Elements [offset, offset + n) of tile `tile`'s master into out. */
 void mt_state_read_master(const mt_host_state *st, int tile, int64_t offset, int64_t n, float *out);
 /* Sets them from in, and their streamed copy (full: in the compute dtype, nearest even; compact:
- * the planes, whose high half is the streamed weight). */
+ * the planes, whose high half is the streamed weight); of a tile a sharded state does not hold,
+ * the streamed copy alone. Reading the master of such a tile is a programming error (abort). */
 void mt_state_write_master(mt_host_state *st, int tile, int64_t offset, int64_t n, const float *in);
 /* Elements [offset, offset + n) of the tile's gradient as fp32 (compact: its bf16 home widened). */
 void mt_state_read_grad(const mt_host_state *st, int tile, int64_t offset, int64_t n, float *out);
@@ -132,6 +140,10 @@ void mt_state_read_grad(const mt_host_state *st, int tile, int64_t offset, int64
  * layout, else decoded into *buf (grown to the tile by realloc; the caller frees it). NULL when
  * that memory cannot be had. */
 const float *mt_state_master_f32(const mt_host_state *st, int tile, float **buf);
+
+/* The rank that owns tile `tile` (its master and moments), and whether this process holds them. */
+static inline int mt_state_owner(const mt_host_state *st, int tile) { return st->shard_ranks > 1 ? tile % st->shard_ranks : 0; }
+static inline bool mt_state_holds(const mt_host_state *st, int tile) { return mt_state_owner(st, tile) == st->shard_rank; }
 
 static inline mt_tile *mt_state_embed(mt_host_state *st) { return &st->tiles[0]; }
 static inline mt_tile *mt_state_layer(mt_host_state *st, int i) { return &st->tiles[1 + i]; }

@@ -159,17 +159,77 @@ static bool finite_step(const mt_train_options *o, double loss, double norm)
     return isfinite(loss) && (o->step.clip <= 0 || isfinite(norm));
 }
 
-/* Saves the state after step p's update (no task left in flight) as the run's checkpoint. */
+/* Saves the state after step p's update (no task left in flight) as the run's checkpoint. Over
+ * several ranks every rank saves its shard, the others' first: rank 0's file, written last, once
+ * every other shard of the step is on disk, names the step, so that whenever a run is cut short
+ * the checkpoint file holds a step all of whose shards exist. Collective then. */
 static int save_checkpoint(const mt_train_options *o, mt_graph *g, const mt_host_state *st, mt_checkpoint_meta *meta,
                            FILE *log, char *err, size_t errlen)
 {
     mt_graph_flush(g); /* the state of step p's update, whole */
     starpu_task_wait_for_all();
     char written[4200];
-    if (mt_checkpoint_save_kept(o->checkpoint_path, o->keep_last, st, meta, written, sizeof written, err, errlen))
-        return -1;
-    say(log, "megatrain: checkpoint of step %lld saved to %s\n", (long long)meta->step, written);
+    const int ranks = st->shard_ranks, rank = st->shard_rank;
+    if (ranks > 1) {
+        int bad = 0;
+        if (rank > 0) {
+            mt_checkpoint_shard_name(o->checkpoint_path, rank, ranks, meta->step, written, sizeof written);
+            bad = mt_checkpoint_save(written, st, meta, err, errlen) != 0;
+        }
+        const int64_t failed = mt_dist_max_i64(bad ? rank : 0);
+        if (failed) {
+            if (!bad)
+                snprintf(err, errlen, "rank %lld could not write its shard of the checkpoint of step %lld (its error is on "
+                         "its own output); the last complete checkpoint is untouched", (long long)failed,
+                         (long long)meta->step);
+            return -1;
+        }
+    }
+    int bad = rank == 0 && mt_checkpoint_save_kept(o->checkpoint_path, o->keep_last, st, meta, written, sizeof written,
+                                                   err, errlen) != 0;
+    if (ranks > 1) {
+        if (mt_dist_max_i64(bad)) {
+            if (!bad) snprintf(err, errlen, "rank 0 could not write the checkpoint of step %lld", (long long)meta->step);
+            return -1;
+        }
+        if (rank > 0) mt_checkpoint_prune_shards(o->checkpoint_path, rank, ranks, meta->step, o->keep_last);
+    }
+    if (bad) return -1;
+    say(log, "megatrain: checkpoint of step %lld saved to %s%s\n", (long long)meta->step, written,
+        ranks > 1 ? " and the other ranks' shards beside it" : "");
     return 0;
+}
+
+/* Loads the resumed checkpoint: rank 0's file, or over several ranks each rank's shard (named
+ * after the step rank 0's file holds), then every tile's weights from its owner. Collective then. */
+static int load_checkpoint(const char *path, const mt_checkpoint_meta *header, mt_host_state *st, mt_checkpoint_meta *meta,
+                           char *err, size_t errlen)
+{
+    const int ranks = st->shard_ranks, rank = st->shard_rank;
+    char shard[4400];
+    snprintf(shard, sizeof shard, "%s", path);
+    if (rank > 0) {
+        char base[4200];
+        mt_checkpoint_base_of(path, header->step, base, sizeof base);
+        mt_checkpoint_shard_name(base, rank, ranks, header->step, shard, sizeof shard);
+    }
+    int bad = mt_checkpoint_load(shard, st, meta, err, errlen) != 0;
+    if (!bad && meta->step != header->step) {
+        snprintf(err, errlen, "%s: a shard of step %lld, and %s is of step %lld", shard, (long long)meta->step, path,
+                 (long long)header->step);
+        bad = 1;
+    }
+    if (ranks > 1) {
+        const int64_t failed = mt_dist_max_i64(bad ? rank + 1 : 0);
+        if (failed) {
+            if (!bad)
+                snprintf(err, errlen, "rank %lld could not read its shard of %s (its error is on its own output)",
+                         (long long)failed - 1, path);
+            return -1;
+        }
+        return mt_dist_share_weights(st, err, errlen);
+    }
+    return bad ? -1 : 0;
 }
 
 /* The dtype the trained model is saved in: as asked, else that of the base model's weights
@@ -250,6 +310,17 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     if (o->resume_path) {
         if (mt_checkpoint_read_header(o->resume_path, &cfg, &header, err, errlen)) return -1;
         resumed = &header;
+        /* a sharded checkpoint (one file per rank) continues on the ranks that wrote it */
+        const int launched = mt_dist_launched_size();
+        if ((int64_t)header.shard_ranks != launched) {
+            if (header.shard_ranks > 1)
+                snprintf(err, errlen, "%s: a checkpoint written by %u ranks (a shard per rank); this run has %d: resume "
+                         "with mpirun -np %u", o->resume_path, header.shard_ranks, launched, header.shard_ranks);
+            else
+                snprintf(err, errlen, "%s: a checkpoint of one process, not written by %d ranks: resume it without mpirun",
+                         o->resume_path, launched);
+            return -1;
+        }
     }
     const int64_t last = o->stop_after > 0 && o->stop_after < o->steps ? o->stop_after : o->steps;
     /* A checkpoint at the end: only the model is left to write (a save cut short is redone). */
@@ -299,13 +370,15 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     if (o->stop_signal) sigaction(SIGINT, &caller_sigint, NULL);
     /* Without an explicit --dtype: bf16 when a GPU computes (the fast path), fp32 on CPU workers. */
     if (!o->dtype_explicit) run.dtype = mt_runtime_ncuda() > 0 ? MT_DTYPE_BF16 : MT_DTYPE_F32;
-    /* Several ranks: each trains its share of the global batch on the whole host state (the
-     * gradients are summed over the ranks in the step graph); rank 0 alone logs and writes the
-     * checkpoint, the metrics and the model. */
+    /* Several ranks: each trains its share of the global batch on a sharded host state (the
+     * gradients are summed into each tile's owner, which updates it and sends the weights to the
+     * others, in the step graph); every rank writes its shard of the checkpoint; rank 0 alone logs
+     * and writes the metrics and the model, the other ranks' masters gathered to it first. */
     const int ranks = mt_dist_size(), rank = mt_dist_rank();
+    /* what reads the whole model at the end (the same on every rank: a collective gathers it) */
+    const bool gather = ranks > 1 && (o->save_model_dir || (!ds && o->sample_bytes > 0) || o->hash_weights);
     if (rank > 0) {
         log = NULL;
-        run.checkpoint_path = NULL;
         run.metrics_path = NULL;
         run.save_model_dir = NULL;
     }
@@ -364,7 +437,8 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         say(log, "megatrain: GPU plan %s (buffers, StarPU's margin, CUDA context) within the %s of the GPU (%s)\n",
             mt_format_bytes(plan.gpu_need, need, sizeof need), mt_format_bytes(gpu_memory, have, sizeof have), gpu_source);
     }
-    const mt_state_args sa = { .cfg = &cfg, .compute_dtype = o->dtype, .layout = layout.layout };
+    const mt_state_args sa = { .cfg = &cfg, .compute_dtype = o->dtype, .layout = layout.layout, .shard_ranks = ranks,
+                               .shard_rank = rank };
     st = mt_state_create_with(&sa, err, errlen);
     if (!st) goto out;
     mt_state_init_random(st, o->seed, o->init_std);
@@ -409,14 +483,15 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         mt_graph_log_defer(g, log, "megatrain");
         if (ranks > 1)
             fprintf(log, "megatrain: %d ranks (StarPU-MPI), each training %d x %lld sequences of the global batch's %lld; "
-                         "the gradients summed over the ranks before the norm and AdamW (no clip speculation)\n",
-                    ranks, o->step.accum, (long long)o->step.B, (long long)(o->step.accum * o->step.B * ranks));
+                         "each tile's gradient summed into its owner (rank tile mod %d), which alone holds its master and "
+                         "moments and sends the updated weights (no clip speculation)\n",
+                    ranks, o->step.accum, (long long)o->step.B, (long long)(o->step.accum * o->step.B * ranks), ranks);
     }
     mt_rng rng;
     mt_rng_seed(&rng, o->seed);
     int64_t first = 1, updates = 0; /* updates: AdamW updates applied before step `first` */
     if (resumed) {
-        if (mt_checkpoint_load(o->resume_path, st, meta, err, errlen)) goto out;
+        if (load_checkpoint(o->resume_path, resumed, st, meta, err, errlen)) goto out;
         first = meta->step + 1;
         updates = meta->updates;
         rng.state = meta->rng_state;
@@ -549,7 +624,8 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     res->seconds = mt_clock_s() - t0;
     const int64_t trained = res->steps_done >= first ? res->steps_done - first + 1 : 0;
     res->tokens_per_second = trained > 0 ? trained * per_step / res->seconds : 0;
-    res->weights_hash = o->hash_weights ? mt_state_hash(st) : 0;
+    if (gather && mt_dist_gather_masters(st, err, errlen)) goto out;
+    res->weights_hash = o->hash_weights && rank == 0 ? mt_state_hash(st) : 0;
     const bool reached_end = res->steps_done >= last;
     if (!sig && o->stop_signal) sig = *o->stop_signal;
     if (sig && !reached_end) {

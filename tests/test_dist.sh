@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Training over several processes (runtime/dist.h), launched by mpirun on this machine, one CPU
 # worker a rank: 2 and 4 ranks give the losses of 1 rank at the same global batch (within 1e-6
-# relative), rank 0's peak memory within 10% of its plan; rank 0 alone logs and writes; a run stopped and resumed over 2 ranks saves the model
-# of the uninterrupted one byte for byte; ranks started with different options, and the compact
+# relative), rank 0's peak memory within 10% of its plan (a sharded state); rank 0 alone logs; a
+# run stopped and resumed over 2 ranks saves the model of the uninterrupted one byte for byte;
+# the checkpoint is a file per rank, resumed on the same ranks only; ranks started with different options, and the compact
 # layout, are refused; a killed rank ends the job with its rank named, and the last checkpoint
 # resumes; Ctrl-C on one rank stops all after the same step with a checkpoint; plan --ranks. Skips (77) without mpirun (after the plan checks).
 # Usage: test_dist.sh PATH/TO/megatrain. Prints one line per check, then "N passed, M failed".
@@ -13,7 +14,8 @@ set -u
 # pages a run never touches become resident, past the plan. A user's run has it unset.
 unset MALLOC_PERTURB_
 
-# plan --ranks N: one rank's plan: the whole state, and the pools it receives the other ranks'
+# plan --ranks N: one rank's plan: every tile's weights and gradient, the master and moments of the
+# largest rank's own tiles (tile t: rank t mod N), and the pools it receives the other ranks'
 # gradient chunks into, which grow with the other ranks and not with the layers; compact refused.
 plan=(plan --shape qwen2.5-0.5b --micro-batch 2 --seq-len 64 --cpu --host-memory 1T)
 "$megatrain" "${plan[@]}" >one.txt 2>&1
@@ -27,11 +29,19 @@ total() { awk 'function num() { for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+$/) r
                /^  total / { t = num() } /^  program and libraries / { p = num() } /^  runtime \(/ { r = num() }
                END { printf "%.0f\n", t - p - r }' "$1"; }
 recv() { sed -n "s/^  other ranks' gradient chunks (fp32)  *\([0-9]*\) .*/\1/p" "$1"; }
+row() { sed -n "s/^  $2  *\([0-9]*\) .*/\1/p" "$1"; }
 r2=$(recv two.txt) r3=$(recv three.txt) r34=$(recv three4.txt)
-if [ "$rc" -ne 0 ] || [ -z "$r2" ] || [ -z "$r3" ]; then bad "plan --ranks" "no line of the other ranks' gradient chunks"
-elif ! grep -q "^  over 3 ranks: each holds the whole state" three.txt; then bad "plan --ranks" "the ranks are not said"
-elif [ $(( $(total three.txt) - $(total one.txt) )) -ne "$r3" ]; then
-    bad "plan --ranks" "the totals differ by $(( $(total three.txt) - $(total one.txt) )), not by the $r3 received"
+m1=$(row one.txt 'master weights (fp32)') m2=$(row two.txt 'master weights (fp32)') m3=$(row three.txt 'master weights (fp32)')
+v1=$(row one.txt 'Adam v (fp32)') v3=$(row three.txt 'Adam v (fp32)')
+g1=$(row one.txt 'gradients (fp32)') g3=$(row three.txt 'gradients (fp32)')
+if [ "$rc" -ne 0 ] || [ -z "$r2" ] || [ -z "$r3" ] || [ -z "$m1" ] || [ -z "$m3" ]; then
+    bad "plan --ranks" "no line of the other ranks' gradient chunks, or of the master"
+elif ! grep -q "^  over 3 ranks: each holds every tile's streamed weights and gradient and the master and moments of the tiles it owns" three.txt; then
+    bad "plan --ranks" "the ranks are not said"
+elif [ "$g3" != "$g1" ] || [ "$v3" != "$m3" ] || [ "$m2" -ge "$m1" ] || [ "$m3" -ge "$m2" ] || [ $((2 * m2)) -lt "$m1" ]; then
+    bad "plan --ranks" "master $m1 $m2 $m3 (1, 2, 3 ranks), v $v3, gradients $g1 $g3: not a shard of the largest rank's tiles"
+elif [ $(( $(total three.txt) - $(total one.txt) )) -ne $(( r3 - 3 * (m1 - m3) )) ]; then
+    bad "plan --ranks" "the totals differ by $(( $(total three.txt) - $(total one.txt) )), not by the $r3 received less 3 x $((m1 - m3)) of state"
 elif [ "$r3" -ne $((2 * r2)) ] || [ "$r34" != "$r3" ]; then
     bad "plan --ranks" "receive pools $r2 (2 ranks), $r3 (3), $r34 (3, 4 layers): not linear in the other ranks, or grow with layers"
 elif [ "$r2" -gt $((4 * 4 * 64 * 1048576)) ]; then bad "plan --ranks" "$r2 bytes of pools for one other rank"
@@ -109,6 +119,39 @@ if [ "$a" -ne 0 ] || [ "$b" -ne 0 ] || [ "$rc" -ne 0 ]; then bad "resume over 2 
 elif ! cmp -s whole/model.safetensors resumed/model.safetensors; then bad "resume over 2 ranks" "the saved models differ"
 elif ls ./*.tmp.* whole/*.tmp.* resumed/*.tmp.* >/dev/null 2>&1; then bad "resume over 2 ranks" "temporaries left"
 else ok "resume over 2 ranks"; fi
+# The checkpoint is one file per rank, each with the master and moments of its own tiles: rank 1's
+# shard beside rank 0's file, only the last step's kept; together about the one process's size.
+mt 0 "${run[@]}" --accum 4 --checkpoint single.ckpt
+size() { stat -c %s "$1" 2>/dev/null || echo 0; }
+s0=$(size part.ckpt) s1=$(size part.ckpt.shard1of2.000006) s=$(size single.ckpt)
+if [ "$rc" -ne 0 ] || [ "$s0" -eq 0 ] || [ "$s1" -eq 0 ]; then bad "sharded checkpoint" "no part.ckpt and part.ckpt.shard1of2.000006"
+elif [ -e part.ckpt.shard1of2.000003 ]; then bad "sharded checkpoint" "step 3's shard was not removed after step 6's"
+elif [ "$s0" -ge "$s" ] || [ "$s1" -ge "$s" ] || [ $((s0 + s1 - s)) -gt 1048576 ] || [ $((s - s0 - s1)) -gt 1048576 ]; then
+    bad "sharded checkpoint" "shards of $s0 and $s1 bytes against one process's $s"
+else ok "sharded checkpoint"; fi
+# A sharded checkpoint resumes on the ranks that wrote it only, refused before any work; a missing
+# shard is named.
+mt 2 "${run[@]}" --checkpoint three.ckpt --stop-after 3
+mt 4 "${run[@]}" --resume three.ckpt
+a=$rc
+grep -q "three.ckpt: a checkpoint written by 2 ranks (a shard per rank); this run has 4: resume with mpirun -np 2" err.txt out.txt
+am=$?
+mt 0 "${run[@]}" --resume three.ckpt
+b=$rc
+grep -q "this run has 1: resume with mpirun -np 2" err.txt out.txt; bm=$?
+mv three.ckpt.shard1of2.000003 aside
+mt 2 "${run[@]}" --resume three.ckpt
+c=$rc
+grep -q "three.ckpt.shard1of2.000003: cannot open" err.txt out.txt && grep -q "rank 1 could not read its shard of three.ckpt" err.txt out.txt
+cm=$?
+mv aside three.ckpt.shard1of2.000003
+mt 2 "${run[@]}" --resume three.ckpt
+d=$rc
+if [ "$a" -eq 0 ] || [ "$am" -ne 0 ] || [ "$b" -eq 0 ] || [ "$bm" -ne 0 ]; then
+    bad "sharded resume elsewhere" "4 ranks or 1 process resumed 2 ranks' checkpoint (exit statuses $a $b), or the message lacks the rank count"
+elif [ "$c" -eq 0 ] || [ "$cm" -ne 0 ]; then bad "sharded resume elsewhere" "a missing shard was not named (exit status $c)"
+elif [ "$d" -ne 0 ]; then bad "sharded resume elsewhere" "with the shard back it did not resume (exit status $d)"
+else ok "sharded resume elsewhere"; fi
 
 # Every rank must run the same command: a rank with another --lr is named, before any step.
 timeout 120 "${launch[@]}" -np 1 "$megatrain" "${run[@]}" : -np 1 "$megatrain" "${run[@]}" --lr 0.003 >out.txt 2>err.txt
@@ -146,8 +189,12 @@ elif [ "$rc" -eq 0 ]; then bad "killed rank" "the job exited 0"
 elif ! grep -qiE "rank 1|process rank 1" err.txt out.txt; then bad "killed rank" "rank 1 is not named"
 else
     saved=$(sed -n 's/.*checkpoint of step \([0-9]*\) saved.*/\1/p' err.txt out.txt | tail -1)
+    # saved every step: rank 1's shards of the steps before the last one committed are gone (the
+    # one it was writing when killed may stay beside it)
+    shards=$(ls kill.ckpt.shard1of2.* 2>/dev/null | wc -l)
     mt 2 "${long[@]}" --resume kill.ckpt --stop-after $(( ${saved:-0} + 2 ))
     if [ "$rc" -ne 0 ] || ! grep -q "resumed from kill.ckpt" err.txt out.txt; then bad "killed rank" "the checkpoint did not resume"
+    elif [ "$shards" -lt 1 ] || [ "$shards" -gt 2 ]; then bad "killed rank" "$shards shards of rank 1 after saving every step"
     else ok "killed rank"; fi
 fi
 

@@ -136,10 +136,14 @@ bool mt_step_split_update(const mt_graph *g, int tile);
  * speculates). */
 void mt_step_submit_table_early(mt_graph *g, int slot, int64_t step, double lr, mt_speculation_choice sp);
 
-/* dist.c: tile t's gradient, whole on this rank, summed over the ranks (every rank then holds
- * the sum), then with clipping its sum of squares into partial[t]. After the tile's last
- * gradient task is submitted; only when dist_size > 1. */
+/* dist.c, only when dist_size > 1: tile t's gradient, whole on this rank, summed over the ranks
+ * into its owner's (after the tile's last gradient task is submitted), then with clipping its sum
+ * of squares into partial[t] on every rank. The owner's update of chunk c sends the updated
+ * streamed weights of the chunk to the other ranks (after its AdamW task is submitted, the tile's
+ * weights partitioned); the others receive all of a tile's chunks in place of its update. */
 void mt_step_dist_reduce(mt_graph *g, mt_tile *t);
+void mt_step_dist_send_weights(mt_graph *g, mt_tile *t, int c);
+void mt_step_dist_receive_weights(mt_graph *g, mt_tile *t);
 void mt_step_dist_free(mt_graph *g);
 
 #endif

@@ -89,12 +89,15 @@ static void submit_update(mt_graph *g, int64_t step, double lr, mt_speculation_c
         /* The next forward needs tile 0 first: earlier tiles get higher priority. */
         int prio = STARPU_MAX_PRIO - i;
         if (prio < STARPU_MIN_PRIO) prio = STARPU_MIN_PRIO;
+        /* sharded over ranks: another rank's tile, whose owner sends its updated weights */
+        const bool remote = !mt_state_holds(st, i);
         if (!started) {
             mt_policy_tile_submitting(MT_SCHED_CTX_INITIAL, i, true);
             starpu_data_partition_submit(t->h_weights, t->nchunks, t->h_weights_chunk);
-            starpu_data_partition_submit(t->h_grad, t->nchunks, t->h_grad_chunk);
+            if (!remote) starpu_data_partition_submit(t->h_grad, t->nchunks, t->h_grad_chunk);
         }
-        for (int c = 0; c < t->nchunks; c++) {
+        if (remote) mt_step_dist_receive_weights(g, t);
+        for (int c = 0; c < t->nchunks && !remote; c++) {
             const mt_adamw_params p = mt_step_adamw_params(&g->sc, &t->chunks[c], step, lr);
             if (started) {
                 if (clipped) mt_speculation_insert_table_confirm(&g->speculation, &g->update, t, c, sp, prio, &p, step);
@@ -105,6 +108,7 @@ static void submit_update(mt_graph *g, int64_t step, double lr, mt_speculation_c
             } else {
                 insert_plain(g, t, c, split, clipped, prio, &p, step);
             }
+            if (g->dist_size > 1) mt_step_dist_send_weights(g, t, c);
             if (split && !defer && !compact)
                 mt_step_insert_moments(&g->update, t, c, t->h_grad_chunk[c], clipped ? g->clip : NULL, &p);
         }
@@ -118,7 +122,7 @@ static void submit_update(mt_graph *g, int64_t step, double lr, mt_speculation_c
                                                                  STARPU_MAIN_RAM, 1, tile_updated, note);
         /* deferred: the gradient stays partitioned for the next step's ranged runs, the last
          * one's is given back once those were submitted */
-        if (!defer) starpu_data_unpartition_submit(t->h_grad, t->nchunks, t->h_grad_chunk, STARPU_MAIN_RAM);
+        if (!defer && !remote) starpu_data_unpartition_submit(t->h_grad, t->nchunks, t->h_grad_chunk, STARPU_MAIN_RAM);
         /* the table's early path took its pending moments over, and gave the last gradient back */
         if (take_over && !started)
             starpu_data_unpartition_submit(t->h_grad_alt, t->nchunks, t->h_grad_alt_chunk, STARPU_MAIN_RAM);
