@@ -63,9 +63,10 @@ static uint64_t host_state_bytes(const mt_plan *plan, uint64_t elem)
 }
 
 /* The bytes of the tiles rank r of `ranks` owns (tile t: rank t mod ranks; runtime/state.h), at
- * elem bytes per element, for the largest rank's: what one rank of a sharded state holds of the
- * master and moments. ranks 1: every tile's (host_state_bytes). */
-static uint64_t held_state_bytes(const mt_plan *plan, const mt_model_config *cfg, uint64_t elem, int64_t ranks)
+ * elem bytes per element, for the largest rank's (only < 0) or rank `only`'s: what one rank of a
+ * sharded state holds of the master and moments. ranks 1: every tile's (host_state_bytes). */
+static uint64_t held_state_bytes(const mt_plan *plan, const mt_model_config *cfg, uint64_t elem, int64_t ranks,
+                                 int64_t only)
 {
     if (ranks <= 1) return host_state_bytes(plan, elem);
     const uint64_t embed = round_up_u64((uint64_t)plan->tile_numel[MT_TILE_EMBED] * elem, MT_PLAN_TILE_BYTES_ALIGN);
@@ -74,7 +75,7 @@ static uint64_t held_state_bytes(const mt_plan *plan, const mt_model_config *cfg
     const uint64_t head = round_up_u64((uint64_t)plan->tile_numel[MT_TILE_HEAD] * elem, MT_PLAN_TILE_BYTES_ALIGN);
     const int64_t L = plan->num_tiles - 2;
     uint64_t most = 0;
-    for (int64_t r = 0; r < ranks && r < plan->num_tiles; r++) {
+    for (int64_t r = only < 0 ? 0 : only; r < (only < 0 ? ranks : only + 1) && r < plan->num_tiles; r++) {
         uint64_t bytes = r == 0 ? embed : 0;
         if ((L + 1) % ranks == r) bytes += head;
         if (plan->dense_layers == 0) {
@@ -216,10 +217,10 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
     plan->host[MT_PLAN_WEIGHTS] = host_state_bytes(plan, (uint64_t)plan->weight_elem_bytes);
     /* over several ranks the state is sharded: the master and moments of a rank's own tiles */
     const int64_t shards = p->ranks > 1 ? p->ranks : 1;
-    plan->host[MT_PLAN_MASTER] = held_state_bytes(plan, cfg, compact ? 2 : 4, shards);
+    plan->host[MT_PLAN_MASTER] = held_state_bytes(plan, cfg, compact ? 2 : 4, shards, -1);
     plan->host[MT_PLAN_GRADS] = host_state_bytes(plan, compact ? 2 : 4);
-    plan->host[MT_PLAN_ADAM_M] = held_state_bytes(plan, cfg, 4, shards);
-    plan->host[MT_PLAN_ADAM_V] = held_state_bytes(plan, cfg, 4, shards);
+    plan->host[MT_PLAN_ADAM_M] = held_state_bytes(plan, cfg, 4, shards, -1);
+    plan->host[MT_PLAN_ADAM_V] = held_state_bytes(plan, cfg, 4, shards, -1);
     /* compact pins only what a GPU copies (state.c): the weights and the gradient */
     for (int k = MT_PLAN_WEIGHTS; k <= MT_PLAN_ADAM_V; k++)
         plan->host_pinned[k] = p->use_gpu && (!compact || k == MT_PLAN_WEIGHTS || k == MT_PLAN_GRADS);
@@ -354,6 +355,7 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
         }
         plan->host[MT_PLAN_RANK_RECV] = mul(mul(per_rank, (uint64_t)(ranks - 1) * MT_DIST_POOL_SLOTS, &of), 4, &of);
         plan->host_pinned[MT_PLAN_RANK_RECV] = p->use_gpu;
+        plan->host[MT_PLAN_GATHERED] = host_state_bytes(plan, 4) - held_state_bytes(plan, cfg, 4, ranks, 0);
     }
 
     if (p->process.counted && count_process(plan, work, ntok)) return -1;
@@ -416,6 +418,7 @@ static const char *kind_name(int k, const mt_plan *plan)
     case MT_PLAN_CLIP_FLAGS: return "clip speculation flags";
     case MT_PLAN_GRAD_ACC: return "gradient accumulators (fp32)";
     case MT_PLAN_RANK_RECV: return "other ranks' gradient chunks (fp32)";
+    case MT_PLAN_GATHERED: return "gathered masters (rank 0)";
     case MT_PLAN_PROGRAM: return "program and libraries";
     case MT_PLAN_RUNTIME: return plan->params.ranks > 1 ? "runtime (StarPU, BLAS, MPI)" : "runtime (StarPU, BLAS)";
     case MT_PLAN_CPU_SCRATCH: return "CPU activations (workers)";

@@ -121,6 +121,10 @@ typedef enum mt_plan_kind {
                              * rank t mod ranks) receives the other ranks' gradient chunks into,
                              * to sum them (runtime/step/dist.c): MT_DIST_POOL_SLOTS per other rank
                              * and distinct chunk size, whatever the number of layers */
+    MT_PLAN_GATHERED,       /* host, over several ranks: the fp32 masters of the tiles rank 0 does
+                             * not own, gathered to it after the last step for what reads the
+                             * whole model (--save-model, the end's sample, the weights' hash;
+                             * mt_dist_gather_masters): counted whether or not the run does */
     /* The process (mt_plan_process.counted), host only: */
     MT_PLAN_PROGRAM,        /* the program and its libraries as loaded: mt_plan_process.program_bytes */
     MT_PLAN_RUNTIME,        /* StarPU started: a base, and per CPU worker its thread and state */

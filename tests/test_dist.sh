@@ -15,8 +15,9 @@ set -u
 unset MALLOC_PERTURB_
 
 # plan --ranks N: one rank's plan: every tile's weights and gradient, the master and moments of the
-# largest rank's own tiles (tile t: rank t mod N), and the pools it receives the other ranks'
-# gradient chunks into, which grow with the other ranks and not with the layers; compact refused.
+# largest rank's own tiles (tile t: rank t mod N), the other ranks' masters gathered to rank 0 at
+# the end, and the pools it receives the other ranks' gradient chunks into, which grow with the
+# other ranks and not with the layers; compact refused.
 plan=(plan --shape qwen2.5-0.5b --micro-batch 2 --seq-len 64 --cpu --host-memory 1T)
 "$megatrain" "${plan[@]}" >one.txt 2>&1
 "$megatrain" "${plan[@]}" --ranks 2 >two.txt 2>&1
@@ -34,14 +35,17 @@ r2=$(recv two.txt) r3=$(recv three.txt) r34=$(recv three4.txt)
 m1=$(row one.txt 'master weights (fp32)') m2=$(row two.txt 'master weights (fp32)') m3=$(row three.txt 'master weights (fp32)')
 v1=$(row one.txt 'Adam v (fp32)') v3=$(row three.txt 'Adam v (fp32)')
 g1=$(row one.txt 'gradients (fp32)') g3=$(row three.txt 'gradients (fp32)')
+x3=$(row three.txt 'gathered masters (rank 0)')
 if [ "$rc" -ne 0 ] || [ -z "$r2" ] || [ -z "$r3" ] || [ -z "$m1" ] || [ -z "$m3" ]; then
     bad "plan --ranks" "no line of the other ranks' gradient chunks, or of the master"
 elif ! grep -q "^  over 3 ranks: each holds every tile's streamed weights and gradient and the master and moments of the tiles it owns" three.txt; then
     bad "plan --ranks" "the ranks are not said"
 elif [ "$g3" != "$g1" ] || [ "$v3" != "$m3" ] || [ "$m2" -ge "$m1" ] || [ "$m3" -ge "$m2" ] || [ $((2 * m2)) -lt "$m1" ]; then
     bad "plan --ranks" "master $m1 $m2 $m3 (1, 2, 3 ranks), v $v3, gradients $g1 $g3: not a shard of the largest rank's tiles"
-elif [ $(( $(total three.txt) - $(total one.txt) )) -ne $(( r3 - 3 * (m1 - m3) )) ]; then
-    bad "plan --ranks" "the totals differ by $(( $(total three.txt) - $(total one.txt) )), not by the $r3 received less 3 x $((m1 - m3)) of state"
+elif [ -z "$x3" ] || [ "$x3" -le 0 ] || [ "$x3" -ge "$m1" ] || grep -q "gathered masters" one.txt; then
+    bad "plan --ranks" "gathered masters '$x3' of 3 ranks against a master of $m1 for one process"
+elif [ $(( $(total three.txt) - $(total one.txt) )) -ne $(( r3 + x3 - 3 * (m1 - m3) )) ]; then
+    bad "plan --ranks" "the totals differ by $(( $(total three.txt) - $(total one.txt) )), not by the $r3 received and $x3 gathered less 3 x $((m1 - m3)) of state"
 elif [ "$r3" -ne $((2 * r2)) ] || [ "$r34" != "$r3" ]; then
     bad "plan --ranks" "receive pools $r2 (2 ranks), $r3 (3), $r34 (3, 4 layers): not linear in the other ranks, or grow with layers"
 elif [ "$r2" -gt $((4 * 4 * 64 * 1048576)) ]; then bad "plan --ranks" "$r2 bytes of pools for one other rank"

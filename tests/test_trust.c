@@ -338,8 +338,9 @@ static char *read_all(const char *path, size_t *len)
     return b;
 }
 
-/* A version 1 file (the format before settings were recorded) of a version 2 one: the same
- * bytes without the update count and the settings, the checksum redone. */
+/* A version 1 file (the format before settings were recorded) of a version 3 one of one
+ * process: the same bytes without the update count, the settings and the shard, the checksum
+ * redone. */
 static void write_version_1(const char *v2, const char *v1)
 {
     size_t len;
@@ -347,7 +348,7 @@ static void write_version_1(const char *v2, const char *v1)
     const size_t head = 8 + 4 + 4 + 8 * 8 + 2 * 8 + 3 * 8; /* through step, rng_state, seed */
     uint32_t n;
     memcpy(&n, b + head + 8, sizeof n);
-    const size_t cut = 8 + 4 + n, rest = len - head - cut - 8;
+    const size_t cut = 8 + 4 + n + 2 * 4, rest = len - head - cut - 8;
     uint32_t one = 1;
     memcpy(b + 8, &one, sizeof one);
     memmove(b + head, b + head + cut, rest);
