@@ -619,10 +619,12 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         pair_of(o, i, r);
         if (r->K == MT_PLAN_K_AUTO && i > 0) r->K = results[0].K;
         if (r->K > cfg.layers) r->K = (int)cfg.layers;
+        int ncpu, ncuda; /* the workers StarPU will start, before it does */
+        mt_plan_workers(o->runtime.ncpu, o->runtime.ncuda, &ncpu, &ncuda);
         mt_plan_params pp = { .micro_batch = o->step.B, .seq_len = o->step.T, .grad_accum = o->step.accum,
                               .checkpoint_interval = r->K, .compute = o->dtype, .use_gpu = true,
                               .head_chunk = o->step.head_chunk, .layout = i ? layout.layout : MT_LAYOUT_FULL,
-                              .offload_checkpoints = offload };
+                              .offload_checkpoints = offload, .devices = ncuda };
         mt_plan plan;
         const uint64_t avail = mt_host_memory_available();
         if (i == 0) {

@@ -330,7 +330,7 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
      * over several ranks does not speculate */
     const int64_t ranks = p->ranks > 1 ? p->ranks : 1;
     plan->host[MT_PLAN_CLIP_FLAGS] =
-        !compact && ranks == 1 && p->use_gpu && p->compute == MT_DTYPE_BF16 ? plan->host_clip_flags : 0;
+        !compact && ranks == 1 && p->devices <= 1 && p->use_gpu && p->compute == MT_DTYPE_BF16 ? plan->host_clip_flags : 0;
     if (ranks > 1) {
         /* runtime/step/dist.c's pools: MT_DIST_POOL_SLOTS fp32 buffers per other rank for each
          * distinct size of the AdamW chunks (train's chunk size) of every kind of tile */
@@ -357,6 +357,8 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
         plan->host_pinned[MT_PLAN_RANK_RECV] = p->use_gpu;
         plan->host[MT_PLAN_GATHERED] = host_state_bytes(plan, 4) - held_state_bytes(plan, cfg, 4, ranks, 0);
     }
+
+    if (p->devices > 1) plan->host[MT_PLAN_DEVICE_GRADS] = mul(host_state_bytes(plan, 4), (uint64_t)(p->devices - 1), &of);
 
     if (p->process.counted && count_process(plan, work, ntok)) return -1;
 
@@ -418,6 +420,7 @@ static const char *kind_name(int k, const mt_plan *plan)
     case MT_PLAN_CLIP_FLAGS: return "clip speculation flags";
     case MT_PLAN_GRAD_ACC: return "gradient accumulators (fp32)";
     case MT_PLAN_RANK_RECV: return "other ranks' gradient chunks (fp32)";
+    case MT_PLAN_DEVICE_GRADS: return "other devices' gradients (fp32)";
     case MT_PLAN_GATHERED: return "gathered masters (rank 0)";
     case MT_PLAN_PROGRAM: return "program and libraries";
     case MT_PLAN_RUNTIME: return plan->params.ranks > 1 ? "runtime (StarPU, BLAS, MPI)" : "runtime (StarPU, BLAS)";
@@ -472,6 +475,10 @@ void mt_plan_print(const mt_plan *plan, FILE *out)
                      "share of the global batch (%" PRId64 " tokens a step in all), sums its tiles' gradients chunk by chunk, "
                      "updates them and sends the weights to the others; no clip speculation\n",
                 p->ranks, p->ranks, plan->tokens_per_step * p->ranks);
+    else if (p->devices > 1)
+        fprintf(out, "  over %" PRId64 " devices: micro-batch u on device u mod %" PRId64 ", each writing its own copy of "
+                     "the gradients, summed in device order on the host before the norm and AdamW; no clip speculation\n",
+                p->devices, p->devices);
     else if (p->layout == MT_LAYOUT_COMPACT)
         fprintf(out, "  compact layout: no clip speculation and no second gradient (the update waits for the norm and "
                      "overlaps the next forward)\n");
@@ -784,7 +791,13 @@ int mt_plan_choose(const mt_model_config *cfg, const mt_plan_params *params, mt_
         return plan_fail(plan, "--host-layout compact: a run over %" PRId64 " ranks sums the gradients in fp32, which "
                          "the compact layout does not keep; use --host-layout full (or auto)", params->ranks);
     }
-    if (params->ranks > 1) request = MT_LAYOUT_FULL; /* the choice explained as the user asked it */
+    if (params->devices > 1 && request == MT_LAYOUT_COMPACT) {
+        memset(plan, 0, sizeof *plan);
+        return plan_fail(plan, "--host-layout compact: %" PRId64 " devices sum their gradients in fp32, which the "
+                         "compact layout does not keep; use --host-layout full (or auto)", params->devices);
+    }
+    /* the choice explained as the user asked it */
+    if (params->ranks > 1 || params->devices > 1) request = MT_LAYOUT_FULL;
     mt_plan_params p = *params;
     p.layout = MT_LAYOUT_FULL;
     if (mt_plan_compute(cfg, &p, plan)) return -1;

@@ -94,6 +94,9 @@ typedef struct mt_plan_params {
                                   * and moments of its own tiles (the largest rank's counted), and
                                   * the buffers it receives the other ranks' gradients into
                                   * (MT_PLAN_RANK_RECV); full layout, no clip speculation. */
+    int64_t devices;             /* compute devices of the process (CUDA workers; the step graph's
+                                  * mt_step_config.devices); 0 or 1: one. Each one past the first
+                                  * has a host copy of every gradient (MT_PLAN_DEVICE_GRADS) */
     int offload_checkpoints;     /* MT_PLAN_OFFLOAD_OFF (0, the default), _ON or _AUTO (above) */
     mt_plan_process process;     /* the fixed costs: counted by train and plan */
 } mt_plan_params;
@@ -121,6 +124,9 @@ typedef enum mt_plan_kind {
                              * rank t mod ranks) receives the other ranks' gradient chunks into,
                              * to sum them (runtime/step/dist.c): MT_DIST_POOL_SLOTS per other rank
                              * and distinct chunk size, whatever the number of layers */
+    MT_PLAN_DEVICE_GRADS,   /* host, with several devices in the process: devices 1..n-1's fp32
+                             * copies of every tile's gradient, summed into the tile's on a CPU
+                             * worker (runtime/step/graph.c, alloc_device_grads) */
     MT_PLAN_GATHERED,       /* host, over several ranks: the fp32 masters of the tiles rank 0 does
                              * not own, gathered to it after the last step for what reads the
                              * whole model (--save-model, the end's sample, the weights' hash;

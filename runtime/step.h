@@ -76,6 +76,15 @@ typedef struct mt_step_config {
                             * backward); -1 (auto, the default): on where a GPU computes and the
                             * memory plan with them off needs more than the device holds
                             * (mt_plan_offload_needed). Bitwise the same results either way. */
+    int devices;           /* Data parallelism over the compute devices of one process: with more
+                            * than one CUDA worker (0, the default) each is a device; > 1 here
+                            * makes that many devices of the CPU workers (research and tests:
+                            * the same graph on CPU workers). Micro-batch u is device u mod
+                            * devices's, which writes its own copy of every gradient (=, then +=
+                            * in micro-batch order); the copies are summed in device order into
+                            * the tile's gradient (codelets/reduce.h) before the norm and AdamW
+                            * read it: the same bits every run. Clip speculation and the
+                            * deferred moments are off then, and the full host layout is needed. */
 } mt_step_config;
 
 /* What 0 means for the ranged settings above. */

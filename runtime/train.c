@@ -410,6 +410,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     /* The host layout, and the host check, once the dtype and the workers are known. */
     pp.compute = o->dtype;
     pp.use_gpu = mt_runtime_ncuda() > 0;
+    pp.devices = mt_runtime_ncuda();
     pp.ranks = ranks;
     pp.offload_checkpoints = o->step.offload_checkpoints;
     pp.process = (mt_plan_process){ .counted = true, .ncpu = mt_runtime_ncpu(), .program_bytes = program_bytes,

@@ -147,5 +147,18 @@ else
 fi
 expect_error "an explicit --data that does not exist" "$work/none: No such file or directory" "${shape[@]}" --data "$work/none"
 
+# Several GPUs in one process: each past the first has a host copy of every gradient, summed in
+# device order; the full layout, as over ranks; no clip speculation's flags.
+two=(plan --shape qwen2.5-0.5b --micro-batch 4 --seq-len 1024 --host-memory 2T --gpu-memory 80G)
+"$megatrain" "${two[@]}" --ncuda 1 >one_gpu.txt 2>&1
+"$megatrain" "${two[@]}" --ncuda 2 >two_gpus.txt 2>&1
+grad() { sed -n "s/^  $2  *\([0-9]*\) .*/\1/p" "$1"; }
+g1=$(grad one_gpu.txt 'gradients (fp32)') d2=$(grad two_gpus.txt "other devices' gradients (fp32)")
+if [ -z "$g1" ] || [ "$d2" != "$g1" ] || grep -q "other devices" one_gpu.txt || grep -q "clip speculation flags" two_gpus.txt ||
+   ! grep -q "^  over 2 devices: micro-batch u on device u mod 2" two_gpus.txt; then
+    bad "2 GPUs: a gradient copy per other device" "gradients $g1, other devices' $d2"
+else ok "2 GPUs: a gradient copy per other device"; fi
+expect_error "2 GPUs: compact refused" "compact: 2 devices sum their gradients in fp32" "${two[@]}" --ncuda 2 --host-layout compact
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -15,6 +15,7 @@
 #include "codelets/head.h"
 #include "codelets/head_logits.h"
 #include "codelets/layer.h"
+#include "codelets/reduce.h"
 #include "runtime/dist.h"
 #include "runtime/policy.h"
 
@@ -46,6 +47,13 @@ static starpu_data_handle_t router_stats(const mt_graph *g, const mt_step_slot *
     return sl->h_router_stats[u];
 }
 
+/* The worker micro-batch u's compute tasks run on over several devices (device u mod ndev's),
+ * else -1: wherever the policy puts them. */
+static int worker_of(const mt_graph *g, int u) { return g->ndev > 1 ? g->dev_worker[u % g->ndev] : -1; }
+
+/* Layer j's saved activations of a block's recompute for micro-batch u: its device's. */
+static starpu_data_handle_t saved_of(const mt_graph *g, int u, int j) { return g->saved[(u % g->ndev) * g->sc.K + j]; }
+
 /* A checkpoint has served its last reader of the step (the forward's, or its recompute): dropped,
  * or when offloaded marked as not used soon instead. Its host copy is current (written through),
  * so StarPU reclaims the GPU copy with no transfer, before other buffers; and it keeps a value,
@@ -71,7 +79,7 @@ static void fetch_checkpoint(void *handle)
 /* observe: report start/end of this forward (the streaming pass of a training step). stats: the
  * router statistics it adds to (RW), or NULL (a recompute, an evaluation, a dense layer). fetch:
  * a checkpoint the task's end prefetches (fetch_checkpoint; never with observe), or NULL. */
-static void insert_layer_forward(mt_graph *g, int i, starpu_data_handle_t x, starpu_data_handle_t y,
+static void insert_layer_forward(mt_graph *g, int i, int u, starpu_data_handle_t x, starpu_data_handle_t y,
                                  starpu_data_handle_t saved, starpu_data_handle_t stats, int64_t step, bool observe,
                                  void *hint, starpu_data_handle_t fetch)
 {
@@ -90,8 +98,8 @@ static void insert_layer_forward(mt_graph *g, int i, starpu_data_handle_t x, sta
     if (stats) d[nd++] = (struct starpu_data_descr){ stats, STARPU_RW };
     mt_step_check_insert(starpu_task_insert(&mt_cl_layer_forward, STARPU_DATA_MODE_ARRAY, d, nd,
                                     STARPU_VALUE, &a, sizeof a, STARPU_NAME, "layer_forward",
-                                    STARPU_EXECUTE_WHERE, g->where, STARPU_TASK_SCHED_DATA, hint,
-                                    STARPU_CALLBACK_WITH_ARG_NFREE, done, done_arg,
+                                    STARPU_EXECUTE_WHERE, g->where, STARPU_EXECUTE_ON_WORKER, worker_of(g, u),
+                                    STARPU_TASK_SCHED_DATA, hint, STARPU_CALLBACK_WITH_ARG_NFREE, done, done_arg,
                                     MT_OBSERVE_START(&g->observer, observe, MT_EV_FORWARD_START, step, t->index), 0),
                  "layer_forward");
 }
@@ -108,14 +116,14 @@ static void submit_forward(mt_graph *g, const starpu_data_handle_t *tokens, int 
     for (int u = 0; u < n; u++)
         mt_step_check_insert(starpu_task_insert(&mt_cl_embedding_forward, STARPU_R, mt_state_embed(g->st)->h_weights,
                                         STARPU_R, tokens[u], STARPU_W, mt_step_ckpt(g, 0, u), STARPU_VALUE, &a, sizeof a,
-                                        STARPU_EXECUTE_WHERE, g->where,
+                                        STARPU_EXECUTE_WHERE, g->where, STARPU_EXECUTE_ON_WORKER, worker_of(g, u),
                                         STARPU_TASK_SCHED_DATA, u == 0 ? mt_step_hint(g, 1, 0) : NULL,
                                         MT_OBSERVE_START(&g->observer, observe && u == 0, MT_EV_FORWARD_START, step, 0), 0),
                      "embedding_forward");
     for (int i = 0; i < L; i++) {
         int next = i + 1 < L ? i + 2 : g->st->ntiles - 1; /* the next layer, or the head */
         for (int u = 0; u < n; u++) {
-            insert_layer_forward(g, i, forward_input(g, i, u), forward_output(g, i, u), NULL, router_stats(g, sl, i, u),
+            insert_layer_forward(g, i, u, forward_input(g, i, u), forward_output(g, i, u), NULL, router_stats(g, sl, i, u),
                                  step, observe && u == 0, u == 0 ? mt_step_hint(g, next, 0) : NULL, NULL);
             /* An offloaded checkpoint has served the forward: its GPU copy, clean once written
              * through, goes first when StarPU needs room. (wont_use waits for the writer, not
@@ -171,6 +179,42 @@ static starpu_data_handle_t grad_target(const mt_graph *g, const mt_tile *t)
     return g->st->layout == MT_LAYOUT_COMPACT ? t->h_grad_acc : t->h_grad;
 }
 
+/* What micro-batch u's compute tasks write a tile's gradient into: over several devices, device
+ * u mod ndev's copy (device 0's is the tile's own); and how: = by the first micro-batch of that
+ * copy (`first` of a copy another task wrote first this step is false), += by the later ones, in
+ * micro-batch order. */
+static starpu_data_handle_t grad_of(const mt_graph *g, const mt_tile *t, int u)
+{
+    const int d = u % g->ndev;
+    return d == 0 ? grad_target(g, t) : g->dev_grad[(d - 1) * g->st->ntiles + t->index];
+}
+static bool first_of_copy(const mt_graph *g, int u) { return u < g->ndev; }
+
+/* After a tile's last gradient task of the step: over several devices the copies summed into the
+ * tile's gradient in device order (the same bits every run), with its sum of squares for the
+ * norm; then across ranks the sum over the ranks (dist.c), which takes the sum of squares again. */
+static void gradient_done(mt_graph *g, mt_tile *t)
+{
+    const int n = g->ndev < g->sc.accum ? g->ndev : g->sc.accum; /* copies written this step */
+    if (n > 1) {
+        struct starpu_data_descr d[64];
+        STARPU_ASSERT_MSG(n <= 64, "%d devices: at most 64", n);
+        for (int k = 0; k < n; k++)
+            d[k] = (struct starpu_data_descr){ grad_of(g, t, k), k == 0 ? STARPU_RW : STARPU_R };
+        const mt_grad_sum_args a = { .own = 0 };
+        mt_step_check_insert(starpu_task_insert(&mt_cl_grad_sum, STARPU_DATA_MODE_ARRAY, d, n, STARPU_VALUE, &a, sizeof a,
+                                                STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_PRIORITY, STARPU_MAX_PRIO,
+                                                STARPU_NAME, "grad_sum", 0),
+                             "grad_sum");
+    }
+    if (g->ndev > 1 && g->sc.clip > 0)
+        mt_step_check_insert(starpu_task_insert(&mt_cl_grad_sumsq, STARPU_R, t->h_grad, STARPU_W, g->partial[t->index],
+                                                STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_PRIORITY, STARPU_MAX_PRIO,
+                                                STARPU_NAME, "grad_sumsq", 0),
+                             "grad_sumsq");
+    if (g->dist_size > 1) mt_step_dist_reduce(g, t);
+}
+
 /* Compact layout: the tile's accumulator, whole after the last contribution of the step, rounded
  * to its bf16 home (with, clipping, the sum of squares of those values) where the compute runs;
  * then dropped, so that its buffer serves the next tile and is never copied anywhere. */
@@ -196,9 +240,10 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
     mt_tile *embed = mt_state_embed(st), *head = mt_state_head(st);
     const int head_tile = st->ntiles - 1, last_block = g->nblocks - 1;
     const bool compact = st->layout == MT_LAYOUT_COMPACT;
-    /* the compute tasks take the sums of squares; across ranks the sum's task does (dist.c) */
-    const bool clipped = g->sc.clip > 0 && !compact && g->dist_size == 1;
-    const bool ranks = g->dist_size > 1;
+    /* the compute tasks take the sums of squares; across ranks or devices the sum's task does
+     * (gradient_done) */
+    const bool clipped = g->sc.clip > 0 && !compact && g->dist_size == 1 && g->ndev == 1;
+    const bool summed = g->dist_size > 1 || g->ndev > 1;
 
     submit_forward(g, sl->h_tokens, M, sl, step, true);
     /* The load-balancing loss's gradient scale: coef x E / R^2 for a micro-batch's R router rows,
@@ -207,25 +252,26 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
 
     /* Loss anchor: dh_L goes to grad[u][L % 2], the input of layer L-1's backward. */
     for (int u = 0; u < M; u++) {
-        const bool first = u == 0, sumsq = u == M - 1 && clipped;
+        const bool first = first_of_copy(g, u), sumsq = u == M - 1 && clipped;
         const enum starpu_data_access_mode gmode = first ? STARPU_W : STARPU_RW;
         mt_compute_args a = { .model = &g->model, .B = g->sc.B, .T = g->sc.T, .accumulate = !first,
                               .loss_scale = loss_scale, .head_chunk = g->sc.head_chunk, .sumsq = sumsq,
                               .table_sumsq = sumsq && g->speculation.head_table };
         struct starpu_data_descr hd[11] = {
             { head->h_weights, STARPU_R }, { g->act[u][L % 2], STARPU_R }, { sl->h_targets[u], STARPU_R },
-            { g->grad[u][L % 2], STARPU_W }, { grad_target(g, head), gmode }, { sl->h_loss[u], STARPU_W },
-            { g->scratch_head, STARPU_SCRATCH }, { embed->h_weights, STARPU_R }, { grad_target(g, embed), gmode },
+            { g->grad[u][L % 2], STARPU_W }, { grad_of(g, head, u), gmode }, { sl->h_loss[u], STARPU_W },
+            { g->scratch_head, STARPU_SCRATCH }, { embed->h_weights, STARPU_R }, { grad_of(g, embed, u), gmode },
         };
         int nhd = st->cfg.tied ? 9 : 7;
         if (sumsq) hd[nhd++] = (struct starpu_data_descr){ g->partial[head_tile], STARPU_W };
         if (a.table_sumsq) hd[nhd++] = (struct starpu_data_descr){ g->speculation.head_table, STARPU_W };
         mt_step_check_insert(starpu_task_insert(&mt_cl_head, STARPU_DATA_MODE_ARRAY, hd, nhd, STARPU_VALUE, &a, sizeof a,
                                         STARPU_NAME, "head", STARPU_EXECUTE_WHERE, g->where,
+                                        STARPU_EXECUTE_ON_WORKER, worker_of(g, u),
                                         STARPU_TASK_SCHED_DATA, first ? mt_step_hint(g, last_block * K + 1, 0) : NULL, 0),
                      "head");
         if (compact && u == M - 1) insert_grad_home(g, head);
-        if (ranks && u == M - 1) mt_step_dist_reduce(g, head);
+        if (summed && u == M - 1) gradient_done(g, head);
         if (sumsq) mt_speculation_insert_known(&g->speculation, st, g->partial, head_tile);
         /* The forward's hidden states are dead now (the recompute rewrites them): dropped, so
          * that making room on the GPU never copies them back to the host. */
@@ -239,7 +285,7 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
     for (int b = last_block; b >= 0; b--) {
         int lo = b * K, hi = lo + K < L ? lo + K : L;
         for (int u = 0; u < M; u++) {
-            const bool first = u == 0, last = u == M - 1;
+            const bool first = first_of_copy(g, u), last = u == M - 1;
             const bool sumsq = last && clipped;
             const enum starpu_data_access_mode gmode = first ? STARPU_W : STARPU_RW;
             for (int i = lo; i < hi; i++) {
@@ -248,7 +294,7 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
                 void *hint = !first ? NULL
                              : i + 1 < hi ? mt_step_hint(g, i + 2, 0)
                              : hi - 2 >= lo ? mt_step_hint(g, hi - 1, 0) : hint_after_backward(g, lo);
-                insert_layer_forward(g, i, x, g->act[u][(i + 1) % 2], g->saved[i - lo], NULL, step, false, hint,
+                insert_layer_forward(g, i, u, x, g->act[u][(i + 1) % 2], saved_of(g, u, i - lo), NULL, step, false, hint,
                                      i == lo ? fetch_after_recompute(g, b, u) : NULL);
                 if (i == lo) release_checkpoint(g, b, x); /* the block's checkpoint has served */
             }
@@ -258,8 +304,8 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
                 mt_compute_args ba = { .model = &g->model, .B = g->sc.B, .T = g->sc.T, .accumulate = !first, .sumsq = sumsq,
                                        .layer = i, .router_stats = stats != NULL, .aux_scale = aux_scale };
                 struct starpu_data_descr bd[8] = {
-                    { t->h_weights, STARPU_R }, { g->saved[i - lo], STARPU_R }, { g->grad[u][(i + 1) % 2], STARPU_R },
-                    { g->grad[u][i % 2], STARPU_W }, { grad_target(g, t), gmode }, { g->scratch_layer, STARPU_SCRATCH },
+                    { t->h_weights, STARPU_R }, { saved_of(g, u, i - lo), STARPU_R }, { g->grad[u][(i + 1) % 2], STARPU_R },
+                    { g->grad[u][i % 2], STARPU_W }, { grad_of(g, t, u), gmode }, { g->scratch_layer, STARPU_SCRATCH },
                 };
                 int nbd = 6;
                 if (sumsq) bd[nbd++] = (struct starpu_data_descr){ g->partial[t->index], STARPU_W };
@@ -268,13 +314,14 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
                 void *hint = (leaves_block ? last : first) ? hint_after_backward(g, i) : NULL;
                 mt_step_check_insert(starpu_task_insert(&mt_cl_layer_backward, STARPU_DATA_MODE_ARRAY, bd, nbd,
                                                 STARPU_VALUE, &ba, sizeof ba, STARPU_NAME, "layer_backward",
-                                                STARPU_EXECUTE_WHERE, g->where, STARPU_TASK_SCHED_DATA, hint,
+                                                STARPU_EXECUTE_WHERE, g->where, STARPU_EXECUTE_ON_WORKER, worker_of(g, u),
+                                                STARPU_TASK_SCHED_DATA, hint,
                                                 MT_OBSERVE_END(&g->observer, last, MT_EV_BACKWARD, step, t->index), 0),
                              "layer_backward");
                 if (compact && last) insert_grad_home(g, t);
-                if (ranks && last) mt_step_dist_reduce(g, t);
+                if (summed && last) gradient_done(g, t);
                 if (sumsq) mt_speculation_insert_known(&g->speculation, st, g->partial, t->index);
-                mt_step_drop(g->saved[i - lo]);
+                mt_step_drop(saved_of(g, u, i - lo));
             }
             mt_step_drop(g->act[u][0]);
             mt_step_drop(g->act[u][1]);
@@ -290,20 +337,22 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
      * one points at the next step's first layer (after its update). */
     for (int u = 0; u < M; u++) {
         const bool last = u == M - 1;
-        mt_compute_args ea = { .model = &g->model, .B = g->sc.B, .T = g->sc.T, .accumulate = u > 0 || st->cfg.tied,
+        /* with a tied head the head tasks already wrote the table's gradient copies this step */
+        const bool first = first_of_copy(g, u) && !st->cfg.tied;
+        mt_compute_args ea = { .model = &g->model, .B = g->sc.B, .T = g->sc.T, .accumulate = !first,
                                .sumsq = last && clipped };
         struct starpu_data_descr ed[5] = {
             { sl->h_tokens[u], STARPU_R }, { g->grad[u][0], STARPU_R },
-            { grad_target(g, embed), ea.accumulate ? STARPU_RW : STARPU_W },
+            { grad_of(g, embed, u), first ? STARPU_W : STARPU_RW },
             { g->scratch_layer, STARPU_SCRATCH }, { g->partial[0], STARPU_W },
         };
         mt_step_check_insert(starpu_task_insert(&mt_cl_embedding_backward, STARPU_DATA_MODE_ARRAY, ed, ea.sumsq ? 5 : 4,
                                         STARPU_VALUE, &ea, sizeof ea, STARPU_NAME, "embedding_backward",
-                                        STARPU_EXECUTE_WHERE, g->where,
+                                        STARPU_EXECUTE_WHERE, g->where, STARPU_EXECUTE_ON_WORKER, worker_of(g, u),
                                         STARPU_TASK_SCHED_DATA, last ? mt_step_hint(g, 1, 1) : NULL, 0),
                      "embedding_backward");
         if (compact && last) insert_grad_home(g, embed);
-        if (ranks && last) mt_step_dist_reduce(g, embed);
+        if (summed && last) gradient_done(g, embed);
         mt_step_drop(g->grad[u][0]);
         mt_step_drop(g->grad[u][1]);
     }

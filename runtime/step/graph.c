@@ -201,12 +201,12 @@ static starpu_data_handle_t homed_bytes(void *home, size_t bytes) { return host_
 
 /* The homes, allocated before anything is registered so that a refusal leaves nothing behind, in
  * the order mt_graph_create registers them: the checkpoints (nblocks x accum, the first
- * nckpt_pinned pinned), then per micro-batch act[u][0..1] and grad[u][0..1], then the K saved
- * buffers. 0, or -1 with err set. */
+ * nckpt_pinned pinned), then per micro-batch act[u][0..1] and grad[u][0..1], then the nsaved
+ * saved buffers (K per device). 0, or -1 with err set. */
 static int alloc_homes(mt_graph *g, const mt_step_config *sc, int nblocks, int nckpt_pinned, size_t hidden_bytes,
-                       size_t saved_bytes, bool gpu, char *err, size_t errlen)
+                       size_t saved_bytes, int nsaved, bool gpu, char *err, size_t errlen)
 {
-    const int n = nblocks * sc->accum + 4 * sc->accum + sc->K;
+    const int n = nblocks * sc->accum + 4 * sc->accum + nsaved;
     g->homes = calloc(n, sizeof *g->homes);
     bool ok = g->homes != NULL, pin = false;
     size_t bytes = hidden_bytes;
@@ -214,7 +214,7 @@ static int alloc_homes(mt_graph *g, const mt_step_config *sc, int nblocks, int n
     for (int u = 0; ok && u < sc->accum; u++)
         for (int k = 0; ok && k < 4; k++) ok = alloc_home(g, bytes, pin = gpu && k == 2) != NULL; /* k 2: grad[u][0] */
     bytes = mt_plan_byte_buffer(saved_bytes);
-    for (int j = 0; ok && j < sc->K; j++) ok = alloc_home(g, bytes, pin = false) != NULL;
+    for (int j = 0; ok && j < nsaved; j++) ok = alloc_home(g, bytes, pin = false) != NULL;
     if (ok) return 0;
     const int got = g->nhomes;
     free_homes(g);
@@ -224,6 +224,38 @@ static int alloc_homes(mt_graph *g, const mt_step_config *sc, int nblocks, int n
     return -1;
 }
 
+/* Devices 1..ndev-1's copies of every tile's gradient (device 0 writes the tile's own), each
+ * with a home of plain host memory, mapped as written: the sum of the copies runs on a CPU
+ * worker (codelets/reduce.h), so each goes there once a step, and StarPU's RAM node, which can
+ * be far smaller than the host (alloc_homes), need not hold them. */
+static int alloc_device_grads(mt_graph *g, char *err, size_t errlen)
+{
+    const mt_host_state *st = g->st;
+    /* device d: the d-th CUDA worker, or without them the d-th CPU worker */
+    const enum starpu_worker_archtype arch = g->where == STARPU_CUDA ? STARPU_CUDA_WORKER : STARPU_CPU_WORKER;
+    g->dev_worker = calloc((size_t)g->ndev, sizeof *g->dev_worker);
+    if ((int)starpu_worker_get_ids_by_type(arch, g->dev_worker, (unsigned)g->ndev) < g->ndev) {
+        snprintf(err, errlen, "%d devices asked for, and only %d %s workers", g->ndev, (int)starpu_worker_get_count_by_type(arch),
+                 arch == STARPU_CUDA_WORKER ? "CUDA" : "CPU");
+        return -1;
+    }
+    const int n = (g->ndev - 1) * st->ntiles;
+    g->dev_grad = calloc((size_t)n, sizeof *g->dev_grad);
+    g->dev_grad_mem = calloc((size_t)n, sizeof *g->dev_grad_mem);
+    for (int k = 0; k < n; k++) {
+        const mt_tile *t = &st->tiles[k % st->ntiles];
+        if (posix_memalign(&g->dev_grad_mem[k], 64, (size_t)t->numel * sizeof(float))) {
+            g->dev_grad_mem[k] = NULL;
+            snprintf(err, errlen, "out of host memory for device %d's gradient of tile %d (%lld floats)",
+                     1 + k / st->ntiles, k % st->ntiles, (long long)t->numel);
+            return -1;
+        }
+        starpu_vector_data_register(&g->dev_grad[k], STARPU_MAIN_RAM, (uintptr_t)g->dev_grad_mem[k], (uint32_t)t->numel,
+                                    sizeof(float));
+    }
+    return 0;
+}
+
 mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc_in, char *err, size_t errlen)
 {
     const bool gpu = starpu_cuda_worker_get_count() > 0;
@@ -231,7 +263,11 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc_in, char *
      * nothing to speculate on before it, and the sum is taken over the whole gradient. */
     mt_step_config dist_sc = *sc_in;
     const int ranks = mt_dist_size();
-    if (ranks > 1) {
+    /* several devices: each adds into its own copy of a gradient, summed before anything reads
+     * it whole; as across ranks nothing is updated ahead of that */
+    const int ncuda = (int)starpu_cuda_worker_get_count();
+    const int ndev = sc_in->devices > 1 ? sc_in->devices : ncuda > 1 ? ncuda : 1;
+    if (ranks > 1 || ndev > 1) {
         dist_sc.clip_speculate = 0;
         dist_sc.adamw_defer = 0;
     }
@@ -242,6 +278,11 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc_in, char *
                  head_scratch = mt_codelet_head_scratch_bytes(&st->cfg, st->compute_dtype, gpu, head_chunk);
     if (check_ram_node(mt_plan_byte_buffer(layer_scratch) + mt_plan_byte_buffer(head_scratch), gpu, err, errlen))
         return NULL;
+    if (ndev > 1 && st->layout == MT_LAYOUT_COMPACT) {
+        snprintf(err, errlen, "%d devices need the full host layout (--host-layout full): their gradients are summed "
+                 "in fp32, and the compact layout keeps them in bf16", ndev);
+        return NULL;
+    }
     if (ranks > 1 && st->layout == MT_LAYOUT_COMPACT) {
         snprintf(err, errlen, "a run over %d ranks needs the full host layout (--host-layout full): the gradients are "
                  "summed over the ranks in fp32, and the compact layout keeps them in bf16", ranks);
@@ -253,7 +294,7 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc_in, char *
     const int npinned = g->offload ? (nblocks - 1) * sc->accum : 0;
     const size_t hidden_bytes = (size_t)(sc->B * sc->T * st->cfg.hidden) * sizeof(float);
     const size_t saved_bytes = mt_codelet_layer_saved_bytes(&st->cfg, st->compute_dtype, gpu, sc->B, sc->T);
-    if (alloc_homes(g, sc, nblocks, npinned, hidden_bytes, saved_bytes, gpu, err, errlen)) {
+    if (alloc_homes(g, sc, nblocks, npinned, hidden_bytes, saved_bytes, ndev * sc->K, gpu, err, errlen)) {
         free(g);
         return NULL;
     }
@@ -269,6 +310,8 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc_in, char *
     g->sc = *sc;
     g->dist_rank = mt_dist_rank();
     g->dist_size = ranks;
+    g->ndev = ndev;
+
     g->ntok = sc->B * sc->T;
     g->nblocks = (int)((st->cfg.layers + sc->K - 1) / sc->K);
     describe_model(g);
@@ -290,8 +333,8 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc_in, char *
         for (int i = 0; i < 2; i++) g->act[u][i] = homed_floats((home++)->p, hidden_bytes);
         for (int i = 0; i < 2; i++) g->grad[u][i] = homed_floats((home++)->p, hidden_bytes);
     }
-    g->saved = calloc(sc->K, sizeof *g->saved);
-    for (int j = 0; j < sc->K; j++) g->saved[j] = homed_bytes((home++)->p, saved_bytes);
+    g->saved = calloc((size_t)ndev * sc->K, sizeof *g->saved);
+    for (int j = 0; j < ndev * sc->K; j++) g->saved[j] = homed_bytes((home++)->p, saved_bytes);
     assert(home == g->homes + g->nhomes);
     g->scratch_layer = new_bytes(layer_scratch);
     g->sc.head_chunk = head_chunk;
@@ -343,6 +386,10 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc_in, char *
     g->h_eval_loss = host_vector(g->eval_loss, 2, sizeof(double));
     g->update = (mt_update_ctx){ .st = st, .sc = &g->sc, .clip = g->clip, .stats = &g->stats, .observer = &g->observer };
     mt_policy_attach(MT_SCHED_CTX_INITIAL, st);
+    if (ndev > 1 && alloc_device_grads(g, err, errlen)) {
+        mt_graph_destroy(g);
+        return NULL;
+    }
     return g;
 }
 
@@ -374,11 +421,18 @@ void mt_graph_destroy(mt_graph *g)
         }
     free(g->act);
     free(g->grad);
-    for (int j = 0; j < g->sc.K; j++) starpu_data_unregister_no_coherency(g->saved[j]);
+    for (int j = 0; j < g->ndev * g->sc.K; j++) starpu_data_unregister_no_coherency(g->saved[j]);
     starpu_data_unregister(g->scratch_layer);
     starpu_data_unregister(g->scratch_head);
     for (int i = 0; i < g->st->ntiles; i++) starpu_data_unregister(g->partial[i]);
     mt_step_dist_free(g);
+    for (int k = 0; g->dev_grad && k < (g->ndev - 1) * g->st->ntiles; k++) {
+        if (g->dev_grad[k]) starpu_data_unregister_no_coherency(g->dev_grad[k]); /* no value past the step */
+        free(g->dev_grad_mem[k]);
+    }
+    free(g->dev_grad);
+    free(g->dev_grad_mem);
+    free(g->dev_worker);
     mt_speculation_destroy(&g->speculation, g->st);
     for (int c = 0; c < mt_state_embed(g->st)->nchunks; c++) {
         starpu_data_unregister(g->embed_partial[c]);

@@ -11,7 +11,8 @@
  *   act[u][2]   forward ping-pong between checkpoints; grad[u][2] backward ping-pong
  * and shared:
  *   saved[j]    what layer j of the block being recomputed keeps for its backward (the
- *               micro-batches recompute and walk back a block one after the other)
+ *               micro-batches recompute and walk back a block one after the other); over
+ *               several devices, K per device: saved[d * K + j]
  *   slot data   tokens, targets and loss of each micro-batch, two slots so step s+1 can be
  *               filled while step s still runs; with the router's load-balancing loss also
  *               each micro-batch's router statistics (2E doubles, mt_moe_aux_loss): zeroed
@@ -109,6 +110,13 @@ struct mt_graph {
     /* A distributed run's ranks (runtime/dist.h; size 1: one process) and the pools of receive
      * buffers of the other ranks' gradient chunks, one per chunk size (dist.c). */
     int dist_rank, dist_size;
+    /* The compute devices of this process (mt_step_config.devices) and, above 1, devices
+     * 1..ndev-1's copies of every tile's gradient: dev_grad[(d - 1) * ntiles + tile], homes
+     * dev_grad_mem (graph.c, alloc_device_grads; compute.c sums them into the tile's). */
+    int ndev;
+    starpu_data_handle_t *dev_grad;
+    void **dev_grad_mem;
+    int *dev_worker;                          /* (ndev) the worker of each device, when ndev > 1 */
     struct mt_dist_pool *dist_pools;
     int dist_npools;
 };

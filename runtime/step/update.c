@@ -38,7 +38,7 @@ static bool early_table(const mt_graph *g, mt_speculation_choice sp)
      * backward, and its weights half writes the master itself (no redo of touched rows) */
     if (g->st->layout == MT_LAYOUT_COMPACT) return false;
     /* across ranks the table's gradient is summed whole before its update (dist.c) */
-    if (g->dist_size > 1) return false;
+    if (g->dist_size > 1 || g->ndev > 1) return false;
     return g->sc.clip > 0 ? mt_speculation_early_table(sp) : mt_step_split_update(g, 0);
 }
 

@@ -116,7 +116,7 @@ int cli_plan(int argc, char **argv)
     const mt_dtype dtype = cli_was_given(&given, "dtype") ? o.dtype : ncuda > 0 ? MT_DTYPE_BF16 : MT_DTYPE_F32;
     mt_plan_params pp = { .micro_batch = o.step.B, .seq_len = o.step.T, .grad_accum = o.step.accum,
                           .checkpoint_interval = o.step.K, .compute = dtype, .use_gpu = ncuda > 0,
-                          .head_chunk = o.step.head_chunk, .ranks = req.ranks,
+                          .head_chunk = o.step.head_chunk, .ranks = req.ranks, .devices = ncuda,
                           .offload_checkpoints = o.step.offload_checkpoints,
                           .process = { .counted = true, .ncpu = ncpu, .program_bytes = program_bytes, .data_bytes = data_bytes,
                                        .eval_sequences = o.eval_sequences } };
