@@ -16,6 +16,9 @@
 
 #include "runtime/files.h"
 
+/* The file name a path ends in. */
+static const char *name_of(const char *path) { return strrchr(path, '/') ? strrchr(path, '/') + 1 : path; }
+
 static const char magic[8] = { 'M', 'T', 'C', 'K', 'P', 'T', '0', '1' };
 enum { NSHAPE = 8 };
 
@@ -180,8 +183,7 @@ int mt_checkpoint_save_kept(const char *path, int64_t keep_last, const mt_host_s
     if (mt_checkpoint_save(numbered, st, meta, err, errlen)) return -1;
     snprintf(written, len, "%s", numbered);
     /* path -> the numbered file, by its name: the link stays valid when the directory moves */
-    const char *slash = strrchr(numbered, '/');
-    const char *target = slash ? slash + 1 : numbered;
+    const char *target = name_of(numbered);
     char tmp[4200];
     mt_temp_name(path, tmp, sizeof tmp);
     unlink(tmp);
@@ -194,35 +196,40 @@ int mt_checkpoint_save_kept(const char *path, int64_t keep_last, const mt_host_s
     char dir[4096];
     mt_dir_of(path, dir, sizeof dir);
     mt_sync_dir(dir);
-    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-    prune_numbered(dir, base, meta->step, keep_last);
+    prune_numbered(dir, name_of(path), meta->step, keep_last);
     return 0;
+}
+
+/* "PREFIX.shardRofN": rank's shards are this prefix's numbered files (mt_checkpoint_save_kept's
+ * numbering, which prune_numbered reads). */
+static void shard_prefix(const char *prefix, int rank, int ranks, char *out, size_t len)
+{
+    snprintf(out, len, "%s.shard%dof%d", prefix, rank, ranks);
 }
 
 void mt_checkpoint_shard_name(const char *base, int rank, int ranks, int64_t step, char *out, size_t len)
 {
-    snprintf(out, len, "%s.shard%dof%d.%06lld", base, rank, ranks, (long long)step);
+    char prefix[4300];
+    shard_prefix(base, rank, ranks, prefix, sizeof prefix);
+    snprintf(out, len, "%s.%06lld", prefix, (long long)step);
 }
 
 void mt_checkpoint_base_of(const char *path, int64_t step, char *out, size_t len)
 {
     snprintf(out, len, "%s", path);
-    const char *dot = strrchr(path, '.'), *slash = strrchr(path, '/');
-    if (!dot || (slash && dot < slash) || dot == path) return;
+    const char *dot = strrchr(path, '.'), *name = name_of(path);
+    if (!dot || dot <= name) return;
     char base[4200];
     snprintf(base, sizeof base, "%.*s", (int)(dot - path), path);
-    const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-    const char *bname = strrchr(base, '/') ? strrchr(base, '/') + 1 : base;
-    if (numbered_step(name, bname) == step) snprintf(out, len, "%s", base);
+    if (numbered_step(name, name_of(base)) == step) snprintf(out, len, "%s", base);
 }
 
 void mt_checkpoint_prune_shards(const char *base, int rank, int ranks, int64_t step, int64_t keep)
 {
-    char dir[4096], shard[4400];
+    char dir[4096], prefix[4400];
     mt_dir_of(base, dir, sizeof dir);
-    const char *name = strrchr(base, '/') ? strrchr(base, '/') + 1 : base;
-    snprintf(shard, sizeof shard, "%s.shard%dof%d", name, rank, ranks);
-    prune_numbered(dir, shard, step, keep < 1 ? 1 : keep);
+    shard_prefix(name_of(base), rank, ranks, prefix, sizeof prefix);
+    prune_numbered(dir, prefix, step, keep < 1 ? 1 : keep);
 }
 
 typedef struct reader { FILE *f; uint64_t hash; const char *path; char *err; size_t errlen; } reader;

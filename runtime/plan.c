@@ -53,12 +53,16 @@ static uint64_t add(uint64_t a, uint64_t b, bool *overflow)
 }
 
 /* Bytes of one kind of host state over all tiles: each tile its own allocation, 4 KiB-rounded. */
+/* One host tile of numel elements of elem bytes, as state.c allocates it. */
+static uint64_t tile_bytes(int64_t numel, uint64_t elem)
+{
+    return round_up_u64((uint64_t)numel * elem, MT_PLAN_TILE_BYTES_ALIGN);
+}
+
 static uint64_t host_state_bytes(const mt_plan *plan, uint64_t elem)
 {
-    uint64_t embed = round_up_u64((uint64_t)plan->tile_numel[MT_TILE_EMBED] * elem, MT_PLAN_TILE_BYTES_ALIGN);
-    uint64_t layer = round_up_u64((uint64_t)plan->tile_numel[MT_TILE_LAYER] * elem, MT_PLAN_TILE_BYTES_ALIGN);
-    uint64_t dense = round_up_u64((uint64_t)plan->dense_layer_numel * elem, MT_PLAN_TILE_BYTES_ALIGN);
-    uint64_t head = round_up_u64((uint64_t)plan->tile_numel[MT_TILE_HEAD] * elem, MT_PLAN_TILE_BYTES_ALIGN);
+    uint64_t embed = tile_bytes(plan->tile_numel[MT_TILE_EMBED], elem), layer = tile_bytes(plan->tile_numel[MT_TILE_LAYER], elem);
+    uint64_t dense = tile_bytes(plan->dense_layer_numel, elem), head = tile_bytes(plan->tile_numel[MT_TILE_HEAD], elem);
     return embed + (uint64_t)(plan->num_tiles - 2 - plan->dense_layers) * layer + (uint64_t)plan->dense_layers * dense + head;
 }
 
@@ -69,10 +73,8 @@ static uint64_t held_state_bytes(const mt_plan *plan, const mt_model_config *cfg
                                  int64_t only)
 {
     if (ranks <= 1) return host_state_bytes(plan, elem);
-    const uint64_t embed = round_up_u64((uint64_t)plan->tile_numel[MT_TILE_EMBED] * elem, MT_PLAN_TILE_BYTES_ALIGN);
-    const uint64_t layer = round_up_u64((uint64_t)plan->tile_numel[MT_TILE_LAYER] * elem, MT_PLAN_TILE_BYTES_ALIGN);
-    const uint64_t dense = round_up_u64((uint64_t)plan->dense_layer_numel * elem, MT_PLAN_TILE_BYTES_ALIGN);
-    const uint64_t head = round_up_u64((uint64_t)plan->tile_numel[MT_TILE_HEAD] * elem, MT_PLAN_TILE_BYTES_ALIGN);
+    const uint64_t embed = tile_bytes(plan->tile_numel[MT_TILE_EMBED], elem), layer = tile_bytes(plan->tile_numel[MT_TILE_LAYER], elem);
+    const uint64_t dense = tile_bytes(plan->dense_layer_numel, elem), head = tile_bytes(plan->tile_numel[MT_TILE_HEAD], elem);
     const int64_t L = plan->num_tiles - 2;
     uint64_t most = 0;
     for (int64_t r = only < 0 ? 0 : only; r < (only < 0 ? ranks : only + 1) && r < plan->num_tiles; r++) {
@@ -216,11 +218,11 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
      * parameter count far enough that these products cannot overflow. */
     plan->host[MT_PLAN_WEIGHTS] = host_state_bytes(plan, (uint64_t)plan->weight_elem_bytes);
     /* over several ranks the state is sharded: the master and moments of a rank's own tiles */
-    const int64_t shards = p->ranks > 1 ? p->ranks : 1;
-    plan->host[MT_PLAN_MASTER] = held_state_bytes(plan, cfg, compact ? 2 : 4, shards, -1);
+    const int64_t ranks = p->ranks > 1 ? p->ranks : 1;
+    plan->host[MT_PLAN_MASTER] = held_state_bytes(plan, cfg, compact ? 2 : 4, ranks, -1);
     plan->host[MT_PLAN_GRADS] = host_state_bytes(plan, compact ? 2 : 4);
-    plan->host[MT_PLAN_ADAM_M] = held_state_bytes(plan, cfg, 4, shards, -1);
-    plan->host[MT_PLAN_ADAM_V] = held_state_bytes(plan, cfg, 4, shards, -1);
+    plan->host[MT_PLAN_ADAM_M] = held_state_bytes(plan, cfg, 4, ranks, -1);
+    plan->host[MT_PLAN_ADAM_V] = held_state_bytes(plan, cfg, 4, ranks, -1);
     /* compact pins only what a GPU copies (state.c): the weights and the gradient */
     for (int k = MT_PLAN_WEIGHTS; k <= MT_PLAN_ADAM_V; k++)
         plan->host_pinned[k] = p->use_gpu && (!compact || k == MT_PLAN_WEIGHTS || k == MT_PLAN_GRADS);
@@ -328,7 +330,6 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
     plan->host_pinned[MT_PLAN_INPUTS] = p->use_gpu;
     /* The flags buffers: plain host memory, only CPU tasks touch them (runtime/speculate); a run
      * over several ranks does not speculate */
-    const int64_t ranks = p->ranks > 1 ? p->ranks : 1;
     plan->host[MT_PLAN_CLIP_FLAGS] =
         !compact && ranks == 1 && p->devices <= 1 && p->use_gpu && p->compute == MT_DTYPE_BF16 ? plan->host_clip_flags : 0;
     if (ranks > 1) {

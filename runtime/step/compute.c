@@ -191,8 +191,9 @@ static starpu_data_handle_t grad_of(const mt_graph *g, const mt_tile *t, int u)
 static bool first_of_copy(const mt_graph *g, int u) { return u < g->ndev; }
 
 /* After a tile's last gradient task of the step: over several devices the copies summed into the
- * tile's gradient in device order (the same bits every run), with its sum of squares for the
- * norm; then across ranks the sum over the ranks (dist.c), which takes the sum of squares again. */
+ * tile's gradient in device order (the same bits every run); then across ranks the sum over the
+ * ranks (dist.c), which takes the tile's sum of squares for the norm, else, clipping, that sum of
+ * squares here. */
 static void gradient_done(mt_graph *g, mt_tile *t)
 {
     const int n = g->ndev < g->sc.accum ? g->ndev : g->sc.accum; /* copies written this step */
@@ -207,12 +208,16 @@ static void gradient_done(mt_graph *g, mt_tile *t)
                                                 STARPU_NAME, "grad_sum", 0),
                              "grad_sum");
     }
-    if (g->ndev > 1 && g->sc.clip > 0)
-        mt_step_check_insert(starpu_task_insert(&mt_cl_grad_sumsq, STARPU_R, t->h_grad, STARPU_W, g->partial[t->index],
-                                                STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_PRIORITY, STARPU_MAX_PRIO,
-                                                STARPU_NAME, "grad_sumsq", 0),
-                             "grad_sumsq");
     if (g->dist_size > 1) mt_step_dist_reduce(g, t);
+    else if (g->sc.clip > 0) mt_step_insert_sumsq(g, t);
+}
+
+void mt_step_insert_sumsq(mt_graph *g, mt_tile *t)
+{
+    mt_step_check_insert(starpu_task_insert(&mt_cl_grad_sumsq, STARPU_R, t->h_grad, STARPU_W, g->partial[t->index],
+                                            STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_PRIORITY, STARPU_MAX_PRIO,
+                                            STARPU_NAME, "grad_sumsq", 0),
+                         "grad_sumsq");
 }
 
 /* Compact layout: the tile's accumulator, whole after the last contribution of the step, rounded

@@ -107,10 +107,7 @@ void mt_step_dist_reduce(mt_graph *g, mt_tile *t)
     starpu_data_unpartition_submit(t->h_grad, t->nchunks, t->h_grad_chunk, STARPU_MAIN_RAM);
     if (g->sc.clip <= 0) return;
     if (me == o) {
-        mt_step_check_insert(starpu_task_insert(&mt_cl_grad_sumsq, STARPU_R, t->h_grad, STARPU_W, g->partial[t->index],
-                                                STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_PRIORITY, STARPU_MAX_PRIO,
-                                                STARPU_NAME, "grad_sumsq", 0),
-                             "grad_sumsq");
+        mt_step_insert_sumsq(g, t);
         for (int r = 0; r < n; r++)
             if (r != me)
                 mt_step_check_insert(starpu_mpi_isend_detached(g->partial[t->index], r, sumsq_tag(t->index),

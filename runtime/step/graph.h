@@ -133,6 +133,9 @@ int mt_step_submit_compute(mt_graph *g, int64_t step, const int32_t *tokens, con
 /* compute.c: prefetch hint for a task: the weights of the next tile the GPU will need, current
  * once the updates submitted so far (plus `ahead`, for the next step's first layer) landed. */
 void *mt_step_hint(mt_graph *g, int tile, uint32_t ahead);
+/* compute.c: tile t's gradient's sum of squares into partial[t], on a CPU worker: where the
+ * compute tasks do not take it (across ranks or devices). */
+void mt_step_insert_sumsq(mt_graph *g, mt_tile *t);
 /* compute.c: drops an activation buffer's contents once its last reader is submitted. */
 void mt_step_drop(starpu_data_handle_t h);
 
