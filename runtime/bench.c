@@ -98,6 +98,11 @@ static double peak_rss_gib(void)
 }
 
 
+const char *mt_bench_model_name(const mt_bench_options *o)
+{
+    return o->config_path ? o->config_path : o->shape;
+}
+
 int mt_bench_count(const mt_bench_options *o)
 {
     return (o->nsweep_K > 0 ? o->nsweep_K : 1) * (o->nsweep_clip > 0 ? o->nsweep_clip : 1) *
@@ -190,8 +195,8 @@ static int bench_data_open(const mt_bench_options *o, const mt_model_config *cfg
 {
     memset(d, 0, sizeof *d);
     if (!o->data) return 0;
-    char model[128];
-    snprintf(model, sizeof model, "shape %s", o->shape);
+    char model[1100];
+    snprintf(model, sizeof model, "%s %s", o->config_path ? "config" : "shape", mt_bench_model_name(o));
     if (mt_run_data_open(&d->src, o->data, cfg->vocab, o->step.T, o->step.T + 1, model, err, errlen)) return -1;
     mt_rng_seed(&d->rng, 1);
     if (log && d->src.prepared)
@@ -585,7 +590,9 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
     const int count = mt_bench_count(o);
     memset(results, 0, sizeof *results * (size_t)count);
     mt_model_config cfg;
-    if (mt_config_from_shape(o->shape, &cfg)) {
+    if (o->config_path) {
+        if (mt_config_load(o->config_path, &cfg, err, errlen)) return -1;
+    } else if (mt_config_from_shape(o->shape, &cfg)) {
         snprintf(err, errlen, "unknown shape '%s'", o->shape);
         return -1;
     }
@@ -678,8 +685,9 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
     const bool cuda = starpu_cuda_worker_get_count() > 0;
     ticker tick;
     ticker_start(&tick, log, o->heartbeat_s > 0 ? o->heartbeat_s : MT_BENCH_HEARTBEAT_S);
-    char line[256];
-    snprintf(line, sizeof line, "setting up the host state of %s (%.2f GiB, random weights) on %u CPU worker%s%s", o->shape,
+    char line[1280];
+    snprintf(line, sizeof line, "setting up the host state of %s (%.2f GiB, random weights) on %u CPU worker%s%s",
+             mt_bench_model_name(o),
              layout.host_total / 1073741824.0, starpu_cpu_worker_get_count(),
              starpu_cpu_worker_get_count() == 1 ? "" : "s", cuda ? " and a GPU" : ", no CUDA worker");
     ticker_phase(&tick, line, "setting up the host state");
@@ -690,7 +698,8 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
     if (!st) goto out;
     mt_state_init_random(st, 1, 0.02);
     if (norms) write_norm_header(st, norms);
-    if (log) fprintf(log, "bench: %s (%lld layers, %s), %.3fB parameters, %s host state in %.1f s, GPU limit %s\n", o->shape,
+    if (log) fprintf(log, "bench: %s (%lld layers, %s), %.3fB parameters, %s host state in %.1f s, GPU limit %s\n",
+                     mt_bench_model_name(o),
                      (long long)cfg.layers, mt_dtype_name(o->dtype), mt_config_param_count(&cfg) / 1e9,
                      mt_host_layout_name(st->layout), mt_clock_s() - t0,
                      !cuda ? "none (no CUDA worker)" : o->resident ? "none (resident)" : "from the memory plan");

@@ -58,7 +58,8 @@ void mt_bench_gpu_breakdown(mt_policy_trace_record *records, int n, mt_gpu_break
 void mt_bench_sort_records(mt_policy_trace_record *records, int n);
 
 typedef struct mt_bench_options {
-    const char *shape;            /* mt_config_from_shape name */
+    const char *shape;            /* mt_config_from_shape name, unless config_path is set */
+    const char *config_path;      /* NULL, or an HF config.json whose model is timed instead */
     mt_step_config step;          /* B, T, accum, K, clip */
     int warmup, steps;            /* steps not measured, then measured */
     bool resident;                /* no GPU memory limit: no weight is ever evicted */
@@ -138,6 +139,8 @@ mt_bench_options mt_bench_defaults(void);
 int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log, FILE *table, char *err, size_t errlen);
 /* Number of results mt_bench_run fills. */
 int mt_bench_count(const mt_bench_options *o);
+/* What the logs and the table call the model: the config file's path, else the shape's name. */
+const char *mt_bench_model_name(const mt_bench_options *o);
 /* One row of the table (and its header). With a CUDA worker, the GPU table (its columns are
  * what tools/gpu_check.sh reads); without one, the CPU table: step time, tokens/s, model GFLOP/s,
  * AdamW, the step boundary, peak host memory. */

@@ -105,7 +105,7 @@ static void print_cpu(const mt_bench_options *o, const mt_bench_result *r, bool 
     char spec[96];
     speculation_text(r, spec, sizeof spec);
     fprintf(out, "| %s | %d x %lld x %lld | %d | %g | %s | %d | %.3f | %.0f | %.2f | %.2f (%.3f) | %.2f (%.3f) | %.3f | %.3f | %.3f | %.1f | %s |\n",
-            o->shape, o->step.accum, (long long)o->step.B, (long long)o->step.T, r->K, r->clip,
+            mt_bench_model_name(o), o->step.accum, (long long)o->step.B, (long long)o->step.T, r->K, r->clip,
             o->runtime.sched ? o->runtime.sched : mt_default_sched(), r->ncpu, r->step_s, r->tokens_per_s,
             1e3 * r->tflops, r->adamw_standalone_s, r->adamw_s_per_gparam, r->adamw_step_cpu_s,
             r->adamw_step_s_per_gparam, r->adamw_span_s, r->adamw_tail_s, r->boundary_gap_s, r->peak_host_gib, spec);
@@ -124,7 +124,7 @@ void mt_bench_print(const mt_bench_options *o, const mt_bench_result *r, bool he
     speculation_text(r, spec, sizeof spec);
     if (!isnan(r->gpu_idle_s)) snprintf(idle, sizeof idle, "%.3f", r->gpu_idle_s);
     fprintf(out, "| %s | %d x %lld x %lld | %d | %g | %s | %s | %s | %.3f | %.0f | %.1f | %.2f (%.1f) | %.2f (%.1f) | %.2f | %s | %.2f (%.3f) | %.2f (%.3f) | %.3f | %.3f | %.3f | %.2f (%.2f) | %.1f | %s |\n",
-            o->shape, o->step.accum, (long long)o->step.B, (long long)o->step.T, r->K, r->clip,
+            mt_bench_model_name(o), o->step.accum, (long long)o->step.B, (long long)o->step.T, r->K, r->clip,
             o->runtime.sched ? o->runtime.sched : mt_default_sched(), o->prefetch ? "on" : "off",
             r->gpu_limit_mib ? "bounded" : "resident", r->step_s, r->tokens_per_s, r->tflops, r->h2d_gb, r->h2d_gbs,
             r->d2h_gb, r->d2h_gbs, r->gpu_busy, idle, r->adamw_standalone_s, r->adamw_s_per_gparam, r->adamw_step_cpu_s, r->adamw_step_s_per_gparam, r->adamw_span_s,

@@ -209,5 +209,29 @@ elif ! cmp -s mbase/model.safetensors magain/model.safetensors; then
 else ok "train --model (mixtral)"; fi
 check_dir "mixtral saved again" magain mixtral "$fixtures/mixtral.json"
 
+# --- bench --config: an MoE's step timed from its config.json ------------------------------
+mt bench --config "$fixtures/qwen3_moe.json" --micro-batch 2 --seq-len 32 --warmup 1 --steps 2 --clip 1 \
+    --ncpu 2 --ncuda 0
+if [ "$rc" -ne 0 ]; then bad "bench --config (qwen3_moe)" "failed: $(tail -1 err.txt)"
+elif ! grep -qF "| $fixtures/qwen3_moe.json | 1 x 2 x 32 | 2 | 1 |" out.txt; then
+    bad "bench --config (qwen3_moe)" "no table row naming the config"
+elif ! grep -q "setting up the host state of $fixtures/qwen3_moe.json" err.txt; then
+    bad "bench --config (qwen3_moe)" "the log does not name the config"
+else ok "bench --config (qwen3_moe)"; fi
+mt bench --config "$fixtures/qwen3_moe.json" --shape tiny
+if [ "$rc" -ne 2 ] || ! grep -q 'give --config or --shape, not both' err.txt; then
+    bad "bench --config with --shape" "not refused as a usage error"
+else ok "bench --config with --shape"; fi
+
+# The published configs shipped in models/configs count as their model cards say.
+mt plan --config "$root/models/configs/qwen3-30b-a3b.json" --host-memory 2T --ncpu 2 --ncuda 0
+if ! grep -qF '30.5B parameters in total, 3.35B active per token (3353032704)' out.txt; then
+    bad "plan of models/configs/qwen3-30b-a3b.json" "$(grep 'mixture of experts' out.txt)"
+else ok "plan of models/configs/qwen3-30b-a3b.json"; fi
+mt plan --config "$root/models/configs/mixtral-8x7b.json" --host-memory 2T --ncpu 2 --ncuda 0
+if ! grep -qF '46.7B parameters in total, 12.9B active per token (12879925248)' out.txt; then
+    bad "plan of models/configs/mixtral-8x7b.json" "$(grep 'mixture of experts' out.txt)"
+else ok "plan of models/configs/mixtral-8x7b.json"; fi
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -2,13 +2,16 @@
 """The PyTorch reference for `megatrain bench`: the same shape, all on the GPU, HF transformers,
 bf16 autocast, gradient checkpointing, fused AdamW, clipping at 1.0. Reports medians over the
 measured steps in the project's convention: model TFLOP/s = (6 N + 6 L d T) tokens / time, N all
-parameters but the embedding table (the LM head counts also when tied), recompute not counted.
+parameters but the embedding table (the LM head counts also when tied; of a mixture of experts the
+active parameters only), recompute not counted.
 Also times torch's flash SDPA forward+backward at the attention benchmark's shape.
 
     python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048
     python3 tools/torch_bench.py --shape qwen2.5-7b --layers 12    # the 7B width, 12 layers
+    python3 tools/torch_bench.py --config models/configs/qwen3-30b-a3b.json --layers 8 --accum 2
 """
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -27,42 +30,79 @@ SHAPES = {  # the published shapes megatrain bench knows (HF config.json values)
 }
 
 
-def model_bench(args, torch, transformers):
+def build_config(args, transformers):
+    """The shape's Qwen2 config, or an HF config.json's (--config), with --layers applied."""
+    if args.config:
+        with open(args.config) as f:
+            values = json.load(f)
+        if args.layers:
+            values["num_hidden_layers"] = args.layers
+            values.pop("layer_types", None)  # sized by the layer count; derived again
+        values["max_position_embeddings"] = max(values.get("max_position_embeddings", 0), args.seq_len)
+        values["use_cache"] = False
+        cfg = transformers.AutoConfig.for_model(**values)
+        cfg._attn_implementation = "sdpa"
+        return cfg
     shape = dict(SHAPES[args.shape])
     if args.layers:
         shape["num_hidden_layers"] = args.layers
-    cfg = transformers.Qwen2Config(**shape, rope_theta=1e6, rms_norm_eps=1e-6,
-                                   max_position_embeddings=max(32768, args.seq_len), attn_implementation="sdpa")
+    return transformers.Qwen2Config(**shape, rope_theta=1e6, rms_norm_eps=1e-6,
+                                    max_position_embeddings=max(32768, args.seq_len), attn_implementation="sdpa")
+
+
+def flops_params(model, cfg):
+    """N of the convention: every parameter but the embedding table (the head counts when tied);
+    of a mixture of experts, the parameters one token uses (its top-k experts of each sparse
+    layer), as megatrain's mt_config_flops_params counts them."""
+    n = sum(p.numel() for p in model.parameters())
+    V, d = cfg.vocab_size, cfg.hidden_size
+    if not cfg.tie_word_embeddings:
+        n -= V * d
+    experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    if experts:
+        k = cfg.num_experts_per_tok
+        width = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
+        skip = set(getattr(cfg, "mlp_only_layers", None) or [])
+        step = getattr(cfg, "decoder_sparse_step", 1) or 1
+        sparse = sum(1 for i in range(cfg.num_hidden_layers) if i not in skip and (i + 1) % step == 0)
+        n -= sparse * (experts - k) * 3 * width * d
+    return n
+
+
+def model_bench(args, torch, transformers):
+    cfg = build_config(args, transformers)
     torch.manual_seed(0)
-    model = transformers.Qwen2ForCausalLM(cfg).cuda()
+    model = transformers.AutoModelForCausalLM.from_config(cfg).cuda()
     model.gradient_checkpointing_enable()
     model.config.use_cache = False
+    experts_impl = getattr(model.config, "_experts_implementation", None)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
-    B, T = args.micro_batch, args.seq_len
-    x = torch.randint(0, cfg.vocab_size, (B, T), device="cuda")
+    B, T, A = args.micro_batch, args.seq_len, args.accum
+    xs = [torch.randint(0, cfg.vocab_size, (B, T), device="cuda") for _ in range(A)]
     times = []
     for step in range(args.warmup + args.steps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=x, labels=x).loss
-        loss.backward()
+        for x in xs:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=x, labels=x).loss
+            (loss / A).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
-    n_all = sum(p.numel() for p in model.parameters())
-    d, L, V = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
-    n = n_all - V * d + (V * d if cfg.tie_word_embeddings else 0)
+    n = flops_params(model, cfg)
+    d, L = cfg.hidden_size, cfg.num_hidden_layers
     step = statistics.median(times)
-    tokens = B * T
+    tokens = A * B * T
     tflops = (6 * n + 6 * L * d * T) * tokens / step / 1e12
     peak = torch.cuda.max_memory_allocated() / 2**30
-    name = args.shape + (f" ({L} layers)" if args.layers else "")
-    print(f"| torch {name} | {B} x {T} | step {step:.3f} s | {tokens / step:.0f} tok/s | "
-          f"{tflops:.1f} model TFLOP/s | peak GPU {peak:.1f} GiB | loss {loss.item():.4f} |")
+    name = (args.config or args.shape) + (f" ({L} layers)" if args.layers else "")
+    extra = f" | experts {experts_impl}" if experts_impl else ""
+    print(f"| torch {name} | {A} x {B} x {T} | step {step:.3f} s | {tokens / step:.0f} tok/s | "
+          f"{tflops:.1f} model TFLOP/s | peak GPU {peak:.1f} GiB | loss {loss.item():.4f}{extra} |")
 
 
 def attention_bench(torch):
@@ -93,8 +133,10 @@ def attention_bench(torch):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="qwen2.5-3b", choices=sorted(SHAPES))
+    ap.add_argument("--config", help="an HF config.json instead of --shape (e.g. models/configs/qwen3-30b-a3b.json)")
     ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--accum", type=int, default=1, help="micro-batches per step, gradients accumulated")
     ap.add_argument("--layers", type=int, default=0, help="decoder layers (default: the shape's own)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)

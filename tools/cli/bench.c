@@ -133,7 +133,7 @@ int cli_bench(int argc, char **argv)
     mt_bench_options o = mt_bench_defaults();
     cli_model model = { .shape = o.shape };
     const cli_group groups[] = {
-        CLI_GROUP_ONLY("model and data", cli_model_options, &model, "shape layers rope-scaling"),
+        CLI_GROUP_ONLY("model and data", cli_model_options, &model, "config shape layers rope-scaling"),
         CLI_GROUP(NULL, run_options, &o),
         CLI_GROUP_ONLY("batch", cli_batch_options, &o.step, "micro-batch seq-len accum"),
         CLI_GROUP(NULL, k_options, &o),
@@ -149,11 +149,12 @@ int cli_bench(int argc, char **argv)
     const cli_command c = {
         .name = cmd,
         .usage = "usage: megatrain bench [options]\n\n"
-                 "Times the training step of a published shape with random weights: medians over the\n"
-                 "measured steps after warm-up. Model TFLOP/s = (6 N + 6 L d T) tokens / time, N = all\n"
-                 "parameters but the embedding table (the LM head counts also when tied); recompute\n"
-                 "not counted. After each row, stderr shows where the CUDA worker sat idle in the\n"
-                 "measured steps (megatrain policy only): idle before each kind of task, the longest gaps.\n"
+                 "Times the training step of a published shape, or of an HF config.json's model (--config),\n"
+                 "with random weights: medians over the measured steps after warm-up. Model TFLOP/s =\n"
+                 "(6 N + 6 L d T) tokens / time, N = all parameters but the embedding table (the LM head\n"
+                 "counts also when tied; of an MoE, the active parameters only); recompute not counted.\n"
+                 "After each row, stderr shows where the CUDA worker sat idle in the measured steps\n"
+                 "(megatrain policy only): idle before each kind of task, the longest gaps.\n"
                  "AdamW columns: alone = one fused update of every parameter with nothing else running;\n"
                  "in step = the CPU workers' seconds in AdamW tasks per measured step, and that over the\n"
                  "workers and 1e9 parameters; span = first to last AdamW end of a step; tail = its last\n"
@@ -171,7 +172,12 @@ int cli_bench(int argc, char **argv)
     if (!cli_parse(&c, argc, argv, &given, &status)) return status;
     const int env = cli_environment(cmd, &o.runtime, &o.step);
     if (env) return env;
+    if (cli_was_given(&given, "config")) {
+        if (cli_was_given(&given, "shape")) return cli_usage_error(cmd, "give --config or --shape, not both");
+        model.shape = NULL;
+    }
     o.shape = model.shape;
+    o.config_path = model.config_path;
     o.layers = model.layers;
     o.rope_scaling = model.rope_scaling;
     mt_model_config cfg;
