@@ -2,7 +2,7 @@
 # The GPU checks, run on the GPU machine from binaries built on the development machine:
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, from the repository root on the GPU machine (build-gpu and .deps/gpu-runtime carried):
-#   tools/gpu_check.sh [quick|bench3b|parity|ab3b|final3b|scale7b|train7b|width|numerics|long|long262|generate|rss|moe]
+#   tools/gpu_check.sh [quick|bench3b|parity|ab3b|final3b|scale7b|train7b|width|numerics|long|long262|generate|rss|moe|moe30b]
 #
 #   quick    correctness: megatrain info, the CUDA suites (test_cuda, test_cuda_attention,
 #            test_gpu_step), their kernel timings (MT_CUDA_BENCH=1), the 0.5B step, PyTorch's
@@ -55,6 +55,12 @@
 #            a random Qwen2.5-0.5B on DATA (default .deps/fortunes-qwen3), 4 x 2048 tokens a step.
 #   moe      the CUDA mixture-of-experts suite against the CPU ops, then its timings
 #            (MT_CUDA_BENCH=1) at the Qwen3-30B-A3B layer shape.
+#   moe30b   the whole Qwen3-30B-A3B model (models/configs/qwen3-30b-a3b.json) with LAYERS layers
+#            (default 6; a list runs each), 16 x 2048 tokens a step times each of ACCUMS (default
+#            "1 2": 32k and 64k tokens), clip 1, on DATA: plan, bench streamed, bench --resident
+#            (RESIDENT=0 skips it), then transformers' own step at the same shape and tokens
+#            (micro-batches of TORCH_MB sequences, default 4; TORCH=0 skips it). TASKLOG=1 writes the
+#            streamed runs' tasks (bench --task-log) to $OUT/tasks_moe_lL_Nk.csv.
 #
 # Settings of the 3B modes: K (--checkpoint-every, default 2); STEPS (measured steps, default 6,
 # bench3b 4); TORCH=0 skips PyTorch at the same shape (run last); in ab3b and final3b, TEST=0
@@ -281,8 +287,26 @@ moe)
     run test_cuda_moe "$B/tests/test_cuda_moe"
     MT_CUDA_BENCH=1 run moe_bench "$B/tests/test_cuda_moe"
     ;;
+moe30b)
+    DATA=${DATA:-.deps/fortunes-qwen3}
+    cfg=models/configs/qwen3-30b-a3b.json
+    tmb=${TORCH_MB:-4}
+    for l in ${LAYERS:-6}; do
+        for a in ${ACCUMS:-1 2}; do
+            tok=$((a * 32))k
+            args=(--config "$cfg" --layers "$l" --micro-batch 16 --accum "$a" --seq-len 2048)
+            run "plan_moe_l${l}_$tok" "$B/tools/megatrain" plan "${args[@]}"
+            run "bench_moe_l${l}_$tok" "$B/tools/megatrain" bench "${args[@]}" --clip 1 --warmup 2 \
+                --steps ${STEPS:-4} --data "$DATA" ${TASKLOG:+--task-log "$OUT/tasks_moe_l${l}_$tok.csv"}
+            [ "${RESIDENT:-1}" = 1 ] && run "bench_moe_l${l}_${tok}_resident" "$B/tools/megatrain" bench "${args[@]}" \
+                --clip 1 --warmup 2 --steps ${STEPS:-4} --data "$DATA" --resident
+            [ "${TORCH:-1}" = 1 ] && run "torch_moe_l${l}_$tok" python3 tools/torch_bench.py --config "$cfg" --layers "$l" \
+                --micro-batch "$tmb" --accum $((a * 16 / tmb)) --seq-len 2048 --warmup 2 --steps 4
+        done
+    done
+    ;;
 *)
-    echo "gpu_check.sh: unknown mode '$mode' (quick, bench3b, parity, ab3b, final3b, scale7b, train7b, width, numerics, long, long262, generate, rss or moe)" >&2
+    echo "gpu_check.sh: unknown mode '$mode' (quick, bench3b, parity, ab3b, final3b, scale7b, train7b, width, numerics, long, long262, generate, rss, moe or moe30b)" >&2
     exit 2
     ;;
 esac

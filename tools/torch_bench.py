@@ -72,7 +72,8 @@ def flops_params(model, cfg):
 def model_bench(args, torch, transformers):
     cfg = build_config(args, transformers)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).cuda()
+    with torch.device("cuda"):  # initialised in place: a CPU init of billions of parameters takes minutes
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
     model.gradient_checkpointing_enable()
     model.config.use_cache = False
     experts_impl = getattr(model.config, "_experts_implementation", None)

@@ -127,6 +127,10 @@ struct mt_cuda_ctx {
     void *gemm_workspace; // MT_CUDA_GEMM_WORKSPACE bytes for cuBLASLt (split-K and friends)
     size_t gemm_workspace_bytes;
     double *reduce_partials; // MT_CUDA_REDUCE_BLOCKS doubles: stage 1 of mt_cuda_sumsq_f32
+    // MT_MAX_EXPERTS + 1 int32 of pinned host memory mapped into the device: the MoE block's group
+    // offsets, written there by a kernel (moe.cu, offsets_to_host) rather than by a copy, which
+    // would queue on a copy engine behind the step's transfers of whole layers.
+    int32_t *host_offsets;
     mt_gemm_cache *gemm_cache; // created by linear.cu on first GEMM
 };
 

@@ -35,6 +35,7 @@ extern "C" mt_cuda_ctx *mt_cuda_ctx_get(void)
     ctx->gemm_workspace_bytes = MT_CUDA_GEMM_WORKSPACE;
     CUDA_CHECK(cudaMalloc(&ctx->gemm_workspace, ctx->gemm_workspace_bytes));
     CUDA_CHECK(cudaMalloc((void **)&ctx->reduce_partials, MT_CUDA_REDUCE_BLOCKS * sizeof(double)));
+    CUDA_CHECK(cudaHostAlloc((void **)&ctx->host_offsets, (MT_MAX_EXPERTS + 1) * sizeof(int32_t), cudaHostAllocMapped));
     ctx->gemm_cache = nullptr;
     ctx->ready = true;
     return ctx;

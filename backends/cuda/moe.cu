@@ -5,8 +5,9 @@
 //
 // The experts' GEMMs are per-expert cuBLAS calls (cublasGemmEx, fp32 accumulation) over
 // contiguous row ranges of the gathered tokens. Their row counts change every call, so the host
-// needs them: the block copies the E + 1 group offsets to the host and synchronises its stream
-// once per call. cuBLASLt's plans (linear.cu) are cached per exact shape and would be planned
+// needs them: a kernel writes the E + 1 group offsets into mapped host memory and the block
+// synchronises its stream, once per call. (A cudaMemcpyAsync would wait on a copy engine behind
+// whatever transfers StarPU has queued there, whole layers' weights and gradients.) cuBLASLt's plans (linear.cu) are cached per exact shape and would be planned
 // anew for every expert every call; cuBLAS picks its kernel per call from its own heuristics
 // cache. cublasGemmGroupedBatchedEx is not used: the weight gradients need bf16 operands with an
 // fp32 output, which that API does not list.
@@ -250,11 +251,22 @@ static cublasHandle_t blas_on(mt_cuda_ctx *ctx, cudaStream_t stream)
     return ctx->blas;
 }
 
-// The group offsets (E + 1) on the host, once the stream has computed them.
-static void offsets_to_host(const int32_t *offsets, int64_t E, int32_t *host, cudaStream_t stream)
+__global__ static void copy_offsets_kernel(int n, const int32_t *from, int32_t *to)
 {
-    CUDA_CHECK(cudaMemcpyAsync(host, offsets, (size_t)(E + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+    for (int i = threadIdx.x; i < n; i += blockDim.x) to[i] = from[i];
+}
+
+// The group offsets (E + 1) on the host, once the stream has computed them: stored by a kernel
+// through the context's mapped host buffer (the SMs' writes cross the bus on their own, queued
+// behind no copy), read after the stream's synchronisation, which makes them visible.
+static void offsets_to_host(mt_cuda_ctx *ctx, const int32_t *offsets, int64_t E, int32_t *host, cudaStream_t stream)
+{
+    int32_t *mapped;
+    CUDA_CHECK(cudaHostGetDevicePointer((void **)&mapped, ctx->host_offsets, 0));
+    copy_offsets_kernel<<<1, 256, 0, stream>>>((int)(E + 1), offsets, mapped);
+    CUDA_CHECK_LAUNCH();
     CUDA_CHECK(cudaStreamSynchronize(stream));
+    memcpy(host, ctx->host_offsets, (size_t)(E + 1) * sizeof(int32_t));
 }
 
 // ---- forward ----
@@ -283,7 +295,7 @@ void mt_moe_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_
     gather_kernel<<<row_blocks(nk), 256, 0, stream>>>(nk, d, (int)k, sv->order, hn, s.X);
     CUDA_CHECK_LAUNCH();
     int32_t off[MT_MAX_EXPERTS + 1];
-    offsets_to_host(sv->offsets, E, off, stream);
+    offsets_to_host(ctx, sv->offsets, E, off, stream);
 
     // Each expert over its rows: gu = X [Wg; Wu]^T, s = silu(g) u, o = s Wd^T. An expert no token
     // chose computes nothing.
@@ -334,7 +346,7 @@ void mt_moe_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile
     gather_kernel<<<row_blocks(nk), 256, 0, stream>>>(nk, d, (int)k, sv->order, dy, s.dY);
     CUDA_CHECK_LAUNCH();
     int32_t off[MT_MAX_EXPERTS + 1];
-    offsets_to_host(sv->offsets, E, off, stream);
+    offsets_to_host(ctx, sv->offsets, E, off, stream);
     cublasHandle_t h = blas_on(ctx, stream);
     const bool fused = gate_up_adjacent(cfg, layout);
 
