@@ -59,7 +59,8 @@
 #            (default 6; a list runs each), 16 x 2048 tokens a step times each of ACCUMS (default
 #            "1 2": 32k and 64k tokens), clip 1, on DATA: plan, bench streamed, bench --resident
 #            (RESIDENT=0 skips it), then transformers' own step at the same shape and tokens
-#            (micro-batches of TORCH_MB sequences, default 4; TORCH=0 skips it). TASKLOG=1 writes the
+#            (micro-batches of TORCH_MB sequences, default 4; TORCH=0 skips it; EXPERTS lists
+#            transformers' experts implementations to run, default its own choice). TASKLOG=1 writes the
 #            streamed runs' tasks (bench --task-log) to $OUT/tasks_moe_lL_Nk.csv.
 #
 # Settings of the 3B modes: K (--checkpoint-every, default 2); STEPS (measured steps, default 6,
@@ -300,8 +301,11 @@ moe30b)
                 --steps ${STEPS:-4} --data "$DATA" ${TASKLOG:+--task-log "$OUT/tasks_moe_l${l}_$tok.csv"}
             [ "${RESIDENT:-1}" = 1 ] && run "bench_moe_l${l}_${tok}_resident" "$B/tools/megatrain" bench "${args[@]}" \
                 --clip 1 --warmup 2 --steps ${STEPS:-4} --data "$DATA" --resident
-            [ "${TORCH:-1}" = 1 ] && run "torch_moe_l${l}_$tok" python3 tools/torch_bench.py --config "$cfg" --layers "$l" \
-                --micro-batch "$tmb" --accum $((a * 16 / tmb)) --seq-len 2048 --warmup 2 --steps 4
+            for ex in ${EXPERTS:-default}; do
+                [ "$ex" = default ] && x=() || x=(--experts "$ex")
+                [ "${TORCH:-1}" = 1 ] && run "torch_moe_l${l}_${tok}_$ex" python3 tools/torch_bench.py --config "$cfg" \
+                    --layers "$l" --micro-batch "$tmb" --accum $((a * 16 / tmb)) --seq-len 2048 --warmup 2 --steps 4 "${x[@]}"
+            done
         done
     done
     ;;

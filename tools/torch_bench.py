@@ -42,6 +42,8 @@ def build_config(args, transformers):
         values["use_cache"] = False
         cfg = transformers.AutoConfig.for_model(**values)
         cfg._attn_implementation = "sdpa"
+        if args.experts:
+            cfg._experts_implementation = args.experts
         return cfg
     shape = dict(SHAPES[args.shape])
     if args.layers:
@@ -138,6 +140,8 @@ def main():
     ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--accum", type=int, default=1, help="micro-batches per step, gradients accumulated")
+    ap.add_argument("--experts", help="transformers' experts implementation of an MoE (eager, grouped_mm, ...; "
+                    "default: transformers' own choice)")
     ap.add_argument("--layers", type=int, default=0, help="decoder layers (default: the shape's own)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
