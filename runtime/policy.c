@@ -73,6 +73,7 @@ typedef struct policy_data {
     /* What each worker is doing, for mt_policy_report: each worker writes its own entry only. */
     worker_now now[STARPU_NMAXWORKERS];
     atomic_ullong finished;        /* tasks whose post_exec_hook ran: the watchdog's progress */
+    atomic_ullong hinted[STARPU_NMAXWORKERS]; /* tasks with a prefetch hint each worker started */
     /* The trace: `events` and `capacity` are set before `tracing` goes on, read after it goes off;
      * `nevents` counts claimed slots and may pass `capacity` (those events are dropped). */
     atomic_int tracing;
@@ -350,8 +351,9 @@ static void pre_exec_hook(struct starpu_task *task, unsigned ctx)
     worker_is(d, starpu_worker_get_id(), WORKER_RUNNING, task);
     if (tracing(d)) trace_task(d, task, TRACE_START);
     uintptr_t hint = (uintptr_t)task->sched_data;
-    if (!hint || !d->prefetch) return;
     int w = starpu_worker_get_id();
+    if (hint && w >= 0 && w < STARPU_NMAXWORKERS) atomic_fetch_add_explicit(&d->hinted[w], 1, memory_order_relaxed);
+    if (!hint || !d->prefetch) return;
     if (w < 0 || starpu_worker_get_type(w) != STARPU_CUDA_WORKER) return;
     unsigned node = starpu_worker_get_memory_node((unsigned)w);
     int tile = (int)(hint >> 32) - 1;
@@ -529,6 +531,13 @@ static void print_list_head(FILE *out, const char *what, struct starpu_task_list
     for (struct starpu_task *t = starpu_task_list_begin(list); t && k < max; t = starpu_task_list_next(t), k++)
         fprintf(out, "%s%s (priority %d)", k ? ", " : ", first ", task_name(t), t->priority);
     fputc('\n', out);
+}
+
+long long mt_policy_hinted_tasks(unsigned sched_ctx, int worker)
+{
+    policy_data *d = running(sched_ctx);
+    if (!d || worker < 0 || worker >= STARPU_NMAXWORKERS) return -1;
+    return (long long)atomic_load_explicit(&d->hinted[worker], memory_order_relaxed);
 }
 
 long long mt_policy_finished(unsigned sched_ctx)

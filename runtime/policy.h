@@ -49,6 +49,10 @@ void mt_policy_set_prefetch(unsigned sched_ctx, int enabled);
  * task's name and for how long) and the policy's ready lists (length, first tasks): what the
  * watchdog prints when nothing finishes. -1 when the megatrain policy is not the running one. */
 int mt_policy_report(unsigned sched_ctx, FILE *out);
+/* How many tasks that carried a prefetch hint (mt_policy_hint) worker `worker` has started under
+ * the policy since it started, or -1 when the megatrain policy is not the running one. Over several
+ * devices each device's worker sees its own share (the hints prefetch to its memory node). */
+long long mt_policy_hinted_tasks(unsigned sched_ctx, int worker);
 /* How many tasks have finished under the policy since it started (the watchdog's measure of
  * progress), or -1 when the megatrain policy is not the running one. */
 long long mt_policy_finished(unsigned sched_ctx);

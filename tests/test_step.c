@@ -13,6 +13,7 @@
 #include "codelets/adamw.h"
 #include "models/config.h"
 #include "runtime/plan.h"
+#include "runtime/policy.h"
 #include "runtime/runtime.h"
 #include "runtime/state.h"
 #include "runtime/step.h"
@@ -65,6 +66,7 @@ typedef struct outcome {
     int64_t speculated, held;  /* mt_graph_speculation_counts at the end */
     mt_ranged_counts ranged;   /* what the graph's ranged runs did (mt_graph_adamw_stats) */
     bool deferred;             /* with a second gradient (deferred moments halves) */
+    long long hinted[2];       /* devices 0 and 1's tasks with a prefetch hint (megatrain policy, 2 devices) */
 } outcome;
 
 /* adamw_split of the runs below (-1: the default, split when clipping). */
@@ -147,6 +149,8 @@ static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int n
     mt_graph_flush(g); /* deferred moments halves of the last update */
     starpu_task_wait_for_all();
     mt_graph_speculation_counts(g, &o.speculated, &o.held);
+    if (g->ndev == 2)
+        for (int dv = 0; dv < 2; dv++) o.hinted[dv] = mt_policy_hinted_tasks(MT_SCHED_CTX_INITIAL, g->dev_worker[dv]);
     o.ranged = mt_adamw_stats_ranged(mt_graph_adamw_stats(g));
     o.deferred = st->tiles[1].grad_alt != NULL;
     /* every tile's moments are deferred, the table's too (into its early path), or none */
@@ -798,6 +802,12 @@ START_TEST(test_devices_match_one_device)
             outcome again = run_steps("megatrain", tied, 2, 4, 3, clips[c]);
             devices_mode = 0;
             assert_bitwise(&two, &again, 3, "devices, again");
+            /* Each device's first and last micro-batches carry the policy's prefetch hints, which
+             * prefetch to the memory node of the device that runs them: both devices see as many
+             * (4 micro-batches, 2 each). */
+            ck_assert_msg(again.hinted[0] > 0 && again.hinted[0] == again.hinted[1],
+                          "tied %d clip %g: hinted tasks %lld on device 0, %lld on device 1", tied, clips[c],
+                          again.hinted[0], again.hinted[1]);
             for (int s = 0; s < 3; s++)
                 ck_assert_msg(fabs(two.loss[s] - one.loss[s]) <= 1e-6 * fabs(one.loss[s]),
                               "tied %d clip %g: loss of step %d %.9g vs %.9g", tied, clips[c], s + 1, two.loss[s], one.loss[s]);

@@ -51,6 +51,13 @@ static starpu_data_handle_t router_stats(const mt_graph *g, const mt_step_slot *
  * else -1: wherever the policy puts them. */
 static int worker_of(const mt_graph *g, int u) { return g->ndev > 1 ? g->dev_worker[u % g->ndev] : -1; }
 
+/* Whether micro-batch u is its device's first of the step (it writes the device's gradient copy
+ * with W) or its last: the tasks that bring in a device's weights and point past them, so each
+ * carries the policy's prefetch hint, which prefetches to the memory node of the device it runs
+ * on. With one device, micro-batch 0 and M-1. */
+static bool first_of_copy(const mt_graph *g, int u) { return u < g->ndev; }
+static bool last_of_copy(const mt_graph *g, int u) { return u + g->ndev >= g->sc.accum; }
+
 /* Layer j's saved activations of a block's recompute for micro-batch u: its device's. */
 static starpu_data_handle_t saved_of(const mt_graph *g, int u, int j) { return g->saved[(u % g->ndev) * g->sc.K + j]; }
 
@@ -105,8 +112,8 @@ static void insert_layer_forward(mt_graph *g, int i, int u, starpu_data_handle_t
 }
 
 /* The forward pass of micro-batches 0..n-1 up to x_L (act[u][L % 2]), layer by layer: each
- * layer's weights serve every micro-batch in turn. The first micro-batch's task carries the
- * prefetch hint for the next tile. sl: the step's slot, whose router statistics the sparse layers
+ * layer's weights serve every micro-batch in turn. Each device's first micro-batch's task carries
+ * the prefetch hint for the next tile. sl: the step's slot, whose router statistics the sparse layers
  * add to; NULL for an evaluation. */
 static void submit_forward(mt_graph *g, const starpu_data_handle_t *tokens, int n, const mt_step_slot *sl,
                            int64_t step, bool observe)
@@ -117,14 +124,14 @@ static void submit_forward(mt_graph *g, const starpu_data_handle_t *tokens, int 
         mt_step_check_insert(starpu_task_insert(&mt_cl_embedding_forward, STARPU_R, mt_state_embed(g->st)->h_weights,
                                         STARPU_R, tokens[u], STARPU_W, mt_step_ckpt(g, 0, u), STARPU_VALUE, &a, sizeof a,
                                         STARPU_EXECUTE_WHERE, g->where, STARPU_EXECUTE_ON_WORKER, worker_of(g, u),
-                                        STARPU_TASK_SCHED_DATA, u == 0 ? mt_step_hint(g, 1, 0) : NULL,
+                                        STARPU_TASK_SCHED_DATA, first_of_copy(g, u) ? mt_step_hint(g, 1, 0) : NULL,
                                         MT_OBSERVE_START(&g->observer, observe && u == 0, MT_EV_FORWARD_START, step, 0), 0),
                      "embedding_forward");
     for (int i = 0; i < L; i++) {
         int next = i + 1 < L ? i + 2 : g->st->ntiles - 1; /* the next layer, or the head */
         for (int u = 0; u < n; u++) {
             insert_layer_forward(g, i, u, forward_input(g, i, u), forward_output(g, i, u), NULL, router_stats(g, sl, i, u),
-                                 step, observe && u == 0, u == 0 ? mt_step_hint(g, next, 0) : NULL, NULL);
+                                 step, observe && u == 0, first_of_copy(g, u) ? mt_step_hint(g, next, 0) : NULL, NULL);
             /* An offloaded checkpoint has served the forward: its GPU copy, clean once written
              * through, goes first when StarPU needs room. (wont_use waits for the writer, not
              * for this reader; should StarPU reclaim the copy before the reader runs, the reader
@@ -142,8 +149,9 @@ static void submit_forward(mt_graph *g, const starpu_data_handle_t *tokens, int 
  * copy. */
 void mt_step_drop(starpu_data_handle_t h) { starpu_data_invalidate_submit(h); }
 
-/* The checkpoint the end of unit (b, u)'s first recompute task prefetches: the next unit's in the
- * backward's order ((b, u + 1), else (b - 1, 0)) when offloaded, else NULL. Its writer, the
+/* The checkpoint the end of unit (b, u)'s first recompute task prefetches: the next unit's in its
+ * device's backward order ((b, u + ndev), else (b - 1, u mod ndev); with one device (b, u + 1),
+ * else (b - 1, 0)) when offloaded, else NULL. Its writer, the
  * forward, has ended by then, whatever the scheduler, so the transfer is never wasted: past the
  * last block, that task waits through saved[0] for the backward of every unit before it, so for
  * every micro-batch's head and whole forward; the last block's last unit, the only one of that
@@ -153,8 +161,8 @@ void mt_step_drop(starpu_data_handle_t h) { starpu_data_invalidate_submit(h); }
  * and its backward. */
 static starpu_data_handle_t fetch_after_recompute(const mt_graph *g, int b, int u)
 {
-    const int M = g->sc.accum;
-    const int nb = u + 1 < M ? b : b - 1, nu = u + 1 < M ? u + 1 : 0;
+    const int M = g->sc.accum, D = g->ndev;
+    const int nb = u + D < M ? b : b - 1, nu = u + D < M ? u + D : u % D;
     return nb >= 0 && mt_step_ckpt_offloaded(g, nb) ? mt_step_ckpt(g, nb, nu) : NULL;
 }
 
@@ -188,7 +196,6 @@ static starpu_data_handle_t grad_of(const mt_graph *g, const mt_tile *t, int u)
     const int d = u % g->ndev;
     return d == 0 ? grad_target(g, t) : g->dev_grad[(d - 1) * g->st->ntiles + t->index];
 }
-static bool first_of_copy(const mt_graph *g, int u) { return u < g->ndev; }
 
 /* After a tile's last gradient task of the step: over several devices the copies summed into the
  * tile's gradient in device order (the same bits every run); then across ranks the sum over the
@@ -286,11 +293,11 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
 
     /* Block-wise backward: for each block, each micro-batch recomputes it from its checkpoint and
      * walks it back, while the block's weights and gradients stay on the GPU. Hints: the first
-     * micro-batch brings the block in; the last one points past the block. */
+     * micro-batch of each device brings the block in; its last one points past the block. */
     for (int b = last_block; b >= 0; b--) {
         int lo = b * K, hi = lo + K < L ? lo + K : L;
         for (int u = 0; u < M; u++) {
-            const bool first = first_of_copy(g, u), last = u == M - 1;
+            const bool first = first_of_copy(g, u), last = u == M - 1, last_here = last_of_copy(g, u);
             const bool sumsq = last && clipped;
             const enum starpu_data_access_mode gmode = first ? STARPU_W : STARPU_RW;
             for (int i = lo; i < hi; i++) {
@@ -316,7 +323,7 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
                 if (sumsq) bd[nbd++] = (struct starpu_data_descr){ g->partial[t->index], STARPU_W };
                 if (stats) bd[nbd++] = (struct starpu_data_descr){ stats, STARPU_R };
                 bool leaves_block = i % K == 0;
-                void *hint = (leaves_block ? last : first) ? hint_after_backward(g, i) : NULL;
+                void *hint = (leaves_block ? last_here : first) ? hint_after_backward(g, i) : NULL;
                 mt_step_check_insert(starpu_task_insert(&mt_cl_layer_backward, STARPU_DATA_MODE_ARRAY, bd, nbd,
                                                 STARPU_VALUE, &ba, sizeof ba, STARPU_NAME, "layer_backward",
                                                 STARPU_EXECUTE_WHERE, g->where, STARPU_EXECUTE_ON_WORKER, worker_of(g, u),
@@ -354,7 +361,7 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
         mt_step_check_insert(starpu_task_insert(&mt_cl_embedding_backward, STARPU_DATA_MODE_ARRAY, ed, ea.sumsq ? 5 : 4,
                                         STARPU_VALUE, &ea, sizeof ea, STARPU_NAME, "embedding_backward",
                                         STARPU_EXECUTE_WHERE, g->where, STARPU_EXECUTE_ON_WORKER, worker_of(g, u),
-                                        STARPU_TASK_SCHED_DATA, last ? mt_step_hint(g, 1, 1) : NULL, 0),
+                                        STARPU_TASK_SCHED_DATA, last_of_copy(g, u) ? mt_step_hint(g, 1, 1) : NULL, 0),
                      "embedding_backward");
         if (compact && last) insert_grad_home(g, embed);
         if (summed && last) gradient_done(g, embed);
