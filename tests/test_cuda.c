@@ -183,8 +183,8 @@ static void run_attention_case(int64_t B, int64_t T, int64_t H, int64_t KV, int6
 
     float *out = mt_test_alloc_f32(nq), *lse = mt_test_alloc_f32(nl), *dq = mt_test_alloc_f32(nq);
     float *dk = mt_test_alloc_f32(nkv), *dv = mt_test_alloc_f32(nkv);
-    mt_cpu_attention_forward_f32(B, T, H, KV, D, q, k, v, out, lse);
-    mt_cpu_attention_backward_f32(B, T, H, KV, D, q, k, v, out, lse, dout, dq, dk, dv);
+    mt_cpu_attention_forward_f32(B, T, H, KV, D, 0, NULL, q, k, v, out, lse);
+    mt_cpu_attention_backward_f32(B, T, H, KV, D, 0, NULL, q, k, v, out, lse, dout, dq, dk, dv, NULL);
 
     cudaStream_t st = mt_test_new_stream();
     mt_cuda_bf16 *d_q = mt_test_gpu_buffer(qb, (size_t)nq * 2), *d_k = mt_test_gpu_buffer(kb, (size_t)nkv * 2);

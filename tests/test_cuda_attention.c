@@ -111,8 +111,8 @@ static attn_results cpu_reference(const shape *s, const float *q, const float *k
     const int64_t nq = B * T * H * D, nkv = B * T * KV * D, nl = B * H * T;
     attn_results r = { .out = mt_test_alloc_f32(nq), .lse = mt_test_alloc_f32(nl), .dq = mt_test_alloc_f32(nq),
                        .dk = mt_test_alloc_f32(nkv), .dv = mt_test_alloc_f32(nkv) };
-    mt_cpu_attention_forward_f32(B, T, H, KV, D, q, k, v, r.out, r.lse);
-    mt_cpu_attention_backward_f32(B, T, H, KV, D, q, k, v, r.out, r.lse, dout, r.dq, r.dk, r.dv);
+    mt_cpu_attention_forward_f32(B, T, H, KV, D, 0, NULL, q, k, v, r.out, r.lse);
+    mt_cpu_attention_backward_f32(B, T, H, KV, D, 0, NULL, q, k, v, r.out, r.lse, dout, r.dq, r.dk, r.dv, NULL);
     return r;
 }
 

@@ -340,38 +340,44 @@ END_TEST
 /* ---------- attention ---------- */
 
 typedef struct {
-    int64_t h, kv;
+    int64_t h, kv, window;
+    double *sinks; /* (h) or NULL */
     double *q, *k, *v, *wts, *out, *lse;
 } attn_ctx;
 
 static double attn_objective(void *p)
 {
     attn_ctx *c = p;
-    mt_cpu_attention_forward_f64(B, T, c->h, c->kv, D, c->q, c->k, c->v, c->out, c->lse);
+    mt_cpu_attention_forward_f64(B, T, c->h, c->kv, D, c->window, c->sinks, c->q, c->k, c->v, c->out, c->lse);
     return weighted_sum(c->wts, c->out, NTOK * c->h * D);
 }
 
-/* Naive reference: the full row of scores, max-subtracted softmax, in long double. */
-static void attention_naive(int64_t nh, int64_t nkv, const double *q, const double *k,
-                            const double *v, double *out, double *lse)
+/* Naive reference, in long double: the row of scores of the keys query t sees (the last `window`
+ * of 0..t when window > 0), with the head's sink logit beside them in the softmax (as transformers'
+ * gpt-oss eager attention concatenates it), max-subtracted, the sink's probability dropped. */
+static void attention_naive(int64_t nh, int64_t nkv, int64_t window, const double *sinks, const double *q,
+                            const double *k, const double *v, double *out, double *lse)
 {
     const int64_t group = nh / nkv;
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < nh; h++)
             for (int64_t t = 0; t < T; t++) {
                 long double sc[T], mx = -INFINITY, z = 0;
+                const int64_t s0 = window > 0 && t - window + 1 > 0 ? t - window + 1 : 0;
                 const double *qr = q + ((b * T + t) * nh + h) * D;
-                for (int64_t s = 0; s <= t; s++) {
+                for (int64_t s = s0; s <= t; s++) {
                     const double *ks = k + ((b * T + s) * nkv + h / group) * D;
                     long double dot = 0;
                     for (int d = 0; d < D; d++) dot += (long double)qr[d] * ks[d];
                     sc[s] = dot / sqrtl(D);
                     if (sc[s] > mx) mx = sc[s];
                 }
-                for (int64_t s = 0; s <= t; s++) z += expl(sc[s] - mx);
+                if (sinks && sinks[h] > mx) mx = sinks[h];
+                for (int64_t s = s0; s <= t; s++) z += expl(sc[s] - mx);
+                if (sinks) z += expl(sinks[h] - mx);
                 for (int d = 0; d < D; d++) {
                     long double acc = 0;
-                    for (int64_t s = 0; s <= t; s++)
+                    for (int64_t s = s0; s <= t; s++)
                         acc += expl(sc[s] - mx) / z * v[((b * T + s) * nkv + h / group) * D + d];
                     out[((b * T + t) * nh + h) * D + d] = (double)acc;
                 }
@@ -379,50 +385,66 @@ static void attention_naive(int64_t nh, int64_t nkv, const double *q, const doub
             }
 }
 
-static void check_attention(int64_t nh, int64_t nkv, double qscale)
+/* window 0: full causal attention; sinks: random per-head sink logits (scaled by sink_scale). */
+static void check_attention_with(int64_t nh, int64_t nkv, double qscale, int64_t window, bool sinks, double sink_scale)
 {
-    char what[96];
+    char what[128], tag[64];
+    char win[24] = "";
+    if (window) snprintf(win, sizeof win, " window %d", (int)window);
+    snprintf(tag, sizeof tag, "attention H%d KV%d q*%g%s%s", (int)nh, (int)nkv, qscale, win, sinks ? " sinks" : "");
     mt_test_rng rng;
-    mt_test_rng_seed(&rng, 15 + (uint64_t)nkv);
+    mt_test_rng_seed(&rng, 15 + (uint64_t)nkv + 7 * (uint64_t)window + (sinks ? 100 : 0));
     const int64_t nq = NTOK * nh * D, nk = NTOK * nkv * D, nl = B * nh * T;
-    attn_ctx c = {nh, nkv, mt_test_random_f64(&rng, nq, qscale), mt_test_random_f64(&rng, nk, 1.0),
+    attn_ctx c = {nh, nkv, window, sinks ? mt_test_random_f64(&rng, nh, sink_scale) : NULL,
+                  mt_test_random_f64(&rng, nq, qscale), mt_test_random_f64(&rng, nk, 1.0),
                   mt_test_random_f64(&rng, nk, 1.0), mt_test_random_f64(&rng, nq, 1.0), mt_test_alloc_f64(nq),
                   mt_test_alloc_f64(nl)};
     double *out = mt_test_alloc_f64(nq), *lse = mt_test_alloc_f64(nl);
     double *ref = mt_test_alloc_f64(nq), *lse_ref = mt_test_alloc_f64(nl);
     fill_nan(out, nq);
     fill_nan(lse, nl);
-    mt_cpu_attention_forward_f64(B, T, nh, nkv, D, c.q, c.k, c.v, out, lse);
-    attention_naive(nh, nkv, c.q, c.k, c.v, ref, lse_ref);
-    snprintf(what, sizeof what, "attention H%d KV%d q*%g forward vs naive", (int)nh, (int)nkv, qscale);
+    mt_cpu_attention_forward_f64(B, T, nh, nkv, D, window, c.sinks, c.q, c.k, c.v, out, lse);
+    attention_naive(nh, nkv, window, c.sinks, c.q, c.k, c.v, ref, lse_ref);
+    snprintf(what, sizeof what, "%s forward vs naive", tag);
     mt_test_report(what, mt_test_rel_err_f64(out, ref, nq), 1e-13);
-    snprintf(what, sizeof what, "attention H%d KV%d q*%g lse vs naive", (int)nh, (int)nkv, qscale);
+    snprintf(what, sizeof what, "%s lse vs naive", tag);
     mt_test_report(what, mt_test_rel_err_f64(lse, lse_ref, nl), 1e-13);
 
     float *q32 = mt_test_to_f32(c.q, nq), *k32 = mt_test_to_f32(c.k, nk), *v32 = mt_test_to_f32(c.v, nk);
+    float *s32 = sinks ? mt_test_to_f32(c.sinks, nh) : NULL;
     float *o32 = mt_test_alloc_f32(nq), *l32 = mt_test_alloc_f32(nl);
-    mt_cpu_attention_forward_f32(B, T, nh, nkv, D, q32, k32, v32, o32, l32);
-    snprintf(what, sizeof what, "attention H%d KV%d q*%g f32 vs f64 out", (int)nh, (int)nkv, qscale);
+    mt_cpu_attention_forward_f32(B, T, nh, nkv, D, window, s32, q32, k32, v32, o32, l32);
+    snprintf(what, sizeof what, "%s f32 vs f64 out", tag);
     mt_test_report(what, mt_test_rel_err_mixed(o32, out, nq), MIXED_TOL);
-    snprintf(what, sizeof what, "attention H%d KV%d q*%g f32 vs f64 lse", (int)nh, (int)nkv, qscale);
+    snprintf(what, sizeof what, "%s f32 vs f64 lse", tag);
     mt_test_report(what, mt_test_rel_err_mixed(l32, lse, nl), MIXED_TOL);
-    free(q32), free(k32), free(v32), free(o32), free(l32);
+    free(q32), free(k32), free(v32), free(s32), free(o32), free(l32);
 
     if (qscale <= 1.0) { /* gradients where finite differences are well conditioned */
         double *dq = mt_test_alloc_f64(nq), *dk = mt_test_alloc_f64(nk), *dv = mt_test_alloc_f64(nk);
+        double *ds = sinks ? mt_test_alloc_f64(nh) : NULL;
         fill_nan(dq, nq), fill_nan(dk, nk), fill_nan(dv, nk); /* all three are = outputs */
-        mt_cpu_attention_backward_f64(B, T, nh, nkv, D, c.q, c.k, c.v, out, lse, c.wts, dq, dk, dv);
-        snprintf(what, sizeof what, "attention H%d KV%d dq (=)", (int)nh, (int)nkv);
+        if (ds) for (int64_t h = 0; h < nh; h++) ds[h] = 0.25; /* += output: starts from a known value */
+        mt_cpu_attention_backward_f64(B, T, nh, nkv, D, window, c.sinks, c.q, c.k, c.v, out, lse, c.wts, dq, dk, dv,
+                                      ds);
+        snprintf(what, sizeof what, "%s dq (=)", tag);
         check_grad(what, attn_objective, &c, c.q, nq, dq);
-        snprintf(what, sizeof what, "attention H%d KV%d dk (=)", (int)nh, (int)nkv);
+        snprintf(what, sizeof what, "%s dk (=)", tag);
         check_grad(what, attn_objective, &c, c.k, nk, dk);
-        snprintf(what, sizeof what, "attention H%d KV%d dv (=)", (int)nh, (int)nkv);
+        snprintf(what, sizeof what, "%s dv (=)", tag);
         check_grad(what, attn_objective, &c, c.v, nk, dv);
-        free(dq), free(dk), free(dv);
+        if (ds) {
+            for (int64_t h = 0; h < nh; h++) ds[h] -= 0.25;
+            snprintf(what, sizeof what, "%s dsinks (+=)", tag);
+            check_grad(what, attn_objective, &c, c.sinks, nh, ds);
+        }
+        free(dq), free(dk), free(dv), free(ds);
     }
     free(out), free(lse), free(ref), free(lse_ref);
-    free(c.q), free(c.k), free(c.v), free(c.wts), free(c.out), free(c.lse);
+    free(c.sinks), free(c.q), free(c.k), free(c.v), free(c.wts), free(c.out), free(c.lse);
 }
+
+static void check_attention(int64_t nh, int64_t nkv, double qscale) { check_attention_with(nh, nkv, qscale, 0, false, 0); }
 
 START_TEST(test_attention_gqa) { check_attention(H, KV, 1.0); }
 END_TEST
@@ -436,6 +458,29 @@ END_TEST
 
 /* Scores of magnitude ~100: the running max must keep exp from overflowing. */
 START_TEST(test_attention_large_scores) { check_attention(H, KV, 30.0); }
+END_TEST
+
+/* A sliding window (gpt-oss's sliding layers, Mistral's sliding_window): 2 keys (itself and the one
+ * before: with 1 the output is v and no gradient reaches q or k), 3 keys, and a window as long as
+ * the sequence (full causal attention again); with and without sinks. */
+START_TEST(test_attention_window)
+{
+    check_attention_with(H, KV, 1.0, 2, false, 0);
+    check_attention_with(H, KV, 1.0, 3, false, 0);
+    check_attention_with(H, KV, 1.0, T, false, 0);
+    check_attention_with(H, 1, 1.0, 3, true, 1.0);
+}
+END_TEST
+
+/* Attention sinks (gpt-oss): per-head logits near the scores, and large ones (a sink above every
+ * score: the running max starts from the keys and moves to the sink, most of each row's mass is
+ * the sink's), with scores of magnitude ~100 too. */
+START_TEST(test_attention_sinks)
+{
+    check_attention_with(H, KV, 1.0, 0, true, 1.0);
+    check_attention_with(H, H, 1.0, 0, true, 4.0);
+    check_attention_with(H, KV, 30.0, 0, true, 60.0);
+}
 END_TEST
 
 /* ---------- swiglu ---------- */
@@ -529,6 +574,8 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, test_attention_gqa);
     tcase_add_test(tc, test_attention_mha_mqa);
     tcase_add_test(tc, test_attention_large_scores);
+    tcase_add_test(tc, test_attention_window);
+    tcase_add_test(tc, test_attention_sinks);
     tcase_add_test(tc, test_swiglu);
     tcase_add_test(tc, test_elementwise);
     suite_add_tcase(s, tc);

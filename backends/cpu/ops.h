@@ -85,15 +85,19 @@ int64_t mt_moe_backward_scratch_numel(const mt_model_config *cfg, int64_t n);
     void mt_cpu_rope_backward_##sfx(int64_t B, int64_t T, int64_t nh, int64_t D,                 \
                                     const double *inv_freq, double attention_factor, real *dx);  \
     /* causal grouped-query attention, scale 1/sqrt(D). q (B,T,H,D), k v (B,T,KV,D);           \
-     * out (B,T,H,D) =, lse (B,H,T) = log-sum-exp of the scaled scores (kept for backward) */     \
+     * out (B,T,H,D) =, lse (B,H,T) = log-sum-exp of the scaled scores (kept for backward).    \
+     * window > 0: query t sees keys t-window+1..t only (0: all of 0..t); sinks (H) or NULL:   \
+     * a logit per head in every row's softmax, with no value (gpt-oss) */                     \
     void mt_cpu_attention_forward_##sfx(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,  \
-                                        const real *q, const real *k, const real *v, real *out,  \
-                                        real *lse);                                              \
-    /* dq (B,T,H,D) =, dk dv (B,T,KV,D) = ; recomputes probabilities from lse, never T x T */    \
+                                        int64_t window, const real *sinks, const real *q,        \
+                                        const real *k, const real *v, real *out, real *lse);     \
+    /* dq (B,T,H,D) =, dk dv (B,T,KV,D) = , dsinks (H) += (with sinks); recomputes              \
+     * probabilities from lse, never T x T */                                                    \
     void mt_cpu_attention_backward_##sfx(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, \
-                                         const real *q, const real *k, const real *v,            \
-                                         const real *out, const real *lse, const real *dout,     \
-                                         real *dq, real *dk, real *dv);                          \
+                                         int64_t window, const real *sinks, const real *q,       \
+                                         const real *k, const real *v, const real *out,          \
+                                         const real *lse, const real *dout, real *dq, real *dk,  \
+                                         real *dv, real *dsinks);                                \
     /* out (n, inter) = silu(gate) * up */                                                            \
     void mt_cpu_swiglu_forward_##sfx(int64_t n, int64_t inter, const real *gate, const real *up,     \
                                      real *out);                                                 \
