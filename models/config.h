@@ -15,6 +15,9 @@ typedef enum mt_family {
     MT_FAMILY_MISTRAL, /* "mistral" */
     MT_FAMILY_QWEN3_MOE, /* "qwen3_moe" (Qwen3 attention, mixture-of-experts MLPs) */
     MT_FAMILY_MIXTRAL,   /* "mixtral"   (Mistral attention, mixture-of-experts MLPs) */
+    MT_FAMILY_GPT_OSS,   /* "gpt_oss"   (attention with biases and sinks, alternating sliding-window and
+                          * full layers; biased experts with a clamped SwiGLU). Read, counted and
+                          * planned; the step does not train it yet (mt_config_trainable). */
 } mt_family;
 
 /* The most experts a mixture-of-experts layer may have: a layer tile describes every expert's
@@ -22,6 +25,8 @@ typedef enum mt_family {
 #define MT_MAX_EXPERTS 256
 /* The most entries of qwen3_moe's mlp_only_layers (published models list none). */
 #define MT_MAX_MLP_ONLY_LAYERS 256
+/* The most entries of gpt_oss's layer_types (published models have 24 and 36 layers). */
+#define MT_MAX_LAYER_TYPES 1024
 
 /* Whether the router's auxiliary load-balancing loss is in the objective: as the config's
  * output_router_logits says, or forced by a run option. */
@@ -93,6 +98,21 @@ typedef struct mt_model_config {
     mt_router_aux_mode router_aux; /* a run's override of output_router_logits; never saved */
     double router_aux_coef_run;  /* with router_aux ON: the run's coefficient (--router-aux-loss); never
                                   * saved, so a saved config keeps router_aux_loss_coef as read */
+
+    /* gpt_oss (GptOssConfig): attention_bias gives o_proj a bias as well as q, k and v; every
+     * head has a sink logit; layer i attends over the last sliding_window keys where layer_types
+     * says "sliding_attention" (transformers' default: the even layers); the router has a bias,
+     * each expert's gate/up and down projections have biases, and the experts' SwiGLU is
+     * clamped: gate at most limit, up within +-limit, out = (up + 1) gate sigmoid(alpha gate).
+     * The top k's weights are the softmax over the k chosen logits, which is the softmax over all
+     * experts renormalised over the k (norm_topk_prob). */
+    bool o_bias;
+    bool attn_sinks;
+    int64_t layer_types_count;                 /* entries given (0: the default alternation) */
+    uint8_t layer_sliding[MT_MAX_LAYER_TYPES]; /* 1: "sliding_attention", 0: "full_attention" */
+    bool router_bias;
+    bool expert_bias;
+    double swiglu_alpha, swiglu_limit;         /* 0 for the other families (the plain SwiGLU) */
 } mt_model_config;
 
 /* Reads and validates a config.json. Returns 0, or -1 with a message in err naming the file and
@@ -125,6 +145,15 @@ bool mt_config_has_dense_layers(const mt_model_config *cfg);
  * not routed to (attention, norms, routers, k experts per sparse layer, dense layers, the table
  * and the head). Equal to mt_config_param_count for a dense model. */
 int64_t mt_config_active_param_count(const mt_model_config *cfg);
+/* Whether decoder layer `layer` is a "sliding_attention" layer (gpt_oss's layer_types), and its
+ * attention window: sliding_window for those layers, 0 (full causal attention) for every other
+ * layer and family. */
+bool mt_config_layer_sliding(const mt_model_config *cfg, int64_t layer);
+int64_t mt_config_layer_window(const mt_model_config *cfg, int64_t layer);
+/* 0 when the step can run cfg's model, else -1 with a message saying so (gpt_oss: the decoder
+ * layer does not compute its sinks, windows, biased experts and clamped SwiGLU yet, nor does
+ * the HF loader read its fused expert tensors). plan counts and plans such a model all the same. */
+int mt_config_trainable(const mt_model_config *cfg, char *err, size_t errlen);
 /* The coefficient of the router's load-balancing loss in the objective: router_aux_loss_coef
  * when the loss is on (output_router_logits, or the override router_aux), 0 when it is off or
  * the model has no sparse layer. The step reads this. */

@@ -55,6 +55,9 @@ static void build_layer(const mt_model_config *cfg, bool sparse, mt_tile_layout 
     add(out, MT_L_V_W, 2, kv, d, true, &at, "self_attn.v_proj.weight");
     add(out, MT_L_V_B, 1, kv, 0, cfg->qkv_bias, &at, "self_attn.v_proj.bias");
     add(out, MT_L_O_W, 2, d, q, true, &at, "self_attn.o_proj.weight");
+    add(out, MT_L_O_B, 1, d, 0, cfg->o_bias, &at, "self_attn.o_proj.bias");
+    add(out, MT_L_SINKS, 1, cfg->heads, 0, cfg->attn_sinks, &at, "self_attn.sinks");
+    out->tensors[MT_L_SINKS].decay = cfg->attn_sinks; /* a parameter HF Trainer decays: neither bias nor norm */
     add(out, MT_L_Q_NORM, 1, D, 0, cfg->qk_norm, &at, "self_attn.q_norm.weight");
     add(out, MT_L_K_NORM, 1, D, 0, cfg->qk_norm, &at, "self_attn.k_norm.weight");
     add(out, MT_L_MLP_NORM, 1, d, 0, true, &at, "post_attention_layernorm.weight");
@@ -64,7 +67,7 @@ static void build_layer(const mt_model_config *cfg, bool sparse, mt_tile_layout 
     out->numel = at;
     if (!sparse) return;
 
-    const bool mixtral = cfg->family == MT_FAMILY_MIXTRAL;
+    const bool mixtral = cfg->family == MT_FAMILY_MIXTRAL, gpt_oss = cfg->family == MT_FAMILY_GPT_OSS;
     const char *block = mixtral ? "block_sparse_moe" : "mlp";
     /* Mixtral's w1 is the gate, w3 the up and w2 the down projection: in the slot order of the
      * others, not its own w1, w2, w3. */
@@ -72,7 +75,11 @@ static void build_layer(const mt_model_config *cfg, bool sparse, mt_tile_layout 
                                             mixtral ? "w2" : "down_proj" };
     const int64_t E = cfg->experts, Ie = cfg->expert_intermediate;
     assert(E > 0 && E <= MT_MAX_EXPERTS);
-    add(out, MT_L_ROUTER_W, 2, E, d, true, &at, "%s.gate.weight", block);
+    add(out, MT_L_ROUTER_W, 2, E, d, true, &at, gpt_oss ? "%s.router.weight" : "%s.gate.weight", block);
+    add(out, MT_L_ROUTER_B, 1, E, 0, cfg->router_bias, &at, "%s.router.bias", block);
+    add(out, MT_L_EXPERT_GU_B, 2, E, 2 * Ie, cfg->expert_bias, &at, "%s.experts.gate_up_proj_bias", block);
+    add(out, MT_L_EXPERT_DOWN_B, 2, E, d, cfg->expert_bias, &at, "%s.experts.down_proj_bias", block);
+    out->tensors[MT_L_EXPERT_GU_B].decay = out->tensors[MT_L_EXPERT_DOWN_B].decay = false; /* biases */
     for (int e = 0; e < E; e++) {
         add(out, mt_layout_expert_slot(e, MT_X_GATE), 2, Ie, d, true, &at, "%s.experts.%d.%s.weight", block, e,
             names[MT_X_GATE]);

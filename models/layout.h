@@ -23,6 +23,8 @@ enum {
     MT_L_V_W,         /* self_attn.v_proj.weight           (KV*D, d) */
     MT_L_V_B,         /* self_attn.v_proj.bias             (KV*D)    */
     MT_L_O_W,         /* self_attn.o_proj.weight           (d, H*D)  */
+    MT_L_O_B,         /* self_attn.o_proj.bias             (d)       gpt_oss */
+    MT_L_SINKS,       /* self_attn.sinks                   (H)       gpt_oss */
     MT_L_Q_NORM,      /* self_attn.q_norm.weight           (D)       */
     MT_L_K_NORM,      /* self_attn.k_norm.weight           (D)       */
     MT_L_MLP_NORM,    /* post_attention_layernorm.weight   (d)       */
@@ -33,8 +35,15 @@ enum {
     /* A sparse layer: the dense MLP slots above are absent; then the router, and from
      * MT_L_EXPERT_BASE three slots per expert (mt_layout_expert_slot), under HF names:
      * qwen3_moe mlp.gate.weight, mlp.experts.{e}.gate_proj / up_proj / down_proj.weight;
-     * mixtral   block_sparse_moe.gate.weight, block_sparse_moe.experts.{e}.w1 / w3 / w2.weight. */
+     * mixtral   block_sparse_moe.gate.weight, block_sparse_moe.experts.{e}.w1 / w3 / w2.weight;
+     * gpt_oss   mlp.router.weight and .bias, the experts' biases as HF holds them (gate and up
+     *           interleaved: gate j at 2j, up j at 2j + 1), and the experts' matrices in the
+     *           others' form, mlp.experts.{e}.gate_proj / up_proj / down_proj.weight (HF fuses
+     *           them into mlp.experts.gate_up_proj (E, d, 2 Ie), interleaved, and down_proj (E, Ie, d)). */
     MT_L_ROUTER_W = MT_L_COUNT, /* router                       (E, d)    */
+    MT_L_ROUTER_B,              /* router bias                  (E)       gpt_oss */
+    MT_L_EXPERT_GU_B,           /* mlp.experts.gate_up_proj_bias (E, 2 Ie) gpt_oss */
+    MT_L_EXPERT_DOWN_B,         /* mlp.experts.down_proj_bias   (E, d)    gpt_oss */
     MT_L_EXPERT_BASE
 };
 /* The three matrices of an expert, in slot order. */
@@ -48,7 +57,8 @@ enum { MT_E_EMBED, MT_E_COUNT };                    /* model.embed_tokens.weight
 enum { MT_H_NORM, MT_H_LM_HEAD, MT_H_COUNT };       /* model.norm.weight (d), lm_head.weight (V, d) */
 
 #define MT_MAX_TILE_TENSORS (MT_L_EXPERT_BASE + MT_X_COUNT * MT_MAX_EXPERTS)
-#define MT_TENSOR_NAME_MAX 48 /* "block_sparse_moe.experts.255.w1.weight" and its NUL fit */
+#define MT_TENSOR_NAME_MAX 48 /* "block_sparse_moe.experts.255.w1.weight", "mlp.experts.255.gate_proj.weight"
+                               * and their NUL fit */
 
 typedef struct mt_tensor_desc {
     char name[MT_TENSOR_NAME_MAX]; /* HF name relative to its owner, e.g. "self_attn.q_proj.weight" */

@@ -150,6 +150,15 @@ void assert_same_config(const mt_model_config *a, const mt_model_config *b)
         ck_assert_int_eq(a->mlp_only_layers[i], b->mlp_only_layers[i]);
     ck_assert(a->router_aux_loss_coef == b->router_aux_loss_coef);
     ck_assert_int_eq(a->output_router_logits, b->output_router_logits);
+    ck_assert(a->o_bias == b->o_bias && a->attn_sinks == b->attn_sinks);
+    ck_assert(a->router_bias == b->router_bias && a->expert_bias == b->expert_bias);
+    ck_assert(a->swiglu_alpha == b->swiglu_alpha && a->swiglu_limit == b->swiglu_limit);
+    for (int64_t i = 0; i < a->layers; i++)
+        ck_assert_int_eq(mt_config_layer_sliding(a, i), mt_config_layer_sliding(b, i));
+    ck_assert_int_eq(a->rope_type, b->rope_type);
+    ck_assert(a->rope_scaling_factor == b->rope_scaling_factor);
+    ck_assert_int_eq(a->rope_original_max_positions, b->rope_original_max_positions);
+    ck_assert_int_eq(a->rope_truncate, b->rope_truncate);
 }
 
 void moe_runtime_up(void)

@@ -695,6 +695,8 @@ START_TEST(test_layout)
         14016,  /* v 3400 -> 3456 */
         17472,  /* v bias 64 */
         17536,  /* o 100*102 = 10200 -> 10240 */
+        27776,  /* o bias: absent here (gpt_oss), no space */
+        27776,  /* sinks: absent here (gpt_oss), no space */
         27776,  /* q_norm 34 -> 64 */
         27840,  /* k_norm 64 */
         27904,  /* post_attention_layernorm 128 */
@@ -753,6 +755,7 @@ START_TEST(test_full_names)
         "model.layers.3.self_attn.q_proj.bias", "model.layers.3.self_attn.k_proj.weight",
         "model.layers.3.self_attn.k_proj.bias", "model.layers.3.self_attn.v_proj.weight",
         "model.layers.3.self_attn.v_proj.bias", "model.layers.3.self_attn.o_proj.weight",
+        "model.layers.3.self_attn.o_proj.bias", "model.layers.3.self_attn.sinks",
         "model.layers.3.self_attn.q_norm.weight", "model.layers.3.self_attn.k_norm.weight",
         "model.layers.3.post_attention_layernorm.weight", "model.layers.3.mlp.gate_proj.weight",
         "model.layers.3.mlp.up_proj.weight", "model.layers.3.mlp.down_proj.weight",

@@ -95,6 +95,155 @@ START_TEST(test_published_counts)
 }
 END_TEST
 
+/* gpt-oss-20b's and gpt-oss-120b's config.json as published (models/configs/), counted as
+ * OpenAI's model card gives them: 20.91B parameters of which 3.61B active, 116.83B of which
+ * 5.13B active (active without the embedding table: the FLOPs convention's N). By hand from the
+ * shapes: per layer q, k, v, o with their biases, 64 sinks, two norms; the router with its bias;
+ * per expert gate/up (2 Ie x d + 2 Ie) and down (d x Ie + d). */
+START_TEST(test_gpt_oss_counts)
+{
+    char err[512] = "";
+    mt_model_config c;
+    for (int big = 0; big <= 1; big++) {
+        const char *path = mt_test_source_path(big ? "models/configs/gpt-oss-120b.json" : "models/configs/gpt-oss-20b.json");
+        ck_assert_msg(mt_config_load(path, &c, err, sizeof err) == 0, "%s", err);
+        const int64_t L = big ? 36 : 24, E = big ? 128 : 32;
+        ck_assert_int_eq(c.family, MT_FAMILY_GPT_OSS);
+        ck_assert_str_eq(c.model_type, "gpt_oss");
+        ck_assert_int_eq(c.layers, L);
+        ck_assert_int_eq(c.experts, E);
+        ck_assert_int_eq(c.experts_per_token, 4);
+        ck_assert_int_eq(c.expert_intermediate, 2880);
+        ck_assert_int_eq(c.head_dim, 64);
+        ck_assert(c.qkv_bias && c.o_bias && c.attn_sinks && c.router_bias && c.expert_bias && !c.qk_norm && !c.tied);
+        ck_assert(c.norm_topk_prob && c.swiglu_alpha == 1.702 && c.swiglu_limit == 7.0);
+        ck_assert_int_eq(c.sliding_window, 128);
+        ck_assert(c.rope_type == MT_ROPE_YARN && c.rope_scaling_factor == 32.0 && !c.rope_truncate);
+        ck_assert_int_eq(c.rope_original_max_positions, 4096);
+        ck_assert(c.rope_theta == 150000.0 && c.rms_eps == 1e-5 && c.router_aux_loss_coef == 0.9);
+        /* sliding layers attend over the last 128 keys, the others over all; long sequences pass */
+        ck_assert_int_eq(mt_config_layer_window(&c, 0), 128);
+        ck_assert_int_eq(mt_config_layer_window(&c, 1), 0);
+        ck_assert_int_eq(mt_config_layer_window(&c, L - 2), 128);
+        ck_assert_int_eq(mt_config_layer_window(&c, L - 1), 0);
+        ck_assert_int_eq(mt_config_max_seq_len(&c), 131072);
+        const int64_t d = 2880, q = 64 * 64, kv = 8 * 64, Ie = 2880, V = 201088;
+        const int64_t attn = (q * d + q) + 2 * (kv * d + kv) + (d * q + d) + 64 + 2 * d;
+        const int64_t router = E * d + E, expert = (2 * Ie * d + 2 * Ie) + (d * Ie + d);
+        const int64_t total = L * (attn + router + E * expert) + 2 * V * d + d;
+        const int64_t n = L * (attn + router + 4 * expert) + V * d + d;
+        ck_assert_int_eq(mt_config_param_count(&c), total);
+        ck_assert_int_eq(mt_config_flops_params(&c), n);
+        ck_assert_int_eq(mt_config_active_param_count(&c), n + V * d);
+        ck_assert_int_eq(total, big ? 116829156672LL : 20914757184LL);
+        ck_assert_int_eq(n, big ? 5132849472LL : 3608307264LL);
+        fprintf(stderr, "%s: %lld parameters (%.2fB), %lld active without the table (%.2fB)\n", path,
+                (long long)total, total / 1e9, (long long)n, n / 1e9);
+        /* the layer tile holds every one of them, under HF's names where HF keeps them apart */
+        mt_tile_layout lay;
+        mt_layout_build(&c, MT_TILE_LAYER, &lay);
+        int64_t held = 0;
+        for (int s = 0; s < lay.ntensors; s++) held += lay.tensors[s].numel;
+        ck_assert_int_eq(held, attn + router + E * expert);
+        ck_assert_str_eq(lay.tensors[MT_L_O_B].name, "self_attn.o_proj.bias");
+        ck_assert_str_eq(lay.tensors[MT_L_SINKS].name, "self_attn.sinks");
+        ck_assert_str_eq(lay.tensors[MT_L_ROUTER_W].name, "mlp.router.weight");
+        ck_assert_str_eq(lay.tensors[MT_L_ROUTER_B].name, "mlp.router.bias");
+        ck_assert_str_eq(lay.tensors[MT_L_EXPERT_GU_B].name, "mlp.experts.gate_up_proj_bias");
+        ck_assert_int_eq(lay.tensors[MT_L_EXPERT_GU_B].numel, E * 2 * Ie);
+        ck_assert_int_eq(lay.tensors[MT_L_EXPERT_DOWN_B].numel, E * d);
+        /* weight decay as HF Trainer: matrices and the sinks, not biases or norms */
+        ck_assert(lay.tensors[MT_L_SINKS].decay && lay.tensors[MT_L_ROUTER_W].decay);
+        ck_assert(!lay.tensors[MT_L_O_B].decay && !lay.tensors[MT_L_ROUTER_B].decay);
+        ck_assert(!lay.tensors[MT_L_EXPERT_GU_B].decay && !lay.tensors[MT_L_EXPERT_DOWN_B].decay);
+        /* offsets grow with the slot (the AdamW chunking relies on it) */
+        for (int s = 1; s < lay.ntensors; s++) ck_assert(lay.tensors[s].offset >= lay.tensors[s - 1].offset);
+        /* the step does not run it yet: said before anything is allocated */
+        ck_assert(mt_config_trainable(&c, err, sizeof err) != 0);
+        ck_assert(strstr(err, "gpt_oss") && strstr(err, "plan"));
+    }
+    /* the other families are trainable and have none of gpt_oss's tensors */
+    mt_model_config m = parse_ok(mixtral_8x7b_json, "Mixtral-8x7B/config.json");
+    ck_assert_int_eq(mt_config_trainable(&m, err, sizeof err), 0);
+    mt_tile_layout lay;
+    mt_layout_build(&m, MT_TILE_LAYER, &lay);
+    ck_assert(lay.tensors[MT_L_O_B].numel == 0 && lay.tensors[MT_L_SINKS].numel == 0);
+    ck_assert(lay.tensors[MT_L_ROUTER_B].numel == 0 && lay.tensors[MT_L_EXPERT_GU_B].numel == 0);
+    ck_assert_int_eq(mt_config_layer_window(&m, 0), 0);
+}
+END_TEST
+
+/* GptOssConfig's defaults when the keys are absent, its layer_types, and what it refuses. */
+START_TEST(test_gpt_oss_keys)
+{
+    mt_model_config c = parse_ok("{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, \"intermediate_size\": 48,"
+                                 " \"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"vocab_size\": 50}",
+                                 "gpt_oss-defaults");
+    ck_assert_int_eq(c.experts, 128);
+    ck_assert_int_eq(c.experts_per_token, 4);
+    ck_assert_int_eq(c.head_dim, 64);
+    ck_assert_int_eq(c.kv_heads, 4);
+    ck_assert_int_eq(c.sliding_window, 128);
+    ck_assert(c.qkv_bias && c.o_bias && c.attn_sinks);
+    ck_assert(c.rope_theta == 150000.0 && c.rope_type == MT_ROPE_YARN && c.rope_scaling_factor == 32.0);
+    ck_assert(c.rope_beta_fast == 32.0 && c.rope_beta_slow == 1.0 && !c.rope_truncate);
+    ck_assert_int_eq(c.rope_original_max_positions, 4096);
+    ck_assert(c.router_aux_loss_coef == 0.001 && !c.output_router_logits);
+    ck_assert_int_eq(c.max_positions, 131072);
+    /* the default alternation: sliding, full, sliding */
+    ck_assert(mt_config_layer_sliding(&c, 0) && !mt_config_layer_sliding(&c, 1) && mt_config_layer_sliding(&c, 2));
+    /* given layer_types, a null window, no biases */
+    c = parse_ok("{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, \"intermediate_size\": 48,"
+                 " \"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"vocab_size\": 50, \"attention_bias\": false,"
+                 " \"layer_types\": [\"full_attention\", \"sliding_attention\", \"sliding_attention\"],"
+                 " \"sliding_window\": null, \"num_local_experts\": 6, \"swiglu_limit\": 3.5}", "gpt_oss-keys");
+    ck_assert(!c.qkv_bias && !c.o_bias && c.attn_sinks);
+    ck_assert(!mt_config_layer_sliding(&c, 0) && mt_config_layer_sliding(&c, 1) && mt_config_layer_sliding(&c, 2));
+    ck_assert_int_eq(mt_config_layer_window(&c, 1), 0); /* null: a sliding layer attends to every key */
+    ck_assert(c.swiglu_limit == 3.5);
+    ck_assert_int_eq(c.experts, 6);
+    /* saved and read back: the same model, layer_types written for every layer */
+    char path[] = "/tmp/mt-gpt-oss-config.XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert(fd >= 0);
+    close(fd);
+    char err[512] = "";
+    for (int i = 0; i < 2; i++) {
+        if (i == 1) {
+            ck_assert_msg(mt_config_load(mt_test_source_path("models/configs/gpt-oss-20b.json"), &c, err, sizeof err) == 0,
+                          "%s", err);
+        }
+        ck_assert_msg(mt_config_save(&c, path, err, sizeof err) == 0, "%s", err);
+        mt_model_config b;
+        ck_assert_msg(mt_config_load(path, &b, err, sizeof err) == 0, "%s", err);
+        assert_same_config(&c, &b);
+        FILE *f = fopen(path, "r");
+        char text[16384] = "";
+        ck_assert(fread(text, 1, sizeof text - 1, f) > 0);
+        fclose(f);
+        ck_assert(strstr(text, "\"GptOssForCausalLM\"") && strstr(text, "\"num_local_experts\"") &&
+                  strstr(text, "\"layer_types\"") && strstr(text, "\"swiglu_limit\""));
+    }
+    unlink(path);
+    /* refused, naming the key */
+    parse_fails("{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, \"intermediate_size\": 48,"
+                " \"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"vocab_size\": 50,"
+                " \"layer_types\": [\"full_attention\"]}", "gpt_oss-types", "layer_types", "one per layer");
+    parse_fails("{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, \"intermediate_size\": 48,"
+                " \"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"vocab_size\": 50,"
+                " \"layer_types\": [\"chunked_attention\"]}", "gpt_oss-type", "layer_types[0]", "sliding_attention");
+    parse_fails("{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, \"intermediate_size\": 48,"
+                " \"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"vocab_size\": 50,"
+                " \"swiglu_limit\": -1}", "gpt_oss-limit", "swiglu_limit", "positive");
+    parse_fails("{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, \"intermediate_size\": 48,"
+                " \"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"vocab_size\": 50,"
+                " \"sliding_window\": \"wide\"}", "gpt_oss-window", "sliding_window", "positive integer");
+    /* sliding layers stay refused for the other families */
+    parse_fails(QWEN3_MOE_BASE ", \"layer_types\": [\"sliding_attention\", \"full_attention\"]}", "qwen3-sliding",
+                "layer_types[0]", "full_attention");
+}
+END_TEST
+
 /* transformers' defaults when the keys are absent (Qwen3MoeConfig, MixtralConfig). */
 START_TEST(test_defaults)
 {
@@ -485,6 +634,8 @@ static Suite *moe_model_suite(void)
     TCase *config = tcase_create("config");
     tcase_add_test(config, test_published_counts);
     tcase_add_test(config, test_defaults);
+    tcase_add_test(config, test_gpt_oss_counts);
+    tcase_add_test(config, test_gpt_oss_keys);
     tcase_add_test(config, test_sparse_layers);
     tcase_add_test(config, test_sparse_count_closed_form);
     tcase_add_test(config, test_config_roundtrip);

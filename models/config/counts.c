@@ -3,6 +3,8 @@
  * coefficient. The config is valid (mt_config_validate), so no count overflows. */
 #include "models/config.h"
 
+#include <stdio.h>
+
 bool mt_config_layer_is_sparse(const mt_model_config *cfg, int64_t layer)
 {
     /* Qwen3MoeDecoderLayer: sparse unless listed in mlp_only_layers, when there are experts and
@@ -41,6 +43,8 @@ static int64_t attention_params(const mt_model_config *cfg)
     int64_t n = 2 * d;                       /* input and post-attention norms */
     n += q * d + 2 * kv * d + d * q;         /* q, k, v, o projections */
     if (cfg->qkv_bias) n += q + 2 * kv;
+    if (cfg->o_bias) n += d;
+    if (cfg->attn_sinks) n += cfg->heads;
     if (cfg->qk_norm) n += 2 * D;
     return n;
 }
@@ -52,7 +56,10 @@ static int64_t layers_params(const mt_model_config *cfg, bool active)
     const int64_t d = cfg->hidden, sparse = mt_config_sparse_layers(cfg);
     const int64_t used = active ? cfg->experts_per_token : cfg->experts;
     const int64_t dense_mlp = 3 * cfg->intermediate * d;
-    const int64_t sparse_mlp = sparse ? cfg->experts * d + used * 3 * cfg->expert_intermediate * d : 0;
+    const int64_t Ie = cfg->expert_intermediate;
+    const int64_t expert = 3 * Ie * d + (cfg->expert_bias ? 2 * Ie + d : 0);
+    const int64_t router = cfg->experts * d + (cfg->router_bias ? cfg->experts : 0);
+    const int64_t sparse_mlp = sparse ? router + used * expert : 0;
     return cfg->layers * attention_params(cfg) + (cfg->layers - sparse) * dense_mlp + sparse * sparse_mlp;
 }
 
@@ -73,6 +80,28 @@ int64_t mt_config_flops_params(const mt_model_config *cfg)
     /* The embedding lookup does no FLOPs; the LM head's matmul does, tied or not. A token's
      * FLOPs follow the experts it is routed to: active parameters. */
     return layers_params(cfg, true) + cfg->hidden + cfg->vocab * cfg->hidden;
+}
+
+bool mt_config_layer_sliding(const mt_model_config *cfg, int64_t layer)
+{
+    if (cfg->family != MT_FAMILY_GPT_OSS || layer < 0) return false;
+    /* GptOssConfig: layer_types as given, else "sliding_attention" where (i + 1) % 2 != 0 */
+    return layer < cfg->layer_types_count ? cfg->layer_sliding[layer] != 0 : layer % 2 == 0;
+}
+
+int64_t mt_config_layer_window(const mt_model_config *cfg, int64_t layer)
+{
+    return mt_config_layer_sliding(cfg, layer) && cfg->sliding_window > 0 ? cfg->sliding_window : 0;
+}
+
+int mt_config_trainable(const mt_model_config *cfg, char *err, size_t errlen)
+{
+    if (cfg->family == MT_FAMILY_GPT_OSS) {
+        snprintf(err, errlen, "model_type gpt_oss: training, evaluating and loading it are not implemented yet "
+                 "(`megatrain plan` counts and plans it)");
+        return -1;
+    }
+    return 0;
 }
 
 double mt_config_router_aux_coef(const mt_model_config *cfg)

@@ -183,17 +183,30 @@ static int parse_rope_scaling(json_t *root, const char *name, mt_model_config *c
 }
 
 /* The model_type values this file reads, for messages. */
-#define FAMILY_NAMES "llama, qwen2, qwen3, mistral, qwen3_moe, mixtral"
+#define FAMILY_NAMES "llama, qwen2, qwen3, mistral, qwen3_moe, mixtral, gpt_oss"
+
+/* sliding_window: `dflt` when absent, 0 for null, else a positive integer. */
+static int parse_window(json_t *root, const char *name, int64_t dflt, int64_t *out, char *err, size_t errlen)
+{
+    json_t *sw = json_object_get(root, "sliding_window");
+    if (!sw) *out = dflt;
+    else if (json_is_null(sw)) *out = 0;
+    else if (json_is_integer(sw) && json_integer_value(sw) > 0) *out = json_integer_value(sw);
+    else
+        return mt_fail(err, errlen, "%s: key 'sliding_window': expected a positive integer or null, got %s", name,
+                       mt_json_type_name(sw));
+    return 0;
+}
 
 /* The expert count: each family's own key, or the other spelling, which transformers maps onto it
  * (attribute_map num_experts -> num_local_experts); both present must agree. */
 static int parse_expert_count(json_t *root, const char *name, mt_model_config *c, char *err, size_t errlen)
 {
-    const bool mixtral = c->family == MT_FAMILY_MIXTRAL;
-    const char *own = mixtral ? "num_local_experts" : "num_experts";
-    const char *other = mixtral ? "num_experts" : "num_local_experts";
+    const bool local = c->family != MT_FAMILY_QWEN3_MOE; /* mixtral, gpt_oss */
+    const char *own = local ? "num_local_experts" : "num_experts";
+    const char *other = local ? "num_experts" : "num_local_experts";
     int64_t a = 0, b = 0;
-    if (get_int(root, name, NULL, own, false, mixtral ? 8 : 128, &a, err, errlen) ||
+    if (get_int(root, name, NULL, own, false, c->family == MT_FAMILY_MIXTRAL ? 8 : 128, &a, err, errlen) ||
         get_int(root, name, NULL, other, false, a, &b, err, errlen))
         return -1;
     if (lookup(root, own) && lookup(root, other) && a != b)
@@ -238,12 +251,24 @@ static int parse_mlp_only_layers(json_t *root, const char *name, mt_model_config
 static int parse_experts(json_t *root, const char *name, mt_model_config *c, char *err, size_t errlen)
 {
     if (!mt_cfg_is_moe_family(c->family)) return 0;
-    const bool mixtral = c->family == MT_FAMILY_MIXTRAL;
+    const bool mixtral = c->family == MT_FAMILY_MIXTRAL, gpt_oss = c->family == MT_FAMILY_GPT_OSS;
     if (parse_expert_count(root, name, c, err, errlen) ||
-        get_int(root, name, NULL, "num_experts_per_tok", false, mixtral ? 2 : 8, &c->experts_per_token, err, errlen) ||
+        get_int(root, name, NULL, "num_experts_per_tok", false, mixtral ? 2 : gpt_oss ? 4 : 8, &c->experts_per_token,
+                err, errlen) ||
         get_real(root, name, NULL, "router_aux_loss_coef", false, 0.001, &c->router_aux_loss_coef, err, errlen) ||
         get_bool(root, name, "output_router_logits", false, &c->output_router_logits, err, errlen))
         return -1;
+    if (gpt_oss) {
+        /* GptOssTopKRouter: the softmax over the k largest logits, the same weights as the softmax
+         * over all renormalised over the k; experts of intermediate_size in every layer, biased
+         * like the router, with the clamped SwiGLU. */
+        c->expert_intermediate = c->intermediate;
+        c->norm_topk_prob = true;
+        c->decoder_sparse_step = 1;
+        c->router_bias = c->expert_bias = true;
+        return get_real(root, name, NULL, "swiglu_alpha", false, 1.702, &c->swiglu_alpha, err, errlen) ||
+               get_real(root, name, NULL, "swiglu_limit", false, 7.0, &c->swiglu_limit, err, errlen) ? -1 : 0;
+    }
     if (mixtral) {
         /* Mixtral's experts are intermediate_size wide and always renormalise their top k. */
         c->expert_intermediate = c->intermediate;
@@ -293,6 +318,7 @@ int mt_config_parse(const char *json_text, const char *name, mt_model_config *cf
     else if (strcmp(type, "mistral") == 0) c.family = MT_FAMILY_MISTRAL;
     else if (strcmp(type, "qwen3_moe") == 0) c.family = MT_FAMILY_QWEN3_MOE;
     else if (strcmp(type, "mixtral") == 0) c.family = MT_FAMILY_MIXTRAL;
+    else if (strcmp(type, "gpt_oss") == 0) c.family = MT_FAMILY_GPT_OSS;
     else {
         mt_fail(err, errlen, "%s: key 'model_type': '%s' is not supported (one of " FAMILY_NAMES ")", name, type);
         goto out;
@@ -313,6 +339,8 @@ int mt_config_parse(const char *json_text, const char *name, mt_model_config *cf
         if (get_int(root, name, NULL, "head_dim", true, 0, &c.head_dim, err, errlen)) goto out;
     } else if (c.family == MT_FAMILY_QWEN3) {
         c.head_dim = 128;
+    } else if (c.family == MT_FAMILY_GPT_OSS) {
+        c.head_dim = 64; /* GptOssConfig's default */
     } else {
         if (c.heads > 0 && c.hidden > 0 && c.hidden % c.heads != 0) {
             mt_fail(err, errlen, "%s: key 'num_attention_heads': %lld does not divide hidden_size %lld "
@@ -324,13 +352,14 @@ int mt_config_parse(const char *json_text, const char *name, mt_model_config *cf
 
     /* transformers' per-family default context length (LlamaConfig 2048, Qwen2/Qwen3 32768,
      * Mistral 131072), so that a key left out means what it means there. */
-    const bool mixtral = c.family == MT_FAMILY_MIXTRAL;
+    const bool mixtral = c.family == MT_FAMILY_MIXTRAL, gpt_oss = c.family == MT_FAMILY_GPT_OSS;
     int64_t default_positions = c.family == MT_FAMILY_LLAMA ? 2048
-                              : c.family == MT_FAMILY_MISTRAL || mixtral ? 131072 : 32768;
-    /* MixtralConfig's own defaults: rope_theta 1e6, rms_norm_eps 1e-5. */
+                              : c.family == MT_FAMILY_MISTRAL || mixtral || gpt_oss ? 131072 : 32768;
+    /* MixtralConfig's own defaults: rope_theta 1e6, rms_norm_eps 1e-5; GptOssConfig's 150000, 1e-5. */
     if (get_int(root, name, NULL, "max_position_embeddings", false, default_positions, &c.max_positions, err, errlen) ||
-        get_real(root, name, NULL, "rope_theta", false, mixtral ? 1e6 : 10000.0, &c.rope_theta, err, errlen) ||
-        get_real(root, name, NULL, "rms_norm_eps", false, mixtral ? 1e-5 : 1e-6, &c.rms_eps, err, errlen) ||
+        get_real(root, name, NULL, "rope_theta", false, mixtral ? 1e6 : gpt_oss ? 150000.0 : 10000.0, &c.rope_theta,
+                 err, errlen) ||
+        get_real(root, name, NULL, "rms_norm_eps", false, mixtral || gpt_oss ? 1e-5 : 1e-6, &c.rms_eps, err, errlen) ||
         get_bool(root, name, "tie_word_embeddings", false, &c.tied, err, errlen))
         goto out;
 
@@ -339,7 +368,10 @@ int mt_config_parse(const char *json_text, const char *name, mt_model_config *cf
     if (c.family == MT_FAMILY_QWEN2) {
         c.qkv_bias = true;
     } else {
-        if (get_bool(root, name, "attention_bias", false, &c.qkv_bias, err, errlen)) goto out;
+        /* GptOssConfig defaults attention_bias to true, and gives o_proj the bias too */
+        if (get_bool(root, name, "attention_bias", gpt_oss, &c.qkv_bias, err, errlen)) goto out;
+        c.o_bias = gpt_oss && c.qkv_bias;
+        c.attn_sinks = gpt_oss;
     }
     /* Keys that change what transformers computes, which this model does not do: refused rather
      * than ignored (a model trained here would not be the one transformers builds). */
@@ -371,36 +403,32 @@ int mt_config_parse(const char *json_text, const char *name, mt_model_config *cf
             mt_fail(err, errlen, "%s: key 'layer_types': expected an array, got %s", name, mt_json_type_name(types));
             goto out;
         }
-        json_array_foreach(types, i, t)
-            if (!json_is_string(t) || strcmp(json_string_value(t), "full_attention") != 0) {
-                mt_fail(err, errlen, "%s: key 'layer_types[%zu]': only \"full_attention\" is implemented", name, i);
+        json_array_foreach(types, i, t) {
+            const bool full = json_is_string(t) && strcmp(json_string_value(t), "full_attention") == 0;
+            const bool sliding = json_is_string(t) && strcmp(json_string_value(t), "sliding_attention") == 0;
+            if (!full && !(gpt_oss && sliding)) {
+                mt_fail(err, errlen, "%s: key 'layer_types[%zu]': only \"full_attention\"%s is implemented", name, i,
+                        gpt_oss ? " or \"sliding_attention\"" : "");
                 goto out;
             }
+            if (gpt_oss) {
+                if (i >= MT_MAX_LAYER_TYPES) {
+                    mt_fail(err, errlen, "%s: key 'layer_types': more than %d entries", name, MT_MAX_LAYER_TYPES);
+                    goto out;
+                }
+                c.layer_sliding[i] = sliding;
+                c.layer_types_count = (int64_t)i + 1;
+            }
+        }
     }
     c.qk_norm = c.family == MT_FAMILY_QWEN3 || c.family == MT_FAMILY_QWEN3_MOE;
-    /* Mistral: sliding_window, which MistralConfig defaults to 4096 when the key is absent; null
-     * is full attention (v0.2 and later write null, v0.1 4096). */
-    if (c.family == MT_FAMILY_MISTRAL) {
-        json_t *sw = json_object_get(root, "sliding_window");
-        if (!sw) c.sliding_window = 4096;
-        else if (json_is_null(sw)) c.sliding_window = 0;
-        else if (json_is_integer(sw) && json_integer_value(sw) > 0) c.sliding_window = json_integer_value(sw);
-        else {
-            mt_fail(err, errlen, "%s: key 'sliding_window': expected a positive integer or null, got %s", name,
-                 mt_json_type_name(sw));
-            goto out;
-        }
-    }
-    /* Mixtral: the same key, but MixtralConfig defaults it to null (full attention). */
-    if (mixtral) {
-        json_t *sw = lookup(root, "sliding_window");
-        if (sw && !(json_is_integer(sw) && json_integer_value(sw) > 0)) {
-            mt_fail(err, errlen, "%s: key 'sliding_window': expected a positive integer or null, got %s", name,
-                    mt_json_type_name(sw));
-            goto out;
-        }
-        c.sliding_window = sw ? json_integer_value(sw) : 0;
-    }
+    /* sliding_window, absent: MistralConfig's 4096, MixtralConfig's null (full attention),
+     * GptOssConfig's 128 (its sliding layers' window); null is no window (Mistral v0.2 and later
+     * write null, v0.1 4096; a gpt_oss sliding layer then attends to every earlier key). */
+    if ((c.family == MT_FAMILY_MISTRAL || mixtral || gpt_oss) &&
+        parse_window(root, name, c.family == MT_FAMILY_MISTRAL ? 4096 : gpt_oss ? 128 : 0, &c.sliding_window, err,
+                     errlen))
+        goto out;
     if (parse_experts(root, name, &c, err, errlen)) goto out;
 
     json_t *act = lookup(root, "hidden_act");
@@ -412,6 +440,15 @@ int mt_config_parse(const char *json_text, const char *name, mt_model_config *cf
     }
 
     if (parse_rope_scaling(root, name, &c, err, errlen)) goto out;
+    if (gpt_oss && !lookup(root, "rope_scaling") && !lookup(root, "rope_parameters")) {
+        /* GptOssConfig's rope when the config gives none: yarn over 4096 positions, factor 32 */
+        c.rope_type = MT_ROPE_YARN;
+        c.rope_scaling_factor = 32.0;
+        c.rope_original_max_positions = 4096;
+        c.rope_beta_fast = 32.0;
+        c.rope_beta_slow = 1.0;
+        c.rope_truncate = false;
+    }
     if (mt_config_validate(&c, name, err, errlen)) goto out;
     *cfg = c;
     rc = 0;
@@ -483,6 +520,7 @@ static const char *architecture(mt_family f)
     case MT_FAMILY_MISTRAL: return "MistralForCausalLM";
     case MT_FAMILY_QWEN3_MOE: return "Qwen3MoeForCausalLM";
     case MT_FAMILY_MIXTRAL: return "MixtralForCausalLM";
+    case MT_FAMILY_GPT_OSS: return "GptOssForCausalLM";
     }
     return "LlamaForCausalLM";
 }
@@ -495,7 +533,15 @@ static void save_experts(const mt_model_config *cfg, json_t *o)
     const bool mixtral = cfg->family == MT_FAMILY_MIXTRAL;
     json_object_set_new(o, mt_cfg_expert_count_key(cfg), json_integer(cfg->experts));
     json_object_set_new(o, "num_experts_per_tok", json_integer(cfg->experts_per_token));
-    if (mixtral) {
+    if (cfg->family == MT_FAMILY_GPT_OSS) {
+        json_object_set_new(o, "swiglu_alpha", json_real(cfg->swiglu_alpha));
+        json_object_set_new(o, "swiglu_limit", json_real(cfg->swiglu_limit));
+        json_t *types = json_array();
+        for (int64_t i = 0; i < cfg->layers; i++)
+            json_array_append_new(types, json_string(mt_config_layer_sliding(cfg, i) ? "sliding_attention"
+                                                                                      : "full_attention"));
+        json_object_set_new(o, "layer_types", types);
+    } else if (mixtral) {
         json_object_set_new(o, "router_jitter_noise", json_real(0.0));
     } else {
         json_object_set_new(o, "moe_intermediate_size", json_integer(cfg->expert_intermediate));
@@ -567,7 +613,7 @@ int mt_config_save(const mt_model_config *cfg, const char *path, char *err, size
     /* The model's own window, or null (full attention; MistralConfig would read a missing key as
      * 4096). Training here never passes the window (runtime/step/graph.c refuses it), where the
      * two agree. */
-    if (cfg->family == MT_FAMILY_MISTRAL || cfg->family == MT_FAMILY_MIXTRAL)
+    if (cfg->family == MT_FAMILY_MISTRAL || cfg->family == MT_FAMILY_MIXTRAL || cfg->family == MT_FAMILY_GPT_OSS)
         json_object_set_new(o, "sliding_window", cfg->sliding_window > 0 ? json_integer(cfg->sliding_window) : json_null());
     save_experts(cfg, o);
     json_object_set_new(o, "rope_scaling", rope_scaling_json(cfg));

@@ -85,7 +85,10 @@ int64_t mt_config_max_seq_len(const mt_model_config *cfg)
         const int64_t scaled = (int64_t)floor(cfg->rope_scaling_factor * (double)mt_cfg_rope_original_length(cfg));
         if (scaled > limit) limit = scaled;
     }
-    if (cfg->sliding_window > 0 && cfg->sliding_window < limit) limit = cfg->sliding_window;
+    /* Mistral's and Mixtral's window is not computed (their attention here is full causal, the
+     * same up to the window); gpt_oss's sliding layers are windowed in the attention itself */
+    if (cfg->family != MT_FAMILY_GPT_OSS && cfg->sliding_window > 0 && cfg->sliding_window < limit)
+        limit = cfg->sliding_window;
     return limit;
 }
 
@@ -102,7 +105,7 @@ int mt_config_check_seq_len(const mt_model_config *cfg, int64_t seq_len, char *e
     const int64_t limit = mt_config_max_seq_len(cfg);
     if (seq_len <= limit) return 0;
     const long long T = (long long)seq_len, L = (long long)limit;
-    if (cfg->sliding_window > 0 && limit == cfg->sliding_window)
+    if (cfg->family != MT_FAMILY_GPT_OSS && cfg->sliding_window > 0 && limit == cfg->sliding_window)
         return mt_fail(err, errlen, "sequence length %lld exceeds the model's sliding_window %lld: sliding-window "
                        "attention is not implemented (full causal attention, which is the same up to that length)",
                        T, L);

@@ -36,11 +36,14 @@ static bool size_sum(int64_t a, int64_t b, int64_t *out)
     return !__builtin_add_overflow(a, b, out) && *out <= MAX_PARAMS;
 }
 
-bool mt_cfg_is_moe_family(mt_family f) { return f == MT_FAMILY_QWEN3_MOE || f == MT_FAMILY_MIXTRAL; }
+bool mt_cfg_is_moe_family(mt_family f)
+{
+    return f == MT_FAMILY_QWEN3_MOE || f == MT_FAMILY_MIXTRAL || f == MT_FAMILY_GPT_OSS;
+}
 
 const char *mt_cfg_expert_count_key(const mt_model_config *cfg)
 {
-    return cfg->family == MT_FAMILY_MIXTRAL ? "num_local_experts" : "num_experts";
+    return cfg->family == MT_FAMILY_QWEN3_MOE ? "num_experts" : "num_local_experts";
 }
 
 /* The mixture-of-experts fields: only the MoE families have them, and what each can express in
@@ -64,6 +67,23 @@ static int validate_experts(const mt_model_config *cfg, const char *name, char *
             cfg->expert_intermediate != cfg->intermediate)
             return mt_fail(err, errlen, "%s: key 'model_type': mixtral renormalises its top k, has experts of "
                            "intermediate_size in every layer", name);
+    }
+    if (cfg->family == MT_FAMILY_GPT_OSS) {
+        if (cfg->experts == 0)
+            return mt_fail(err, errlen, "%s: key 'num_local_experts': must be a positive integer, got 0", name);
+        if (!cfg->norm_topk_prob || cfg->decoder_sparse_step != 1 || cfg->mlp_only_layers_count != 0 ||
+            cfg->expert_intermediate != cfg->intermediate || !cfg->router_bias || !cfg->expert_bias)
+            return mt_fail(err, errlen, "%s: key 'model_type': gpt_oss has biased experts of intermediate_size "
+                           "in every layer, a biased router and a softmax over its top k", name);
+        if (!(cfg->swiglu_limit > 0) || !isfinite(cfg->swiglu_limit))
+            return mt_fail(err, errlen, "%s: key 'swiglu_limit': must be a positive number, got %g", name,
+                           cfg->swiglu_limit);
+        if (!(cfg->swiglu_alpha > 0) || !isfinite(cfg->swiglu_alpha))
+            return mt_fail(err, errlen, "%s: key 'swiglu_alpha': must be a positive number, got %g", name,
+                           cfg->swiglu_alpha);
+    } else if (cfg->router_bias || cfg->expert_bias || cfg->swiglu_limit != 0 || cfg->swiglu_alpha != 0) {
+        return mt_fail(err, errlen, "%s: key 'model_type': %s has no router or expert biases and a plain SwiGLU",
+                       name, cfg->model_type);
     }
     if (!(cfg->router_aux_loss_coef >= 0) || !isfinite(cfg->router_aux_loss_coef))
         return mt_fail(err, errlen, "%s: key 'router_aux_loss_coef': must be a finite number >= 0, got %g", name,
@@ -124,8 +144,21 @@ int mt_config_validate(const mt_model_config *cfg, const char *name, char *err, 
      * saved config loads back into the same model there. */
     switch (cfg->family) {
     case MT_FAMILY_QWEN2:
-        if (!cfg->qkv_bias || cfg->qk_norm)
-            return mt_fail(err, errlen, "%s: key 'model_type': qwen2 always has q/k/v biases and no q/k norm", name);
+        if (!cfg->qkv_bias || cfg->qk_norm || cfg->o_bias || cfg->attn_sinks || cfg->layer_types_count != 0)
+            return mt_fail(err, errlen, "%s: key 'model_type': qwen2 always has q/k/v biases, and no o_proj bias, "
+                           "q/k norm, attention sinks or layer_types", name);
+        break;
+    case MT_FAMILY_GPT_OSS:
+        /* attention_bias gives q, k, v and o_proj their biases; every head a sink; no q/k norm */
+        if (cfg->qkv_bias != cfg->o_bias || !cfg->attn_sinks || cfg->qk_norm)
+            return mt_fail(err, errlen, "%s: key 'model_type': gpt_oss has biases on all four attention projections "
+                           "or on none, attention sinks and no q/k norm", name);
+        if (cfg->sliding_window < 0)
+            return mt_fail(err, errlen, "%s: key 'sliding_window': must be positive or null, got %lld", name,
+                           (long long)cfg->sliding_window);
+        if (cfg->layer_types_count != 0 && cfg->layer_types_count != cfg->layers)
+            return mt_fail(err, errlen, "%s: key 'layer_types': %lld entries for num_hidden_layers %lld (one per "
+                           "layer)", name, (long long)cfg->layer_types_count, (long long)cfg->layers);
         break;
     case MT_FAMILY_QWEN3:
     case MT_FAMILY_QWEN3_MOE:
@@ -140,6 +173,9 @@ int mt_config_validate(const mt_model_config *cfg, const char *name, char *err, 
         if (cfg->qkv_bias)
             return mt_fail(err, errlen, "%s: key 'attention_bias': true gives %s biases on q, k, v and o_proj in "
                         "transformers; the o_proj bias is not implemented", name, cfg->model_type);
+        if (cfg->o_bias || cfg->attn_sinks || cfg->layer_types_count != 0)
+            return mt_fail(err, errlen, "%s: key 'model_type': %s has no o_proj bias, attention sinks or "
+                           "layer_types", name, cfg->model_type);
         if (cfg->family == MT_FAMILY_QWEN3 || cfg->family == MT_FAMILY_QWEN3_MOE) break;
         if (cfg->qk_norm)
             return mt_fail(err, errlen, "%s: key 'model_type': %s has no q/k norm", name, cfg->model_type);
@@ -158,8 +194,8 @@ int mt_config_validate(const mt_model_config *cfg, const char *name, char *err, 
     if (!size_product(cfg->heads, D, &q) || !size_product(cfg->kv_heads, D, &kv) || q > MAX_SIZE || kv > MAX_SIZE)
         return mt_fail(err, errlen, "%s: key 'num_attention_heads': num_attention_heads * head_dim = %lld * %lld is absurdly large",
                     name, (long long)cfg->heads, (long long)D);
-    const int64_t factors[][2] = {{d, 1}, {q, d}, {q, 1}, {kv, d}, {kv, 1}, {kv, d}, {kv, 1}, {d, q}, {D, 1}, {D, 1},
-                                  {d, 1}, {I, d}, {I, d}, {d, I}};
+    const int64_t factors[][2] = {{d, 1}, {q, d}, {q, 1}, {kv, d}, {kv, 1}, {kv, d}, {kv, 1}, {d, q}, {d, 1},
+                                  {cfg->heads, 1}, {D, 1}, {D, 1}, {d, 1}, {I, d}, {I, d}, {d, I}};
     int64_t layer = 0, part;
     for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++)
         if (!size_product(factors[i][0], factors[i][1], &part) || !size_sum(layer, round_up(part, MT_TILE_ALIGN), &layer))
@@ -168,11 +204,13 @@ int mt_config_validate(const mt_model_config *cfg, const char *name, char *err, 
     /* A sparse layer holds its router and every expert besides (bounding the larger of the two
      * kinds of layer by their sum is enough here). */
     if (cfg->experts > 0) {
-        int64_t router, expert, experts;
+        int64_t router, expert, experts, biases;
         if (!size_product(cfg->experts, d, &router) || !size_sum(layer, round_up(router, MT_TILE_ALIGN), &layer) ||
             !size_product(cfg->expert_intermediate, d, &expert) ||
             !size_product(round_up(expert, MT_TILE_ALIGN), 3 * cfg->experts, &experts) ||
-            !size_sum(layer, experts, &layer))
+            !size_sum(layer, experts, &layer) ||
+            !size_product(cfg->experts, 2 * cfg->expert_intermediate + d + 1, &biases) ||
+            !size_sum(layer, round_up(biases, MT_TILE_ALIGN) + 3 * MT_TILE_ALIGN, &layer))
             return mt_fail(err, errlen, "%s: key '%s': %lld experts of width %lld at hidden_size %lld make a layer "
                            "absurdly large", name, mt_cfg_expert_count_key(cfg), (long long)cfg->experts,
                            (long long)cfg->expert_intermediate, (long long)d);
