@@ -15,7 +15,7 @@ static const struct {
     { "train", cli_train, "train a model (default: the built-in byte-level model on fortunes)" },
     { "prepare", cli_prepare, "tokenise text or chat JSONL into token shards for train --data" },
     { "plan", cli_plan, "print the memory plan of a run and check that it fits" },
-    { "bench", cli_bench, "time the training step of a published shape (random weights)" },
+    { "bench", cli_bench, "time the training step of a published shape or a config.json (random weights)" },
     { "grads", cli_grads, "one batch's loss, logits and gradients as safetensors (parity with transformers)" },
     { "info", cli_info, "show StarPU's workers and check that every kind runs a task" },
     { "plot", cli_plot, "draw the loss and tokens/s of train --metrics files as a PNG (gnuplot)" },
