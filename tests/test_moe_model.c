@@ -202,7 +202,7 @@ START_TEST(test_gpt_oss_keys)
     ck_assert_int_eq(mt_config_layer_window(&c, 1), 0); /* null: a sliding layer attends to every key */
     ck_assert(c.swiglu_limit == 3.5);
     ck_assert_int_eq(c.experts, 6);
-    /* saved and read back: the same model, layer_types written for every layer */
+    /* saved and read back: the same model, layer_types as given */
     char path[] = "/tmp/mt-gpt-oss-config.XXXXXX";
     int fd = mkstemp(path);
     ck_assert(fd >= 0);
@@ -224,6 +224,16 @@ START_TEST(test_gpt_oss_keys)
         ck_assert(strstr(text, "\"GptOssForCausalLM\"") && strstr(text, "\"num_local_experts\"") &&
                   strstr(text, "\"layer_types\"") && strstr(text, "\"swiglu_limit\""));
     }
+    /* a plain rope and no layer_types: saved so that GptOssConfig (which reads a missing rope as
+     * its yarn) builds the same model, and read back to the same bytes */
+    c = parse_ok("{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, \"intermediate_size\": 48,"
+                 " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 50,"
+                 " \"rope_parameters\": {\"rope_theta\": 10000.0, \"rope_type\": \"default\"}}", "gpt_oss-plain");
+    ck_assert(c.rope_type == MT_ROPE_DEFAULT && c.rope_theta == 10000.0 && c.layer_types_count == 0);
+    ck_assert_msg(mt_config_save(&c, path, err, sizeof err) == 0, "%s", err);
+    mt_model_config again;
+    ck_assert_msg(mt_config_load(path, &again, err, sizeof err) == 0, "%s", err);
+    ck_assert(memcmp(&c, &again, sizeof c) == 0);
     unlink(path);
     /* refused, naming the key */
     parse_fails("{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, \"intermediate_size\": 48,"

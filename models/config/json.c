@@ -536,11 +536,13 @@ static void save_experts(const mt_model_config *cfg, json_t *o)
     if (cfg->family == MT_FAMILY_GPT_OSS) {
         json_object_set_new(o, "swiglu_alpha", json_real(cfg->swiglu_alpha));
         json_object_set_new(o, "swiglu_limit", json_real(cfg->swiglu_limit));
-        json_t *types = json_array();
-        for (int64_t i = 0; i < cfg->layers; i++)
-            json_array_append_new(types, json_string(mt_config_layer_sliding(cfg, i) ? "sliding_attention"
-                                                                                      : "full_attention"));
-        json_object_set_new(o, "layer_types", types);
+        /* as read: given (one per layer), or absent for transformers' default alternation */
+        if (cfg->layer_types_count > 0) {
+            json_t *types = json_array();
+            for (int64_t i = 0; i < cfg->layer_types_count; i++)
+                json_array_append_new(types, json_string(cfg->layer_sliding[i] ? "sliding_attention" : "full_attention"));
+            json_object_set_new(o, "layer_types", types);
+        }
     } else if (mixtral) {
         json_object_set_new(o, "router_jitter_noise", json_real(0.0));
     } else {
@@ -561,6 +563,12 @@ static void save_experts(const mt_model_config *cfg, json_t *o)
  * optional ones only when they differ from "absent". */
 static json_t *rope_scaling_json(const mt_model_config *cfg)
 {
+    if (cfg->rope_type == MT_ROPE_DEFAULT && cfg->family == MT_FAMILY_GPT_OSS) {
+        /* GptOssConfig reads a missing or null rope as its yarn: the plain rope is said outright */
+        json_t *rs = json_object();
+        json_object_set_new(rs, "rope_type", json_string("default"));
+        return rs;
+    }
     if (cfg->rope_type == MT_ROPE_DEFAULT) return json_null();
     json_t *rs = json_object();
     json_object_set_new(rs, "rope_type", json_string(mt_cfg_rope_type_name(cfg->rope_type)));
