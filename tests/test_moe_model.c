@@ -173,12 +173,15 @@ START_TEST(test_gpt_oss_counts)
 }
 END_TEST
 
+/* A small gpt_oss config, to be closed with "}" or continued with more keys. */
+#define GPT_OSS_BASE(layers)                                                                                  \
+    "{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, \"intermediate_size\": 48, \"num_attention_heads\": 4," \
+    " \"vocab_size\": 50, \"num_hidden_layers\": " #layers
+
 /* GptOssConfig's defaults when the keys are absent, its layer_types, and what it refuses. */
 START_TEST(test_gpt_oss_keys)
 {
-    mt_model_config c = parse_ok("{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, \"intermediate_size\": 48,"
-                                 " \"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"vocab_size\": 50}",
-                                 "gpt_oss-defaults");
+    mt_model_config c = parse_ok(GPT_OSS_BASE(3) "}", "gpt_oss-defaults");
     ck_assert_int_eq(c.experts, 128);
     ck_assert_int_eq(c.experts_per_token, 4);
     ck_assert_int_eq(c.head_dim, 64);
@@ -193,8 +196,7 @@ START_TEST(test_gpt_oss_keys)
     /* the default alternation: sliding, full, sliding */
     ck_assert(mt_config_layer_sliding(&c, 0) && !mt_config_layer_sliding(&c, 1) && mt_config_layer_sliding(&c, 2));
     /* given layer_types, a null window, no biases */
-    c = parse_ok("{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, \"intermediate_size\": 48,"
-                 " \"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"vocab_size\": 50, \"attention_bias\": false,"
+    c = parse_ok(GPT_OSS_BASE(3) ", \"attention_bias\": false,"
                  " \"layer_types\": [\"full_attention\", \"sliding_attention\", \"sliding_attention\"],"
                  " \"sliding_window\": null, \"num_local_experts\": 6, \"swiglu_limit\": 3.5}", "gpt_oss-keys");
     ck_assert(!c.qkv_bias && !c.o_bias && c.attn_sinks);
@@ -226,9 +228,8 @@ START_TEST(test_gpt_oss_keys)
     }
     /* a plain rope and no layer_types: saved so that GptOssConfig (which reads a missing rope as
      * its yarn) builds the same model, and read back to the same bytes */
-    c = parse_ok("{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, \"intermediate_size\": 48,"
-                 " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 50,"
-                 " \"rope_parameters\": {\"rope_theta\": 10000.0, \"rope_type\": \"default\"}}", "gpt_oss-plain");
+    c = parse_ok(GPT_OSS_BASE(2) ", \"rope_parameters\": {\"rope_theta\": 10000.0, \"rope_type\": \"default\"}}",
+                 "gpt_oss-plain");
     ck_assert(c.rope_type == MT_ROPE_DEFAULT && c.rope_theta == 10000.0 && c.layer_types_count == 0);
     ck_assert_msg(mt_config_save(&c, path, err, sizeof err) == 0, "%s", err);
     mt_model_config again;
@@ -236,18 +237,13 @@ START_TEST(test_gpt_oss_keys)
     ck_assert(memcmp(&c, &again, sizeof c) == 0);
     unlink(path);
     /* refused, naming the key */
-    parse_fails("{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, \"intermediate_size\": 48,"
-                " \"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"vocab_size\": 50,"
-                " \"layer_types\": [\"full_attention\"]}", "gpt_oss-types", "layer_types", "one per layer");
-    parse_fails("{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, \"intermediate_size\": 48,"
-                " \"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"vocab_size\": 50,"
-                " \"layer_types\": [\"chunked_attention\"]}", "gpt_oss-type", "layer_types[0]", "sliding_attention");
-    parse_fails("{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, \"intermediate_size\": 48,"
-                " \"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"vocab_size\": 50,"
-                " \"swiglu_limit\": -1}", "gpt_oss-limit", "swiglu_limit", "positive");
-    parse_fails("{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, \"intermediate_size\": 48,"
-                " \"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"vocab_size\": 50,"
-                " \"sliding_window\": \"wide\"}", "gpt_oss-window", "sliding_window", "positive integer");
+    parse_fails(GPT_OSS_BASE(3) ", \"layer_types\": [\"full_attention\"]}", "gpt_oss-types", "layer_types",
+                "one per layer");
+    parse_fails(GPT_OSS_BASE(1) ", \"layer_types\": [\"chunked_attention\"]}", "gpt_oss-type", "layer_types[0]",
+                "sliding_attention");
+    parse_fails(GPT_OSS_BASE(1) ", \"swiglu_limit\": -1}", "gpt_oss-limit", "swiglu_limit", "positive");
+    parse_fails(GPT_OSS_BASE(1) ", \"sliding_window\": \"wide\"}", "gpt_oss-window", "sliding_window",
+                "positive integer");
     /* sliding layers stay refused for the other families */
     parse_fails(QWEN3_MOE_BASE ", \"layer_types\": [\"sliding_attention\", \"full_attention\"]}", "qwen3-sliding",
                 "layer_types[0]", "full_attention");
