@@ -105,7 +105,8 @@ START_TEST(test_gpt_oss_counts)
     char err[512] = "";
     mt_model_config c;
     for (int big = 0; big <= 1; big++) {
-        const char *path = mt_test_source_path(big ? "models/configs/gpt-oss-120b.json" : "models/configs/gpt-oss-20b.json");
+        const char *path = mt_test_source_path(big ? "models/configs/gpt-oss-120b.json"
+                                                   : "models/configs/gpt-oss-20b.json");
         ck_assert_msg(mt_config_load(path, &c, err, sizeof err) == 0, "%s", err);
         const int64_t L = big ? 36 : 24, E = big ? 128 : 32;
         ck_assert_int_eq(c.family, MT_FAMILY_GPT_OSS);
@@ -212,8 +213,8 @@ START_TEST(test_gpt_oss_keys)
     char err[512] = "";
     for (int i = 0; i < 2; i++) {
         if (i == 1) {
-            ck_assert_msg(mt_config_load(mt_test_source_path("models/configs/gpt-oss-20b.json"), &c, err, sizeof err) == 0,
-                          "%s", err);
+            const char *published = mt_test_source_path("models/configs/gpt-oss-20b.json");
+            ck_assert_msg(mt_config_load(published, &c, err, sizeof err) == 0, "%s", err);
         }
         ck_assert_msg(mt_config_save(&c, path, err, sizeof err) == 0, "%s", err);
         mt_model_config b;

@@ -444,7 +444,10 @@ static void check_attention_with(int64_t nh, int64_t nkv, double qscale, int64_t
     free(c.sinks), free(c.q), free(c.k), free(c.v), free(c.wts), free(c.out), free(c.lse);
 }
 
-static void check_attention(int64_t nh, int64_t nkv, double qscale) { check_attention_with(nh, nkv, qscale, 0, false, 0); }
+static void check_attention(int64_t nh, int64_t nkv, double qscale)
+{
+    check_attention_with(nh, nkv, qscale, 0, false, 0);
+}
 
 START_TEST(test_attention_gqa) { check_attention(H, KV, 1.0); }
 END_TEST
