@@ -7,7 +7,8 @@
 // contiguous row ranges of the gathered tokens. Their row counts change every call, so the host
 // needs them: a kernel writes the E + 1 group offsets into mapped host memory and the block
 // synchronises its stream, once per call. (A cudaMemcpyAsync would wait on a copy engine behind
-// whatever transfers StarPU has queued there, whole layers' weights and gradients.) cuBLASLt's plans (linear.cu) are cached per exact shape and would be planned
+// whatever transfers StarPU has queued there, whole layers' weights and gradients.) cuBLASLt's
+// plans (linear.cu) are cached per exact shape and would be planned
 // anew for every expert every call; cuBLAS picks its kernel per call from its own heuristics
 // cache. cublasGemmGroupedBatchedEx is not used: the weight gradients need bf16 operands with an
 // fp32 output, which that API does not list.
