@@ -13,7 +13,7 @@ static void layer_forward_cpu(void *buffers[], void *cl_arg)
     float *wtmp = scratch + mt_layer_scratch_numel(&md->cfg, a.B, a.T); /* bf16 only */
     const float *w = mt_codelet_weights_f32(md, buffers[0], wtmp);
     double *stats = a.router_stats ? (double *)STARPU_VECTOR_GET_PTR(buffers[a.save ? 5 : 4]) : NULL;
-    mt_cpu_layer_forward_aux_f32(&md->cfg, mt_codelet_layer_layout(md, a.layer), w, a.B, a.T,
+    mt_cpu_layer_forward_aux_f32(&md->cfg, mt_codelet_layer_layout(md, a.layer), w, a.layer, a.B, a.T,
                                  (const float *)STARPU_VECTOR_GET_PTR(buffers[1]),
                                  (float *)STARPU_VECTOR_GET_PTR(buffers[2]),
                                  a.save ? (float *)STARPU_VECTOR_GET_PTR(buffers[4]) : NULL, scratch, stats);
@@ -31,7 +31,7 @@ static void layer_backward_cpu(void *buffers[], void *cl_arg)
     if (!a.accumulate) memset(dtile, 0, STARPU_VECTOR_GET_NX(buffers[4]) * sizeof(float));
     /* the counts are the first E of the statistics, final once every sparse forward has run */
     const double *counts = a.router_stats ? (const double *)STARPU_VECTOR_GET_PTR(buffers[a.sumsq ? 7 : 6]) : NULL;
-    mt_cpu_layer_backward_aux_f32(&md->cfg, mt_codelet_layer_layout(md, a.layer), w, a.B, a.T,
+    mt_cpu_layer_backward_aux_f32(&md->cfg, mt_codelet_layer_layout(md, a.layer), w, a.layer, a.B, a.T,
                                   (const float *)STARPU_VECTOR_GET_PTR(buffers[1]),
                                   (const float *)STARPU_VECTOR_GET_PTR(buffers[2]),
                                   (float *)STARPU_VECTOR_GET_PTR(buffers[3]), dtile, scratch, counts, a.aux_scale);

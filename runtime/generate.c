@@ -41,7 +41,8 @@ float *mt_host_hidden(const mt_host_state *st, int64_t B, int64_t T, const int32
     float *buf = NULL;
     mt_cpu_embedding_forward_f32(B * T, cfg->hidden, master_of(st, 0, &buf), tokens, x);
     for (int i = 0; i < cfg->layers; i++) {
-        mt_cpu_layer_forward_f32(cfg, st->tiles[1 + i].layout, master_of(st, 1 + i, &buf), B, T, x, y, NULL, scratch);
+        mt_cpu_layer_forward_aux_f32(cfg, st->tiles[1 + i].layout, master_of(st, 1 + i, &buf), i, B, T, x, y, NULL, scratch,
+                                     NULL);
         float *tmp = x; x = y; y = tmp;
     }
     free(buf);

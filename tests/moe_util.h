@@ -19,6 +19,12 @@
     "{\"model_type\": \"mixtral\", \"hidden_size\": 20, \"intermediate_size\": 9, \"num_hidden_layers\": 2," \
     " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 6, \"vocab_size\": 29,"    \
     " \"num_local_experts\": 4"
+/* gpt_oss: windows of 3 keys on the even layers, sinks, biases everywhere, and a clamp low enough
+ * that some of the random gates and ups reach it. */
+#define GPT_OSS_TINY_BASE                                                                               \
+    "{\"model_type\": \"gpt_oss\", \"hidden_size\": 20, \"intermediate_size\": 7, \"num_hidden_layers\": 3," \
+    " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 6, \"vocab_size\": 29,"    \
+    " \"num_local_experts\": 5, \"num_experts_per_tok\": 2, \"sliding_window\": 3, \"swiglu_limit\": 1.1"
 
 
 /* sum over i of w[i] * y[i]: the objective whose gradient in y is w. */

@@ -447,7 +447,7 @@ static void run_layer_prec(const routing_case *rc, mt_cuda_prec prec, uint64_t s
         stats0[E + e] = 1.0 + mt_test_uniform(&rng) * (double)n;
     }
     double *stats64 = mt_test_copy_f64(stats0, 2 * E);
-    mt_cpu_layer_forward_aux_f64(&cfg, &lay, tile64, B, T, x64, y64, saved64, scr64, stats64);
+    mt_cpu_layer_forward_aux_f64(&cfg, &lay, tile64, 0, B, T, x64, y64, saved64, scr64, stats64);
     mt_cpu_layer_backward_f64(&cfg, &lay, tile64, B, T, saved64, dy64, dx64, dtile64, scr64);
     report_routing(rc, &cfg, n, layer_saved_probs(&cfg, n, saved64));
     /* The backward with that loss: the counts of the whole call (stats64's first E) at the scale
@@ -456,7 +456,7 @@ static void run_layer_prec(const routing_case *rc, mt_cuda_prec prec, uint64_t s
     const mt_tensor_desc *router = &lay.tensors[MT_L_ROUTER_W];
     double *dx_aux64 = mt_test_alloc_f64(nd), *dtile_aux64 = mt_test_alloc_f64(lay.numel);
     double *share64 = mt_test_alloc_f64(router->numel);
-    mt_cpu_layer_backward_aux_f64(&cfg, &lay, tile64, B, T, saved64, dy64, dx_aux64, dtile_aux64, scr64, stats64, 1.0);
+    mt_cpu_layer_backward_aux_f64(&cfg, &lay, tile64, 0, B, T, saved64, dy64, dx_aux64, dtile_aux64, scr64, stats64, 1.0);
     double share_sq = 0, rest_sq = 0;
     for (int64_t i = 0; i < router->numel; i++) {
         const double g0 = dtile64[router->offset + i], share = dtile_aux64[router->offset + i] - g0;
@@ -465,7 +465,7 @@ static void run_layer_prec(const routing_case *rc, mt_cuda_prec prec, uint64_t s
     ck_assert_msg(share_sq > 0 && rest_sq > 0, "the router's gradient has no share of the load-balancing loss");
     const double aux_scale = sqrt(rest_sq / share_sq);
     memset(dtile_aux64, 0, (size_t)lay.numel * sizeof(double));
-    mt_cpu_layer_backward_aux_f64(&cfg, &lay, tile64, B, T, saved64, dy64, dx_aux64, dtile_aux64, scr64, stats64,
+    mt_cpu_layer_backward_aux_f64(&cfg, &lay, tile64, 0, B, T, saved64, dy64, dx_aux64, dtile_aux64, scr64, stats64,
                                   aux_scale);
     for (int64_t i = 0; i < router->numel; i++)
         share64[i] = dtile_aux64[router->offset + i] - dtile64[router->offset + i];

@@ -192,7 +192,7 @@ START_TEST(test_gpt_oss_keys)
     ck_assert(c.rope_theta == 150000.0 && c.rope_type == MT_ROPE_YARN && c.rope_scaling_factor == 32.0);
     ck_assert(c.rope_beta_fast == 32.0 && c.rope_beta_slow == 1.0 && !c.rope_truncate);
     ck_assert_int_eq(c.rope_original_max_positions, 4096);
-    ck_assert(c.router_aux_loss_coef == 0.001 && !c.output_router_logits);
+    ck_assert(c.router_aux_loss_coef == 0.9 && !c.output_router_logits); /* GptOssConfig's, not Mixtral's 0.001 */
     ck_assert_int_eq(c.max_positions, 131072);
     /* the default alternation: sliding, full, sliding */
     ck_assert(mt_config_layer_sliding(&c, 0) && !mt_config_layer_sliding(&c, 1) && mt_config_layer_sliding(&c, 2));

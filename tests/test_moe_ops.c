@@ -176,7 +176,7 @@ typedef struct expert_case {
 static double expert_objective(void *p)
 {
     expert_case *c = p;
-    mt_cpu_expert_forward_f64(XR, XD, XI, c->X, c->Wg, c->Wu, c->Wd, c->g, c->u, c->s, c->o);
+    mt_cpu_expert_forward_f64(XR, XD, XI, c->X, c->Wg, c->Wu, c->Wd, NULL, c->g, c->u, c->s, c->o);
     double L = 0;
     for (int64_t i = 0; i < XR; i++)
         for (int64_t j = 0; j < XD; j++) L += c->R[i * XD + j] * c->w[i] * c->o[i * XD + j];
@@ -203,7 +203,8 @@ START_TEST(test_expert_grad)
     double *du = mt_test_alloc_f64(XR * XI);
     for (int i = 0; i < XR * XD; i++) dX[i] = NAN; /* = */
     for (int i = 0; i < XR; i++) dw[i] = NAN;      /* = */
-    mt_cpu_expert_backward_f64(XR, XD, XI, c.X, c.Wg, c.Wu, c.Wd, c.g, c.u, c.w, c.R, dX, dw, dWg, dWu, dWd, s, dz, du);
+    mt_cpu_expert_backward_f64(XR, XD, XI, c.X, c.Wg, c.Wu, c.Wd, NULL, c.g, c.u, c.w, c.R, dX, dw, dWg, dWu, dWd, NULL, s, dz,
+                               du);
     check_grad("expert dX", expert_objective, &c, c.X, XR * XD, dX);
     check_grad("expert dw", expert_objective, &c, c.w, XR, dw);
     check_grad("expert dWg", expert_objective, &c, c.Wg, XI * XD, dWg);
@@ -212,7 +213,8 @@ START_TEST(test_expert_grad)
     /* the weight gradients are += */
     double *again = mt_test_alloc_f64(XD * XI);
     memcpy(again, dWd, sizeof(double) * XD * XI);
-    mt_cpu_expert_backward_f64(XR, XD, XI, c.X, c.Wg, c.Wu, c.Wd, c.g, c.u, c.w, c.R, dX, dw, dWg, dWu, again, s, dz, du);
+    mt_cpu_expert_backward_f64(XR, XD, XI, c.X, c.Wg, c.Wu, c.Wd, NULL, c.g, c.u, c.w, c.R, dX, dw, dWg, dWu, again, NULL, s,
+                               dz, du);
     for (int i = 0; i < XD * XI; i++) ck_assert(fabs(again[i] - 2 * dWd[i]) <= 1e-12 * (1 + fabs(dWd[i])));
     free(again); free(dX); free(dw); free(dWg); free(dWu); free(dWd); free(s); free(dz); free(du);
     free(c.X); free(c.Wg); free(c.Wu); free(c.Wd); free(c.w); free(c.R); free(c.g); free(c.u); free(c.s); free(c.o);

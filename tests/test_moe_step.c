@@ -95,7 +95,7 @@ static double ref_loss(void *arg)
         for (int64_t l = 0; l < L; l++) {
             const bool sparse = mt_config_layer_is_sparse(cfg, l);
             ck_assert(sparse == mt_layout_is_sparse(m->st->tiles[l + 1].layout));
-            mt_cpu_layer_forward_aux_f64(cfg, m->st->tiles[l + 1].layout, m->tiles[l + 1], SB, ST, m->x, m->y, NULL,
+            mt_cpu_layer_forward_aux_f64(cfg, m->st->tiles[l + 1].layout, m->tiles[l + 1], l, SB, ST, m->x, m->y, NULL,
                                          m->scratch, sparse ? m->stats : NULL);
             double *t = m->x; m->x = m->y; m->y = t;
         }

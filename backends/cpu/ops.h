@@ -58,6 +58,18 @@ double mt_moe_aux_grad_scale(int64_t E, int64_t rows, double coef, double weight
 int64_t mt_moe_forward_scratch_numel(const mt_model_config *cfg, int64_t n, bool saving);
 int64_t mt_moe_backward_scratch_numel(const mt_model_config *cfg, int64_t n);
 
+/* What gpt_oss's experts have beyond the plain SwiGLU expert: the biases of gate and up
+ * (gu_bias, 2 Ie, interleaved as HF's gate_up_proj_bias: gate j at 2j, up j at 2j + 1) and of
+ * down (down_bias, d), and the clamped gate (mt_cpu_glu_clamped_forward, alpha > 0). In a
+ * gradient (dex) only the biases are used. */
+#define MT_EXPERT_EXTRA_DECLARE(real, sfx)                                                         \
+    typedef struct mt_expert_extra_##sfx {                                                         \
+        real *gu_bias, *down_bias;                                                                 \
+        double alpha, limit;                                                                       \
+    } mt_expert_extra_##sfx;
+MT_EXPERT_EXTRA_DECLARE(float, f32)
+MT_EXPERT_EXTRA_DECLARE(double, f64)
+
 #define MT_CPU_OPS_DECLARE(real, sfx)                                                              \
     /* out (ntok, d) = table[tokens] */                                                           \
     void mt_cpu_embedding_forward_##sfx(int64_t ntok, int64_t d, const real *table,              \
@@ -104,6 +116,14 @@ int64_t mt_moe_backward_scratch_numel(const mt_model_config *cfg, int64_t n);
     /* dgate (n, inter) =, dup (n, inter) = */                                                            \
     void mt_cpu_swiglu_backward_##sfx(int64_t n, int64_t inter, const real *gate, const real *up,    \
                                       const real *dout, real *dgate, real *dup);                 \
+    /* gpt_oss's expert gate: out (n, inter) = (v + 1) g sigmoid(alpha g), g = min(gate, limit), \
+     * v = clamp(up, -limit, limit) */                                                         \
+    void mt_cpu_glu_clamped_forward_##sfx(int64_t n, int64_t inter, double alpha, double limit,  \
+                                          const real *gate, const real *up, real *out);          \
+    /* dgate (n, inter) =, dup (n, inter) = (zero where the clamps hold the input) */           \
+    void mt_cpu_glu_clamped_backward_##sfx(int64_t n, int64_t inter, double alpha, double limit, \
+                                           const real *gate, const real *up, const real *dout,   \
+                                           real *dgate, real *dup);                              \
     /* y (n) += x (n) */                                                                          \
     void mt_cpu_add_##sfx(int64_t n, const real *x, real *y);                                    \
     /* sum of squares, accumulated in double */                                                   \
@@ -144,18 +164,22 @@ int64_t mt_moe_backward_scratch_numel(const mt_model_config *cfg, int64_t n);
      * unweighted (the backward's scatter of the inputs' gradients). */                         \
     void mt_cpu_moe_combine_##sfx(int64_t rows, int64_t d, int64_t k, const int32_t *order,     \
                                   const real *weights, const real *o, real *y);                  \
-    /* One expert over its rows X (rows, d): g, u (rows, Ie) = X Wg^T, X Wu^T; s = silu(g) * u; \
-     * o (rows, d) = s Wd^T. Wg, Wu (Ie, d), Wd (d, Ie) as HF stores them. All = . */           \
+    /* One expert over its rows X (rows, d): g, u (rows, Ie) = X Wg^T + bg, X Wu^T + bu;       \
+     * s = act(g, u); o (rows, d) = s Wd^T + bd. Wg, Wu (Ie, d), Wd (d, Ie) as HF stores them.  \
+     * ex: the biases and activation (NULL: none, silu(g) * u). All = . */                     \
     void mt_cpu_expert_forward_##sfx(int64_t rows, int64_t d, int64_t Ie, const real *X,        \
-                                     const real *Wg, const real *Wu, const real *Wd, real *g,    \
-                                     real *u, real *s, real *o);                                 \
+                                     const real *Wg, const real *Wu, const real *Wd,             \
+                                     const mt_expert_extra_##sfx *ex, real *g, real *u, real *s, \
+                                     real *o);                                                   \
     /* Backward of w[i] * expert(X[i]) per row, given dy (rows, d) at that product: dX (rows, d) \
-     * =, dw (rows) = <dy, expert(X)>, dWg dWu dWd +=. s, dz, du: scratch (rows, Ie) each. */  \
+     * =, dw (rows) = <dy, expert(X)>, dWg dWu dWd +=, and with ex's biases dex +=. s, dz, du:  \
+     * scratch (rows, Ie) each. */                                                             \
     void mt_cpu_expert_backward_##sfx(int64_t rows, int64_t d, int64_t Ie, const real *X,       \
                                       const real *Wg, const real *Wu, const real *Wd,            \
-                                      const real *g, const real *u, const real *w,               \
-                                      const real *dy, real *dX, real *dw, real *dWg, real *dWu,  \
-                                      real *dWd, real *s, real *dz, real *du);                   \
+                                      const mt_expert_extra_##sfx *ex, const real *g,            \
+                                      const real *u, const real *w, const real *dy, real *dX,    \
+                                      real *dw, real *dWg, real *dWu, real *dWd,                 \
+                                      mt_expert_extra_##sfx *dex, real *s, real *dz, real *du);  \
     /* The MoE block of a sparse layer over x (n, d) (the normed hidden state): router, top k,  \
      * the experts over their gathered tokens, the combine summed expert by expert in ascending \
      * order (as transformers' loop does). out (n, d) =, probs (n, E) = (kept for backward);    \
@@ -181,20 +205,22 @@ int64_t mt_moe_backward_scratch_numel(const mt_model_config *cfg, int64_t n);
     void mt_cpu_layer_forward_##sfx(const mt_model_config *cfg, const mt_tile_layout *layout,    \
                                     const real *tile, int64_t B, int64_t T, const real *x,       \
                                     real *y, real *saved, real *scratch);                        \
-    /* The same, a sparse layer adding its router statistics to router_stats (2E, may be NULL)  \
-     * for the load-balancing loss. Pass NULL in a recompute, whose statistics are counted. */   \
+    /* The same for decoder layer `layer` (the plain form computes layer 0's attention window),  \
+     * a sparse layer adding its router statistics to router_stats (2E, may be NULL) for the     \
+     * load-balancing loss. Pass NULL in a recompute, whose statistics are counted. */          \
     void mt_cpu_layer_forward_aux_##sfx(const mt_model_config *cfg, const mt_tile_layout *layout, \
-                                        const real *tile, int64_t B, int64_t T, const real *x,   \
-                                        real *y, real *saved, real *scratch,                     \
+                                        const real *tile, int64_t layer, int64_t B, int64_t T,   \
+                                        const real *x, real *y, real *saved, real *scratch,      \
                                         double *router_stats);                                   \
     /* dx (B*T, d) =, dtile += (same layout as tile) */                                          \
     void mt_cpu_layer_backward_##sfx(const mt_model_config *cfg, const mt_tile_layout *layout,   \
                                      const real *tile, int64_t B, int64_t T, const real *saved,  \
                                      const real *dy, real *dx, real *dtile, real *scratch);      \
-    /* The same with the load-balancing loss's gradient: aux_counts (E) the assignments per     \
-     * expert over every sparse layer of the forward call, aux_scale mt_moe_aux_grad_scale. */  \
+    /* The same for decoder layer `layer`, with the load-balancing loss's gradient: aux_counts \
+     * (E) the assignments per expert over every sparse layer of the forward call, aux_scale    \
+     * mt_moe_aux_grad_scale. */                                                               \
     void mt_cpu_layer_backward_aux_##sfx(const mt_model_config *cfg, const mt_tile_layout *layout, \
-                                         const real *tile, int64_t B, int64_t T,                 \
+                                         const real *tile, int64_t layer, int64_t B, int64_t T,  \
                                          const real *saved, const real *dy, real *dx,            \
                                          real *dtile, real *scratch, const double *aux_counts,   \
                                          double aux_scale);                                      \

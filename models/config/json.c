@@ -255,7 +255,8 @@ static int parse_experts(json_t *root, const char *name, mt_model_config *c, cha
     if (parse_expert_count(root, name, c, err, errlen) ||
         get_int(root, name, NULL, "num_experts_per_tok", false, mixtral ? 2 : gpt_oss ? 4 : 8, &c->experts_per_token,
                 err, errlen) ||
-        get_real(root, name, NULL, "router_aux_loss_coef", false, 0.001, &c->router_aux_loss_coef, err, errlen) ||
+        get_real(root, name, NULL, "router_aux_loss_coef", false, gpt_oss ? 0.9 : 0.001, &c->router_aux_loss_coef, err,
+                 errlen) ||
         get_bool(root, name, "output_router_logits", false, &c->output_router_logits, err, errlen))
         return -1;
     if (gpt_oss) {
