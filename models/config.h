@@ -17,7 +17,7 @@ typedef enum mt_family {
     MT_FAMILY_MIXTRAL,   /* "mixtral"   (Mistral attention, mixture-of-experts MLPs) */
     MT_FAMILY_GPT_OSS,   /* "gpt_oss"   (attention with biases and sinks, alternating sliding-window and
                           * full layers; biased experts with a clamped SwiGLU). Read, counted and
-                          * planned; the step does not train it yet (mt_config_trainable). */
+                          * planned; the step trains it on CPU workers (mt_config_trainable). */
 } mt_family;
 
 /* The most experts a mixture-of-experts layer may have: a layer tile describes every expert's
@@ -150,10 +150,10 @@ int64_t mt_config_active_param_count(const mt_model_config *cfg);
  * layer and family. */
 bool mt_config_layer_sliding(const mt_model_config *cfg, int64_t layer);
 int64_t mt_config_layer_window(const mt_model_config *cfg, int64_t layer);
-/* 0 when the step can run cfg's model, else -1 with a message saying so (gpt_oss: the decoder
- * layer does not compute its sinks, windows, biased experts and clamped SwiGLU yet, nor does
- * the HF loader read its fused expert tensors). plan counts and plans such a model all the same. */
-int mt_config_trainable(const mt_model_config *cfg, char *err, size_t errlen);
+/* 0 when the step can run cfg's model on CPU workers only (cuda false) or with CUDA workers too,
+ * else -1 with a message saying so (gpt_oss with CUDA: the CUDA decoder layer does not compute
+ * its sinks, windows, biased experts and clamped SwiGLU). plan plans such a run all the same. */
+int mt_config_trainable(const mt_model_config *cfg, bool cuda, char *err, size_t errlen);
 /* The coefficient of the router's load-balancing loss in the objective: router_aux_loss_coef
  * when the loss is on (output_router_logits, or the override router_aux), 0 when it is off or
  * the model has no sparse layer. The step reads this. */

@@ -295,25 +295,47 @@ static float f16_to_f32(uint16_t h)
 
 int mt_st_read_f32(mt_st_file *f, const mt_st_tensor *t, float *dst, char *err, size_t errlen)
 {
+    return mt_st_read_f32_range(f, t, 0, t->numel, dst, err, errlen);
+}
+
+int mt_st_read_f32_range(mt_st_file *f, const mt_st_tensor *t, int64_t first, int64_t count, float *dst, char *err,
+                         size_t errlen)
+{
     if (t->dtype != MT_ST_F32 && t->dtype != MT_ST_F16 && t->dtype != MT_ST_BF16)
         return mt_fail(err, errlen, "%s: tensor '%s': dtype %s cannot be read as floating point weights (want F32, F16 or BF16)",
                     f->path, t->name, dtypes[t->dtype].name);
+    if (first < 0 || count < 0 || first > t->numel || count > t->numel - first)
+        return mt_fail(err, errlen, "%s: tensor '%s': elements [%lld, %lld) outside its %lld", f->path, t->name,
+                       (long long)first, (long long)(first + count), (long long)t->numel);
     char what[300];
     snprintf(what, sizeof what, "tensor '%s'", t->name);
-    uint64_t off = f->data_start + t->begin;
+    const size_t esize = dtypes[t->dtype].size;
+    uint64_t off = f->data_start + t->begin + (uint64_t)first * esize;
     if (t->dtype == MT_ST_F32) /* straight into the destination */
-        return pread_all(f->fd, dst, (size_t)(t->end - t->begin), off, f->path, what, err, errlen);
+        return pread_all(f->fd, dst, (size_t)count * esize, off, f->path, what, err, errlen);
     if (!f->scratch && !(f->scratch = malloc(CHUNK_BYTES))) return mt_fail(err, errlen, "%s: out of memory", f->path);
     const uint16_t *half = f->scratch;
     int64_t per_chunk = (int64_t)(CHUNK_BYTES / 2);
-    for (int64_t done = 0; done < t->numel; done += per_chunk) {
-        int64_t n = t->numel - done < per_chunk ? t->numel - done : per_chunk;
+    for (int64_t done = 0; done < count; done += per_chunk) {
+        int64_t n = count - done < per_chunk ? count - done : per_chunk;
         if (pread_all(f->fd, f->scratch, (size_t)n * 2, off + (uint64_t)done * 2, f->path, what, err, errlen)) return -1;
         float *out = dst + done;
         if (t->dtype == MT_ST_BF16) mt_bf16_to_f32(n, half, out);
         else for (int64_t i = 0; i < n; i++) out[i] = f16_to_f32(half[i]);
     }
     return 0;
+}
+
+int mt_st_read_bytes(mt_st_file *f, const mt_st_tensor *t, uint64_t first, uint64_t count, void *dst, char *err,
+                     size_t errlen)
+{
+    const uint64_t size = t->end - t->begin;
+    if (first > size || count > size - first)
+        return mt_fail(err, errlen, "%s: tensor '%s': bytes [%llu, %llu) outside its %llu", f->path, t->name,
+                       (unsigned long long)first, (unsigned long long)(first + count), (unsigned long long)size);
+    char what[300];
+    snprintf(what, sizeof what, "tensor '%s'", t->name);
+    return pread_all(f->fd, dst, (size_t)count, f->data_start + t->begin + first, f->path, what, err, errlen);
 }
 
 static int64_t source_numel(const mt_st_source *s)

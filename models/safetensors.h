@@ -54,6 +54,13 @@ const mt_st_tensor *mt_st_find(const mt_st_file *f, const char *name);
 /* Reads a tensor (F32, F16 or BF16 on disk) into dst as fp32, dst holding t->numel floats. Streams
  * through a few MiB of scratch, so nothing is held twice. Returns 0, or -1 with err set. */
 int mt_st_read_f32(mt_st_file *f, const mt_st_tensor *t, float *dst, char *err, size_t errlen);
+/* The same for elements [first, first + count) of the tensor (row-major order) only. */
+int mt_st_read_f32_range(mt_st_file *f, const mt_st_tensor *t, int64_t first, int64_t count, float *dst, char *err,
+                         size_t errlen);
+/* Bytes [first, first + count) of the tensor's data as stored, whatever its dtype (the packed
+ * MXFP4 blocks and scales of quantised experts). */
+int mt_st_read_bytes(mt_st_file *f, const mt_st_tensor *t, uint64_t first, uint64_t count, void *dst, char *err,
+                     size_t errlen);
 
 /* One tensor to write, from an fp32 source of numel = product of shape elements. */
 typedef struct mt_st_source {

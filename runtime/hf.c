@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "models/mxfp4.h"
 #include "models/report.h"
 #include "models/safetensors.h"
 #include "runtime/files.h"
@@ -21,50 +22,112 @@
 #define SINGLE_NAME "model.safetensors"
 #define INDEX_NAME "model.safetensors.index.json"
 
+/* What an HF tensor is to the state. gpt_oss holds its experts fused, each layer's in two
+ * tensors: mlp.experts.gate_up_proj (E, d, 2 Ie), x @ W with gate j in column 2j and up j in
+ * 2j + 1, and mlp.experts.down_proj (E, Ie, d); published checkpoints hold them in MXFP4 as
+ * NAME_blocks and NAME_scales (models/mxfp4.h), rows of the transposed matrices. The state keeps
+ * every expert's gate, up and down as the other families do ((Ie, d), (Ie, d), (d, Ie)). */
+typedef enum expected_kind {
+    EXPECT_PLAIN,        /* one slot of one tile, the same shape and order */
+    EXPECT_EXPERTS_GU,   /* gpt_oss's gate_up_proj: every expert's gate and up slots */
+    EXPECT_EXPERTS_DOWN, /* gpt_oss's down_proj: every expert's down slot */
+} expected_kind;
+
 /* One tensor the state holds: where it goes and the HF shape it must have. */
 typedef struct expected {
     char name[192];
+    expected_kind kind;
     int ndim;
-    int64_t shape[2];
+    int64_t shape[3];
     int64_t numel;
     float *master;      /* tile->master + offset; NULL in the compact layout (mt_state_read_master) */
     int tile;
     int64_t offset;     /* in the tile */
-    int shard;          /* index into the shard list that holds it */
+    const mt_tile_layout *layout;
+    int shard;          /* index into the shard list that holds it (or its MXFP4 blocks) */
+    int scales_shard;   /* the one that holds its MXFP4 scales; -1: none */
+    bool quantized;     /* the checkpoint holds NAME_blocks and NAME_scales instead */
     bool loaded;
 } expected;
+
+/* How a checkpoint's tensor name matches an expected one. */
+enum { MATCH_NAME, MATCH_BLOCKS, MATCH_SCALES };
+
+static bool fused_experts(const mt_host_state *st, const mt_tile *t)
+{
+    return st->cfg.family == MT_FAMILY_GPT_OSS && mt_layout_is_sparse(t->layout);
+}
+
+static void set_expected(expected *x, const mt_tile *t, int tile, int64_t offset, int ndim, const int64_t *shape)
+{
+    x->ndim = ndim;
+    x->numel = 1;
+    for (int k = 0; k < ndim; k++) {
+        x->shape[k] = shape[k];
+        x->numel *= shape[k];
+    }
+    x->master = t->master ? t->master + offset : NULL;
+    x->tile = tile;
+    x->offset = offset;
+    x->layout = t->layout;
+    x->scales_shard = -1;
+}
 
 /* Every present tensor of every tile, in HF order (embedding, layers, final norm, LM head). */
 static expected *list_expected(const mt_host_state *st, int *count)
 {
     int cap = 0;
-    for (int i = 0; i < st->ntiles; i++) cap += st->tiles[i].layout->ntensors;
+    for (int i = 0; i < st->ntiles; i++) cap += st->tiles[i].layout->ntensors + 2;
     expected *e = calloc((size_t)cap + 1, sizeof *e);
     int n = 0;
     for (int i = 0; e && i < st->ntiles; i++) {
         const mt_tile *t = &st->tiles[i];
-        for (int s = 0; s < t->layout->ntensors; s++) {
+        const bool fused = fused_experts(st, t);
+        const int nslots = fused ? mt_layout_expert_slot(0, 0) : t->layout->ntensors;
+        for (int s = 0; s < nslots; s++) {
             const mt_tensor_desc *d = &t->layout->tensors[s];
             if (d->numel == 0) continue;
             mt_layout_full_name(t->layout, i - 1, s, e[n].name, sizeof e[n].name);
-            e[n].ndim = d->ndim;
-            e[n].shape[0] = d->shape[0];
-            e[n].shape[1] = d->shape[1];
-            e[n].numel = d->numel;
-            e[n].master = t->master ? t->master + d->offset : NULL;
-            e[n].tile = i;
-            e[n].offset = d->offset;
+            e[n].kind = EXPECT_PLAIN;
+            set_expected(&e[n], t, i, d->offset, d->ndim, d->shape);
             n++;
         }
+        if (!fused) continue;
+        const int64_t E = st->cfg.experts, d = st->cfg.hidden, Ie = st->cfg.expert_intermediate;
+        const int64_t gu[3] = { E, d, 2 * Ie }, down[3] = { E, Ie, d };
+        snprintf(e[n].name, sizeof e[n].name, "model.layers.%d.mlp.experts.gate_up_proj", i - 1);
+        e[n].kind = EXPECT_EXPERTS_GU;
+        set_expected(&e[n++], t, i, 0, 3, gu);
+        snprintf(e[n].name, sizeof e[n].name, "model.layers.%d.mlp.experts.down_proj", i - 1);
+        e[n].kind = EXPECT_EXPERTS_DOWN;
+        set_expected(&e[n++], t, i, 0, 3, down);
     }
     *count = n;
     return e;
 }
 
-static expected *find_expected(expected *e, int n, const char *name)
+/* The expected tensor a checkpoint's name stands for, and how (*match): the name itself or, for
+ * fused experts, their MXFP4 blocks or scales. */
+static expected *find_expected(expected *e, int n, const char *name, int *match)
 {
-    for (int i = 0; i < n; i++)
-        if (!strcmp(e[i].name, name)) return &e[i];
+    const size_t len = strlen(name);
+    for (int i = 0; i < n; i++) {
+        const size_t base = strlen(e[i].name);
+        if (len < base || strncmp(e[i].name, name, base)) continue;
+        if (name[base] == '\0') {
+            *match = MATCH_NAME;
+            return &e[i];
+        }
+        if (e[i].kind == EXPECT_PLAIN) continue;
+        if (!strcmp(name + base, "_blocks")) {
+            *match = MATCH_BLOCKS;
+            return &e[i];
+        }
+        if (!strcmp(name + base, "_scales")) {
+            *match = MATCH_SCALES;
+            return &e[i];
+        }
+    }
     return NULL;
 }
 
@@ -115,7 +178,8 @@ static int read_index(const char *index_path, const mt_host_state *st, expected 
             break;
         }
         const char *file = json_string_value(v);
-        expected *x = find_expected(e, ne, key);
+        int match = MATCH_NAME;
+        expected *x = find_expected(e, ne, key, &match);
         if (!x && !harmless_extra(st, key)) {
             rc = mt_fail(err, errlen, "%s: tensor '%s': unexpected tensor (not part of this %s config)", index_path, key,
                       st->cfg.model_type);
@@ -124,42 +188,198 @@ static int read_index(const char *index_path, const mt_host_state *st, expected 
         int s = 0;
         while (s < n && strcmp(names[s], file)) s++;
         if (s == n) names[n++] = strdup(file);
-        if (x) x->shard = s;
+        if (!x) continue;
+        if (match == MATCH_SCALES) {
+            x->scales_shard = s;
+        } else if (x->shard >= 0) {
+            rc = mt_fail(err, errlen, "%s: tensor '%s': listed both as itself and as its MXFP4 blocks", index_path,
+                         x->name);
+            break;
+        } else {
+            x->shard = s;
+            x->quantized = match == MATCH_BLOCKS;
+        }
     }
-    for (int i = 0; i < ne && rc == 0; i++)
+    for (int i = 0; i < ne && rc == 0; i++) {
         if (e[i].shard < 0) rc = mt_fail(err, errlen, "%s: tensor '%s': missing from the weight_map", index_path, e[i].name);
+        else if (e[i].quantized != (e[i].scales_shard >= 0))
+            rc = mt_fail(err, errlen, "%s: tensor '%s_%s': missing from the weight_map (its %s is listed)", index_path,
+                         e[i].name, e[i].quantized ? "scales" : "blocks", e[i].quantized ? "blocks" : "scales");
+    }
     json_decref(root);
     *shards = names;
     *nshards = n;
     return rc;
 }
 
+/* Writes n floats of an expected tensor's tile at element `offset` of the tile. */
+static void write_tile(mt_host_state *st, const expected *x, int64_t offset, int64_t n, const float *src)
+{
+    if (st->tiles[x->tile].master) memcpy(st->tiles[x->tile].master + offset, src, sizeof(float) * (size_t)n);
+    else mt_state_write_master(st, x->tile, offset, n, src);
+}
+
+static int64_t slot_offset(const expected *x, int expert, int which)
+{
+    return x->layout->tensors[mt_layout_expert_slot(expert, which)].offset;
+}
+
+/* Expert e's slots from its part of a fused tensor. rows: gate_up_proj's (d, 2 Ie), gate j and
+ * up j the columns 2j and 2j + 1; down_proj's (Ie, d). tmp: Ie * d floats. */
+static void store_fused_expert(mt_host_state *st, const expected *x, int e, const float *rows, float *tmp)
+{
+    const int64_t d = st->cfg.hidden, Ie = st->cfg.expert_intermediate;
+    if (x->kind == EXPECT_EXPERTS_DOWN) { /* down (d, Ie) = rows^T */
+        for (int64_t o = 0; o < d; o++)
+            for (int64_t j = 0; j < Ie; j++) tmp[o * Ie + j] = rows[j * d + o];
+        write_tile(st, x, slot_offset(x, e, MT_X_DOWN), d * Ie, tmp);
+        return;
+    }
+    for (int parity = 0; parity < 2; parity++) { /* gate (Ie, d), then up */
+        for (int64_t j = 0; j < Ie; j++)
+            for (int64_t i = 0; i < d; i++) tmp[j * d + i] = rows[i * 2 * Ie + 2 * j + parity];
+        write_tile(st, x, slot_offset(x, e, parity ? MT_X_UP : MT_X_GATE), Ie * d, tmp);
+    }
+}
+
+/* Expert e's slots from its decoded MXFP4 rows: gate_up's (2 Ie, d), gate j and up j the rows
+ * 2j and 2j + 1 (the transpose of gate_up_proj's columns); down's (d, Ie), the down slot as it
+ * is. */
+static void store_decoded_expert(mt_host_state *st, const expected *x, int e, const float *rows)
+{
+    const int64_t d = st->cfg.hidden, Ie = st->cfg.expert_intermediate;
+    if (x->kind == EXPECT_EXPERTS_DOWN) {
+        write_tile(st, x, slot_offset(x, e, MT_X_DOWN), d * Ie, rows);
+        return;
+    }
+    for (int64_t j = 0; j < Ie; j++) {
+        write_tile(st, x, slot_offset(x, e, MT_X_GATE) + j * d, d, rows + 2 * j * d);
+        write_tile(st, x, slot_offset(x, e, MT_X_UP) + j * d, d, rows + (2 * j + 1) * d);
+    }
+}
+
+static int bad_shape(const char *path, const mt_st_tensor *t, int ndim, const int64_t *shape, char *err, size_t errlen)
+{
+    char got[128], want[128];
+    shape_text(t->ndim, t->shape, got, sizeof got);
+    shape_text(ndim, shape, want, sizeof want);
+    return mt_fail(err, errlen, "%s: tensor '%s': shape %s, the config wants %s", path, t->name, got, want);
+}
+
+static bool same_shape(const mt_st_tensor *t, int ndim, const int64_t *shape)
+{
+    if (t->ndim != ndim) return false;
+    for (int k = 0; k < ndim; k++)
+        if (t->shape[k] != shape[k]) return false;
+    return true;
+}
+
+/* A fused experts tensor in floating point, expert by expert. */
+static int load_fused(mt_st_file *f, const mt_st_tensor *t, mt_host_state *st, const expected *x, char *err,
+                      size_t errlen)
+{
+    const int64_t per = x->numel / x->shape[0];
+    float *rows = malloc(sizeof(float) * (size_t)per), *tmp = malloc(sizeof(float) * (size_t)per);
+    int rc = rows && tmp ? 0 : mt_fail(err, errlen, "%s: tensor '%s': out of memory", f->path, t->name);
+    for (int e = 0; rc == 0 && e < (int)x->shape[0]; e++) {
+        rc = mt_st_read_f32_range(f, t, e * per, per, rows, err, errlen);
+        if (rc == 0) store_fused_expert(st, x, e, rows, tmp);
+    }
+    free(rows);
+    free(tmp);
+    return rc;
+}
+
+/* A fused experts tensor in MXFP4: blocks (E, R, C/32, 16) and scales (E, R, C/32), both U8,
+ * where R x C is each expert's (transposed) matrix: (2 Ie, d) for gate_up_proj, (d, Ie) for
+ * down_proj. Decoded expert by expert. */
+static int load_quantized(mt_st_file *fb, const mt_st_tensor *blocks, mt_st_file *fs, const mt_st_tensor *scales,
+                          mt_host_state *st, const expected *x, char *err, size_t errlen)
+{
+    const int64_t E = x->shape[0], R = x->shape[2], C = x->shape[1];
+    if (C % MT_MXFP4_GROUP)
+        return mt_fail(err, errlen, "%s: tensor '%s': MXFP4 rows of %lld elements, not a multiple of %d", fb->path,
+                       blocks->name, (long long)C, MT_MXFP4_GROUP);
+    const int64_t G = C / MT_MXFP4_GROUP;
+    const int64_t bshape[4] = { E, R, G, MT_MXFP4_GROUP / 2 }, sshape[3] = { E, R, G };
+    if (blocks->dtype != MT_ST_U8 || scales->dtype != MT_ST_U8)
+        return mt_fail(err, errlen, "%s: tensor '%s': dtype %s, MXFP4 %s are U8", blocks->dtype != MT_ST_U8 ? fb->path
+                       : fs->path, blocks->dtype != MT_ST_U8 ? blocks->name : scales->name,
+                       mt_st_dtype_name(blocks->dtype != MT_ST_U8 ? blocks->dtype : scales->dtype),
+                       blocks->dtype != MT_ST_U8 ? "blocks" : "scales");
+    if (!same_shape(blocks, 4, bshape)) return bad_shape(fb->path, blocks, 4, bshape, err, errlen);
+    if (!same_shape(scales, 3, sshape)) return bad_shape(fs->path, scales, 3, sshape, err, errlen);
+    const uint64_t bbytes = (uint64_t)(R * G * MT_MXFP4_GROUP / 2), sbytes = (uint64_t)(R * G);
+    uint8_t *b = malloc(bbytes), *sc = malloc(sbytes);
+    float *rows = malloc(sizeof(float) * (size_t)(R * C));
+    int rc = b && sc && rows ? 0 : mt_fail(err, errlen, "%s: tensor '%s': out of memory", fb->path, blocks->name);
+    for (int64_t e = 0; rc == 0 && e < E; e++) {
+        rc = mt_st_read_bytes(fb, blocks, (uint64_t)e * bbytes, bbytes, b, err, errlen) ||
+             mt_st_read_bytes(fs, scales, (uint64_t)e * sbytes, sbytes, sc, err, errlen) ? -1 : 0;
+        if (rc) break;
+        mt_mxfp4_decode(R, G, b, sc, rows);
+        store_decoded_expert(st, x, (int)e, rows);
+    }
+    free(b);
+    free(sc);
+    free(rows);
+    return rc;
+}
+
+/* Where the shards are, for a tensor whose MXFP4 scales lie in another shard than its blocks. */
+typedef struct shard_list {
+    const char *dir;
+    char **names;
+} shard_list;
+
 /* Loads every expected tensor that lives in shard `s` (opened as f). `index_path` is NULL for a
  * single-file checkpoint. */
-static int load_shard(mt_st_file *f, int s, const char *index_path, mt_host_state *st, expected *e, int ne,
-                      char *err, size_t errlen)
+static int load_shard(mt_st_file *f, int s, const char *index_path, const shard_list *shards, mt_host_state *st,
+                      expected *e, int ne, char *err, size_t errlen)
 {
     for (int i = 0; i < f->ntensors; i++) {
         const mt_st_tensor *t = &f->tensors[i];
-        expected *x = find_expected(e, ne, t->name);
+        int match = MATCH_NAME;
+        expected *x = find_expected(e, ne, t->name, &match);
         if (!x) {
             if (harmless_extra(st, t->name)) continue;
             return mt_fail(err, errlen, "%s: tensor '%s': unexpected tensor (not part of this %s config)", f->path, t->name,
                         st->cfg.model_type);
         }
-        if (x->shard != s)
+        if (match == MATCH_SCALES) continue; /* read with the blocks */
+        if (!index_path) x->quantized = match == MATCH_BLOCKS;
+        if (x->shard != s || x->quantized != (match == MATCH_BLOCKS))
             return mt_fail(err, errlen, "%s: tensor '%s': present here but %s lists it in another shard", f->path, t->name,
                         index_path);
+        if (x->loaded)
+            return mt_fail(err, errlen, "%s: tensor '%s': present both as itself and as its MXFP4 blocks", f->path,
+                           x->name);
+        if (match == MATCH_BLOCKS) {
+            char sname[200];
+            snprintf(sname, sizeof sname, "%s_scales", x->name);
+            mt_st_file *fs = f, *other = NULL;
+            if (index_path && x->scales_shard != s) {
+                char path[4096];
+                snprintf(path, sizeof path, "%s/%s", shards->dir, shards->names[x->scales_shard]);
+                if (!(other = mt_st_open(path, err, errlen))) return -1;
+                fs = other;
+            }
+            const mt_st_tensor *ts = mt_st_find(fs, sname);
+            int rc = ts ? load_quantized(f, t, fs, ts, st, x, err, errlen)
+                        : mt_fail(err, errlen, "%s: tensor '%s': missing (the MXFP4 scales of %s)", fs->path, sname,
+                                  t->name);
+            if (other) mt_st_close(other);
+            if (rc) return -1;
+            x->loaded = true;
+            continue;
+        }
         if (t->dtype != MT_ST_F32 && t->dtype != MT_ST_F16 && t->dtype != MT_ST_BF16)
             return mt_fail(err, errlen, "%s: tensor '%s': dtype %s, weights must be F32, F16 or BF16", f->path, t->name,
                         mt_st_dtype_name(t->dtype));
-        if (t->ndim != x->ndim || t->shape[0] != x->shape[0] || (x->ndim == 2 && t->shape[1] != x->shape[1])) {
-            char got[128], want[128];
-            shape_text(t->ndim, t->shape, got, sizeof got);
-            shape_text(x->ndim, x->shape, want, sizeof want);
-            return mt_fail(err, errlen, "%s: tensor '%s': shape %s, the config wants %s", f->path, t->name, got, want);
-        }
-        if (x->master) {
+        if (!same_shape(t, x->ndim, x->shape)) return bad_shape(f->path, t, x->ndim, x->shape, err, errlen);
+        if (x->kind != EXPECT_PLAIN) {
+            if (load_fused(f, t, st, x, err, errlen)) return -1;
+        } else if (x->master) {
             if (mt_st_read_f32(f, t, x->master, err, errlen)) return -1;
         } else { /* compact: read as fp32, then encoded into the tile's planes */
             float *tmp = malloc(sizeof(float) * (size_t)x->numel);
@@ -217,7 +437,8 @@ int mt_hf_load(const char *dir, mt_host_state *st, char *err, size_t errlen)
             rc = -1;
             break;
         }
-        rc = load_shard(f, s, have_single ? NULL : index, st, e, ne, err, errlen);
+        const shard_list list = { .dir = dir, .names = shards };
+        rc = load_shard(f, s, have_single ? NULL : index, &list, st, e, ne, err, errlen);
         mt_st_close(f);
     }
     for (int s = 0; s < nshards; s++) free(shards[s]);
@@ -312,6 +533,56 @@ static void read_master_chunk(const void *ctx, int64_t first, int64_t n, float *
     mt_state_read_master(m->st, m->tile, m->offset + first, n, dst);
 }
 
+/* A fused experts tensor of gpt_oss for the writer (the inverse of store_fused_expert): its
+ * elements in HF order, from one expert's slots at a time, which every such tensor of the save
+ * caches in one buffer (the writer reads a tensor through before the next). */
+typedef struct fused_cache {
+    float *buf;          /* 2 Ie d floats: an expert's gate and up, or its down */
+    const void *tensor;  /* whose expert it holds (NULL: none) */
+    int expert;
+} fused_cache;
+
+typedef struct fused_source {
+    const mt_host_state *st;
+    const struct expected *x;
+    fused_cache *cache;
+} fused_source;
+
+static void read_tile(const mt_host_state *st, int tile, int64_t offset, int64_t n, float *dst)
+{
+    if (st->tiles[tile].master) memcpy(dst, st->tiles[tile].master + offset, sizeof(float) * (size_t)n);
+    else mt_state_read_master(st, tile, offset, n, dst);
+}
+
+static void read_fused_chunk(const void *ctx, int64_t first, int64_t n, float *dst)
+{
+    const fused_source *f = ctx;
+    const expected *x = f->x;
+    fused_cache *c = f->cache;
+    const int64_t d = f->st->cfg.hidden, Ie = f->st->cfg.expert_intermediate, per = x->numel / x->shape[0];
+    const bool gu = x->kind == EXPECT_EXPERTS_GU;
+    for (int64_t k = 0; k < n; k++) {
+        const int64_t idx = first + k, e = idx / per, r = idx % per;
+        if (c->tensor != x || c->expert != (int)e) {
+            if (gu) {
+                read_tile(f->st, x->tile, slot_offset(x, (int)e, MT_X_GATE), Ie * d, c->buf);
+                read_tile(f->st, x->tile, slot_offset(x, (int)e, MT_X_UP), Ie * d, c->buf + Ie * d);
+            } else {
+                read_tile(f->st, x->tile, slot_offset(x, (int)e, MT_X_DOWN), d * Ie, c->buf);
+            }
+            c->tensor = x;
+            c->expert = (int)e;
+        }
+        if (gu) { /* (d, 2 Ie): row i, column c is gate (c even) or up (c odd) row c / 2, column i */
+            const int64_t i = r / (2 * Ie), col = r % (2 * Ie);
+            dst[k] = c->buf[(col & 1) * Ie * d + (col >> 1) * d + i];
+        } else { /* (Ie, d): row j, column o is down's row o, column j */
+            const int64_t j = r / d, o = r % d;
+            dst[k] = c->buf[o * Ie + j];
+        }
+    }
+}
+
 int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_t max_shard_bytes,
                char *err, size_t errlen)
 {
@@ -326,10 +597,16 @@ int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_
     expected *e = list_expected(st, &ne);
     mt_st_source *src = calloc((size_t)ne + 1, sizeof *src);
     master_source *ctx = calloc((size_t)ne + 1, sizeof *ctx);
-    if (!e || !src || !ctx) {
+    fused_source *fctx = calloc((size_t)ne + 1, sizeof *fctx);
+    fused_cache cache = { .buf = NULL, .tensor = NULL, .expert = -1 };
+    if (st->cfg.family == MT_FAMILY_GPT_OSS && mt_config_sparse_layers(&st->cfg) > 0)
+        cache.buf = malloc(sizeof(float) * (size_t)(2 * st->cfg.expert_intermediate * st->cfg.hidden));
+    if (!e || !src || !ctx || !fctx || (st->cfg.family == MT_FAMILY_GPT_OSS && !cache.buf)) {
         free(e);
         free(src);
         free(ctx);
+        free(fctx);
+        free(cache.buf);
         return mt_fail(err, errlen, "%s: out of memory", dir);
     }
     /* Greedy shards in HF order, as save_pretrained: a new shard when the next tensor would
@@ -345,10 +622,15 @@ int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_
         e[i].shard = nshards - 1;
         in_shard += bytes;
         total += bytes;
-        src[i] = (mt_st_source){ .name = e[i].name, .ndim = e[i].ndim, .shape = { e[i].shape[0], e[i].shape[1] },
-                                 .data = e[i].master };
-        /* compact: the masters are decoded from their planes chunk by chunk as the writer goes */
-        if (st->layout == MT_LAYOUT_COMPACT) {
+        src[i] = (mt_st_source){ .name = e[i].name, .ndim = e[i].ndim,
+                                 .shape = { e[i].shape[0], e[i].shape[1], e[i].shape[2] }, .data = e[i].master };
+        if (e[i].kind != EXPECT_PLAIN) {
+            fctx[i] = (fused_source){ .st = st, .x = &e[i], .cache = &cache };
+            src[i].data = NULL;
+            src[i].read = read_fused_chunk;
+            src[i].ctx = &fctx[i];
+        } else if (st->layout == MT_LAYOUT_COMPACT) {
+            /* compact: the masters are decoded from their planes chunk by chunk as the writer goes */
             ctx[i] = (master_source){ .st = st, .tile = e[i].tile, .offset = e[i].offset };
             src[i].data = NULL;
             src[i].read = read_master_chunk;
@@ -383,6 +665,8 @@ int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_
     if (rc == 0) rc = save_config(dir, &st->cfg, dtype, err, errlen);
     if (rc == 0) remove_stale(dir, nshards);
     if (rc == 0) mt_sync_dir(dir); /* make the renames durable */
+    free(cache.buf);
+    free(fctx);
     free(ctx);
     free(src);
     free(e);
@@ -509,7 +793,10 @@ int mt_hf_copy_tokenizer(const char *from, const char *to, int *copied, char *er
  * write this directory. */
 static bool base_key_skipped(const char *key)
 {
-    return !strcmp(key, "torch_dtype") || !strcmp(key, "dtype") || !strcmp(key, "transformers_version");
+    /* quantization_config: the weights are saved unquantised (a gpt_oss checkpoint's MXFP4
+     * experts are decoded on load), so the base's would misdescribe them */
+    return !strcmp(key, "torch_dtype") || !strcmp(key, "dtype") || !strcmp(key, "transformers_version") ||
+           !strcmp(key, "quantization_config");
 }
 
 int mt_hf_keep_base_config(const char *base_dir, const char *dir, int *kept, char *err, size_t errlen)

@@ -159,13 +159,14 @@ START_TEST(test_gpt_oss_counts)
         ck_assert(!lay.tensors[MT_L_EXPERT_GU_B].decay && !lay.tensors[MT_L_EXPERT_DOWN_B].decay);
         /* offsets grow with the slot (the AdamW chunking relies on it) */
         for (int s = 1; s < lay.ntensors; s++) ck_assert(lay.tensors[s].offset >= lay.tensors[s - 1].offset);
-        /* the step does not run it yet: said before anything is allocated */
-        ck_assert(mt_config_trainable(&c, err, sizeof err) != 0);
-        ck_assert(strstr(err, "gpt_oss") && strstr(err, "plan"));
+        /* the step runs it on CPU workers; with CUDA workers it is refused, naming the way out */
+        ck_assert_int_eq(mt_config_trainable(&c, false, err, sizeof err), 0);
+        ck_assert(mt_config_trainable(&c, true, err, sizeof err) != 0);
+        ck_assert(strstr(err, "gpt_oss") && strstr(err, "--ncuda 0"));
     }
     /* the other families are trainable and have none of gpt_oss's tensors */
     mt_model_config m = parse_ok(mixtral_8x7b_json, "Mixtral-8x7B/config.json");
-    ck_assert_int_eq(mt_config_trainable(&m, err, sizeof err), 0);
+    ck_assert_int_eq(mt_config_trainable(&m, true, err, sizeof err), 0);
     mt_tile_layout lay;
     mt_layout_build(&m, MT_TILE_LAYER, &lay);
     ck_assert(lay.tensors[MT_L_O_B].numel == 0 && lay.tensors[MT_L_SINKS].numel == 0);

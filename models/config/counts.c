@@ -94,11 +94,11 @@ int64_t mt_config_layer_window(const mt_model_config *cfg, int64_t layer)
     return mt_config_layer_sliding(cfg, layer) && cfg->sliding_window > 0 ? cfg->sliding_window : 0;
 }
 
-int mt_config_trainable(const mt_model_config *cfg, char *err, size_t errlen)
+int mt_config_trainable(const mt_model_config *cfg, bool cuda, char *err, size_t errlen)
 {
-    if (cfg->family == MT_FAMILY_GPT_OSS) {
-        snprintf(err, errlen, "model_type gpt_oss: training, evaluating and loading it are not implemented yet "
-                 "(`megatrain plan` counts and plans it)");
+    if (cuda && cfg->family == MT_FAMILY_GPT_OSS) {
+        snprintf(err, errlen, "model_type gpt_oss: the CUDA decoder layer does not compute its sinks, sliding windows, "
+                 "biased experts and clamped SwiGLU yet; run it on the CPU workers (--ncuda 0)");
         return -1;
     }
     return 0;
