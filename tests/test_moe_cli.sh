@@ -4,8 +4,9 @@
 # prepared with the Qwen3 tokenizer, `train --model DIR --save-model OUT` (the loss falls; OUT
 # keeps the config and names every expert and router as HF does), OUT loaded again, a run stopped
 # with --stop-after and resumed bit for bit the uninterrupted one, eval and generate on OUT; the
-# router's load-balancing loss (--router-aux-loss) and a model with a dense layer; then the save
-# and load round trip of a mixtral directory (its w1/w2/w3 names).
+# router's load-balancing loss (--router-aux-loss) and a model with a dense layer; the save and
+# load round trip of a mixtral directory (its w1/w2/w3 names); a gpt_oss model trained, saved
+# with its fused experts, resumed and evaluated.
 # Usage: test_moe_cli.sh PATH/TO/megatrain. Prints one line per check, then "N passed, M failed".
 set -u
 
@@ -50,11 +51,19 @@ if family == "qwen3_moe":
     E, Ie, block = cfg["num_experts"], cfg["moe_intermediate_size"], "mlp"
     names = {"gate_proj": (Ie, d_model), "up_proj": (Ie, d_model), "down_proj": (d_model, Ie)}
 else:
-    E, Ie, block = cfg["num_local_experts"], cfg["intermediate_size"], "block_sparse_moe"
+    E, Ie = cfg["num_local_experts"], cfg["intermediate_size"]
+    block = "mlp" if family == "gpt_oss" else "block_sparse_moe"
     names = {"w1": (Ie, d_model), "w3": (Ie, d_model), "w2": (d_model, Ie)}
 want_shapes = {}
 for i in range(cfg["num_hidden_layers"]):
     p = f"model.layers.{i}.{block}"
+    if family == "gpt_oss":  # the router with its bias, the experts fused with theirs, and sinks
+        want_shapes.update({f"{p}.router.weight": (E, d_model), f"{p}.router.bias": (E,),
+                            f"{p}.experts.gate_up_proj": (E, d_model, 2 * Ie), f"{p}.experts.gate_up_proj_bias": (E, 2 * Ie),
+                            f"{p}.experts.down_proj": (E, Ie, d_model), f"{p}.experts.down_proj_bias": (E, d_model),
+                            f"model.layers.{i}.self_attn.sinks": (cfg["num_attention_heads"],),
+                            f"model.layers.{i}.self_attn.o_proj.bias": (d_model,)})
+        continue
     want_shapes[f"{p}.gate.weight"] = (E, d_model)
     for e in range(E):
         for m, shape in names.items():
@@ -237,12 +246,33 @@ mt plan --config "$root/models/configs/gpt-oss-120b.json" --host-memory 4T --ncp
 if [ "$rc" -ne 0 ] || ! grep -qF '117B parameters in total, 5.71B active per token (5711982912)' out.txt; then
     bad "plan of models/configs/gpt-oss-120b.json" "$(grep 'mixture of experts' out.txt)"
 else ok "plan of models/configs/gpt-oss-120b.json"; fi
-# gpt_oss is read and planned, not trained yet: refused before StarPU starts, naming plan
-mt train --config "$root/models/configs/gpt-oss-20b.json" --steps 1 --ncpu 2 --ncuda 0
-if [ "$rc" -eq 0 ] || ! grep -q 'gpt_oss: training, evaluating and loading it are not implemented yet' err.txt ||
-   grep -q 'starting StarPU' err.txt; then
-    bad "train --config gpt-oss-20b.json" "not refused up front: $(tail -1 err.txt)"
-else ok "train --config gpt-oss-20b.json refused up front"; fi
+# --- gpt_oss: sinks, sliding and full layers, biased experts with the clamped SwiGLU -------
+mt train --config "$fixtures/gpt_oss.json" "${run[@]}" --steps 1 --save-model gbase
+if [ "$rc" -ne 0 ] || [ ! -f gbase/model.safetensors ]; then bad "a random gpt_oss directory" "not written: $(tail -1 err.txt)"
+else cp "$tokenizer" gbase/ && ok "a random gpt_oss directory"; fi
+check_dir "gpt_oss's config and fused expert tensors" gbase gpt_oss "$fixtures/gpt_oss.json"
+mt train --model gbase "${run[@]}" --steps 8 --metrics gfull.jsonl --save-model gtuned
+if [ "$rc" -ne 0 ] || ! grep -q '(gpt_oss, 2 layers' err.txt out.txt; then bad "train --model (gpt_oss)" "failed: $(tail -1 err.txt)"
+elif ! python3 - gfull.jsonl <<'PY'
+import json, sys
+loss = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+assert len(loss) == 8, f"{len(loss)} steps in the metrics"
+last = sum(loss[-3:]) / 3
+assert last < loss[0] - 1.0, f"loss {loss[0]:.4f} -> mean of the last 3 {last:.4f}"
+PY
+then bad "train --model (gpt_oss)" "the loss does not fall"
+else ok "train --model (gpt_oss): the loss falls"; fi
+check_dir "gpt_oss saved after training" gtuned gpt_oss "$fixtures/gpt_oss.json"
+mt train --model gbase "${run[@]}" --steps 8 --metrics gpart.jsonl --stop-after 4 --checkpoint gck
+rc1=$rc
+mt train --model gbase "${run[@]}" --steps 8 --metrics gpart.jsonl --resume gck --checkpoint gck --save-model gresumed
+if [ "$rc1" -ne 0 ] || [ "$rc" -ne 0 ]; then bad "--resume (gpt_oss)" "a run failed: $(tail -1 err.txt)"
+elif [ "$(losses gfull.jsonl)" != "$(losses gpart.jsonl)" ]; then bad "--resume (gpt_oss)" "the losses differ"
+elif ! cmp -s gtuned/model.safetensors gresumed/model.safetensors; then bad "--resume (gpt_oss)" "the saved model differs"
+else ok "--resume (gpt_oss) bit for bit"; fi
+mt eval --model gtuned --data shards --ncpu 2 --ncuda 0
+if [ "$rc" -ne 0 ] || ! grep -q '^loss ' out.txt; then bad "eval --model (gpt_oss)" "no loss line"
+else ok "eval --model (gpt_oss)"; fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
