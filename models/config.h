@@ -95,6 +95,11 @@ typedef struct mt_model_config {
     int32_t mlp_only_layers[MT_MAX_MLP_ONLY_LAYERS];   /* sorted, without repeats */
     double router_aux_loss_coef; /* weight of the load-balancing loss in the objective */
     bool output_router_logits;   /* the config's switch for that loss (saved as read) */
+    /* Tokens the dense MLP computes at a time (a run's setting, never saved): 0 runs it over all
+     * of a layer call's tokens and keeps its gate and up for the backward; N > 0 runs it N tokens
+     * at a time and recomputes them there, so that its buffers do not grow with the length
+     * (docs/long-context.md). The results are the same bits either way on CPU workers. */
+    int64_t mlp_chunk;
     mt_router_aux_mode router_aux; /* a run's override of output_router_logits; never saved */
     double router_aux_coef_run;  /* with router_aux ON: the run's coefficient (--router-aux-loss); never
                                   * saved, so a saved config keeps router_aux_loss_coef as read */

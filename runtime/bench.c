@@ -602,6 +602,7 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         (o->rope_scaling && mt_config_set_rope_scaling(&cfg, o->rope_scaling, err, errlen)) ||
         mt_config_check_seq_len(&cfg, o->step.T, err, errlen))
         return -1;
+    cfg.mlp_chunk = o->step.mlp_chunk;
     bench_logs logs = { 0 };
     if (open_log("--norm-log", o->norm_log, &logs.norms, err, errlen) ||
         open_log("--task-log", o->task_log, &logs.tasks, err, errlen)) {

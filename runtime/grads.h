@@ -16,6 +16,7 @@ typedef struct mt_grads_options {
     const char *tokens_path;    /* B x (T + 1) little-endian int32 token ids */
     int64_t B, T;
     int K;                      /* checkpoint interval */
+    int64_t mlp_chunk;          /* the dense MLP's tokens at a time (models/config.h), 0: all */
     const char *out_path;       /* safetensors: "loss" [1], "logits" [B, T, V] when asked, then one
                                  * fp32 gradient per parameter (tied: no lm_head.weight) */
     bool logits;                /* also write "logits": the fp32 CPU forward of the host masters,

@@ -76,6 +76,10 @@ typedef struct mt_step_config {
                             * backward); -1 (auto, the default): on where a GPU computes and the
                             * memory plan with them off needs more than the device holds
                             * (mt_plan_offload_needed). Bitwise the same results either way. */
+    int64_t mlp_chunk;     /* The dense MLP's tokens at a time, its gate and up recomputed in the
+                            * backward (the model config's mlp_chunk, models/config.h; the commands
+                            * copy it there before the state is made): 0 (the default) all of a
+                            * layer call's at once. CPU workers only for now. */
     int devices;           /* Data parallelism over the compute devices of one process: with more
                             * than one CUDA worker (0, the default) each is a device; > 1 here
                             * makes that many devices of the CPU workers (research and tests:

@@ -285,6 +285,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     if ((o->rope_scaling && mt_config_set_rope_scaling(&cfg, o->rope_scaling, err, errlen)) ||
         mt_config_check_seq_len(&cfg, o->step.T, err, errlen))
         return -1;
+    cfg.mlp_chunk = o->step.mlp_chunk;
     if (o->router_aux_loss >= 0) {
         if (o->router_aux_loss > 0 && mt_config_sparse_layers(&cfg) == 0) {
             snprintf(err, errlen, "%s: --router-aux-loss %g: the model has no mixture-of-experts layer, so no router "

@@ -299,6 +299,29 @@ elif [ -z "$loss_scaled" ] || [ "$loss_scaled" != "$loss_saved" ]; then
 elif [ "$loss_scaled" = "$loss_plain" ]; then fail "$name" "the scaling left the loss at '$loss_plain'"
 else pass "$name"; fi
 
+# --mlp-chunk: the dense MLP in chunks of 1, 5 (32 = 6 x 5 + 2) and 32 tokens gives the gradients
+# of the whole, bit for bit; so does a training run, every step's loss and the saved model.
+name="grads --mlp-chunk 1, 5, 32: the gradients of the whole"
+same=yes
+for c in 1 5 32; do
+    run grads --model "$work/trained" --tokens "$work/random.bin" --batch 2 --seq-len 16 --out "$work/gc$c.safetensors" \
+        --ncuda 0 --ncpu 2 --mlp-chunk "$c"
+    if [ "$rc" -ne 0 ] || ! cmp -s "$work/g0.safetensors" "$work/gc$c.safetensors"; then same="no (chunk $c, status $rc)"; fi
+done
+if [ "$same" != yes ]; then fail "$name" "$same"; else pass "$name"; fi
+name="train --mlp-chunk 7: the losses and model of the whole"
+run train --model "$work/trained" --steps 3 --micro-batch 2 --seq-len 16 --accum 2 --sample-bytes 0 --eval-every 0 \
+    --ncpu 2 --ncuda 0 --metrics "$work/m0.jsonl" --save-model "$work/mc0"
+rc0=$rc
+run train --model "$work/trained" --steps 3 --micro-batch 2 --seq-len 16 --accum 2 --sample-bytes 0 --eval-every 0 \
+    --ncpu 2 --ncuda 0 --metrics "$work/m7.jsonl" --save-model "$work/mc7" --mlp-chunk 7
+if [ "$rc" -ne 0 ] || [ "$rc0" -ne 0 ]; then fail "$name" "expected exit status 0"
+elif [ "$(grep -o '"loss": [^,]*' "$work/m0.jsonl")" != "$(grep -o '"loss": [^,]*' "$work/m7.jsonl")" ]; then
+    fail "$name" "the losses differ"
+elif ! cmp -s "$work/mc0/model.safetensors" "$work/mc7/model.safetensors"; then fail "$name" "the saved models differ"
+else pass "$name"; fi
+check_error "grads --mlp-chunk -1" "--mlp-chunk" grads --model "$work/trained" --mlp-chunk -1
+
 # eval and generate on the model trained above (byte-level, no tokenizer.json): the loss line, the
 # same text for the same seed, an empty prompt and missing data refused with their names.
 name="eval --model (byte-level) --data text"

@@ -21,6 +21,7 @@ typedef struct cfg_opts {
     bool qkv_bias, qk_norm, tied;
     mt_rope_type rope;
     int64_t layers;
+    int64_t mlp_chunk; /* the dense MLP's tokens at a time (0: all, g and u kept) */
 } cfg_opts;
 
 /* d = 20 with H = 4 heads of D = 6: H*D != d on purpose; GQA with KV = 2. */
@@ -45,6 +46,7 @@ static mt_model_config make_cfg(cfg_opts o)
     c.qkv_bias = o.qkv_bias;
     c.qk_norm = o.qk_norm;
     c.rope_type = o.rope;
+    c.mlp_chunk = o.mlp_chunk;
     if (o.rope == MT_ROPE_LLAMA3) {
         /* Wavelengths 6.3, 136, 2920 against 64..256: one of each Llama-3 branch. */
         c.rope_scaling_factor = 8.0;
@@ -164,8 +166,8 @@ static void run_layer_grad_check(cfg_opts o, uint64_t seed)
     memset(dtile, 0, (size_t)c.lay.numel * sizeof(double));
     mt_cpu_layer_backward_f64(&c.cfg, &c.lay, c.tile, TEST_B, TEST_T, saved, c.R, dx, dtile, c.scratch);
 
-    fprintf(stderr, "layer %s bias=%d qk_norm=%d rope_type=%d\n", c.cfg.model_type, o.qkv_bias,
-            o.qk_norm, (int)o.rope);
+    fprintf(stderr, "layer %s bias=%d qk_norm=%d rope_type=%d mlp_chunk=%lld\n", c.cfg.model_type, o.qkv_bias,
+            o.qk_norm, (int)o.rope, (long long)o.mlp_chunk);
     const double ex = fd_rel_err(layer_objective, &c, c.x, nd, dx);
     fprintf(stderr, "  %-10s %-36s rel err %.3e\n", "layer", "dx", ex);
     ck_assert_msg(ex <= GRAD_TOL, "dx rel err %.3e", ex);
@@ -185,6 +187,14 @@ static void run_layer_grad_check(cfg_opts o, uint64_t seed)
 START_TEST(test_layer_grad_qwen2)
 {
     run_layer_grad_check((cfg_opts){ .family = MT_FAMILY_QWEN2, .qkv_bias = true, .layers = 1 }, 11);
+}
+END_TEST
+
+START_TEST(test_layer_grad_mlp_chunk)
+{
+    /* the MLP 3 tokens at a time (10 = 3 + 3 + 3 + 1), and 1 */
+    run_layer_grad_check((cfg_opts){ .family = MT_FAMILY_QWEN2, .qkv_bias = true, .layers = 1, .mlp_chunk = 3 }, 17);
+    run_layer_grad_check((cfg_opts){ .family = MT_FAMILY_LLAMA, .layers = 1, .mlp_chunk = 1 }, 18);
 }
 END_TEST
 
@@ -569,6 +579,83 @@ START_TEST(test_saved_free_forward)
     run_saved_free((cfg_opts){ .family = MT_FAMILY_QWEN2, .qkv_bias = true, .layers = 1 }, 51);
     run_saved_free((cfg_opts){ .family = MT_FAMILY_QWEN3, .qk_norm = true, .layers = 1 }, 52);
     run_saved_free((cfg_opts){ .family = MT_FAMILY_LLAMA, .layers = 1 }, 53);
+    run_saved_free((cfg_opts){ .family = MT_FAMILY_QWEN2, .qkv_bias = true, .layers = 1, .mlp_chunk = 3 }, 54);
+    run_saved_free((cfg_opts){ .family = MT_FAMILY_LLAMA, .layers = 1, .mlp_chunk = 1 }, 55);
+}
+END_TEST
+
+/* 6) The dense MLP in token chunks gives the bits of the whole: y (kept and not), dx and every
+ * weight gradient of the fp32 layer with the MLP run 1, 3, 7, n and more than n tokens at a time
+ * are those with it run over all n tokens at once, g and u kept. Widths with every path of the
+ * fixed-order products (vector blocks, a lone vector, scalar tails), rows not a multiple of their
+ * blocks, and a length past their reduction block. */
+static void run_mlp_chunk_bitwise(int64_t B, int64_t T, int64_t d, int64_t inter, uint64_t seed)
+{
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    mt_model_config cfg = make_cfg((cfg_opts){ .family = MT_FAMILY_QWEN2, .qkv_bias = true, .layers = 1 });
+    cfg.hidden = d;
+    cfg.intermediate = inter;
+    cfg.max_positions = T;
+    mt_tile_layout lay;
+    mt_layout_build(&cfg, MT_TILE_LAYER, &lay);
+    const int64_t nd = B * T * d, n = B * T;
+    double *tile64 = alloc_f64(lay.numel), *x64 = alloc_f64(nd), *R64 = alloc_f64(nd);
+    fill_tile(&rng, &lay, tile64, 0.3);
+    mt_test_fill_f64(&rng, x64, nd, 1.0);
+    mt_test_fill_f64(&rng, R64, nd, 1.0);
+    float *tile = to_f32(tile64, lay.numel), *x = to_f32(x64, nd), *R = to_f32(R64, nd);
+    float *want_y = NULL, *want_dx = NULL, *want_dtile = NULL;
+    const int64_t chunks[] = { 0, 1, 3, 7, n, n + 5 };
+    for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
+        cfg.mlp_chunk = chunks[ci];
+        const int64_t saved_n = mt_layer_saved_numel(&cfg, B, T), scratch_n = mt_layer_scratch_numel(&cfg, B, T);
+        float *saved = mt_xmalloc(sizeof(float) * (size_t)saved_n), *scratch = mt_xmalloc(sizeof(float) * (size_t)scratch_n);
+        float *y = mt_xmalloc(sizeof(float) * (size_t)nd), *y2 = mt_xmalloc(sizeof(float) * (size_t)nd);
+        float *dx = mt_xmalloc(sizeof(float) * (size_t)nd), *dtile = calloc((size_t)lay.numel, sizeof(float));
+        mt_cpu_layer_forward_f32(&cfg, &lay, tile, B, T, x, y, saved, scratch);
+        mt_cpu_layer_forward_f32(&cfg, &lay, tile, B, T, x, y2, NULL, scratch);
+        mt_cpu_layer_backward_f32(&cfg, &lay, tile, B, T, saved, R, dx, dtile, scratch);
+        ck_assert_msg(memcmp(y, y2, sizeof(float) * (size_t)nd) == 0, "chunk %lld: y with and without saved differ",
+                      (long long)chunks[ci]);
+        if (ci == 0) {
+            want_y = y;
+            want_dx = dx;
+            want_dtile = dtile;
+            ck_assert_int_eq(saved_n - mt_layer_saved_numel(&(mt_model_config){ .hidden = d, .intermediate = inter,
+                                                                                 .heads = cfg.heads,
+                                                                                 .kv_heads = cfg.kv_heads,
+                                                                                 .head_dim = cfg.head_dim,
+                                                                                 .mlp_chunk = 1 }, B, T),
+                             2 * n * inter); /* g and u are not kept when chunked */
+        } else {
+            ck_assert_msg(memcmp(y, want_y, sizeof(float) * (size_t)nd) == 0, "chunk %lld: y differs",
+                          (long long)chunks[ci]);
+            ck_assert_msg(memcmp(dx, want_dx, sizeof(float) * (size_t)nd) == 0, "chunk %lld: dx differs",
+                          (long long)chunks[ci]);
+            for (int sl = 0; sl < lay.ntensors; sl++) {
+                const mt_tensor_desc *t = &lay.tensors[sl];
+                ck_assert_msg(memcmp(dtile + t->offset, want_dtile + t->offset, sizeof(float) * (size_t)t->numel) == 0,
+                              "chunk %lld: the gradient of %s differs", (long long)chunks[ci], t->name);
+            }
+            free(y);
+            free(dx);
+            free(dtile);
+        }
+        free(y2);
+        free(saved);
+        free(scratch);
+    }
+    fprintf(stderr, "dense MLP in chunks of 1, 3, 7, %lld and %lld tokens: the bits of the whole (B %lld, T %lld, d %lld, "
+            "I %lld)\n", (long long)n, (long long)(n + 5), (long long)B, (long long)T, (long long)d, (long long)inter);
+    free(want_y); free(want_dx); free(want_dtile);
+    free(tile64); free(x64); free(R64); free(tile); free(x); free(R);
+}
+
+START_TEST(test_mlp_chunk_bitwise)
+{
+    run_mlp_chunk_bitwise(2, 13, 40, 70, 61);
+    run_mlp_chunk_bitwise(1, 150, 20, 27, 62); /* 150 tokens: past the 128 of a reduction block */
 }
 END_TEST
 
@@ -580,6 +667,8 @@ static Suite *model_suite(void)
     tcase_add_test(layer, test_layer_grad_llama);
     tcase_add_test(layer, test_layer_grad_qwen3);
     tcase_add_test(layer, test_saved_free_forward);
+    tcase_add_test(layer, test_layer_grad_mlp_chunk);
+    tcase_add_test(layer, test_mlp_chunk_bitwise);
     suite_add_tcase(s, layer);
     TCase *head = tcase_create("head");
     tcase_add_test(head, test_head_untied);

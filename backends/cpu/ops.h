@@ -90,6 +90,14 @@ MT_EXPERT_EXTRA_DECLARE(double, f64)
     void mt_cpu_linear_backward_##sfx(int64_t n, int64_t in, int64_t out, const real *x,         \
                                       const real *W, const real *dy, real *dx,                   \
                                       bool accumulate_dx, real *dW, real *db);                   \
+    /* The fixed-order products of gemm_ordered.inc (the dense MLP's): each element's sequence  \
+     * of operations is the same whatever the rows of the call. y (n, out) = x (n, in) W^T.     \
+     * c (m, k) = (accumulate ? c : 0) + sum over j < na, in order, of a(i, j) b (j, k), with a \
+     * (m, na) or (a_trans) stored as (na, m). */                                              \
+    void mt_cpu_gemm_nt_##sfx(int64_t n, int64_t in, int64_t out, const real *x, const real *W,   \
+                              real *y);                                                          \
+    void mt_cpu_gemm_axpy_##sfx(int64_t m, int64_t k, int64_t na, const real *a, bool a_trans,    \
+                                const real *b, real *c, bool accumulate);                        \
     /* in place on x (B, T, nh, D): rotate each head by position t, scaled by attention_factor */ \
     void mt_cpu_rope_forward_##sfx(int64_t B, int64_t T, int64_t nh, int64_t D,                  \
                                    const double *inv_freq, double attention_factor, real *x);    \

@@ -32,11 +32,11 @@ int64_t mt_moe_backward_scratch_numel(const mt_model_config *cfg, int64_t n)
 static bool has_dense(const mt_model_config *cfg) { return mt_config_has_dense_layers(cfg); }
 static bool has_sparse(const mt_model_config *cfg) { return mt_config_sparse_layers(cfg) > 0; }
 
-/* The MLP's part of `saved`: g, u (n,I) of a dense layer; probs (n,E), g, u (n*k,Ie) of a sparse
- * one. */
+/* The MLP's part of `saved`: g, u (n,I) of a dense layer (none with mlp_chunk: recomputed);
+ * probs (n,E), g, u (n*k,Ie) of a sparse one. */
 static int64_t mlp_saved_numel(const mt_model_config *cfg, int64_t n, bool sparse)
 {
-    if (!sparse) return 2 * n * cfg->intermediate;
+    if (!sparse) return cfg->mlp_chunk > 0 ? 0 : 2 * n * cfg->intermediate;
     return n * cfg->experts + 2 * n * cfg->experts_per_token * cfg->expert_intermediate;
 }
 
@@ -56,21 +56,25 @@ int64_t mt_layer_saved_numel(const mt_model_config *cfg, int64_t B, int64_t T)
 }
 
 /* The largest of the three plans of layer.inc, over the kinds of layer the model has: forward
- * keeping `saved` (xn/hn, then s or the MoE forward's scratch), forward without `saved` (h, then
- * the attention phase overlaid by the MLP phase), and backward (hn/xn, dhn/dxn, then the MLP
- * gradients overlaid by the attention gradients). */
+ * keeping `saved` (xn/hn, then s (and g, u when chunked) or the MoE forward's scratch), forward
+ * without `saved` (h, then the attention phase overlaid by the MLP phase), and backward (hn/xn,
+ * dhn/dxn, then the MLP gradients overlaid by the attention gradients). The dense MLP's buffers
+ * have c = mlp_chunk rows (all n without it). */
 static int64_t layer_scratch_numel(const mt_model_config *cfg, int64_t B, int64_t T, bool sparse)
 {
     const int64_t n = B * T, d = cfg->hidden, inter = cfg->intermediate;
     const int64_t qd = cfg->heads * cfg->head_dim, kvd = cfg->kv_heads * cfg->head_dim;
     const int64_t qk = cfg->qk_norm ? 1 : 0;
+    const bool chunked = cfg->mlp_chunk > 0;
+    const int64_t c = chunked && cfg->mlp_chunk < n ? cfg->mlp_chunk : n;
 
-    const int64_t fwd_saved = n * d + (sparse ? mt_moe_forward_scratch_numel(cfg, n, true) : n * inter);
+    const int64_t fwd_saved = n * d + (sparse ? mt_moe_forward_scratch_numel(cfg, n, true)
+                                              : (chunked ? 3 : 1) * c * inter);
     const int64_t attn_phase = n * d + 2 * n * qd + 2 * n * kvd + n * cfg->heads + qk * (n * qd + n * kvd);
     const int64_t mlp_phase = n * d + (sparse ? n * cfg->experts + mt_moe_forward_scratch_numel(cfg, n, false)
-                                              : 3 * n * inter);
+                                              : 3 * c * inter);
     const int64_t fwd_unsaved = n * d + (attn_phase > mlp_phase ? attn_phase : mlp_phase);
-    const int64_t bwd_mlp = sparse ? mt_moe_backward_scratch_numel(cfg, n) : 3 * n * inter;
+    const int64_t bwd_mlp = sparse ? mt_moe_backward_scratch_numel(cfg, n) : (chunked ? 5 : 3) * c * inter;
     const int64_t bwd_attn = 2 * n * qd + 2 * n * kvd + qk * n * kvd;
     const int64_t bwd = 2 * n * d + (bwd_mlp > bwd_attn ? bwd_mlp : bwd_attn);
 

@@ -144,6 +144,7 @@ int cli_bench(int argc, char **argv)
         CLI_GROUP("GPU memory", memory_options, &o),
         CLI_GROUP(NULL, cli_gpu_memory_options, &o.gpu_memory),
         CLI_GROUP(NULL, cli_offload_options, &o.step),
+        CLI_GROUP(NULL, cli_mlp_chunk_options, &o.step),
         CLI_GROUP("workers", cli_worker_options, &o.runtime),
     };
     const cli_command c = {

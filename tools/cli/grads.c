@@ -35,6 +35,7 @@ int cli_grads(int argc, char **argv)
         CLI_GROUP_ONLY("options", cli_model_options, &model, "model rope-scaling"),
         CLI_GROUP(NULL, grads_options, &o),
         CLI_GROUP_ONLY(NULL, cli_batch_options, &batch, "checkpoint-every"),
+        CLI_GROUP(NULL, cli_mlp_chunk_options, &batch),
         CLI_GROUP("workers", cli_worker_options, &o.runtime),
     };
     const cli_command c = {
@@ -55,6 +56,7 @@ int cli_grads(int argc, char **argv)
     o.model_dir = model.model_dir;
     o.rope_scaling = model.rope_scaling;
     o.K = batch.K;
+    o.mlp_chunk = batch.mlp_chunk;
     o.dtype_explicit = cli_was_given(&given, "dtype");
     if (!o.model_dir || !o.tokens_path || !o.out_path || !o.B || !o.T)
         return cli_usage_error(cmd, "--model, --tokens, --batch, --seq-len and --out are all needed");

@@ -465,6 +465,13 @@ const cli_option cli_offload_options[1] = {
       .help = "auto|on|off: checkpoints in host RAM, fetched back for the recompute" },
 };
 
+const cli_option cli_mlp_chunk_options[1] = {
+    { .name = "mlp-chunk", .arg = "N", .kind = CLI_INT64, .field = offsetof(mt_step_config, mlp_chunk), .min = 0,
+      .max = CLI_MAX_SEQ_LEN, .advanced = true,
+      .help = "the dense MLP N tokens at a time, recomputed in backward: its buffers stop growing with the "
+              "length (0: all at once; CPU workers)" },
+};
+
 /* A factor above 1 into the double field (--clip-range, --clip-range-max). */
 static int parse_ratio(const char *cmd, const cli_option *opt, const char *arg, void *target)
 {

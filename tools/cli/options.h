@@ -147,6 +147,8 @@ extern const cli_option cli_gpu_memory_options[1];
 /* --offload-checkpoints auto|on|off into an mt_step_config's offload_checkpoints (-1, 1, 0;
  * runtime/plan.h: mt_plan_choose_run resolves auto): train, plan and bench. */
 extern const cli_option cli_offload_options[1];
+/* --mlp-chunk into mt_step_config.mlp_chunk. */
+extern const cli_option cli_mlp_chunk_options[1];
 /* --clip and clip speculation (the advanced knobs of ranged speculation and the AdamW deferral)
  * into an mt_step_config. */
 extern const cli_option cli_clip_options[8];

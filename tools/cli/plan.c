@@ -66,6 +66,7 @@ int cli_plan(int argc, char **argv)
         CLI_GROUP(NULL, plan_options, &req),
         CLI_GROUP("GPU memory", cli_gpu_memory_options, &req.gpu_memory),
         CLI_GROUP(NULL, cli_offload_options, &o.step),
+        CLI_GROUP(NULL, cli_mlp_chunk_options, &o.step),
         CLI_GROUP_ONLY("workers", cli_worker_options, &o.runtime, "ncpu ncuda"),
     };
     const cli_command c = {
@@ -142,6 +143,7 @@ int cli_plan(int argc, char **argv)
     mt_model_config cfg;
     const int bad = cli_model_config(cmd, &model, &cfg);
     if (bad) return bad;
+    cfg.mlp_chunk = o.step.mlp_chunk;
     if (mt_config_check_seq_len(&cfg, pp.seq_len, err, sizeof err)) return cli_failed(cmd, err);
     if (o.tokens_per_step > 0) {
         /* as train chooses them (runtime/train.c): before the workers are known, against the

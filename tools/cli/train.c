@@ -150,6 +150,7 @@ int cli_train(int argc, char **argv)
         CLI_GROUP("memory", cli_layout_options, &o.host_layout),
         CLI_GROUP(NULL, cli_gpu_memory_options, &o.gpu_memory),
         CLI_GROUP(NULL, cli_offload_options, &o.step),
+        CLI_GROUP(NULL, cli_mlp_chunk_options, &o.step),
         CLI_GROUP("workers", cli_worker_options, &o.runtime),
     };
     const cli_command c = {
