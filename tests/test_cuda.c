@@ -377,6 +377,16 @@ START_TEST(test_layer_d128)
 }
 END_TEST
 
+START_TEST(test_layer_mlp_chunk)
+{
+    /* the dense MLP 7 rows at a time, its gate and up recomputed in backward (the CPU reference
+     * chunked alike gives the unchunked bits) */
+    mt_model_config cfg = mt_test_cuda_config(MT_FAMILY_QWEN2, true, false, 5, 1, 64, false);
+    cfg.mlp_chunk = 7;
+    run_layer_case("qwen2 --mlp-chunk 7", cfg, TB, TT);
+}
+END_TEST
+
 /* ---------- head ---------- */
 
 static void run_head_prec(const char *name, bool tied, bool first_chunk_ignored, mt_cuda_prec prec)
@@ -562,6 +572,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(layer, test_layer_qwen2_mha);
     tcase_add_test(layer, test_layer_qwen3_qknorm);
     tcase_add_test(layer, test_layer_d128);
+    tcase_add_test(layer, test_layer_mlp_chunk);
     suite_add_tcase(s, layer);
     TCase *head = tcase_create("head");
     tcase_add_test(head, test_head_untied);

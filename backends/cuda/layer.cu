@@ -76,8 +76,9 @@ static void attention_backward(mt_cuda_ctx *, const mt_layer_dims *m, const floa
 // fp32: x (n,d) h (n,d) rms1 (n) rms2 (n) lse (B,H,T) [qk_norm: qrms (n*H) krms (n*KV)]
 // E (the operand type): q k (after RoPE) (n,H*D) (n,KV*D), v (n,KV*D), a (n,H*D)
 //       [qk_norm: qpre (n,H*D) kpre (n,KV*D), the projections before the norm]
-// then the MLP's: a dense layer's g u (n,I) E, or a sparse layer's MoE set (moe.cuh), in one
-// region sized for the larger kind of layer the model has.
+// then the MLP's: a dense layer's g u (n,I) E (none with cfg->mlp_chunk: recomputed chunk by
+// chunk in backward), or a sparse layer's MoE set (moe.cuh), in one region sized for the larger
+// kind of layer the model has.
 // xn and hn are recomputed from x, h and the saved inv_rms; s = swiglu(g, u) likewise.
 template <class E> struct layer_saved {
     float *x, *h, *rms1, *rms2, *lse, *qrms, *krms;
@@ -89,6 +90,12 @@ template <class E> struct layer_saved {
 // The kinds of layer the model has: the carves size the MLP regions for both when it has both.
 static bool has_dense(const mt_model_config *cfg) { return mt_config_has_dense_layers(cfg); }
 static bool has_sparse(const mt_model_config *cfg) { return mt_config_sparse_layers(cfg) > 0; }
+
+// The rows the dense MLP runs at a time: cfg->mlp_chunk, or all n. Its buffers have that many.
+static int64_t mlp_rows(const mt_model_config *cfg, int64_t n)
+{
+    return cfg->mlp_chunk > 0 && cfg->mlp_chunk < n ? cfg->mlp_chunk : n;
+}
 
 // Ends the overlay of two alternatives that started at the same offset: past the longer one.
 static void overlay_end(mt_carve *c, size_t other_end)
@@ -114,8 +121,9 @@ static void saved_carve(const mt_model_config *cfg, const mt_layer_dims *m, mt_c
     s->qpre = cfg->qk_norm ? mt_take<E>(c, n * m->qd) : nullptr;
     s->kpre = cfg->qk_norm ? mt_take<E>(c, n * m->kvd) : nullptr;
     const size_t mlp = c->offset;
-    s->g = has_dense(cfg) ? mt_take<E>(c, n * m->inter) : nullptr;
-    s->u = has_dense(cfg) ? mt_take<E>(c, n * m->inter) : nullptr;
+    const bool kept = has_dense(cfg) && cfg->mlp_chunk == 0;
+    s->g = kept ? mt_take<E>(c, n * m->inter) : nullptr;
+    s->u = kept ? mt_take<E>(c, n * m->inter) : nullptr;
     const size_t dense_end = c->offset;
     c->offset = mlp;
     memset(&s->moe, 0, sizeof s->moe);
@@ -131,7 +139,8 @@ static void saved_carve(const mt_model_config *cfg, const mt_layer_dims *m, mt_c
 template <class E> struct layer_fwd_scratch {
     layer_saved<E> keep;  // stands in for `saved` when it is NULL
     E *xn;                // (n, d) normed x, later normed h (hn)
-    E *s;                 // (n, I) swiglu output (dense)
+    E *s;                 // (c, I) swiglu output (dense; c = mlp_rows)
+    E *g_c, *u_c;         // (c, I) gate and up when they are not kept (dense, mlp_chunk)
     void *moe;            // the MoE block's forward scratch (sparse)
     float *cos_t, *sin_t; // (T, D/2) RoPE tables
 };
@@ -143,9 +152,10 @@ template <class E> struct layer_bwd_scratch {
     float *cos_t, *sin_t; // (T, D/2)
     float *partials;      // column-sum partials, widest of d and H*D
     // MLP phase
-    E *s_dg;   // (n, I) s (recomputed), then dg (dense)
-    E *du;     // (n, I) (dense)
-    float *ds; // (n, I) gradient at the swiglu output (dense)
+    E *s_dg;   // (c, I) s (recomputed), then dg (dense; c = mlp_rows)
+    E *du;     // (c, I) (dense)
+    float *ds; // (c, I) gradient at the swiglu output (dense)
+    E *g_re, *u_re; // (c, I) gate and up recomputed (dense, mlp_chunk)
     void *moe; // the MoE block's backward scratch (sparse)
     // attention phase, overlaying the MLP phase
     E *da_dqp;            // (n, H*D) gradient at the attention output, then at q's projection
@@ -164,7 +174,11 @@ static void fwd_carve(const mt_model_config *cfg, const mt_layer_dims *m, mt_car
     saved_carve(cfg, m, c, &s->keep);
     s->xn = mt_take<E>(c, m->n * m->d);
     const size_t mlp = c->offset;
-    s->s = has_dense(cfg) ? mt_take<E>(c, m->n * m->inter) : nullptr;
+    const int64_t rows = mlp_rows(cfg, m->n);
+    const bool chunked = has_dense(cfg) && cfg->mlp_chunk > 0;
+    s->s = has_dense(cfg) ? mt_take<E>(c, rows * m->inter) : nullptr;
+    s->g_c = chunked ? mt_take<E>(c, rows * m->inter) : nullptr;
+    s->u_c = chunked ? mt_take<E>(c, rows * m->inter) : nullptr;
     const size_t dense_end = c->offset;
     c->offset = mlp;
     s->moe = has_sparse(cfg) ? mt_take<char>(c, (int64_t)mt_moe_forward_scratch_bytes<E>(cfg, m->n)) : nullptr;
@@ -184,10 +198,13 @@ static void bwd_carve(const mt_model_config *cfg, const mt_layer_dims *m, mt_car
     s->sin_t = mt_take<float>(c, m->T * m->half);
     s->partials = (float *)mt_take<char>(c, (int64_t)mt_colsum_partials_bytes(m->d > m->qd ? m->d : m->qd));
     const size_t region = c->offset;
-    const int64_t dense_inter = has_dense(cfg) ? m->inter : 0;
-    s->s_dg = mt_take<E>(c, n * dense_inter);
-    s->du = mt_take<E>(c, n * dense_inter);
-    s->ds = mt_take<float>(c, n * dense_inter);
+    const int64_t dense_inter = has_dense(cfg) ? m->inter : 0, rows = mlp_rows(cfg, n);
+    const bool chunked = has_dense(cfg) && cfg->mlp_chunk > 0;
+    s->s_dg = mt_take<E>(c, rows * dense_inter);
+    s->du = mt_take<E>(c, rows * dense_inter);
+    s->ds = mt_take<float>(c, rows * dense_inter);
+    s->g_re = chunked ? mt_take<E>(c, rows * m->inter) : nullptr;
+    s->u_re = chunked ? mt_take<E>(c, rows * m->inter) : nullptr;
     const size_t dense_end = c->offset;
     c->offset = region;
     s->moe = has_sparse(cfg) ? mt_take<char>(c, (int64_t)mt_moe_backward_scratch_bytes<E>(cfg, n)) : nullptr;
@@ -286,11 +303,21 @@ static void layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt
         mt_moe_forward(ctx, cfg, layout, tile, n, hn, sv.h, y, &sv.moe, router_stats, fs.moe, stream);
         return;
     }
+    // c rows at a time (all n without mlp_chunk): g and u into `saved`, or scratch when not kept
     const cudaDataType_t e_type = mt_cuda_type<E>();
-    mt_linear_forward(ctx, n, m.d, m.inter, hn, weight(layout, tile, MT_L_GATE_W), nullptr, sv.g, e_type, stream);
-    mt_linear_forward(ctx, n, m.d, m.inter, hn, weight(layout, tile, MT_L_UP_W), nullptr, sv.u, e_type, stream);
-    mt_layer_swiglu_forward(n * m.inter, sv.g, sv.u, fs.s, stream);
-    mt_linear_forward_residual(ctx, n, m.inter, m.d, fs.s, weight(layout, tile, MT_L_DOWN_W), sv.h, y, stream);
+    const int64_t c_rows = mlp_rows(cfg, n);
+    const bool keep = cfg->mlp_chunk == 0;
+    for (int64_t r0 = 0; r0 < n; r0 += c_rows) {
+        const int64_t rows = n - r0 < c_rows ? n - r0 : c_rows;
+        E *g = keep ? sv.g + r0 * m.inter : fs.g_c, *u = keep ? sv.u + r0 * m.inter : fs.u_c;
+        mt_linear_forward(ctx, rows, m.d, m.inter, hn + r0 * m.d, weight(layout, tile, MT_L_GATE_W), nullptr, g,
+                          e_type, stream);
+        mt_linear_forward(ctx, rows, m.d, m.inter, hn + r0 * m.d, weight(layout, tile, MT_L_UP_W), nullptr, u, e_type,
+                          stream);
+        mt_layer_swiglu_forward(rows * m.inter, g, u, fs.s, stream);
+        mt_linear_forward_residual(ctx, rows, m.inter, m.d, fs.s, weight(layout, tile, MT_L_DOWN_W), sv.h + r0 * m.d,
+                                   y + r0 * m.d, stream);
+    }
 }
 
 // ---- backward ----
@@ -328,20 +355,35 @@ static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const m
         mt_moe_backward(ctx, cfg, layout, tile, n, s.norm_out, &sv.moe, s.dres, aux_counts, aux_scale, s.dnorm,
                         dtile, s.moe, stream); // dhn (n, d)
     } else {
-        mt_layer_swiglu_forward(n * m.inter, sv.g, sv.u, s.s_dg, stream);
-        mt_linear_backward_weight(ctx, n, m.inter, m.d, s.s_dg, s.dres, grad(layout, dtile, MT_L_DOWN_W), true,
+        // c rows at a time (all n without mlp_chunk), g and u recomputed when not kept; the weight
+        // gradients accumulate over the chunks
+        const int64_t c_rows = mlp_rows(cfg, n);
+        const bool recompute = cfg->mlp_chunk > 0;
+        const cudaDataType_t e_type = mt_cuda_type<E>();
+        for (int64_t r0 = 0; r0 < n; r0 += c_rows) {
+            const int64_t rows = n - r0 < c_rows ? n - r0 : c_rows;
+            const E *hn = s.norm_out + r0 * m.d, *dres = s.dres + r0 * m.d;
+            E *g = recompute ? s.g_re : sv.g + r0 * m.inter, *u = recompute ? s.u_re : sv.u + r0 * m.inter;
+            if (recompute) {
+                mt_linear_forward(ctx, rows, m.d, m.inter, hn, weight(layout, tile, MT_L_GATE_W), nullptr, g, e_type,
                                   stream);
-        mt_linear_backward_input(ctx, n, m.inter, m.d, s.dres, weight(layout, tile, MT_L_DOWN_W), s.ds, CUDA_R_32F,
-                                 false, stream); // ds (n, I)
-        mt_layer_swiglu_backward(n * m.inter, sv.g, sv.u, s.ds, s.s_dg, s.du, stream); // dg, du (n, I)
-        mt_linear_backward_weight(ctx, n, m.d, m.inter, s.norm_out, s.s_dg, grad(layout, dtile, MT_L_GATE_W), true,
+                mt_linear_forward(ctx, rows, m.d, m.inter, hn, weight(layout, tile, MT_L_UP_W), nullptr, u, e_type,
                                   stream);
-        mt_linear_backward_weight(ctx, n, m.d, m.inter, s.norm_out, s.du, grad(layout, dtile, MT_L_UP_W), true,
-                                  stream);
-        mt_linear_backward_input(ctx, n, m.d, m.inter, s.s_dg, weight(layout, tile, MT_L_GATE_W), s.dnorm,
-                                 CUDA_R_32F, false, stream);
-        mt_linear_backward_input(ctx, n, m.d, m.inter, s.du, weight(layout, tile, MT_L_UP_W), s.dnorm, CUDA_R_32F,
-                                 true, stream); // dhn (n, d)
+            }
+            mt_layer_swiglu_forward(rows * m.inter, g, u, s.s_dg, stream);
+            mt_linear_backward_weight(ctx, rows, m.inter, m.d, s.s_dg, dres, grad(layout, dtile, MT_L_DOWN_W), true,
+                                      stream);
+            mt_linear_backward_input(ctx, rows, m.inter, m.d, dres, weight(layout, tile, MT_L_DOWN_W), s.ds,
+                                     CUDA_R_32F, false, stream); // ds (c, I)
+            mt_layer_swiglu_backward(rows * m.inter, g, u, s.ds, s.s_dg, s.du, stream); // dg, du (c, I)
+            mt_linear_backward_weight(ctx, rows, m.d, m.inter, hn, s.s_dg, grad(layout, dtile, MT_L_GATE_W), true,
+                                      stream);
+            mt_linear_backward_weight(ctx, rows, m.d, m.inter, hn, s.du, grad(layout, dtile, MT_L_UP_W), true, stream);
+            mt_linear_backward_input(ctx, rows, m.d, m.inter, s.s_dg, weight(layout, tile, MT_L_GATE_W),
+                                     s.dnorm + r0 * m.d, CUDA_R_32F, false, stream);
+            mt_linear_backward_input(ctx, rows, m.d, m.inter, s.du, weight(layout, tile, MT_L_UP_W),
+                                     s.dnorm + r0 * m.d, CUDA_R_32F, true, stream); // dhn (c, d)
+        }
     }
     // dx holds dh = dy + the norm's share (and dres its copy as E for the o_proj GEMMs).
     mt_rmsnorm_backward(n, m.d, sv.h, mlp_norm_w, sv.rms2, s.dnorm, dy, dx, s.dres, stream);
