@@ -25,6 +25,9 @@ typedef enum mt_family {
 #define MT_MAX_EXPERTS 256
 /* The most entries of qwen3_moe's mlp_only_layers (published models list none). */
 #define MT_MAX_MLP_ONLY_LAYERS 256
+/* mlp_chunk as "auto" (below). */
+#define MT_MLP_CHUNK_AUTO (-1)
+
 /* The most entries of gpt_oss's layer_types (published models have 24 and 36 layers). */
 #define MT_MAX_LAYER_TYPES 1024
 
@@ -98,7 +101,8 @@ typedef struct mt_model_config {
     /* Tokens the dense MLP computes at a time (a run's setting, never saved): 0 runs it over all
      * of a layer call's tokens and keeps its gate and up for the backward; N > 0 runs it N tokens
      * at a time and recomputes them there, so that its buffers do not grow with the length
-     * (docs/long-context.md). The results are the same bits either way on CPU workers. */
+     * (docs/long-context.md). The results are the same bits either way on CPU workers.
+     * MT_MLP_CHUNK_AUTO: the run's memory plan picks (runtime/plan.h); the layer reads it as 0. */
     int64_t mlp_chunk;
     mt_router_aux_mode router_aux; /* a run's override of output_router_logits; never saved */
     double router_aux_coef_run;  /* with router_aux ON: the run's coefficient (--router-aux-loss); never

@@ -645,6 +645,8 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
             layout = chosen.layout;
             r->K = (int)chosen.K;
             offload = chosen.offload ? 1 : 0;
+            cfg.mlp_chunk = chosen.mlp_chunk; /* auto resolved: every pair runs the first's */
+            if (chosen.mlp_chunk_auto && chosen.mlp_chunk > 0 && log) fprintf(log, "bench: %s\n", chosen.why_mlp_chunk);
             if (log) fprintf(log, "bench: checkpoints %s\n", chosen.why_offload);
             if (chosen.k_auto && log) fprintf(log, "bench: checkpoint interval %s\n", chosen.why_k);
             if (mt_plan_run_refusal(&plan, &chosen, err, errlen)) goto fail;

@@ -88,7 +88,7 @@ int mt_grads_run(const mt_grads_options *o, double *loss, char *err, size_t errl
         (o->rope_scaling && mt_config_set_rope_scaling(&cfg, o->rope_scaling, err, errlen)) ||
         mt_config_check_seq_len(&cfg, o->T, err, errlen))
         return -1;
-    cfg.mlp_chunk = o->mlp_chunk;
+    cfg.mlp_chunk = o->mlp_chunk > 0 ? o->mlp_chunk : 0; /* auto: no plan here, all at once */
     int32_t *ids = read_tokens(o, cfg.vocab, err, errlen);
     if (!ids) return -1;
     const int64_t ntok = o->B * o->T;

@@ -1004,8 +1004,40 @@ static int choose_run_at(const mt_model_config *cfg, const mt_plan_params *param
     return 0;
 }
 
+static int choose_run_offload(const mt_model_config *cfg, const mt_plan_params *params, mt_host_layout request,
+                              uint64_t host_available, uint64_t gpu_memory, mt_plan *plan, mt_run_choice *run);
+
 int mt_plan_choose_run(const mt_model_config *cfg, const mt_plan_params *params, mt_host_layout request,
                        uint64_t host_available, uint64_t gpu_memory, mt_plan *plan, mt_run_choice *run)
+{
+    if (cfg->mlp_chunk != MT_PLAN_MLP_CHUNK_AUTO) {
+        if (choose_run_offload(cfg, params, request, host_available, gpu_memory, plan, run)) return -1;
+        run->mlp_chunk = cfg->mlp_chunk > 0 ? cfg->mlp_chunk : 0;
+        return 0;
+    }
+    static const int64_t chunks[] = { 0, 65536, 32768, 16384, 8192, 4096, 2048, 1024 };
+    const int64_t tokens = params->micro_batch * params->seq_len;
+    mt_model_config c = *cfg;
+    int64_t last = 0;
+    for (size_t i = 0; i < sizeof chunks / sizeof chunks[0]; i++) {
+        if (i > 0 && chunks[i] >= tokens) continue; /* one chunk of all the tokens: no less memory */
+        c.mlp_chunk = chunks[i];
+        if (choose_run_offload(&c, params, request, host_available, gpu_memory, plan, run)) return -1;
+        last = chunks[i];
+        if (run->fits) break;
+    }
+    run->mlp_chunk_auto = true;
+    run->mlp_chunk = last;
+    if (last > 0)
+        snprintf(run->why_mlp_chunk, sizeof run->why_mlp_chunk,
+                 "the dense MLP %" PRId64 " tokens at a time (--mlp-chunk auto: %s)", last,
+                 run->fits ? "the largest chunk whose plan fits; unchunked it does not"
+                           : "no chunk fits; the smallest comes nearest");
+    return 0;
+}
+
+static int choose_run_offload(const mt_model_config *cfg, const mt_plan_params *params, mt_host_layout request,
+                              uint64_t host_available, uint64_t gpu_memory, mt_plan *plan, mt_run_choice *run)
 {
     mt_plan_params p = *params;
     const bool automatic = p.offload_checkpoints == MT_PLAN_OFFLOAD_AUTO;
@@ -1071,6 +1103,9 @@ int mt_plan_run_refusal(const mt_plan *plan, const mt_run_choice *run, char *err
 void mt_plan_print_run(const mt_plan *plan, const mt_run_choice *run, const char *gpu_source, FILE *out)
 {
     char need[32], have[32];
+    if (run->mlp_chunk > 0 && run->mlp_chunk_auto) fprintf(out, "MLP: %s\n", run->why_mlp_chunk);
+    else if (run->mlp_chunk > 0)
+        fprintf(out, "MLP: the dense MLP %" PRId64 " tokens at a time (--mlp-chunk)\n", run->mlp_chunk);
     if (run->k_auto) fprintf(out, "checkpoint interval: %s\n", run->why_k);
     if (!plan->params.use_gpu) return;
     fprintf(out, "checkpoints: %s\n", run->why_offload);

@@ -299,7 +299,15 @@ typedef struct mt_run_choice {
     bool offload_auto;         /* offload_checkpoints was asked as auto */
     bool offload;              /* the plan's: checkpoints offloaded to host memory */
     char why_offload[320];     /* the choice of offload in one sentence */
+    bool mlp_chunk_auto;       /* cfg's mlp_chunk was MT_PLAN_MLP_CHUNK_AUTO */
+    int64_t mlp_chunk;         /* the plan's dense MLP chunk (0: all tokens at once) */
+    char why_mlp_chunk[320];   /* with auto, when it chose chunks: why, in one sentence */
 } mt_run_choice;
+
+/* cfg->mlp_chunk asked as "auto" (--mlp-chunk auto, the default): mt_plan_choose_run runs the
+ * dense MLP over all tokens at once where that plan fits, else in the largest of
+ * MT_PLAN_MLP_CHUNKS that fits. Without a plan (grads, eval) auto is 0. */
+#define MT_PLAN_MLP_CHUNK_AUTO MT_MLP_CHUNK_AUTO
 
 /* Plans params under the host layout `request` against `host_available` bytes and, for a GPU
  * plan, `gpu_memory` device bytes (0: the GPU side is not checked). With checkpoint_interval
@@ -312,6 +320,11 @@ typedef struct mt_run_choice {
  * one's. Returns 0 whether it fits or not, or -1 with plan->error set. */
 int mt_plan_choose_run(const mt_model_config *cfg, const mt_plan_params *params, mt_host_layout request,
                        uint64_t host_available, uint64_t gpu_memory, mt_plan *plan, mt_run_choice *run);
+/* With cfg->mlp_chunk MT_PLAN_MLP_CHUNK_AUTO, mt_plan_choose_run tries the MLP unchunked first,
+ * then chunks of these many tokens, largest first (those below the tokens of a micro-batch),
+ * each with the K and offload the rules above pick; the first run that fits is chosen, else the
+ * smallest chunk's, refused. Chunks recompute the MLP's gate and up in the backward (two of its
+ * three GEMMs again), so auto takes them only where memory needs them. */
 /* Why a run that does not fit is refused, host first (mt_plan_check_host, else the layout's why),
  * then the GPU (mt_plan_check_gpu), with auto's choice of K in front; returns -1, or 0 when it
  * fits. */

@@ -78,8 +78,9 @@ typedef struct mt_step_config {
                             * (mt_plan_offload_needed). Bitwise the same results either way. */
     int64_t mlp_chunk;     /* The dense MLP's tokens at a time, its gate and up recomputed in the
                             * backward (the model config's mlp_chunk, models/config.h; the commands
-                            * copy it there before the state is made): 0 (the default) all of a
-                            * layer call's at once. CPU workers only for now. */
+                            * copy it there before the state is made): 0 all of a layer call's at
+                            * once; MT_MLP_CHUNK_AUTO (the default) as the run's memory plan picks.
+                            * CPU workers only for now. */
     int devices;           /* Data parallelism over the compute devices of one process: with more
                             * than one CUDA worker (0, the default) each is a device; > 1 here
                             * makes that many devices of the CPU workers (research and tests:
@@ -100,7 +101,8 @@ typedef struct mt_step_config {
 
 /* Defaults: accum 1, K 4, clip 1.0, head_chunk 1024, betas (0.9, 0.999), eps 1e-8, wd 0,
  * adamw_split -1, clip_speculate -1, clip_range_check -1, adamw_defer -1, ranged_bounds
- * MT_RANGED_BOUNDS_DEFAULT, offload_checkpoints -1, the rest 0 (their defaults). */
+ * MT_RANGED_BOUNDS_DEFAULT, offload_checkpoints -1, mlp_chunk MT_MLP_CHUNK_AUTO, the rest 0
+ * (their defaults). */
 mt_step_config mt_step_defaults(void);
 
 /* What an observer hears: a compute task of a training step ended. */

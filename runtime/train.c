@@ -433,6 +433,8 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         say(log, "megatrain: checkpoint interval %s\n", chosen.why_k);
     }
     run.step.offload_checkpoints = chosen.offload ? 1 : 0; /* auto resolved as plan resolves it */
+    cfg.mlp_chunk = chosen.mlp_chunk; /* auto resolved likewise */
+    if (chosen.mlp_chunk_auto && chosen.mlp_chunk > 0) say(log, "megatrain: %s\n", chosen.why_mlp_chunk);
     if (pp.use_gpu) say(log, "megatrain: checkpoints %s\n", chosen.why_offload);
     if (chosen.gpu_checked) {
         char need[32], have[32];

@@ -77,11 +77,12 @@ check_auto() {
     fi
 }
 
-check_auto "7B, 32 x 2048 on 141 GB" "${seven[@]}" --gpu-memory 141GB
+# (the MLP unchunked: chunks would let a larger K fit)
+check_auto "7B, 32 x 2048 on 141 GB" "${seven[@]}" --gpu-memory 141GB --mlp-chunk 0
 check_auto "0.5B, 16 x 4096 on 30 GiB" plan --shape qwen2.5-0.5b --micro-batch 16 --seq-len 4096 --ncuda 1 --host-memory 2T \
-    --gpu-memory 30G
+    --gpu-memory 30G --mlp-chunk 0
 check_auto "0.5B, 2 x 512 on 80 GiB: every layer" plan --shape qwen2.5-0.5b --micro-batch 2 --seq-len 512 --ncuda 1 \
-    --host-memory 2T --gpu-memory 80G
+    --host-memory 2T --gpu-memory 80G --mlp-chunk 0
 expect_ok "an explicit K is kept" '^  B=32 x T=2048 x accumulation 1 = 65536 tokens/step, K=3 ' "${seven[@]}" --gpu-memory 141GB \
     --checkpoint-every 3
 expect_error "auto where no K fits: refused, saying so" 'no K from 1 to 28 fits.*not enough GPU memory' "${seven[@]}" \
@@ -102,7 +103,7 @@ grep -qE '^megatrain: 1 step of 1 x 2 x 64 tokens, K=6,' out.txt && ok "train ra
 # 3B at one 131072-token sequence, K=2: 18 GiB of checkpoints on the GPU, or 3 GiB in flight
 # with the other 17 GiB in pinned host memory; 48 GiB holds only the second.
 long=(plan --shape qwen2.5-3b --micro-batch 1 --seq-len 131072 --rope-scaling yarn:4 --ncuda 1 --host-memory 2T
-      --checkpoint-every 2)
+      --checkpoint-every 2 --mlp-chunk 0)
 expect_error "offload off, 3B at 131072 tokens in 48 GiB: refused, offering the offload" \
     'checkpoints 18\.00 GiB \(18 per micro-batch at K=2, 1 micro-batch, all on the GPU\).*--offload-checkpoints on' \
     "${long[@]}" --gpu-memory 48G --offload-checkpoints off
@@ -126,6 +127,23 @@ expect_error "bench --offload-checkpoints 1" "--offload-checkpoints: '1' is not 
 expect_ok "train --offload-checkpoints on on the CPU" '^done: 2 steps' \
     train --steps 2 --sample-bytes 0 --eval-every 0 --ncpu 2 --ncuda 0 --micro-batch 2 --seq-len 64 --checkpoint-every 2 \
     --offload-checkpoints on
+
+# --- --mlp-chunk -------------------------------------------------------------------------------
+# 3B at one 524288-token sequence on an H200's 140 GiB and 125 GiB of host memory, K=4 (at
+# train's default K=2 the checkpoints alone take 68 GiB of the host): with the offload and the MLP
+# chunks auto the plan fits, the GPU at most 120 GiB; unchunked it does not.
+huge=(plan --shape qwen2.5-3b --micro-batch 1 --seq-len 524288 --rope-scaling yarn:16 --ncuda 1 --gpu-memory 140G
+      --host-memory 125G --checkpoint-every 4)
+expect_ok "3B at 524288 tokens: the default plan chunks the MLP" \
+    '^MLP: the dense MLP [0-9]+ tokens at a time \(--mlp-chunk auto: the largest chunk whose plan fits; unchunked it does not\)$' \
+    "${huge[@]}"
+gib=$(sed -nE 's/^GPU: needs [0-9]+ bytes \(([0-9.]+) GiB.*within the 140.00 GiB.*/\1/p' out.txt)
+if [ -n "$gib" ] && awk -v g="$gib" 'BEGIN { exit !(g <= 120) }'; then ok "3B at 524288 tokens: the GPU needs $gib GiB (<= 120)"
+else bad "3B at 524288 tokens: the GPU at most 120 GiB" "needs '${gib:-?}' GiB"; fi
+expect_error "3B at 524288 tokens, --mlp-chunk 0: refused" 'not enough (GPU|host) memory' "${huge[@]}" --mlp-chunk 0
+expect_ok "plan --mlp-chunk 4096: said" '^MLP: the dense MLP 4096 tokens at a time \(--mlp-chunk\)$' "${huge[@]}" \
+    --mlp-chunk 4096
+expect_error "--mlp-chunk takes a number or auto" 'number of tokens \(0: all at once\) or auto' "${huge[@]}" --mlp-chunk most
 
 # --- plan without --data ----------------------------------------------------------------------
 default=/usr/share/games/fortunes

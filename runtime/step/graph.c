@@ -19,7 +19,7 @@ mt_step_config mt_step_defaults(void)
         .B = 8, .T = 128, .accum = 1, .K = 4, .clip = 1.0, .head_chunk = 1024,
         .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0, .adamw_split = -1,
         .clip_speculate = -1, .clip_range_check = -1, .adamw_defer = -1, .ranged_bounds = MT_RANGED_BOUNDS_DEFAULT,
-        .offload_checkpoints = -1,
+        .offload_checkpoints = -1, .mlp_chunk = MT_MLP_CHUNK_AUTO,
     };
     return c;
 }

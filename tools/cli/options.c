@@ -465,11 +465,36 @@ const cli_option cli_offload_options[1] = {
       .help = "auto|on|off: checkpoints in host RAM, fetched back for the recompute" },
 };
 
+/* --mlp-chunk: a number of tokens (0: none), or auto. */
+static int parse_mlp_chunk(const char *cmd, const cli_option *opt, const char *arg, void *target)
+{
+    int64_t *chunk = (int64_t *)((char *)target + opt->field);
+    if (!strcmp(arg, "auto")) {
+        *chunk = MT_MLP_CHUNK_AUTO;
+        return 0;
+    }
+    long long v;
+    if (cli_parse_int(cmd, "--mlp-chunk", arg, 0, CLI_MAX_SEQ_LEN, &v)) {
+        fprintf(stderr, "%s: --mlp-chunk takes a number of tokens (0: all at once) or auto\n", cmd);
+        return 2;
+    }
+    *chunk = (int64_t)v;
+    return 0;
+}
+
+static const char *show_mlp_chunk(const void *field, char *buf, size_t size)
+{
+    const int64_t c = *(const int64_t *)field;
+    if (c == MT_MLP_CHUNK_AUTO) return "auto";
+    snprintf(buf, size, "%lld", (long long)c);
+    return buf;
+}
+
 const cli_option cli_mlp_chunk_options[1] = {
-    { .name = "mlp-chunk", .arg = "N", .kind = CLI_INT64, .field = offsetof(mt_step_config, mlp_chunk), .min = 0,
-      .max = CLI_MAX_SEQ_LEN, .advanced = true,
-      .help = "the dense MLP N tokens at a time, recomputed in backward: its buffers stop growing with the "
-              "length (0: all at once; CPU workers)" },
+    { .name = "mlp-chunk", .arg = "N", .kind = CLI_CUSTOM, .field = offsetof(mt_step_config, mlp_chunk),
+      .parse = parse_mlp_chunk, .show_default = true, .show = show_mlp_chunk, .advanced = true,
+      .help = "the dense MLP N tokens at a time, recomputed in backward (0: all at once; auto: chunks where the "
+              "memory plan needs them)" },
 };
 
 /* A factor above 1 into the double field (--clip-range, --clip-range-max). */
