@@ -47,8 +47,8 @@ static void layer_forward_cuda(void *buffers[], void *cl_arg)
     /* the statistics handle is on this GPU (RW): the layer adds to it on its stream */
     double *stats = a.router_stats ? (double *)STARPU_VECTOR_GET_PTR(buffers[a.save ? 5 : 4]) : NULL;
     mt_cuda_layer_forward_aux(mt_cuda_ctx_get(), &md->cfg, mt_codelet_layer_layout(md, a.layer),
-                              mt_codelet_cuda_prec(md->dtype), (const void *)STARPU_VECTOR_GET_PTR(buffers[0]), a.B,
-                              a.T, (const float *)STARPU_VECTOR_GET_PTR(buffers[1]),
+                              mt_codelet_cuda_prec(md->dtype), (const void *)STARPU_VECTOR_GET_PTR(buffers[0]),
+                              a.layer, a.B, a.T, (const float *)STARPU_VECTOR_GET_PTR(buffers[1]),
                               (float *)STARPU_VECTOR_GET_PTR(buffers[2]),
                               a.save ? (void *)STARPU_VECTOR_GET_PTR(buffers[4]) : NULL,
                               (void *)STARPU_VECTOR_GET_PTR(buffers[3]), stats, starpu_cuda_get_local_stream());
@@ -64,8 +64,8 @@ static void layer_backward_cuda(void *buffers[], void *cl_arg)
     /* the counts are the first E of the statistics (R, on this GPU), final once every sparse forward has run */
     const double *counts = a.router_stats ? (const double *)STARPU_VECTOR_GET_PTR(buffers[a.sumsq ? 7 : 6]) : NULL;
     mt_cuda_layer_backward_aux(mt_cuda_ctx_get(), &md->cfg, mt_codelet_layer_layout(md, a.layer),
-                               mt_codelet_cuda_prec(md->dtype), (const void *)STARPU_VECTOR_GET_PTR(buffers[0]), a.B,
-                               a.T, (const void *)STARPU_VECTOR_GET_PTR(buffers[1]),
+                               mt_codelet_cuda_prec(md->dtype), (const void *)STARPU_VECTOR_GET_PTR(buffers[0]),
+                               a.layer, a.B, a.T, (const void *)STARPU_VECTOR_GET_PTR(buffers[1]),
                                (const float *)STARPU_VECTOR_GET_PTR(buffers[2]),
                                (float *)STARPU_VECTOR_GET_PTR(buffers[3]), dtile, a.accumulate,
                                (void *)STARPU_VECTOR_GET_PTR(buffers[5]), counts, a.aux_scale, stream);

@@ -526,8 +526,8 @@ static void run_layer_prec(const routing_case *rc, mt_cuda_prec prec, uint64_t s
     const size_t stats_bytes = (size_t)(2 * E) * sizeof(double);
     double *d_stats = mt_test_gpu_buffer(stats0, stats_bytes), *d_counts = mt_test_gpu_buffer(stats64, stats_bytes);
     float *d_y3 = mt_test_gpu_buffer(NULL, vec_bytes);
-    mt_cuda_layer_forward_aux(ctx, &cfg, &lay, prec, d_tile, B, T, d_x, d_y3, d_saved, d_scratch, d_stats, s);
-    mt_cuda_layer_backward_aux(ctx, &cfg, &lay, prec, d_tile, B, T, d_saved, d_dy, d_dx, d_dtile, false, d_scratch,
+    mt_cuda_layer_forward_aux(ctx, &cfg, &lay, prec, d_tile, 0, B, T, d_x, d_y3, d_saved, d_scratch, d_stats, s);
+    mt_cuda_layer_backward_aux(ctx, &cfg, &lay, prec, d_tile, 0, B, T, d_saved, d_dy, d_dx, d_dtile, false, d_scratch,
                                d_counts, aux_scale, s);
     CK_CUDA(cudaStreamSynchronize(st));
     double *stats = mt_test_alloc_f64(2 * E);

@@ -1,4 +1,5 @@
-// The bf16 attention entry points of kernels.h: causal grouped-query attention, scale 1/sqrt(D).
+// The bf16 attention entry points of kernels.h: causal grouped-query attention, scale 1/sqrt(D),
+// with gpt_oss's sliding windows (the own kernels only) and sinks (attention_sinks.cuh).
 // Each call first tries cuDNN 9's fused flash attention (attention_cudnn.cu: libcudnn.so.9
 // loaded with dlopen, head dims 64 and 128) unless the context's options say
 // MT_CUDA_ATTENTION_OWN, and on any cuDNN failure prints one line on stderr per direction and
@@ -11,6 +12,7 @@
 
 #include "backends/cuda/attention_cudnn.h"
 #include "backends/cuda/attention_own.cuh"
+#include "backends/cuda/attention_sinks.cuh"
 #include "backends/cuda/attention_tiles.cuh"
 
 namespace {
@@ -60,20 +62,33 @@ extern "C" int mt_cuda_attention_reproducible(const mt_cuda_ctx *ctx, int64_t B,
     return !(cudnn_first(ctx, B, T, H, KV, D) && mt_cuda_attention_cudnn_backward_takes_T(T));
 }
 
-extern "C" void mt_cuda_attention_forward(mt_cuda_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                                          const mt_cuda_bf16 *q, const mt_cuda_bf16 *k, const mt_cuda_bf16 *v,
-                                          mt_cuda_bf16 *out, float *lse, mt_cuda_stream stream)
+extern "C" void mt_cuda_attention_forward_ex(mt_cuda_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t KV,
+                                             int64_t D, int64_t window, const mt_cuda_bf16 *sinks,
+                                             const mt_cuda_bf16 *q, const mt_cuda_bf16 *k, const mt_cuda_bf16 *v,
+                                             mt_cuda_bf16 *out, float *lse, mt_cuda_stream stream)
 {
     const void *ptrs[] = {q, k, v, out};
     check_shapes("mt_cuda_attention_forward", B, T, H, KV, D, ptrs, 4);
     if (B == 0 || T == 0) return;
-    if (cudnn_first(ctx, B, T, H, KV, D)) {
+    const bool windowed = window > 0 && window < T;
+    bool done = false;
+    // cuDNN's plans here have no sliding window: a windowed layer runs the own kernels
+    if (!windowed && cudnn_first(ctx, B, T, H, KV, D)) {
         char why[384];
-        if (mt_cuda_attention_cudnn_forward(B, T, H, KV, D, q, k, v, out, lse, stream, why, sizeof why) == 0) return;
-        cudnn_fallback_note(ctx, true, why);
+        done = mt_cuda_attention_cudnn_forward(B, T, H, KV, D, q, k, v, out, lse, stream, why, sizeof why) == 0;
+        if (!done) cudnn_fallback_note(ctx, true, why);
     }
-    mt_attention_own_forward(ctx->options.qblock, B, T, H, KV, D, as_bf16(q), as_bf16(k), as_bf16(v), as_bf16(out),
-                             lse, as_stream(stream));
+    if (!done)
+        mt_attention_own_forward(ctx->options.qblock, B, T, H, KV, D, windowed ? window : 0, as_bf16(q), as_bf16(k),
+                                 as_bf16(v), as_bf16(out), lse, as_stream(stream));
+    if (sinks) mt_attention_sinks_apply_bf16(B, T, H, D, as_bf16(sinks), as_bf16(out), lse, as_stream(stream));
+}
+
+extern "C" void mt_cuda_attention_forward(mt_cuda_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                                          const mt_cuda_bf16 *q, const mt_cuda_bf16 *k, const mt_cuda_bf16 *v,
+                                          mt_cuda_bf16 *out, float *lse, mt_cuda_stream stream)
+{
+    mt_cuda_attention_forward_ex(ctx, B, T, H, KV, D, 0, nullptr, q, k, v, out, lse, stream);
 }
 
 // The own backward needs Delta (B, H, T) fp32; the cuDNN one its bf16 gradients, fp32 accumulators
@@ -87,22 +102,39 @@ extern "C" size_t mt_cuda_attention_workspace_bytes(int64_t B, int64_t T, int64_
     return own > cudnn ? own : cudnn;
 }
 
+extern "C" void mt_cuda_attention_backward_ex(mt_cuda_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t KV,
+                                              int64_t D, int64_t window, const mt_cuda_bf16 *sinks,
+                                              const mt_cuda_bf16 *q, const mt_cuda_bf16 *k, const mt_cuda_bf16 *v,
+                                              const mt_cuda_bf16 *out, const float *lse, const mt_cuda_bf16 *dout,
+                                              float *dq, float *dk, float *dv, float *dsinks, void *workspace,
+                                              mt_cuda_stream stream)
+{
+    const void *ptrs[] = {q, k, v, out, dout, dq, dk, dv};
+    check_shapes("mt_cuda_attention_backward", B, T, H, KV, D, ptrs, 8);
+    if (B == 0 || T == 0) return;
+    const bool windowed = window > 0 && window < T;
+    bool done = false;
+    if (!windowed && cudnn_first(ctx, B, T, H, KV, D)) {
+        char why[384];
+        done = mt_cuda_attention_cudnn_backward(B, T, H, KV, D, q, k, v, out, lse, dout, dq, dk, dv, workspace,
+                                                mt_cuda_attention_workspace_bytes(B, T, H, KV, D), stream, why,
+                                                sizeof why) == 0;
+        if (!done) cudnn_fallback_note(ctx, false, why);
+    }
+    if (!done)
+        mt_attention_own_backward(ctx->options.qblock, B, T, H, KV, D, windowed ? window : 0, as_bf16(q), as_bf16(k),
+                                  as_bf16(v), as_bf16(out), lse, as_bf16(dout), dq, dk, dv, (float *)workspace,
+                                  as_stream(stream));
+    if (sinks && dsinks)
+        mt_attention_sinks_grad_bf16(B, T, H, D, as_bf16(sinks), as_bf16(out), as_bf16(dout), lse, dsinks,
+                                     as_stream(stream));
+}
+
 extern "C" void mt_cuda_attention_backward(mt_cuda_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                                            const mt_cuda_bf16 *q, const mt_cuda_bf16 *k, const mt_cuda_bf16 *v,
                                            const mt_cuda_bf16 *out, const float *lse, const mt_cuda_bf16 *dout,
                                            float *dq, float *dk, float *dv, void *workspace, mt_cuda_stream stream)
 {
-    const void *ptrs[] = {q, k, v, out, dout, dq, dk, dv};
-    check_shapes("mt_cuda_attention_backward", B, T, H, KV, D, ptrs, 8);
-    if (B == 0 || T == 0) return;
-    if (cudnn_first(ctx, B, T, H, KV, D)) {
-        char why[384];
-        if (mt_cuda_attention_cudnn_backward(B, T, H, KV, D, q, k, v, out, lse, dout, dq, dk, dv, workspace,
-                                             mt_cuda_attention_workspace_bytes(B, T, H, KV, D), stream, why,
-                                             sizeof why) == 0)
-            return;
-        cudnn_fallback_note(ctx, false, why);
-    }
-    mt_attention_own_backward(ctx->options.qblock, B, T, H, KV, D, as_bf16(q), as_bf16(k), as_bf16(v), as_bf16(out),
-                              lse, as_bf16(dout), dq, dk, dv, (float *)workspace, as_stream(stream));
+    mt_cuda_attention_backward_ex(ctx, B, T, H, KV, D, 0, nullptr, q, k, v, out, lse, dout, dq, dk, dv, nullptr,
+                                  workspace, stream);
 }

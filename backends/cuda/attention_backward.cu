@@ -39,7 +39,7 @@ template <int D>
 __global__ void __launch_bounds__(THREADS) attention_backward_dkdv_kernel(
     int T, int H, int KV, const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
     const bf16 *__restrict__ dout, const float *__restrict__ lse, const float *__restrict__ delta, float *__restrict__ dk,
-    float *__restrict__ dv, float scale_log2, float scale)
+    float *__restrict__ dv, float scale_log2, float scale, int window)
 {
     constexpr int TE = Tile<D>::ELEMS;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -53,10 +53,13 @@ __global__ void __launch_bounds__(THREADS) attention_backward_dkdv_kernel(
     // z slowest: every head's key block 0 (the most query blocks) launches first, then block 1, ...
     // (with key blocks fastest, the long blocks would come last and idle SMs in the tail).
     const int kblock = blockIdx.z, kvh = blockIdx.x, b = blockIdx.y;
-    const int group = H / KV, nblocks = (T + BLOCK - 1) / BLOCK, nq = nblocks - kblock;
+    const int group = H / KV, nblocks = (T + BLOCK - 1) / BLOCK, n0 = kblock * BLOCK;
+    // the query blocks that see these keys: from the diagonal to the end, or (window) to the
+    // block of the last key's last query, n0 + BLOCK - 1 + window - 1
+    const int qlast = window > 0 ? min(nblocks - 1, (n0 + BLOCK + window - 2) / BLOCK) : nblocks - 1;
+    const int nq = qlast - kblock + 1;
     const int total = group * nq; // (query head, query block) steps, in a fixed order
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, quad = lane & 3;
-    const int n0 = kblock * BLOCK;
 
     load_tile<D>(k_tile, k + ((int64_t)b * T * KV + kvh) * D, (int64_t)KV * D, n0, T);
     load_tile<D>(v_tile, v + ((int64_t)b * T * KV + kvh) * D, (int64_t)KV * D, n0, T);
@@ -95,6 +98,7 @@ __global__ void __launch_bounds__(THREADS) attention_backward_dkdv_kernel(
         const bf16 *qt = q_tiles + buf * TE, *dot = do_tiles + buf * TE;
         const float *lse_b = lse_s + buf * BLOCK, *delta_b = delta_s + buf * BLOCK;
         const bool diagonal = step % nq == 0;
+        const int qoff = (step % nq) * BLOCK; // this query block's first row, less n0
 
         // P^T (16 keys x 64 queries), from S^T = K Q^T
         float p[8][4];
@@ -105,7 +109,8 @@ __global__ void __launch_bounds__(THREADS) attention_backward_dkdv_kernel(
             for (int e = 0; e < 4; e++) {
                 const int krow = warp * 16 + g + 8 * (e >> 1), qcol = 8 * nt + 2 * quad + (e & 1);
                 const float pe = fast_exp2(fmaf(p[nt][e], scale_log2, -lse_b[qcol]));
-                p[nt][e] = diagonal && krow > qcol ? 0.f : pe; // select: a masked exp2 may be inf
+                const bool out = (diagonal && krow > qcol) || (window > 0 && qoff + qcol - krow >= window);
+                p[nt][e] = out ? 0.f : pe; // select: a masked exp2 may be inf
             }
 
         gemm_acc_pv<D>(dv_acc, p, dot); // dV += P^T dO
@@ -147,7 +152,7 @@ template <int D, int QW>
 __global__ void __launch_bounds__(QW * 32) attention_backward_dq_kernel(
     int T, int H, int KV, const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
     const bf16 *__restrict__ dout, const float *__restrict__ lse, const float *__restrict__ delta, float *__restrict__ dq,
-    float scale_log2, float scale)
+    float scale_log2, float scale, int window)
 {
     constexpr int NT = QW * 32, QB = 16 * QW;
     constexpr int TE = Tile<D>::ELEMS;        // one 64-row K or V tile
@@ -164,6 +169,7 @@ __global__ void __launch_bounds__(QW * 32) attention_backward_dq_kernel(
     const int m0 = qblock * QB, wrow0 = m0 + warp * 16;
     const int nkb = (T + BLOCK - 1) / BLOCK;
     const int jmax = min((m0 + QB - 1) / BLOCK, nkb - 1);
+    const int jmin = window > 0 ? max(0, m0 - window + 1) / BLOCK : 0; // as in the forward
     const bf16 *kg = k + ((int64_t)b * T * KV + kvh) * D;
     const bf16 *vg = v + ((int64_t)b * T * KV + kvh) * D;
 
@@ -187,15 +193,16 @@ __global__ void __launch_bounds__(QW * 32) attention_backward_dq_kernel(
 #pragma unroll
         for (int e = 0; e < 4; e++) dq_acc[i][e] = 0.f;
 
-    for (int it = 0; it <= jmax; it++) {
+    for (int it = 0; it <= jmax - jmin; it++) {
         const int j = jmax - it, buf = it & 1, k0 = j * BLOCK;
-        kv_pipeline_step<D, NT>(k_tiles, v_tiles, kg, vg, (int64_t)KV * D, j, buf, T);
+        kv_pipeline_step<D, NT>(k_tiles, v_tiles, kg, vg, (int64_t)KV * D, j, buf, T, jmin);
         __syncthreads();
-        if (k0 > wrow0 + 15) { // every key of this block is after every row of this warp
+        // every key of this block after every row of this warp, or before every row's window
+        if (k0 > wrow0 + 15 || (window > 0 && k0 + BLOCK - 1 <= wrow0 - window)) {
             __syncthreads();
             continue;
         }
-        const bool masked = k0 + BLOCK - 1 > wrow0;
+        const bool masked = k0 + BLOCK - 1 > wrow0 || (window > 0 && k0 <= wrow0 + 15 - window);
         const bf16 *kt = k_tiles + buf * TE, *vt = v_tiles + buf * TE;
 
         float p[8][4]; // P (16 queries x 64 keys)
@@ -206,7 +213,7 @@ __global__ void __launch_bounds__(QW * 32) attention_backward_dq_kernel(
             for (int e = 0; e < 4; e++) {
                 const int qrow = wrow0 + g + 8 * (e >> 1), kcol = k0 + 8 * nt + 2 * quad + (e & 1);
                 const float pe = fast_exp2(fmaf(p[nt][e], scale_log2, -row_lse[e >> 1]));
-                p[nt][e] = masked && kcol > qrow ? 0.f : pe;
+                p[nt][e] = masked && (kcol > qrow || (window > 0 && kcol <= qrow - window)) ? 0.f : pe;
             }
 
         float ds[8][4]; // dP = dO V^T, then dS = P (dP - Delta)
@@ -236,7 +243,8 @@ constexpr size_t tile_bytes(int64_t D) { return (size_t)BLOCK * (size_t)(D + 8) 
 
 template <int D, int QW>
 void dq_qw(int64_t B, int64_t T, int64_t H, int64_t KV, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout,
-           const float *lse, const float *delta, float *dq, float scale_log2, float scale, cudaStream_t stream)
+           const float *lse, const float *delta, float *dq, float scale_log2, float scale, int window,
+           cudaStream_t stream)
 {
     constexpr int QB = 16 * QW;
     const size_t smem = (size_t)(2 * QB + 4 * BLOCK) * (size_t)(D + 8) * sizeof(bf16);
@@ -244,14 +252,14 @@ void dq_qw(int64_t B, int64_t T, int64_t H, int64_t KV, const bf16 *q, const bf1
                                     (int)smem));
     attention_backward_dq_kernel<D, QW><<<dim3((unsigned)H, (unsigned)B, (unsigned)((T + QB - 1) / QB)), QW * 32, smem,
                                           stream>>>((int)T, (int)H, (int)KV, q, k, v, dout, lse, delta, dq, scale_log2,
-                                                    scale);
+                                                    scale, window);
     CUDA_CHECK_LAUNCH();
 }
 
 template <int D>
 void backward(mt_cuda_qblock qblock, int64_t B, int64_t T, int64_t H, int64_t KV, const bf16 *q, const bf16 *k,
               const bf16 *v, const bf16 *out, const float *lse, const bf16 *dout, float *dq, float *dk, float *dv,
-              float *delta, cudaStream_t stream)
+              float *delta, int window, cudaStream_t stream)
 {
     const float scale = (float)(1.0 / sqrt((double)D)), scale_log2 = scale * LOG2E;
     const int64_t rows = B * T * H;
@@ -265,13 +273,13 @@ void backward(mt_cuda_qblock qblock, int64_t B, int64_t T, int64_t H, int64_t KV
     CUDA_CHECK(cudaFuncSetAttribute(attention_backward_dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)smem_kv));
     attention_backward_dkdv_kernel<D><<<dim3((unsigned)KV, (unsigned)B, nblocks), THREADS, smem_kv, stream>>>(
-        (int)T, (int)H, (int)KV, q, k, v, dout, lse, delta, dk, dv, scale_log2, scale);
+        (int)T, (int)H, (int)KV, q, k, v, dout, lse, delta, dk, dv, scale_log2, scale, window);
     CUDA_CHECK_LAUNCH();
 
     if (qblock == MT_CUDA_QBLOCK_128)
-        dq_qw<D, 8>(B, T, H, KV, q, k, v, dout, lse, delta, dq, scale_log2, scale, stream);
+        dq_qw<D, 8>(B, T, H, KV, q, k, v, dout, lse, delta, dq, scale_log2, scale, window, stream);
     else
-        dq_qw<D, 4>(B, T, H, KV, q, k, v, dout, lse, delta, dq, scale_log2, scale, stream);
+        dq_qw<D, 4>(B, T, H, KV, q, k, v, dout, lse, delta, dq, scale_log2, scale, window, stream);
 }
 
 } // namespace
@@ -279,13 +287,15 @@ void backward(mt_cuda_qblock qblock, int64_t B, int64_t T, int64_t H, int64_t KV
 size_t mt_attention_own_workspace_bytes(int64_t B, int64_t T, int64_t H) { return (size_t)(B * H * T) * sizeof(float); }
 
 void mt_attention_own_backward(mt_cuda_qblock qblock, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                               const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out, const float *lse,
-                               const bf16 *dout, float *dq, float *dk, float *dv, float *delta, cudaStream_t stream)
+                               int64_t window, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out,
+                               const float *lse, const bf16 *dout, float *dq, float *dk, float *dv, float *delta,
+                               cudaStream_t stream)
 {
+    const int w = window > 0 && window < T ? (int)window : 0; /* a window of T or more is no window */
     switch (D) {
-    case 32: backward<32>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, stream); break;
-    case 64: backward<64>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, stream); break;
-    case 96: backward<96>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, stream); break;
-    default: backward<128>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, stream); break;
+    case 32: backward<32>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, w, stream); break;
+    case 64: backward<64>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, w, stream); break;
+    case 96: backward<96>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, w, stream); break;
+    default: backward<128>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, w, stream); break;
     }
 }

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "backends/cuda/attention_f32.h"
+#include "backends/cuda/attention_sinks.cuh"
 #include "backends/cuda/common.cuh"
 
 namespace {
@@ -156,7 +157,7 @@ template <int NP>
 __global__ void __launch_bounds__(THREADS, 2) forward_kernel(int T, int H, int KV, int D, int64_t BH,
                                                           const float *__restrict__ q, const float *__restrict__ k,
                                                           const float *__restrict__ v, float *__restrict__ out,
-                                                          float *__restrict__ lse, float scale)
+                                                          float *__restrict__ lse, float scale, int window)
 {
     constexpr int RT = Geom<NP>::RT, RB = Geom<NP>::RB, DP = Geom<NP>::DP;
     extern __shared__ float4 smem4[];
@@ -183,7 +184,10 @@ __global__ void __launch_bounds__(THREADS, 2) forward_kernel(int T, int H, int K
         for (int i = 0; i < NP; i++) acc[r][i] = make_float2(0.f, 0.f);
     }
     const int ntiles = (min(t0 + RB, T) - 1) / COLS + 1;
-    for (int kt = 0; kt < ntiles; kt++) {
+    // a sliding window (query t sees keys t - window + 1 .. t): from the tile of the block's
+    // first row's first key
+    const int kt0 = window > 0 ? max(0, t0 - window + 1) / COLS : 0;
+    for (int kt = kt0; kt < ntiles; kt++) {
         __syncthreads(); // the previous tile's K, V, P are no longer read
         stage<DP>(Ks, COLS, kb, kstride, kt * COLS, T, D);
         stage<DP>(Vs, COLS, vb, kstride, kt * COLS, T, D);
@@ -196,13 +200,14 @@ __global__ void __launch_bounds__(THREADS, 2) forward_kernel(int T, int H, int K
 #pragma unroll
             for (int c = 0; c < 2; c++) {
                 const int j = kt * COLS + cg + 16 * c;
-                s[r][c] = j <= t && j < T ? scale * s[r][c] : -INFINITY;
+                s[r][c] = j <= t && j < T && (window <= 0 || j > t - window) ? scale * s[r][c] : -INFINITY;
             }
-            // key 0 is in tile 0 and seen by every row (pad rows past T too): m is finite from
-            // there on, so no -inf - -inf below
+            // without a window key 0 is in tile 0 and seen by every row (pad rows past T too); with
+            // one a row's first tiles may be all masked: base 0 then keeps -inf - -inf out
             const float mnew = fmaxf(m[r], half_warp_max(fmaxf(s[r][0], s[r][1])));
-            const float corr = expf(m[r] - mnew); // 0 on the first tile
-            s[r][0] = expf(s[r][0] - mnew), s[r][1] = expf(s[r][1] - mnew);
+            const float base = mnew == -INFINITY ? 0.f : mnew;
+            const float corr = expf(m[r] - base); // 0 on a row's first tile with a key
+            s[r][0] = expf(s[r][0] - base), s[r][1] = expf(s[r][1] - base);
             l[r] = l[r] * corr + half_warp_sum(s[r][0] + s[r][1]);
             m[r] = mnew;
 #pragma unroll
@@ -248,7 +253,7 @@ __global__ void __launch_bounds__(THREADS, 2) dq_kernel(int T, int H, int KV, in
                                                      const float *__restrict__ q, const float *__restrict__ k,
                                                      const float *__restrict__ v, const float *__restrict__ dout,
                                                      const float *__restrict__ lse, const float *__restrict__ delta,
-                                                     float *__restrict__ dq, float scale)
+                                                     float *__restrict__ dq, float scale, int window)
 {
     constexpr int RT = Geom<NP>::RT, RB = Geom<NP>::RB, DP = Geom<NP>::DP;
     extern __shared__ float4 smem4[];
@@ -280,7 +285,8 @@ __global__ void __launch_bounds__(THREADS, 2) dq_kernel(int T, int H, int KV, in
         for (int i = 0; i < NP; i++) acc[r][i] = make_float2(0.f, 0.f);
     }
     const int ntiles = (min(t0 + RB, T) - 1) / COLS + 1;
-    for (int kt = 0; kt < ntiles; kt++) {
+    const int kt0 = window > 0 ? max(0, t0 - window + 1) / COLS : 0; // as in the forward
+    for (int kt = kt0; kt < ntiles; kt++) {
         __syncthreads();
         stage<DP>(Ks, COLS, kb, kstride, kt * COLS, T, D);
         stage<DP>(Vs, COLS, vb, kstride, kt * COLS, T, D);
@@ -294,7 +300,8 @@ __global__ void __launch_bounds__(THREADS, 2) dq_kernel(int T, int H, int KV, in
 #pragma unroll
             for (int c = 0; c < 2; c++) {
                 const int j = kt * COLS + cg + 16 * c;
-                const float p = j <= t && t < T ? expf(scale * s[r][c] - row_lse[r]) : 0.f;
+                const bool in = j <= t && t < T && (window <= 0 || j > t - window);
+                const float p = in ? expf(scale * s[r][c] - row_lse[r]) : 0.f;
                 s[r][c] = p * (dp[r][c] - row_delta[r]);
             }
         }
@@ -318,7 +325,7 @@ __global__ void __launch_bounds__(THREADS, 2) dkdv_kernel(int T, int H, int KV, 
                                                        const float *__restrict__ v, const float *__restrict__ dout,
                                                        const float *__restrict__ lse,
                                                        const float *__restrict__ delta, float *__restrict__ dk,
-                                                       float *__restrict__ dv, float scale)
+                                                       float *__restrict__ dv, float scale, int window)
 {
     constexpr int RT = Geom<NP>::RT, RB = Geom<NP>::RB, DP = Geom<NP>::DP, PP = Geom<NP>::PP;
     extern __shared__ float4 smem4[];
@@ -348,7 +355,9 @@ __global__ void __launch_bounds__(THREADS, 2) dkdv_kernel(int T, int H, int KV, 
         const int h = kvh * group + g;
         const int64_t qoff = ((int64_t)b * T * H + h) * D, lrow = ((int64_t)b * H + h) * T;
         // j0 is a multiple of COLS (RB is), so the first tile starts at the block's first key
-        for (int i0 = j0; i0 < T; i0 += COLS) {
+        // the queries that see the block's keys: to the end, or (window) to its last key's last
+        const int iend = window > 0 ? min(T, j0 + RB - 1 + window) : T;
+        for (int i0 = j0; i0 < iend; i0 += COLS) {
             __syncthreads(); // the previous tile's Q, dO, P, dS are no longer read
             stage<DP>(Qs, COLS, q + qoff, qstride, i0, T, D);
             stage<DP>(dOs, COLS, dout + qoff, qstride, i0, T, D);
@@ -369,7 +378,8 @@ __global__ void __launch_bounds__(THREADS, 2) dkdv_kernel(int T, int H, int KV, 
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
                     const int i = i0 + cg + 16 * c;
-                    const float p = i >= j && i < T && j < T ? expf(scale * s[r][c] - col_lse[c]) : 0.f;
+                    const bool in = i >= j && i < T && j < T && (window <= 0 || i < j + window);
+                    const float p = in ? expf(scale * s[r][c] - col_lse[c]) : 0.f;
                     s[r][c] = p;
                     dp[r][c] = p * (dp[r][c] - col_delta[c]);
                 }
@@ -418,20 +428,20 @@ void check_shapes(const char *what, int64_t B, int64_t T, int64_t H, int64_t KV,
 
 template <int NP>
 void forward(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, const float *q, const float *k, const float *v,
-             float *out, float *lse, cudaStream_t stream)
+             float *out, float *lse, int window, cudaStream_t stream)
 {
     constexpr size_t smem = forward_smem<NP>();
     CUDA_CHECK(cudaFuncSetAttribute(forward_kernel<NP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const int64_t nqb = (T + Geom<NP>::RB - 1) / Geom<NP>::RB;
     forward_kernel<NP><<<(unsigned)(nqb * B * H), THREADS, smem, stream>>>(
-        (int)T, (int)H, (int)KV, (int)D, B * H, q, k, v, out, lse, (float)(1.0 / sqrt((double)D)));
+        (int)T, (int)H, (int)KV, (int)D, B * H, q, k, v, out, lse, (float)(1.0 / sqrt((double)D)), window);
     CUDA_CHECK_LAUNCH();
 }
 
 template <int NP>
 void backward(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, const float *q, const float *k,
               const float *v, const float *lse, const float *dout, const float *delta, float *dq, float *dk,
-              float *dv, cudaStream_t stream)
+              float *dv, int window, cudaStream_t stream)
 {
     constexpr int RB = Geom<NP>::RB;
     const float scale = (float)(1.0 / sqrt((double)D));
@@ -439,34 +449,44 @@ void backward(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, const floa
     constexpr size_t smem_kv = dkdv_smem<NP>(), smem_q = dq_smem<NP>();
     CUDA_CHECK(cudaFuncSetAttribute(dkdv_kernel<NP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
     dkdv_kernel<NP><<<(unsigned)(nblocks * B * KV), THREADS, smem_kv, stream>>>(
-        (int)T, (int)H, (int)KV, (int)D, B * KV, q, k, v, dout, lse, delta, dk, dv, scale);
+        (int)T, (int)H, (int)KV, (int)D, B * KV, q, k, v, dout, lse, delta, dk, dv, scale, window);
     CUDA_CHECK_LAUNCH();
     CUDA_CHECK(cudaFuncSetAttribute(dq_kernel<NP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
     dq_kernel<NP><<<(unsigned)(nblocks * B * H), THREADS, smem_q, stream>>>((int)T, (int)H, (int)KV, (int)D, B * H,
-                                                                          q, k, v, dout, lse, delta, dq, scale);
+                                                                          q, k, v, dout, lse, delta, dq, scale,
+                                                                          window);
     CUDA_CHECK_LAUNCH();
 }
 
 } // namespace
 
-extern "C" void mt_cuda_attention_forward_f32(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, const float *q,
-                                              const float *k, const float *v, float *out, float *lse,
-                                              mt_cuda_stream stream)
+extern "C" void mt_cuda_attention_forward_f32_ex(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                                                 int64_t window, const float *sinks, const float *q, const float *k,
+                                                 const float *v, float *out, float *lse, mt_cuda_stream stream)
 {
     const void *ptrs[] = {q, k, v, out};
     check_shapes("mt_cuda_attention_forward_f32", B, T, H, KV, D, ptrs, 4);
     if (B == 0 || T == 0) return;
     cudaStream_t s = as_stream(stream);
+    const int w = window > 0 && window < T ? (int)window : 0; // a window of T or more is no window
     switch ((D + 31) / 32) {
-    case 1: forward<1>(B, T, H, KV, D, q, k, v, out, lse, s); break;
-    case 2: forward<2>(B, T, H, KV, D, q, k, v, out, lse, s); break;
-    case 3: forward<3>(B, T, H, KV, D, q, k, v, out, lse, s); break;
-    case 4: forward<4>(B, T, H, KV, D, q, k, v, out, lse, s); break;
-    case 5: forward<5>(B, T, H, KV, D, q, k, v, out, lse, s); break;
-    case 6: forward<6>(B, T, H, KV, D, q, k, v, out, lse, s); break;
-    case 7: forward<7>(B, T, H, KV, D, q, k, v, out, lse, s); break;
-    default: forward<8>(B, T, H, KV, D, q, k, v, out, lse, s); break;
+    case 1: forward<1>(B, T, H, KV, D, q, k, v, out, lse, w, s); break;
+    case 2: forward<2>(B, T, H, KV, D, q, k, v, out, lse, w, s); break;
+    case 3: forward<3>(B, T, H, KV, D, q, k, v, out, lse, w, s); break;
+    case 4: forward<4>(B, T, H, KV, D, q, k, v, out, lse, w, s); break;
+    case 5: forward<5>(B, T, H, KV, D, q, k, v, out, lse, w, s); break;
+    case 6: forward<6>(B, T, H, KV, D, q, k, v, out, lse, w, s); break;
+    case 7: forward<7>(B, T, H, KV, D, q, k, v, out, lse, w, s); break;
+    default: forward<8>(B, T, H, KV, D, q, k, v, out, lse, w, s); break;
     }
+    if (sinks) mt_attention_sinks_apply_f32(B, T, H, D, sinks, out, lse, s);
+}
+
+extern "C" void mt_cuda_attention_forward_f32(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, const float *q,
+                                              const float *k, const float *v, float *out, float *lse,
+                                              mt_cuda_stream stream)
+{
+    mt_cuda_attention_forward_f32_ex(B, T, H, KV, D, 0, nullptr, q, k, v, out, lse, stream);
 }
 
 extern "C" size_t mt_cuda_attention_f32_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D)
@@ -475,10 +495,11 @@ extern "C" size_t mt_cuda_attention_f32_workspace_bytes(int64_t B, int64_t T, in
     return (size_t)(B * H * T) * sizeof(float); // Delta (B, H, T)
 }
 
-extern "C" void mt_cuda_attention_backward_f32(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                                               const float *q, const float *k, const float *v, const float *out,
-                                               const float *lse, const float *dout, float *dq, float *dk, float *dv,
-                                               void *workspace, mt_cuda_stream stream)
+extern "C" void mt_cuda_attention_backward_f32_ex(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                                                  int64_t window, const float *sinks, const float *q, const float *k,
+                                                  const float *v, const float *out, const float *lse,
+                                                  const float *dout, float *dq, float *dk, float *dv, float *dsinks,
+                                                  void *workspace, mt_cuda_stream stream)
 {
     const void *ptrs[] = {q, k, v, out, dout, dq, dk, dv};
     check_shapes("mt_cuda_attention_backward_f32", B, T, H, KV, D, ptrs, 8);
@@ -490,14 +511,25 @@ extern "C" void mt_cuda_attention_backward_f32(int64_t B, int64_t T, int64_t H, 
     delta_kernel<<<(unsigned)((rows + warps_per_block - 1) / warps_per_block), warps_per_block * 32, 0, s>>>(
         rows, (int)T, (int)H, (int)D, out, dout, delta);
     CUDA_CHECK_LAUNCH();
+    const int w = window > 0 && window < T ? (int)window : 0;
     switch ((D + 31) / 32) {
-    case 1: backward<1>(B, T, H, KV, D, q, k, v, lse, dout, delta, dq, dk, dv, s); break;
-    case 2: backward<2>(B, T, H, KV, D, q, k, v, lse, dout, delta, dq, dk, dv, s); break;
-    case 3: backward<3>(B, T, H, KV, D, q, k, v, lse, dout, delta, dq, dk, dv, s); break;
-    case 4: backward<4>(B, T, H, KV, D, q, k, v, lse, dout, delta, dq, dk, dv, s); break;
-    case 5: backward<5>(B, T, H, KV, D, q, k, v, lse, dout, delta, dq, dk, dv, s); break;
-    case 6: backward<6>(B, T, H, KV, D, q, k, v, lse, dout, delta, dq, dk, dv, s); break;
-    case 7: backward<7>(B, T, H, KV, D, q, k, v, lse, dout, delta, dq, dk, dv, s); break;
-    default: backward<8>(B, T, H, KV, D, q, k, v, lse, dout, delta, dq, dk, dv, s); break;
+    case 1: backward<1>(B, T, H, KV, D, q, k, v, lse, dout, delta, dq, dk, dv, w, s); break;
+    case 2: backward<2>(B, T, H, KV, D, q, k, v, lse, dout, delta, dq, dk, dv, w, s); break;
+    case 3: backward<3>(B, T, H, KV, D, q, k, v, lse, dout, delta, dq, dk, dv, w, s); break;
+    case 4: backward<4>(B, T, H, KV, D, q, k, v, lse, dout, delta, dq, dk, dv, w, s); break;
+    case 5: backward<5>(B, T, H, KV, D, q, k, v, lse, dout, delta, dq, dk, dv, w, s); break;
+    case 6: backward<6>(B, T, H, KV, D, q, k, v, lse, dout, delta, dq, dk, dv, w, s); break;
+    case 7: backward<7>(B, T, H, KV, D, q, k, v, lse, dout, delta, dq, dk, dv, w, s); break;
+    default: backward<8>(B, T, H, KV, D, q, k, v, lse, dout, delta, dq, dk, dv, w, s); break;
     }
+    if (sinks && dsinks) mt_attention_sinks_grad_f32(B, T, H, D, sinks, out, dout, lse, dsinks, s);
+}
+
+extern "C" void mt_cuda_attention_backward_f32(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                                               const float *q, const float *k, const float *v, const float *out,
+                                               const float *lse, const float *dout, float *dq, float *dk, float *dv,
+                                               void *workspace, mt_cuda_stream stream)
+{
+    mt_cuda_attention_backward_f32_ex(B, T, H, KV, D, 0, nullptr, q, k, v, out, lse, dout, dq, dk, dv, nullptr,
+                                      workspace, stream);
 }

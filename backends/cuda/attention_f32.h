@@ -29,6 +29,18 @@ void mt_cuda_attention_backward_f32(int64_t B, int64_t T, int64_t H, int64_t KV,
                                     const float *dout, float *dq, float *dk, float *dv, void *workspace,
                                     mt_cuda_stream stream);
 
+/* The same for one layer of gpt_oss: window > 0 limits query t to keys t - window + 1 .. t;
+ * sinks (H, or NULL) put a logit per head in every row's softmax, with no value, so that out and
+ * lse are those of that softmax; the backward then adds each sink's gradient to dsinks (H, +=;
+ * NULL: not wanted). */
+void mt_cuda_attention_forward_f32_ex(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t window,
+                                      const float *sinks, const float *q, const float *k, const float *v, float *out,
+                                      float *lse, mt_cuda_stream stream);
+void mt_cuda_attention_backward_f32_ex(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t window,
+                                       const float *sinks, const float *q, const float *k, const float *v,
+                                       const float *out, const float *lse, const float *dout, float *dq, float *dk,
+                                       float *dv, float *dsinks, void *workspace, mt_cuda_stream stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -26,7 +26,8 @@ template <int D, int QW, int RPW>
 __global__ void __launch_bounds__(QW * 32) attention_forward_kernel(int T, int H, int KV, const bf16 *__restrict__ q,
                                                                     const bf16 *__restrict__ k,
                                                                     const bf16 *__restrict__ v, bf16 *__restrict__ out,
-                                                                    float *__restrict__ lse, float scale_log2)
+                                                                    float *__restrict__ lse, float scale_log2,
+                                                                    int window)
 {
     static_assert(RPW == 1 || RPW == 2, "a warp owns 16 or 32 query rows");
     constexpr int NT = QW * 32, WR = 16 * RPW, QB = WR * QW;
@@ -47,6 +48,9 @@ __global__ void __launch_bounds__(QW * 32) attention_forward_kernel(int T, int H
     const int m0 = qblock * QB, wrow0 = m0 + warp * WR; // the block's and this warp's first row
     const int nkb = (T + BLOCK - 1) / BLOCK;
     const int jmax = min((m0 + QB - 1) / BLOCK, nkb - 1);
+    // a sliding window: query t sees keys t - window + 1 .. t, so no row of the block reaches
+    // below the block of its first row's first key
+    const int jmin = window > 0 ? max(0, m0 - window + 1) / BLOCK : 0;
     const bf16 *qg = q + ((int64_t)b * T * H + h) * D; // row t at qg + t * H * D
     const bf16 *kg = k + ((int64_t)b * T * KV + kvh) * D;
     const bf16 *vg = v + ((int64_t)b * T * KV + kvh) * D;
@@ -69,9 +73,9 @@ __global__ void __launch_bounds__(QW * 32) attention_forward_kernel(int T, int H
 #pragma unroll
     for (int r = 0; r < RPW; r++) row_max[r][0] = row_max[r][1] = -INFINITY, row_sum[r][0] = row_sum[r][1] = 0.f;
 
-    for (int it = 0; it <= jmax; it++) {
+    for (int it = 0; it <= jmax - jmin; it++) {
         const int j = jmax - it, buf = it & 1, k0 = j * BLOCK;
-        kv_pipeline_step<D, NT>(k_tiles, v_tiles, kg, vg, (int64_t)KV * D, j, buf, T);
+        kv_pipeline_step<D, NT>(k_tiles, v_tiles, kg, vg, (int64_t)KV * D, j, buf, T, jmin);
         __syncthreads();
         const bf16 *kt = k_tiles + buf * TE, *vt = v_tiles + buf * TE;
         if constexpr (Q_IN_REGS) {
@@ -80,7 +84,9 @@ __global__ void __launch_bounds__(QW * 32) attention_forward_kernel(int T, int H
                 for (int kk = 0; kk < D / 16; kk++) load_a<LD>(qf[kk], q_tile, warp * 16, kk * 16);
             }
         }
-        if (k0 > wrow0 + WR - 1) { // every key of this block is after every row of this warp
+        // every key of this block after every row of this warp, or (window) before every row's
+        // window; the warp's first block holds its diagonal, so its running max is finite after it
+        if (k0 > wrow0 + WR - 1 || (window > 0 && k0 + BLOCK - 1 <= wrow0 - window)) {
             __syncthreads();
             continue;
         }
@@ -117,16 +123,17 @@ __global__ void __launch_bounds__(QW * 32) attention_forward_kernel(int T, int H
 
 #pragma unroll
         for (int r = 0; r < RPW; r++) {
-            const int rrow0 = wrow0 + 16 * r;           // this row tile's first row
-            const bool masked = k0 + BLOCK - 1 > rrow0; // some key after some row: the causal mask
-            // causal mask, on the unscaled scores
+            const int rrow0 = wrow0 + 16 * r; // this row tile's first row
+            // some key after some row (the causal mask), or before some row's window
+            const bool masked = k0 + BLOCK - 1 > rrow0 || (window > 0 && k0 <= rrow0 + 15 - window);
+            // the mask, on the unscaled scores
             if (masked) {
 #pragma unroll
                 for (int nt = 0; nt < 8; nt++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         int qrow = rrow0 + g + 8 * (e >> 1), kcol = k0 + 8 * nt + 2 * quad + (e & 1);
-                        if (kcol > qrow) s[r][nt][e] = -INFINITY;
+                        if (kcol > qrow || (window > 0 && kcol <= qrow - window)) s[r][nt][e] = -INFINITY;
                     }
             }
 
@@ -204,7 +211,7 @@ __global__ void __launch_bounds__(QW * 32) attention_forward_kernel(int T, int H
 
 template <int D, int QW, int RPW>
 void forward_qw(int64_t B, int64_t T, int64_t H, int64_t KV, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *out,
-                float *lse, cudaStream_t stream)
+                float *lse, int window, cudaStream_t stream)
 {
     constexpr int QB = 16 * QW * RPW;
     const size_t smem = (size_t)(QB + 4 * BLOCK) * (size_t)(D + 8) * sizeof(bf16);
@@ -213,31 +220,32 @@ void forward_qw(int64_t B, int64_t T, int64_t H, int64_t KV, const bf16 *q, cons
     dim3 grid((unsigned)H, (unsigned)B, (unsigned)((T + QB - 1) / QB));
     const float scale_log2 = (float)(1.0 / sqrt((double)D)) * LOG2E;
     attention_forward_kernel<D, QW, RPW><<<grid, QW * 32, smem, stream>>>((int)T, (int)H, (int)KV, q, k, v, out, lse,
-                                                                          scale_log2);
+                                                                          scale_log2, window);
     CUDA_CHECK_LAUNCH();
 }
 
 template <int D>
 void forward(mt_cuda_qblock qblock, int64_t B, int64_t T, int64_t H, int64_t KV, const bf16 *q, const bf16 *k,
-             const bf16 *v, bf16 *out, float *lse, cudaStream_t stream)
+             const bf16 *v, bf16 *out, float *lse, int window, cudaStream_t stream)
 {
     switch (qblock) {
-    case MT_CUDA_QBLOCK_128: forward_qw<D, 8, 1>(B, T, H, KV, q, k, v, out, lse, stream); break;
-    case MT_CUDA_QBLOCK_128W: forward_qw<D, 4, 2>(B, T, H, KV, q, k, v, out, lse, stream); break;
-    default: forward_qw<D, 4, 1>(B, T, H, KV, q, k, v, out, lse, stream); break;
+    case MT_CUDA_QBLOCK_128: forward_qw<D, 8, 1>(B, T, H, KV, q, k, v, out, lse, window, stream); break;
+    case MT_CUDA_QBLOCK_128W: forward_qw<D, 4, 2>(B, T, H, KV, q, k, v, out, lse, window, stream); break;
+    default: forward_qw<D, 4, 1>(B, T, H, KV, q, k, v, out, lse, window, stream); break;
     }
 }
 
 } // namespace
 
 void mt_attention_own_forward(mt_cuda_qblock qblock, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                              const bf16 *q, const bf16 *k, const bf16 *v, bf16 *out, float *lse,
+                              int64_t window, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *out, float *lse,
                               cudaStream_t stream)
 {
+    const int w = window > 0 && window < T ? (int)window : 0; /* a window of T or more is no window */
     switch (D) {
-    case 32: forward<32>(qblock, B, T, H, KV, q, k, v, out, lse, stream); break;
-    case 64: forward<64>(qblock, B, T, H, KV, q, k, v, out, lse, stream); break;
-    case 96: forward<96>(qblock, B, T, H, KV, q, k, v, out, lse, stream); break;
-    default: forward<128>(qblock, B, T, H, KV, q, k, v, out, lse, stream); break;
+    case 32: forward<32>(qblock, B, T, H, KV, q, k, v, out, lse, w, stream); break;
+    case 64: forward<64>(qblock, B, T, H, KV, q, k, v, out, lse, w, stream); break;
+    case 96: forward<96>(qblock, B, T, H, KV, q, k, v, out, lse, w, stream); break;
+    default: forward<128>(qblock, B, T, H, KV, q, k, v, out, lse, w, stream); break;
     }
 }

@@ -11,14 +11,16 @@
 // Bytes of the own backward's workspace: Delta (B, H, T) fp32.
 size_t mt_attention_own_workspace_bytes(int64_t B, int64_t T, int64_t H);
 
-// The forward; qblock picks the query-block form (backends/cuda/options.h).
+// The forward; qblock picks the query-block form (backends/cuda/options.h); window > 0: query t
+// sees keys t - window + 1 .. t only.
 void mt_attention_own_forward(mt_cuda_qblock qblock, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                              const bf16 *q, const bf16 *k, const bf16 *v, bf16 *out, float *lse,
+                              int64_t window, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *out, float *lse,
                               cudaStream_t stream);
 
 // The backward; delta: mt_attention_own_workspace_bytes of device memory.
 void mt_attention_own_backward(mt_cuda_qblock qblock, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                               const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out, const float *lse,
-                               const bf16 *dout, float *dq, float *dk, float *dv, float *delta, cudaStream_t stream);
+                               int64_t window, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out,
+                               const float *lse, const bf16 *dout, float *dq, float *dk, float *dv, float *delta,
+                               cudaStream_t stream);
 
 #endif

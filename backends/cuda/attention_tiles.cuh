@@ -149,17 +149,17 @@ __device__ __forceinline__ void load_rows(bf16 *tile, const bf16 *g, int64_t row
     }
 }
 
-// One step of the key/value pipeline of a query block's loop over key blocks jmax .. 0, where
+// One step of the key/value pipeline of a query block's loop over key blocks jmax .. jlo, where
 // step it works on block j = jmax - it held in buffer buf = it & 1 of k_tiles and v_tiles (two
 // tiles each, block jmax's copies issued before the loop): streams block j - 1 into the other
 // buffer, then waits until block j's copies have landed (each thread its own; the caller's
-// __syncthreads makes them everyone's).
+// __syncthreads makes them everyone's). jlo > 0: a sliding window's first block.
 template <int D, int NT>
 __device__ __forceinline__ void kv_pipeline_step(bf16 *k_tiles, bf16 *v_tiles, const bf16 *kg, const bf16 *vg,
-                                                 int64_t row_stride, int j, int buf, int T)
+                                                 int64_t row_stride, int j, int buf, int T, int jlo = 0)
 {
     constexpr int TE = Tile<D>::ELEMS;
-    if (j > 0) {
+    if (j > jlo) {
         load_rows<D, BLOCK, NT>(k_tiles + (buf ^ 1) * TE, kg, row_stride, (j - 1) * BLOCK, T);
         load_rows<D, BLOCK, NT>(v_tiles + (buf ^ 1) * TE, vg, row_stride, (j - 1) * BLOCK, T);
         cp_async_commit();

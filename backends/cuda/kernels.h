@@ -77,6 +77,19 @@ void mt_cuda_attention_backward(mt_cuda_ctx *ctx, int64_t B, int64_t T, int64_t 
                                 const mt_cuda_bf16 *q, const mt_cuda_bf16 *k, const mt_cuda_bf16 *v,
                                 const mt_cuda_bf16 *out, const float *lse, const mt_cuda_bf16 *dout,
                                 float *dq, float *dk, float *dv, void *workspace, mt_cuda_stream stream);
+/* The same for one layer of gpt_oss: window > 0 (and < T) limits query t to keys t - window + 1
+ * .. t (the own kernels then run, cuDNN's plans having no window); sinks (H, bf16, or NULL) put a
+ * logit per head in every row's softmax with no value, out and lse being that softmax's; the
+ * backward adds each sink's gradient to dsinks (H fp32, +=; NULL: not wanted). */
+void mt_cuda_attention_forward_ex(mt_cuda_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                                  int64_t window, const mt_cuda_bf16 *sinks, const mt_cuda_bf16 *q,
+                                  const mt_cuda_bf16 *k, const mt_cuda_bf16 *v, mt_cuda_bf16 *out, float *lse,
+                                  mt_cuda_stream stream);
+void mt_cuda_attention_backward_ex(mt_cuda_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                                   int64_t window, const mt_cuda_bf16 *sinks, const mt_cuda_bf16 *q,
+                                   const mt_cuda_bf16 *k, const mt_cuda_bf16 *v, const mt_cuda_bf16 *out,
+                                   const float *lse, const mt_cuda_bf16 *dout, float *dq, float *dk, float *dv,
+                                   float *dsinks, void *workspace, mt_cuda_stream stream);
 
 /* ---- model pieces (backends/cuda/layer.cu, head.cu, head_logits.cu, embedding.cu) ---- */
 /* h0 (ntok, d) fp32 = rows of the table (V, d) of the precision's type */
@@ -95,12 +108,14 @@ size_t mt_cuda_layer_scratch_bytes(const mt_model_config *cfg, mt_cuda_prec prec
 void mt_cuda_layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
                            mt_cuda_prec prec, const void *tile, int64_t B, int64_t T, const float *x, float *y,
                            void *saved, void *scratch, mt_cuda_stream stream);
-/* The same, a sparse layer also adding the load-balancing loss's statistics to router_stats (2E
- * device doubles, NULL: none), as mt_cpu_layer_forward_aux: the E assignment counts over all k
- * slots, then the E probability sums. A dense layer leaves them as they are. */
+/* The same for decoder layer `layer` (its attention window; the plain form: layer 0's), a sparse
+ * layer also adding the load-balancing loss's statistics to router_stats (2E device doubles,
+ * NULL: none), as mt_cpu_layer_forward_aux: the E assignment counts over all k slots, then the E
+ * probability sums. A dense layer leaves them as they are. */
 void mt_cuda_layer_forward_aux(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
-                               mt_cuda_prec prec, const void *tile, int64_t B, int64_t T, const float *x, float *y,
-                               void *saved, void *scratch, double *router_stats, mt_cuda_stream stream);
+                               mt_cuda_prec prec, const void *tile, int64_t layer, int64_t B, int64_t T,
+                               const float *x, float *y, void *saved, void *scratch, double *router_stats,
+                               mt_cuda_stream stream);
 /* dx (ntok, d) fp32 =; dtile fp32 = or += (accumulate); saved from a forward of the same prec */
 void mt_cuda_layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
                             mt_cuda_prec prec, const void *tile, int64_t B, int64_t T, const void *saved,
@@ -110,9 +125,9 @@ void mt_cuda_layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const 
  * device doubles, NULL: none) the assignments per expert over every sparse layer of the forward
  * call, aux_scale mt_moe_aux_grad_scale. */
 void mt_cuda_layer_backward_aux(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
-                                mt_cuda_prec prec, const void *tile, int64_t B, int64_t T, const void *saved,
-                                const float *dy, float *dx, float *dtile, bool accumulate, void *scratch,
-                                const double *aux_counts, double aux_scale, mt_cuda_stream stream);
+                                mt_cuda_prec prec, const void *tile, int64_t layer, int64_t B, int64_t T,
+                                const void *saved, const float *dy, float *dx, float *dtile, bool accumulate,
+                                void *scratch, const double *aux_counts, double aux_scale, mt_cuda_stream stream);
 
 /* ---- mixture of experts (backends/cuda/moe_routing.cu, moe.cu; docs/moe.md) ----
  * n tokens each routed to k of E experts (E <= MT_MAX_EXPERTS); assignment a = token * k + slot.

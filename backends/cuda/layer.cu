@@ -1,6 +1,7 @@
 // One pre-norm decoder layer on the GPU (Llama, Mistral, Qwen2 with q/k/v bias, Qwen3 with q/k
-// RMSNorm), forward and backward, mirroring backends/cpu/layer.inc step by step; its MLP dense, or
-// for a sparse layout (Qwen3-MoE, Mixtral) the MoE block of moe.cu. The residual
+// RMSNorm, gpt_oss with o_proj's bias, sinks and its layers' windows), forward and backward,
+// mirroring backends/cpu/layer.inc step by step; its MLP dense, or for a sparse layout
+// (Qwen3-MoE, Mixtral, gpt_oss) the MoE block of moe.cu. The residual
 // stream is fp32; every GEMM input is of the operand type E (bf16, or float on the fp32 path;
 // fp32 accumulation either way); norm statistics are fp32. Each step is a template on E.
 // Fused here: q/k-norm + RoPE on q and k in one launch (and their backward with the cast to E);
@@ -41,35 +42,45 @@ template <> size_t attention_workspace_bytes<float>(const mt_layer_dims *m)
     return mt_cuda_attention_f32_workspace_bytes(m->B, m->T, m->H, m->KV, m->D);
 }
 
-static void attention_forward(mt_cuda_ctx *ctx, const mt_layer_dims *m, const bf16 *q, const bf16 *k, const bf16 *v,
-                              bf16 *a, float *lse, mt_cuda_stream stream)
+// window: the layer's sliding window (0: none); sinks (H) of E or NULL; dsinks (H) fp32 += or NULL.
+static void attention_forward(mt_cuda_ctx *ctx, const mt_layer_dims *m, int64_t window, const bf16 *sinks,
+                              const bf16 *q, const bf16 *k, const bf16 *v, bf16 *a, float *lse, mt_cuda_stream stream)
 {
-    mt_cuda_attention_forward(ctx, m->B, m->T, m->H, m->KV, m->D, reinterpret_cast<const mt_cuda_bf16 *>(q),
-                              reinterpret_cast<const mt_cuda_bf16 *>(k), reinterpret_cast<const mt_cuda_bf16 *>(v),
-                              reinterpret_cast<mt_cuda_bf16 *>(a), lse, stream);
+    mt_cuda_attention_forward_ex(ctx, m->B, m->T, m->H, m->KV, m->D, window,
+                                 reinterpret_cast<const mt_cuda_bf16 *>(sinks),
+                                 reinterpret_cast<const mt_cuda_bf16 *>(q), reinterpret_cast<const mt_cuda_bf16 *>(k),
+                                 reinterpret_cast<const mt_cuda_bf16 *>(v), reinterpret_cast<mt_cuda_bf16 *>(a), lse,
+                                 stream);
 }
 
-static void attention_forward(mt_cuda_ctx *, const mt_layer_dims *m, const float *q, const float *k,
-                              const float *v, float *a, float *lse, mt_cuda_stream stream)
+static void attention_forward(mt_cuda_ctx *, const mt_layer_dims *m, int64_t window, const float *sinks,
+                              const float *q, const float *k, const float *v, float *a, float *lse,
+                              mt_cuda_stream stream)
 {
-    mt_cuda_attention_forward_f32(m->B, m->T, m->H, m->KV, m->D, q, k, v, a, lse, stream);
+    mt_cuda_attention_forward_f32_ex(m->B, m->T, m->H, m->KV, m->D, window, sinks, q, k, v, a, lse, stream);
 }
 
-static void attention_backward(mt_cuda_ctx *ctx, const mt_layer_dims *m, const bf16 *q, const bf16 *k,
-                               const bf16 *v, const bf16 *a, const float *lse, const bf16 *da, float *dq, float *dk,
-                               float *dv, void *workspace, mt_cuda_stream stream)
+static void attention_backward(mt_cuda_ctx *ctx, const mt_layer_dims *m, int64_t window, const bf16 *sinks,
+                               const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *a, const float *lse,
+                               const bf16 *da, float *dq, float *dk, float *dv, float *dsinks, void *workspace,
+                               mt_cuda_stream stream)
 {
-    mt_cuda_attention_backward(ctx, m->B, m->T, m->H, m->KV, m->D, reinterpret_cast<const mt_cuda_bf16 *>(q),
-                               reinterpret_cast<const mt_cuda_bf16 *>(k), reinterpret_cast<const mt_cuda_bf16 *>(v),
-                               reinterpret_cast<const mt_cuda_bf16 *>(a), lse,
-                               reinterpret_cast<const mt_cuda_bf16 *>(da), dq, dk, dv, workspace, stream);
+    mt_cuda_attention_backward_ex(ctx, m->B, m->T, m->H, m->KV, m->D, window,
+                                  reinterpret_cast<const mt_cuda_bf16 *>(sinks),
+                                  reinterpret_cast<const mt_cuda_bf16 *>(q),
+                                  reinterpret_cast<const mt_cuda_bf16 *>(k),
+                                  reinterpret_cast<const mt_cuda_bf16 *>(v),
+                                  reinterpret_cast<const mt_cuda_bf16 *>(a), lse,
+                                  reinterpret_cast<const mt_cuda_bf16 *>(da), dq, dk, dv, dsinks, workspace, stream);
 }
 
-static void attention_backward(mt_cuda_ctx *, const mt_layer_dims *m, const float *q, const float *k,
-                               const float *v, const float *a, const float *lse, const float *da, float *dq, float *dk,
-                               float *dv, void *workspace, mt_cuda_stream stream)
+static void attention_backward(mt_cuda_ctx *, const mt_layer_dims *m, int64_t window, const float *sinks,
+                               const float *q, const float *k, const float *v, const float *a, const float *lse,
+                               const float *da, float *dq, float *dk, float *dv, float *dsinks, void *workspace,
+                               mt_cuda_stream stream)
 {
-    mt_cuda_attention_backward_f32(m->B, m->T, m->H, m->KV, m->D, q, k, v, a, lse, da, dq, dk, dv, workspace, stream);
+    mt_cuda_attention_backward_f32_ex(m->B, m->T, m->H, m->KV, m->D, window, sinks, q, k, v, a, lse, da, dq, dk, dv,
+                                      dsinks, workspace, stream);
 }
 
 // ---- saved: what backward needs, written by a forward given `saved` ----
@@ -259,7 +270,7 @@ extern "C" size_t mt_cuda_layer_scratch_bytes(const mt_model_config *cfg, mt_cud
 
 template <class E>
 static void layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout, const E *tile,
-                          int64_t B, int64_t T, const float *x, float *y, void *saved, void *scratch,
+                          int64_t layer, int64_t B, int64_t T, const float *x, float *y, void *saved, void *scratch,
                           double *router_stats, mt_cuda_stream stream_)
 {
     const cudaStream_t stream = as_stream(stream_);
@@ -293,8 +304,10 @@ static void layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt
     mt_layer_rope_tables(cfg, &m, fs.cos_t, fs.sin_t, stream);
     mt_layer_qk_rope_forward(cfg, &m, q_proj, k_proj, sv.q, sv.k, weight(layout, tile, MT_L_Q_NORM),
                              weight(layout, tile, MT_L_K_NORM), sv.qrms, sv.krms, fs.cos_t, fs.sin_t, stream);
-    attention_forward(ctx, &m, sv.q, sv.k, sv.v, sv.a, sv.lse, stream_); // a (n, H*D)
+    attention_forward(ctx, &m, mt_config_layer_window(cfg, layer), weight(layout, tile, MT_L_SINKS), sv.q, sv.k, sv.v,
+                      sv.a, sv.lse, stream_); // a (n, H*D)
     mt_linear_forward_residual(ctx, n, m.qd, m.d, sv.a, weight(layout, tile, MT_L_O_W), x, sv.h, stream);
+    if (weight(layout, tile, MT_L_O_B)) mt_layer_add_bias(n, m.d, weight(layout, tile, MT_L_O_B), sv.h, stream);
 
     // MLP block: y = h + swiglu(hn Wg^T, hn Wu^T) Wd^T, or y = h + MoE(hn).
     E *hn = fs.xn; // xn is dead once q/k/v are projected
@@ -324,7 +337,8 @@ static void layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt
 
 template <class E>
 static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout, const E *tile,
-                           int64_t B, int64_t T, const void *saved, const float *dy, float *dx, float *dtile,
+                           int64_t layer, int64_t B, int64_t T, const void *saved, const float *dy, float *dx,
+                           float *dtile,
                            bool accumulate, void *scratch, const double *aux_counts, double aux_scale,
                            mt_cuda_stream stream_)
 {
@@ -390,11 +404,14 @@ static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const m
     mt_rmsnorm_backward_weight(n, m.d, sv.h, sv.rms2, s.dnorm, grad(layout, dtile, MT_L_MLP_NORM), true, s.partials,
                                stream);
 
-    // Attention block.
+    // Attention block. o_proj's bias gradient: the column sums of dh.
+    if (grad(layout, dtile, MT_L_O_B)) mt_layer_bias_grad(n, m.d, dx, grad(layout, dtile, MT_L_O_B), s.partials, stream);
     mt_linear_backward_weight(ctx, n, m.qd, m.d, sv.a, s.dres, grad(layout, dtile, MT_L_O_W), true, stream);
     mt_linear_backward_input(ctx, n, m.qd, m.d, s.dres, weight(layout, tile, MT_L_O_W), s.da_dqp, mt_cuda_type<E>(),
                              false, stream); // da (n, H*D)
-    attention_backward(ctx, &m, sv.q, sv.k, sv.v, sv.a, sv.lse, s.da_dqp, s.dq, s.dk, s.dv, s.attn_workspace, stream_);
+    attention_backward(ctx, &m, mt_config_layer_window(cfg, layer), weight(layout, tile, MT_L_SINKS), sv.q, sv.k, sv.v,
+                       sv.a, sv.lse, s.da_dqp, s.dq, s.dk, s.dv, grad(layout, dtile, MT_L_SINKS), s.attn_workspace,
+                       stream_);
     mt_layer_rope_tables(cfg, &m, s.cos_t, s.sin_t, stream);
     E *dq_proj = s.da_dqp; // da is dead once attention backward has run
     // The bias gradients' fp32 inputs: dq_proj and dkp themselves when E is float, else copies.
@@ -432,34 +449,34 @@ static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const m
 // ---- the entry points: one instantiation per precision ----
 
 extern "C" void mt_cuda_layer_forward_aux(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
-                                          mt_cuda_prec prec, const void *tile, int64_t B, int64_t T, const float *x,
-                                          float *y, void *saved, void *scratch, double *router_stats,
+                                          mt_cuda_prec prec, const void *tile, int64_t layer, int64_t B, int64_t T,
+                                          const float *x, float *y, void *saved, void *scratch, double *router_stats,
                                           mt_cuda_stream stream)
 {
     if (prec == MT_CUDA_F32)
-        layer_forward(ctx, cfg, layout, (const float *)tile, B, T, x, y, saved, scratch, router_stats, stream);
+        layer_forward(ctx, cfg, layout, (const float *)tile, layer, B, T, x, y, saved, scratch, router_stats, stream);
     else
-        layer_forward(ctx, cfg, layout, (const bf16 *)tile, B, T, x, y, saved, scratch, router_stats, stream);
+        layer_forward(ctx, cfg, layout, (const bf16 *)tile, layer, B, T, x, y, saved, scratch, router_stats, stream);
 }
 
 extern "C" void mt_cuda_layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
                                       mt_cuda_prec prec, const void *tile, int64_t B, int64_t T, const float *x,
                                       float *y, void *saved, void *scratch, mt_cuda_stream stream)
 {
-    mt_cuda_layer_forward_aux(ctx, cfg, layout, prec, tile, B, T, x, y, saved, scratch, nullptr, stream);
+    mt_cuda_layer_forward_aux(ctx, cfg, layout, prec, tile, 0, B, T, x, y, saved, scratch, nullptr, stream);
 }
 
 extern "C" void mt_cuda_layer_backward_aux(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout,
-                                           mt_cuda_prec prec, const void *tile, int64_t B, int64_t T,
+                                           mt_cuda_prec prec, const void *tile, int64_t layer, int64_t B, int64_t T,
                                            const void *saved, const float *dy, float *dx, float *dtile,
                                            bool accumulate, void *scratch, const double *aux_counts, double aux_scale,
                                            mt_cuda_stream stream)
 {
     if (prec == MT_CUDA_F32)
-        layer_backward(ctx, cfg, layout, (const float *)tile, B, T, saved, dy, dx, dtile, accumulate, scratch,
+        layer_backward(ctx, cfg, layout, (const float *)tile, layer, B, T, saved, dy, dx, dtile, accumulate, scratch,
                        aux_counts, aux_scale, stream);
     else
-        layer_backward(ctx, cfg, layout, (const bf16 *)tile, B, T, saved, dy, dx, dtile, accumulate, scratch,
+        layer_backward(ctx, cfg, layout, (const bf16 *)tile, layer, B, T, saved, dy, dx, dtile, accumulate, scratch,
                        aux_counts, aux_scale, stream);
 }
 
@@ -468,6 +485,6 @@ extern "C" void mt_cuda_layer_backward(mt_cuda_ctx *ctx, const mt_model_config *
                                        const float *dy, float *dx, float *dtile, bool accumulate, void *scratch,
                                        mt_cuda_stream stream)
 {
-    mt_cuda_layer_backward_aux(ctx, cfg, layout, prec, tile, B, T, saved, dy, dx, dtile, accumulate, scratch, nullptr,
-                               0.0, stream);
+    mt_cuda_layer_backward_aux(ctx, cfg, layout, prec, tile, 0, B, T, saved, dy, dx, dtile, accumulate, scratch,
+                               nullptr, 0.0, stream);
 }

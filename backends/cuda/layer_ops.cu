@@ -325,6 +325,25 @@ void mt_layer_qkv_bias_grads(const mt_layer_dims *m, const float *dq32, const fl
     mt_colsum(f32_element{dv, m->kvd}, m->n, m->kvd, dvb, true, partials, stream);
 }
 
+template <class E> __global__ static void add_bias_kernel(int64_t rows, int64_t C, const E *bias, float *y)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < rows * C; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += to_f(bias[i % C]);
+}
+
+template <class E> void mt_layer_add_bias(int64_t rows, int64_t C, const E *bias, float *y, cudaStream_t stream)
+{
+    if (rows * C == 0) return;
+    const int64_t blocks = (rows * C + 255) / 256;
+    add_bias_kernel<E><<<(unsigned)(blocks < 65535 ? blocks : 65535), 256, 0, stream>>>(rows, C, bias, y);
+    CUDA_CHECK_LAUNCH();
+}
+
+void mt_layer_bias_grad(int64_t rows, int64_t C, const float *dy, float *db, float *partials, cudaStream_t stream)
+{
+    mt_colsum(f32_element{dy, C}, rows, C, db, true, partials, stream);
+}
+
 #define MT_LAYER_OPS_INSTANTIATE(E)                                                                            \
     template void mt_layer_qk_rope_forward<E>(const mt_model_config *, const mt_layer_dims *, const E *, const E *, \
                                               E *, E *, const E *, const E *, float *, float *, const float *,  \
@@ -334,6 +353,7 @@ void mt_layer_qkv_bias_grads(const mt_layer_dims *m, const float *dq32, const fl
                                                const float *, E *, E *, const float *, const float *, float *,  \
                                                float *, cudaStream_t);                                          \
     template void mt_layer_swiglu_forward<E>(int64_t, const E *, const E *, E *, cudaStream_t);                   \
-    template void mt_layer_swiglu_backward<E>(int64_t, const E *, const E *, const float *, E *, E *, cudaStream_t);
+    template void mt_layer_swiglu_backward<E>(int64_t, const E *, const E *, const float *, E *, E *, cudaStream_t); \
+    template void mt_layer_add_bias<E>(int64_t, int64_t, const E *, float *, cudaStream_t);
 MT_LAYER_OPS_INSTANTIATE(bf16)
 MT_LAYER_OPS_INSTANTIATE(float)

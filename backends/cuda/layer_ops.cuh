@@ -70,4 +70,12 @@ void mt_layer_qk_norm_weight_grads(const mt_layer_dims *m, const float *dq, cons
 void mt_layer_qkv_bias_grads(const mt_layer_dims *m, const float *dq32, const float *dk32, const float *dv,
                              float *dqb, float *dkb, float *dvb, float *partials, cudaStream_t stream);
 
+// y (rows, C) fp32 += bias (C) of E on every row: o_proj's bias on the residual stream (its GEMM
+// writes fp32 with the residual in its epilogue), the router's on its fp32 logits.
+template <class E> void mt_layer_add_bias(int64_t rows, int64_t C, const E *bias, float *y, cudaStream_t stream);
+
+// db (C) += column sums of dy (rows, C) fp32: o_proj's bias gradient. partials:
+// mt_colsum_partials_bytes(C).
+void mt_layer_bias_grad(int64_t rows, int64_t C, const float *dy, float *db, float *partials, cudaStream_t stream);
+
 #endif
