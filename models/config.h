@@ -160,8 +160,9 @@ int64_t mt_config_active_param_count(const mt_model_config *cfg);
 bool mt_config_layer_sliding(const mt_model_config *cfg, int64_t layer);
 int64_t mt_config_layer_window(const mt_model_config *cfg, int64_t layer);
 /* 0 when the step can run cfg's model on CPU workers only (cuda false) or with CUDA workers too,
- * else -1 with a message saying so (gpt_oss with CUDA: the CUDA decoder layer does not compute
- * its sinks, windows, biased experts and clamped SwiGLU). plan plans such a run all the same. */
+ * else -1 with a message saying so (gpt_oss with CUDA: the CUDA layer's sinks, windows, biased
+ * experts and clamped SwiGLU are written but not yet checked on a GPU). plan plans such a run
+ * all the same. */
 int mt_config_trainable(const mt_model_config *cfg, bool cuda, char *err, size_t errlen);
 /* The coefficient of the router's load-balancing loss in the objective: router_aux_loss_coef
  * when the loss is on (output_router_logits, or the override router_aux), 0 when it is off or

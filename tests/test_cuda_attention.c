@@ -251,6 +251,87 @@ START_TEST(test_attention_vs_cpu)
 }
 END_TEST
 
+/* gpt_oss's attention: sliding windows of 1, 9, 64 and 100 keys (within one tile, across tiles,
+ * past T) and a sink logit per head, through the dispatcher (the windowed layers on the own
+ * kernels, cuDNN allowed for the unwindowed one), bf16 and fp32, against the CPU's (which a naive
+ * reference and central differences check, tests/test_ops.c): out, lse, dq, dk, dv and dsinks. */
+static const struct {
+    shape s;
+    int window;
+} window_cases[] = {
+    {{2, 77, 4, 1, 64}, 9}, {{1, 200, 6, 2, 64}, 64}, {{1, 513, 4, 4, 128}, 100}, {{2, 33, 4, 2, 64}, 1},
+    {{1, 150, 4, 1, 64}, 0},
+};
+#define NWINDOW ((int)(sizeof window_cases / sizeof window_cases[0]))
+
+START_TEST(test_attention_window_sinks_vs_cpu)
+{
+    const shape *s = &window_cases[_i / 2].s;
+    const int64_t W = window_cases[_i / 2].window;
+    const bool f32 = _i % 2;
+    mt_cuda_ctx *ctx = attention_ctx(MT_CUDA_ATTENTION_AUTO, MT_CUDA_QBLOCK_128W);
+    const int64_t B = s->B, T = s->T, H = s->H, KV = s->KV, D = s->D;
+    const int64_t nq = B * T * H * D, nkv = B * T * KV * D, nl = B * H * T;
+    bf16_inputs in = bf16_inputs_new(s, 3000 + (uint64_t)_i);
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 4000 + (uint64_t)_i);
+    float sinks[8];
+    mt_bf16 sinks_b[8];
+    random_bf16(&rng, H, sinks_b, sinks);
+    attn_results ref = { .out = mt_test_alloc_f32(nq), .lse = mt_test_alloc_f32(nl), .dq = mt_test_alloc_f32(nq),
+                         .dk = mt_test_alloc_f32(nkv), .dv = mt_test_alloc_f32(nkv) };
+    float dsinks_ref[8] = { 0 }, dsinks[8];
+    mt_cpu_attention_forward_f32(B, T, H, KV, D, W, sinks, in.q, in.k, in.v, ref.out, ref.lse);
+    mt_cpu_attention_backward_f32(B, T, H, KV, D, W, sinks, in.q, in.k, in.v, ref.out, ref.lse, in.dout, ref.dq, ref.dk,
+                                  ref.dv, dsinks_ref);
+
+    const size_t ws = f32 ? mt_cuda_attention_f32_workspace_bytes(B, T, H, KV, D)
+                          : mt_cuda_attention_workspace_bytes(B, T, H, KV, D);
+    attn_dev d = f32 ? dev_alloc(s, 4, in.q, in.k, in.v, in.dout, ws) : dev_alloc(s, 2, in.qb, in.kb, in.vb, in.dob, ws);
+    float *d_dsinks = mt_test_gpu_buffer(NULL, H * 4), *d_dsinks2 = mt_test_gpu_buffer(NULL, H * 4);
+    CK_CUDA(cudaMemset(d_dsinks, 0, H * 4));
+    CK_CUDA(cudaMemset(d_dsinks2, 0, H * 4));
+    void *d_sinks = f32 ? mt_test_gpu_buffer(sinks, H * 4) : mt_test_gpu_buffer(sinks_b, H * 2);
+    cudaStream_t stream;
+    CK_CUDA(cudaStreamCreate(&stream));
+    const mt_cuda_stream st = (mt_cuda_stream)stream;
+    if (f32) {
+        mt_cuda_attention_forward_f32_ex(B, T, H, KV, D, W, d_sinks, d.q, d.k, d.v, d.out, d.lse, st);
+        mt_cuda_attention_backward_f32_ex(B, T, H, KV, D, W, d_sinks, d.q, d.k, d.v, d.out, d.lse, d.dout, d.dq, d.dk,
+                                          d.dv, d_dsinks, d.ws, st);
+        mt_cuda_attention_backward_f32_ex(B, T, H, KV, D, W, d_sinks, d.q, d.k, d.v, d.out, d.lse, d.dout, d.dq2,
+                                          d.dk2, d.dv2, d_dsinks2, d.ws, st);
+    } else {
+        mt_cuda_attention_forward_ex(ctx, B, T, H, KV, D, W, d_sinks, d.q, d.k, d.v, d.out, d.lse, st);
+        mt_cuda_attention_backward_ex(ctx, B, T, H, KV, D, W, d_sinks, d.q, d.k, d.v, d.out, d.lse, d.dout, d.dq, d.dk,
+                                      d.dv, d_dsinks, d.ws, st);
+        mt_cuda_attention_backward_ex(ctx, B, T, H, KV, D, W, d_sinks, d.q, d.k, d.v, d.out, d.lse, d.dout, d.dq2,
+                                      d.dk2, d.dv2, d_dsinks2, d.ws, st);
+    }
+    CK_CUDA(cudaStreamSynchronize(stream));
+    CK_CUDA(cudaGetLastError());
+    CK_CUDA(cudaStreamDestroy(stream));
+    attn_results gpu = fetch_results(s, &d, f32 ? 4 : 2);
+    copy_back(dsinks, d_dsinks, H);
+
+    char label[64];
+    snprintf(label, sizeof label, "%s window %lld, sinks", f32 ? "fp32" : "bf16", (long long)W);
+    /* cuDNN's backward (the unwindowed bf16 case) is not bitwise reproducible */
+    check_run(label, s, &gpu, &ref, f32 ? TOL_F32 : TOL, f32 || W > 0);
+    const double e_sinks = mt_test_rel_err_f32(dsinks, dsinks_ref, H);
+    printf("attention %s: dsinks rel err %.2e\n", label, e_sinks);
+    check_err_tol("dsinks", s, e_sinks, f32 ? TOL_F32 : TOL);
+
+    CK_CUDA(cudaFree(d_dsinks));
+    CK_CUDA(cudaFree(d_dsinks2));
+    CK_CUDA(cudaFree(d_sinks));
+    dev_free(&d);
+    results_free(&gpu);
+    results_free(&ref);
+    bf16_inputs_free(&in);
+}
+END_TEST
+
 /* The cuDNN path: the head-dim 64 and 128 cases above (T = 1, tails, MHA, MQA, GQA) and the
  * Qwen2.5-3B head layout (H 16, KV 2, D 128) at a T that is no multiple of 64. */
 static const shape cases_cudnn[] = {
@@ -575,6 +656,7 @@ static Suite *cuda_attention_suite(void)
     if (!bench_profile()) tcase_add_loop_test(tc, test_attention_vs_cpu, 0, NFORMS * NCASES);
     if (!bench_profile()) tcase_add_loop_test(tc, test_attention_f32_vs_cpu, 0, NCASES + NEXTRA);
     if (!bench_profile()) tcase_add_loop_test(tc, test_attention_cudnn_vs_cpu, 0, NCUDNN);
+    if (!bench_profile()) tcase_add_loop_test(tc, test_attention_window_sinks_vs_cpu, 0, 2 * NWINDOW);
     tcase_add_test(tc, test_attention_bench);
     tcase_add_test(tc, test_attention_f32_bench);
     suite_add_tcase(s, tc);

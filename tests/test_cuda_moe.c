@@ -50,11 +50,22 @@ enum { MD = 100, MB = 2, MT = 37, MBLOCK_N = 150 };
 
 /* ---------- configs and inputs ---------- */
 
-/* A one-layer qwen3_moe config (q/k norm) at d = MD: E experts of width Ie, top k. */
-static mt_model_config moe_config(int64_t E, int64_t k, int64_t Ie, bool norm_topk)
+/* A one-layer qwen3_moe config (q/k norm) at d = MD: E experts of width Ie, top k; or with
+ * gpt_oss a gpt_oss one: a window of 9 keys on its layer 0, sinks, o_proj, router and expert
+ * biases, and the clamped SwiGLU at a limit low enough that some gates and ups reach it. */
+static mt_model_config moe_config(int64_t E, int64_t k, int64_t Ie, bool norm_topk, bool gpt_oss)
 {
     char json[768], err[512] = "";
-    snprintf(json, sizeof json,
+    if (gpt_oss)
+        snprintf(json, sizeof json,
+                 "{\"model_type\": \"gpt_oss\", \"hidden_size\": %d, \"intermediate_size\": %lld,"
+                 " \"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 64,"
+                 " \"vocab_size\": 50, \"max_position_embeddings\": 4096, \"sliding_window\": 9,"
+                 " \"num_local_experts\": %lld, \"num_experts_per_tok\": %lld, \"swiglu_limit\": 0.05,"
+                 " \"output_router_logits\": false}",
+                 (int)MD, (long long)Ie, (long long)E, (long long)k);
+    else
+        snprintf(json, sizeof json,
              "{\"model_type\": \"qwen3_moe\", \"hidden_size\": %d, \"intermediate_size\": 160,"
              " \"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 64,"
              " \"vocab_size\": 50, \"max_position_embeddings\": 4096, \"rms_norm_eps\": 1e-6,"
@@ -74,16 +85,19 @@ typedef struct routing_case {
     int64_t E, k, Ie;
     bool norm_topk;
     double popularity[16];
+    bool gpt_oss; /* a gpt_oss layer (moe_config) */
 } routing_case;
 
 static const routing_case CASES[] = {
     /* experts 0-2 take most tokens, 3-14 few, 15 none; gate/up apart in the tile (42 * 100) */
     {"imbalanced, E=16 k=4, expert 15 unused", 16, 4, 42, true,
-     {40, 30, 20, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0}},
+     {40, 30, 20, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0}, false},
     /* every token to expert 3 and no other: the router's gradient without renormalisation */
-    {"every token to expert 3, E=8 k=1", 8, 1, 64, false, {0, 0, 0, 1, 0, 0, 0, 0}},
+    {"every token to expert 3, E=8 k=1", 8, 1, 64, false, {0, 0, 0, 1, 0, 0, 0, 0}, false},
     /* every expert for every token */
-    {"top k = E = 4", 4, 4, 48, true, {1, 1, 1, 1}},
+    {"top k = E = 4", 4, 4, 48, true, {1, 1, 1, 1}, false},
+    /* gpt_oss: biases, sinks, a sliding window, the clamped SwiGLU; imbalanced, expert 7 unused */
+    {"gpt_oss, E=8 k=2, expert 7 unused", 8, 2, 40, true, {20, 10, 5, 1, 1, 1, 1, 0}, true},
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 
@@ -324,7 +338,7 @@ static void run_block_prec(const routing_case *rc, mt_cuda_prec prec, uint64_t s
 {
     const bool f32 = prec == MT_CUDA_F32;
     const double tol = f32 ? F32_TOL : BF16_TOL;
-    mt_model_config cfg = moe_config(rc->E, rc->k, rc->Ie, rc->norm_topk);
+    mt_model_config cfg = moe_config(rc->E, rc->k, rc->Ie, rc->norm_topk, rc->gpt_oss);
     mt_tile_layout lay;
     mt_layout_build(&cfg, MT_TILE_LAYER, &lay);
     ck_assert(mt_layout_is_sparse(&lay));
@@ -417,7 +431,7 @@ static void run_layer_prec(const routing_case *rc, mt_cuda_prec prec, uint64_t s
 {
     const bool f32 = prec == MT_CUDA_F32;
     const double tol = f32 ? F32_TOL : BF16_TOL;
-    mt_model_config cfg = moe_config(rc->E, rc->k, rc->Ie, rc->norm_topk);
+    mt_model_config cfg = moe_config(rc->E, rc->k, rc->Ie, rc->norm_topk, rc->gpt_oss);
     mt_tile_layout lay;
     mt_layout_build(&cfg, MT_TILE_LAYER, &lay);
     const int64_t B = MB, T = MT, n = B * T, d = cfg.hidden, nd = n * d;

@@ -1,7 +1,8 @@
 // The mixture-of-experts block of a sparse layer on the GPU (moe.cuh): the routing of
 // moe_routing.cu, the tokens gathered into expert order, each expert's gate/up, SwiGLU and down
 // over its rows, the weighted combine, the load-balancing loss's statistics; and the backward
-// through all of it, the loss's gradient at the router included.
+// through all of it, the loss's gradient at the router included. gpt_oss adds a router bias,
+// expert biases and its clamped SwiGLU, each a kernel of its own around the same GEMMs.
 //
 // The experts' GEMMs are per-expert cuBLAS calls (cublasGemmEx, fp32 accumulation) over
 // contiguous row ranges of the gathered tokens. Their row counts change every call, so the host
@@ -17,6 +18,7 @@
 // matrix follows its gate matrix in the tile without padding (Ie * d a multiple of
 // MT_TILE_ALIGN, true of the published shapes), [Wg; Wu] is one (2 Ie, d) matrix and each of its
 // products is one GEMM; otherwise two GEMMs write or read the two halves.
+#include "backends/cuda/layer_ops.cuh"
 #include "backends/cuda/linear.cuh"
 #include "backends/cuda/moe.cuh"
 
@@ -161,6 +163,47 @@ template <class T> __global__ static void swiglu_kernel(int64_t rows, int64_t Ie
         }
 }
 
+// gpt_oss's clamped gate: (clamp(u, -limit, limit) + 1) g sigmoid(alpha g), g = min(gate, limit),
+// from gu (rows, 2 Ie) = [g | u].
+template <class T>
+__global__ static void glu_clamped_kernel(int64_t rows, int64_t Ie, float alpha, float limit, const T *gu, T *s)
+{
+    for (int64_t i = blockIdx.x; i < rows; i += gridDim.x)
+        for (int64_t j = threadIdx.x; j < Ie; j += blockDim.x) {
+            const float g = fminf(to_f(gu[i * 2 * Ie + j]), limit);
+            const float u = fminf(fmaxf(to_f(gu[i * 2 * Ie + Ie + j]), -limit), limit);
+            const float sig = 1.f / (1.f + expf(-(g * alpha)));
+            s[i * Ie + j] = from_f<T>((u + 1.f) * (g * sig));
+        }
+}
+
+// gu (rows, 2 Ie) = [g | u] += expert e's biases, gate j at bgu[e 2 Ie + 2j] and up j at 2j + 1
+// (HF's interleaved gate_up_proj_bias), e the expert of grouped row i.
+template <class T>
+__global__ static void gu_bias_kernel(int64_t rows, int64_t Ie, const int32_t *order, const int32_t *experts,
+                                      const T *bgu, T *gu)
+{
+    for (int64_t i = blockIdx.x; i < rows; i += gridDim.x) {
+        const int64_t e = experts[order[i]];
+        for (int64_t j = threadIdx.x; j < Ie; j += blockDim.x) {
+            gu[i * 2 * Ie + j] = from_f<T>(to_f(gu[i * 2 * Ie + j]) + to_f(bgu[e * 2 * Ie + 2 * j]));
+            gu[i * 2 * Ie + Ie + j] = from_f<T>(to_f(gu[i * 2 * Ie + Ie + j]) + to_f(bgu[e * 2 * Ie + 2 * j + 1]));
+        }
+    }
+}
+
+// o (rows, d) fp32 += expert e's down bias bd (E, d) on grouped row i (inside the routing weight,
+// which the combine applies).
+template <class T>
+__global__ static void down_bias_kernel(int64_t rows, int64_t d, const int32_t *order, const int32_t *experts,
+                                        const T *bd, float *o)
+{
+    for (int64_t i = blockIdx.x; i < rows; i += gridDim.x) {
+        const int64_t e = experts[order[i]];
+        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) o[i * d + j] += to_f(bd[e * d + j]);
+    }
+}
+
 // Per grouped row i with routing weight w = weights[order[i]], from dz (the gradient at the
 // forward's s, as T, before the weight): dw[i] = <dz, s>, ws = w s (for the down matrix's
 // gradient), and through the SwiGLU with ds = w dz: dgu = [dg | du]. s is recomputed from gu
@@ -186,6 +229,77 @@ __global__ static void act_backward_kernel(int64_t rows, int64_t Ie, const T *gu
         acc = mt_block_sum(acc, shared);
         if (threadIdx.x == 0) dw[i] = acc;
     }
+}
+
+// The same through gpt_oss's clamped gate: the clamps pass the gradient where the input lies
+// within them, bounds included (torch.clamp's backward).
+template <class T>
+__global__ static void act_clamped_backward_kernel(int64_t rows, int64_t Ie, float alpha, float limit, const T *gu,
+                                                   const float *dz, const int32_t *order, const float *weights,
+                                                   float *dw, T *ws, T *dgu)
+{
+    __shared__ float shared[32];
+    for (int64_t i = blockIdx.x; i < rows; i += gridDim.x) { // uniform over the block
+        const float w = weights[order[i]];
+        float acc = 0.f;
+        for (int64_t j = threadIdx.x; j < Ie; j += blockDim.x) {
+            const float g0 = to_f(gu[i * 2 * Ie + j]), u0 = to_f(gu[i * 2 * Ie + Ie + j]);
+            const bool g_in = g0 <= limit, u_in = u0 >= -limit && u0 <= limit;
+            const float g = fminf(g0, limit), u = fminf(fmaxf(u0, -limit), limit);
+            const float sig = 1.f / (1.f + expf(-(g * alpha)));
+            const float s = to_f(from_f<T>((u + 1.f) * (g * sig))); // the forward's s
+            const float z = dz[i * Ie + j], ds = w * z;
+            acc += z * s;
+            ws[i * Ie + j] = from_f<T>(w * s);
+            dgu[i * 2 * Ie + j] = from_f<T>(g_in ? ds * (u + 1.f) * sig * (1.f + alpha * g * (1.f - sig)) : 0.f);
+            dgu[i * 2 * Ie + Ie + j] = from_f<T>(u_in ? ds * g * sig : 0.f);
+        }
+        acc = mt_block_sum(acc, shared);
+        if (threadIdx.x == 0) dw[i] = acc;
+    }
+}
+
+// dw[i] += <dY row i, bd of its expert>: the down bias's share of the routing weight's gradient.
+template <class T>
+__global__ static void dw_down_bias_kernel(int64_t rows, int64_t d, const int32_t *order, const int32_t *experts,
+                                           const T *bd, const T *dY, float *dw)
+{
+    __shared__ float shared[32];
+    for (int64_t i = blockIdx.x; i < rows; i += gridDim.x) {
+        const int64_t e = experts[order[i]];
+        float acc = 0.f;
+        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) acc += to_f(dY[i * d + j]) * to_f(bd[e * d + j]);
+        acc = mt_block_sum(acc, shared);
+        if (threadIdx.x == 0) dw[i] += acc;
+    }
+}
+
+// The experts' bias gradients, each column of each expert summed over its grouped rows in order
+// (no atomics): blockIdx.x the expert, columns by blockIdx.y and threads. down (dgu NULL): dbd (E,
+// d) += w dY over the rows; gate/up (dY NULL): dbgu (E, 2 Ie) += dgu's columns, [dg | du] column
+// c to HF's interleaved index (gate j at 2j, up j at 2j + 1).
+template <class T>
+__global__ static void expert_bias_grad_kernel(int64_t C, int64_t Ie, const int32_t *offsets, const int32_t *order,
+                                               const float *weights, const T *dY, const T *dgu, float *db)
+{
+    const int64_t e = blockIdx.x, c = blockIdx.y * (int64_t)blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float acc = 0.f;
+    for (int64_t i = offsets[e]; i < offsets[e + 1]; i++)
+        acc += dY ? weights[order[i]] * to_f(dY[i * C + c]) : to_f(dgu[i * C + c]);
+    const int64_t to = dY ? c : c < Ie ? 2 * c : 2 * (c - Ie) + 1;
+    db[e * C + to] += acc;
+}
+
+// db (C) += the column sums of x (rows, C): one block per column, a fixed order.
+template <class T> __global__ static void colsum_kernel(int64_t rows, int64_t C, const T *x, float *db)
+{
+    __shared__ float shared[32];
+    const int64_t c = blockIdx.x;
+    float acc = 0.f;
+    for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) acc += to_f(x[r * C + c]);
+    acc = mt_block_sum(acc, shared);
+    if (threadIdx.x == 0) db[c] += acc;
 }
 
 // y (n, d) fp32 = resid (NULL: 0) + sum over token t's k slots, in rank order, of weight x the
@@ -289,6 +403,8 @@ void mt_moe_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_
     // Router: logits (n, E) fp32 into probs, the softmax in place, the top k, the grouping.
     mt_linear_forward(ctx, n, d, E, hn, tile + layout->tensors[MT_L_ROUTER_W].offset, nullptr, sv->probs, CUDA_R_32F,
                       stream);
+    const mt_tensor_desc *rb = &layout->tensors[MT_L_ROUTER_B];
+    if (rb->numel > 0) mt_layer_add_bias(n, E, tile + rb->offset, sv->probs, stream); // gpt_oss's router bias
     mt_moe_router_softmax(n, E, sv->probs, sv->probs, stream);
     mt_moe_router_topk(n, E, k, cfg->norm_topk_prob, sv->probs, sv->experts, sv->weights, stream);
     mt_moe_group(n, E, k, sv->experts, sv->offsets, sv->order, sv->pos, s.group, stream);
@@ -314,13 +430,26 @@ void mt_moe_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_
             expert_forward(h, r, d, Ie, type, X, d, expert_matrix(layout, tile, e, MT_X_UP), gu + Ie, 2 * Ie, type);
         }
     }
-    swiglu_kernel<<<row_blocks(nk), 256, 0, stream>>>(nk, Ie, sv->gu, s.s);
+    const mt_tensor_desc *gub = &layout->tensors[MT_L_EXPERT_GU_B], *db = &layout->tensors[MT_L_EXPERT_DOWN_B];
+    if (gub->numel > 0) { // gpt_oss: the biases of gate and up before the activation (saved with them)
+        gu_bias_kernel<<<row_blocks(nk), 256, 0, stream>>>(nk, Ie, sv->order, sv->experts, tile + gub->offset, sv->gu);
+        CUDA_CHECK_LAUNCH();
+    }
+    if (cfg->swiglu_alpha > 0)
+        glu_clamped_kernel<<<row_blocks(nk), 256, 0, stream>>>(nk, Ie, (float)cfg->swiglu_alpha,
+                                                               (float)cfg->swiglu_limit, sv->gu, s.s);
+    else
+        swiglu_kernel<<<row_blocks(nk), 256, 0, stream>>>(nk, Ie, sv->gu, s.s);
     CUDA_CHECK_LAUNCH();
     for (int e = 0; e < (int)E; e++) {
         const int64_t first = off[e], r = off[e + 1] - first;
         if (r == 0) continue;
         expert_forward(h, r, Ie, d, type, s.s + first * Ie, Ie, expert_matrix(layout, tile, e, MT_X_DOWN),
                        s.o + first * d, d, CUDA_R_32F);
+    }
+    if (db->numel > 0) {
+        down_bias_kernel<<<row_blocks(nk), 256, 0, stream>>>(nk, d, sv->order, sv->experts, tile + db->offset, s.o);
+        CUDA_CHECK_LAUNCH();
     }
     combine_kernel<<<row_blocks(n), 256, 0, stream>>>(n, d, (int)k, sv->pos, sv->weights, s.o, resid, y);
     CUDA_CHECK_LAUNCH();
@@ -358,9 +487,29 @@ void mt_moe_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile
         expert_backward_input(h, r, Ie, d, type, s.dY + first * d, d, expert_matrix(layout, tile, e, MT_X_DOWN),
                               s.dz + first * Ie, Ie, false);
     }
-    act_backward_kernel<<<row_blocks(nk), 256, 0, stream>>>(nk, Ie, sv->gu, s.dz, sv->order, sv->weights, s.dw, s.ws,
-                                                            s.dgu);
+    if (cfg->swiglu_alpha > 0)
+        act_clamped_backward_kernel<<<row_blocks(nk), 256, 0, stream>>>(nk, Ie, (float)cfg->swiglu_alpha,
+                                                                        (float)cfg->swiglu_limit, sv->gu, s.dz,
+                                                                        sv->order, sv->weights, s.dw, s.ws, s.dgu);
+    else
+        act_backward_kernel<<<row_blocks(nk), 256, 0, stream>>>(nk, Ie, sv->gu, s.dz, sv->order, sv->weights, s.dw,
+                                                                s.ws, s.dgu);
     CUDA_CHECK_LAUNCH();
+    // gpt_oss's expert biases: the down bias's share of dw, and both biases' gradients
+    const mt_tensor_desc *gub = &layout->tensors[MT_L_EXPERT_GU_B], *db = &layout->tensors[MT_L_EXPERT_DOWN_B];
+    if (db->numel > 0) {
+        dw_down_bias_kernel<<<row_blocks(nk), 256, 0, stream>>>(nk, d, sv->order, sv->experts, tile + db->offset,
+                                                                s.dY, s.dw);
+        CUDA_CHECK_LAUNCH();
+        expert_bias_grad_kernel<T><<<dim3((unsigned)E, (unsigned)((d + 255) / 256)), 256, 0, stream>>>(
+            d, Ie, sv->offsets, sv->order, sv->weights, s.dY, nullptr, dtile + db->offset);
+        CUDA_CHECK_LAUNCH();
+    }
+    if (gub->numel > 0) {
+        expert_bias_grad_kernel<T><<<dim3((unsigned)E, (unsigned)((2 * Ie + 255) / 256)), 256, 0, stream>>>(
+            2 * Ie, Ie, sv->offsets, sv->order, sv->weights, nullptr, s.dgu, dtile + gub->offset);
+        CUDA_CHECK_LAUNCH();
+    }
     // Weight gradients (+=): dWd += dY^T ws, [dWg; dWu] += dgu^T X. An expert no token chose keeps
     // its gradient as it is.
     for (int e = 0; e < (int)E; e++) {
@@ -403,6 +552,11 @@ void mt_moe_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile
     const T *router = tile + layout->tensors[MT_L_ROUTER_W].offset;
     mt_linear_backward_weight(ctx, n, d, E, hn, s.dlogits, dtile + layout->tensors[MT_L_ROUTER_W].offset, true,
                               stream);
+    const mt_tensor_desc *rb = &layout->tensors[MT_L_ROUTER_B];
+    if (rb->numel > 0) { // the router bias's gradient: dlogits' column sums
+        colsum_kernel<T><<<(unsigned)E, 256, 0, stream>>>(n, E, s.dlogits, dtile + rb->offset);
+        CUDA_CHECK_LAUNCH();
+    }
     mt_linear_backward_input(ctx, n, d, E, s.dlogits, router, dhn, CUDA_R_32F, true, stream);
 }
 

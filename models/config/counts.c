@@ -97,8 +97,8 @@ int64_t mt_config_layer_window(const mt_model_config *cfg, int64_t layer)
 int mt_config_trainable(const mt_model_config *cfg, bool cuda, char *err, size_t errlen)
 {
     if (cuda && cfg->family == MT_FAMILY_GPT_OSS) {
-        snprintf(err, errlen, "model_type gpt_oss: the CUDA decoder layer does not compute its sinks, sliding windows, "
-                 "biased experts and clamped SwiGLU yet; run it on the CPU workers (--ncuda 0)");
+        snprintf(err, errlen, "model_type gpt_oss: the CUDA decoder layer's sinks, sliding windows, biased experts and "
+                 "clamped SwiGLU have not been checked on a GPU yet; run it on the CPU workers (--ncuda 0)");
         return -1;
     }
     return 0;
