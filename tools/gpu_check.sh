@@ -2,7 +2,8 @@
 # The GPU checks, run on the GPU machine from binaries built on the development machine:
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, from the repository root on the GPU machine (build-gpu and .deps/gpu-runtime carried):
-#   tools/gpu_check.sh [quick|bench3b|parity|ab3b|final3b|scale7b|train7b|width|numerics|long|long262|generate|rss|moe|moe30b]
+#   tools/gpu_check.sh [quick|bench3b|parity|ab3b|final3b|scale7b|train7b|width|numerics|long|long262|mlpchunk|long524|
+#                       generate|rss|moe|moe30b]
 #
 #   quick    correctness: megatrain info, the CUDA suites (test_cuda, test_cuda_attention,
 #            test_gpu_step), their kernel timings (MT_CUDA_BENCH=1), the 0.5B step, PyTorch's
@@ -48,6 +49,10 @@
 #            they do not fit a 125 GiB host beside the state), one step without warm-up (about 4
 #            minutes). ATTENTION=cudnn for both long modes uses the default attention instead of the
 #            own kernels.
+#   mlpchunk the 131072-token 3B step (K=1, checkpoints offloaded) with the dense MLP unchunked and in
+#            chunks of 16384 tokens (--mlp-chunk): losses and peak GPU memory side by side.
+#   long524  the 3B at one 524288-token sequence (yarn:16, K=4, MLP chunks and offload auto): plan,
+#            then one step without warm-up (about 7 minutes at 300 model TFLOP/s).
 #   generate megatrain generate on a random Qwen2.5-0.5B: 32 greedy tokens on the CPU workers, on the
 #            GPU in fp32 (the same tokens expected) and in bf16.
 #   rss      the peak host memory of `megatrain train` on the GPU beside its plan's host total: the
@@ -254,6 +259,26 @@ long262)
         --seq-len 262144 --rope-scaling yarn:8 --checkpoint-every 1 --clip 1 --warmup 0 --steps 1 --offload-checkpoints off
     grep -h -E "loss|peak GPU|^\| qwen" "$OUT"/bench_3b_262k.log | tail -4 | tee -a "$OUT/summary.txt"
     ;;
+mlpchunk)
+    # the dense MLP unchunked and in chunks of 16384 tokens at one 131072-token sequence (K=1,
+    # checkpoints offloaded): the losses within bf16 of each other, each run's peak GPU memory
+    for c in 0 16384; do
+        MT_ATTENTION=${ATTENTION:-own} run "bench_3b_131k_mlp$c" "$B/tools/megatrain" bench --shape qwen2.5-3b \
+            --micro-batch 1 --seq-len 131072 --rope-scaling yarn:4 --checkpoint-every 1 --clip 1 --warmup 1 --steps 2 \
+            --offload-checkpoints on --mlp-chunk "$c"
+    done
+    grep -h -E "loss|peak GPU|^\| qwen" "$OUT"/bench_3b_131k_mlp*.log | tail -8 | tee -a "$OUT/summary.txt"
+    ;;
+long524)
+    # one 524288-token sequence with plan's defaults at K=4 (the MLP in chunks, the checkpoints
+    # offloaded, both auto): plan's figures, then one step without warm-up
+    run plan_3b_524k "$B/tools/megatrain" plan --shape qwen2.5-3b --micro-batch 1 --seq-len 524288 \
+        --rope-scaling yarn:16 --checkpoint-every 4
+    MT_ATTENTION=${ATTENTION:-own} run bench_3b_524k "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 1 \
+        --seq-len 524288 --rope-scaling yarn:16 --checkpoint-every 4 --clip 1 --warmup 0 --steps 1
+    grep -h -E "^MLP|^GPU|loss|peak GPU|^\| qwen" "$OUT"/plan_3b_524k.log "$OUT"/bench_3b_524k.log | tail -8 |
+        tee -a "$OUT/summary.txt"
+    ;;
 generate)
     # megatrain generate through the step graph: the first 32 greedy tokens on the CPU workers,
     # on the GPU in fp32 (the same tokens expected) and in bf16, from a random Qwen2.5-0.5B
@@ -310,7 +335,7 @@ moe30b)
     done
     ;;
 *)
-    echo "gpu_check.sh: unknown mode '$mode' (quick, bench3b, parity, ab3b, final3b, scale7b, train7b, width, numerics, long, long262, generate, rss, moe or moe30b)" >&2
+    echo "gpu_check.sh: unknown mode '$mode' (quick, bench3b, parity, ab3b, final3b, scale7b, train7b, width, numerics, long, long262, mlpchunk, long524, generate, rss, moe or moe30b)" >&2
     exit 2
     ;;
 esac
