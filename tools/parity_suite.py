@@ -147,31 +147,15 @@ FAMILIES["mixtral-aux"] = with_aux("mixtral", "float32", "100KB")
 FAMILIES["gpt_oss-aux"] = with_aux("gpt_oss", "float32", "100KB")
 
 
-def gpt_oss_names(name, t):
-    """gpt_oss's fused experts (gate_up_proj [E, d, 2I], x @ W, gate j in column 2j and up j in
-    2j + 1; down_proj [E, I, d]) as the per-expert matrices `megatrain grads` writes
-    (mlp.experts.e.gate_proj.weight [I, d], up_proj, down_proj [d, I]); other names as they are."""
-    for fused in ("experts.gate_up_proj", "experts.down_proj"):
-        if name.endswith(fused):
-            prefix = name[: -len(fused)] + "experts."
-            out = []
-            for e in range(t.shape[0]):
-                if fused.endswith("gate_up_proj"):
-                    assert t.shape[2] % 2 == 0, f"{name}: shape {list(t.shape)}, want [E, d, 2I]"
-                    out += [(f"{prefix}{e}.gate_proj.weight", t[e, :, 0::2].T),
-                            (f"{prefix}{e}.up_proj.weight", t[e, :, 1::2].T)]
-                else:
-                    out.append((f"{prefix}{e}.down_proj.weight", t[e].T))
-            return [(n, x.contiguous()) for n, x in out]
-    return [(name, t.contiguous())]
-
-
-def hub_names(name, t, mixtral):
+def hub_names(name, t, model_type):
     """A transformers parameter (or its gradient) under the names published checkpoints, and
     megatrain, give it: transformers 5 holds a layer's experts fused (experts.gate_up_proj
     [E, 2I, d], gate rows first; experts.down_proj [E, d, I]) and Mixtral's block under mlp.;
-    checkpoints have one tensor per expert (Mixtral: block_sparse_moe.experts.e.w1/w3/w2). A name
-    of neither form is returned as it is."""
+    checkpoints have one tensor per expert (Mixtral: block_sparse_moe.experts.e.w1/w3/w2). gpt_oss
+    holds them fused in the checkpoints too, transposed (gate_up_proj [E, d, 2I], x @ W, gate j in
+    column 2j and up j in 2j + 1; down_proj [E, I, d]); megatrain's `grads` writes them per expert
+    under the Qwen3-MoE names. A name of neither form is returned as it is."""
+    mixtral, gpt_oss = model_type == "mixtral", model_type == "gpt_oss"
     block = ".block_sparse_moe." if mixtral else ".mlp."
     if mixtral and (".mlp.gate." in name or ".mlp.experts." in name):
         name = name.replace(".mlp.", block)
@@ -182,20 +166,22 @@ def hub_names(name, t, mixtral):
             out = []
             for e in range(t.shape[0]):
                 if fused.endswith("gate_up_proj"):
-                    half = t.shape[1] // 2
-                    out += [(f"{prefix}{e}.{gate}.weight", t[e, :half]), (f"{prefix}{e}.{up}.weight", t[e, half:])]
+                    if gpt_oss:
+                        g, u = t[e, :, 0::2].T, t[e, :, 1::2].T
+                    else:
+                        half = t.shape[1] // 2
+                        g, u = t[e, :half], t[e, half:]
+                    out += [(f"{prefix}{e}.{gate}.weight", g), (f"{prefix}{e}.{up}.weight", u)]
                 else:
-                    out.append((f"{prefix}{e}.{down}.weight", t[e]))
+                    out.append((f"{prefix}{e}.{down}.weight", t[e].T if gpt_oss else t[e]))
             return [(n, x.contiguous()) for n, x in out]
     return [(name, t.contiguous())]
 
 
 def grads_by_hub_name(model):
-    mixtral = model.config.model_type == "mixtral"
-    split = gpt_oss_names if model.config.model_type == "gpt_oss" else lambda n, g: hub_names(n, g, mixtral)
     out = {}
     for name, p in model.named_parameters():
-        for n, g in split(name, p.grad.detach().float()):
+        for n, g in hub_names(name, p.grad.detach().float(), model.config.model_type):
             out[n] = g
     return out
 
