@@ -273,6 +273,9 @@ else ok "--resume (gpt_oss) bit for bit"; fi
 mt eval --model gtuned --data shards --ncpu 2 --ncuda 0
 if [ "$rc" -ne 0 ] || ! grep -q '^loss ' out.txt; then bad "eval --model (gpt_oss)" "no loss line"
 else ok "eval --model (gpt_oss)"; fi
+mt generate --model gtuned --prompt x --max-new-tokens 3 --ncuda 0 --ncpu 2
+if [ "$rc" -ne 0 ] || ! grep -q '1 prompt tokens, 3 new' err.txt; then bad "generate --model (gpt_oss)" "no 3 new tokens"
+else ok "generate --model (gpt_oss)"; fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
