@@ -47,6 +47,7 @@ typedef struct expected {
     int shard;          /* index into the shard list that holds it (or its MXFP4 blocks) */
     int scales_shard;   /* the one that holds its MXFP4 scales; -1: none */
     bool quantized;     /* the checkpoint holds NAME_blocks and NAME_scales instead */
+    bool scales_seen;   /* a file held NAME_scales */
     bool loaded;
 } expected;
 
@@ -346,7 +347,10 @@ static int load_shard(mt_st_file *f, int s, const char *index_path, const shard_
             return mt_fail(err, errlen, "%s: tensor '%s': unexpected tensor (not part of this %s config)", f->path, t->name,
                         st->cfg.model_type);
         }
-        if (match == MATCH_SCALES) continue; /* read with the blocks */
+        if (match == MATCH_SCALES) { /* read with the blocks */
+            x->scales_seen = true;
+            continue;
+        }
         if (!index_path) x->quantized = match == MATCH_BLOCKS;
         if (x->shard != s || x->quantized != (match == MATCH_BLOCKS))
             return mt_fail(err, errlen, "%s: tensor '%s': present here but %s lists it in another shard", f->path, t->name,
@@ -441,6 +445,10 @@ int mt_hf_load(const char *dir, mt_host_state *st, char *err, size_t errlen)
         rc = load_shard(f, s, have_single ? NULL : index, &list, st, e, ne, err, errlen);
         mt_st_close(f);
     }
+    for (int i = 0; i < ne && rc == 0; i++)
+        if (e[i].scales_seen && !e[i].quantized)
+            rc = mt_fail(err, errlen, "%s: tensor '%s_scales': MXFP4 scales beside the unquantised '%s'",
+                         have_single ? single : index, e[i].name, e[i].name);
     for (int s = 0; s < nshards; s++) free(shards[s]);
     free(shards);
     free(e);

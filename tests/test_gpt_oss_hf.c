@@ -413,6 +413,27 @@ START_TEST(test_mxfp4_refusals)
     expect_refused(&cfg, &p, dir, "gate_up_proj_blocks", "the config wants [3, 128, 1, 16]");
     p.t[blocks].shape[1] += 1;
     p.t[blocks].bytes = (size_t)(p.t[blocks].shape[0] * p.t[blocks].shape[1] * p.t[blocks].shape[2] * 16);
+    /* scales beside an unquantised tensor: the fused down_proj of layer 1 in F32 and its scales */
+    {
+        published q = p;
+        raw_tensor extra[64];
+        memcpy(extra, p.t, sizeof(raw_tensor) * (size_t)p.n);
+        int bi = -1;
+        for (int i = 0; i < p.n; i++)
+            if (!strcmp(p.t[i].name, "model.layers.1.mlp.experts.down_proj_blocks")) bi = i;
+        ck_assert(bi >= 0);
+        const int64_t E = cfg.experts, d = cfg.hidden, Ie = cfg.expert_intermediate;
+        raw_tensor *f = &extra[bi];
+        snprintf(f->name, sizeof f->name, "model.layers.1.mlp.experts.down_proj");
+        f->dtype = "F32";
+        f->ndim = 3;
+        f->shape[0] = E, f->shape[1] = Ie, f->shape[2] = d;
+        f->bytes = sizeof(float) * (size_t)(E * Ie * d);
+        f->data = calloc((size_t)(E * Ie * d), sizeof(float));
+        memcpy(q.t, extra, sizeof(raw_tensor) * (size_t)p.n);
+        expect_refused(&cfg, &q, dir, "down_proj_scales", "unquantised");
+        free(f->data);
+    }
     /* drop the scales altogether */
     p.t[scales] = p.t[p.n - 1];
     p.t[p.n - 1] = keep;
