@@ -6,7 +6,7 @@
 # with --stop-after and resumed bit for bit the uninterrupted one, eval and generate on OUT; the
 # router's load-balancing loss (--router-aux-loss) and a model with a dense layer; the save and
 # load round trip of a mixtral directory (its w1/w2/w3 names); a gpt_oss model trained, saved
-# with its fused experts, resumed and evaluated.
+# with its fused experts, resumed, evaluated and generating.
 # Usage: test_moe_cli.sh PATH/TO/megatrain. Prints one line per check, then "N passed, M failed".
 set -u
 
