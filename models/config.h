@@ -159,6 +159,11 @@ int64_t mt_config_active_param_count(const mt_model_config *cfg);
  * layer and family. */
 bool mt_config_layer_sliding(const mt_model_config *cfg, int64_t layer);
 int64_t mt_config_layer_window(const mt_model_config *cfg, int64_t layer);
+/* Whether cfg's dense MLP runs in token chunks (mlp_chunk > 0; 0 and MT_MLP_CHUNK_AUTO are not),
+ * and the rows it runs at a time over n tokens: mlp_chunk, or all n. Every sizing and every
+ * layer of the CPU and CUDA backends reads the chunking through these. */
+bool mt_config_mlp_chunked(const mt_model_config *cfg);
+int64_t mt_config_mlp_rows(const mt_model_config *cfg, int64_t n);
 /* 0 when the step can run cfg's model on CPU workers only (cuda false) or with CUDA workers too,
  * else -1 with a message saying so (gpt_oss with CUDA: the CUDA layer's sinks, windows, biased
  * experts and clamped SwiGLU are written but not yet checked on a GPU). plan plans such a run

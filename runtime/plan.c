@@ -1012,7 +1012,7 @@ int mt_plan_choose_run(const mt_model_config *cfg, const mt_plan_params *params,
 {
     if (cfg->mlp_chunk != MT_PLAN_MLP_CHUNK_AUTO) {
         if (choose_run_offload(cfg, params, request, host_available, gpu_memory, plan, run)) return -1;
-        run->mlp_chunk = cfg->mlp_chunk > 0 ? cfg->mlp_chunk : 0;
+        run->mlp_chunk = mt_config_mlp_chunked(cfg) ? cfg->mlp_chunk : 0;
         return 0;
     }
     static const int64_t chunks[] = { 0, 65536, 32768, 16384, 8192, 4096, 2048, 1024 };

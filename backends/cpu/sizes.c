@@ -36,7 +36,7 @@ static bool has_sparse(const mt_model_config *cfg) { return mt_config_sparse_lay
  * probs (n,E), g, u (n*k,Ie) of a sparse one. */
 static int64_t mlp_saved_numel(const mt_model_config *cfg, int64_t n, bool sparse)
 {
-    if (!sparse) return cfg->mlp_chunk > 0 ? 0 : 2 * n * cfg->intermediate;
+    if (!sparse) return mt_config_mlp_chunked(cfg) ? 0 : 2 * n * cfg->intermediate;
     return n * cfg->experts + 2 * n * cfg->experts_per_token * cfg->expert_intermediate;
 }
 
@@ -65,8 +65,8 @@ static int64_t layer_scratch_numel(const mt_model_config *cfg, int64_t B, int64_
     const int64_t n = B * T, d = cfg->hidden, inter = cfg->intermediate;
     const int64_t qd = cfg->heads * cfg->head_dim, kvd = cfg->kv_heads * cfg->head_dim;
     const int64_t qk = cfg->qk_norm ? 1 : 0;
-    const bool chunked = cfg->mlp_chunk > 0;
-    const int64_t c = chunked && cfg->mlp_chunk < n ? cfg->mlp_chunk : n;
+    const bool chunked = mt_config_mlp_chunked(cfg);
+    const int64_t c = mt_config_mlp_rows(cfg, n);
 
     const int64_t fwd_saved = n * d + (sparse ? mt_moe_forward_scratch_numel(cfg, n, true)
                                               : (chunked ? 3 : 1) * c * inter);

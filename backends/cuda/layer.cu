@@ -102,12 +102,6 @@ template <class E> struct layer_saved {
 static bool has_dense(const mt_model_config *cfg) { return mt_config_has_dense_layers(cfg); }
 static bool has_sparse(const mt_model_config *cfg) { return mt_config_sparse_layers(cfg) > 0; }
 
-// The rows the dense MLP runs at a time: cfg->mlp_chunk, or all n. Its buffers have that many.
-static int64_t mlp_rows(const mt_model_config *cfg, int64_t n)
-{
-    return cfg->mlp_chunk > 0 && cfg->mlp_chunk < n ? cfg->mlp_chunk : n;
-}
-
 // Ends the overlay of two alternatives that started at the same offset: past the longer one.
 static void overlay_end(mt_carve *c, size_t other_end)
 {
@@ -132,7 +126,7 @@ static void saved_carve(const mt_model_config *cfg, const mt_layer_dims *m, mt_c
     s->qpre = cfg->qk_norm ? mt_take<E>(c, n * m->qd) : nullptr;
     s->kpre = cfg->qk_norm ? mt_take<E>(c, n * m->kvd) : nullptr;
     const size_t mlp = c->offset;
-    const bool kept = has_dense(cfg) && cfg->mlp_chunk == 0;
+    const bool kept = has_dense(cfg) && !mt_config_mlp_chunked(cfg);
     s->g = kept ? mt_take<E>(c, n * m->inter) : nullptr;
     s->u = kept ? mt_take<E>(c, n * m->inter) : nullptr;
     const size_t dense_end = c->offset;
@@ -150,7 +144,7 @@ static void saved_carve(const mt_model_config *cfg, const mt_layer_dims *m, mt_c
 template <class E> struct layer_fwd_scratch {
     layer_saved<E> keep;  // stands in for `saved` when it is NULL
     E *xn;                // (n, d) normed x, later normed h (hn)
-    E *s;                 // (c, I) swiglu output (dense; c = mlp_rows)
+    E *s;                 // (c, I) swiglu output (dense; c = mt_config_mlp_rows)
     E *g_c, *u_c;         // (c, I) gate and up when they are not kept (dense, mlp_chunk)
     void *moe;            // the MoE block's forward scratch (sparse)
     float *cos_t, *sin_t; // (T, D/2) RoPE tables
@@ -163,7 +157,7 @@ template <class E> struct layer_bwd_scratch {
     float *cos_t, *sin_t; // (T, D/2)
     float *partials;      // column-sum partials, widest of d and H*D
     // MLP phase
-    E *s_dg;   // (c, I) s (recomputed), then dg (dense; c = mlp_rows)
+    E *s_dg;   // (c, I) s (recomputed), then dg (dense; c = mt_config_mlp_rows)
     E *du;     // (c, I) (dense)
     float *ds; // (c, I) gradient at the swiglu output (dense)
     E *g_re, *u_re; // (c, I) gate and up recomputed (dense, mlp_chunk)
@@ -185,8 +179,8 @@ static void fwd_carve(const mt_model_config *cfg, const mt_layer_dims *m, mt_car
     saved_carve(cfg, m, c, &s->keep);
     s->xn = mt_take<E>(c, m->n * m->d);
     const size_t mlp = c->offset;
-    const int64_t rows = mlp_rows(cfg, m->n);
-    const bool chunked = has_dense(cfg) && cfg->mlp_chunk > 0;
+    const int64_t rows = mt_config_mlp_rows(cfg, m->n);
+    const bool chunked = has_dense(cfg) && mt_config_mlp_chunked(cfg);
     s->s = has_dense(cfg) ? mt_take<E>(c, rows * m->inter) : nullptr;
     s->g_c = chunked ? mt_take<E>(c, rows * m->inter) : nullptr;
     s->u_c = chunked ? mt_take<E>(c, rows * m->inter) : nullptr;
@@ -209,8 +203,8 @@ static void bwd_carve(const mt_model_config *cfg, const mt_layer_dims *m, mt_car
     s->sin_t = mt_take<float>(c, m->T * m->half);
     s->partials = (float *)mt_take<char>(c, (int64_t)mt_colsum_partials_bytes(m->d > m->qd ? m->d : m->qd));
     const size_t region = c->offset;
-    const int64_t dense_inter = has_dense(cfg) ? m->inter : 0, rows = mlp_rows(cfg, n);
-    const bool chunked = has_dense(cfg) && cfg->mlp_chunk > 0;
+    const int64_t dense_inter = has_dense(cfg) ? m->inter : 0, rows = mt_config_mlp_rows(cfg, n);
+    const bool chunked = has_dense(cfg) && mt_config_mlp_chunked(cfg);
     s->s_dg = mt_take<E>(c, rows * dense_inter);
     s->du = mt_take<E>(c, rows * dense_inter);
     s->ds = mt_take<float>(c, rows * dense_inter);
@@ -318,8 +312,8 @@ static void layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt
     }
     // c rows at a time (all n without mlp_chunk): g and u into `saved`, or scratch when not kept
     const cudaDataType_t e_type = mt_cuda_type<E>();
-    const int64_t c_rows = mlp_rows(cfg, n);
-    const bool keep = cfg->mlp_chunk == 0;
+    const int64_t c_rows = mt_config_mlp_rows(cfg, n);
+    const bool keep = !mt_config_mlp_chunked(cfg);
     for (int64_t r0 = 0; r0 < n; r0 += c_rows) {
         const int64_t rows = n - r0 < c_rows ? n - r0 : c_rows;
         E *g = keep ? sv.g + r0 * m.inter : fs.g_c, *u = keep ? sv.u + r0 * m.inter : fs.u_c;
@@ -338,8 +332,7 @@ static void layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt
 template <class E>
 static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile_layout *layout, const E *tile,
                            int64_t layer, int64_t B, int64_t T, const void *saved, const float *dy, float *dx,
-                           float *dtile,
-                           bool accumulate, void *scratch, const double *aux_counts, double aux_scale,
+                           float *dtile, bool accumulate, void *scratch, const double *aux_counts, double aux_scale,
                            mt_cuda_stream stream_)
 {
     const cudaStream_t stream = as_stream(stream_);
@@ -371,8 +364,8 @@ static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const m
     } else {
         // c rows at a time (all n without mlp_chunk), g and u recomputed when not kept; the weight
         // gradients accumulate over the chunks
-        const int64_t c_rows = mlp_rows(cfg, n);
-        const bool recompute = cfg->mlp_chunk > 0;
+        const int64_t c_rows = mt_config_mlp_rows(cfg, n);
+        const bool recompute = mt_config_mlp_chunked(cfg);
         const cudaDataType_t e_type = mt_cuda_type<E>();
         for (int64_t r0 = 0; r0 < n; r0 += c_rows) {
             const int64_t rows = n - r0 < c_rows ? n - r0 : c_rows;

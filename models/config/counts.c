@@ -94,6 +94,13 @@ int64_t mt_config_layer_window(const mt_model_config *cfg, int64_t layer)
     return mt_config_layer_sliding(cfg, layer) && cfg->sliding_window > 0 ? cfg->sliding_window : 0;
 }
 
+bool mt_config_mlp_chunked(const mt_model_config *cfg) { return cfg->mlp_chunk > 0; }
+
+int64_t mt_config_mlp_rows(const mt_model_config *cfg, int64_t n)
+{
+    return mt_config_mlp_chunked(cfg) && cfg->mlp_chunk < n ? cfg->mlp_chunk : n;
+}
+
 int mt_config_trainable(const mt_model_config *cfg, bool cuda, char *err, size_t errlen)
 {
     if (cuda && cfg->family == MT_FAMILY_GPT_OSS) {
