@@ -103,41 +103,6 @@ END_TEST
 /* ------------------------------------------------------------------------------------------ */
 /* Published checkpoints: written here as raw safetensors, the experts in MXFP4.                */
 
-typedef struct raw_tensor {
-    char name[128];
-    const char *dtype; /* "F32" or "U8" */
-    int ndim;
-    int64_t shape[4];
-    void *data;
-    size_t bytes;
-} raw_tensor;
-
-static void write_raw(const char *path, const raw_tensor *t, int n)
-{
-    json_t *root = json_object();
-    size_t at = 0;
-    for (int i = 0; i < n; i++) {
-        json_t *e = json_object(), *shape = json_array(), *offs = json_array();
-        for (int k = 0; k < t[i].ndim; k++) json_array_append_new(shape, json_integer(t[i].shape[k]));
-        json_array_append_new(offs, json_integer((json_int_t)at));
-        json_array_append_new(offs, json_integer((json_int_t)(at + t[i].bytes)));
-        at += t[i].bytes;
-        json_object_set_new(e, "dtype", json_string(t[i].dtype));
-        json_object_set_new(e, "shape", shape);
-        json_object_set_new(e, "data_offsets", offs);
-        json_object_set_new(root, t[i].name, e);
-    }
-    char *text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(root);
-    FILE *f = fopen(path, "wb");
-    ck_assert(f && text);
-    const uint64_t len = strlen(text);
-    ck_assert(fwrite(&len, 8, 1, f) == 1 && fwrite(text, 1, len, f) == len);
-    for (int i = 0; i < n; i++) ck_assert(fwrite(t[i].data, 1, t[i].bytes, f) == t[i].bytes);
-    fclose(f);
-    free(text);
-}
-
 /* E2M1 from its definition: sign bit 3, exponent bits 2-1 (bias 1), mantissa bit 0; exponent 0
  * subnormal (0 or 0.5). */
 static double e2m1(unsigned code)
@@ -147,13 +112,14 @@ static double e2m1(unsigned code)
     return code & 8u ? -v : v;
 }
 
-/* A published-style checkpoint of cfg: every tensor but the experts' matrices random in F32
- * (its values kept in `plain`, by name), those in MXFP4 with random codes and scales 2^-4 ..
- * 2^3 (kept in `codes`/`scales` per layer and kind). shards: 1 (one file) or 2 (the blocks of
- * each layer in one shard, their scales in the other, with an index). */
+/* A published-style checkpoint of cfg: every tensor but the experts' matrices random in F32,
+ * those in MXFP4 with random codes and scales 2^-4 .. 2^3, each tensor's bytes kept in t (its
+ * name in names). shards: 1 (one file) or 2 (the blocks of each layer in one shard, their scales
+ * in the other, with an index). */
 typedef struct published {
     int n;
-    raw_tensor t[64];
+    mt_test_raw_tensor t[64];
+    char names[64][128];
 } published;
 
 static void make_published(const mt_model_config *cfg, mt_host_state *st, const char *dir, int shards, uint64_t seed,
@@ -170,8 +136,10 @@ static void make_published(const mt_model_config *cfg, mt_host_state *st, const 
         for (int s = 0; s < nslots; s++) {
             const mt_tensor_desc *td = &lay->tensors[s];
             if (!td->numel) continue;
-            raw_tensor *r = &p->t[p->n++];
-            mt_layout_full_name(lay, i - 1, s, r->name, sizeof r->name);
+            char *name = p->names[p->n];
+            mt_test_raw_tensor *r = &p->t[p->n++];
+            mt_layout_full_name(lay, i - 1, s, name, sizeof p->names[0]);
+            r->name = name;
             r->dtype = "F32";
             r->ndim = td->ndim;
             r->shape[0] = td->shape[0];
@@ -184,11 +152,14 @@ static void make_published(const mt_model_config *cfg, mt_host_state *st, const 
         if (!sparse) continue;
         for (int kind = 0; kind < 2; kind++) { /* gate_up: rows 2 Ie of d; down: rows d of Ie */
             const int64_t R = kind ? d : 2 * Ie, C = kind ? Ie : d, G = C / MT_MXFP4_GROUP;
-            raw_tensor *b = &p->t[p->n++], *sc = &p->t[p->n++];
-            snprintf(b->name, sizeof b->name, "model.layers.%d.mlp.experts.%s_blocks", i - 1,
+            char *bname = p->names[p->n], *sname = p->names[p->n + 1];
+            mt_test_raw_tensor *b = &p->t[p->n++], *sc = &p->t[p->n++];
+            snprintf(bname, sizeof p->names[0], "model.layers.%d.mlp.experts.%s_blocks", i - 1,
                      kind ? "down_proj" : "gate_up_proj");
-            snprintf(sc->name, sizeof sc->name, "model.layers.%d.mlp.experts.%s_scales", i - 1,
+            snprintf(sname, sizeof p->names[0], "model.layers.%d.mlp.experts.%s_scales", i - 1,
                      kind ? "down_proj" : "gate_up_proj");
+            b->name = bname;
+            sc->name = sname;
             b->dtype = sc->dtype = "U8";
             b->ndim = 4;
             sc->ndim = 3;
@@ -209,11 +180,11 @@ static void make_published(const mt_model_config *cfg, mt_host_state *st, const 
     char path[4200];
     if (shards == 1) {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
-        write_raw(path, p->t, p->n);
+        mt_test_write_raw_safetensors(path, p->t, p->n);
         return;
     }
     /* shard 1: everything but the scales; shard 2: the scales */
-    raw_tensor first[64], second[64];
+    mt_test_raw_tensor first[64], second[64];
     int n1 = 0, n2 = 0;
     json_t *map = json_object();
     for (int i = 0; i < p->n; i++) {
@@ -224,9 +195,9 @@ static void make_published(const mt_model_config *cfg, mt_host_state *st, const 
                                                                    : "model-00001-of-00002.safetensors"));
     }
     snprintf(path, sizeof path, "%s/model-00001-of-00002.safetensors", dir);
-    write_raw(path, first, n1);
+    mt_test_write_raw_safetensors(path, first, n1);
     snprintf(path, sizeof path, "%s/model-00002-of-00002.safetensors", dir);
-    write_raw(path, second, n2);
+    mt_test_write_raw_safetensors(path, second, n2);
     json_t *root = json_object();
     json_object_set_new(root, "metadata", json_object());
     json_object_set_new(root, "weight_map", map);
@@ -235,7 +206,7 @@ static void make_published(const mt_model_config *cfg, mt_host_state *st, const 
     json_decref(root);
 }
 
-static const raw_tensor *find_raw(const published *p, const char *name)
+static const mt_test_raw_tensor *find_raw(const published *p, const char *name)
 {
     for (int i = 0; i < p->n; i++)
         if (!strcmp(p->t[i].name, name)) return &p->t[i];
@@ -244,7 +215,7 @@ static const raw_tensor *find_raw(const published *p, const char *name)
 
 static void free_published(published *p)
 {
-    for (int i = 0; i < p->n; i++) free(p->t[i].data);
+    for (int i = 0; i < p->n; i++) free((void *)p->t[i].data);
 }
 
 /* Every expert slot of st against the published blocks and scales decoded here; every other
@@ -278,7 +249,7 @@ static void check_decoded(const mt_model_config *cfg, const mt_host_state *st, c
     }
     ck_assert(nonzero > 0);
     for (int i = 0; i < p->n; i++) {
-        const raw_tensor *r = &p->t[i];
+        const mt_test_raw_tensor *r = &p->t[i];
         if (strcmp(r->dtype, "F32")) continue;
         int tile = 0, slot = -1;
         for (tile = 0; tile < st->ntiles && slot < 0; tile++)
@@ -371,7 +342,7 @@ static void expect_refused(const mt_model_config *cfg, published *p, const char 
 {
     char path[4200], err[1024] = "";
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    write_raw(path, p->t, p->n);
+    mt_test_write_raw_safetensors(path, p->t, p->n);
     mt_host_state *st = mt_state_create(cfg, MT_DTYPE_F32, 0, err, sizeof err);
     ck_assert_msg(st != NULL, "%s", err);
     ck_assert(mt_hf_load(dir, st, err, sizeof err) != 0);
@@ -399,8 +370,8 @@ START_TEST(test_mxfp4_refusals)
     }
     ck_assert(scales >= 0 && blocks >= 0);
 
-    raw_tensor keep = p.t[scales];
-    snprintf(p.t[scales].name, sizeof p.t[scales].name, "model.layers.1.mlp.experts.down_proj_scale");
+    mt_test_raw_tensor keep = p.t[scales];
+    p.t[scales].name = "model.layers.1.mlp.experts.down_proj_scale";
     expect_refused(&cfg, &p, dir, "down_proj_scale", NULL); /* missing, or unexpected: whichever comes first */
     p.t[scales] = keep;
     p.t[scales].dtype = "F32"; /* the same bytes as a quarter as many floats */
@@ -416,23 +387,24 @@ START_TEST(test_mxfp4_refusals)
     /* scales beside an unquantised tensor: the fused down_proj of layer 1 in F32 and its scales */
     {
         published q = p;
-        raw_tensor extra[64];
-        memcpy(extra, p.t, sizeof(raw_tensor) * (size_t)p.n);
+        mt_test_raw_tensor extra[64];
+        memcpy(extra, p.t, sizeof(mt_test_raw_tensor) * (size_t)p.n);
         int bi = -1;
         for (int i = 0; i < p.n; i++)
             if (!strcmp(p.t[i].name, "model.layers.1.mlp.experts.down_proj_blocks")) bi = i;
         ck_assert(bi >= 0);
         const int64_t E = cfg.experts, d = cfg.hidden, Ie = cfg.expert_intermediate;
-        raw_tensor *f = &extra[bi];
-        snprintf(f->name, sizeof f->name, "model.layers.1.mlp.experts.down_proj");
+        mt_test_raw_tensor *f = &extra[bi];
+        f->name = "model.layers.1.mlp.experts.down_proj";
         f->dtype = "F32";
         f->ndim = 3;
         f->shape[0] = E, f->shape[1] = Ie, f->shape[2] = d;
         f->bytes = sizeof(float) * (size_t)(E * Ie * d);
-        f->data = calloc((size_t)(E * Ie * d), sizeof(float));
-        memcpy(q.t, extra, sizeof(raw_tensor) * (size_t)p.n);
+        float *zeros = calloc((size_t)(E * Ie * d), sizeof(float));
+        f->data = zeros;
+        memcpy(q.t, extra, sizeof(mt_test_raw_tensor) * (size_t)p.n);
         expect_refused(&cfg, &q, dir, "down_proj_scales", "unquantised");
-        free(f->data);
+        free(zeros);
     }
     /* drop the scales altogether */
     p.t[scales] = p.t[p.n - 1];

@@ -132,40 +132,6 @@ START_TEST(test_sharded)
 }
 END_TEST
 
-/* One tensor of a hand-written file: raw little-endian bytes under a given dtype name. */
-typedef struct raw_tensor {
-    const char *name;
-    const char *dtype;
-    int ndim;
-    int64_t shape[2];
-    const void *data;
-    size_t bytes;
-} raw_tensor;
-
-/* Writes a safetensors file from raw tensors, offsets in order, no padding. */
-static void write_raw(const char *path, const raw_tensor *t, int n)
-{
-    json_t *root = json_object();
-    size_t at = 0;
-    for (int i = 0; i < n; i++) {
-        json_t *shape = json_array();
-        for (int d = 0; d < t[i].ndim; d++) json_array_append_new(shape, json_integer(t[i].shape[d]));
-        json_object_set_new(root, t[i].name, json_pack("{s:s, s:o, s:[I, I]}", "dtype", t[i].dtype, "shape", shape,
-                                                       "data_offsets", (json_int_t)at, (json_int_t)(at + t[i].bytes)));
-        at += t[i].bytes;
-    }
-    char *h = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(root);
-    FILE *f = fopen(path, "wb");
-    ck_assert(f != NULL);
-    uint64_t len = strlen(h);
-    ck_assert(fwrite(&len, 8, 1, f) == 1);
-    ck_assert(fwrite(h, 1, len, f) == len);
-    for (int i = 0; i < n; i++) ck_assert(fwrite(t[i].data, 1, t[i].bytes, f) == t[i].bytes);
-    ck_assert(fclose(f) == 0);
-    free(h);
-}
-
 /* Independent half decoding: sign * mantissa * 2^exponent. */
 static float half_reference(uint16_t h)
 {
@@ -183,7 +149,7 @@ START_TEST(test_f16_bf16_f32_by_hand)
     mt_host_state *want = new_state(&cfg, MT_DTYPE_F32);
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 5);
-    raw_tensor t[64];
+    mt_test_raw_tensor t[64];
     void *bufs[64];
     int n = 0;
     for (int i = 0; i < st->ntiles; i++) {
@@ -216,15 +182,15 @@ START_TEST(test_f16_bf16_f32_by_hand)
                     dst[e] = x;
                 }
             }
-            t[n] = (raw_tensor){ names[n], kind == 0 ? "F16" : kind == 1 ? "BF16" : "F32", d->ndim,
-                                 { d->shape[0], d->shape[1] }, bufs[n], (size_t)d->numel * esz };
+            t[n] = (mt_test_raw_tensor){ names[n], kind == 0 ? "F16" : kind == 1 ? "BF16" : "F32", d->ndim,
+                                         { d->shape[0], d->shape[1] }, bufs[n], (size_t)d->numel * esz };
             n++;
         }
     }
     char *dir = temp_dir();
     char path[4096], err[1024] = "";
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    write_raw(path, t, n);
+    mt_test_write_raw_safetensors(path, t, n);
     ck_assert_msg(mt_hf_load(dir, st, err, sizeof err) == 0, "%s", err);
     assert_masters(want, st, false);
     for (int i = 0; i < n; i++) free(bufs[i]);

@@ -2,6 +2,7 @@
 #include "tests/testutil.h"
 
 #include <dirent.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -190,4 +191,27 @@ mt_model_config mt_test_gpu_config(bool tied)
     mt_model_config cfg;
     ck_assert_msg(mt_config_parse(json, "gpu-test", &cfg, err, sizeof err) == 0, "%s", err);
     return cfg;
+}
+
+void mt_test_write_raw_safetensors(const char *path, const mt_test_raw_tensor *t, int n)
+{
+    json_t *root = json_object();
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        json_t *shape = json_array();
+        for (int d = 0; d < t[i].ndim; d++) json_array_append_new(shape, json_integer(t[i].shape[d]));
+        json_object_set_new(root, t[i].name, json_pack("{s:s, s:o, s:[I, I]}", "dtype", t[i].dtype, "shape", shape,
+                                                       "data_offsets", (json_int_t)at, (json_int_t)(at + t[i].bytes)));
+        at += t[i].bytes;
+    }
+    char *h = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    FILE *f = fopen(path, "wb");
+    ck_assert(f != NULL && h != NULL);
+    uint64_t len = strlen(h);
+    ck_assert(fwrite(&len, 8, 1, f) == 1);
+    ck_assert(fwrite(h, 1, len, f) == len);
+    for (int i = 0; i < n; i++) ck_assert(fwrite(t[i].data, 1, t[i].bytes, f) == t[i].bytes);
+    ck_assert(fclose(f) == 0);
+    free(h);
 }

@@ -47,6 +47,21 @@ const char *mt_test_write_temp(const char *name, const char *text);
 /* Removes a directory of plain files (and the files). */
 void mt_test_remove_dir(const char *dir);
 
+/* One tensor of a hand-written safetensors file: raw little-endian bytes under a dtype name
+ * ("F16", "U8", ...), for the files megatrain's own writer does not make (other dtypes than it
+ * writes, MXFP4 experts). */
+typedef struct mt_test_raw_tensor {
+    const char *name;
+    const char *dtype;
+    int ndim;
+    int64_t shape[4];
+    const void *data;
+    size_t bytes;
+} mt_test_raw_tensor;
+
+/* Writes a safetensors file of the n tensors at path, their data in order, no padding. */
+void mt_test_write_raw_safetensors(const char *path, const mt_test_raw_tensor *t, int n);
+
 /* Absolute path of a file in the source tree (from MT_SOURCE_ROOT). */
 const char *mt_test_source_path(const char *relative);
 
