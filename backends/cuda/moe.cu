@@ -18,6 +18,7 @@
 // matrix follows its gate matrix in the tile without padding (Ie * d a multiple of
 // MT_TILE_ALIGN, true of the published shapes), [Wg; Wu] is one (2 Ie, d) matrix and each of its
 // products is one GEMM; otherwise two GEMMs write or read the two halves.
+#include "backends/cuda/colsum.cuh"
 #include "backends/cuda/layer_ops.cuh"
 #include "backends/cuda/linear.cuh"
 #include "backends/cuda/moe.cuh"
@@ -99,11 +100,12 @@ template <class T> static void fwd_carve(const mt_model_config *cfg, int64_t n, 
 // fp32, the experts' input gradients (queued after the weight gradients, the last readers of X
 // and dY); dz (nk, Ie) fp32, the gradient at s before the routing weight; dw (nk) fp32, at the
 // routing weights; ws (nk, Ie) T, s times the weight; dgu (nk, 2 Ie) T, at [g | u]; dlogits
-// (n, E) T.
+// (n, E) T; with a router bias (gpt_oss) the column sums' partials of its gradient.
 template <class T> struct moe_bwd_scratch {
     T *X, *dY;
     float *dX, *dz, *dw;
     T *ws, *dgu, *dlogits;
+    float *partials;
 };
 
 template <class T> static void bwd_carve(const mt_model_config *cfg, int64_t n, mt_carve *c, moe_bwd_scratch<T> *s)
@@ -121,6 +123,8 @@ template <class T> static void bwd_carve(const mt_model_config *cfg, int64_t n, 
     s->ws = mt_take<T>(c, nk * Ie);
     s->dgu = mt_take<T>(c, nk * 2 * Ie);
     s->dlogits = mt_take<T>(c, n * cfg->experts);
+    s->partials = cfg->router_bias ? (float *)mt_take<char>(c, (int64_t)mt_colsum_partials_bytes(cfg->experts))
+                                   : nullptr;
 }
 
 template <class T> size_t mt_moe_forward_scratch_bytes(const mt_model_config *cfg, int64_t n)
@@ -291,16 +295,12 @@ __global__ static void expert_bias_grad_kernel(int64_t C, int64_t Ie, const int3
     db[e * C + to] += acc;
 }
 
-// db (C) += the column sums of x (rows, C): one block per column, a fixed order.
-template <class T> __global__ static void colsum_kernel(int64_t rows, int64_t C, const T *x, float *db)
-{
-    __shared__ float shared[32];
-    const int64_t c = blockIdx.x;
-    float acc = 0.f;
-    for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) acc += to_f(x[r * C + c]);
-    acc = mt_block_sum(acc, shared);
-    if (threadIdx.x == 0) db[c] += acc;
-}
+// Element (r, j) of a row-major (R, C) matrix of T, as fp32: mt_colsum's summand.
+template <class T> struct t_element {
+    const T *m;
+    int64_t C;
+    __device__ float operator()(int64_t r, int64_t j) const { return to_f(m[r * C + j]); }
+};
 
 // y (n, d) fp32 = resid (NULL: 0) + sum over token t's k slots, in rank order, of weight x the
 // grouped row pos[t k + j] of o (nk, d) fp32 (weights NULL: 1). No atomics: each token gathers.
@@ -553,10 +553,8 @@ void mt_moe_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile
     mt_linear_backward_weight(ctx, n, d, E, hn, s.dlogits, dtile + layout->tensors[MT_L_ROUTER_W].offset, true,
                               stream);
     const mt_tensor_desc *rb = &layout->tensors[MT_L_ROUTER_B];
-    if (rb->numel > 0) { // the router bias's gradient: dlogits' column sums
-        colsum_kernel<T><<<(unsigned)E, 256, 0, stream>>>(n, E, s.dlogits, dtile + rb->offset);
-        CUDA_CHECK_LAUNCH();
-    }
+    if (rb->numel > 0) // the router bias's gradient: dlogits' column sums
+        mt_colsum(t_element<T>{s.dlogits, E}, n, E, dtile + rb->offset, true, s.partials, stream);
     mt_linear_backward_input(ctx, n, d, E, s.dlogits, router, dhn, CUDA_R_32F, true, stream);
 }
 
