@@ -70,17 +70,17 @@ extern "C" void mt_cuda_attention_forward_ex(mt_cuda_ctx *ctx, int64_t B, int64_
     const void *ptrs[] = {q, k, v, out};
     check_shapes("mt_cuda_attention_forward", B, T, H, KV, D, ptrs, 4);
     if (B == 0 || T == 0) return;
-    const bool windowed = window > 0 && window < T;
+    const int w = mt_attention_window(window, T);
     bool done = false;
     // cuDNN's plans here have no sliding window: a windowed layer runs the own kernels
-    if (!windowed && cudnn_first(ctx, B, T, H, KV, D)) {
+    if (!w && cudnn_first(ctx, B, T, H, KV, D)) {
         char why[384];
         done = mt_cuda_attention_cudnn_forward(B, T, H, KV, D, q, k, v, out, lse, stream, why, sizeof why) == 0;
         if (!done) cudnn_fallback_note(ctx, true, why);
     }
     if (!done)
-        mt_attention_own_forward(ctx->options.qblock, B, T, H, KV, D, windowed ? window : 0, as_bf16(q), as_bf16(k),
-                                 as_bf16(v), as_bf16(out), lse, as_stream(stream));
+        mt_attention_own_forward(ctx->options.qblock, B, T, H, KV, D, w, as_bf16(q), as_bf16(k), as_bf16(v),
+                                 as_bf16(out), lse, as_stream(stream));
     if (sinks) mt_attention_sinks_apply_bf16(B, T, H, D, as_bf16(sinks), as_bf16(out), lse, as_stream(stream));
 }
 
@@ -112,9 +112,9 @@ extern "C" void mt_cuda_attention_backward_ex(mt_cuda_ctx *ctx, int64_t B, int64
     const void *ptrs[] = {q, k, v, out, dout, dq, dk, dv};
     check_shapes("mt_cuda_attention_backward", B, T, H, KV, D, ptrs, 8);
     if (B == 0 || T == 0) return;
-    const bool windowed = window > 0 && window < T;
+    const int w = mt_attention_window(window, T);
     bool done = false;
-    if (!windowed && cudnn_first(ctx, B, T, H, KV, D)) {
+    if (!w && cudnn_first(ctx, B, T, H, KV, D)) {
         char why[384];
         done = mt_cuda_attention_cudnn_backward(B, T, H, KV, D, q, k, v, out, lse, dout, dq, dk, dv, workspace,
                                                 mt_cuda_attention_workspace_bytes(B, T, H, KV, D), stream, why,
@@ -122,8 +122,8 @@ extern "C" void mt_cuda_attention_backward_ex(mt_cuda_ctx *ctx, int64_t B, int64
         if (!done) cudnn_fallback_note(ctx, false, why);
     }
     if (!done)
-        mt_attention_own_backward(ctx->options.qblock, B, T, H, KV, D, windowed ? window : 0, as_bf16(q), as_bf16(k),
-                                  as_bf16(v), as_bf16(out), lse, as_bf16(dout), dq, dk, dv, (float *)workspace,
+        mt_attention_own_backward(ctx->options.qblock, B, T, H, KV, D, w, as_bf16(q), as_bf16(k), as_bf16(v),
+                                  as_bf16(out), lse, as_bf16(dout), dq, dk, dv, (float *)workspace,
                                   as_stream(stream));
     if (sinks && dsinks)
         mt_attention_sinks_grad_bf16(B, T, H, D, as_bf16(sinks), as_bf16(out), as_bf16(dout), lse, dsinks,

@@ -291,7 +291,7 @@ void mt_attention_own_backward(mt_cuda_qblock qblock, int64_t B, int64_t T, int6
                                const float *lse, const bf16 *dout, float *dq, float *dk, float *dv, float *delta,
                                cudaStream_t stream)
 {
-    const int w = window > 0 && window < T ? (int)window : 0; /* a window of T or more is no window */
+    const int w = mt_attention_window(window, T);
     switch (D) {
     case 32: backward<32>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, w, stream); break;
     case 64: backward<64>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, w, stream); break;

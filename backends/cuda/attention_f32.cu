@@ -468,7 +468,7 @@ extern "C" void mt_cuda_attention_forward_f32_ex(int64_t B, int64_t T, int64_t H
     check_shapes("mt_cuda_attention_forward_f32", B, T, H, KV, D, ptrs, 4);
     if (B == 0 || T == 0) return;
     cudaStream_t s = as_stream(stream);
-    const int w = window > 0 && window < T ? (int)window : 0; // a window of T or more is no window
+    const int w = mt_attention_window(window, T);
     switch ((D + 31) / 32) {
     case 1: forward<1>(B, T, H, KV, D, q, k, v, out, lse, w, s); break;
     case 2: forward<2>(B, T, H, KV, D, q, k, v, out, lse, w, s); break;
@@ -511,7 +511,7 @@ extern "C" void mt_cuda_attention_backward_f32_ex(int64_t B, int64_t T, int64_t 
     delta_kernel<<<(unsigned)((rows + warps_per_block - 1) / warps_per_block), warps_per_block * 32, 0, s>>>(
         rows, (int)T, (int)H, (int)D, out, dout, delta);
     CUDA_CHECK_LAUNCH();
-    const int w = window > 0 && window < T ? (int)window : 0;
+    const int w = mt_attention_window(window, T);
     switch ((D + 31) / 32) {
     case 1: backward<1>(B, T, H, KV, D, q, k, v, lse, dout, delta, dq, dk, dv, w, s); break;
     case 2: backward<2>(B, T, H, KV, D, q, k, v, lse, dout, delta, dq, dk, dv, w, s); break;

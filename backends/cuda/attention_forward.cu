@@ -241,7 +241,7 @@ void mt_attention_own_forward(mt_cuda_qblock qblock, int64_t B, int64_t T, int64
                               int64_t window, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *out, float *lse,
                               cudaStream_t stream)
 {
-    const int w = window > 0 && window < T ? (int)window : 0; /* a window of T or more is no window */
+    const int w = mt_attention_window(window, T);
     switch (D) {
     case 32: forward<32>(qblock, B, T, H, KV, q, k, v, out, lse, w, stream); break;
     case 64: forward<64>(qblock, B, T, H, KV, q, k, v, out, lse, w, stream); break;

@@ -86,6 +86,13 @@ static __device__ __forceinline__ bf16 f2bf(float x) { return __float2bfloat16_r
 
 static inline cudaStream_t as_stream(mt_cuda_stream s) { return (cudaStream_t)s; }
 
+// A sliding attention window over T keys as the attention kernels take it: query t sees keys
+// t - window + 1 .. t; 0 for none, which a window of T or more (or 0 or less) is.
+static inline int mt_attention_window(int64_t window, int64_t T)
+{
+    return window > 0 && window < T ? (int)window : 0;
+}
+
 // ---- operand types: kernels that read weights or feed GEMMs are templates on T, the element
 // type of weights and GEMM inputs: bf16 (MT_CUDA_BF16, tensor cores) or float (MT_CUDA_F32, every
 // value fp32). Math is fp32 either way; to_f / from_f<T> are the loads and stores. ----
