@@ -202,9 +202,8 @@ static int parse_window(json_t *root, const char *name, int64_t dflt, int64_t *o
  * (attribute_map num_experts -> num_local_experts); both present must agree. */
 static int parse_expert_count(json_t *root, const char *name, mt_model_config *c, char *err, size_t errlen)
 {
-    const bool local = c->family != MT_FAMILY_QWEN3_MOE; /* mixtral, gpt_oss */
-    const char *own = local ? "num_local_experts" : "num_experts";
-    const char *other = local ? "num_experts" : "num_local_experts";
+    const char *own = mt_cfg_expert_count_key(c);
+    const char *other = strcmp(own, "num_experts") == 0 ? "num_local_experts" : "num_experts";
     int64_t a = 0, b = 0;
     if (get_int(root, name, NULL, own, false, c->family == MT_FAMILY_MIXTRAL ? 8 : 128, &a, err, errlen) ||
         get_int(root, name, NULL, other, false, a, &b, err, errlen))
@@ -620,8 +619,8 @@ int mt_config_save(const mt_model_config *cfg, const char *path, char *err, size
         json_object_set_new(o, "attention_bias", json_boolean(cfg->qkv_bias));
     }
     /* The model's own window, or null (full attention; MistralConfig would read a missing key as
-     * 4096). Training here never passes the window (runtime/step/graph.c refuses it), where the
-     * two agree. */
+     * 4096). A Mistral or Mixtral here never trains past its window (mt_config_check_seq_len),
+     * where full attention and the window agree; gpt_oss's sliding layers use theirs. */
     if (cfg->family == MT_FAMILY_MISTRAL || cfg->family == MT_FAMILY_MIXTRAL || cfg->family == MT_FAMILY_GPT_OSS)
         json_object_set_new(o, "sliding_window", cfg->sliding_window > 0 ? json_integer(cfg->sliding_window) : json_null());
     save_experts(cfg, o);
