@@ -633,7 +633,7 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         mt_plan_params pp = { .micro_batch = o->step.B, .seq_len = o->step.T, .grad_accum = o->step.accum,
                               .checkpoint_interval = r->K, .compute = o->dtype, .use_gpu = true,
                               .head_chunk = o->step.head_chunk, .layout = i ? layout.layout : MT_LAYOUT_FULL,
-                              .offload_checkpoints = offload, .devices = ncuda };
+                              .offload_checkpoints = offload, .devices = ncuda, .k_default = o->k_default };
         mt_plan plan;
         const uint64_t avail = mt_host_memory_available();
         if (i == 0) {

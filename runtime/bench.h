@@ -79,6 +79,8 @@ typedef struct mt_bench_options {
     uint64_t gpu_memory;          /* the GPU plan is checked against this many bytes before StarPU
                                    * starts; 0: the device's (mt_plan_gpu_memory). step.K (and the
                                    * sweep's one K) may be MT_PLAN_K_AUTO: the largest K that fits */
+    bool k_default;               /* step.K is a default, not asked for: where its plan does not
+                                   * fit, the smallest larger K that fits (mt_plan_params.k_default) */
     double heartbeat_s;           /* > 0: a phase (the host state's set-up, a step) longer than this is
                                    * named on the log again every heartbeat_s; 0: MT_BENCH_HEARTBEAT_S */
     mt_runtime_options runtime;

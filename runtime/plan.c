@@ -959,7 +959,30 @@ static int choose_run_at(const mt_model_config *cfg, const mt_plan_params *param
     memset(run, 0, sizeof *run);
     run->gpu_memory = gpu_memory;
     run->k_auto = params->checkpoint_interval == MT_PLAN_K_AUTO;
-    if (!run->k_auto) return choose_at_k(cfg, params, params->checkpoint_interval, request, host_available, plan, run);
+    if (!run->k_auto) {
+        if (choose_at_k(cfg, params, params->checkpoint_interval, request, host_available, plan, run)) return -1;
+        if (run->fits || !params->k_default) return 0;
+        /* The default K does not fit: the nearest larger K whose plan fits (fewer checkpoints,
+         * a longer block to recompute; the default is the one measured fastest), else the
+         * default's refusal. */
+        const int64_t k_given = run->K;
+        const char *missed = run->gpu_fits ? "host" : run->layout.fits ? "GPU" : "host and the GPU";
+        for (int64_t K = k_given + 1; K <= cfg->layers; K++) {
+            mt_plan at_plan;
+            mt_run_choice at = *run;
+            if (choose_at_k(cfg, params, K, request, host_available, &at_plan, &at)) return -1;
+            if (!at.fits) continue;
+            *plan = at_plan;
+            *run = at;
+            run->k_auto = true;
+            snprintf(run->why_k, sizeof run->why_k,
+                     "K=%" PRId64 ", the smallest K above the default whose plan fits the host and the GPU "
+                     "(the default K=%" PRId64 " does not fit the %s)", K, k_given, missed);
+            return 0;
+        }
+        if (choose_at_k(cfg, params, k_given, request, host_available, plan, run)) return -1;
+        return 0;
+    }
     /* Larger K: fewer checkpoints, one larger block of saved activations; the need is not
      * monotone in K, so every K is tried from the top. */
     const int64_t L = cfg->layers;

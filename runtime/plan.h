@@ -98,6 +98,9 @@ typedef struct mt_plan_params {
                                   * mt_step_config.devices); 0 or 1: one. Each one past the first
                                   * has a host copy of every gradient (MT_PLAN_DEVICE_GRADS) */
     int offload_checkpoints;     /* MT_PLAN_OFFLOAD_OFF (0, the default), _ON or _AUTO (above) */
+    bool k_default;              /* checkpoint_interval is a default, not asked for: where its plan
+                                  * does not fit, mt_plan_choose_run takes the smallest larger K
+                                  * that fits, if one does */
     mt_plan_process process;     /* the fixed costs: counted by train and plan */
 } mt_plan_params;
 
@@ -315,7 +318,8 @@ typedef struct mt_run_choice {
  * does, the K whose plan needs least where it does not fit (the GPU's need when that side fails,
  * else the host's), refused. With offload_checkpoints MT_PLAN_OFFLOAD_AUTO: off when that plan
  * (with auto's K) fits, else on when that one fits (its own K); when neither fits, the one nearer
- * to fitting, refused. Offloading moves two copies of each checkpoint a step over the bus and
+ * to fitting, refused. With k_default, a K whose plan does not fit gives way to the smallest
+ * larger K whose plan fits, if one does (run->k_auto then set, why_k saying so). Offloading moves two copies of each checkpoint a step over the bus and
  * pins host memory for them, so auto takes it only where the GPU needs it. *plan is the chosen
  * one's. Returns 0 whether it fits or not, or -1 with plan->error set. */
 int mt_plan_choose_run(const mt_model_config *cfg, const mt_plan_params *params, mt_host_layout request,

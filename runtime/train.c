@@ -414,6 +414,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     pp.devices = mt_runtime_ncuda();
     pp.ranks = ranks;
     pp.offload_checkpoints = o->step.offload_checkpoints;
+    pp.k_default = o->k_default;
     pp.process = (mt_plan_process){ .counted = true, .ncpu = mt_runtime_ncpu(), .program_bytes = program_bytes,
                                     .eval_sequences = o->eval_sequences };
     if (mt_plan_data_bytes(o->data_path, &pp.process.data_bytes, err, errlen)) goto out;

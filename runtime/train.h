@@ -44,6 +44,8 @@ typedef struct mt_train_options {
     int64_t log_every;
     mt_dtype dtype;            /* streamed weights; used as given only when dtype_explicit */
     bool dtype_explicit;       /* false: fp32 on CPU workers, bf16 when a GPU computes */
+    bool k_default;            /* step.K is a default, not asked for: where its plan does not fit,
+                                * the smallest larger K that fits (mt_plan_params.k_default) */
     mt_host_layout host_layout;/* AUTO (default): full with clip speculation where it fits, else
                                 * compact (runtime/plan.h: mt_plan_choose); FULL; COMPACT */
     uint64_t gpu_memory;       /* with a CUDA worker, the GPU plan is checked against this many bytes;

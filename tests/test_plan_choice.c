@@ -343,6 +343,60 @@ START_TEST(test_auto_k_host)
 }
 END_TEST
 
+/* A default K (k_default) whose plan does not fit gives way to the smallest larger K that fits;
+ * the same K asked for is refused as it is; a default that fits stays. The host side only (the
+ * GPU not checked), where a larger K offloads fewer checkpoints; the compact layout asked (the
+ * full one falls back to its plain form) so that fitting is one total against the usable share. */
+START_TEST(test_default_k_gives_way)
+{
+    mt_model_config c;
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-0.5b", &c), 0);
+    const int64_t L = c.layers, k0 = 2;
+    mt_plan_params p = { .micro_batch = 8, .seq_len = 2048, .grad_accum = 1, .checkpoint_interval = k0,
+                         .compute = MT_DTYPE_BF16, .use_gpu = true, .offload_checkpoints = MT_PLAN_OFFLOAD_ON };
+    uint64_t host[64];
+    for (int64_t K = 1; K <= L; K++) {
+        mt_plan_params q = p;
+        q.checkpoint_interval = K;
+        mt_plan plan;
+        mt_layout_choice choice;
+        ck_assert_int_eq(mt_plan_choose(&c, &q, MT_LAYOUT_COMPACT, 1ULL << 50, &plan, &choice), 0);
+        host[K] = choice.host_total;
+    }
+    /* the usable share just below the default's need: the nearest larger K under it */
+    const uint64_t available = (host[k0] - 1) / 90 * 100;
+    const uint64_t usable = available / 100 * 90;
+    int64_t expect = 0;
+    for (int64_t K = k0 + 1; K <= L && !expect; K++)
+        if (host[K] <= usable) expect = K;
+    ck_assert_msg(expect > k0, "no K above %lld needs less than K=%lld: the test's premise", (long long)k0, (long long)k0);
+    mt_plan plan;
+    mt_run_choice run;
+    p.k_default = true;
+    ck_assert_int_eq(mt_plan_choose_run(&c, &p, MT_LAYOUT_COMPACT, available, 0, &plan, &run), 0);
+    ck_assert_msg(run.fits && run.k_auto, "K=%lld: %s", (long long)run.K, run.why_k);
+    ck_assert_int_eq(run.K, expect);
+    ck_assert_int_eq(plan.params.checkpoint_interval, expect);
+    ck_assert_msg(strstr(run.why_k, "the default K=2 does not fit the host"), "%s", run.why_k);
+    /* asked for: as it is, refused */
+    p.k_default = false;
+    ck_assert_int_eq(mt_plan_choose_run(&c, &p, MT_LAYOUT_COMPACT, available, 0, &plan, &run), 0);
+    ck_assert(!run.fits && !run.k_auto);
+    ck_assert_int_eq(run.K, k0);
+    char err[512];
+    ck_assert_int_eq(mt_plan_run_refusal(&plan, &run, err, sizeof err), -1);
+    /* a default that fits stays */
+    p.k_default = true;
+    ck_assert_int_eq(mt_plan_choose_run(&c, &p, MT_LAYOUT_COMPACT, 1ULL << 50, 0, &plan, &run), 0);
+    ck_assert(run.fits && !run.k_auto);
+    ck_assert_int_eq(run.K, k0);
+    /* none fits: the default's refusal */
+    ck_assert_int_eq(mt_plan_choose_run(&c, &p, MT_LAYOUT_COMPACT, 1ULL << 20, 0, &plan, &run), 0);
+    ck_assert(!run.fits && !run.k_auto);
+    ck_assert_int_eq(run.K, k0);
+}
+END_TEST
+
 /* --tokens-per-step with auto K: the micro-batch is the largest whose activations fit the budget
  * at some K, so at least as large as with any one K. */
 START_TEST(test_micro_batch_auto_k)
@@ -371,6 +425,7 @@ int main(void)
     tcase_add_test(tc, test_gpu_check);
     tcase_add_test(tc, test_auto_k_gpu);
     tcase_add_test(tc, test_auto_k_host);
+    tcase_add_test(tc, test_default_k_gives_way);
     tcase_add_test(tc, test_micro_batch_auto_k);
     tcase_add_test(tc, test_offload_figures);
     tcase_add_test(tc, test_offload_auto);

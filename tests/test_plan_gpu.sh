@@ -129,17 +129,23 @@ expect_ok "train --offload-checkpoints on on the CPU" '^done: 2 steps' \
     --offload-checkpoints on
 
 # --- --mlp-chunk -------------------------------------------------------------------------------
-# 3B at one 524288-token sequence on an H200's 140 GiB and 125 GiB of host memory, K=4 (at
-# train's default K=2 the checkpoints alone take 68 GiB of the host): with the offload and the MLP
-# chunks auto the plan fits, the GPU at most 120 GiB; unchunked it does not.
+# 3B at one 524288-token sequence on an H200's 140 GiB and 125 GiB of host memory, train's
+# defaults: K=2 does not fit the host (its offloaded checkpoints), so the default gives way to the
+# next K that fits; with the offload and the MLP chunks auto the plan fits, the GPU at most 120
+# GiB; unchunked it does not, and K=2 asked for is refused.
 huge=(plan --shape qwen2.5-3b --micro-batch 1 --seq-len 524288 --rope-scaling yarn:16 --ncuda 1 --gpu-memory 140G
-      --host-memory 125G --checkpoint-every 4)
+      --host-memory 125G)
 expect_ok "3B at 524288 tokens: the default plan chunks the MLP" \
     '^MLP: the dense MLP [0-9]+ tokens at a time \(--mlp-chunk auto: the largest chunk whose plan fits; unchunked it does not\)$' \
     "${huge[@]}"
+if grep -qE '^checkpoint interval: K=[3-9][0-9]*, the smallest K above the default whose plan fits the host and the GPU \(the default K=2 does not fit the host\)$' out.txt
+then ok "3B at 524288 tokens: the default K gives way"
+else bad "3B at 524288 tokens: the default K gives way" "$(grep '^checkpoint interval' out.txt || echo 'no checkpoint interval line')"; fi
 gib=$(sed -nE 's/^GPU: needs [0-9]+ bytes \(([0-9.]+) GiB.*within the 140.00 GiB.*/\1/p' out.txt)
 if [ -n "$gib" ] && awk -v g="$gib" 'BEGIN { exit !(g <= 120) }'; then ok "3B at 524288 tokens: the GPU needs $gib GiB (<= 120)"
 else bad "3B at 524288 tokens: the GPU at most 120 GiB" "needs '${gib:-?}' GiB"; fi
+expect_error "3B at 524288 tokens, --checkpoint-every 2 asked: refused" 'not enough host memory' "${huge[@]}" \
+    --checkpoint-every 2
 expect_error "3B at 524288 tokens, --mlp-chunk 0: refused" 'not enough (GPU|host) memory' "${huge[@]}" --mlp-chunk 0
 expect_ok "plan --mlp-chunk 4096: said" '^MLP: the dense MLP 4096 tokens at a time \(--mlp-chunk\)$' "${huge[@]}" \
     --mlp-chunk 4096

@@ -181,6 +181,7 @@ int cli_bench(int argc, char **argv)
     o.config_path = model.config_path;
     o.layers = model.layers;
     o.rope_scaling = model.rope_scaling;
+    o.k_default = !cli_was_given(&given, "checkpoint-every");
     mt_model_config cfg;
     const int bad = cli_model_config(cmd, &model, &cfg);
     if (bad) return bad;

@@ -119,6 +119,7 @@ int cli_plan(int argc, char **argv)
                           .checkpoint_interval = o.step.K, .compute = dtype, .use_gpu = ncuda > 0,
                           .head_chunk = o.step.head_chunk, .ranks = req.ranks, .devices = ncuda,
                           .offload_checkpoints = o.step.offload_checkpoints,
+                          .k_default = !cli_was_given(&given, "checkpoint-every"),
                           .process = { .counted = true, .ncpu = ncpu, .program_bytes = program_bytes, .data_bytes = data_bytes,
                                        .eval_sequences = o.eval_sequences } };
     const uint64_t avail = req.host_memory ? req.host_memory : mt_host_memory_available();

@@ -175,6 +175,7 @@ int cli_train(int argc, char **argv)
     o.model_dir = model.model_dir;
     o.rope_scaling = model.rope_scaling;
     o.dtype_explicit = cli_was_given(&given, "dtype");
+    o.k_default = !cli_was_given(&given, "checkpoint-every");
     o.save_dtype_explicit = cli_was_given(&given, "save-dtype");
     o.eval_at_start = o.eval_every > 0;
     /* A --warmup not below --steps is refused; the default shrinks to a tenth of a short run (the
