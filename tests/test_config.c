@@ -553,7 +553,7 @@ static const struct bad_case {
      "\"sliding_attention\"]}", "layer_types[1]", "full_attention"},
     {"{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
      "\"vocab_size\": 50, \"num_attention_heads\": 4, \"use_sliding_window\": true}", "use_sliding_window", "sliding-window"},
-    /* transformers' Llama and Qwen3 then bias o_proj too, which is not implemented */
+    /* transformers' Llama and Qwen3 then bias o_proj too: refused for these families */
     {"{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
      "\"vocab_size\": 50, \"num_attention_heads\": 4, \"attention_bias\": true}", "attention_bias", "o_proj"},
     {"{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "

@@ -168,11 +168,13 @@ int mt_config_validate(const mt_model_config *cfg, const char *name, char *err, 
     case MT_FAMILY_MISTRAL:
     case MT_FAMILY_MIXTRAL:
     case MT_FAMILY_LLAMA:
-        /* transformers' Llama, Mistral and Qwen3 attention give attention_bias to o_proj as well
-         * as q, k and v; only Qwen2's q/k/v-only biases are implemented here */
+        /* transformers' Llama and Qwen3 attention give attention_bias to o_proj as well as q, k
+         * and v; the layer has both kinds of bias (gpt_oss's), but these families' biased form
+         * has no parity check against transformers, so it is refused rather than trained */
         if (cfg->qkv_bias)
             return mt_fail(err, errlen, "%s: key 'attention_bias': true gives %s biases on q, k, v and o_proj in "
-                        "transformers; the o_proj bias is not implemented", name, cfg->model_type);
+                        "transformers; megatrain trains attention biases of qwen2 (q, k, v) and gpt_oss (all four) "
+                        "only", name, cfg->model_type);
         if (cfg->o_bias || cfg->attn_sinks || cfg->layer_types_count != 0)
             return mt_fail(err, errlen, "%s: key 'model_type': %s has no o_proj bias, attention sinks or "
                            "layer_types", name, cfg->model_type);
