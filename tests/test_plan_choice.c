@@ -307,6 +307,20 @@ END_TEST
 
 /* Auto K on a CPU plan: the host side alone decides (the checkpoints and the block live there),
  * the choice the largest K within the usable share, and no GPU side (a device size is ignored). */
+/* host[K] for K = 1 .. the layers: the host total of p at K under the layout `request`, against
+ * an unbounded host. */
+static void host_by_k(const mt_model_config *c, const mt_plan_params *p, mt_host_layout request, uint64_t *host)
+{
+    for (int64_t K = 1; K <= c->layers; K++) {
+        mt_plan_params q = *p;
+        q.checkpoint_interval = K;
+        mt_plan plan;
+        mt_layout_choice choice;
+        ck_assert_int_eq(mt_plan_choose(c, &q, request, 1ULL << 50, &plan, &choice), 0);
+        host[K] = choice.host_total;
+    }
+}
+
 START_TEST(test_auto_k_host)
 {
     mt_model_config c;
@@ -315,13 +329,8 @@ START_TEST(test_auto_k_host)
     mt_plan_params p = { .micro_batch = 8, .seq_len = 2048, .grad_accum = 1, .checkpoint_interval = MT_PLAN_K_AUTO,
                          .compute = MT_DTYPE_F32, .use_gpu = false };
     uint64_t host[64], lo = UINT64_MAX, hi = 0;
+    host_by_k(&c, &p, MT_LAYOUT_AUTO, host);
     for (int64_t K = 1; K <= L; K++) {
-        mt_plan_params q = p;
-        q.checkpoint_interval = K;
-        mt_plan plan;
-        mt_layout_choice choice;
-        ck_assert_int_eq(mt_plan_choose(&c, &q, MT_LAYOUT_AUTO, 1ULL << 50, &plan, &choice), 0);
-        host[K] = choice.host_total;
         if (host[K] < lo) lo = host[K];
         if (host[K] > hi) hi = host[K];
     }
@@ -355,14 +364,7 @@ START_TEST(test_default_k_gives_way)
     mt_plan_params p = { .micro_batch = 8, .seq_len = 2048, .grad_accum = 1, .checkpoint_interval = k0,
                          .compute = MT_DTYPE_BF16, .use_gpu = true, .offload_checkpoints = MT_PLAN_OFFLOAD_ON };
     uint64_t host[64];
-    for (int64_t K = 1; K <= L; K++) {
-        mt_plan_params q = p;
-        q.checkpoint_interval = K;
-        mt_plan plan;
-        mt_layout_choice choice;
-        ck_assert_int_eq(mt_plan_choose(&c, &q, MT_LAYOUT_COMPACT, 1ULL << 50, &plan, &choice), 0);
-        host[K] = choice.host_total;
-    }
+    host_by_k(&c, &p, MT_LAYOUT_COMPACT, host);
     /* the usable share just below the default's need: the nearest larger K under it */
     const uint64_t available = (host[k0] - 1) / 90 * 100;
     const uint64_t usable = available / 100 * 90;
