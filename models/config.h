@@ -16,8 +16,7 @@ typedef enum mt_family {
     MT_FAMILY_QWEN3_MOE, /* "qwen3_moe" (Qwen3 attention, mixture-of-experts MLPs) */
     MT_FAMILY_MIXTRAL,   /* "mixtral"   (Mistral attention, mixture-of-experts MLPs) */
     MT_FAMILY_GPT_OSS,   /* "gpt_oss"   (attention with biases and sinks, alternating sliding-window and
-                          * full layers; biased experts with a clamped SwiGLU). Read, counted and
-                          * planned; the step trains it on CPU workers (mt_config_trainable). */
+                          * full layers; biased experts with a clamped SwiGLU). */
 } mt_family;
 
 /* The most experts a mixture-of-experts layer may have: a layer tile describes every expert's
@@ -164,11 +163,6 @@ int64_t mt_config_layer_window(const mt_model_config *cfg, int64_t layer);
  * layer of the CPU and CUDA backends reads the chunking through these. */
 bool mt_config_mlp_chunked(const mt_model_config *cfg);
 int64_t mt_config_mlp_rows(const mt_model_config *cfg, int64_t n);
-/* 0 when the step can run cfg's model on CPU workers only (cuda false) or with CUDA workers too,
- * else -1 with a message saying so (gpt_oss with CUDA: the CUDA layer's sinks, windows, biased
- * experts and clamped SwiGLU are written but not yet checked on a GPU). plan plans such a run
- * all the same. */
-int mt_config_trainable(const mt_model_config *cfg, bool cuda, char *err, size_t errlen);
 /* The coefficient of the router's load-balancing loss in the objective: router_aux_loss_coef
  * when the loss is on (output_router_logits, or the override router_aux), 0 when it is off or
  * the model has no sparse layer. The step reads this. */

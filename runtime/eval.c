@@ -74,7 +74,7 @@ int mt_eval_run(const mt_eval_options *o, mt_eval_result *res, FILE *log, char *
     char config_path[4200];
     snprintf(config_path, sizeof config_path, "%s/config.json", o->model_dir);
     mt_model_config cfg;
-    if (mt_config_load(config_path, &cfg, err, errlen) || mt_config_trainable(&cfg, false, err, errlen) ||
+    if (mt_config_load(config_path, &cfg, err, errlen) ||
         (o->rope_scaling && mt_config_set_rope_scaling(&cfg, o->rope_scaling, err, errlen)))
         return -1;
     const bool prepared = mt_dataset_is_prepared(o->data_path);

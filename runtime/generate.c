@@ -484,7 +484,7 @@ int mt_generate_run(const mt_generate_options *o, FILE *out, mt_generate_result 
     snprintf(tok_default, sizeof tok_default, "%s/tokenizer.json", o->model_dir);
     const char *tok_path = o->tokenizer_path ? o->tokenizer_path : tok_default;
     mt_model_config cfg;
-    if (mt_config_load(config_path, &cfg, err, errlen) || mt_config_trainable(&cfg, false, err, errlen) ||
+    if (mt_config_load(config_path, &cfg, err, errlen) ||
         (o->rope_scaling && mt_config_set_rope_scaling(&cfg, o->rope_scaling, err, errlen)))
         return -1;
     mt_chat_family family = MT_CHAT_QWEN2;

@@ -84,7 +84,7 @@ int mt_grads_run(const mt_grads_options *o, double *loss, char *err, size_t errl
     char cfg_path[4096];
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", o->model_dir);
     mt_model_config cfg;
-    if (mt_config_load(cfg_path, &cfg, err, errlen) || mt_config_trainable(&cfg, false, err, errlen) ||
+    if (mt_config_load(cfg_path, &cfg, err, errlen) ||
         (o->rope_scaling && mt_config_set_rope_scaling(&cfg, o->rope_scaling, err, errlen)) ||
         mt_config_check_seq_len(&cfg, o->T, err, errlen))
         return -1;

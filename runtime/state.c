@@ -304,7 +304,6 @@ mt_host_state *mt_state_create_with(const mt_state_args *args, char *err, size_t
                               "bf16 weight); with %s weights use the full layout", mt_dtype_name(compute_dtype));
         return NULL;
     }
-    if (mt_config_trainable(cfg, starpu_cuda_worker_get_count() > 0, err, errlen)) return NULL;
     const bool sharded = args->shard_ranks > 1;
     if (sharded && (args->layout != MT_LAYOUT_FULL || args->shard_rank < 0 || args->shard_rank >= args->shard_ranks)) {
         snprintf(err, errlen, "a state sharded over %d ranks is in the full layout, with a rank from 0 to %d (got %d)",

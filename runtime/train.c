@@ -281,7 +281,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         snprintf(model_config, sizeof model_config, "%s/config.json", o->model_dir);
         config_path = model_config;
     }
-    if (mt_config_load(config_path, &cfg, err, errlen) || mt_config_trainable(&cfg, false, err, errlen)) return -1;
+    if (mt_config_load(config_path, &cfg, err, errlen)) return -1;
     if ((o->rope_scaling && mt_config_set_rope_scaling(&cfg, o->rope_scaling, err, errlen)) ||
         mt_config_check_seq_len(&cfg, o->step.T, err, errlen))
         return -1;

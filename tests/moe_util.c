@@ -115,6 +115,13 @@ mt_model_config moe_config(const char *base, const char *extra)
     return parse_ok(json, "test-config");
 }
 
+mt_model_config gpt_oss_clamping(const char *extra)
+{
+    mt_model_config c = moe_config(GPT_OSS_TINY_BASE, extra);
+    c.swiglu_limit = GPT_OSS_TEST_LIMIT;
+    return c;
+}
+
 double topk_gap(const double *probs, int64_t n, int64_t E, int64_t k)
 {
     if (k == E) return INFINITY;

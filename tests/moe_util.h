@@ -19,12 +19,15 @@
     "{\"model_type\": \"mixtral\", \"hidden_size\": 20, \"intermediate_size\": 9, \"num_hidden_layers\": 2," \
     " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 6, \"vocab_size\": 29,"    \
     " \"num_local_experts\": 4"
-/* gpt_oss: windows of 3 keys on the even layers, sinks, biases everywhere, and a clamp low enough
- * that some of the random gates and ups reach it. */
+/* gpt_oss: windows of 3 keys on the even layers, sinks, biases everywhere (gpt_oss_clamping sets
+ * its clamp to GPT_OSS_TEST_LIMIT). */
 #define GPT_OSS_TINY_BASE                                                                               \
     "{\"model_type\": \"gpt_oss\", \"hidden_size\": 20, \"intermediate_size\": 7, \"num_hidden_layers\": 3," \
     " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 6, \"vocab_size\": 29,"    \
-    " \"num_local_experts\": 5, \"num_experts_per_tok\": 2, \"sliding_window\": 3, \"swiglu_limit\": 1.1"
+    " \"num_local_experts\": 5, \"num_experts_per_tok\": 2, \"sliding_window\": 3"
+/* The clamped SwiGLU's limit in the gpt_oss tests: low enough that some of the random gates and
+ * ups reach it (a config's swiglu_limit must be transformers' 7.0, which they never reach). */
+#define GPT_OSS_TEST_LIMIT 1.1
 
 
 /* sum over i of w[i] * y[i]: the objective whose gradient in y is w. */
@@ -55,6 +58,8 @@ double topk_gap(const double *probs, int64_t n, int64_t E, int64_t k);
 
 /* QWEN3_MOE_BASE or MIXTRAL_BASE closed after the extra keys (", \"key\": value" pairs). */
 mt_model_config moe_config(const char *base, const char *extra);
+/* GPT_OSS_TINY_BASE closed after the extra keys, its clamp at GPT_OSS_TEST_LIMIT. */
+mt_model_config gpt_oss_clamping(const char *extra);
 
 /* Every field of the two configs is the same (the run's override is not the model's). */
 void assert_same_config(const mt_model_config *a, const mt_model_config *b);

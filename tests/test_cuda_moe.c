@@ -40,6 +40,11 @@
 #include "tests/testutil.h"
 
 #define BF16_TOL 1e-2 /* ||gpu - ref|| / ||ref|| per tensor where the GPU feeds bf16 to GEMMs */
+/* The gpt_oss case in bf16: a gate or up within bf16's rounding of the clamp's limit lands on the
+ * other side of it than in double, and its gradient element is then all or nothing; at a limit
+ * of 0.05 a few dozen of the experts' elements do (on an H200: an expert's gate gradient 1.4e-2,
+ * dx - dy 1.1e-2, the rest under 1e-2). The fp32 run checks the same case at F32_TOL. */
+#define BF16_CLAMP_TOL 3e-2
 #define F32_TOL 1e-5  /* the same on the fp32 path */
 #define SOFTMAX_TOL 1e-6 /* fp32 softmax, another summation order */
 #define STATS_TOL 1e-12  /* probability sums in double, another summation order */
@@ -61,7 +66,7 @@ static mt_model_config moe_config(int64_t E, int64_t k, int64_t Ie, bool norm_to
                  "{\"model_type\": \"gpt_oss\", \"hidden_size\": %d, \"intermediate_size\": %lld,"
                  " \"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 64,"
                  " \"vocab_size\": 50, \"max_position_embeddings\": 4096, \"sliding_window\": 9,"
-                 " \"num_local_experts\": %lld, \"num_experts_per_tok\": %lld, \"swiglu_limit\": 0.05,"
+                 " \"num_local_experts\": %lld, \"num_experts_per_tok\": %lld,"
                  " \"output_router_logits\": false}",
                  (int)MD, (long long)Ie, (long long)E, (long long)k);
     else
@@ -75,6 +80,8 @@ static mt_model_config moe_config(int64_t E, int64_t k, int64_t Ie, bool norm_to
     mt_model_config cfg;
     ck_assert_msg(mt_config_parse(json, "test_cuda_moe", &cfg, err, sizeof err) == 0, "%s", err);
     ck_assert_int_eq(mt_config_sparse_layers(&cfg), 1);
+    /* a config's limit is transformers' 7.0, which these random gates never reach */
+    if (gpt_oss) cfg.swiglu_limit = 0.05;
     return cfg;
 }
 
@@ -337,7 +344,7 @@ END_TEST
 static void run_block_prec(const routing_case *rc, mt_cuda_prec prec, uint64_t seed)
 {
     const bool f32 = prec == MT_CUDA_F32;
-    const double tol = f32 ? F32_TOL : BF16_TOL;
+    const double tol = f32 ? F32_TOL : rc->gpt_oss ? BF16_CLAMP_TOL : BF16_TOL;
     mt_model_config cfg = moe_config(rc->E, rc->k, rc->Ie, rc->norm_topk, rc->gpt_oss);
     mt_tile_layout lay;
     mt_layout_build(&cfg, MT_TILE_LAYER, &lay);
@@ -430,7 +437,7 @@ END_TEST
 static void run_layer_prec(const routing_case *rc, mt_cuda_prec prec, uint64_t seed)
 {
     const bool f32 = prec == MT_CUDA_F32;
-    const double tol = f32 ? F32_TOL : BF16_TOL;
+    const double tol = f32 ? F32_TOL : rc->gpt_oss ? BF16_CLAMP_TOL : BF16_TOL;
     mt_model_config cfg = moe_config(rc->E, rc->k, rc->Ie, rc->norm_topk, rc->gpt_oss);
     mt_tile_layout lay;
     mt_layout_build(&cfg, MT_TILE_LAYER, &lay);

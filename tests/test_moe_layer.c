@@ -128,7 +128,7 @@ END_TEST
  * gradient is then 0 in that input). */
 START_TEST(test_layer_grad_gpt_oss)
 {
-    const mt_model_config cfg = moe_config(GPT_OSS_TINY_BASE, "");
+    const mt_model_config cfg = gpt_oss_clamping("");
     ck_assert(mt_config_layer_window(&cfg, 0) == 3 && mt_config_layer_window(&cfg, 1) == 0);
     ck_assert(cfg.swiglu_alpha == 1.702 && cfg.router_bias && cfg.expert_bias && cfg.o_bias && cfg.attn_sinks);
     const int64_t clamped = run_layer_check_at("gpt_oss sliding", cfg, 0, 0.0, 301);
@@ -142,7 +142,7 @@ END_TEST
  * the same one. */
 START_TEST(test_gpt_oss_window_applies)
 {
-    const mt_model_config cfg = moe_config(GPT_OSS_TINY_BASE, "");
+    const mt_model_config cfg = gpt_oss_clamping("");
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 193);
     mt_tile_layout lay;
@@ -213,7 +213,7 @@ START_TEST(test_layer_sizes)
 {
     run_sizes(moe_config(QWEN3_MOE_BASE, ""), 0, 191);
     run_sizes(moe_config(MIXTRAL_BASE, ", \"num_experts_per_tok\": 4"), 1, 192);
-    run_sizes(moe_config(GPT_OSS_TINY_BASE, ""), 0, 197);
+    run_sizes(gpt_oss_clamping(""), 0, 197);
     /* mixed: dense layers wider (I = 27) than k experts (2 * 7), and the other way round */
     run_sizes(moe_config(QWEN3_MOE_BASE, ", \"mlp_only_layers\": [2]"), 2, 193);
     run_sizes(moe_config(QWEN3_MOE_BASE, ", \"mlp_only_layers\": [2]"), 3, 194);
@@ -374,8 +374,8 @@ END_TEST
 START_TEST(test_tiny_model_gpt_oss)
 {
     /* layers 0 and 2 sliding, 1 full; untied, as published */
-    run_tiny_check("gpt_oss", moe_config(GPT_OSS_TINY_BASE, ""), 0.0, 301);
-    run_tiny_check("gpt_oss with aux", moe_config(GPT_OSS_TINY_BASE, ", \"output_router_logits\": true"), 0.9, 205);
+    run_tiny_check("gpt_oss", gpt_oss_clamping(""), 0.0, 301);
+    run_tiny_check("gpt_oss with aux", gpt_oss_clamping(", \"output_router_logits\": true"), 0.9, 205);
 }
 END_TEST
 
@@ -431,7 +431,7 @@ START_TEST(test_f32_matches_f64)
 {
     run_f32_vs_f64(moe_config(QWEN3_MOE_BASE, ", \"norm_topk_prob\": true"), 0.2, 211);
     run_f32_vs_f64(moe_config(MIXTRAL_BASE, ""), 0.0, 212);
-    run_f32_vs_f64(moe_config(GPT_OSS_TINY_BASE, ""), 0.3, 213);
+    run_f32_vs_f64(gpt_oss_clamping(""), 0.3, 213);
 }
 END_TEST
 

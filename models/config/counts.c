@@ -101,16 +101,6 @@ int64_t mt_config_mlp_rows(const mt_model_config *cfg, int64_t n)
     return mt_config_mlp_chunked(cfg) && cfg->mlp_chunk < n ? cfg->mlp_chunk : n;
 }
 
-int mt_config_trainable(const mt_model_config *cfg, bool cuda, char *err, size_t errlen)
-{
-    if (cuda && cfg->family == MT_FAMILY_GPT_OSS) {
-        snprintf(err, errlen, "model_type gpt_oss: the CUDA decoder layer's sinks, sliding windows, biased experts and "
-                 "clamped SwiGLU have not been checked on a GPU yet; run it on the CPU workers (--ncuda 0)");
-        return -1;
-    }
-    return 0;
-}
-
 double mt_config_router_aux_coef(const mt_model_config *cfg)
 {
     const bool on = cfg->router_aux == MT_ROUTER_AUX_ON ||

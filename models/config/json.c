@@ -266,8 +266,19 @@ static int parse_experts(json_t *root, const char *name, mt_model_config *c, cha
         c->norm_topk_prob = true;
         c->decoder_sparse_step = 1;
         c->router_bias = c->expert_bias = true;
-        return get_real(root, name, NULL, "swiglu_alpha", false, 1.702, &c->swiglu_alpha, err, errlen) ||
-               get_real(root, name, NULL, "swiglu_limit", false, 7.0, &c->swiglu_limit, err, errlen) ? -1 : 0;
+        if (get_real(root, name, NULL, "swiglu_alpha", false, 1.702, &c->swiglu_alpha, err, errlen) ||
+            get_real(root, name, NULL, "swiglu_limit", false, 7.0, &c->swiglu_limit, err, errlen))
+            return -1;
+        /* transformers' GptOssExperts clamps at alpha 1.702 and limit 7.0 whatever the config says
+         * (checked against transformers 5.17: a config's swiglu_limit of 0.5 changes nothing
+         * there); another value would train a model that transformers does not run */
+        if (c->swiglu_alpha != 1.702 || c->swiglu_limit != 7.0)
+            return mt_fail(err, errlen, "%s: key '%s': %g, but transformers' GptOssExperts uses %g whatever the "
+                           "config says; a model trained with another value is not the one transformers runs",
+                           name, c->swiglu_limit != 7.0 ? "swiglu_limit" : "swiglu_alpha",
+                           c->swiglu_limit != 7.0 ? c->swiglu_limit : c->swiglu_alpha,
+                           c->swiglu_limit != 7.0 ? 7.0 : 1.702);
+        return 0;
     }
     if (mixtral) {
         /* Mixtral's experts are intermediate_size wide and always renormalise their top k. */

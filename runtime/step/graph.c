@@ -89,11 +89,6 @@ static int check_config(const mt_host_state *st, const mt_step_config *sc, bool 
         return -1;
     }
     if (mt_config_check_seq_len(&st->cfg, sc->T, err, errlen)) return -1;
-    if (gpu && mt_config_mlp_chunked(&st->cfg)) {
-        snprintf(err, errlen, "--mlp-chunk %lld: the CUDA layer's chunked MLP has not been checked on a GPU yet; "
-                 "run it on the CPU workers (--ncuda 0) or without --mlp-chunk", (long long)st->cfg.mlp_chunk);
-        return -1;
-    }
     /* A StarPU vector is at most 2^32 elements: 16 GiB of floats for a hidden state, 256 GiB of
      * 64-byte units for a byte buffer. */
     const size_t biggest[3] = {
