@@ -963,8 +963,8 @@ static int choose_run_at(const mt_model_config *cfg, const mt_plan_params *param
         if (choose_at_k(cfg, params, params->checkpoint_interval, request, host_available, plan, run)) return -1;
         if (run->fits || !params->k_default) return 0;
         /* The default K does not fit: the nearest larger K whose plan fits (fewer checkpoints,
-         * a longer block to recompute; the default is the one measured fastest), else the
-         * default's refusal. */
+         * a longer block to recompute; the default is the command's choice for speed), else
+         * the default's refusal. */
         const int64_t k_given = run->K;
         const char *missed = run->gpu_fits ? "host" : run->layout.fits ? "GPU" : "host and the GPU";
         for (int64_t K = k_given + 1; K <= cfg->layers; K++) {

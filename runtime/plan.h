@@ -319,9 +319,10 @@ typedef struct mt_run_choice {
  * else the host's), refused. With offload_checkpoints MT_PLAN_OFFLOAD_AUTO: off when that plan
  * (with auto's K) fits, else on when that one fits (its own K); when neither fits, the one nearer
  * to fitting, refused. With k_default, a K whose plan does not fit gives way to the smallest
- * larger K whose plan fits, if one does (run->k_auto then set, why_k saying so). Offloading moves two copies of each checkpoint a step over the bus and
- * pins host memory for them, so auto takes it only where the GPU needs it. *plan is the chosen
- * one's. Returns 0 whether it fits or not, or -1 with plan->error set. */
+ * larger K whose plan fits, if one does (run->k_auto then set, why_k saying so). Offloading
+ * moves two copies of each checkpoint a step over the bus and pins host memory for them, so auto
+ * takes it only where the GPU needs it. *plan is the chosen one's. Returns 0 whether it fits or
+ * not, or -1 with plan->error set. */
 int mt_plan_choose_run(const mt_model_config *cfg, const mt_plan_params *params, mt_host_layout request,
                        uint64_t host_available, uint64_t gpu_memory, mt_plan *plan, mt_run_choice *run);
 /* With cfg->mlp_chunk MT_PLAN_MLP_CHUNK_AUTO, mt_plan_choose_run tries the MLP unchunked first,
