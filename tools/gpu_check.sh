@@ -51,8 +51,10 @@
 #            own kernels.
 #   mlpchunk the 131072-token 3B step (K=1, checkpoints offloaded) with the dense MLP unchunked and in
 #            chunks of 16384 tokens (--mlp-chunk): losses and peak GPU memory side by side.
-#   long524  the 3B at one 524288-token sequence (yarn:16, K=4, MLP chunks and offload auto): plan,
-#            then one step without warm-up (about 7 minutes at 300 model TFLOP/s).
+#   long524  the 3B at one 524288-token sequence (yarn:16), train's default plan (printed first; on
+#            the H200 box K=3 and the compact layout, the MLP in chunks, the checkpoints offloaded),
+#            then one bench step at its K and layout (K, LAYOUT: default 3, compact) without warm-up,
+#            default attention (about 7 minutes at 300 model TFLOP/s).
 #   generate megatrain generate on a random Qwen2.5-0.5B: 32 greedy tokens on the CPU workers, on the
 #            GPU in fp32 (the same tokens expected) and in bf16.
 #   rss      the peak host memory of `megatrain train` on the GPU beside its plan's host total: the
@@ -270,13 +272,15 @@ mlpchunk)
     grep -h -E "loss|peak GPU|^\| qwen" "$OUT"/bench_3b_131k_mlp*.log | tail -8 | tee -a "$OUT/summary.txt"
     ;;
 long524)
-    # one 524288-token sequence with plan's defaults at K=4 (the MLP in chunks, the checkpoints
-    # offloaded, both auto): plan's figures, then one step without warm-up
+    # one 524288-token sequence: train's default plan (the K it gives way to, the layout, the MLP in
+    # chunks and the checkpoints offloaded, all auto), then one step at that K and layout without
+    # warm-up (bench's own default K=4 in the full layout has more host homes than the box holds)
     run plan_3b_524k "$B/tools/megatrain" plan --shape qwen2.5-3b --micro-batch 1 --seq-len 524288 \
-        --rope-scaling yarn:16 --checkpoint-every 4
-    MT_ATTENTION=${ATTENTION:-own} run bench_3b_524k "$B/tools/megatrain" bench --shape qwen2.5-3b --micro-batch 1 \
-        --seq-len 524288 --rope-scaling yarn:16 --checkpoint-every 4 --clip 1 --warmup 0 --steps 1
-    grep -h -E "^MLP|^GPU|loss|peak GPU|^\| qwen" "$OUT"/plan_3b_524k.log "$OUT"/bench_3b_524k.log | tail -8 |
+        --rope-scaling yarn:16
+    MT_ATTENTION=${ATTENTION:-auto} run bench_3b_524k "$B/tools/megatrain" bench --shape qwen2.5-3b \
+        --micro-batch 1 --seq-len 524288 --rope-scaling yarn:16 --checkpoint-every "${K:-3}" \
+        --host-layout "${LAYOUT:-compact}" --clip 1 --warmup 0 --steps 1
+    grep -h -E "^MLP|^GPU|^checkpoint|loss|peak GPU|^\| qwen" "$OUT"/plan_3b_524k.log "$OUT"/bench_3b_524k.log | tail -10 |
         tee -a "$OUT/summary.txt"
     ;;
 generate)
