@@ -980,8 +980,7 @@ static int choose_run_at(const mt_model_config *cfg, const mt_plan_params *param
                      "(the default K=%" PRId64 " does not fit the %s)", K, k_given, missed);
             return 0;
         }
-        if (choose_at_k(cfg, params, k_given, request, host_available, plan, run)) return -1;
-        return 0;
+        return 0; /* *plan and *run are still the default's */
     }
     /* Larger K: fewer checkpoints, one larger block of saved activations; the need is not
      * monotone in K, so every K is tried from the top. */
