@@ -95,6 +95,23 @@ int mt_runtime_cores(void)
     return n > 0 ? (int)n : 1;
 }
 
+/* StarPU keeps a share of each GPU's buffers clean: when fewer than STARPU_MINIMUM_CLEAN_BUFFERS
+ * percent (5 by default) of a GPU's allocations have a current copy in their home, its memory
+ * tidying writes dirty ones home, between tasks, until STARPU_TARGET_CLEAN_BUFFERS percent (10)
+ * are. On the step's GPU the dirty buffers are the live activations (a block's saved activations,
+ * the hidden states and their gradients) and gradients on their way home; the activations' homes
+ * are plain host memory that costs RAM only where a page is written (runtime/step/graph.c), which
+ * the plan does not count. Written home, a 524,288-token step's saved activations alone (12.5 GiB
+ * a layer) would take host memory the plan gives to the state. The plan keeps the GPU's need
+ * within the device, so nothing must be written home to make room; a buffer StarPU still has to
+ * evict when an allocation fails goes home then, as before. Both are 0 unless the environment
+ * sets them: the user's values win, for experiments. */
+static void keep_live_buffers_on_device(void)
+{
+    setenv("STARPU_MINIMUM_CLEAN_BUFFERS", "0", 0);
+    setenv("STARPU_TARGET_CLEAN_BUFFERS", "0", 0);
+}
+
 int mt_runtime_init(const mt_runtime_options *opts, char *err, size_t errlen)
 {
     mt_runtime_options o = opts ? *opts : mt_runtime_defaults();
@@ -127,6 +144,7 @@ int mt_runtime_init(const mt_runtime_options *opts, char *err, size_t errlen)
         conf.workers_cuda_gpuid[0] = (unsigned)mt_dist_local_rank();
     }
     if (dist && mt_dist_start(&conf, err, errlen)) return -1;
+    keep_live_buffers_on_device();
     int ret = dist ? 0 : starpu_init(&conf);
     if (ret == -ENODEV) {
         snprintf(err, errlen, "StarPU found no worker (asked for %d CPU and %d CUDA workers)", o.ncpu, o.ncuda);

@@ -1,5 +1,6 @@
 /* The watchdog thread (runtime/watchdog.h). It polls twice a second: a poll costs two atomic
- * reads, and a stall is minutes long, so the interval only bounds how late the report comes. */
+ * reads and a read of /proc/meminfo, and a stall is minutes long, so the interval only bounds how
+ * late the report comes. */
 #include "runtime/watchdog.h"
 
 #include <pthread.h>
@@ -10,6 +11,7 @@
 
 #include "codelets/mt_starpu.h"
 #include "models/util.h"
+#include "runtime/plan.h"
 #include "runtime/policy.h"
 
 struct mt_watchdog {
@@ -20,7 +22,49 @@ struct mt_watchdog {
     double seconds;
     FILE *log;
     const char *what;
+    uint64_t host_low;  /* bytes: the host's available memory under which it warns */
+    bool host_warned;   /* re-armed once twice host_low is available again */
 };
+
+/* The host's available memory under which the watchdog warns, unless MT_HOST_LOW_MIB says
+ * otherwise: the kernel ends a process that takes the rest, with SIGKILL and no word from it, so
+ * this warning is what a log of such a run has to show. */
+#define HOST_LOW_DEFAULT ((uint64_t)1 << 30)
+
+static uint64_t host_low_bytes(void)
+{
+    const char *v = getenv("MT_HOST_LOW_MIB");
+    char *end;
+    if (v && *v) {
+        const unsigned long long mib = strtoull(v, &end, 10);
+        if (*end == 0) return (uint64_t)mib << 20;
+    }
+    return HOST_LOW_DEFAULT;
+}
+
+static void report_host_low(FILE *out, const mt_watchdog *w, uint64_t avail)
+{
+    fprintf(out, "megatrain %s: warning: the host has %.2f GiB of memory available and this process holds %.2f GiB: "
+                 "the kernel may end the run if it takes the rest (`megatrain plan` shows what a run needs)\n",
+            w->what, (double)avail / 1073741824.0, (double)mt_host_rss() / 1073741824.0);
+    fflush(out);
+}
+
+/* Warns once when the host's available memory falls under host_low, and again only after it has
+ * come back above twice that. */
+static void watch_host(mt_watchdog *w)
+{
+    const uint64_t avail = mt_host_memory_available();
+    if (avail == 0) return; /* unknown */
+    if (w->host_warned) {
+        w->host_warned = avail < 2 * w->host_low;
+        return;
+    }
+    if (avail >= w->host_low) return;
+    w->host_warned = true;
+    report_host_low(stderr, w, avail);
+    if (w->log && w->log != stderr) report_host_low(w->log, w, avail);
+}
 
 /* The memory of every memory node StarPU manages, as its allocator counts it. A buffer StarPU
  * allocates itself on a node that has no room for it waits there until room is made: a full
@@ -90,6 +134,7 @@ static void *watch(void *arg)
         }
         pthread_cond_timedwait(&w->wake, &w->lock, &until);
         if (w->stop) break;
+        watch_host(w);
         const progress p = progress_now();
         const double now = mt_clock_s();
         if (p.finished != last.finished || p.pending != last.pending || p.pending == 0) {
@@ -112,7 +157,7 @@ mt_watchdog *mt_watchdog_start(double seconds, FILE *log, const char *what)
     if (!(seconds > 0)) return NULL;
     mt_watchdog *w = calloc(1, sizeof *w);
     if (!w) return NULL;
-    *w = (mt_watchdog){ .seconds = seconds, .log = log, .what = what ? what : "run" };
+    *w = (mt_watchdog){ .seconds = seconds, .log = log, .what = what ? what : "run", .host_low = host_low_bytes() };
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->wake, NULL);
     if (pthread_create(&w->thread, NULL, watch, w) != 0) {

@@ -3,7 +3,10 @@
  * unfinished tasks; when tasks are pending and neither has moved for the given time, it says what is waiting
  * (the policy's report: each busy worker's task and for how long, the ready lists), the memory of
  * every memory node, and ends the process with MT_WATCHDOG_EXIT. An idle graph (nothing pending,
- * the host busy with its own work: validation input, a checkpoint) is never a stall. */
+ * the host busy with its own work: validation input, a checkpoint) is never a stall. It also
+ * warns, once, when the host's available memory falls under 1 GiB (MT_HOST_LOW_MIB sets the
+ * figure), naming this process's resident memory: a run the kernel kills for memory ends without
+ * a word of its own. */
 #ifndef MT_RUNTIME_WATCHDOG_H
 #define MT_RUNTIME_WATCHDOG_H
 

@@ -1,6 +1,7 @@
 /* The watchdog (runtime/watchdog.h): a task that never ends is reported by name and ends the
  * process with MT_WATCHDOG_EXIT within a bounded time; a graph that keeps finishing tasks, however
- * slowly each, and a host that is busy with no task pending are never taken for a stall. Each
+ * slowly each, and a host that is busy with no task pending are never taken for a stall; a host
+ * low on memory is warned of; StarPU's tidying is kept from writing live GPU buffers home. Each
  * case runs in a child process, since a firing watchdog ends the process it watches. */
 #include <check.h>
 #include <fcntl.h>
@@ -143,6 +144,64 @@ START_TEST(test_idle_graph_is_no_stall)
 }
 END_TEST
 
+/* One short task under a watchdog, with MT_HOST_LOW_MIB as the child's environment has it. */
+static void one_task(void)
+{
+    mt_watchdog *w = mt_watchdog_start(30.0, NULL, "test");
+    submit_sleep(1500);
+    starpu_task_wait_for_all();
+    mt_watchdog_stop(w);
+}
+
+/* Warned once when the host has less available than the figure (a figure above any host's memory,
+ * then 0 MiB, under which no host falls). */
+START_TEST(test_host_memory_low_is_warned)
+{
+    setenv("MT_HOST_LOW_MIB", "1099511627776", 1); /* 2^40 MiB */
+    child_result r = run_child(one_task);
+    ck_assert_msg(r.status == 0, "exit status %d, stderr:\n%s", r.status, r.err);
+    const char *hit = strstr(r.err, "megatrain test: warning: the host has ");
+    ck_assert_msg(hit && strstr(hit, "GiB of memory available and this process holds "), "%s", r.err);
+    /* (the runtime's own watchdog, "run", warns too) */
+    ck_assert_msg(!strstr(hit + 1, "megatrain test: warning: the host has"), "warned more than once:\n%s", r.err);
+    setenv("MT_HOST_LOW_MIB", "0", 1);
+    r = run_child(one_task);
+    unsetenv("MT_HOST_LOW_MIB");
+    ck_assert_msg(r.status == 0 && !strstr(r.err, "warning: the host has"), "exit %d, stderr:\n%s", r.status, r.err);
+}
+END_TEST
+
+/* Exits 0 when StarPU's clean-buffer shares are as MT_EXPECT_CLEAN says (runtime.c). */
+static void clean_shares(void)
+{
+    const char *want = getenv("MT_EXPECT_CLEAN"), *min = getenv("STARPU_MINIMUM_CLEAN_BUFFERS"),
+               *target = getenv("STARPU_TARGET_CLEAN_BUFFERS");
+    if (!min || !target || strcmp(min, want) || strcmp(target, "0")) {
+        fprintf(stderr, "minimum %s, target %s, expected %s and 0\n", min ? min : "unset", target ? target : "unset", want);
+        _exit(1);
+    }
+}
+
+/* StarPU's tidying never writes live GPU buffers home to keep a share of them clean (the runtime
+ * sets both shares to 0 before StarPU starts), unless the environment sets them. */
+START_TEST(test_gpu_buffers_are_not_tidied_home)
+{
+    unsetenv("STARPU_MINIMUM_CLEAN_BUFFERS");
+    unsetenv("STARPU_TARGET_CLEAN_BUFFERS");
+    setenv("MT_EXPECT_CLEAN", "0", 1);
+    child_result r = run_child(clean_shares);
+    ck_assert_msg(r.status == 0, "exit status %d, stderr:\n%s", r.status, r.err);
+    setenv("STARPU_MINIMUM_CLEAN_BUFFERS", "7", 1);
+    setenv("STARPU_TARGET_CLEAN_BUFFERS", "0", 1);
+    setenv("MT_EXPECT_CLEAN", "7", 1);
+    r = run_child(clean_shares);
+    unsetenv("STARPU_MINIMUM_CLEAN_BUFFERS");
+    unsetenv("STARPU_TARGET_CLEAN_BUFFERS");
+    unsetenv("MT_EXPECT_CLEAN");
+    ck_assert_msg(r.status == 0, "a user's value: exit status %d, stderr:\n%s", r.status, r.err);
+}
+END_TEST
+
 START_TEST(test_no_limit_no_watchdog)
 {
     ck_assert_ptr_null(mt_watchdog_start(0, NULL, "test"));
@@ -159,6 +218,8 @@ int main(void)
     tcase_add_test(tc, test_stall_is_reported_and_ends_the_run);
     tcase_add_test(tc, test_progress_is_no_stall);
     tcase_add_test(tc, test_idle_graph_is_no_stall);
+    tcase_add_test(tc, test_host_memory_low_is_warned);
+    tcase_add_test(tc, test_gpu_buffers_are_not_tidied_home);
     tcase_add_test(tc, test_no_limit_no_watchdog);
     suite_add_tcase(s, tc);
     return mt_test_run(s, true);
