@@ -3,7 +3,6 @@
 
 #include <stdlib.h>
 
-
 static void grad_sum_cpu(void *buffers[], void *cl_arg)
 {
     mt_grad_sum_args a;
@@ -21,9 +20,28 @@ static void grad_sum_cpu(void *buffers[], void *cl_arg)
     free(g);
 }
 
+#if MT_HAVE_CUDA
+/* g_0 receives the sum: adding g_1, g_2, ... into it in turn is the CPU's order. */
+static void grad_sum_cuda(void *buffers[], void *cl_arg)
+{
+    mt_grad_sum_args a;
+    starpu_codelet_unpack_args(cl_arg, &a);
+    STARPU_ASSERT_MSG(a.own == 0, "grad_sum on a GPU sums into buffer 0, not %d", a.own);
+    const int n = STARPU_TASK_GET_NBUFFERS(starpu_task_get_current());
+    const int64_t numel = (int64_t)STARPU_VECTOR_GET_NX(buffers[0]);
+    float *out = (float *)STARPU_VECTOR_GET_PTR(buffers[0]);
+    for (int k = 1; k < n; k++)
+        mt_cuda_add_f32(out, (const float *)STARPU_VECTOR_GET_PTR(buffers[k]), numel, starpu_cuda_get_local_stream());
+}
+#endif
+
 struct starpu_codelet mt_cl_grad_sum = {
     .name = "grad_sum",
     .cpu_funcs = { grad_sum_cpu },
+#if MT_HAVE_CUDA
+    .cuda_funcs = { grad_sum_cuda },
+    .cuda_flags = { STARPU_CUDA_ASYNC },
+#endif
     .nbuffers = STARPU_VARIABLE_NBUFFERS,
 };
 

@@ -1,14 +1,16 @@
-/* reduce: the sum over the ranks of a distributed run of a tile's gradient, and the sum of
- * squares of a gradient (runtime/step/dist.c). CPU only: the gradients meet in host memory,
- * where StarPU-MPI sends and receives them. */
+/* reduce: the sum of a tile's gradient copies, over the ranks of a distributed run
+ * (runtime/step/dist.c: in host memory, where StarPU-MPI sends and receives them) or over the
+ * devices of one process (runtime/step/compute.c: on device 0, a GPU or a CPU worker), and the
+ * sum of squares of a gradient (CPU). */
 #ifndef MT_CODELETS_REDUCE_H
 #define MT_CODELETS_REDUCE_H
 
 #include "codelets/common.h"
 
-/* grad_sum: buffers [0..n-1] the n ranks' fp32 gradients in rank order, the one at position
- * args.own RW (this rank's, receiving the sum), the others R; every element becomes
- * ((g_0 + g_1) + g_2) + ... in rank order, so the owner's position does not change the bits. */
+/* grad_sum: buffers [0..n-1] the n ranks' (or devices') fp32 gradients in order, the one at
+ * position args.own RW (receiving the sum), the others R; every element becomes
+ * ((g_0 + g_1) + g_2) + ... in that order, so the owner's position does not change the bits, nor
+ * does the worker: CPU, or CUDA with own 0. */
 typedef struct mt_grad_sum_args {
     int own;
 } mt_grad_sum_args;

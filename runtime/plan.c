@@ -113,7 +113,8 @@ static uint64_t held_state_bytes(const mt_plan *plan, const mt_model_config *cfg
  * plan within 6% of every measured peak. */
 #define CPU_ALLOCATOR_SLACK_PERCENT 25
 /* With a GPU: the CUDA context's host side (the driver's allocations, the kernels of libcudart,
- * cuBLASLt and cuDNN loaded on first use) and StarPU's CUDA worker and its pinned staging.
+ * cuBLASLt and cuDNN loaded on first use) and StarPU's CUDA worker and its pinned staging; once per
+ * device (an estimate there: measured with one).
  * Measured as `megatrain train`'s peak line less this plan's other rows, on an H200 host (driver
  * 580.159, Debian 12 userland): 264 MiB for the built-in byte-level model (16 x 128 tokens), 450
  * MiB for a Qwen2.5-0.5B at 4 x 2048 (where the plan's other rows are within 1% of the peak).
@@ -139,7 +140,8 @@ static int count_process(mt_plan *plan, const uint64_t *work, uint64_t ntok)
         for (int k = MT_PLAN_CHECKPOINTS; k <= MT_PLAN_GRAD_ACC; k++) working = add(working, work[k], &of);
         plan->host[MT_PLAN_CPU_SCRATCH] = add(copies, mul(working / 100, CPU_ALLOCATOR_SLACK_PERCENT, &of), &of);
     } else {
-        plan->host[MT_PLAN_CUDA] = CUDA_CONTEXT_BYTES;
+        /* a context and a CUDA worker per device */
+        plan->host[MT_PLAN_CUDA] = mul(CUDA_CONTEXT_BYTES, (uint64_t)(p->devices > 1 ? p->devices : 1), &of);
     }
     /* the loop's step batch (tokens and targets, int32, accumulation x B x T) and its validation
      * windows (eval_sequences + B of them) beside the data itself */
@@ -285,12 +287,14 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
                          p->seq_len);
     /* Every micro-batch keeps its own checkpoints, ping-pong activations and inputs: the graph
      * passes all micro-batches through a layer while its weights are resident (runtime/step/). The
-     * residual stream (checkpoints, activations, their gradients) is fp32 on every worker. */
+     * residual stream (checkpoints, activations, their gradients) is fp32 on every worker. Over
+     * several GPUs a GPU holds its own micro-batches' (u mod devices), the host every one's. */
     const uint64_t mb = (uint64_t)p->grad_accum, hidden = mul(mul(ntok, d, &of), 4, &of);
-    work[MT_PLAN_CHECKPOINTS] = mul(mb, mul((uint64_t)plan->num_checkpoints, hidden, &of), &of);
+    const uint64_t mb_here = p->use_gpu ? (uint64_t)mt_plan_device_micro_batches(p) : mb;
+    work[MT_PLAN_CHECKPOINTS] = mul(mb_here, mul((uint64_t)plan->num_checkpoints, hidden, &of), &of);
     work[MT_PLAN_BLOCK_SAVED] =
         mul(K, mt_plan_byte_buffer(mt_codelet_layer_saved_bytes(cfg, p->compute, p->use_gpu, p->micro_batch, p->seq_len)), &of);
-    work[MT_PLAN_ACT_GRADS] = mul(mb, mul(4, hidden, &of), &of);
+    work[MT_PLAN_ACT_GRADS] = mul(mb_here, mul(4, hidden, &of), &of);
     work[MT_PLAN_WORKSPACE] =
         add(mt_plan_byte_buffer(mt_codelet_layer_scratch_bytes(cfg, p->compute, p->use_gpu, p->micro_batch, p->seq_len)),
             mt_plan_byte_buffer(mt_codelet_head_scratch_bytes(cfg, p->compute, p->use_gpu, p->head_chunk)), &of);
@@ -309,10 +313,9 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
     /* Offloaded, every checkpoint but the last block's has a pinned host home, and the GPU holds
      * those in flight only. Without a GPU they are in host memory either way, as counted. */
     if (p->use_gpu) {
-        const int64_t all = plan->num_checkpoints * p->grad_accum;
-        plan->gpu_checkpoints = all;
+        plan->gpu_checkpoints = plan->num_checkpoints * (int64_t)mb_here;
         if (p->offload_checkpoints == MT_PLAN_OFFLOAD_ON) {
-            plan->gpu_checkpoints = mt_plan_offload_in_flight(plan->num_checkpoints, p->grad_accum);
+            plan->gpu_checkpoints = mt_plan_offload_in_flight(plan->num_checkpoints, (int64_t)mb_here);
             plan->host_checkpoints = (plan->num_checkpoints - 1) * p->grad_accum;
             plan->host[MT_PLAN_CHECKPOINTS] = mul((uint64_t)plan->host_checkpoints, hidden, &of);
             plan->host_pinned[MT_PLAN_CHECKPOINTS] = true;
@@ -359,7 +362,13 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
         plan->host[MT_PLAN_GATHERED] = host_state_bytes(plan, 4) - held_state_bytes(plan, cfg, 4, ranks, 0);
     }
 
-    if (p->devices > 1) plan->host[MT_PLAN_DEVICE_GRADS] = mul(host_state_bytes(plan, 4), (uint64_t)(p->devices - 1), &of);
+    /* Devices 1..n-1's fp32 copies of the gradients (runtime/step/graph.c, alloc_device_grads): on
+     * CPU workers a home of host memory for every tile's; on GPUs no home, each device's living
+     * among its gradient buffers above, and device 0 receiving one copy of a tile at a time into
+     * its sum (two tiles' summing at once, as two gradients are in flight). */
+    if (p->devices > 1 && !p->use_gpu)
+        plan->host[MT_PLAN_DEVICE_GRADS] = mul(host_state_bytes(plan, 4), (uint64_t)(p->devices - 1), &of);
+    if (p->devices > 1 && p->use_gpu) plan->gpu[MT_PLAN_DEVICE_GRADS] = mul(2 * (uint64_t)plan->max_tile_numel, 4, &of);
 
     if (p->process.counted && count_process(plan, work, ntok)) return -1;
 
@@ -478,7 +487,7 @@ void mt_plan_print(const mt_plan *plan, FILE *out)
                 p->ranks, p->ranks, plan->tokens_per_step * p->ranks);
     else if (p->devices > 1)
         fprintf(out, "  over %" PRId64 " devices: micro-batch u on device u mod %" PRId64 ", each writing its own copy of "
-                     "the gradients, summed in device order on the host before the norm and AdamW; no clip speculation\n",
+                     "the gradients, summed in device order on device 0 before the norm and AdamW; no clip speculation\n",
                 p->devices, p->devices);
     else if (p->layout == MT_LAYOUT_COMPACT)
         fprintf(out, "  compact layout: no clip speculation and no second gradient (the update waits for the norm and "
@@ -538,6 +547,12 @@ int mt_plan_check_gpu(const mt_plan *plan, uint64_t device_bytes, char *err, siz
              mt_format_bytes(plan->gpu_context, f, sizeof f),
              offloaded ? "" : ", or keep the checkpoints in host memory (--offload-checkpoints on)");
     return -1;
+}
+
+int64_t mt_plan_device_micro_batches(const mt_plan_params *params)
+{
+    const int64_t n = params->devices > 1 ? params->devices : 1;
+    return (params->grad_accum + n - 1) / n;
 }
 
 int64_t mt_plan_offload_in_flight(int64_t nblocks, int64_t accum)
@@ -792,13 +807,8 @@ int mt_plan_choose(const mt_model_config *cfg, const mt_plan_params *params, mt_
         return plan_fail(plan, "--host-layout compact: a run over %" PRId64 " ranks sums the gradients in fp32, which "
                          "the compact layout does not keep; use --host-layout full (or auto)", params->ranks);
     }
-    if (params->devices > 1 && request == MT_LAYOUT_COMPACT) {
-        memset(plan, 0, sizeof *plan);
-        return plan_fail(plan, "--host-layout compact: %" PRId64 " devices sum their gradients in fp32, which the "
-                         "compact layout does not keep; use --host-layout full (or auto)", params->devices);
-    }
     /* the choice explained as the user asked it */
-    if (params->ranks > 1 || params->devices > 1) request = MT_LAYOUT_FULL;
+    if (params->ranks > 1) request = MT_LAYOUT_FULL;
     mt_plan_params p = *params;
     p.layout = MT_LAYOUT_FULL;
     if (mt_plan_compute(cfg, &p, plan)) return -1;

@@ -96,7 +96,8 @@ typedef struct mt_plan_params {
                                   * (MT_PLAN_RANK_RECV); full layout, no clip speculation. */
     int64_t devices;             /* compute devices of the process (CUDA workers; the step graph's
                                   * mt_step_config.devices); 0 or 1: one. Each one past the first
-                                  * has a host copy of every gradient (MT_PLAN_DEVICE_GRADS) */
+                                  * has its own copy of the gradients, summed on device 0
+                                  * (MT_PLAN_DEVICE_GRADS) */
     int offload_checkpoints;     /* MT_PLAN_OFFLOAD_OFF (0, the default), _ON or _AUTO (above) */
     bool k_default;              /* checkpoint_interval is a default, not asked for: where its plan
                                   * does not fit, mt_plan_choose_run takes the smallest larger K
@@ -127,9 +128,10 @@ typedef enum mt_plan_kind {
                              * rank t mod ranks) receives the other ranks' gradient chunks into,
                              * to sum them (runtime/step/dist.c): MT_DIST_POOL_SLOTS per other rank
                              * and distinct chunk size, whatever the number of layers */
-    MT_PLAN_DEVICE_GRADS,   /* host, with several devices in the process: devices 1..n-1's fp32
-                             * copies of every tile's gradient, summed into the tile's on a CPU
-                             * worker (runtime/step/graph.c, alloc_device_grads) */
+    MT_PLAN_DEVICE_GRADS,   /* with several devices in the process, devices 1..n-1's fp32 copies
+                             * of the gradients, summed into device 0's (runtime/step/graph.c,
+                             * alloc_device_grads): on CPU workers, host homes of every tile's;
+                             * on GPUs, device 0's room for the copies it receives */
     MT_PLAN_GATHERED,       /* host, over several ranks: the fp32 masters of the tiles rank 0 does
                              * not own, gathered to it after the last step for what reads the
                              * whole model (--save-model, the end's sample, the weights' hash;
@@ -268,6 +270,9 @@ int mt_plan_check_gpu(const mt_plan *plan, uint64_t device_bytes, char *err, siz
  * one fetched back ahead of the next recompute: accum + 2, at most nblocks x accum. The step
  * graph and the plan both count this (runtime/step/graph.c, mt_graph_working_bytes). */
 int64_t mt_plan_offload_in_flight(int64_t nblocks, int64_t accum);
+/* The micro-batches of a step that one device computes: micro-batch u runs on device u mod
+ * devices, so ceil(grad_accum / devices); grad_accum with one device. */
+int64_t mt_plan_device_micro_batches(const mt_plan_params *params);
 
 /* Whether --offload-checkpoints auto turns it on for params (its offload_checkpoints ignored)
  * on a device of gpu_memory bytes: a GPU plan whose need with the checkpoints kept on the GPU is

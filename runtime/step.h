@@ -133,10 +133,12 @@ bool mt_graph_defers(const mt_graph *g);
  * declined, or that on has no effect (bench and train print it). */
 void mt_graph_log_defer(const mt_graph *g, FILE *log, const char *prefix);
 
-/* Bytes of the working buffers the graph registered where its compute runs: checkpoints (with
- * offload_checkpoints where a GPU computes, those in flight there: mt_plan_offload_in_flight),
- * ping-pong hidden states and gradients, saved activations, layer and head scratch. The memory
- * plan predicts this number (mt_plan_activation_bytes less the inputs); tests hold them equal. */
+/* Bytes of the working buffers the graph registered where its compute runs (over several GPUs,
+ * those of one, device 0: its micro-batches' checkpoints, hidden states and gradients, its saved
+ * activations): checkpoints (with offload_checkpoints where a GPU computes, those in flight there:
+ * mt_plan_offload_in_flight), ping-pong hidden states and gradients, saved activations, layer and
+ * head scratch. The memory plan predicts this number (mt_plan_activation_bytes less the inputs);
+ * tests hold them equal. */
 uint64_t mt_graph_working_bytes(const mt_graph *g);
 
 /* Whether the graph keeps its checkpoints in host memory (offload_checkpoints, auto resolved). */

@@ -405,7 +405,8 @@ static void round_trip(const mt_model_config *c)
 
 START_TEST(test_save_load_round_trip)
 {
-    const char *shapes[] = {"tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b"};
+    const char *shapes[] = {"tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b",
+                            "qwen2.5-32b"};
     mt_model_config c;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         ck_assert_int_eq(mt_config_from_shape(shapes[i], &c), 0);
@@ -633,6 +634,8 @@ START_TEST(test_param_counts)
     ck_assert_int_eq(mt_config_param_count(&c), 3085938688LL);
     ck_assert_int_eq(mt_config_from_shape("qwen2.5-14b", &c), 0);
     ck_assert_int_eq(mt_config_param_count(&c), 14770033664LL);
+    ck_assert_int_eq(mt_config_from_shape("qwen2.5-32b", &c), 0);
+    ck_assert_int_eq(mt_config_param_count(&c), 32763876352LL);
 }
 END_TEST
 
@@ -660,7 +663,8 @@ static int64_t check_layout(const mt_tile_layout *t)
 
 START_TEST(test_layout)
 {
-    const char *shapes[] = {"tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b"};
+    const char *shapes[] = {"tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b",
+                            "qwen2.5-32b"};
     mt_model_config c;
     mt_tile_layout e, l, h;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {

@@ -99,6 +99,34 @@ START_TEST(test_sumsq)
 }
 END_TEST
 
+/* The devices' gradient sum (codelets/reduce.h): y + x on the GPU, bitwise the CPU's fp32 add. */
+START_TEST(test_gradient_add)
+{
+    printf("gradient copies added\n");
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 13);
+    const int64_t sizes[] = {1, 77, 1000003};
+    cudaStream_t st = mt_test_new_stream();
+    for (size_t c = 0; c < sizeof sizes / sizeof sizes[0]; c++) {
+        const int64_t n = sizes[c];
+        float *y = mt_test_random_f32(&rng, n, 3.0f), *x = mt_test_random_f32(&rng, n, 1e-3f);
+        float *d_y = mt_test_gpu_buffer(y, (size_t)n * sizeof(float)), *d_x = mt_test_gpu_buffer(x, (size_t)n * sizeof(float));
+        mt_cuda_add_f32(d_y, d_x, n, (mt_cuda_stream)st);
+        float *got = malloc((size_t)n * sizeof(float));
+        CK_CUDA(cudaStreamSynchronize(st));
+        CK_CUDA(cudaMemcpy(got, d_y, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int64_t i = 0; i < n; i++) y[i] += x[i];
+        char what[64];
+        snprintf(what, sizeof what, "y + x, n=%lld", (long long)n);
+        mt_test_check_bitwise(what, got, y, (size_t)n * sizeof(float));
+        CK_CUDA(cudaFree(d_y));
+        CK_CUDA(cudaFree(d_x));
+        free(got), free(y), free(x);
+    }
+    CK_CUDA(cudaStreamDestroy(st));
+}
+END_TEST
+
 /* ---------- embedding ---------- */
 
 /* The table in each precision; the forward is a copy either way, so exact. */
@@ -563,6 +591,7 @@ static Suite *cuda_suite(void)
     TCase *small = tcase_create("kernels");
     tcase_add_test(small, test_conversions);
     tcase_add_test(small, test_sumsq);
+    tcase_add_test(small, test_gradient_add);
     tcase_add_test(small, test_embedding);
     tcase_add_test(small, test_attention);
     suite_add_tcase(s, small);

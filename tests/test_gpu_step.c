@@ -40,6 +40,8 @@ typedef struct fixture {
 static int fixture_speculate = -1;
 /* offload_checkpoints of those graphs (0: off; 1: on, the graph says so). */
 static int fixture_offload = 0;
+/* devices of the graphs fixture_open builds on CUDA workers (mt_step_config.devices; 0: one) */
+static int fixture_devices = 0;
 /* Tokens per sequence of fixture_open's graphs: 77 (no tile multiple), or 128, which every cuDNN 9
  * fused attention backward takes (head dim 64: the default attention is then cuDNN's both ways). */
 static int64_t fixture_T = 77;
@@ -85,6 +87,7 @@ static fixture fixture_open(bool tied, int ncpu, int ncuda, mt_dtype dtype, uint
     f.sc.B = 2; f.sc.T = fixture_T; f.sc.K = K; f.sc.accum = accum; f.sc.head_chunk = 50; f.sc.clip = clip;
     f.sc.clip_speculate = fixture_speculate;
     f.sc.offload_checkpoints = fixture_offload;
+    if (ncuda > 0) f.sc.devices = fixture_devices;
     f.g = mt_graph_create(f.st, &f.sc, err, sizeof err);
     ck_assert_msg(f.g != NULL, "%s", err);
     ck_assert(mt_graph_offloads_checkpoints(f.g) == (fixture_offload == 1));
@@ -121,7 +124,7 @@ static result run(bool tied, int ncuda, int K, int accum, mt_dtype dtype)
     /* The memory plan counts exactly the buffers the graph registers, on either kind of worker. */
     mt_plan_params pp = { .micro_batch = f.sc.B, .seq_len = f.sc.T, .grad_accum = accum, .checkpoint_interval = K,
                           .compute = dtype, .use_gpu = ncuda > 0, .head_chunk = f.sc.head_chunk,
-                          .offload_checkpoints = fixture_offload };
+                          .offload_checkpoints = fixture_offload, .devices = f.sc.devices };
     mt_plan plan;
     ck_assert_msg(mt_plan_compute(&f.cfg, &pp, &plan) == 0, "%s", plan.error);
     uint64_t planned = mt_plan_activation_bytes(&plan) - (ncuda > 0 ? plan.gpu : plan.host)[MT_PLAN_INPUTS];
@@ -149,10 +152,13 @@ static result run(bool tied, int ncuda, int K, int accum, mt_dtype dtype)
 static double grad_tol(mt_dtype dtype) { return dtype == MT_DTYPE_F32 ? 1e-5 : 1e-2; }
 static double loss_tol(mt_dtype dtype) { return dtype == MT_DTYPE_F32 ? 1e-6 : 1e-3; }
 
+/* CUDA workers of the GPU runs compare makes (-1: every one StarPU finds) */
+static int compare_ncuda = 1;
+
 static void compare(bool tied, int K, int accum, mt_dtype dtype)
 {
     result cpu = run(tied, 0, K, accum, dtype);
-    result gpu = run(tied, 1, K, accum, dtype);
+    result gpu = run(tied, compare_ncuda, K, accum, dtype);
     double lrel = fabs(gpu.loss - cpu.loss) / fabs(cpu.loss);
     printf("%s tied=%d K=%d accum=%d: loss cpu %.8f gpu %.8f (rel %.2e)\n", mt_dtype_name(dtype), tied, K, accum,
            cpu.loss, gpu.loss, lrel);
@@ -369,6 +375,26 @@ END_TEST
 START_TEST(test_step_gradients_tied_accum_f32) { compare(true, 1, 2, MT_DTYPE_F32); }
 END_TEST
 
+/* GPUs StarPU found (main) */
+static int gpus_found;
+
+/* Two devices: micro-batch u on device u mod 2, device 1's gradient copies added into device 0's by
+ * the CUDA grad_sum after each tile's last backward, against CPU workers (one device), four
+ * micro-batches, in bf16 and fp32. With two GPUs or more, two of them (device 1's copies travel to
+ * device 0's GPU); with one, two CUDA workers on it (STARPU_NWORKER_PER_CUDA=2). */
+START_TEST(test_step_gradients_two_devices)
+{
+    if (gpus_found < 2) setenv("STARPU_NWORKER_PER_CUDA", "2", 1);
+    compare_ncuda = gpus_found < 2 ? 1 : 2;
+    fixture_devices = 2;
+    compare(true, 2, 4, MT_DTYPE_BF16);
+    compare(false, 1, 4, MT_DTYPE_F32);
+    fixture_devices = 0;
+    compare_ncuda = 1;
+    unsetenv("STARPU_NWORKER_PER_CUDA");
+}
+END_TEST
+
 int main(void)
 {
     /* Skip when StarPU finds no CUDA worker. */
@@ -377,6 +403,7 @@ int main(void)
     char err[256];
     if (mt_runtime_init(&ro, err, sizeof err) != 0) return 77;
     int ncuda = mt_runtime_ncuda();
+    gpus_found = ncuda;
     mt_runtime_shutdown();
     if (ncuda == 0) {
         printf("no GPU: skipped\n");
@@ -395,6 +422,7 @@ int main(void)
     tcase_add_test(tc, test_default_ranged_bitwise);
     tcase_add_test(tc, test_offload_checkpoints_bitwise);
     tcase_add_test(tc, test_step_gradients_offloaded);
+    tcase_add_test(tc, test_step_gradients_two_devices);
     suite_add_tcase(s, tc);
     return mt_test_run(s, true);
 }

@@ -171,18 +171,39 @@ else
 fi
 expect_error "an explicit --data that does not exist" "$work/none: No such file or directory" "${shape[@]}" --data "$work/none"
 
-# Several GPUs in one process: each past the first has a host copy of every gradient, summed in
-# device order; the full layout, as over ranks; no clip speculation's flags.
+# Several GPUs in one process: each past the first writes its own copy of the gradients, with no
+# host home, summed into device 0's, which has room for two copies on their way in (two
+# gradients' worth, as the double-buffered gradients); the compact layout too; no clip
+# speculation's flags.
 two=(plan --shape qwen2.5-0.5b --micro-batch 4 --seq-len 1024 --host-memory 2T --gpu-memory 80G)
 "$megatrain" "${two[@]}" --ncuda 1 >one_gpu.txt 2>&1
 "$megatrain" "${two[@]}" --ncuda 2 >two_gpus.txt 2>&1
-grad() { sed -n "s/^  $2  *\([0-9]*\) .*/\1/p" "$1"; }
-g1=$(grad one_gpu.txt 'gradients (fp32)') d2=$(grad two_gpus.txt "other devices' gradients (fp32)")
-if [ -z "$g1" ] || [ "$d2" != "$g1" ] || grep -q "other devices" one_gpu.txt || grep -q "clip speculation flags" two_gpus.txt ||
-   ! grep -q "^  over 2 devices: micro-batch u on device u mod 2" two_gpus.txt; then
-    bad "2 GPUs: a gradient copy per other device" "gradients $g1, other devices' $d2"
-else ok "2 GPUs: a gradient copy per other device"; fi
-expect_error "2 GPUs: compact refused" "compact: 2 devices sum their gradients in fp32" "${two[@]}" --ncuda 2 --host-layout compact
+# the host ($2 = 1) or GPU ($2 = 2) bytes of the row named $3 in plan output $1: its first number,
+# or the third field from the end (the pinned column may be empty)
+col() { awk -v name="  $3 " -v c="$2" 'index($0, name) == 1 { $0 = substr($0, length(name) + 1); print c == 1 ? $1 : $(NF - 2) }' "$1"; }
+g1=$(col one_gpu.txt 2 'gradients (fp32)') dh=$(col two_gpus.txt 1 "other devices' gradients (fp32)")
+dg=$(col two_gpus.txt 2 "other devices' gradients (fp32)")
+if [ -z "$g1" ] || [ "$dh" != 0 ] || [ "$dg" != "$g1" ] || grep -q "other devices" one_gpu.txt ||
+   grep -q "clip speculation flags" two_gpus.txt ||
+   ! grep -q "^  over 2 devices: micro-batch u on device u mod 2, .* summed in device order on device 0" two_gpus.txt; then
+    bad "2 GPUs: device 0's room for the copies" "GPU gradients $g1, other devices' host $dh GPU $dg"
+else ok "2 GPUs: device 0's room for the copies"; fi
+"$megatrain" "${two[@]}" --ncuda 2 --host-layout compact >two_compact.txt 2>&1
+rc=$? dc=$(col two_compact.txt 2 "other devices' gradients (fp32)")
+if [ "$rc" -eq 0 ] && grep -q "compact host layout" two_compact.txt && [ "$dc" = "$g1" ] &&
+   grep -q "^host layout: compact (--host-layout compact)" two_compact.txt; then ok "2 GPUs: the compact layout plans"
+else bad "2 GPUs: the compact layout plans" "exit $rc, other devices' GPU $dc"; fi
+# A GPU holds its own micro-batches' checkpoints and hidden states: 2 GPUs over 4 micro-batches,
+# each GPU's, are one GPU's over 2; the host holds every micro-batch's (dh0's pinned homes).
+"$megatrain" "${two[@]}" --ncuda 2 --accum 4 >two_accum4.txt 2>&1
+"$megatrain" "${two[@]}" --ncuda 1 --accum 2 >one_accum2.txt 2>&1
+"$megatrain" "${two[@]}" --ncuda 1 --accum 4 >one_accum4.txt 2>&1
+c2=$(col two_accum4.txt 2 checkpoints) c1=$(col one_accum2.txt 2 checkpoints)
+a2=$(col two_accum4.txt 2 'activations + gradients') a1=$(col one_accum2.txt 2 'activations + gradients')
+h2=$(col two_accum4.txt 1 'activations + gradients') h1=$(col one_accum4.txt 1 'activations + gradients')
+if [ -n "$c1" ] && [ "$c1" != 0 ] && [ "$c2" = "$c1" ] && [ -n "$a1" ] && [ "$a2" = "$a1" ] && [ -n "$h1" ] && [ "$h2" = "$h1" ]; then
+    ok "2 GPUs: each GPU its own micro-batches' activations"
+else bad "2 GPUs: each GPU its own micro-batches' activations" "checkpoints $c2 vs $c1, activations $a2 vs $a1, host $h2 vs $h1"; fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -3,7 +3,7 @@
 #   tools/gpu_pack.sh && meson setup build-gpu -Dcuda=enabled && ninja -C build-gpu
 # then, from the repository root on the GPU machine (build-gpu and .deps/gpu-runtime carried):
 #   tools/gpu_check.sh [quick|bench3b|parity|ab3b|final3b|scale7b|train7b|width|numerics|long|long262|mlpchunk|long524|
-#                       generate|rss|moe|moe30b]
+#                       generate|rss|moe|moe30b|multi]
 #
 #   quick    correctness: megatrain info, the CUDA suites (test_cuda, test_cuda_attention,
 #            test_gpu_step), their kernel timings (MT_CUDA_BENCH=1), the 0.5B step, PyTorch's
@@ -69,6 +69,13 @@
 #            (micro-batches of TORCH_MB sequences, default 4; TORCH=0 skips it; EXPERTS lists
 #            transformers' experts implementations to run, default its own choice). TASKLOG=1 writes the
 #            streamed runs' tasks (bench --task-log) to $OUT/tasks_moe_lL_Nk.csv.
+#   multi    several GPUs of one host (keep NVLink multicast off): test_gpu_step (TEST=0 skips it),
+#            `nvidia-smi topo -m`; the 3B step in one process over 1, 2, 4, 8 of the GPUs (up to
+#            all), 16 x 2048 tokens per GPU a step (--accum G), clip 1, on DATA; 20 steps of
+#            `megatrain train` (random Qwen2.5-3B, the same global batch) on one GPU, on all of them
+#            in one process and, where mpirun is, one rank per GPU, their losses side by side; then
+#            Qwen2.5-32B (8 GPUs or more) or 14B (fewer) over all of them from one host state:
+#            plan, then bench for BIG_STEPS steps (default 20) without warm-up.
 #
 # Settings of the 3B modes: K (--checkpoint-every, default 2); STEPS (measured steps, default 6,
 # bench3b 4); TORCH=0 skips PyTorch at the same shape (run last); in ab3b and final3b, TEST=0
@@ -338,8 +345,42 @@ moe30b)
         done
     done
     ;;
+multi)
+    DATA=${DATA:-.deps/fortunes-qwen3}
+    n=$(nvidia-smi -L | wc -l)
+    run topo nvidia-smi topo -m
+    [ "${TEST:-1}" = 1 ] && run test_gpu_step "$B/tests/test_gpu_step"
+    for g in 1 2 4 8; do
+        [ "$g" -le "$n" ] || break
+        run "bench_3b_g$g" "$B/tools/megatrain" bench "${shape3b[@]}" --accum "$g" --ncuda "$g" --clip 1 --warmup 2 \
+            --steps ${STEPS:-4} --data "$DATA"
+    done
+    cfg3b="$OUT/qwen2.5-3b.json"
+    cat >"$cfg3b" <<'JSON'
+{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 2048, "intermediate_size": 11008,
+ "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936,
+ "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "tie_word_embeddings": true,
+ "use_sliding_window": false, "hidden_act": "silu"}
+JSON
+    # the same global batch (n x 16 sequences of 2048 tokens) and seed each way
+    train3b=(train --config "$cfg3b" --data "$DATA" --micro-batch 16 --seq-len 2048 --steps 20 --clip 1 --eval-every 0
+             --sample-bytes 0 --seed 1)
+    run train_3b_g1 "$B/tools/megatrain" "${train3b[@]}" --accum "$n" --ncuda 1 --metrics "$OUT/train_g1.jsonl"
+    run "train_3b_g$n" "$B/tools/megatrain" "${train3b[@]}" --accum "$n" --ncuda "$n" --metrics "$OUT/train_g$n.jsonl"
+    if command -v mpirun >/dev/null; then
+        run "train_3b_mpi$n" mpirun --allow-run-as-root -np "$n" "$B/tools/megatrain" "${train3b[@]}" \
+            --metrics "$OUT/train_mpi$n.jsonl"
+    fi
+    for f in "$OUT"/train_*.jsonl; do
+        echo "$(basename "$f" .jsonl): $(sed -n 's/.*"loss": *\([0-9.]*\).*/\1/p' "$f" | tr '\n' ' ')"
+    done | tee -a "$OUT/summary.txt"
+    [ "$n" -ge 8 ] && big=qwen2.5-32b || big=qwen2.5-14b
+    bigargs=(--shape "$big" --micro-batch 16 --seq-len 2048 --accum "$n" --ncuda "$n")
+    run "plan_$big" "$B/tools/megatrain" plan "${bigargs[@]}"
+    run "bench_$big" "$B/tools/megatrain" bench "${bigargs[@]}" --clip 1 --warmup 0 --steps ${BIG_STEPS:-20} --data "$DATA"
+    ;;
 *)
-    echo "gpu_check.sh: unknown mode '$mode' (quick, bench3b, parity, ab3b, final3b, scale7b, train7b, width, numerics, long, long262, mlpchunk, long524, generate, rss, moe or moe30b)" >&2
+    echo "gpu_check.sh: unknown mode '$mode' (quick, bench3b, parity, ab3b, final3b, scale7b, train7b, width, numerics, long, long262, mlpchunk, long524, generate, rss, moe, moe30b or multi)" >&2
     exit 2
     ;;
 esac

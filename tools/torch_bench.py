@@ -27,6 +27,8 @@ SHAPES = {  # the published shapes megatrain bench knows (HF config.json values)
                        num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
     "qwen2.5-14b": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=48, num_attention_heads=40,
                         num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False),
+    "qwen2.5-32b": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
+                        num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False),
 }
 
 

@@ -1,7 +1,25 @@
-// A gradient's home in the compact host layout (backends/cpu/grad_home.h): the fp32 accumulator
-// rounded to bf16 (nearest even, as the host), and the sum of squares of those bf16 values in
-// double, in two stages without atomics so that it repeats bit for bit (as mt_cuda_sumsq_f32).
+// A gradient on its way home. The copies of several devices added into device 0's, element by
+// element (codelets/reduce.h); then, in the compact host layout (backends/cpu/grad_home.h), the
+// fp32 accumulator rounded to bf16 (nearest even, as the host), and the sum of squares of those
+// bf16 values in double, in two stages without atomics so that it repeats bit for bit (as
+// mt_cuda_sumsq_f32).
 #include "backends/cuda/common.cuh"
+
+// One correctly rounded fp32 add per element, the CPU's sum exactly. By hand: cuBLAS's saxpy would
+// do the same add through a cuBLAS handle per worker, which the backend's context does not keep
+// (it holds cuBLASLt's).
+__global__ static void add_kernel(float *y, const float *x, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __fadd_rn(y[i], x[i]);
+}
+
+extern "C" void mt_cuda_add_f32(float *y, const float *x, int64_t n, mt_cuda_stream stream)
+{
+    if (n <= 0) return;
+    add_kernel<<<mt_grid_for(n, 256), 256, 0, as_stream(stream)>>>(y, x, n);
+    CUDA_CHECK_LAUNCH();
+}
 
 enum { GRAD_HOME_THREADS = 256 };
 

@@ -34,6 +34,7 @@ int mt_config_from_shape(const char *shape_name, mt_model_config *cfg)
     else if (strcmp(shape_name, "qwen2.5-3b") == 0) qwen25(cfg, 2048, 11008, 36, 16, 2, 151936, true);
     else if (strcmp(shape_name, "qwen2.5-7b") == 0) qwen25(cfg, 3584, 18944, 28, 28, 4, 152064, false);
     else if (strcmp(shape_name, "qwen2.5-14b") == 0) qwen25(cfg, 5120, 13824, 48, 40, 8, 152064, false);
+    else if (strcmp(shape_name, "qwen2.5-32b") == 0) qwen25(cfg, 5120, 27648, 64, 40, 8, 152064, false);
     else if (strcmp(shape_name, "tiny") == 0) {
         /* models/configs/tiny-byte.json: a byte-level model for tests and smoke runs. */
         qwen25(cfg, 192, 512, 6, 6, 2, 256, true);

@@ -197,26 +197,45 @@ static starpu_data_handle_t grad_of(const mt_graph *g, const mt_tile *t, int u)
     return d == 0 ? grad_target(g, t) : g->dev_grad[(d - 1) * g->st->ntiles + t->index];
 }
 
-/* After a tile's last gradient task of the step: over several devices the copies summed into the
- * tile's gradient in device order (the same bits every run); then across ranks the sum over the
- * ranks (dist.c), which takes the tile's sum of squares for the norm, else, clipping, that sum of
- * squares here. */
+/* Compact layout: the tile's accumulator, whole after the last contribution of the step (over
+ * several devices, device 0's after the sum), rounded to its bf16 home (with, clipping, the sum of
+ * squares of those values) where the compute runs, on device 0; then dropped, so that its buffer
+ * serves the next tile and is never copied anywhere. */
+static void insert_grad_home(mt_graph *g, const mt_tile *t)
+{
+    struct starpu_data_descr d[3] = {
+        { t->h_grad_acc, STARPU_R }, { t->h_grad, STARPU_W }, { g->partial[t->index], STARPU_W },
+    };
+    mt_step_check_insert(starpu_task_insert(&mt_cl_grad_home, STARPU_DATA_MODE_ARRAY, d, g->sc.clip > 0 ? 3 : 2,
+                                            STARPU_NAME, "grad_home", STARPU_EXECUTE_WHERE, g->where,
+                                            STARPU_EXECUTE_ON_WORKER, worker_of(g, 0), 0),
+                         "grad_home");
+    mt_step_drop(t->h_grad_acc);
+}
+
+/* After a tile's last gradient task of the step: over several devices the copies added into
+ * device 0's in device order, each by a task on device 0's worker that StarPU brings the copy to
+ * (from another GPU, peer to peer where the GPUs allow it), ((g_0 + g_1) + g_2) + ... as
+ * codelets/reduce.h sums, so the same bits every run; each copy dropped once added (nothing of it
+ * goes home). Then in the compact layout the sum's rounding to its bf16 home (with, clipping, its
+ * sum of squares); across ranks the sum over the ranks (dist.c), which takes the tile's sum of
+ * squares for the norm, else, clipping over several devices, that sum of squares here (on one
+ * device the compute tasks take it). */
 static void gradient_done(mt_graph *g, mt_tile *t)
 {
     const int n = g->ndev < g->sc.accum ? g->ndev : g->sc.accum; /* copies written this step */
-    if (n > 1) {
-        struct starpu_data_descr d[64];
-        STARPU_ASSERT_MSG(n <= 64, "%d devices: at most 64", n);
-        for (int k = 0; k < n; k++)
-            d[k] = (struct starpu_data_descr){ grad_of(g, t, k), k == 0 ? STARPU_RW : STARPU_R };
-        const mt_grad_sum_args a = { .own = 0 };
-        mt_step_check_insert(starpu_task_insert(&mt_cl_grad_sum, STARPU_DATA_MODE_ARRAY, d, n, STARPU_VALUE, &a, sizeof a,
-                                                STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_PRIORITY, STARPU_MAX_PRIO,
-                                                STARPU_NAME, "grad_sum", 0),
+    const mt_grad_sum_args a = { .own = 0 };
+    for (int k = 1; k < n; k++) {
+        mt_step_check_insert(starpu_task_insert(&mt_cl_grad_sum, STARPU_RW, grad_of(g, t, 0), STARPU_R, grad_of(g, t, k),
+                                                STARPU_VALUE, &a, sizeof a, STARPU_EXECUTE_WHERE, g->where,
+                                                STARPU_EXECUTE_ON_WORKER, g->dev_worker[0], STARPU_PRIORITY,
+                                                STARPU_MAX_PRIO, STARPU_NAME, "grad_sum", 0),
                              "grad_sum");
+        mt_step_drop(grad_of(g, t, k));
     }
-    if (g->dist_size > 1) mt_step_dist_reduce(g, t);
-    else if (g->sc.clip > 0) mt_step_insert_sumsq(g, t);
+    if (g->st->layout == MT_LAYOUT_COMPACT) insert_grad_home(g, t);
+    else if (g->dist_size > 1) mt_step_dist_reduce(g, t);
+    else if (g->ndev > 1 && g->sc.clip > 0) mt_step_insert_sumsq(g, t);
 }
 
 void mt_step_insert_sumsq(mt_graph *g, mt_tile *t)
@@ -225,20 +244,6 @@ void mt_step_insert_sumsq(mt_graph *g, mt_tile *t)
                                             STARPU_EXECUTE_WHERE, STARPU_CPU, STARPU_PRIORITY, STARPU_MAX_PRIO,
                                             STARPU_NAME, "grad_sumsq", 0),
                          "grad_sumsq");
-}
-
-/* Compact layout: the tile's accumulator, whole after the last contribution of the step, rounded
- * to its bf16 home (with, clipping, the sum of squares of those values) where the compute runs;
- * then dropped, so that its buffer serves the next tile and is never copied anywhere. */
-static void insert_grad_home(mt_graph *g, const mt_tile *t)
-{
-    struct starpu_data_descr d[3] = {
-        { t->h_grad_acc, STARPU_R }, { t->h_grad, STARPU_W }, { g->partial[t->index], STARPU_W },
-    };
-    mt_step_check_insert(starpu_task_insert(&mt_cl_grad_home, STARPU_DATA_MODE_ARRAY, d, g->sc.clip > 0 ? 3 : 2,
-                                            STARPU_NAME, "grad_home", STARPU_EXECUTE_WHERE, g->where, 0),
-                         "grad_home");
-    mt_step_drop(t->h_grad_acc);
 }
 
 /* Forward, loss anchor and block-wise backward of every micro-batch of a step. Gradients of a
@@ -282,8 +287,7 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
                                         STARPU_EXECUTE_ON_WORKER, worker_of(g, u),
                                         STARPU_TASK_SCHED_DATA, first ? mt_step_hint(g, last_block * K + 1, 0) : NULL, 0),
                      "head");
-        if (compact && u == M - 1) insert_grad_home(g, head);
-        if (summed && u == M - 1) gradient_done(g, head);
+        if (u == M - 1 && (compact || summed)) gradient_done(g, head);
         if (sumsq) mt_speculation_insert_known(&g->speculation, st, g->partial, head_tile);
         /* The forward's hidden states are dead now (the recompute rewrites them): dropped, so
          * that making room on the GPU never copies them back to the host. */
@@ -330,8 +334,7 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
                                                 STARPU_TASK_SCHED_DATA, hint,
                                                 MT_OBSERVE_END(&g->observer, last, MT_EV_BACKWARD, step, t->index), 0),
                              "layer_backward");
-                if (compact && last) insert_grad_home(g, t);
-                if (summed && last) gradient_done(g, t);
+                if (last && (compact || summed)) gradient_done(g, t);
                 if (sumsq) mt_speculation_insert_known(&g->speculation, st, g->partial, t->index);
                 mt_step_drop(saved_of(g, u, i - lo));
             }
@@ -363,8 +366,7 @@ static void submit_micro_batches(mt_graph *g, mt_step_slot *sl, int64_t step, do
                                         STARPU_EXECUTE_WHERE, g->where, STARPU_EXECUTE_ON_WORKER, worker_of(g, u),
                                         STARPU_TASK_SCHED_DATA, last_of_copy(g, u) ? mt_step_hint(g, 1, 1) : NULL, 0),
                      "embedding_backward");
-        if (compact && last) insert_grad_home(g, embed);
-        if (summed && last) gradient_done(g, embed);
+        if (last && (compact || summed)) gradient_done(g, embed);
         mt_step_drop(g->grad[u][0]);
         mt_step_drop(g->grad[u][1]);
     }

@@ -150,13 +150,13 @@ static void describe_model(mt_graph *g)
 /* offload_checkpoints as the graph runs it: auto is on where a GPU computes and the memory plan
  * with every checkpoint on the GPU does not fit the device (the rule of train's and bench's plan,
  * mt_plan_choose_run, at this K). */
-static bool resolve_offload(const mt_host_state *st, const mt_step_config *sc, bool gpu)
+static bool resolve_offload(const mt_host_state *st, const mt_step_config *sc, bool gpu, int ndev)
 {
     if (sc->offload_checkpoints >= 0) return sc->offload_checkpoints == 1;
     if (!gpu) return false;
     const mt_plan_params p = { .micro_batch = sc->B, .seq_len = sc->T, .grad_accum = sc->accum,
                                .checkpoint_interval = sc->K, .compute = st->compute_dtype, .use_gpu = true,
-                               .head_chunk = sc->head_chunk, .layout = st->layout };
+                               .head_chunk = sc->head_chunk, .layout = st->layout, .devices = ndev };
     return mt_plan_offload_needed(&st->cfg, &p, mt_gpu_memory_total());
 }
 
@@ -224,10 +224,12 @@ static int alloc_homes(mt_graph *g, const mt_step_config *sc, int nblocks, int n
     return -1;
 }
 
-/* Devices 1..ndev-1's copies of every tile's gradient (device 0 writes the tile's own), each
- * with a home of plain host memory, mapped as written: the sum of the copies runs on a CPU
- * worker (codelets/reduce.h), so each goes there once a step, and StarPU's RAM node, which can
- * be far smaller than the host (alloc_homes), need not hold them. */
+/* Devices 1..ndev-1's copies of every tile's gradient, fp32. Each is summed into device 0's after
+ * the tile's last backward, where the compute runs (compute.c, gradient_done), and dropped. Where
+ * a GPU computes, a copy has no home: StarPU allocates it on the GPU that writes it and moves it
+ * to device 0's for the sum, and no host memory holds it. On CPU workers (the research setting
+ * that makes devices of them) it has a home of plain host memory, where the CPU workers write it:
+ * StarPU's RAM node, which can be far smaller than the host (alloc_homes), need not hold it. */
 static int alloc_device_grads(mt_graph *g, char *err, size_t errlen)
 {
     const mt_host_state *st = g->st;
@@ -240,10 +242,15 @@ static int alloc_device_grads(mt_graph *g, char *err, size_t errlen)
         return -1;
     }
     const int n = (g->ndev - 1) * st->ntiles;
+    const bool homed = g->where != STARPU_CUDA;
     g->dev_grad = calloc((size_t)n, sizeof *g->dev_grad);
     g->dev_grad_mem = calloc((size_t)n, sizeof *g->dev_grad_mem);
     for (int k = 0; k < n; k++) {
         const mt_tile *t = &st->tiles[k % st->ntiles];
+        if (!homed) {
+            starpu_vector_data_register(&g->dev_grad[k], -1, 0, (uint32_t)t->numel, sizeof(float));
+            continue;
+        }
         if (posix_memalign(&g->dev_grad_mem[k], 64, (size_t)t->numel * sizeof(float))) {
             g->dev_grad_mem[k] = NULL;
             snprintf(err, errlen, "out of host memory for device %d's gradient of tile %d (%lld floats)",
@@ -278,18 +285,13 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc_in, char *
                  head_scratch = mt_codelet_head_scratch_bytes(&st->cfg, st->compute_dtype, gpu, head_chunk);
     if (check_ram_node(mt_plan_byte_buffer(layer_scratch) + mt_plan_byte_buffer(head_scratch), gpu, err, errlen))
         return NULL;
-    if (ndev > 1 && st->layout == MT_LAYOUT_COMPACT) {
-        snprintf(err, errlen, "%d devices need the full host layout (--host-layout full): their gradients are summed "
-                 "in fp32, and the compact layout keeps them in bf16", ndev);
-        return NULL;
-    }
     if (ranks > 1 && st->layout == MT_LAYOUT_COMPACT) {
         snprintf(err, errlen, "a run over %d ranks needs the full host layout (--host-layout full): the gradients are "
                  "summed over the ranks in fp32, and the compact layout keeps them in bf16", ranks);
         return NULL;
     }
     mt_graph *g = calloc(1, sizeof *g);
-    g->offload = resolve_offload(st, sc, gpu);
+    g->offload = resolve_offload(st, sc, gpu, ndev);
     const int nblocks = (int)((st->cfg.layers + sc->K - 1) / sc->K);
     const int npinned = g->offload ? (nblocks - 1) * sc->accum : 0;
     const size_t hidden_bytes = (size_t)(sc->B * sc->T * st->cfg.hidden) * sizeof(float);
@@ -396,11 +398,14 @@ mt_graph *mt_graph_create(mt_host_state *st, const mt_step_config *sc_in, char *
 uint64_t mt_graph_working_bytes(const mt_graph *g)
 {
     uint64_t n = starpu_data_get_size(g->scratch_layer) + starpu_data_get_size(g->scratch_head);
-    /* offloaded where a GPU computes: the checkpoints in flight there, all of one size */
-    const int all = g->nblocks * g->sc.accum;
-    const int there = g->offload && g->where == STARPU_CUDA ? (int)mt_plan_offload_in_flight(g->nblocks, g->sc.accum) : all;
+    /* where a GPU computes, device 0's: its micro-batches' (u mod ndev == 0) and, offloaded, their
+     * checkpoints in flight there; all of one size */
+    const bool gpu = g->where == STARPU_CUDA;
+    const int step = gpu ? g->ndev : 1, mb = (g->sc.accum + step - 1) / step;
+    const int all = g->nblocks * mb;
+    const int there = g->offload && gpu ? (int)mt_plan_offload_in_flight(g->nblocks, mb) : all;
     for (int b = 0; b < there; b++) n += starpu_data_get_size(g->ckpt[b]);
-    for (int u = 0; u < g->sc.accum; u++)
+    for (int u = 0; u < g->sc.accum; u += step)
         for (int i = 0; i < 2; i++) n += starpu_data_get_size(g->act[u][i]) + starpu_data_get_size(g->grad[u][i]);
     for (int j = 0; j < g->sc.K; j++) n += starpu_data_get_size(g->saved[j]);
     return n;

@@ -111,8 +111,9 @@ struct mt_graph {
      * buffers of the other ranks' gradient chunks, one per chunk size (dist.c). */
     int dist_rank, dist_size;
     /* The compute devices of this process (mt_step_config.devices) and, above 1, devices
-     * 1..ndev-1's copies of every tile's gradient: dev_grad[(d - 1) * ntiles + tile], homes
-     * dev_grad_mem (graph.c, alloc_device_grads; compute.c sums them into the tile's). */
+     * 1..ndev-1's copies of every tile's gradient: dev_grad[(d - 1) * ntiles + tile], on CPU
+     * workers with homes dev_grad_mem, on GPUs with none (graph.c, alloc_device_grads; compute.c
+     * sums them into device 0's). */
     int ndev;
     starpu_data_handle_t *dev_grad;
     void **dev_grad_mem;

@@ -366,8 +366,8 @@ bool cli_parse(const cli_command *c, int argc, char **argv, cli_given *given, in
 
 /* ---- the shared options ------------------------------------------------------------------ */
 
-#define SHAPES "qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b, qwen2.5-14b, tiny"
-#define SHAPES_SHORT "qwen2.5-0.5b|1.5b|3b|7b|14b or tiny"
+#define SHAPES "qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b, tiny"
+#define SHAPES_SHORT "qwen2.5-0.5b|1.5b|3b|7b|14b|32b or tiny"
 
 /* --rope-scaling TYPE:FACTOR, checked here so that a typo stops the command before any work. */
 static int parse_rope_scaling(const char *cmd, const cli_option *opt, const char *arg, void *target)
