@@ -474,23 +474,34 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
     r->cuda = starpu_cuda_worker_get_count() > 0;
     r->adamw_step_s_per_gparam = ncpu ? r->adamw_step_cpu_s / ncpu / (mt_config_param_count(cfg) / 1e9) : NAN;
 
-    long long h2d = 0, d2h = 0;
+    long long h2d = 0, d2h = 0, p2p = 0;
     for (int b = 0; b < starpu_bus_get_count(); b++) {
         struct starpu_profiling_bus_info bi;
         starpu_bus_get_profiling_info(b, &bi);
         if (starpu_bus_get_src(b) == STARPU_MAIN_RAM) h2d += bi.transferred_bytes;
         else if (starpu_bus_get_dst(b) == STARPU_MAIN_RAM) d2h += bi.transferred_bytes;
+        else p2p += bi.transferred_bytes;
     }
     r->h2d_gb = h2d / 1e9 / o->steps;
     r->d2h_gb = d2h / 1e9 / o->steps;
     r->h2d_gbs = h2d / 1e9 / window;
     r->d2h_gbs = d2h / 1e9 / window;
+    r->p2p_gb = p2p / 1e9 / o->steps;
+    /* over several GPUs, each one's share of the window: the mean and the least busy one's */
+    r->ncuda = 0;
+    r->gpu_busy = 0;
+    r->gpu_busy_min = INFINITY;
     for (unsigned w = 0; w < starpu_worker_get_count(); w++) {
         if (starpu_worker_get_type((int)w) != STARPU_CUDA_WORKER) continue;
         struct starpu_profiling_worker_info wi;
         starpu_profiling_worker_get_info((int)w, &wi);
-        r->gpu_busy = ts_sec(wi.executing_time) / window;
+        const double busy = ts_sec(wi.executing_time) / window;
+        r->gpu_busy += busy;
+        if (busy < r->gpu_busy_min) r->gpu_busy_min = busy;
+        r->ncuda++;
     }
+    if (r->ncuda) r->gpu_busy /= r->ncuda;
+    else r->gpu_busy_min = 0;
 
     double *steps = calloc(total + 1, sizeof(double)), *gaps = calloc(total + 1, sizeof(double));
     double *spans = calloc(total + 1, sizeof(double)), *tails = calloc(total + 1, sizeof(double));

@@ -104,7 +104,10 @@ typedef struct mt_bench_options {
 typedef struct mt_bench_result {
     double step_s, tokens_per_s, tflops;          /* medians; TFLOP/s = (6N + 6LdT) tokens / time */
     double h2d_gb, d2h_gb, h2d_gbs, d2h_gbs;      /* per step; rates over the measured window */
-    double gpu_busy;                              /* executing / total of the CUDA worker */
+    double gpu_busy;                              /* executing / total of the CUDA workers, their mean */
+    double gpu_busy_min;                          /* the least busy CUDA worker's */
+    int ncuda;                                    /* CUDA workers */
+    double p2p_gb;                                /* per step: bytes between GPUs (peer to peer) */
     double gpu_idle_s;                            /* per step: gpu.idle_s / steps; NAN when not traced */
     mt_gpu_breakdown gpu;                         /* the measured window's GPU time */
     double adamw_standalone_s, adamw_s_per_gparam;

@@ -143,6 +143,10 @@ void mt_bench_print_notes(const mt_bench_options *o, const mt_bench_result *r, i
         return;
     }
     if (r[0].gpu_limit_mib) fprintf(out, "(GPU limit STARPU_LIMIT_CUDA_MEM = %llu MiB)\n", (unsigned long long)r[0].gpu_limit_mib);
+    for (int i = 0; i < count && r[0].ncuda > 1; i++)
+        fprintf(out, "(K=%d clip %g: %d CUDA workers: GPU busy is their mean, the least busy %.2f; H2D and D2H are "
+                     "every GPU's; between GPUs %.2f GB/step)\n",
+                r[i].K, r[i].clip, r[i].ncuda, r[i].gpu_busy_min, r[i].p2p_gb);
     for (int i = 0; i < count; i++)
         fprintf(out, "(K=%d clip %g: %lld layers, %lld checkpoints of %.4f GiB; peak GPU = StarPU's allocated bytes, sampled at "
                      "task ends: %.2f GiB against the memory plan's %.2f GiB (%+.1f%%); whole device in use at the end, CUDA "

@@ -270,6 +270,7 @@ START_TEST(test_cpu_run_table_and_progress)
     char *logged = slurp(log), *printed = slurp(table);
     ck_assert(!r.cuda);
     ck_assert_int_eq(r.ncpu, 2);
+    ck_assert_int_eq(r.ncuda, 0);
     ck_assert_msg(strstr(printed, "| CPU workers | step s | tok/s | model GFLOP/s |") != NULL, "%s", printed);
     ck_assert_msg(strstr(printed, "GPU") == NULL && strstr(printed, "H2D") == NULL, "a GPU column on CPU: %s", printed);
     /* model GFLOP/s as printed: 1e3 x TFLOP/s, which is (6 N + 6 L d T) tokens / step time */
@@ -291,6 +292,35 @@ START_TEST(test_cpu_run_table_and_progress)
 }
 END_TEST
 
+/* Over several GPUs the notes under the table say how many, the least busy one's share beside the
+ * mean the table shows, and the bytes between GPUs; over one they say nothing of it. */
+START_TEST(test_notes_over_several_gpus)
+{
+    mt_bench_options o = mt_bench_defaults();
+    mt_bench_result r[2] = {
+        { .cuda = true, .K = 2, .clip = 1, .ncuda = 2, .gpu_busy = 0.95, .gpu_busy_min = 0.91, .p2p_gb = 1.5 },
+        { .cuda = true, .K = 4, .clip = 1, .ncuda = 2, .gpu_busy = 0.9, .gpu_busy_min = 0.87, .p2p_gb = 0.25 },
+    };
+    FILE *f = tmpfile();
+    ck_assert(f);
+    mt_bench_print_notes(&o, r, 2, f);
+    char *text = slurp(f);
+    ck_assert_msg(strstr(text, "(K=2 clip 1: 2 CUDA workers: GPU busy is their mean, the least busy 0.91; H2D and D2H "
+                               "are every GPU's; between GPUs 1.50 GB/step)\n") != NULL, "%s", text);
+    ck_assert_msg(strstr(text, "(K=4 clip 1: 2 CUDA workers: GPU busy is their mean, the least busy 0.87; H2D and D2H "
+                               "are every GPU's; between GPUs 0.25 GB/step)\n") != NULL, "%s", text);
+    free(text);
+    fclose(f);
+    r[0].ncuda = r[1].ncuda = 1;
+    f = tmpfile();
+    mt_bench_print_notes(&o, r, 2, f);
+    text = slurp(f);
+    ck_assert_msg(strstr(text, "CUDA workers") == NULL, "%s", text);
+    free(text);
+    fclose(f);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("bench");
@@ -302,6 +332,7 @@ int main(void)
     tcase_add_test(tc, test_many_names_fold_into_other);
     tcase_add_test(tc, test_empty);
     tcase_add_test(tc, test_trace_under_policies);
+    tcase_add_test(tc, test_notes_over_several_gpus);
     suite_add_tcase(s, tc);
     TCase *run = tcase_create("cpu_run");
     tcase_set_timeout(run, 600);
