@@ -364,8 +364,9 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
 
     /* Devices 1..n-1's fp32 copies of the gradients (runtime/step/graph.c, alloc_device_grads): on
      * CPU workers a home of host memory for every tile's; on GPUs no home, each device's living
-     * among its gradient buffers above, and device 0 receiving one copy of a tile at a time into
-     * its sum (two tiles' summing at once, as two gradients are in flight). */
+     * among its gradient buffers above, and a device that sums receiving one copy of a tile at a
+     * time (runtime/step/compute.c, gradient_done; two tiles' summing at once, as two gradients
+     * are in flight). */
     if (p->devices > 1 && !p->use_gpu)
         plan->host[MT_PLAN_DEVICE_GRADS] = mul(host_state_bytes(plan, 4), (uint64_t)(p->devices - 1), &of);
     if (p->devices > 1 && p->use_gpu) plan->gpu[MT_PLAN_DEVICE_GRADS] = mul(2 * (uint64_t)plan->max_tile_numel, 4, &of);
@@ -487,7 +488,7 @@ void mt_plan_print(const mt_plan *plan, FILE *out)
                 p->ranks, p->ranks, plan->tokens_per_step * p->ranks);
     else if (p->devices > 1)
         fprintf(out, "  over %" PRId64 " devices: micro-batch u on device u mod %" PRId64 ", each writing its own copy of "
-                     "the gradients, summed in device order on device 0 before the norm and AdamW; no clip speculation\n",
+                     "the gradients, summed on the GPUs into device 0's before the norm and AdamW; no clip speculation\n",
                 p->devices, p->devices);
     else if (p->layout == MT_LAYOUT_COMPACT)
         fprintf(out, "  compact layout: no clip speculation and no second gradient (the update waits for the norm and "

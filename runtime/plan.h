@@ -131,7 +131,7 @@ typedef enum mt_plan_kind {
     MT_PLAN_DEVICE_GRADS,   /* with several devices in the process, devices 1..n-1's fp32 copies
                              * of the gradients, summed into device 0's (runtime/step/graph.c,
                              * alloc_device_grads): on CPU workers, host homes of every tile's;
-                             * on GPUs, device 0's room for the copies it receives */
+                             * on GPUs, a summing device's room for the copies it receives */
     MT_PLAN_GATHERED,       /* host, over several ranks: the fp32 masters of the tiles rank 0 does
                              * not own, gathered to it after the last step for what reads the
                              * whole model (--save-model, the end's sample, the weights' hash;

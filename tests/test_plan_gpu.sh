@@ -172,8 +172,8 @@ fi
 expect_error "an explicit --data that does not exist" "$work/none: No such file or directory" "${shape[@]}" --data "$work/none"
 
 # Several GPUs in one process: each past the first writes its own copy of the gradients, with no
-# host home, summed into device 0's, which has room for two copies on their way in (two
-# gradients' worth, as the double-buffered gradients); the compact layout too; no clip
+# host home, summed on the GPUs into device 0's; a summing GPU has room for two copies on their
+# way in (two gradients' worth, as the double-buffered gradients); the compact layout too; no clip
 # speculation's flags.
 two=(plan --shape qwen2.5-0.5b --micro-batch 4 --seq-len 1024 --host-memory 2T --gpu-memory 80G)
 "$megatrain" "${two[@]}" --ncuda 1 >one_gpu.txt 2>&1
@@ -185,7 +185,7 @@ g1=$(col one_gpu.txt 2 'gradients (fp32)') dh=$(col two_gpus.txt 1 "other device
 dg=$(col two_gpus.txt 2 "other devices' gradients (fp32)")
 if [ -z "$g1" ] || [ "$dh" != 0 ] || [ "$dg" != "$g1" ] || grep -q "other devices" one_gpu.txt ||
    grep -q "clip speculation flags" two_gpus.txt ||
-   ! grep -q "^  over 2 devices: micro-batch u on device u mod 2, .* summed in device order on device 0" two_gpus.txt; then
+   ! grep -q "^  over 2 devices: micro-batch u on device u mod 2, .* summed on the GPUs into device 0's" two_gpus.txt; then
     bad "2 GPUs: device 0's room for the copies" "GPU gradients $g1, other devices' host $dh GPU $dg"
 else ok "2 GPUs: device 0's room for the copies"; fi
 "$megatrain" "${two[@]}" --ncuda 2 --host-layout compact >two_compact.txt 2>&1

@@ -830,37 +830,42 @@ START_TEST(test_devices_match_one_device)
 }
 END_TEST
 
-/* Three devices (three CPU workers): device 2's copies are added into device 1's, and that into
- * device 0's. Six micro-batches against one device's: the first step's gradients within 1e-6 per
- * tensor and three clipped steps' losses within 1e-6 relative, as for two; bit for bit again. */
-START_TEST(test_three_devices_match_one_device)
+/* Three and five devices (as many CPU workers), their copies summed in a tree: with three,
+ * g_0 + (g_1 + g_2); with five, g_0 + ((g_1 + g_2) + (g_3 + g_4)). Two micro-batches per device
+ * against one device's: the first step's gradients within 1e-6 per tensor and three clipped steps'
+ * losses within 1e-6 relative, as for two; bit for bit again. */
+START_TEST(test_more_devices_match_one_device)
 {
-    start_ncpu = 3;
-    devices_mode = 0;
-    outcome one1 = run_steps("eager", true, 2, 6, 1, 1.0);
-    outcome one = run_steps("eager", true, 2, 6, 3, 1.0);
-    devices_mode = 3;
-    outcome three1 = run_steps("eager", true, 2, 6, 1, 1.0);
-    outcome three = run_steps("eager", true, 2, 6, 3, 1.0);
-    outcome again = run_steps("megatrain", true, 2, 6, 3, 1.0);
-    devices_mode = 0;
-    start_ncpu = 2;
-    assert_bitwise(&three, &again, 3, "three devices, again");
-    for (int s = 0; s < 3; s++)
-        ck_assert_msg(fabs(three.loss[s] - one.loss[s]) <= 1e-6 * fabs(one.loss[s]), "loss of step %d %.9g vs %.9g", s + 1,
-                      three.loss[s], one.loss[s]);
-    double worst = 0;
-    for (int i = 0; i < one1.ntiles; i++) {
-        const double e = rel_diff(three1.grad[i], one1.grad[i], one1.numel[i]);
-        ck_assert_msg(e <= 1e-6, "tile %d's gradient differs by %.3g relative", i, e);
-        if (e > worst) worst = e;
+    const int counts[2] = { 3, 5 };
+    for (int c = 0; c < 2; c++) {
+        const int n = counts[c], accum = 2 * n;
+        start_ncpu = n;
+        devices_mode = 0;
+        outcome one1 = run_steps("eager", true, 2, accum, 1, 1.0);
+        outcome one = run_steps("eager", true, 2, accum, 3, 1.0);
+        devices_mode = n;
+        outcome many1 = run_steps("eager", true, 2, accum, 1, 1.0);
+        outcome many = run_steps("eager", true, 2, accum, 3, 1.0);
+        outcome again = run_steps("megatrain", true, 2, accum, 3, 1.0);
+        devices_mode = 0;
+        start_ncpu = 2;
+        assert_bitwise(&many, &again, 3, "devices, again");
+        for (int s = 0; s < 3; s++)
+            ck_assert_msg(fabs(many.loss[s] - one.loss[s]) <= 1e-6 * fabs(one.loss[s]), "%d devices: loss of step %d %.9g vs %.9g",
+                          n, s + 1, many.loss[s], one.loss[s]);
+        double worst = 0;
+        for (int i = 0; i < one1.ntiles; i++) {
+            const double e = rel_diff(many1.grad[i], one1.grad[i], one1.numel[i]);
+            ck_assert_msg(e <= 1e-6, "%d devices: tile %d's gradient differs by %.3g relative", n, i, e);
+            if (e > worst) worst = e;
+        }
+        printf("%d devices: the first step's gradients within %.3g relative\n", n, worst);
+        outcome_free(&one1);
+        outcome_free(&one);
+        outcome_free(&many1);
+        outcome_free(&many);
+        outcome_free(&again);
     }
-    printf("three devices: the first step's gradients within %.3g relative\n", worst);
-    outcome_free(&one1);
-    outcome_free(&one);
-    outcome_free(&three1);
-    outcome_free(&three);
-    outcome_free(&again);
 }
 END_TEST
 
@@ -954,7 +959,7 @@ int main(void)
     TCase *dev = tcase_create("devices");
     tcase_set_timeout(dev, 600);
     tcase_add_test(dev, test_devices_match_one_device);
-    tcase_add_test(dev, test_three_devices_match_one_device);
+    tcase_add_test(dev, test_more_devices_match_one_device);
     suite_add_tcase(s, dev);
     return mt_test_run(s, false);
 }

@@ -213,31 +213,36 @@ static void insert_grad_home(mt_graph *g, const mt_tile *t)
     mt_step_drop(t->h_grad_acc);
 }
 
-/* dst += src on device 0's worker (StarPU brings src there: from another GPU, peer to peer where
- * the GPUs allow it), then src dropped: its contents are spent, and nothing of it goes home. */
-static void add_copy(mt_graph *g, starpu_data_handle_t dst, starpu_data_handle_t src)
+/* dst += src on device d's worker, where dst is (StarPU brings src there: from another GPU, peer
+ * to peer where the GPUs allow it), then src dropped: its contents are spent, and nothing of it
+ * goes home. */
+static void add_copy(mt_graph *g, int d, starpu_data_handle_t dst, starpu_data_handle_t src)
 {
     const mt_grad_sum_args a = { .own = 0 };
     mt_step_check_insert(starpu_task_insert(&mt_cl_grad_sum, STARPU_RW, dst, STARPU_R, src, STARPU_VALUE, &a, sizeof a,
-                                            STARPU_EXECUTE_WHERE, g->where, STARPU_EXECUTE_ON_WORKER, g->dev_worker[0],
+                                            STARPU_EXECUTE_WHERE, g->where, STARPU_EXECUTE_ON_WORKER, g->dev_worker[d],
                                             STARPU_PRIORITY, STARPU_MAX_PRIO, STARPU_NAME, "grad_sum", 0),
                          "grad_sum");
     mt_step_drop(src);
 }
 
-/* After a tile's last gradient task of the step: over several devices, devices 2..n-1's copies
- * added into device 1's in device order, then device 1's into device 0's, on device 0:
- * g_0 + (((g_1 + g_2) + g_3) + ...), the same bits every run. The tile's own gradient (device 0's,
- * in the full layout written through to its host home on every write) takes one add, so one
- * transfer home, whatever the number of devices. Then in the compact layout the sum's rounding to
- * its bf16 home (with, clipping, its sum of squares); across ranks the sum over the ranks
- * (dist.c), which takes the tile's sum of squares for the norm, else, clipping over several
- * devices, that sum of squares here (on one device the compute tasks take it). */
+/* After a tile's last gradient task of the step: over several devices, devices 1..n-1's copies
+ * summed pairwise in a tree rooted at device 1 (at stride s = 1, 2, 4, ..., device d = 1 + 2ks
+ * adds device d + s's, on d), then device 1's added into device 0's, on device 0: with 8,
+ * g_0 + (((g_1 + g_2) + (g_3 + g_4)) + ((g_5 + g_6) + g_7)), the same bits every run. No device
+ * receives more than log2(n) copies (one chain would bring all n - 1 over device 0's link), and
+ * the tile's own gradient (device 0's, in the full layout written through to its host home on
+ * every write) takes one add, so one transfer home, whatever the number of devices. Then in the
+ * compact layout the sum's rounding to its bf16 home (with, clipping, its sum of squares); across
+ * ranks the sum over the ranks (dist.c), which takes the tile's sum of squares for the norm, else,
+ * clipping over several devices, that sum of squares here (on one device the compute tasks take
+ * it). */
 static void gradient_done(mt_graph *g, mt_tile *t)
 {
     const int n = g->ndev < g->sc.accum ? g->ndev : g->sc.accum; /* copies written this step */
-    for (int k = 2; k < n; k++) add_copy(g, grad_of(g, t, 1), grad_of(g, t, k));
-    if (n > 1) add_copy(g, grad_of(g, t, 0), grad_of(g, t, 1));
+    for (int s = 1; s < n - 1; s *= 2)
+        for (int d = 1; d + s < n; d += 2 * s) add_copy(g, d, grad_of(g, t, d), grad_of(g, t, d + s));
+    if (n > 1) add_copy(g, 0, grad_of(g, t, 0), grad_of(g, t, 1));
     if (g->st->layout == MT_LAYOUT_COMPACT) insert_grad_home(g, t);
     else if (g->dist_size > 1) mt_step_dist_reduce(g, t);
     else if (g->ndev > 1 && g->sc.clip > 0) mt_step_insert_sumsq(g, t);
