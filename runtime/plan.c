@@ -257,22 +257,26 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
          * layout bf16 (the accumulators are apart). */
         work[MT_PLAN_GRADS] = mul(2 * (uint64_t)plan->max_tile_numel, compact ? 2 : 4, &of);
     }
-    if (compact) {
+    /* Over several GPUs, devices 1..n-1's fp32 copies of the gradients live as the compact
+     * layout's accumulators do, from a tile's first contribution to its sum (runtime/step/graph.c,
+     * alloc_device_grads): counted alike, per device, in either layout. */
+    const bool device_copies = p->use_gpu && p->devices > 1;
+    if (compact || device_copies) {
         /* The fp32 accumulators alive at once (runtime/step/compute.c): a tile's lives from its
          * first contribution in the step to its grad_home. The table's, when tied, through the
          * whole backward (the head writes it first); in the loss anchor, the head's; in the
-         * backward, with several micro-batches, a block's K layers together (one layer
-         * otherwise) and one more being converted; at the end, the table's with layer 0's being
-         * converted. Without a GPU, StarPU allocates them in host memory. */
+         * backward, with several micro-batches on the device, a block's K layers together (one
+         * layer otherwise) and one more being converted; at the end, the table's with layer 0's
+         * being converted. Without a GPU, StarPU allocates them in host memory. */
         const uint64_t E = (uint64_t)plan->tile_numel[MT_TILE_EMBED], Ly = (uint64_t)mt_layout_largest_layer_numel(cfg);
-        const uint64_t H = (uint64_t)plan->tile_numel[MT_TILE_HEAD], n = p->grad_accum > 1 ? K : 1;
+        const uint64_t H = (uint64_t)plan->tile_numel[MT_TILE_HEAD], n = mt_plan_device_micro_batches(p) > 1 ? K : 1;
         const uint64_t anchor = (cfg->tied ? E : 0) + H, backward = (cfg->tied ? E : 0) + (n + 1) * Ly, table = E + Ly;
         uint64_t most = anchor > backward ? anchor : backward;
         if (table > most) most = table;
         work[MT_PLAN_GRAD_ACC] = mul(most, 4, &of);
         /* with a GPU the table's has its own host home too, pinned: the CPU embedding backward
          * writes it (runtime/state.c) */
-        if (p->use_gpu) {
+        if (compact && p->use_gpu) {
             plan->host[MT_PLAN_GRAD_ACC] = mul(E, 4, &of);
             plan->host_pinned[MT_PLAN_GRAD_ACC] = true;
         }

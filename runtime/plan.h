@@ -123,7 +123,9 @@ typedef enum mt_plan_kind {
     MT_PLAN_CLIP_FLAGS,     /* host, with a GPU and bf16 weights: ranged clip speculation's flags
                              * (the default with clipping, --clip-speculate auto): host_clip_flags */
     MT_PLAN_GRAD_ACC,       /* compact: the fp32 gradient accumulators alive at once where the
-                             * compute runs (no host home: GPU, or host for a CPU-only run) */
+                             * compute runs (no host home: GPU, or host for a CPU-only run); over
+                             * several GPUs, either layout, also a device's copies of the
+                             * gradients, which live alike */
     MT_PLAN_RANK_RECV,      /* host, over several ranks: the buffers a tile's owner (tile t's is
                              * rank t mod ranks) receives the other ranks' gradient chunks into,
                              * to sum them (runtime/step/dist.c): MT_DIST_POOL_SLOTS per other rank

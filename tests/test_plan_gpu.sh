@@ -193,6 +193,14 @@ rc=$? dc=$(col two_compact.txt 2 "other devices' gradients (fp32)")
 if [ "$rc" -eq 0 ] && grep -q "compact host layout" two_compact.txt && [ "$dc" = "$g1" ] &&
    grep -q "^host layout: compact (--host-layout compact)" two_compact.txt; then ok "2 GPUs: the compact layout plans"
 else bad "2 GPUs: the compact layout plans" "exit $rc, other devices' GPU $dc"; fi
+# Over 2 GPUs in the full layout a device's gradient copies live as the compact layout's
+# accumulators: counted on the GPU as those, as the compact plan of one GPU counts them.
+"$megatrain" "${two[@]}" --ncuda 1 --host-layout compact >one_compact.txt 2>&1
+"$megatrain" "${two[@]}" --ncuda 2 --host-layout full >two_full.txt 2>&1
+af=$(col two_full.txt 2 'gradient accumulators (fp32)') ac=$(col one_compact.txt 2 'gradient accumulators (fp32)')
+if [ -n "$ac" ] && [ "$ac" != 0 ] && [ "$af" = "$ac" ] && ! grep -q "gradient accumulators" one_gpu.txt; then
+    ok "2 GPUs, full layout: the copies counted as accumulators"
+else bad "2 GPUs, full layout: the copies counted as accumulators" "two GPUs full $af, one GPU compact $ac"; fi
 # A GPU holds its own micro-batches' checkpoints and hidden states: 2 GPUs over 4 micro-batches,
 # each GPU's, are one GPU's over 2; the host holds every micro-batch's (dh0's pinned homes).
 "$megatrain" "${two[@]}" --ncuda 2 --accum 4 >two_accum4.txt 2>&1
