@@ -152,7 +152,7 @@ static result run(bool tied, int ncuda, int K, int accum, mt_dtype dtype)
 static double grad_tol(mt_dtype dtype) { return dtype == MT_DTYPE_F32 ? 1e-5 : 1e-2; }
 static double loss_tol(mt_dtype dtype) { return dtype == MT_DTYPE_F32 ? 1e-6 : 1e-3; }
 
-/* CUDA workers of the GPU runs compare makes (-1: every one StarPU finds) */
+/* CUDA workers of the GPU runs compare makes */
 static int compare_ncuda = 1;
 
 static void compare(bool tied, int K, int accum, mt_dtype dtype)
