@@ -359,6 +359,7 @@ static int measure(const mt_bench_options *o, const mt_step_config *sc, const mt
         char prefix[64];
         snprintf(prefix, sizeof prefix, "bench: K=%d clip %g", sc->K, sc->clip);
         mt_graph_log_defer(g, log, prefix);
+        mt_graph_log_devices(g, log, prefix);
     }
     r->deferred = mt_graph_defers(g);
     mt_policy_set_prefetch(MT_SCHED_CTX_INITIAL, o->prefetch);
@@ -703,7 +704,8 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
     snprintf(line, sizeof line, "setting up the host state of %s (%.2f GiB, random weights) on %u CPU worker%s%s",
              mt_bench_model_name(o),
              layout.host_total / 1073741824.0, starpu_cpu_worker_get_count(),
-             starpu_cpu_worker_get_count() == 1 ? "" : "s", cuda ? " and a GPU" : ", no CUDA worker");
+             starpu_cpu_worker_get_count() == 1 ? "" : "s",
+             !cuda ? ", no CUDA worker" : starpu_cuda_worker_get_count() == 1 ? " and a GPU" : " and the CUDA workers");
     ticker_phase(&tick, line, "setting up the host state");
     double t0 = mt_clock_s();
     const mt_state_args sa = { .cfg = &cfg, .compute_dtype = o->dtype, .chunk_numel = (int64_t)1 << 22,

@@ -132,6 +132,10 @@ bool mt_graph_defers(const mt_graph *g);
 /* Says on log, each line after prefix, whether the graph defers and what it costs, why auto
  * declined, or that on has no effect (bench and train print it). */
 void mt_graph_log_defer(const mt_graph *g, FILE *log, const char *prefix);
+/* Over several devices says so on log, each line after prefix, with a warning when the step's
+ * micro-batches leave devices idle or unevenly loaded (--accum not a multiple of the devices);
+ * nothing over one. */
+void mt_graph_log_devices(const mt_graph *g, FILE *log, const char *prefix);
 
 /* Bytes of the working buffers the graph registered where its compute runs (over several GPUs,
  * those of one, device 0: its micro-batches' checkpoints, hidden states and gradients, its saved

@@ -486,6 +486,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
                 mt_host_layout_name(layout.layout), mt_host_layout_name(o->host_layout),
                 (double)layout.host_total / (double)plan.param_count, layout.why);
         mt_graph_log_defer(g, log, "megatrain");
+        mt_graph_log_devices(g, log, "megatrain");
         if (ranks > 1)
             fprintf(log, "megatrain: %d ranks (StarPU-MPI), each training %d x %lld sequences of the global batch's %lld; "
                          "each tile's gradient summed into its owner (rank tile mod %d), which alone holds its master and "

@@ -869,6 +869,49 @@ START_TEST(test_more_devices_match_one_device)
 }
 END_TEST
 
+/* What a graph over `devices` devices and `accum` micro-batches logs of them (mt_graph_log_devices),
+ * to free(). */
+static char *devices_log(int devices, int accum)
+{
+    start("eager");
+    mt_model_config cfg = tiny_config(true);
+    char err[256];
+    mt_host_state *st = mt_state_create(&cfg, MT_DTYPE_F32, 700, err, sizeof err);
+    ck_assert_msg(st != NULL, "%s", err);
+    mt_step_config sc = mt_step_defaults();
+    sc.B = 2; sc.T = 9; sc.K = 2; sc.accum = accum; sc.head_chunk = 7; sc.devices = devices;
+    mt_graph *g = mt_graph_create(st, &sc, err, sizeof err);
+    ck_assert_msg(g != NULL, "%s", err);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    mt_graph_log_devices(g, f, "test");
+    fclose(f);
+    mt_graph_destroy(g);
+    mt_state_destroy(st);
+    mt_runtime_shutdown();
+    return text;
+}
+
+/* Over several devices the run says how the micro-batches go, and warns when --accum leaves a
+ * device idle or loads them unevenly; over one it says nothing. */
+START_TEST(test_devices_logged)
+{
+    char *one = devices_log(0, 2), *idle = devices_log(2, 1), *uneven = devices_log(2, 3), *even = devices_log(2, 4);
+    ck_assert_str_eq(one, "");
+    const char *line = "test: 2 devices: micro-batch u on device u mod 2, the gradients summed on the devices into device 0's\n";
+    ck_assert_msg(strncmp(even, line, strlen(line)) == 0 && !strstr(even, "warning"), "%s", even);
+    ck_assert_msg(strstr(idle, "test: warning: 1 micro-batch a step for 2 devices: 1 of them compute nothing (--accum 2, or "
+                               "a multiple of it, uses them all)\n") != NULL, "%s", idle);
+    ck_assert_msg(strstr(uneven, "test: warning: 3 micro-batches a step over 2 devices: 1 of them compute one more than "
+                                 "the others (--accum a multiple of 2 balances them)\n") != NULL, "%s", uneven);
+    free(one);
+    free(idle);
+    free(uneven);
+    free(even);
+}
+END_TEST
+
 START_TEST(test_plan_matches_graph)
 {
     start("eager");
@@ -960,6 +1003,7 @@ int main(void)
     tcase_set_timeout(dev, 600);
     tcase_add_test(dev, test_devices_match_one_device);
     tcase_add_test(dev, test_more_devices_match_one_device);
+    tcase_add_test(dev, test_devices_logged);
     suite_add_tcase(s, dev);
     return mt_test_run(s, false);
 }

@@ -520,4 +520,18 @@ void mt_graph_log_defer(const mt_graph *g, FILE *log, const char *prefix)
     mt_speculation_log_defer(&g->speculation, g->st, log, prefix);
 }
 
+void mt_graph_log_devices(const mt_graph *g, FILE *log, const char *prefix)
+{
+    const int M = g->sc.accum, N = g->ndev;
+    if (!log || N < 2) return;
+    fprintf(log, "%s: %d devices: micro-batch u on device u mod %d, the gradients summed on the devices into device "
+                 "0's\n", prefix, N, N);
+    if (M < N)
+        fprintf(log, "%s: warning: %d micro-batch%s a step for %d devices: %d of them compute nothing (--accum %d, or a "
+                     "multiple of it, uses them all)\n", prefix, M, M == 1 ? "" : "es", N, N - M, N);
+    else if (M % N)
+        fprintf(log, "%s: warning: %d micro-batches a step over %d devices: %d of them compute one more than the others "
+                     "(--accum a multiple of %d balances them)\n", prefix, M, N, M % N, N);
+}
+
 starpu_data_handle_t mt_graph_clip_handle(mt_graph *g) { return g->clip; }
