@@ -2,6 +2,7 @@
 #include "codelets/reduce.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 static void grad_sum_cpu(void *buffers[], void *cl_arg)
 {
@@ -43,6 +44,33 @@ struct starpu_codelet mt_cl_grad_sum = {
     .cuda_flags = { STARPU_CUDA_ASYNC },
 #endif
     .nbuffers = STARPU_VARIABLE_NBUFFERS,
+};
+
+static void grad_copy_cpu(void *buffers[], void *cl_arg)
+{
+    (void)cl_arg;
+    memcpy((void *)STARPU_VECTOR_GET_PTR(buffers[1]), (const void *)STARPU_VECTOR_GET_PTR(buffers[0]),
+           (size_t)STARPU_VECTOR_GET_NX(buffers[0]) * sizeof(float));
+}
+
+#if MT_HAVE_CUDA
+static void grad_copy_cuda(void *buffers[], void *cl_arg)
+{
+    (void)cl_arg;
+    mt_cuda_copy_f32((float *)STARPU_VECTOR_GET_PTR(buffers[1]), (const float *)STARPU_VECTOR_GET_PTR(buffers[0]),
+                     (int64_t)STARPU_VECTOR_GET_NX(buffers[0]), starpu_cuda_get_local_stream());
+}
+#endif
+
+struct starpu_codelet mt_cl_grad_copy = {
+    .name = "grad_copy",
+    .cpu_funcs = { grad_copy_cpu },
+#if MT_HAVE_CUDA
+    .cuda_funcs = { grad_copy_cuda },
+    .cuda_flags = { STARPU_CUDA_ASYNC },
+#endif
+    .nbuffers = 2,
+    .modes = { STARPU_R, STARPU_W },
 };
 
 static void grad_sumsq_cpu(void *buffers[], void *cl_arg)

@@ -869,6 +869,21 @@ START_TEST(test_more_devices_match_one_device)
 }
 END_TEST
 
+/* Two devices and one micro-batch a step: device 1 idles, device 0's copy alone is the gradient,
+ * copied into the tile's: bit for bit one device's run. */
+START_TEST(test_idle_device_matches_one_device)
+{
+    devices_mode = 0;
+    outcome one = run_steps("eager", true, 2, 1, 3, 1.0);
+    devices_mode = 2;
+    outcome two = run_steps("eager", true, 2, 1, 3, 1.0);
+    devices_mode = 0;
+    assert_bitwise(&one, &two, 3, "an idle device");
+    outcome_free(&one);
+    outcome_free(&two);
+}
+END_TEST
+
 /* What a graph over `devices` devices and `accum` micro-batches logs of them (mt_graph_log_devices),
  * to free(). */
 static char *devices_log(int devices, int accum)
@@ -1004,6 +1019,7 @@ int main(void)
     tcase_add_test(dev, test_devices_match_one_device);
     tcase_add_test(dev, test_more_devices_match_one_device);
     tcase_add_test(dev, test_devices_logged);
+    tcase_add_test(dev, test_idle_device_matches_one_device);
     suite_add_tcase(s, dev);
     return mt_test_run(s, false);
 }

@@ -1,5 +1,5 @@
-// A gradient on its way home. The copies of several devices added into device 0's, element by
-// element (codelets/reduce.h); then, in the compact host layout (backends/cpu/grad_home.h), the
+// A gradient on its way home. The copies of several devices added, element by element, and the
+// sum copied into the tile's gradient (codelets/reduce.h); then, in the compact host layout (backends/cpu/grad_home.h), the
 // fp32 accumulator rounded to bf16 (nearest even, as the host), and the sum of squares of those
 // bf16 values in double, in two stages without atomics so that it repeats bit for bit (as
 // mt_cuda_sumsq_f32).
@@ -19,6 +19,12 @@ extern "C" void mt_cuda_add_f32(float *y, const float *x, int64_t n, mt_cuda_str
     if (n <= 0) return;
     add_kernel<<<mt_grid_for(n, 256), 256, 0, as_stream(stream)>>>(y, x, n);
     CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void mt_cuda_copy_f32(float *y, const float *x, int64_t n, mt_cuda_stream stream)
+{
+    if (n <= 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(y, x, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, as_stream(stream)));
 }
 
 enum { GRAD_HOME_THREADS = 256 };

@@ -56,6 +56,8 @@ void mt_cuda_bf16_to_f32(const mt_cuda_bf16 *in, float *out, int64_t n, mt_cuda_
 void mt_cuda_sumsq_f32(const float *x, int64_t n, double *out, mt_cuda_stream stream);
 /* y (n) += x (n), each element one correctly rounded fp32 add (the devices' gradient sum) */
 void mt_cuda_add_f32(float *y, const float *x, int64_t n, mt_cuda_stream stream);
+/* y (n) = x (n), device to device */
+void mt_cuda_copy_f32(float *y, const float *x, int64_t n, mt_cuda_stream stream);
 /* The compact layout's gradient home (backends/cpu/grad_home.h): out (n) bf16 = acc (n) fp32
  * rounded to nearest even; sumsq[0] (device double, may be NULL) = the sum of the squares of
  * those bf16 values, bitwise repeatable. */

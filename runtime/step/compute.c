@@ -188,13 +188,14 @@ static starpu_data_handle_t grad_target(const mt_graph *g, const mt_tile *t)
 }
 
 /* What micro-batch u's compute tasks write a tile's gradient into: over several devices, device
- * u mod ndev's copy (device 0's is the tile's own); and how: = by the first micro-batch of that
- * copy (`first` of a copy another task wrote first this step is false), += by the later ones, in
- * micro-batch order. */
+ * u mod ndev's copy (in the compact layout device 0's is the tile's accumulator: graph.h,
+ * first_copy); and how: = by the first micro-batch of that copy (`first` of a copy another task
+ * wrote first this step is false), += by the later ones, in micro-batch order. */
 static starpu_data_handle_t grad_of(const mt_graph *g, const mt_tile *t, int u)
 {
     const int d = u % g->ndev;
-    return d == 0 ? grad_target(g, t) : g->dev_grad[(d - 1) * g->st->ntiles + t->index];
+    if (g->ndev == 1 || d < g->first_copy) return grad_target(g, t);
+    return g->dev_grad[(d - g->first_copy) * g->st->ntiles + t->index];
 }
 
 /* Compact layout: the tile's accumulator, whole after the last contribution of the step (over
@@ -230,19 +231,27 @@ static void add_copy(mt_graph *g, int d, starpu_data_handle_t dst, starpu_data_h
  * summed pairwise in a tree rooted at device 1 (at stride s = 1, 2, 4, ..., device d = 1 + 2ks
  * adds device d + s's, on d), then device 1's added into device 0's, on device 0: with 8,
  * g_0 + (((g_1 + g_2) + (g_3 + g_4)) + ((g_5 + g_6) + g_7)), the same bits every run. No device
- * receives more than log2(n) copies (one chain would bring all n - 1 over device 0's link), and
- * the tile's own gradient (device 0's, in the full layout written through to its host home on
- * every write) takes one add, so one transfer home, whatever the number of devices. Then in the
- * compact layout the sum's rounding to its bf16 home (with, clipping, its sum of squares); across
- * ranks the sum over the ranks (dist.c), which takes the tile's sum of squares for the norm, else,
- * clipping over several devices, that sum of squares here (on one device the compute tasks take
- * it). */
+ * receives more than log2(n) copies (one chain would bring all n - 1 over device 0's link). In
+ * the full layout device 0's copy, the sum, is then copied into the tile's gradient, which is
+ * written through to its host home on every write: written once, one transfer home a step
+ * whatever the devices and micro-batches. Then in the compact layout the sum's rounding to its
+ * bf16 home (with, clipping, its sum of squares); across ranks the sum over the ranks (dist.c),
+ * which takes the tile's sum of squares for the norm, else, clipping over several devices, that
+ * sum of squares here (on one device the compute tasks take it). */
 static void gradient_done(mt_graph *g, mt_tile *t)
 {
     const int n = g->ndev < g->sc.accum ? g->ndev : g->sc.accum; /* copies written this step */
     for (int s = 1; s < n - 1; s *= 2)
         for (int d = 1; d + s < n; d += 2 * s) add_copy(g, d, grad_of(g, t, d), grad_of(g, t, d + s));
     if (n > 1) add_copy(g, 0, grad_of(g, t, 0), grad_of(g, t, 1));
+    if (g->ndev > 1 && g->first_copy == 0) {
+        mt_step_check_insert(starpu_task_insert(&mt_cl_grad_copy, STARPU_R, grad_of(g, t, 0), STARPU_W, t->h_grad,
+                                                STARPU_EXECUTE_WHERE, g->where, STARPU_EXECUTE_ON_WORKER,
+                                                g->dev_worker[0], STARPU_PRIORITY, STARPU_MAX_PRIO,
+                                                STARPU_NAME, "grad_copy", 0),
+                             "grad_copy");
+        mt_step_drop(grad_of(g, t, 0));
+    }
     if (g->st->layout == MT_LAYOUT_COMPACT) insert_grad_home(g, t);
     else if (g->dist_size > 1) mt_step_dist_reduce(g, t);
     else if (g->ndev > 1 && g->sc.clip > 0) mt_step_insert_sumsq(g, t);

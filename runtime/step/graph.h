@@ -110,11 +110,14 @@ struct mt_graph {
     /* A distributed run's ranks (runtime/dist.h; size 1: one process) and the pools of receive
      * buffers of the other ranks' gradient chunks, one per chunk size (dist.c). */
     int dist_rank, dist_size;
-    /* The compute devices of this process (mt_step_config.devices) and, above 1, devices
-     * 1..ndev-1's copies of every tile's gradient: dev_grad[(d - 1) * ntiles + tile], on CPU
-     * workers with homes dev_grad_mem, on GPUs with none (graph.c, alloc_device_grads; compute.c
-     * sums them into device 0's). */
-    int ndev;
+    /* The compute devices of this process (mt_step_config.devices) and, above 1, the devices'
+     * copies of every tile's gradient: dev_grad[(d - first_copy) * ntiles + tile] for device d >=
+     * first_copy, on CPU workers with homes dev_grad_mem, on GPUs with none (graph.c,
+     * alloc_device_grads; compute.c sums them). first_copy is 1 in the compact layout (device 0
+     * writes the tile's accumulator, which has no home either) and 0 in the full one (device 0's
+     * copy too, so that the tile's gradient, written through to its host home, is written once,
+     * from the sum). */
+    int ndev, first_copy;
     starpu_data_handle_t *dev_grad;
     void **dev_grad_mem;
     int *dev_worker;                          /* (ndev) the worker of each device, when ndev > 1 */
