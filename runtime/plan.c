@@ -371,9 +371,8 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
      * among its gradient buffers above, and a device that sums receiving one copy of a tile at a
      * time (runtime/step/compute.c, gradient_done; two tiles' summing at once, as two gradients
      * are in flight). */
-    if (p->devices > 1 && !p->use_gpu)
-        plan->host[MT_PLAN_DEVICE_GRADS] = mul(host_state_bytes(plan, 4), (uint64_t)(p->devices - 1), &of);
     if (p->devices > 1 && p->use_gpu) plan->gpu[MT_PLAN_DEVICE_GRADS] = mul(2 * (uint64_t)plan->max_tile_numel, 4, &of);
+    else if (p->devices > 1) plan->host[MT_PLAN_DEVICE_GRADS] = mul(host_state_bytes(plan, 4), (uint64_t)(p->devices - 1), &of);
 
     if (p->process.counted && count_process(plan, work, ntok)) return -1;
 

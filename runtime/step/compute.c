@@ -189,13 +189,14 @@ static starpu_data_handle_t grad_target(const mt_graph *g, const mt_tile *t)
 
 /* What micro-batch u's compute tasks write a tile's gradient into: over several devices, device
  * u mod ndev's copy (in the compact layout device 0's is the tile's accumulator: graph.h,
- * first_copy); and how: = by the first micro-batch of that copy (`first` of a copy another task
+ * mt_step_first_copy); and how: = by the first micro-batch of that copy (`first` of a copy another task
  * wrote first this step is false), += by the later ones, in micro-batch order. */
 static starpu_data_handle_t grad_of(const mt_graph *g, const mt_tile *t, int u)
 {
     const int d = u % g->ndev;
-    if (g->ndev == 1 || d < g->first_copy) return grad_target(g, t);
-    return g->dev_grad[(d - g->first_copy) * g->st->ntiles + t->index];
+    const int first = mt_step_first_copy(g);
+    if (g->ndev == 1 || d < first) return grad_target(g, t);
+    return g->dev_grad[(d - first) * g->st->ntiles + t->index];
 }
 
 /* Compact layout: the tile's accumulator, whole after the last contribution of the step (over
@@ -244,7 +245,7 @@ static void gradient_done(mt_graph *g, mt_tile *t)
     for (int s = 1; s < n - 1; s *= 2)
         for (int d = 1; d + s < n; d += 2 * s) add_copy(g, d, grad_of(g, t, d), grad_of(g, t, d + s));
     if (n > 1) add_copy(g, 0, grad_of(g, t, 0), grad_of(g, t, 1));
-    if (g->ndev > 1 && g->first_copy == 0) {
+    if (g->ndev > 1 && mt_step_first_copy(g) == 0) {
         mt_step_check_insert(starpu_task_insert(&mt_cl_grad_copy, STARPU_R, grad_of(g, t, 0), STARPU_W, t->h_grad,
                                                 STARPU_EXECUTE_WHERE, g->where, STARPU_EXECUTE_ON_WORKER,
                                                 g->dev_worker[0], STARPU_PRIORITY, STARPU_MAX_PRIO,

@@ -224,7 +224,7 @@ static int alloc_homes(mt_graph *g, const mt_step_config *sc, int nblocks, int n
     return -1;
 }
 
-/* The devices' copies of every tile's gradient, fp32 (graph.h: first_copy). They are summed after
+/* The devices' copies of every tile's gradient, fp32 (graph.h: mt_step_first_copy). They are summed after
  * the tile's last backward, where the compute runs (compute.c, gradient_done), and dropped. Where
  * a GPU computes, a copy has no home: StarPU allocates it on the GPU that writes it and moves it
  * to device 0's for the sum, and no host memory holds it. On CPU workers (the research setting
@@ -241,8 +241,8 @@ static int alloc_device_grads(mt_graph *g, char *err, size_t errlen)
                  arch == STARPU_CUDA_WORKER ? "CUDA" : "CPU");
         return -1;
     }
-    g->first_copy = st->layout == MT_LAYOUT_COMPACT ? 1 : 0;
-    const int n = (g->ndev - g->first_copy) * st->ntiles;
+    const int first = mt_step_first_copy(g);
+    const int n = (g->ndev - first) * st->ntiles;
     const bool homed = g->where != STARPU_CUDA;
     g->dev_grad = calloc((size_t)n, sizeof *g->dev_grad);
     g->dev_grad_mem = calloc((size_t)n, sizeof *g->dev_grad_mem);
@@ -255,7 +255,7 @@ static int alloc_device_grads(mt_graph *g, char *err, size_t errlen)
         if (posix_memalign(&g->dev_grad_mem[k], 64, (size_t)t->numel * sizeof(float))) {
             g->dev_grad_mem[k] = NULL;
             snprintf(err, errlen, "out of host memory for device %d's gradient of tile %d (%lld floats)",
-                     g->first_copy + k / st->ntiles, k % st->ntiles, (long long)t->numel);
+                     first + k / st->ntiles, k % st->ntiles, (long long)t->numel);
             return -1;
         }
         starpu_vector_data_register(&g->dev_grad[k], STARPU_MAIN_RAM, (uintptr_t)g->dev_grad_mem[k], (uint32_t)t->numel,
@@ -402,7 +402,8 @@ uint64_t mt_graph_working_bytes(const mt_graph *g)
     /* where a GPU computes, device 0's: its micro-batches' (u mod ndev == 0) and, offloaded, their
      * checkpoints in flight there; all of one size */
     const bool gpu = g->where == STARPU_CUDA;
-    const int step = gpu ? g->ndev : 1, mb = (g->sc.accum + step - 1) / step;
+    const int step = gpu ? g->ndev : 1;
+    const int mb = (int)mt_plan_device_micro_batches(&(mt_plan_params){ .grad_accum = g->sc.accum, .devices = step });
     const int all = g->nblocks * mb;
     const int there = g->offload && gpu ? (int)mt_plan_offload_in_flight(g->nblocks, mb) : all;
     for (int b = 0; b < there; b++) n += starpu_data_get_size(g->ckpt[b]);
@@ -432,7 +433,7 @@ void mt_graph_destroy(mt_graph *g)
     starpu_data_unregister(g->scratch_head);
     for (int i = 0; i < g->st->ntiles; i++) starpu_data_unregister(g->partial[i]);
     mt_step_dist_free(g);
-    for (int k = 0; g->dev_grad && k < (g->ndev - g->first_copy) * g->st->ntiles; k++) {
+    for (int k = 0; g->dev_grad && k < (g->ndev - mt_step_first_copy(g)) * g->st->ntiles; k++) {
         if (g->dev_grad[k]) starpu_data_unregister_no_coherency(g->dev_grad[k]); /* no value past the step */
         free(g->dev_grad_mem[k]);
     }

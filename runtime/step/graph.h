@@ -111,19 +111,21 @@ struct mt_graph {
      * buffers of the other ranks' gradient chunks, one per chunk size (dist.c). */
     int dist_rank, dist_size;
     /* The compute devices of this process (mt_step_config.devices) and, above 1, the devices'
-     * copies of every tile's gradient: dev_grad[(d - first_copy) * ntiles + tile] for device d >=
-     * first_copy, on CPU workers with homes dev_grad_mem, on GPUs with none (graph.c,
-     * alloc_device_grads; compute.c sums them). first_copy is 1 in the compact layout (device 0
-     * writes the tile's accumulator, which has no home either) and 0 in the full one (device 0's
-     * copy too, so that the tile's gradient, written through to its host home, is written once,
-     * from the sum). */
-    int ndev, first_copy;
+     * copies of every tile's gradient: dev_grad[(d - mt_step_first_copy(g)) * ntiles + tile] for
+     * device d >= mt_step_first_copy(g), on CPU workers with homes dev_grad_mem, on GPUs with none
+     * (graph.c, alloc_device_grads; compute.c sums them). */
+    int ndev;
     starpu_data_handle_t *dev_grad;
     void **dev_grad_mem;
     int *dev_worker;                          /* (ndev) the worker of each device, when ndev > 1 */
     struct mt_dist_pool *dist_pools;
     int dist_npools;
 };
+
+/* The first device with a gradient copy of its own: 1 in the compact layout (device 0 writes the
+ * tile's accumulator, which has no home either), 0 in the full one (device 0's copy too, so that
+ * the tile's gradient, written through to its host home, is written once, from the sum). */
+static inline int mt_step_first_copy(const mt_graph *g) { return g->st->layout == MT_LAYOUT_COMPACT ? 1 : 0; }
 
 /* Checkpoint of block b for micro-batch u. */
 static inline starpu_data_handle_t mt_step_ckpt(const mt_graph *g, int b, int u) { return g->ckpt[b * g->sc.accum + u]; }
