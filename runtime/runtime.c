@@ -112,6 +112,33 @@ static void keep_live_buffers_on_device(void)
     setenv("STARPU_TARGET_CLEAN_BUFFERS", "0", 0);
 }
 
+/* The CUDA backend's context (its cuBLASLt workspace and reduction partials:
+ * backends/cuda/context.cu) belongs to a thread, and a task's kernels run on its worker's stream.
+ * StarPU drives all the workers (streams) of a GPU from one thread unless
+ * STARPU_CUDA_THREAD_PER_WORKER is 1: with several workers per GPU (STARPU_NWORKER_PER_CUDA) two
+ * tasks' GEMMs would then use one workspace from two streams at once, and give garbage. So each
+ * CUDA worker gets its own thread, and a setting that shares one between workers is refused. */
+static int one_thread_per_cuda_worker(char *err, size_t errlen)
+{
+    const char *nper = getenv("STARPU_NWORKER_PER_CUDA"), *per_worker = getenv("STARPU_CUDA_THREAD_PER_WORKER"),
+               *per_dev = getenv("STARPU_CUDA_THREAD_PER_DEV");
+    if (per_dev && atoi(per_dev) == 0) {
+        snprintf(err, errlen, "STARPU_CUDA_THREAD_PER_DEV=%s drives every GPU from one thread, whose CUDA context (GEMM "
+                 "workspace) their workers would share: unset it", per_dev);
+        return -1;
+    }
+    if (!nper || atoi(nper) <= 1) return 0;
+    if (per_dev || (per_worker && atoi(per_worker) != 1)) {
+        const char *var = per_dev ? "STARPU_CUDA_THREAD_PER_DEV" : "STARPU_CUDA_THREAD_PER_WORKER";
+        snprintf(err, errlen, "STARPU_NWORKER_PER_CUDA=%s with %s=%s: one thread would drive several workers of a GPU, "
+                 "which would share its CUDA context (GEMM workspace) from two streams at once; unset %s", nper, var,
+                 per_dev ? per_dev : per_worker, var);
+        return -1;
+    }
+    setenv("STARPU_CUDA_THREAD_PER_WORKER", "1", 1);
+    return 0;
+}
+
 int mt_runtime_init(const mt_runtime_options *opts, char *err, size_t errlen)
 {
     mt_runtime_options o = opts ? *opts : mt_runtime_defaults();
@@ -143,8 +170,10 @@ int mt_runtime_init(const mt_runtime_options *opts, char *err, size_t errlen)
         conf.use_explicit_workers_cuda_gpuid = 1;
         conf.workers_cuda_gpuid[0] = (unsigned)mt_dist_local_rank();
     }
-    if (dist && mt_dist_start(&conf, err, errlen)) return -1;
+    /* StarPU reads its environment as it starts: in mt_dist_start across ranks */
     keep_live_buffers_on_device();
+    if (one_thread_per_cuda_worker(err, errlen)) return -1;
+    if (dist && mt_dist_start(&conf, err, errlen)) return -1;
     int ret = dist ? 0 : starpu_init(&conf);
     if (ret == -ENODEV) {
         snprintf(err, errlen, "StarPU found no worker (asked for %d CPU and %d CUDA workers)", o.ncpu, o.ncuda);

@@ -155,23 +155,35 @@ static double loss_tol(mt_dtype dtype) { return dtype == MT_DTYPE_F32 ? 1e-6 : 1
 /* CUDA workers of the GPU runs compare makes */
 static int compare_ncuda = 1;
 
+static double norm_f32(const float *a, int64_t n)
+{
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += (double)a[i] * a[i];
+    return sqrt(s);
+}
+
+/* Every tile's error printed (with both norms, which tell garbage from a scale) before the first
+ * bound that fails is asserted. */
 static void compare(bool tied, int K, int accum, mt_dtype dtype)
 {
     result cpu = run(tied, 0, K, accum, dtype);
     result gpu = run(tied, compare_ncuda, K, accum, dtype);
     double lrel = fabs(gpu.loss - cpu.loss) / fabs(cpu.loss);
-    printf("%s tied=%d K=%d accum=%d: loss cpu %.8f gpu %.8f (rel %.2e)\n", mt_dtype_name(dtype), tied, K, accum,
-           cpu.loss, gpu.loss, lrel);
-    ck_assert_msg(lrel <= loss_tol(dtype), "loss differs: cpu %.8f gpu %.8f", cpu.loss, gpu.loss);
+    printf("%s tied=%d K=%d accum=%d devices=%d: loss cpu %.8f gpu %.8f (rel %.2e)\n", mt_dtype_name(dtype), tied, K,
+           accum, fixture_devices, cpu.loss, gpu.loss, lrel);
+    int bad = -1;
+    double bad_e = 0;
     for (int i = 0; i < cpu.ntiles; i++) {
         double e = mt_test_rel_err_f32(gpu.grad[i], cpu.grad[i], cpu.numel[i]);
-        printf("  tile %d gradient rel err %.3e\n", i, e);
-        ck_assert_msg(e <= grad_tol(dtype), "tile %d gradient: ||gpu - cpu|| / ||cpu|| = %.3e > %.0e", i, e,
-                      grad_tol(dtype));
+        printf("  tile %d gradient rel err %.3e (||gpu|| %.4e, ||cpu|| %.4e)\n", i, e,
+               norm_f32(gpu.grad[i], cpu.numel[i]), norm_f32(cpu.grad[i], cpu.numel[i]));
+        if (bad < 0 && !(e <= grad_tol(dtype))) { bad = i; bad_e = e; }
         free(cpu.grad[i]);
         free(gpu.grad[i]);
     }
     free(cpu.grad); free(gpu.grad); free(cpu.numel); free(gpu.numel);
+    ck_assert_msg(lrel <= loss_tol(dtype), "loss differs: cpu %.8f gpu %.8f", cpu.loss, gpu.loss);
+    ck_assert_msg(bad < 0, "tile %d gradient: ||gpu - cpu|| / ||cpu|| = %.3e > %.0e", bad, bad_e, grad_tol(dtype));
 }
 
 /* Many short pipelined training steps with updates and clipping, as `megatrain train` submits
@@ -374,25 +386,36 @@ START_TEST(test_step_gradients_untied_f32) { compare(false, 2, 1, MT_DTYPE_F32);
 END_TEST
 START_TEST(test_step_gradients_tied_accum_f32) { compare(true, 1, 2, MT_DTYPE_F32); }
 END_TEST
+/* untied with accumulation: the embedding backward's = then += on the GPU */
+START_TEST(test_step_gradients_untied_accum_f32) { compare(false, 1, 4, MT_DTYPE_F32); }
+END_TEST
 
 /* GPUs StarPU found (main) */
 static int gpus_found;
 
 /* Two devices: micro-batch u on device u mod 2, device 1's gradient copies added into device 0's by
  * the CUDA grad_sum after each tile's last backward, against CPU workers (one device), four
- * micro-batches, in bf16 and fp32. With two GPUs or more, two of them (device 1's copies travel to
+ * micro-batches (two for one each), in bf16 and fp32, tied and untied. With two GPUs or more, two of them (device 1's copies travel to
  * device 0's GPU); with one, two CUDA workers on it (STARPU_NWORKER_PER_CUDA=2). */
-START_TEST(test_step_gradients_two_devices)
+static void compare_two_devices(bool tied, int K, int accum, mt_dtype dtype)
 {
     if (gpus_found < 2) setenv("STARPU_NWORKER_PER_CUDA", "2", 1);
     compare_ncuda = gpus_found < 2 ? 1 : 2;
     fixture_devices = 2;
-    compare(true, 2, 4, MT_DTYPE_BF16);
-    compare(false, 1, 4, MT_DTYPE_F32);
+    compare(tied, K, accum, dtype);
     fixture_devices = 0;
     compare_ncuda = 1;
     unsetenv("STARPU_NWORKER_PER_CUDA");
 }
+
+START_TEST(test_step_gradients_two_devices) { compare_two_devices(true, 2, 4, MT_DTYPE_BF16); }
+END_TEST
+START_TEST(test_step_gradients_two_devices_untied_f32) { compare_two_devices(false, 1, 4, MT_DTYPE_F32); }
+END_TEST
+START_TEST(test_step_gradients_two_devices_tied_f32) { compare_two_devices(true, 1, 4, MT_DTYPE_F32); }
+END_TEST
+/* one micro-batch per device: every copy written once (=), none accumulated */
+START_TEST(test_step_gradients_two_devices_one_each_f32) { compare_two_devices(false, 1, 2, MT_DTYPE_F32); }
 END_TEST
 
 int main(void)
@@ -417,12 +440,16 @@ int main(void)
     tcase_add_test(tc, test_step_gradients_t128);
     tcase_add_test(tc, test_step_gradients_untied_f32);
     tcase_add_test(tc, test_step_gradients_tied_accum_f32);
+    tcase_add_test(tc, test_step_gradients_untied_accum_f32);
     tcase_add_test(tc, test_pipelined_training_steps);
     tcase_add_test(tc, test_pipelined_training_steps_f32);
     tcase_add_test(tc, test_default_ranged_bitwise);
     tcase_add_test(tc, test_offload_checkpoints_bitwise);
     tcase_add_test(tc, test_step_gradients_offloaded);
     tcase_add_test(tc, test_step_gradients_two_devices);
+    tcase_add_test(tc, test_step_gradients_two_devices_untied_f32);
+    tcase_add_test(tc, test_step_gradients_two_devices_tied_f32);
+    tcase_add_test(tc, test_step_gradients_two_devices_one_each_f32);
     suite_add_tcase(s, tc);
     return mt_test_run(s, true);
 }

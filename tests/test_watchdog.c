@@ -202,6 +202,57 @@ START_TEST(test_gpu_buffers_are_not_tidied_home)
 }
 END_TEST
 
+/* Exits 0 when StarPU will give each CUDA worker a thread of its own (runtime.c). */
+static void thread_per_cuda_worker(void)
+{
+    const char *v = getenv("STARPU_CUDA_THREAD_PER_WORKER");
+    if (!v || strcmp(v, "1")) {
+        fprintf(stderr, "STARPU_CUDA_THREAD_PER_WORKER %s, expected 1\n", v ? v : "unset");
+        _exit(1);
+    }
+}
+
+/* Exits 0 when the runtime left StarPU's thread per worker at its default (one worker per GPU). */
+static void thread_setting_untouched(void)
+{
+    if (getenv("STARPU_CUDA_THREAD_PER_WORKER")) {
+        fprintf(stderr, "STARPU_CUDA_THREAD_PER_WORKER set to %s\n", getenv("STARPU_CUDA_THREAD_PER_WORKER"));
+        _exit(1);
+    }
+}
+
+/* Several workers per GPU: each gets a thread of its own (the CUDA backend's context, its GEMM
+ * workspace, is per thread), and a setting that shares a thread among them is refused, naming it,
+ * before StarPU starts. */
+START_TEST(test_cuda_workers_get_a_thread_each)
+{
+    unsetenv("STARPU_CUDA_THREAD_PER_WORKER");
+    unsetenv("STARPU_CUDA_THREAD_PER_DEV");
+    setenv("STARPU_NWORKER_PER_CUDA", "2", 1);
+    child_result r = run_child(thread_per_cuda_worker);
+    ck_assert_msg(r.status == 0, "exit status %d, stderr:\n%s", r.status, r.err);
+    setenv("STARPU_CUDA_THREAD_PER_DEV", "1", 1);
+    r = run_child(thread_per_cuda_worker);
+    ck_assert_msg(r.status == 91 && strstr(r.err, "STARPU_CUDA_THREAD_PER_DEV=1"), "exit status %d, stderr:\n%s", r.status,
+                  r.err);
+    unsetenv("STARPU_CUDA_THREAD_PER_DEV");
+    setenv("STARPU_CUDA_THREAD_PER_WORKER", "0", 1);
+    r = run_child(thread_per_cuda_worker);
+    ck_assert_msg(r.status == 91 && strstr(r.err, "STARPU_CUDA_THREAD_PER_WORKER=0"), "exit status %d, stderr:\n%s",
+                  r.status, r.err);
+    unsetenv("STARPU_NWORKER_PER_CUDA");
+    unsetenv("STARPU_CUDA_THREAD_PER_WORKER");
+    /* one worker per GPU: nothing set; one thread for every GPU: refused */
+    r = run_child(thread_setting_untouched);
+    ck_assert_msg(r.status == 0, "exit status %d, stderr:\n%s", r.status, r.err);
+    setenv("STARPU_CUDA_THREAD_PER_DEV", "0", 1);
+    r = run_child(thread_setting_untouched);
+    unsetenv("STARPU_CUDA_THREAD_PER_DEV");
+    ck_assert_msg(r.status == 91 && strstr(r.err, "STARPU_CUDA_THREAD_PER_DEV=0"), "exit status %d, stderr:\n%s", r.status,
+                  r.err);
+}
+END_TEST
+
 START_TEST(test_no_limit_no_watchdog)
 {
     ck_assert_ptr_null(mt_watchdog_start(0, NULL, "test"));
@@ -220,6 +271,7 @@ int main(void)
     tcase_add_test(tc, test_idle_graph_is_no_stall);
     tcase_add_test(tc, test_host_memory_low_is_warned);
     tcase_add_test(tc, test_gpu_buffers_are_not_tidied_home);
+    tcase_add_test(tc, test_cuda_workers_get_a_thread_each);
     tcase_add_test(tc, test_no_limit_no_watchdog);
     suite_add_tcase(s, tc);
     return mt_test_run(s, true);
