@@ -4,6 +4,7 @@
 #include "runtime/runtime.h"
 
 #include <cblas.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,9 +76,38 @@ int mt_runtime_parse_qblock(const char *name, mt_cuda_qblock *out, char *err, si
 }
 
 #if MT_HAVE_CUDA
+typedef struct cuda_setup {
+    const mt_cuda_options *options;
+    pthread_t thread[STARPU_NMAXWORKERS]; /* the thread each CUDA worker ran this on */
+} cuda_setup;
+
 /* Runs on each CUDA worker's thread (starpu_execute_on_each_worker): that thread's backend
  * context takes the options; its device resources still wait for the first task. */
-static void configure_cuda_worker(void *arg) { mt_cuda_ctx_configure(arg); }
+static void configure_cuda_worker(void *arg)
+{
+    cuda_setup *s = arg;
+    mt_cuda_ctx_configure(s->options);
+    s->thread[starpu_worker_get_id_check()] = pthread_self();
+}
+
+/* Configures every CUDA worker's backend context, and checks that no two workers share a thread
+ * (and so a context: one_thread_per_cuda_worker) whatever StarPU made of the environment. */
+static int configure_cuda_workers(const mt_cuda_options *options, char *err, size_t errlen)
+{
+    static cuda_setup s;
+    s.options = options;
+    starpu_execute_on_each_worker(configure_cuda_worker, &s, STARPU_CUDA);
+    int ids[STARPU_NMAXWORKERS];
+    const int n = (int)starpu_worker_get_ids_by_type(STARPU_CUDA_WORKER, ids, STARPU_NMAXWORKERS);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (pthread_equal(s.thread[ids[i]], s.thread[ids[j]])) {
+                snprintf(err, errlen, "CUDA workers %d and %d run on one thread, which would share its CUDA context "
+                         "(GEMM workspace) between their streams; check STARPU_CUDA_THREAD_PER_WORKER", ids[j], ids[i]);
+                return -1;
+            }
+    return 0;
+}
 #endif
 
 static bool policy_known(const char *name)
@@ -184,7 +214,10 @@ int mt_runtime_init(const mt_runtime_options *opts, char *err, size_t errlen)
         return -1;
     }
 #if MT_HAVE_CUDA
-    if (starpu_cuda_worker_get_count() > 0) starpu_execute_on_each_worker(configure_cuda_worker, &o.cuda, STARPU_CUDA);
+    if (starpu_cuda_worker_get_count() > 0 && configure_cuda_workers(&o.cuda, err, errlen)) {
+        mt_runtime_shutdown();
+        return -1;
+    }
 #endif
     /* Not an error: a run on shared cores is slower, not wrong. Every command starts StarPU here,
      * so this is the one place that says so. */
