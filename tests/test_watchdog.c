@@ -221,9 +221,20 @@ static void thread_setting_untouched(void)
     }
 }
 
+/* Starts the runtime in a child under `var`=`value` and expects the start refused, naming them. */
+static void assert_refused(const char *var, const char *value)
+{
+    setenv(var, value, 1);
+    child_result r = run_child(thread_per_cuda_worker);
+    unsetenv(var);
+    char named[96];
+    snprintf(named, sizeof named, "%s=%s", var, value);
+    ck_assert_msg(r.status == 91 && strstr(r.err, named), "%s: exit status %d, stderr:\n%s", named, r.status, r.err);
+}
+
 /* Several workers per GPU: each gets a thread of its own (the CUDA backend's context, its GEMM
  * workspace, is per thread), and a setting that shares a thread among them is refused, naming it,
- * before StarPU starts. */
+ * before StarPU starts. One worker per GPU: nothing set; one thread for every GPU: refused. */
 START_TEST(test_cuda_workers_get_a_thread_each)
 {
     unsetenv("STARPU_CUDA_THREAD_PER_WORKER");
@@ -231,25 +242,12 @@ START_TEST(test_cuda_workers_get_a_thread_each)
     setenv("STARPU_NWORKER_PER_CUDA", "2", 1);
     child_result r = run_child(thread_per_cuda_worker);
     ck_assert_msg(r.status == 0, "exit status %d, stderr:\n%s", r.status, r.err);
-    setenv("STARPU_CUDA_THREAD_PER_DEV", "1", 1);
-    r = run_child(thread_per_cuda_worker);
-    ck_assert_msg(r.status == 91 && strstr(r.err, "STARPU_CUDA_THREAD_PER_DEV=1"), "exit status %d, stderr:\n%s", r.status,
-                  r.err);
-    unsetenv("STARPU_CUDA_THREAD_PER_DEV");
-    setenv("STARPU_CUDA_THREAD_PER_WORKER", "0", 1);
-    r = run_child(thread_per_cuda_worker);
-    ck_assert_msg(r.status == 91 && strstr(r.err, "STARPU_CUDA_THREAD_PER_WORKER=0"), "exit status %d, stderr:\n%s",
-                  r.status, r.err);
+    assert_refused("STARPU_CUDA_THREAD_PER_DEV", "1");
+    assert_refused("STARPU_CUDA_THREAD_PER_WORKER", "0");
     unsetenv("STARPU_NWORKER_PER_CUDA");
-    unsetenv("STARPU_CUDA_THREAD_PER_WORKER");
-    /* one worker per GPU: nothing set; one thread for every GPU: refused */
     r = run_child(thread_setting_untouched);
     ck_assert_msg(r.status == 0, "exit status %d, stderr:\n%s", r.status, r.err);
-    setenv("STARPU_CUDA_THREAD_PER_DEV", "0", 1);
-    r = run_child(thread_setting_untouched);
-    unsetenv("STARPU_CUDA_THREAD_PER_DEV");
-    ck_assert_msg(r.status == 91 && strstr(r.err, "STARPU_CUDA_THREAD_PER_DEV=0"), "exit status %d, stderr:\n%s", r.status,
-                  r.err);
+    assert_refused("STARPU_CUDA_THREAD_PER_DEV", "0");
 }
 END_TEST
 
