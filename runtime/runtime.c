@@ -94,8 +94,7 @@ static void configure_cuda_worker(void *arg)
  * (and so a context: one_thread_per_cuda_worker) whatever StarPU made of the environment. */
 static int configure_cuda_workers(const mt_cuda_options *options, char *err, size_t errlen)
 {
-    static cuda_setup s;
-    s.options = options;
+    cuda_setup s = { .options = options }; /* starpu_execute_on_each_worker returns when all have run */
     starpu_execute_on_each_worker(configure_cuda_worker, &s, STARPU_CUDA);
     int ids[STARPU_NMAXWORKERS];
     const int n = (int)starpu_worker_get_ids_by_type(STARPU_CUDA_WORKER, ids, STARPU_NMAXWORKERS);

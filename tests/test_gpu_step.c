@@ -395,8 +395,9 @@ static int gpus_found;
 
 /* Two devices: micro-batch u on device u mod 2, device 1's gradient copies added into device 0's by
  * the CUDA grad_sum after each tile's last backward, against CPU workers (one device), four
- * micro-batches (two for one each), in bf16 and fp32, tied and untied. With two GPUs or more, two of them (device 1's copies travel to
- * device 0's GPU); with one, two CUDA workers on it (STARPU_NWORKER_PER_CUDA=2). */
+ * micro-batches (two for one each), in bf16 and fp32, tied and untied. With two GPUs or more,
+ * two of them (device 1's copies travel to device 0's GPU); with one, two CUDA workers on it
+ * (STARPU_NWORKER_PER_CUDA=2). */
 static void compare_two_devices(bool tied, int K, int accum, mt_dtype dtype)
 {
     if (gpus_found < 2) setenv("STARPU_NWORKER_PER_CUDA", "2", 1);
