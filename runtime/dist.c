@@ -154,6 +154,24 @@ int mt_dist_share_weights(mt_host_state *st, char *err, size_t errlen)
     return 0;
 }
 
+/* Tile `tile`'s fp32 master between its owner and rank 0 over the side communicator, in pieces
+ * (MPI counts are ints). 0, or -1 with err set. */
+static int move_master(const mt_host_state *st, int tile, float *master, char *err, size_t errlen)
+{
+    const int o = mt_state_owner(st, tile);
+    const size_t bytes = (size_t)st->tiles[tile].numel * sizeof(float);
+    for (size_t off = 0; off < bytes; off += PIECE_BYTES) {
+        const int n = (int)(bytes - off < PIECE_BYTES ? bytes - off : PIECE_BYTES);
+        const int rc = rank == o ? MPI_Send((char *)master + off, n, MPI_BYTE, 0, tile, side)
+                                 : MPI_Recv((char *)master + off, n, MPI_BYTE, o, tile, side, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            snprintf(err, errlen, "sending tile %d's master weights from rank %d to rank 0 failed", tile, o);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int mt_dist_gather_masters(mt_host_state *st, char *err, size_t errlen)
 {
     if (!running || st->shard_ranks <= 1) return 0;
@@ -172,19 +190,56 @@ int mt_dist_gather_masters(mt_host_state *st, char *err, size_t errlen)
         return -1;
     }
     for (int i = 0; i < st->ntiles; i++) {
-        mt_tile *t = &st->tiles[i];
         const int o = mt_state_owner(st, i);
         if (o == 0 || (rank != 0 && rank != o)) continue;
-        const size_t bytes = (size_t)t->numel * sizeof(float);
-        for (size_t off = 0; off < bytes; off += PIECE_BYTES) {
-            const int n = (int)(bytes - off < PIECE_BYTES ? bytes - off : PIECE_BYTES);
-            const int rc = rank == o ? MPI_Send((char *)t->master + off, n, MPI_BYTE, 0, i, side)
-                                     : MPI_Recv((char *)t->master + off, n, MPI_BYTE, o, i, side, MPI_STATUS_IGNORE);
-            if (rc != MPI_SUCCESS) {
-                snprintf(err, errlen, "sending tile %d's master weights from rank %d to rank 0 failed", i, o);
-                return -1;
-            }
-        }
+        if (move_master(st, i, st->tiles[i].master, err, errlen)) return -1;
     }
     return 0;
+}
+
+/* Rank 0's st->remote_master: the tile's number to every rank, then its master from the owner. */
+static int fetch_master(const mt_host_state *st, int tile, float *dst)
+{
+    char err[256];
+    int32_t ask = tile;
+    if (MPI_Bcast(&ask, 1, MPI_INT32_T, 0, side) != MPI_SUCCESS) {
+        fprintf(stderr, "megatrain: asking for tile %d's master weights failed\n", tile);
+        return -1;
+    }
+    if (move_master(st, tile, dst, err, sizeof err)) {
+        fprintf(stderr, "megatrain: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+int mt_dist_masters_open(mt_host_state *st, char *err, size_t errlen)
+{
+    if (!running || st->shard_ranks <= 1) return 0;
+    if (rank == 0) {
+        st->remote_master = fetch_master;
+        return 0;
+    }
+    for (;;) {
+        int32_t ask;
+        if (MPI_Bcast(&ask, 1, MPI_INT32_T, 0, side) != MPI_SUCCESS) {
+            snprintf(err, errlen, "rank %d: waiting for rank 0's requests of master weights failed", rank);
+            return -1;
+        }
+        if (ask < 0) return 0;
+        if (ask >= st->ntiles) {
+            snprintf(err, errlen, "rank %d: rank 0 asked for tile %d's master weights, of %d tiles", rank, (int)ask,
+                     st->ntiles);
+            return -1;
+        }
+        if (mt_state_owner(st, ask) == rank && move_master(st, ask, st->tiles[ask].master, err, errlen)) return -1;
+    }
+}
+
+void mt_dist_masters_close(mt_host_state *st)
+{
+    if (!st || !st->remote_master) return;
+    st->remote_master = NULL;
+    int32_t done = -1;
+    MPI_Bcast(&done, 1, MPI_INT32_T, 0, side);
 }

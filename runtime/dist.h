@@ -34,9 +34,20 @@ int mt_dist_local_rank(void);
  * tiles. Collective; no task may be in flight. 0, or -1 with err set. */
 int mt_dist_share_weights(mt_host_state *st, char *err, size_t errlen);
 /* The fp32 master of every tile into rank 0, which allocates it for the tiles it does not hold
- * (4 bytes per parameter of those, until the state is destroyed): for what reads a whole model
- * there (the model's save, the sample, the weights' hash). Collective; no task may be in flight. */
+ * (4 bytes per parameter of those, until the state is destroyed): for what reads every master
+ * many times there (the byte-level model's sample). Collective; no task may be in flight. */
 int mt_dist_gather_masters(mt_host_state *st, char *err, size_t errlen);
+/* Rank 0 reads the masters it does not hold one tile at a time, each sent by its owner when rank
+ * 0's mt_state_master_f32 asks for it (for the model's save and the weights' hash, which read a
+ * tile through before the next): on rank 0 this sets st->remote_master and returns; on every
+ * other rank it serves rank 0's requests and returns once rank 0 calls mt_dist_masters_close.
+ * Rank 0 then holds one tile's master at a time, not every other rank's. Collective; no task
+ * may be in flight, and rank 0 must make no other collective call until it closes. 0, or -1
+ * with err set. */
+int mt_dist_masters_open(mt_host_state *st, char *err, size_t errlen);
+/* Rank 0: ends what mt_dist_masters_open started (the other ranks return from it); nothing when
+ * it is not open, or on the other ranks. */
+void mt_dist_masters_close(mt_host_state *st);
 
 /* Starts MPI (MPI_THREAD_MULTIPLE: the submitting thread's collectives below run beside
  * StarPU-MPI's progress thread) and StarPU-MPI with `conf` in place of starpu_init. 0, or -1

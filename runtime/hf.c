@@ -40,7 +40,8 @@ typedef struct expected {
     int ndim;
     int64_t shape[3];
     int64_t numel;
-    float *master;      /* tile->master + offset; NULL in the compact layout (mt_state_read_master) */
+    float *master;      /* tile->master + offset; NULL in the compact layout (mt_state_read_master) and for
+                         * a tile a sharded state does not hold */
     int tile;
     int64_t offset;     /* in the tile */
     const mt_tile_layout *layout;
@@ -550,16 +551,57 @@ typedef struct fused_cache {
     int expert;
 } fused_cache;
 
+/* The masters a sharded state does not hold (rank 0 saving a model trained over several ranks):
+ * read whole through mt_state_master_f32, whose st->remote_master has the owner send it, into one
+ * buffer that every such tensor of the save shares. The writer reads a tensor through before the
+ * next, and a tile's tensors are neighbours in HF order, so rank 0 holds one tile's master at a
+ * time (a tile read again is sent again). */
+typedef struct remote_cache {
+    const mt_host_state *st;
+    float *buf;
+    int tile; /* whose master buf holds (-1: none) */
+} remote_cache;
+
+static const float *remote_tile(remote_cache *c, int tile)
+{
+    if (c->tile != tile) {
+        c->tile = -1;
+        if (!mt_state_master_f32(c->st, tile, &c->buf)) {
+            /* the writer's reads cannot fail: a lost rank, or no memory for one tile */
+            fprintf(stderr, "megatrain: cannot read tile %d's master weights (rank %d's) for the save\n", tile,
+                    mt_state_owner(c->st, tile));
+            abort();
+        }
+        c->tile = tile;
+    }
+    return c->buf;
+}
+
+typedef struct remote_source {
+    remote_cache *cache;
+    int tile;
+    int64_t offset;
+} remote_source;
+
+static void read_remote_chunk(const void *ctx, int64_t first, int64_t n, float *dst)
+{
+    const remote_source *r = ctx;
+    memcpy(dst, remote_tile(r->cache, r->tile) + r->offset + first, sizeof(float) * (size_t)n);
+}
+
 typedef struct fused_source {
     const mt_host_state *st;
     const struct expected *x;
     fused_cache *cache;
+    remote_cache *remote;
 } fused_source;
 
-static void read_tile(const mt_host_state *st, int tile, int64_t offset, int64_t n, float *dst)
+static void read_tile(const fused_source *f, int tile, int64_t offset, int64_t n, float *dst)
 {
+    const mt_host_state *st = f->st;
     if (st->tiles[tile].master) memcpy(dst, st->tiles[tile].master + offset, sizeof(float) * (size_t)n);
-    else mt_state_read_master(st, tile, offset, n, dst);
+    else if (st->layout == MT_LAYOUT_COMPACT) mt_state_read_master(st, tile, offset, n, dst);
+    else memcpy(dst, remote_tile(f->remote, tile) + offset, sizeof(float) * (size_t)n);
 }
 
 static void read_fused_chunk(const void *ctx, int64_t first, int64_t n, float *dst)
@@ -573,10 +615,10 @@ static void read_fused_chunk(const void *ctx, int64_t first, int64_t n, float *d
         const int64_t idx = first + k, e = idx / per, r = idx % per;
         if (c->tensor != x || c->expert != (int)e) {
             if (gu) {
-                read_tile(f->st, x->tile, slot_offset(x, (int)e, MT_X_GATE), Ie * d, c->buf);
-                read_tile(f->st, x->tile, slot_offset(x, (int)e, MT_X_UP), Ie * d, c->buf + Ie * d);
+                read_tile(f, x->tile, slot_offset(x, (int)e, MT_X_GATE), Ie * d, c->buf);
+                read_tile(f, x->tile, slot_offset(x, (int)e, MT_X_UP), Ie * d, c->buf + Ie * d);
             } else {
-                read_tile(f->st, x->tile, slot_offset(x, (int)e, MT_X_DOWN), d * Ie, c->buf);
+                read_tile(f, x->tile, slot_offset(x, (int)e, MT_X_DOWN), d * Ie, c->buf);
             }
             c->tensor = x;
             c->expert = (int)e;
@@ -606,14 +648,17 @@ int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_
     mt_st_source *src = calloc((size_t)ne + 1, sizeof *src);
     master_source *ctx = calloc((size_t)ne + 1, sizeof *ctx);
     fused_source *fctx = calloc((size_t)ne + 1, sizeof *fctx);
+    remote_source *rctx = calloc((size_t)ne + 1, sizeof *rctx);
     fused_cache cache = { .buf = NULL, .tensor = NULL, .expert = -1 };
+    remote_cache remote = { .st = st, .buf = NULL, .tile = -1 };
     if (st->cfg.family == MT_FAMILY_GPT_OSS && mt_config_sparse_layers(&st->cfg) > 0)
         cache.buf = malloc(sizeof(float) * (size_t)(2 * st->cfg.expert_intermediate * st->cfg.hidden));
-    if (!e || !src || !ctx || !fctx || (st->cfg.family == MT_FAMILY_GPT_OSS && !cache.buf)) {
+    if (!e || !src || !ctx || !fctx || !rctx || (st->cfg.family == MT_FAMILY_GPT_OSS && !cache.buf)) {
         free(e);
         free(src);
         free(ctx);
         free(fctx);
+        free(rctx);
         free(cache.buf);
         return mt_fail(err, errlen, "%s: out of memory", dir);
     }
@@ -633,7 +678,7 @@ int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_
         src[i] = (mt_st_source){ .name = e[i].name, .ndim = e[i].ndim,
                                  .shape = { e[i].shape[0], e[i].shape[1], e[i].shape[2] }, .data = e[i].master };
         if (e[i].kind != EXPECT_PLAIN) {
-            fctx[i] = (fused_source){ .st = st, .x = &e[i], .cache = &cache };
+            fctx[i] = (fused_source){ .st = st, .x = &e[i], .cache = &cache, .remote = &remote };
             src[i].data = NULL;
             src[i].read = read_fused_chunk;
             src[i].ctx = &fctx[i];
@@ -643,6 +688,10 @@ int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_
             src[i].data = NULL;
             src[i].read = read_master_chunk;
             src[i].ctx = &ctx[i];
+        } else if (!e[i].master) {
+            rctx[i] = (remote_source){ .cache = &remote, .tile = e[i].tile, .offset = e[i].offset };
+            src[i].read = read_remote_chunk;
+            src[i].ctx = &rctx[i];
         }
     }
     char path[4096], name[64];
@@ -673,7 +722,9 @@ int mt_hf_save(const char *dir, const mt_host_state *st, mt_dtype dtype, uint64_
     if (rc == 0) rc = save_config(dir, &st->cfg, dtype, err, errlen);
     if (rc == 0) remove_stale(dir, nshards);
     if (rc == 0) mt_sync_dir(dir); /* make the renames durable */
+    free(remote.buf);
     free(cache.buf);
+    free(rctx);
     free(fctx);
     free(ctx);
     free(src);

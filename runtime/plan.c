@@ -93,6 +93,21 @@ static uint64_t held_state_bytes(const mt_plan *plan, const mt_model_config *cfg
     return most;
 }
 
+/* The largest fp32 master of a tile rank 0 does not own (tile t is rank t mod ranks'): what rank 0
+ * holds at a time of the other ranks' masters while it saves the model (mt_dist_masters_open). */
+static uint64_t largest_remote_master(const mt_plan *plan, const mt_model_config *cfg, int64_t ranks)
+{
+    const int64_t L = plan->num_tiles - 2;
+    uint64_t most = (L + 1) % ranks ? tile_bytes(plan->tile_numel[MT_TILE_HEAD], 4) : 0;
+    for (int64_t i = 1; i <= L; i++) {
+        if (i % ranks == 0) continue;
+        const int64_t numel = plan->dense_layers == 0 || mt_config_layer_is_sparse(cfg, (int)(i - 1))
+                                  ? plan->tile_numel[MT_TILE_LAYER] : plan->dense_layer_numel;
+        if (tile_bytes(numel, 4) > most) most = tile_bytes(numel, 4);
+    }
+    return most;
+}
+
 /* The process's costs beyond the state and the graph's buffers, from the peak resident set
  * (VmHWM) of `megatrain train` runs on the CPU workers of an x86-64 Debian 12 host (StarPU
  * 1.4.10, OpenBLAS 0.3.21, glibc 2.36, the CUDA 13 libraries linked), resident set read between
@@ -363,7 +378,8 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
         }
         plan->host[MT_PLAN_RANK_RECV] = mul(mul(per_rank, (uint64_t)(ranks - 1) * MT_DIST_POOL_SLOTS, &of), 4, &of);
         plan->host_pinned[MT_PLAN_RANK_RECV] = p->use_gpu;
-        plan->host[MT_PLAN_GATHERED] = host_state_bytes(plan, 4) - held_state_bytes(plan, cfg, 4, ranks, 0);
+        plan->host[MT_PLAN_GATHERED] = p->gather_masters ? host_state_bytes(plan, 4) - held_state_bytes(plan, cfg, 4, ranks, 0)
+                                                         : largest_remote_master(plan, cfg, ranks);
     }
 
     /* Devices 1..n-1's fp32 copies of the gradients (runtime/step/graph.c, alloc_device_grads): on
@@ -435,7 +451,8 @@ static const char *kind_name(int k, const mt_plan *plan)
     case MT_PLAN_GRAD_ACC: return "gradient accumulators (fp32)";
     case MT_PLAN_RANK_RECV: return "other ranks' gradient chunks (fp32)";
     case MT_PLAN_DEVICE_GRADS: return "other devices' gradients (fp32)";
-    case MT_PLAN_GATHERED: return "gathered masters (rank 0)";
+    case MT_PLAN_GATHERED: return plan->params.gather_masters ? "gathered masters (rank 0)"
+                                                               : "a remote tile's master (rank 0)";
     case MT_PLAN_PROGRAM: return "program and libraries";
     case MT_PLAN_RUNTIME: return plan->params.ranks > 1 ? "runtime (StarPU, BLAS, MPI)" : "runtime (StarPU, BLAS)";
     case MT_PLAN_CPU_SCRATCH: return "CPU activations (workers)";

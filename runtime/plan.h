@@ -99,6 +99,9 @@ typedef struct mt_plan_params {
                                   * has its own copy of the gradients, summed on device 0
                                   * (MT_PLAN_DEVICE_GRADS) */
     int offload_checkpoints;     /* MT_PLAN_OFFLOAD_OFF (0, the default), _ON or _AUTO (above) */
+    bool gather_masters;         /* over several ranks: rank 0 gathers every master it does not own
+                                  * after the last step (train's byte-level sample), not one tile at
+                                  * a time (MT_PLAN_GATHERED) */
     bool k_default;              /* checkpoint_interval is a default, not asked for: where its plan
                                   * does not fit, mt_plan_choose_run takes the smallest larger K
                                   * that fits, if one does */
@@ -134,10 +137,11 @@ typedef enum mt_plan_kind {
                              * of the gradients, summed into device 0's (runtime/step/graph.c,
                              * alloc_device_grads): on CPU workers, host homes of every tile's;
                              * on GPUs, a summing device's room for the copies it receives */
-    MT_PLAN_GATHERED,       /* host, over several ranks: the fp32 masters of the tiles rank 0 does
-                             * not own, gathered to it after the last step for what reads the
-                             * whole model (--save-model, the end's sample, the weights' hash;
-                             * mt_dist_gather_masters): counted whether or not the run does */
+    MT_PLAN_GATHERED,       /* host, over several ranks: the fp32 masters of tiles rank 0 does not
+                             * own, read there after the last step for the model's save and the
+                             * weights' hash one tile at a time (mt_dist_masters_open: the
+                             * largest such tile), or all of them where gather_masters says
+                             * (mt_dist_gather_masters); counted whether or not the run reads them */
     /* The process (mt_plan_process.counted), host only: */
     MT_PLAN_PROGRAM,        /* the program and its libraries as loaded: mt_plan_process.program_bytes */
     MT_PLAN_RUNTIME,        /* StarPU started: a base, and per CPU worker its thread and state */

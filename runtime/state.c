@@ -600,10 +600,11 @@ void mt_state_read_grad(const mt_host_state *st, int tile, int64_t offset, int64
 const float *mt_state_master_f32(const mt_host_state *st, int tile, float **buf)
 {
     const mt_tile *t = &st->tiles[tile];
-    if (st->layout == MT_LAYOUT_FULL) return t->master;
+    if (st->layout == MT_LAYOUT_FULL && (t->master || !st->remote_master)) return t->master;
     float *b = realloc(*buf, (size_t)t->numel * sizeof(float));
     if (!b) return NULL;
     *buf = b;
+    if (st->layout == MT_LAYOUT_FULL) return st->remote_master(st, tile, b) ? NULL : b;
     mt_state_read_master(st, tile, 0, t->numel, b);
     return b;
 }

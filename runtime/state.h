@@ -85,6 +85,10 @@ typedef struct mt_host_state {
      * other tiles' master, adam_m, adam_v and their chunk handles are NULL. shard_ranks 1: every
      * tile is held. */
     int shard_ranks, shard_rank;
+    /* Where mt_state_master_f32 reads a master this rank does not hold: into dst (the tile's
+     * numel floats), 0 or -1. Set on rank 0 while it saves or hashes the model after the last step
+     * (mt_dist_masters_open: the tile's owner sends it, one tile at a time); NULL otherwise. */
+    int (*remote_master)(const struct mt_host_state *st, int tile, float *dst);
 } mt_host_state;
 
 /* What a host state is created from. */
@@ -137,8 +141,9 @@ void mt_state_write_master(mt_host_state *st, int tile, int64_t offset, int64_t 
 /* Elements [offset, offset + n) of the tile's gradient as fp32 (compact: its bf16 home widened). */
 void mt_state_read_grad(const mt_host_state *st, int tile, int64_t offset, int64_t n, float *out);
 /* A whole tile's master as fp32, for readers of whole tiles: the tile's own array in the full
- * layout, else decoded into *buf (grown to the tile by realloc; the caller frees it). NULL when
- * that memory cannot be had. */
+ * layout, else decoded into *buf (grown to the tile by realloc; the caller frees it); a tile a
+ * sharded state does not hold, read through remote_master into *buf. NULL when that memory cannot
+ * be had, or the tile is not held and cannot be read. */
 const float *mt_state_master_f32(const mt_host_state *st, int tile, float **buf);
 
 /* The rank that owns tile `tile` (its master and moments), and whether this process holds them. */

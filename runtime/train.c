@@ -374,10 +374,14 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     /* Several ranks: each trains its share of the global batch on a sharded host state (the
      * gradients are summed into each tile's owner, which updates it and sends the weights to the
      * others, in the step graph); every rank writes its shard of the checkpoint; rank 0 alone logs
-     * and writes the metrics and the model, the other ranks' masters gathered to it first. */
+     * and writes the metrics and the model, reading the other ranks' masters from them. */
     const int ranks = mt_dist_size(), rank = mt_dist_rank();
-    /* what reads the whole model at the end (the same on every rank: a collective gathers it) */
-    const bool gather = ranks > 1 && (o->save_model_dir || (!ds && o->sample_bytes > 0) || o->hash_weights);
+    /* What reads the whole model at the end, decided alike on every rank (collectives serve it):
+     * the model's save and the weights' hash read rank 0's masters one tile at a time, each sent
+     * by its owner then (mt_dist_masters_open); the byte-level sample, which reads every master
+     * for each byte it draws, has them all gathered to rank 0 first. */
+    const bool gather_all = ranks > 1 && !ds && o->sample_bytes > 0;
+    const bool tile_at_a_time = ranks > 1 && (o->save_model_dir || o->hash_weights);
     if (rank > 0) {
         log = NULL;
         run.metrics_path = NULL;
@@ -413,6 +417,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     pp.use_gpu = mt_runtime_ncuda() > 0;
     pp.devices = mt_runtime_ncuda();
     pp.ranks = ranks;
+    pp.gather_masters = gather_all;
     pp.offload_checkpoints = o->step.offload_checkpoints;
     pp.k_default = o->k_default;
     pp.process = (mt_plan_process){ .counted = true, .ncpu = mt_runtime_ncpu(), .program_bytes = program_bytes,
@@ -630,7 +635,9 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     res->seconds = mt_clock_s() - t0;
     const int64_t trained = res->steps_done >= first ? res->steps_done - first + 1 : 0;
     res->tokens_per_second = trained > 0 ? trained * per_step / res->seconds : 0;
-    if (gather && mt_dist_gather_masters(st, err, errlen)) goto out;
+    if (gather_all && mt_dist_gather_masters(st, err, errlen)) goto out;
+    /* ranks 1.. return from it once rank 0 has saved (or stops): mt_dist_masters_close */
+    if (tile_at_a_time && mt_dist_masters_open(st, err, errlen)) goto out;
     res->weights_hash = o->hash_weights && rank == 0 ? mt_state_hash(st) : 0;
     const bool reached_end = res->steps_done >= last;
     if (!sig && o->stop_signal) sig = *o->stop_signal;
@@ -650,6 +657,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
         goto out;
     }
     if (o->save_model_dir && save_model(o, st, save_dtype, log, err, errlen)) goto out;
+    mt_dist_masters_close(st);
     if (!sig && o->stop_signal) sig = *o->stop_signal;
     if (sig) {
         res->stopped_by = sig;
@@ -705,6 +713,7 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     }
     rc = 0;
 out:
+    mt_dist_masters_close(st); /* rank 0 leaving early: the other ranks stop waiting for it */
     if (log) fflush(log);
     if (mt_metrics_close(&metrics, o->metrics_path, rc ? NULL : err, rc ? 0 : errlen)) rc = -1;
     free(tok); free(tgt); free(vtok); free(vtgt);

@@ -5,7 +5,9 @@
 # run stopped and resumed over 2 ranks saves the model of the uninterrupted one byte for byte;
 # the checkpoint is a file per rank, resumed on the same ranks only; ranks started with different options, and the compact
 # layout, are refused; a killed rank ends the job with its rank named, and the last checkpoint
-# resumes; Ctrl-C on one rank stops all after the same step with a checkpoint; plan --ranks. Skips (77) without mpirun (after the plan checks).
+# resumes; Ctrl-C on one rank stops all after the same step with a checkpoint; a model saved over 3
+# ranks a tile at a time is the one saved from gathered masters; plan --ranks. Skips (77) without
+# mpirun (after the plan checks).
 # Usage: test_dist.sh PATH/TO/megatrain. Prints one line per check, then "N passed, M failed".
 set -u
 
@@ -15,9 +17,9 @@ set -u
 unset MALLOC_PERTURB_
 
 # plan --ranks N: one rank's plan: every tile's weights and gradient, the master and moments of the
-# largest rank's own tiles (tile t: rank t mod N), the other ranks' masters gathered to rank 0 at
-# the end, and the pools it receives the other ranks' gradient chunks into, which grow with the
-# other ranks and not with the layers; compact refused.
+# largest rank's own tiles (tile t: rank t mod N), the largest master of another rank's tile (rank
+# 0 reads them one at a time to save the model), and the pools it receives the other ranks'
+# gradient chunks into, which grow with the other ranks and not with the layers; compact refused.
 plan=(plan --shape qwen2.5-0.5b --micro-batch 2 --seq-len 64 --cpu --host-memory 1T)
 "$megatrain" "${plan[@]}" >one.txt 2>&1
 "$megatrain" "${plan[@]}" --ranks 2 >two.txt 2>&1
@@ -35,15 +37,16 @@ r2=$(recv two.txt) r3=$(recv three.txt) r34=$(recv three4.txt)
 m1=$(row one.txt 'master weights (fp32)') m2=$(row two.txt 'master weights (fp32)') m3=$(row three.txt 'master weights (fp32)')
 v1=$(row one.txt 'Adam v (fp32)') v3=$(row three.txt 'Adam v (fp32)')
 g1=$(row one.txt 'gradients (fp32)') g3=$(row three.txt 'gradients (fp32)')
-x3=$(row three.txt 'gathered masters (rank 0)')
+x3=$(row three.txt "a remote tile's master (rank 0)")
+x34=$(row three4.txt "a remote tile's master (rank 0)")
 if [ "$rc" -ne 0 ] || [ -z "$r2" ] || [ -z "$r3" ] || [ -z "$m1" ] || [ -z "$m3" ]; then
     bad "plan --ranks" "no line of the other ranks' gradient chunks, or of the master"
 elif ! grep -q "^  over 3 ranks: each holds every tile's streamed weights and gradient and the master and moments of the tiles it owns" three.txt; then
     bad "plan --ranks" "the ranks are not said"
 elif [ "$g3" != "$g1" ] || [ "$v3" != "$m3" ] || [ "$m2" -ge "$m1" ] || [ "$m3" -ge "$m2" ] || [ $((2 * m2)) -lt "$m1" ]; then
     bad "plan --ranks" "master $m1 $m2 $m3 (1, 2, 3 ranks), v $v3, gradients $g1 $g3: not a shard of the largest rank's tiles"
-elif [ -z "$x3" ] || [ "$x3" -le 0 ] || [ "$x3" -ge "$m1" ] || grep -q "gathered masters" one.txt; then
-    bad "plan --ranks" "gathered masters '$x3' of 3 ranks against a master of $m1 for one process"
+elif [ -z "$x3" ] || [ "$x3" -le 0 ] || [ "$x3" -ge "$m3" ] || [ "$x34" != "$x3" ] || grep -q "remote tile" one.txt; then
+    bad "plan --ranks" "a remote tile's master '$x3' (24 layers) and '$x34' (4) over 3 ranks: not one layer's, below a rank's $m3"
 elif [ $(( $(total three.txt) - $(total one.txt) )) -ne $(( r3 + x3 - 3 * (m1 - m3) )) ]; then
     bad "plan --ranks" "the totals differ by $(( $(total three.txt) - $(total one.txt) )), not by the $r3 received and $x3 gathered less 3 x $((m1 - m3)) of state"
 elif [ "$r3" -ne $((2 * r2)) ] || [ "$r34" != "$r3" ]; then
@@ -123,6 +126,22 @@ if [ "$a" -ne 0 ] || [ "$b" -ne 0 ] || [ "$rc" -ne 0 ]; then bad "resume over 2 
 elif ! cmp -s whole/model.safetensors resumed/model.safetensors; then bad "resume over 2 ranks" "the saved models differ"
 elif ls ./*.tmp.* whole/*.tmp.* resumed/*.tmp.* >/dev/null 2>&1; then bad "resume over 2 ranks" "temporaries left"
 else ok "resume over 2 ranks"; fi
+# The model's save over 3 ranks reads rank 0's missing masters one tile at a time, each sent by its
+# owner (rank 0 holds one at a time, within its plan); the end's sample gathers them all first: the
+# same file either way. Untied, so the head tile (rank 1's) has the final norm and the LM head.
+sed 's/"tie_word_embeddings": true/"tie_word_embeddings": false/' "$root/models/configs/tiny-byte.json" >untied.json
+mt 3 "${run[@]}" --config untied.json --save-model tiles
+a=$rc
+peak=$(sed -n 's/^megatrain: peak host memory \(.*\) (plan \(.*\))$/\1 \2/p' err.txt out.txt)
+mt 3 "${run[@]}" --config untied.json --save-model gathered --sample-bytes 16
+if [ "$a" -ne 0 ] || [ "$rc" -ne 0 ]; then bad "save over 3 ranks" "exit statuses $a $rc"
+elif ! grep -q '"lm_head.weight"' tiles/model.safetensors; then bad "save over 3 ranks" "no LM head saved (untied)"
+elif ! cmp -s tiles/model.safetensors gathered/model.safetensors; then
+    bad "save over 3 ranks" "a tile at a time and gathered give different files"
+elif ! echo "$peak" | awk 'function bytes(v, u) { return v * (u == "GiB" ? 2^30 : u == "MiB" ? 2^20 : u == "KiB" ? 2^10 : 1) }
+        { n++; if (bytes($1, $2) > 1.10 * bytes($3, $4)) bad = 1 } END { exit bad || n != 1 }'; then
+    bad "save over 3 ranks" "rank 0's peak host memory beyond its plan + 10%: $peak"
+else ok "save over 3 ranks"; fi
 # The checkpoint is one file per rank, each with the master and moments of its own tiles: rank 1's
 # shard beside rank 0's file, only the last step's kept; together about the one process's size.
 mt 0 "${run[@]}" --accum 4 --checkpoint single.ckpt
