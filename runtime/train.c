@@ -687,6 +687,12 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
                 mt_format_bytes(layout.host_total, planned, sizeof planned));
         if (res->skipped) fprintf(log, "megatrain: %lld steps skipped (loss or gradient norm not finite)\n", (long long)res->skipped);
         fflush(log);
+    } else if (ranks > 1) {
+        /* each process's own, on stderr, which the launcher forwards: what every rank of a node takes */
+        char peak[32], planned[32];
+        fprintf(stderr, "megatrain: rank %d of %d: peak host memory %s (the largest rank's plan %s)\n", rank, ranks,
+                mt_format_bytes(mt_host_peak_rss(), peak, sizeof peak),
+                mt_format_bytes(layout.host_total, planned, sizeof planned));
     }
     int64_t speculated, held;
     mt_graph_speculation_counts(g, &speculated, &held);

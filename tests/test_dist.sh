@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Training over several processes (runtime/dist.h), launched by mpirun on this machine, one CPU
 # worker a rank: 2 and 4 ranks give the losses of 1 rank at the same global batch (within 1e-6
-# relative), rank 0's peak memory within 10% of its plan (a sharded state); rank 0 alone logs; a
+# relative), every rank's peak memory within 10% of its plan (a sharded state); rank 0 alone logs; a
 # run stopped and resumed over 2 ranks saves the model of the uninterrupted one byte for byte;
 # the checkpoint is a file per rank, resumed on the same ranks only; ranks started with different options, and the compact
 # layout, are refused; a killed rank ends the job with its rank named, and the last checkpoint
@@ -108,6 +108,12 @@ for np in 2 4; do
             { n++; peak = bytes($1, $2); plan = bytes($3, $4); if (peak > 1.10 * plan) { print $0; bad = 1 } }
             END { if (n != 1) { print n " lines"; bad = 1 }; exit bad }'); then
         bad "$np ranks memory" "peak host memory beyond the plan + 10%: $msg"
+    elif [ "$(grep -c "^megatrain: rank [1-9][0-9]* of $np: peak host memory .* (the largest rank's plan .*)$" err.txt)" -ne $((np - 1)) ]; then
+        bad "$np ranks memory" "not a line of peak host memory from each of ranks 1..$((np - 1))"
+    elif ! msg=$(sed -n "s/^megatrain: rank [0-9]* of $np: peak host memory \(.*\) (the largest rank's plan \(.*\))$/\1 \2/p" err.txt | awk '
+            function bytes(v, u) { return v * (u == "GiB" ? 2^30 : u == "MiB" ? 2^20 : u == "KiB" ? 2^10 : 1) }
+            { if (bytes($1, $2) > 1.10 * bytes($3, $4)) { print $0; bad = 1 } } END { exit bad }'); then
+        bad "$np ranks memory" "a rank's peak host memory beyond the largest rank's plan + 10%: $msg"
     else ok "$np ranks memory"; fi
     if ! msg=$(paste <(losses one.jsonl) <(losses r$np.jsonl) | awk '
             { n++; d = $1 - $2; if (d < 0) d = -d; if ($2 == "" || d > 1e-6 * $1) { print "step " n ": " $1 " vs " $2; bad = 1 } }
