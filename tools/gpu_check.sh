@@ -370,6 +370,8 @@ JSON
     if command -v mpirun >/dev/null; then
         run "train_3b_mpi$n" mpirun --allow-run-as-root -np "$n" "$B/tools/megatrain" "${train3b[@]}" \
             --metrics "$OUT/train_mpi$n.jsonl"
+        grep -h "peak host memory" "$OUT/train_3b_g1.log" "$OUT/train_3b_g$n.log" "$OUT/train_3b_mpi$n.log" |
+            tee -a "$OUT/summary.txt"
     fi
     for f in "$OUT"/train_*.jsonl; do
         echo "$(basename "$f" .jsonl): $(sed -n 's/.*"loss": *\([0-9.]*\).*/\1/p' "$f" | tr '\n' ' ')"
