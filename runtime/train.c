@@ -426,13 +426,23 @@ int mt_train_run(const mt_train_options *o, mt_train_result *res, FILE *log, cha
     mt_plan plan;
     mt_run_choice chosen; /* plan's choice (tools/cli/plan.c): the host layout, the GPU, auto's K */
     const char *gpu_source;
-    const uint64_t avail = mt_host_memory_available();
+    /* The ranks of a node start together and each sees the node's memory free: each plans
+     * within its share of it, so that together they fit. */
+    const int node_ranks = ranks > 1 ? mt_dist_local_size() : 1;
+    const uint64_t avail = mt_host_memory_available() / (uint64_t)(node_ranks > 0 ? node_ranks : 1);
     const uint64_t gpu_memory = mt_plan_gpu_memory(o->gpu_memory, mt_runtime_ncuda(), &gpu_source);
     if (mt_plan_choose_run(&cfg, &pp, o->host_layout, avail, gpu_memory, &plan, &chosen)) {
         snprintf(err, errlen, "%s", plan.error);
         goto out;
     }
-    if (mt_plan_run_refusal(&plan, &chosen, err, errlen)) goto out;
+    if (mt_plan_run_refusal(&plan, &chosen, err, errlen)) {
+        if (node_ranks > 1 && !chosen.layout.fits) {
+            const size_t n = strlen(err);
+            snprintf(err + n, errlen - n, " (this rank's share of the node's available memory: %d ranks run on this node)",
+                     node_ranks);
+        }
+        goto out;
+    }
     const mt_layout_choice layout = chosen.layout;
     if (chosen.k_auto) {
         run.step.K = (int)chosen.K;

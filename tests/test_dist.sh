@@ -6,8 +6,8 @@
 # the checkpoint is a file per rank, resumed on the same ranks only; ranks started with different options, and the compact
 # layout, are refused; a killed rank ends the job with its rank named, and the last checkpoint
 # resumes; Ctrl-C on one rank stops all after the same step with a checkpoint; a model saved over 3
-# ranks a tile at a time is the one saved from gathered masters; plan --ranks. Skips (77) without
-# mpirun (after the plan checks).
+# ranks a tile at a time is the one saved from gathered masters; a rank plans within its share of
+# the node's memory; plan --ranks. Skips (77) without mpirun (after the plan checks).
 # Usage: test_dist.sh PATH/TO/megatrain. Prints one line per check, then "N passed, M failed".
 set -u
 
@@ -194,6 +194,21 @@ mt 2 "${run[@]}" --host-layout compact
 if [ "$rc" -eq 0 ] || ! grep -q -- "--host-layout compact: a run over 2 ranks sums the gradients in fp32" err.txt out.txt; then
     bad "compact over ranks" "expected the refusal"
 else ok "compact over ranks"; fi
+
+# The ranks of one node plan within their share of its available memory (each sees all of it
+# free when they start): a model too large for half is refused with the share named.
+sed 's/"hidden_size": 192/"hidden_size": 8192/; s/"intermediate_size": 512/"intermediate_size": 28672/;
+     s/"num_hidden_layers": 6/"num_hidden_layers": 80/; s/"num_attention_heads": 6/"num_attention_heads": 64/;
+     s/"num_key_value_heads": 2/"num_key_value_heads": 8/; s/"head_dim": 32/"head_dim": 128/' \
+    "$root/models/configs/tiny-byte.json" >big.json
+mt 2 "${run[@]}" --config big.json
+avail=$(awk '/^MemAvailable:/ { printf "%.0f\n", $2 * 1024 }' /proc/meminfo)
+shown=$(sed -n "s/.* but \([0-9]*\) bytes (.*) are available .*(this rank's share of the node's available memory: 2 ranks run on this node)$/\1/p" err.txt | head -1)
+if [ "$rc" -eq 0 ] || [ -z "$shown" ]; then bad "a node's share" "expected the refusal naming the node's 2 ranks (exit status $rc)"
+elif [ "$shown" -gt $((avail * 3 / 4)) ] || [ "$shown" -lt $((avail / 4)) ]; then
+    bad "a node's share" "$shown bytes said available to a rank, against $avail available on the node: not about half"
+elif grep -q '^step ' err.txt out.txt; then bad "a node's share" "a step ran"
+else ok "a node's share"; fi
 
 # A rank killed mid-run: the job ends within a minute, naming the rank; the checkpoint of the
 # last step saved before resumes.
