@@ -7,7 +7,8 @@
 # layout, are refused; a killed rank ends the job with its rank named, and the last checkpoint
 # resumes; Ctrl-C on one rank stops all after the same step with a checkpoint; a model saved over 3
 # ranks a tile at a time is the one saved from gathered masters; a rank plans within its share of
-# the node's memory; plan --ranks. Skips (77) without mpirun (after the plan checks).
+# the node's memory; plan --ranks and --ranks-per-node. Skips (77) without mpirun (after the plan
+# checks).
 # Usage: test_dist.sh PATH/TO/megatrain. Prints one line per check, then "N passed, M failed".
 set -u
 
@@ -53,6 +54,21 @@ elif [ "$r3" -ne $((2 * r2)) ] || [ "$r34" != "$r3" ]; then
     bad "plan --ranks" "receive pools $r2 (2 ranks), $r3 (3), $r34 (3, 4 layers): not linear in the other ranks, or grow with layers"
 elif [ "$r2" -gt $((4 * 4 * 64 * 1048576)) ]; then bad "plan --ranks" "$r2 bytes of pools for one other rank"
 else ok "plan --ranks"; fi
+# Each rank of a machine plans within its share of the machine's memory, as train does:
+# --ranks-per-node (default: every rank on this machine).
+"$megatrain" plan --shape qwen2.5-7b --cpu --ranks 4 --micro-batch 1 --seq-len 2048 --host-memory 300G >out.txt 2>err.txt
+a=$?
+"$megatrain" plan --shape qwen2.5-7b --cpu --ranks 4 --ranks-per-node 1 --micro-batch 1 --seq-len 2048 --host-memory 300G >out1.txt 2>err1.txt
+b=$?
+"$megatrain" plan --shape qwen2.5-7b --cpu --ranks 4 --ranks-per-node 2 --micro-batch 1 --seq-len 2048 --host-memory 300G >out2.txt 2>err2.txt
+c=$?
+if [ "$a" -eq 0 ] || ! grep -q "(75.00 GiB) are available .*(this rank's share: 4 ranks on the machine, --ranks-per-node)$" err.txt; then
+    bad "plan --ranks-per-node" "4 ranks in 300G: expected the refusal naming a rank's 75 GiB share (exit status $a)"
+elif [ "$b" -ne 0 ] || ! grep -q "^fits: host plan within 90% of 300.00 GiB available (full" out1.txt; then
+    bad "plan --ranks-per-node" "one rank a machine: expected it to fit in 300G (exit status $b)"
+elif [ "$c" -ne 0 ] || ! grep -q "^fits: host plan within 90% of 150.00 GiB available (this rank's share: 2 ranks" out2.txt; then
+    bad "plan --ranks-per-node" "two ranks a machine: expected it to fit in 150G (exit status $c)"
+else ok "plan --ranks-per-node"; fi
 "$megatrain" plan --shape qwen2.5-0.5b --ranks 2 --host-layout compact >out.txt 2>err.txt
 rc=$?
 if [ "$rc" -eq 0 ] || ! grep -q "a run over 2 ranks sums the gradients in fp32" err.txt out.txt; then

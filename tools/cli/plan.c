@@ -19,6 +19,7 @@ typedef struct plan_request {
     uint64_t host_memory;  /* 0: MemAvailable */
     uint64_t gpu_memory;   /* 0: the device's (mt_plan_gpu_memory) */
     int64_t ranks;         /* --ranks: the plan of one rank of a run over that many (0: one process) */
+    int64_t node_ranks;    /* --ranks-per-node: of those, how many share this machine (0: all) */
 } plan_request;
 
 #define FIELD(name) offsetof(mt_train_options, name)
@@ -47,6 +48,9 @@ static const cli_option plan_options[] = {
       .help = "plan a CPU-only run (as --ncuda 0)" },
     { .name = "ranks", .arg = "N", .kind = CLI_INT64, .field = offsetof(plan_request, ranks), .min = 1, .max = 4096,
       .help = "one rank's plan of `mpirun -np N megatrain train` (--micro-batch is per rank)" },
+    { .name = "ranks-per-node", .arg = "M", .kind = CLI_INT64, .field = offsetof(plan_request, node_ranks), .min = 1,
+      .max = 4096, .help = "of the --ranks, those on one machine, each checked against 1/M of its memory "
+                           "(default: all of them, as train does with them all on this one)" },
 };
 
 int cli_plan(int argc, char **argv)
@@ -95,6 +99,9 @@ int cli_plan(int argc, char **argv)
     const bool table = req.shapes || (req.host_memory && !any_model);
     if (table && any_model) return cli_usage_error(cmd, "--shapes plans the published shapes: give no model with it");
     if (model.layers > 0 && !any_model) return cli_usage_error(cmd, "--layers needs --shape, --config or --model");
+    if (req.node_ranks > 0 && req.node_ranks > (req.ranks > 0 ? req.ranks : 1))
+        return cli_usage_error(cmd, "--ranks-per-node %lld: more than the %lld ranks of the run (--ranks)",
+                               (long long)req.node_ranks, (long long)(req.ranks > 0 ? req.ranks : 1));
 
     char err[1024], have[32], path[4200];
     if (has_dir) {
@@ -122,8 +129,13 @@ int cli_plan(int argc, char **argv)
                           .k_default = !cli_was_given(&given, "checkpoint-every"),
                           .process = { .counted = true, .ncpu = ncpu, .program_bytes = program_bytes, .data_bytes = data_bytes,
                                        .eval_sequences = o.eval_sequences } };
-    const uint64_t avail = req.host_memory ? req.host_memory : mt_host_memory_available();
+    /* train's rule: the ranks of a node each plan within their share of its memory */
+    const int64_t node_ranks = req.node_ranks > 0 ? req.node_ranks : req.ranks > 1 ? req.ranks : 1;
+    const uint64_t avail = (req.host_memory ? req.host_memory : mt_host_memory_available()) / (uint64_t)node_ranks;
     mt_format_bytes(avail, have, sizeof have);
+    char share[96] = "";
+    if (node_ranks > 1)
+        snprintf(share, sizeof share, " (this rank's share: %lld ranks on the machine, --ranks-per-node)", (long long)node_ranks);
     char workers[96];
     snprintf(workers, sizeof workers, "%d CPU + %d CUDA workers%s", ncpu, ncuda,
              ncuda > 0 || req.cpu || o.runtime.ncuda == 0 ? "" : " (no CUDA device here)");
@@ -172,14 +184,17 @@ int cli_plan(int argc, char **argv)
     mt_plan_print(&plan, stdout);
     mt_plan_print_choice(choice, stdout);
     mt_plan_print_run(&plan, &run, gpu_source, stdout);
-    if (mt_plan_run_refusal(&plan, &run, err, sizeof err)) return cli_failed(cmd, err);
+    if (mt_plan_run_refusal(&plan, &run, err, sizeof err)) {
+        if (!run.layout.fits && node_ranks > 1) snprintf(err + strlen(err), sizeof err - strlen(err), "%s", share);
+        return cli_failed(cmd, err);
+    }
     char gpu[96] = "";
     if (run.gpu_checked) {
         char need[32], dev[32];
         snprintf(gpu, sizeof gpu, "; GPU plan %s within %s", mt_format_bytes(plan.gpu_need, need, sizeof need),
                  mt_format_bytes(gpu_memory, dev, sizeof dev));
     }
-    printf("fits: host plan within %d%% of %s available (%s host layout)%s\n", MT_PLAN_HOST_USABLE_PERCENT, have,
-           mt_host_layout_name(choice->layout), gpu);
+    printf("fits: host plan within %d%% of %s available%s (%s host layout)%s\n", MT_PLAN_HOST_USABLE_PERCENT, have,
+           share, mt_host_layout_name(choice->layout), gpu);
     return 0;
 }
