@@ -386,6 +386,25 @@ JSON
             END { printf "%s against train_g1: %d steps, largest relative difference %.2e (step %d): %s\n", name, n, most,
                   at, (n == 20 && !short && most <= 2e-3) ? "within 2e-3" : "NOT within 2e-3 over 20 steps" }'
     done | tee -a "$OUT/summary.txt"
+    # each train run's step time (the median of steps 4..20 from the metrics' elapsed_s) and model
+    # TFLOP/s at its global batch, (6 N + 6 L d T) x tokens / time, N from plan's "for FLOPs"
+    nflops=$("$B/tools/megatrain" plan --config "$cfg3b" --cpu --host-memory 1T 2>/dev/null |
+             sed -n 's/^memory plan: [0-9]* parameters (\([0-9]*\) for FLOPs).*/\1/p')
+    for f in "$OUT"/train_*.jsonl; do
+        python3 - "$f" "${nflops:-0}" "$n" <<'PY'
+import json, statistics, sys
+path, N, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+el = [json.loads(l)["elapsed_s"] for l in open(path) if l.strip()]
+dt = [b - a for a, b in zip(el[2:], el[3:])]
+tokens, L, d, T = n * 16 * 2048, 36, 2048, 2048
+if dt and N:
+    s = statistics.median(dt)
+    print(f"{path.split('/')[-1]}: {len(dt)} steps, median {s:.3f} s a step of {tokens} tokens, "
+          f"{(6 * N + 6 * L * d * T) * tokens / s / 1e12:.1f} model TFLOP/s")
+else:
+    print(f"{path.split('/')[-1]}: no step times")
+PY
+    done | tee -a "$OUT/summary.txt"
     [ "$n" -ge 8 ] && big=qwen2.5-32b || big=qwen2.5-14b
     bigargs=(--shape "$big" --micro-batch 16 --seq-len 2048 --accum "$n" --ncuda "$n")
     run "plan_$big" "$B/tools/megatrain" plan "${bigargs[@]}"
