@@ -75,7 +75,10 @@
 #            `megatrain train` (random Qwen2.5-3B, the same global batch) on one GPU, on all of them
 #            in one process and, where mpirun is, one rank per GPU, their losses side by side; then
 #            Qwen2.5-32B (8 GPUs or more) or 14B (fewer) over all of them from one host state:
-#            plan, then bench for BIG_STEPS steps (default 20) without warm-up.
+#            plan, then bench for BIG_STEPS steps (default 20) without warm-up, cut at BIG_LIMIT
+#            seconds (default 560). PARTS picks of bench (the test, topology, 3B steps), train1 (the
+#            one-GPU train), train (the others; REF1 a train_g1.jsonl of an earlier call, carried)
+#            and big (default all; one a call on 8 GPUs, where each takes minutes).
 #
 # Settings of the 3B modes: K (--checkpoint-every, default 2); STEPS (measured steps, default 6,
 # bench3b 4); TORCH=0 skips PyTorch at the same shape (run last); in ab3b and final3b, TEST=0
@@ -348,50 +351,60 @@ moe30b)
 multi)
     DATA=${DATA:-.deps/fortunes-qwen3}
     n=$(nvidia-smi -L | wc -l)
-    run topo nvidia-smi topo -m
-    [ "${TEST:-1}" = 1 ] && run test_gpu_step "$B/tests/test_gpu_step"
-    for g in 1 2 4 8; do
-        [ "$g" -le "$n" ] || break
-        run "bench_3b_g$g" "$B/tools/megatrain" bench "${shape3b[@]}" --accum "$g" --ncuda "$g" --clip 1 --warmup 2 \
-            --steps ${STEPS:-4} --data "$DATA"
-    done
-    cfg3b="$OUT/qwen2.5-3b.json"
-    cat >"$cfg3b" <<'JSON'
+    # PARTS: which of bench, train1, train and big run (default all; each takes minutes, so on 8
+    # GPUs run them one a call: PARTS=bench, PARTS=train1, REF1=... PARTS=train, PARTS=big)
+    part() { [[ " ${PARTS:-bench train1 train big} " == *" $1 "* ]]; }
+    if part bench; then
+        run topo nvidia-smi topo -m
+        [ "${TEST:-1}" = 1 ] && run test_gpu_step "$B/tests/test_gpu_step"
+        for g in 1 2 4 8; do
+            [ "$g" -le "$n" ] || break
+            run "bench_3b_g$g" "$B/tools/megatrain" bench "${shape3b[@]}" --accum "$g" --ncuda "$g" --clip 1 --warmup 2 \
+                --steps ${STEPS:-4} --data "$DATA"
+        done
+    fi
+    if part train1 || part train; then
+        cfg3b="$OUT/qwen2.5-3b.json"
+        cat >"$cfg3b" <<'JSON'
 {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 2048, "intermediate_size": 11008,
  "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936,
  "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "tie_word_embeddings": true,
  "use_sliding_window": false, "hidden_act": "silu"}
 JSON
-    # the same global batch (n x 16 sequences of 2048 tokens) and seed each way
-    train3b=(train --config "$cfg3b" --data "$DATA" --micro-batch 16 --seq-len 2048 --steps 20 --clip 1 --eval-every 0
-             --sample-bytes 0 --seed 1)
-    run train_3b_g1 "$B/tools/megatrain" "${train3b[@]}" --accum "$n" --ncuda 1 --metrics "$OUT/train_g1.jsonl"
-    run "train_3b_g$n" "$B/tools/megatrain" "${train3b[@]}" --accum "$n" --ncuda "$n" --metrics "$OUT/train_g$n.jsonl"
-    if command -v mpirun >/dev/null; then
-        run "train_3b_mpi$n" mpirun --allow-run-as-root -np "$n" "$B/tools/megatrain" "${train3b[@]}" \
-            --metrics "$OUT/train_mpi$n.jsonl"
-        grep -h "peak host memory" "$OUT/train_3b_g1.log" "$OUT/train_3b_g$n.log" "$OUT/train_3b_mpi$n.log" |
-            tee -a "$OUT/summary.txt"
+        # the same global batch (n x 16 sequences of 2048 tokens) and seed each way
+        train3b=(train --config "$cfg3b" --data "$DATA" --micro-batch 16 --seq-len 2048 --steps 20 --clip 1 --eval-every 0
+                 --sample-bytes 0 --seed 1)
+        # the one-GPU reference: here, or (REF1) a train_g1.jsonl of an earlier call carried in
+        part train1 && run train_3b_g1 "$B/tools/megatrain" "${train3b[@]}" --accum "$n" --ncuda 1 --metrics "$OUT/train_g1.jsonl"
+        ref1=${REF1:-$OUT/train_g1.jsonl}
+        [ "$ref1" = "$OUT/train_g1.jsonl" ] || cp "$ref1" "$OUT/train_g1.jsonl"
     fi
-    for f in "$OUT"/train_*.jsonl; do
-        echo "$(basename "$f" .jsonl): $(sed -n 's/.*"loss": *\([0-9.]*\).*/\1/p' "$f" | tr '\n' ' ')"
-    done | tee -a "$OUT/summary.txt"
-    # against one GPU, step by step: the largest relative difference, within 2e-3 (bf16 weights;
-    # the loop against PyTorch's differs by at most 1.4e-3 over 100 steps: docs/benchmarks.md)
-    for f in "$OUT/train_g$n.jsonl" "$OUT/train_mpi$n.jsonl"; do
-        [ -s "$f" ] || continue
-        paste <(sed -n 's/.*"loss": *\([0-9.]*\).*/\1/p' "$OUT/train_g1.jsonl") \
-              <(sed -n 's/.*"loss": *\([0-9.]*\).*/\1/p' "$f") | awk -v name="$(basename "$f" .jsonl)" '
-            { n++; d = ($2 - $1) / $1; if (d < 0) d = -d; if (d > most) { most = d; at = n } if ($2 == "") short = 1 }
-            END { printf "%s against train_g1: %d steps, largest relative difference %.2e (step %d): %s\n", name, n, most,
-                  at, (n == 20 && !short && most <= 2e-3) ? "within 2e-3" : "NOT within 2e-3 over 20 steps" }'
-    done | tee -a "$OUT/summary.txt"
-    # each train run's step time (the median of steps 4..20 from the metrics' elapsed_s) and model
-    # TFLOP/s at its global batch, (6 N + 6 L d T) x tokens / time, N from plan's "for FLOPs"
-    nflops=$("$B/tools/megatrain" plan --config "$cfg3b" --cpu --host-memory 1T 2>/dev/null |
-             sed -n 's/^memory plan: [0-9]* parameters (\([0-9]*\) for FLOPs).*/\1/p')
-    for f in "$OUT"/train_*.jsonl; do
-        python3 - "$f" "${nflops:-0}" "$n" <<'PY'
+    if part train; then
+        run "train_3b_g$n" "$B/tools/megatrain" "${train3b[@]}" --accum "$n" --ncuda "$n" --metrics "$OUT/train_g$n.jsonl"
+        if command -v mpirun >/dev/null; then
+            run "train_3b_mpi$n" mpirun --allow-run-as-root -np "$n" "$B/tools/megatrain" "${train3b[@]}" \
+                --metrics "$OUT/train_mpi$n.jsonl"
+            grep -h "peak host memory" "$OUT/train_3b_g$n.log" "$OUT/train_3b_mpi$n.log" | tee -a "$OUT/summary.txt"
+        fi
+        for f in "$OUT"/train_*.jsonl; do
+            echo "$(basename "$f" .jsonl): $(sed -n 's/.*"loss": *\([0-9.]*\).*/\1/p' "$f" | tr '\n' ' ')"
+        done | tee -a "$OUT/summary.txt"
+        # against one GPU, step by step: the largest relative difference, within 2e-3 (bf16 weights;
+        # the loop against PyTorch's differs by at most 1.4e-3 over 100 steps: docs/benchmarks.md)
+        for f in "$OUT/train_g$n.jsonl" "$OUT/train_mpi$n.jsonl"; do
+            [ -s "$f" ] && [ -s "$OUT/train_g1.jsonl" ] || continue
+            paste <(sed -n 's/.*"loss": *\([0-9.]*\).*/\1/p' "$OUT/train_g1.jsonl") \
+                  <(sed -n 's/.*"loss": *\([0-9.]*\).*/\1/p' "$f") | awk -v name="$(basename "$f" .jsonl)" '
+                { n++; d = ($2 - $1) / $1; if (d < 0) d = -d; if (d > most) { most = d; at = n } if ($2 == "") short = 1 }
+                END { printf "%s against train_g1: %d steps, largest relative difference %.2e (step %d): %s\n", name, n, most,
+                      at, (n == 20 && !short && most <= 2e-3) ? "within 2e-3" : "NOT within 2e-3 over 20 steps" }'
+        done | tee -a "$OUT/summary.txt"
+        # each train run's step time (the median of steps 4..20 from the metrics' elapsed_s) and model
+        # TFLOP/s at its global batch, (6 N + 6 L d T) x tokens / time, N from plan's "for FLOPs"
+        nflops=$("$B/tools/megatrain" plan --config "$cfg3b" --cpu --host-memory 1T 2>/dev/null |
+                 sed -n 's/^memory plan: [0-9]* parameters (\([0-9]*\) for FLOPs).*/\1/p')
+        for f in "$OUT"/train_*.jsonl; do
+            python3 - "$f" "${nflops:-0}" "$n" <<'PY'
 import json, statistics, sys
 path, N, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 el = [json.loads(l)["elapsed_s"] for l in open(path) if l.strip()]
@@ -404,11 +417,15 @@ if dt and N:
 else:
     print(f"{path.split('/')[-1]}: no step times")
 PY
-    done | tee -a "$OUT/summary.txt"
-    [ "$n" -ge 8 ] && big=qwen2.5-32b || big=qwen2.5-14b
-    bigargs=(--shape "$big" --micro-batch 16 --seq-len 2048 --accum "$n" --ncuda "$n")
-    run "plan_$big" "$B/tools/megatrain" plan "${bigargs[@]}"
-    run "bench_$big" "$B/tools/megatrain" bench "${bigargs[@]}" --clip 1 --warmup 0 --steps ${BIG_STEPS:-20} --data "$DATA"
+        done | tee -a "$OUT/summary.txt"
+    fi
+    if part big; then
+        [ "$n" -ge 8 ] && big=qwen2.5-32b || big=qwen2.5-14b
+        bigargs=(--shape "$big" --micro-batch 16 --seq-len 2048 --accum "$n" --ncuda "$n")
+        run "plan_$big" "$B/tools/megatrain" plan "${bigargs[@]}"
+        run "bench_$big" timeout "${BIG_LIMIT:-560}" "$B/tools/megatrain" bench "${bigargs[@]}" --clip 1 --warmup 0 \
+            --steps ${BIG_STEPS:-20} --data "$DATA"
+    fi
     ;;
 *)
     echo "gpu_check.sh: unknown mode '$mode' (quick, bench3b, parity, ab3b, final3b, scale7b, train7b, width, numerics, long, long262, mlpchunk, long524, generate, rss, moe, moe30b or multi)" >&2
