@@ -160,16 +160,19 @@ static void gpu_time(const mt_bench_options *o, bool traced, const timeline *tl,
     mt_policy_trace_record *records = NULL;
     int n = 0, dropped = traced ? mt_policy_trace_end(MT_SCHED_CTX_INITIAL, &records, &n) : -1;
     if (tasks && dropped >= 0) write_tasks(tasks, sc, tl, t0, records, n, dropped);
-    int ncuda = 0; /* the breakdown is the GPU's: the CUDA workers' tasks only */
+    int ncuda = 0; /* the breakdown is the GPUs': the CUDA workers' tasks only, each worker's apart */
     for (int i = 0; i < n; i++)
         if (records[i].cuda) records[ncuda++] = records[i];
     n = ncuda;
-    mt_bench_gpu_breakdown(records, n, &r->gpu);
+    r->ngpu_shares = mt_bench_gpu_breakdowns(records, n, r->gpu_each, MT_BENCH_MAX_GPUS, &r->gpu);
     free(records);
     r->gpu.dropped = dropped > 0 ? dropped : 0;
     if (dropped < 0) r->gpu.status = MT_GPU_TRACE_OTHER_POLICY;
     else if (starpu_cuda_worker_get_count() == 0) r->gpu.status = MT_GPU_TRACE_NO_CUDA;
-    r->gpu_idle_s = r->gpu.status == MT_GPU_TRACE_OK ? r->gpu.idle_s / o->steps : NAN;
+    double idle = 0;
+    const int kept = r->ngpu_shares < MT_BENCH_MAX_GPUS ? r->ngpu_shares : MT_BENCH_MAX_GPUS;
+    for (int i = 0; i < kept; i++) idle += r->gpu_each[i].idle_s;
+    r->gpu_idle_s = r->gpu.status != MT_GPU_TRACE_OK ? NAN : kept > 0 ? idle / kept / o->steps : 0;
     for (int i = 0; i < r->gpu.nlongest; i++) {
         mt_gpu_gap *g = &r->gpu.longest[i];
         for (int k = 1; k <= tl->nsteps; k++)

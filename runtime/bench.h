@@ -57,6 +57,19 @@ void mt_bench_gpu_breakdown(mt_policy_trace_record *records, int n, mt_gpu_break
 /* Sorts trace records by start (then end) in place. */
 void mt_bench_sort_records(mt_policy_trace_record *records, int n);
 
+/* One CUDA worker's time over the window (mt_bench_gpu_breakdowns). */
+typedef struct mt_gpu_share {
+    int worker, tasks;
+    double span_s, busy_s, idle_s, inputs_s;
+} mt_gpu_share;
+#define MT_BENCH_MAX_GPUS 64     /* CUDA workers whose shares a result keeps */
+
+/* Pure: each worker's records apart (a task on one GPU does not keep another busy): the breakdown
+ * of each worker's, its share into each[0, min(count, max)), and into *out the breakdown of the
+ * least busy one (busy_s / span_s; the first in worker order of equals). Sorts the records by
+ * worker, then start, in place. Returns the number of workers (0: *out as of no record). */
+int mt_bench_gpu_breakdowns(mt_policy_trace_record *records, int n, mt_gpu_share *each, int max, mt_gpu_breakdown *out);
+
 typedef struct mt_bench_options {
     const char *shape;            /* mt_config_from_shape name, unless config_path is set */
     const char *config_path;      /* NULL, or an HF config.json whose model is timed instead */
@@ -108,8 +121,12 @@ typedef struct mt_bench_result {
     double gpu_busy_min;                          /* the least busy CUDA worker's */
     int ncuda;                                    /* CUDA workers */
     double p2p_gb;                                /* per step: bytes between GPUs (peer to peer) */
-    double gpu_idle_s;                            /* per step: gpu.idle_s / steps; NAN when not traced */
-    mt_gpu_breakdown gpu;                         /* the measured window's GPU time */
+    double gpu_idle_s;                            /* per step, the CUDA workers' mean; NAN when not traced */
+    mt_gpu_breakdown gpu;                         /* the measured window's GPU time: the least busy
+                                                   * CUDA worker's (the only one's with one) */
+    int ngpu_shares;                              /* CUDA workers traced (gpu_each: the first
+                                                   * MT_BENCH_MAX_GPUS of them) */
+    mt_gpu_share gpu_each[MT_BENCH_MAX_GPUS];
     double adamw_standalone_s, adamw_s_per_gparam;
     double adamw_step_cpu_s;                      /* per step: CPU workers' seconds in AdamW tasks */
     double adamw_step_s_per_gparam;               /* the same over the CPU workers and 1e9 parameters:

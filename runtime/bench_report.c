@@ -83,6 +83,37 @@ void mt_bench_gpu_breakdown(mt_policy_trace_record *records, int n, mt_gpu_break
     qsort(out->names, (size_t)out->nnames, sizeof *out->names, cmp_idle_desc);
 }
 
+static int cmp_record_worker(const void *a, const void *b)
+{
+    const mt_policy_trace_record *x = a, *y = b;
+    if (x->worker != y->worker) return x->worker < y->worker ? -1 : 1;
+    return cmp_record_start(a, b);
+}
+
+int mt_bench_gpu_breakdowns(mt_policy_trace_record *records, int n, mt_gpu_share *each, int max, mt_gpu_breakdown *out)
+{
+    mt_bench_gpu_breakdown(NULL, 0, out);
+    if (n <= 0) return 0;
+    qsort(records, (size_t)n, sizeof *records, cmp_record_worker);
+    mt_gpu_breakdown b;
+    double least = INFINITY;
+    int count = 0;
+    for (int a = 0, z; a < n; a = z) {
+        for (z = a + 1; z < n && records[z].worker == records[a].worker; z++) {}
+        mt_bench_gpu_breakdown(records + a, z - a, &b);
+        if (count < max)
+            each[count] = (mt_gpu_share){ .worker = records[a].worker, .tasks = b.tasks, .span_s = b.span_s,
+                                          .busy_s = b.busy_s, .idle_s = b.idle_s, .inputs_s = b.inputs_s };
+        count++;
+        const double busy = b.span_s > 0 ? b.busy_s / b.span_s : 1.0;
+        if (busy < least) {
+            least = busy;
+            *out = b;
+        }
+    }
+    return count;
+}
+
 /* The last column: how clip speculation fared. */
 static void speculation_text(const mt_bench_result *r, char *spec, size_t len)
 {
@@ -180,6 +211,18 @@ void mt_bench_print_gpu(const mt_bench_options *o, const mt_bench_result *r, FIL
     if (b->tasks == 0) {
         fprintf(out, "no task ran on a CUDA worker\n");
         return;
+    }
+    if (r->ngpu_shares > 1) {
+        /* each GPU's own line; the breakdown below is the least busy one's, what the others waited beside */
+        fprintf(out, "%d CUDA workers, each apart:\n", r->ngpu_shares);
+        const int shown = r->ngpu_shares < MT_BENCH_MAX_GPUS ? r->ngpu_shares : MT_BENCH_MAX_GPUS;
+        for (int i = 0; i < shown; i++) {
+            const mt_gpu_share *g = &r->gpu_each[i];
+            fprintf(out, "bench:   worker %d: %d tasks, busy %.3f s of %.3f s (%.1f%%); idle %.3f s/step, of which "
+                         "%.3f s/step waiting for inputs\n", g->worker, g->tasks, g->busy_s, g->span_s,
+                    g->span_s > 0 ? 100.0 * g->busy_s / g->span_s : 0.0, g->idle_s / o->steps, g->inputs_s / o->steps);
+        }
+        fprintf(out, "bench: the least busy one's: ");
     }
     fprintf(out, "%d tasks, busy %.3f s of %.3f s (%.1f%%); idle %.3f s/step, of which %.3f s/step waiting for inputs\n",
             b->tasks, b->busy_s, b->span_s, b->span_s > 0 ? 100.0 * b->busy_s / b->span_s : 0.0, b->idle_s / o->steps,

@@ -1,7 +1,7 @@
 /* The bench's GPU time breakdown: idle gaps and their attribution computed from synthetic trace
- * records (serial, pipelined and unsorted tasks, the inputs split, the longest gaps, many names),
- * and the megatrain policy's trace switching on under that policy only; a run on CPU workers: its
- * table and its progress lines. */
+ * records (serial, pipelined and unsorted tasks, the inputs split, the longest gaps, many names,
+ * each GPU apart, and its printing), and the megatrain policy's trace switching on under that
+ * policy only; a run on CPU workers: its table and its progress lines. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -175,6 +175,51 @@ START_TEST(test_many_names_fold_into_other)
 }
 END_TEST
 
+/* Two GPUs: each worker's records apart, so a gap on one is not hidden by the other's tasks; the
+ * breakdown kept is the least busy worker's. Merged, the two would show no idle at all. */
+START_TEST(test_each_gpu_apart)
+{
+    mt_policy_trace_record r[] = {
+        rec("layer_forward", 1, 0, 0.0, 2.0),   rec("layer_forward", 2, 0, 2.0, 4.0), /* worker 3: never idle */
+        rec("layer_forward", 1, 0, 0.0, 1.0),   rec("layer_backward", 1, 0, 3.0, 4.0), /* worker 5: 2 s idle */
+    };
+    r[0].worker = r[1].worker = 3;
+    r[2].worker = r[3].worker = 5;
+    mt_policy_trace_record merged[4];
+    memcpy(merged, r, sizeof r);
+    mt_gpu_breakdown m;
+    mt_bench_gpu_breakdown(merged, 4, &m);
+    ck_assert_double_eq_tol(m.idle_s, 0, TOL);
+
+    mt_gpu_share each[4];
+    mt_gpu_breakdown b;
+    /* given out of worker order: the shares come in it */
+    mt_policy_trace_record shuffled[4] = { r[3], r[1], r[2], r[0] };
+    ck_assert_int_eq(mt_bench_gpu_breakdowns(shuffled, 4, each, 4, &b), 2);
+    ck_assert_int_eq(each[0].worker, 3);
+    ck_assert_int_eq(each[0].tasks, 2);
+    ck_assert_double_eq_tol(each[0].busy_s, 4.0, TOL);
+    ck_assert_double_eq_tol(each[0].idle_s, 0, TOL);
+    ck_assert_int_eq(each[1].worker, 5);
+    ck_assert_double_eq_tol(each[1].span_s, 4.0, TOL);
+    ck_assert_double_eq_tol(each[1].idle_s, 2.0, TOL);
+    ck_assert_double_eq_tol(each[1].busy_s, 2.0, TOL);
+    ck_assert_int_eq(b.tasks, 2); /* worker 5's */
+    ck_assert_double_eq_tol(b.idle_s, 2.0, TOL);
+    ck_assert_str_eq(b.names[0].name, "layer_backward");
+    ck_assert_int_eq(b.nlongest, 1);
+    ck_assert_double_eq_tol(b.longest[0].at_s, 1.0, TOL);
+
+    /* room for one share: the count is still both, the least busy still found */
+    memcpy(shuffled, r, sizeof r);
+    ck_assert_int_eq(mt_bench_gpu_breakdowns(shuffled, 4, each, 1, &b), 2);
+    ck_assert_int_eq(each[0].worker, 3);
+    ck_assert_double_eq_tol(b.idle_s, 2.0, TOL);
+    ck_assert_int_eq(mt_bench_gpu_breakdowns(NULL, 0, each, 4, &b), 0);
+    ck_assert_int_eq(b.tasks, 0);
+}
+END_TEST
+
 START_TEST(test_empty)
 {
     mt_gpu_breakdown b;
@@ -318,6 +363,27 @@ START_TEST(test_notes_over_several_gpus)
     ck_assert_msg(strstr(text, "CUDA workers") == NULL, "%s", text);
     free(text);
     fclose(f);
+
+    /* the GPU time: a line for each worker, then the least busy one's breakdown */
+    o.steps = 2;
+    mt_policy_trace_record t[] = { rec("layer_forward", 1, 0, 0.0, 2.0), rec("layer_forward", 1, 0, 0.0, 1.0),
+                                   rec("layer_backward", 1, 0, 3.0, 4.0) };
+    t[0].worker = 3;
+    t[1].worker = t[2].worker = 5;
+    r[0].ngpu_shares = mt_bench_gpu_breakdowns(t, 3, r[0].gpu_each, MT_BENCH_MAX_GPUS, &r[0].gpu);
+    f = tmpfile();
+    mt_bench_print_gpu(&o, &r[0], f);
+    text = slurp(f);
+    ck_assert_msg(strstr(text, "2 CUDA workers, each apart:\n"
+                               "bench:   worker 3: 1 tasks, busy 2.000 s of 2.000 s (100.0%); idle 0.000 s/step, of "
+                               "which 0.000 s/step waiting for inputs\n"
+                               "bench:   worker 5: 2 tasks, busy 2.000 s of 4.000 s (50.0%); idle 1.000 s/step, of "
+                               "which 0.000 s/step waiting for inputs\n"
+                               "bench: the least busy one's: 2 tasks, busy 2.000 s of 4.000 s (50.0%)") != NULL,
+                  "%s", text);
+    ck_assert_msg(strstr(text, "| layer_backward | 1 | 1 | 2.0000 |") != NULL, "%s", text);
+    free(text);
+    fclose(f);
 }
 END_TEST
 
@@ -330,6 +396,7 @@ int main(void)
     tcase_add_test(tc, test_unsorted_records);
     tcase_add_test(tc, test_longest_five);
     tcase_add_test(tc, test_many_names_fold_into_other);
+    tcase_add_test(tc, test_each_gpu_apart);
     tcase_add_test(tc, test_empty);
     tcase_add_test(tc, test_trace_under_policies);
     tcase_add_test(tc, test_notes_over_several_gpus);
