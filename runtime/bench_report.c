@@ -213,7 +213,7 @@ void mt_bench_print_gpu(const mt_bench_options *o, const mt_bench_result *r, FIL
         return;
     }
     if (r->ngpu_shares > 1) {
-        /* each GPU's own line; the breakdown below is the least busy one's, what the others waited beside */
+        /* a line a GPU; the breakdown below is the least busy one's */
         fprintf(out, "%d CUDA workers, each apart:\n", r->ngpu_shares);
         const int shown = r->ngpu_shares < MT_BENCH_MAX_GPUS ? r->ngpu_shares : MT_BENCH_MAX_GPUS;
         for (int i = 0; i < shown; i++) {
