@@ -437,12 +437,13 @@ static void run_block_prec(const routing_case *rc, mt_cuda_prec prec, uint64_t s
     for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++) free(hbufs[i]);
 }
 
+/* One case in one precision a run (_i: case _i / 2, bf16 then fp32), so that a failure hides no
+ * other case. */
 START_TEST(test_block)
 {
-    for (int c = 0; c < NCASES; c++) {
-        run_block_prec(&CASES[c], MT_CUDA_BF16, 100 + (uint64_t)c);
-        run_block_prec(&CASES[c], MT_CUDA_F32, 200 + (uint64_t)c);
-    }
+    const int c = _i / 2;
+    if (_i % 2) run_block_prec(&CASES[c], MT_CUDA_F32, 200 + (uint64_t)c);
+    else run_block_prec(&CASES[c], MT_CUDA_BF16, 100 + (uint64_t)c);
 }
 END_TEST
 
@@ -595,12 +596,11 @@ static void run_layer_prec(const routing_case *rc, mt_cuda_prec prec, uint64_t s
     for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++) free(hbufs[i]);
 }
 
-START_TEST(test_layer)
+START_TEST(test_layer) /* as test_block: one case in one precision a run */
 {
-    for (int c = 0; c < NCASES; c++) {
-        run_layer_prec(&CASES[c], MT_CUDA_BF16, 300 + (uint64_t)c);
-        run_layer_prec(&CASES[c], MT_CUDA_F32, 400 + (uint64_t)c);
-    }
+    const int c = _i / 2;
+    if (_i % 2) run_layer_prec(&CASES[c], MT_CUDA_F32, 400 + (uint64_t)c);
+    else run_layer_prec(&CASES[c], MT_CUDA_BF16, 300 + (uint64_t)c);
 }
 END_TEST
 
@@ -836,11 +836,11 @@ static Suite *cuda_moe_suite(void)
     suite_add_tcase(s, routing);
     TCase *block = tcase_create("block");
     tcase_set_timeout(block, 600);
-    tcase_add_test(block, test_block);
+    tcase_add_loop_test(block, test_block, 0, 2 * NCASES);
     suite_add_tcase(s, block);
     TCase *layer = tcase_create("layer");
     tcase_set_timeout(layer, 600);
-    tcase_add_test(layer, test_layer);
+    tcase_add_loop_test(layer, test_layer, 0, 2 * NCASES);
     suite_add_tcase(s, layer);
     TCase *step = tcase_create("step");
     tcase_set_timeout(step, 600);
