@@ -196,6 +196,13 @@ static const char *tile_label(int tile, int64_t layers, char *buf, size_t len)
     return buf;
 }
 
+/* One GPU's time over the window, the rest of a line. */
+static void print_time(FILE *out, int tasks, double busy_s, double span_s, double idle_s, double inputs_s, int steps)
+{
+    fprintf(out, "%d tasks, busy %.3f s of %.3f s (%.1f%%); idle %.3f s/step, of which %.3f s/step waiting for inputs\n",
+            tasks, busy_s, span_s, span_s > 0 ? 100.0 * busy_s / span_s : 0.0, idle_s / steps, inputs_s / steps);
+}
+
 void mt_bench_print_gpu(const mt_bench_options *o, const mt_bench_result *r, FILE *out)
 {
     const mt_gpu_breakdown *b = &r->gpu;
@@ -218,15 +225,12 @@ void mt_bench_print_gpu(const mt_bench_options *o, const mt_bench_result *r, FIL
         const int shown = r->ngpu_shares < MT_BENCH_MAX_GPUS ? r->ngpu_shares : MT_BENCH_MAX_GPUS;
         for (int i = 0; i < shown; i++) {
             const mt_gpu_share *g = &r->gpu_each[i];
-            fprintf(out, "bench:   worker %d: %d tasks, busy %.3f s of %.3f s (%.1f%%); idle %.3f s/step, of which "
-                         "%.3f s/step waiting for inputs\n", g->worker, g->tasks, g->busy_s, g->span_s,
-                    g->span_s > 0 ? 100.0 * g->busy_s / g->span_s : 0.0, g->idle_s / o->steps, g->inputs_s / o->steps);
+            fprintf(out, "bench:   worker %d: ", g->worker);
+            print_time(out, g->tasks, g->busy_s, g->span_s, g->idle_s, g->inputs_s, o->steps);
         }
         fprintf(out, "bench: the least busy one's: ");
     }
-    fprintf(out, "%d tasks, busy %.3f s of %.3f s (%.1f%%); idle %.3f s/step, of which %.3f s/step waiting for inputs\n",
-            b->tasks, b->busy_s, b->span_s, b->span_s > 0 ? 100.0 * b->busy_s / b->span_s : 0.0, b->idle_s / o->steps,
-            b->inputs_s / o->steps);
+    print_time(out, b->tasks, b->busy_s, b->span_s, b->idle_s, b->inputs_s, o->steps);
     if (b->dropped)
         fprintf(out, "bench: the trace was full: %d events dropped, the breakdown misses their tasks\n", b->dropped);
     fprintf(out, "| idle before | tasks | gaps | idle s | of which inputs s | share of idle |\n|---|---|---|---|---|---|\n");

@@ -69,12 +69,19 @@ static uint64_t host_state_bytes(const mt_plan *plan, uint64_t elem)
 /* The bytes of the tiles rank r of `ranks` owns (tile t: rank t mod ranks; runtime/state.h), at
  * elem bytes per element, for the largest rank's (only < 0) or rank `only`'s: what one rank of a
  * sharded state holds of the master and moments. ranks 1: every tile's (host_state_bytes). */
+/* Bytes of layer tile i (1..L) at elem bytes per element: a sparse or a dense layer's. */
+static uint64_t layer_tile_bytes(const mt_plan *plan, const mt_model_config *cfg, int64_t i, uint64_t elem)
+{
+    const bool sparse = plan->dense_layers == 0 || mt_config_layer_is_sparse(cfg, (int)(i - 1));
+    return tile_bytes(sparse ? plan->tile_numel[MT_TILE_LAYER] : plan->dense_layer_numel, elem);
+}
+
 static uint64_t held_state_bytes(const mt_plan *plan, const mt_model_config *cfg, uint64_t elem, int64_t ranks,
                                  int64_t only)
 {
     if (ranks <= 1) return host_state_bytes(plan, elem);
     const uint64_t embed = tile_bytes(plan->tile_numel[MT_TILE_EMBED], elem), layer = tile_bytes(plan->tile_numel[MT_TILE_LAYER], elem);
-    const uint64_t dense = tile_bytes(plan->dense_layer_numel, elem), head = tile_bytes(plan->tile_numel[MT_TILE_HEAD], elem);
+    const uint64_t head = tile_bytes(plan->tile_numel[MT_TILE_HEAD], elem);
     const int64_t L = plan->num_tiles - 2;
     uint64_t most = 0;
     for (int64_t r = only < 0 ? 0 : only; r < (only < 0 ? ranks : only + 1) && r < plan->num_tiles; r++) {
@@ -85,8 +92,7 @@ static uint64_t held_state_bytes(const mt_plan *plan, const mt_model_config *cfg
             const int64_t first = r >= 1 ? r : ranks;
             if (first <= L) bytes += (uint64_t)((L - first) / ranks + 1) * layer;
         } else {
-            for (int64_t i = r >= 1 ? r : ranks; i <= L; i += ranks)
-                bytes += mt_config_layer_is_sparse(cfg, i - 1) ? layer : dense;
+            for (int64_t i = r >= 1 ? r : ranks; i <= L; i += ranks) bytes += layer_tile_bytes(plan, cfg, i, elem);
         }
         if (bytes > most) most = bytes;
     }
@@ -99,12 +105,8 @@ static uint64_t largest_remote_master(const mt_plan *plan, const mt_model_config
 {
     const int64_t L = plan->num_tiles - 2;
     uint64_t most = (L + 1) % ranks ? tile_bytes(plan->tile_numel[MT_TILE_HEAD], 4) : 0;
-    for (int64_t i = 1; i <= L; i++) {
-        if (i % ranks == 0) continue;
-        const int64_t numel = plan->dense_layers == 0 || mt_config_layer_is_sparse(cfg, (int)(i - 1))
-                                  ? plan->tile_numel[MT_TILE_LAYER] : plan->dense_layer_numel;
-        if (tile_bytes(numel, 4) > most) most = tile_bytes(numel, 4);
-    }
+    for (int64_t i = 1; i <= L; i++)
+        if (i % ranks && layer_tile_bytes(plan, cfg, i, 4) > most) most = layer_tile_bytes(plan, cfg, i, 4);
     return most;
 }
 
