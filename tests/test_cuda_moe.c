@@ -16,9 +16,9 @@
  * the coordinates of the experts it is meant to choose and low at the others, and the router
  * reads those coordinates, so bf16 rounding cannot change a choice (a changed choice is not an
  * error of the kernels but would fail the comparison).
- * Then the whole step of a two-layer all-sparse model on a CUDA worker against CPU workers (its
- * memory plan, the loss, and in fp32 every gradient tile), without and with the load-balancing
- * loss.
+ * Then the whole step of a two-layer all-sparse model, and of a three-layer one whose middle layer
+ * is dense, on a CUDA worker against CPU workers (its memory plan, the loss, and in fp32 every
+ * gradient tile), without and with the load-balancing loss.
  * MT_CUDA_BENCH=1 adds the timing of the block at the Qwen3-30B-A3B layer shape. Every check
  * prints one line. Without a CUDA device it prints "no GPU: skipped" and exits 77. */
 #include <check.h>
@@ -604,20 +604,24 @@ START_TEST(test_layer) /* as test_block: one case in one precision a run */
 }
 END_TEST
 
-/* ---------- the whole step of an all-sparse model, GPU against CPU workers ---------- */
+/* ---------- the whole step of a sparse model, GPU against CPU workers ---------- */
 
-/* A two-layer qwen3_moe, every layer sparse (8 experts of width 96, top 2, renormalised). */
-static mt_model_config step_config(void)
+/* A two-layer qwen3_moe, every layer sparse (8 experts of width 96, top 2, renormalised); or with
+ * `mixed` three layers whose middle one is dense (`mlp_only_layers`: an SwiGLU MLP of width 160),
+ * so that the CUDA layer runs both layouts in one step, a dense layer between two sparse ones. */
+static mt_model_config step_config(bool mixed)
 {
-    char err[512] = "";
-    const char *json = "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 128, \"intermediate_size\": 160,"
-                       " \"num_hidden_layers\": 2, \"num_attention_heads\": 2, \"num_key_value_heads\": 1,"
-                       " \"head_dim\": 64, \"vocab_size\": 301, \"max_position_embeddings\": 512,"
-                       " \"rms_norm_eps\": 1e-6, \"num_experts\": 8, \"num_experts_per_tok\": 2,"
-                       " \"moe_intermediate_size\": 96, \"norm_topk_prob\": true, \"output_router_logits\": false}";
+    char err[512] = "", json[1024];
+    snprintf(json, sizeof json,
+             "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 128, \"intermediate_size\": 160,"
+             " \"num_hidden_layers\": %d, \"num_attention_heads\": 2, \"num_key_value_heads\": 1,"
+             " \"head_dim\": 64, \"vocab_size\": 301, \"max_position_embeddings\": 512,"
+             " \"rms_norm_eps\": 1e-6, \"num_experts\": 8, \"num_experts_per_tok\": 2,"
+             " \"moe_intermediate_size\": 96, \"norm_topk_prob\": true, \"output_router_logits\": false%s}",
+             mixed ? 3 : 2, mixed ? ", \"mlp_only_layers\": [1]" : "");
     mt_model_config cfg;
     ck_assert_msg(mt_config_parse(json, "moe-step", &cfg, err, sizeof err) == 0, "%s", err);
-    ck_assert_int_eq(mt_config_sparse_layers(&cfg), cfg.layers);
+    ck_assert_int_eq(mt_config_sparse_layers(&cfg), mixed ? 2 : cfg.layers);
     return cfg;
 }
 
@@ -633,7 +637,7 @@ enum { STEP_B = 2, STEP_T = 77 };
 /* One step's gradients (no update) with `ncuda` CUDA workers, in dtype, the load-balancing loss
  * at aux_coef (0: off); the memory plan must count exactly the buffers the graph registers (the
  * CUDA layer's sizes of a sparse layer included). */
-static step_result run_step(int ncuda, mt_dtype dtype, double aux_coef)
+static step_result run_step(int ncuda, mt_dtype dtype, double aux_coef, bool mixed)
 {
     mt_runtime_options ro = mt_runtime_defaults();
     ro.sched = "megatrain";
@@ -642,7 +646,7 @@ static step_result run_step(int ncuda, mt_dtype dtype, double aux_coef)
     ro.cuda.attention = MT_CUDA_ATTENTION_OWN;
     char err[512];
     ck_assert_msg(mt_runtime_init(&ro, err, sizeof err) == 0, "%s", err);
-    mt_model_config cfg = step_config();
+    mt_model_config cfg = step_config(mixed);
     if (aux_coef > 0) cfg.router_aux = MT_ROUTER_AUX_ON, cfg.router_aux_coef_run = aux_coef; /* --router-aux-loss */
     mt_host_state *st = mt_state_create(&cfg, dtype, 0, err, sizeof err);
     ck_assert_msg(st != NULL, "%s", err);
@@ -693,12 +697,12 @@ static step_result run_step(int ncuda, mt_dtype dtype, double aux_coef)
  * moves single experts' gradients far more than rounding does (the layer and block cases above
  * check bf16 gradients on inputs whose routing has a margin). With the load-balancing loss on
  * (aux_coef > 0) the loss includes its value and the gradients its share. */
-static void compare_step(mt_dtype dtype, double aux_coef)
+static void compare_step(mt_dtype dtype, double aux_coef, bool mixed)
 {
     const bool f32 = dtype == MT_DTYPE_F32;
-    printf("step of an all-sparse qwen3_moe, %s: B=%d T=%d, load-balancing loss %g\n", mt_dtype_name(dtype),
-           (int)STEP_B, (int)STEP_T, aux_coef);
-    step_result cpu = run_step(0, dtype, aux_coef), gpu = run_step(1, dtype, aux_coef);
+    printf("step of %s qwen3_moe, %s: B=%d T=%d, load-balancing loss %g\n",
+           mixed ? "a sparse-dense-sparse" : "an all-sparse", mt_dtype_name(dtype), (int)STEP_B, (int)STEP_T, aux_coef);
+    step_result cpu = run_step(0, dtype, aux_coef, mixed), gpu = run_step(1, dtype, aux_coef, mixed);
     const double lrel = fabs(gpu.loss - cpu.loss) / fabs(cpu.loss), ltol = f32 ? 1e-6 : 1e-3;
     printf("  %-52s rel err %.3e  (tol %.0e)%s   [gpu %.8f cpu %.8f]\n", "loss", lrel, ltol,
            lrel <= ltol ? "" : "  FAIL", gpu.loss, cpu.loss);
@@ -716,10 +720,13 @@ static void compare_step(mt_dtype dtype, double aux_coef)
 
 START_TEST(test_step)
 {
-    compare_step(MT_DTYPE_F32, 0.0);
-    compare_step(MT_DTYPE_BF16, 0.0);
-    compare_step(MT_DTYPE_F32, 0.5); /* a large coefficient: the loss's share of the gradients shows */
-    compare_step(MT_DTYPE_BF16, 0.5);
+    compare_step(MT_DTYPE_F32, 0.0, false);
+    compare_step(MT_DTYPE_BF16, 0.0, false);
+    compare_step(MT_DTYPE_F32, 0.5, false); /* a large coefficient: the loss's share of the gradients shows */
+    compare_step(MT_DTYPE_BF16, 0.5, false);
+    compare_step(MT_DTYPE_F32, 0.0, true);
+    compare_step(MT_DTYPE_BF16, 0.0, true);
+    compare_step(MT_DTYPE_F32, 0.5, true);
 }
 END_TEST
 
