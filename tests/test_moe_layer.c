@@ -139,7 +139,8 @@ END_TEST
 
 /* A sliding layer attends to fewer keys than a full one: the same tile and input give another
  * output, and the first `window` positions of each sequence (which see every key either way)
- * the same one. */
+ * the same one, to rounding: the two layers' attention may reach BLAS with other shapes, whose
+ * kernels sum in another order on some CPUs (5.6e-17 seen on an AVX-512 Xeon). */
 START_TEST(test_gpt_oss_window_applies)
 {
     const mt_model_config cfg = gpt_oss_clamping("");
@@ -157,7 +158,7 @@ START_TEST(test_gpt_oss_window_applies)
     for (int64_t b = 0; b < LB; b++)
         for (int64_t t = 0; t < LT; t++) {
             const double e = mt_test_rel_err_f64(y0 + (b * LT + t) * d, y1 + (b * LT + t) * d, d);
-            if (t < W) ck_assert_msg(e == 0, "position %lld within the window differs: %.3e", (long long)t, e);
+            if (t < W) ck_assert_msg(e <= 1e-13, "position %lld within the window differs: %.3e", (long long)t, e);
             else ck_assert_msg(e > 1e-6, "position %lld past the window is the same", (long long)t);
         }
     free(tile); free(x); free(y0); free(y1); free(scratch);
