@@ -24,7 +24,8 @@ Mixtral and GPT-OSS without and with the router's load-balancing loss) it
   5. writes OUT/fixtures/<family>/ (the model directory, tokens.bin, batch.json and
      reference.safetensors), which tests/test_parity.c compares the CPU path with in CI.
 --model DIR runs steps 2-4 on a directory of yours. --width N (hidden size N, vocab 1000),
---bf16-weights (random weights rounded to bf16 values, as published checkpoints hold) and
+--bf16-weights (random weights rounded to bf16 values, as published checkpoints hold),
+--bf16-params REGEX (only the parameters whose names match, e.g. 'norm|embed') and
 --batch/--seq-len vary the random models to see what the bf16 error depends on; fixtures are
 written only at the default sizes.
 Exits 1 when any check fails; the last lines are a table.
@@ -33,6 +34,7 @@ import argparse
 import inspect
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -371,6 +373,9 @@ def main():
     ap.add_argument("--width", type=int, help="random models at this hidden size (multiple of 32), vocab 1000; no fixtures")
     ap.add_argument("--bf16-weights", action="store_true",
                     help="round the random weights to bf16 values first (as published checkpoints are); no fixtures")
+    ap.add_argument("--bf16-params", metavar="REGEX",
+                    help="round to bf16 values first only the parameters whose names match REGEX (e.g. 'norm|embed':"
+                         " what the GPU's bf16 path rounds and autocast does not); no fixtures")
     ap.add_argument("--batch", type=int, default=B)
     ap.add_argument("--seq-len", type=int, default=T)
     ap.add_argument("--tol-cpu", type=float, default=1e-5)
@@ -393,7 +398,8 @@ def main():
     f32 = {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": torch.float32}
     table, failed = [], 0
     work = tempfile.mkdtemp(prefix="parity-")
-    default_models = not (args.width or args.bf16_weights) and (args.batch, args.seq_len) == (B, T)
+    default_models = not (args.width or args.bf16_weights or args.bf16_params) and (args.batch, args.seq_len) == (B, T)
+    bf16_params = re.compile(args.bf16_params) if args.bf16_params else None
     if args.model:
         with open(os.path.join(args.model, "config.json")) as f:
             vocab = json.load(f)["vocab_size"]
@@ -417,7 +423,7 @@ def main():
                     p.copy_(1 + 0.2 * torch.randn_like(p))
                 elif name.endswith(".bias") or name.endswith("_bias") or name.endswith(".sinks"):
                     p.copy_(0.05 * torch.randn_like(p))
-                if args.bf16_weights:
+                if args.bf16_weights or (bf16_params and bf16_params.search(name)):
                     p.copy_(p.to(torch.bfloat16).float())
         fam_work = os.path.join(work, fam)
         hf_dir = os.path.join(fam_work, "model")
@@ -429,7 +435,8 @@ def main():
         failed += check_family(args, torch, transformers, load_file, save_file, f32, fam, hf_dir, ids, fam_work, table,
                                fixtures, disk_dtype)
     print(f"(batch {args.batch} x {args.seq_len}" + (f", hidden {args.width}" if args.width else "")
-          + (", weights rounded to bf16" if args.bf16_weights else "") + ")")
+          + (", weights rounded to bf16" if args.bf16_weights else "")
+          + (f", parameters matching '{args.bf16_params}' rounded to bf16" if args.bf16_params else "") + ")")
     print("| family | check | worst tensor | worst rel. error | median over tensors | bound | result |")
     print("|---|---|---|---|---|---|---|")
     for fam, path, name, e, tol, med in table:
