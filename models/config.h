@@ -183,6 +183,12 @@ int mt_config_check_seq_len(const mt_model_config *cfg, int64_t seq_len, char *e
  * 0, or -1 with a message naming the value and the choices. */
 int mt_rope_scaling_parse(const char *spec, mt_rope_type *type, double *factor, char *err, size_t errlen);
 
+/* Keeps the first n decoder layers of the model (--layers; n may also exceed the config's count):
+ * num_hidden_layers n, with the lists that name layers cut to them (gpt_oss's layer_types,
+ * qwen3_moe's mlp_only_layers). More layers than a layer_types list names are refused: the list
+ * says nothing of the others. 0, or -1 with err set and cfg unchanged. */
+int mt_config_set_layers(mt_model_config *cfg, int64_t n, char *err, size_t errlen);
+
 /* Applies a --rope-scaling value to cfg: a model without scaling gets TYPE with FACTOR, the
  * original length being its max_position_embeddings (which stays, as HF configs of extended
  * models keep it: Qwen2.5's yarn), so that sequences up to FACTOR times it are allowed and

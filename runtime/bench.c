@@ -611,9 +611,9 @@ int mt_bench_run(const mt_bench_options *o, mt_bench_result *results, FILE *log,
         snprintf(err, errlen, "unknown shape '%s'", o->shape);
         return -1;
     }
-    if (o->layers > 0) cfg.layers = o->layers;
     /* before anything is allocated: a length the model cannot take is refused at once */
-    if ((o->rope_scaling && mt_config_set_rope_scaling(&cfg, o->rope_scaling, err, errlen)) ||
+    if ((o->layers > 0 && mt_config_set_layers(&cfg, o->layers, err, errlen)) ||
+        (o->rope_scaling && mt_config_set_rope_scaling(&cfg, o->rope_scaling, err, errlen)) ||
         mt_config_check_seq_len(&cfg, o->step.T, err, errlen))
         return -1;
     cfg.mlp_chunk = o->step.mlp_chunk;

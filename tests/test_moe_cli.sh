@@ -246,6 +246,15 @@ mt plan --config "$root/models/configs/gpt-oss-120b.json" --host-memory 4T --ncp
 if [ "$rc" -ne 0 ] || ! grep -qF '117B parameters in total, 5.71B active per token (5711982912)' out.txt; then
     bad "plan of models/configs/gpt-oss-120b.json" "$(grep 'mixture of experts' out.txt)"
 else ok "plan of models/configs/gpt-oss-120b.json"; fi
+# --layers keeps the first layers of layer_types' list, and refuses more than it names
+mt plan --config "$root/models/configs/gpt-oss-20b.json" --layers 6 --host-memory 4T --ncpu 2 --ncuda 0
+if [ "$rc" -ne 0 ] || ! grep -qF 'gpt-oss-20b.json, 6 layers' out.txt; then
+    bad "plan of gpt-oss-20b with --layers 6" "rc $rc: $(tail -1 err.txt)"
+else ok "plan of gpt-oss-20b with --layers 6"; fi
+mt plan --config "$root/models/configs/gpt-oss-20b.json" --layers 30 --host-memory 4T --ncpu 2 --ncuda 0
+if [ "$rc" -eq 0 ] || ! grep -qF -- "--layers 30: the config's layer_types names 24 layers" err.txt; then
+    bad "plan of gpt-oss-20b with --layers 30" "not refused: rc $rc, $(tail -1 err.txt)"
+else ok "plan of gpt-oss-20b with --layers 30"; fi
 # --- gpt_oss: sinks, sliding and full layers, biased experts with the clamped SwiGLU -------
 mt train --config "$fixtures/gpt_oss.json" "${run[@]}" --steps 1 --save-model gbase
 if [ "$rc" -ne 0 ] || [ ! -f gbase/model.safetensors ]; then bad "a random gpt_oss directory" "not written: $(tail -1 err.txt)"

@@ -322,6 +322,42 @@ START_TEST(test_sparse_count_closed_form)
 }
 END_TEST
 
+/* --layers (mt_config_set_layers): the lists that name layers are cut to the layers kept, and the
+ * result validates; more layers than layer_types names are refused, the config unchanged. */
+START_TEST(test_set_layers)
+{
+    char err[512] = "";
+    mt_model_config c = parse_ok(GPT_OSS_BASE(4) ", \"layer_types\": [\"full_attention\", \"sliding_attention\","
+                                 " \"sliding_attention\", \"full_attention\"]}", "layers-gpt_oss");
+    ck_assert_msg(mt_config_set_layers(&c, 3, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(c.layers, 3);
+    ck_assert_int_eq(c.layer_types_count, 3);
+    ck_assert(!mt_config_layer_sliding(&c, 0) && mt_config_layer_sliding(&c, 1) && mt_config_layer_sliding(&c, 2));
+    ck_assert_msg(mt_config_validate(&c, "layers-gpt_oss", err, sizeof err) == 0, "%s", err);
+    const mt_model_config before = c;
+    ck_assert_int_eq(mt_config_set_layers(&c, 5, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "--layers 5") && strstr(err, "names 3 layers"), "%s", err);
+    ck_assert(memcmp(&before, &c, sizeof c) == 0);
+    ck_assert_int_eq(mt_config_set_layers(&c, 0, err, sizeof err), -1);
+    /* without layer_types, any count: the default alternation goes on */
+    c = parse_ok(GPT_OSS_BASE(2) "}", "layers-gpt_oss-default");
+    ck_assert_msg(mt_config_set_layers(&c, 7, err, sizeof err) == 0, "%s", err);
+    ck_assert(mt_config_layer_sliding(&c, 6) && !mt_config_layer_sliding(&c, 5));
+    ck_assert_msg(mt_config_validate(&c, "layers-gpt_oss-default", err, sizeof err) == 0, "%s", err);
+
+    /* qwen3_moe: the dense layers past the cut are dropped, those before it kept */
+    c = parse_ok(QWEN3_MOE_BASE ", \"mlp_only_layers\": [1, 4, 5]}", "layers-qwen3_moe");
+    ck_assert_msg(mt_config_set_layers(&c, 4, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(c.mlp_only_layers_count, 1);
+    ck_assert_int_eq(c.mlp_only_layers[0], 1);
+    ck_assert_int_eq(mt_config_sparse_layers(&c), 3);
+    ck_assert_msg(mt_config_validate(&c, "layers-qwen3_moe", err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(mt_config_set_layers(&c, 12, err, sizeof err) == 0, "%s", err); /* more: nothing to cut */
+    ck_assert_int_eq(c.mlp_only_layers_count, 1);
+    ck_assert_int_eq(mt_config_sparse_layers(&c), 11);
+}
+END_TEST
+
 /* Which layers are sparse, as Qwen3MoeDecoderLayer decides, and the counts that follow. */
 START_TEST(test_sparse_layers)
 {
@@ -643,6 +679,7 @@ static Suite *moe_model_suite(void)
     tcase_add_test(config, test_gpt_oss_counts);
     tcase_add_test(config, test_gpt_oss_keys);
     tcase_add_test(config, test_sparse_layers);
+    tcase_add_test(config, test_set_layers);
     tcase_add_test(config, test_sparse_count_closed_form);
     tcase_add_test(config, test_config_roundtrip);
     tcase_add_test(config, test_config_errors);

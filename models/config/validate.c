@@ -228,3 +228,17 @@ int mt_config_validate(const mt_model_config *cfg, const char *name, char *err, 
                     name, (long long)cfg->vocab, (long long)d);
     return 0;
 }
+
+int mt_config_set_layers(mt_model_config *cfg, int64_t n, char *err, size_t errlen)
+{
+    if (n < 1) return mt_fail(err, errlen, "--layers: must be at least 1, got %lld", (long long)n);
+    if (cfg->layer_types_count > 0 && n > cfg->layer_types_count)
+        return mt_fail(err, errlen, "--layers %lld: the config's layer_types names %lld layers, and says nothing of the "
+                       "others", (long long)n, (long long)cfg->layer_types_count);
+    if (cfg->layer_types_count > 0) cfg->layer_types_count = n;
+    int64_t kept = 0; /* mlp_only_layers is sorted */
+    while (kept < cfg->mlp_only_layers_count && cfg->mlp_only_layers[kept] < n) kept++;
+    cfg->mlp_only_layers_count = kept;
+    cfg->layers = n;
+    return 0;
+}

@@ -397,15 +397,14 @@ const cli_option cli_model_options[5] = {
 
 int cli_model_config(const char *cmd, const cli_model *m, mt_model_config *cfg)
 {
+    char err[1024];
     if (m->shape) {
         if (mt_config_from_shape(m->shape, cfg)) return cli_usage_error(cmd, "--shape: unknown shape '%s' (" SHAPES ")", m->shape);
-    } else {
-        char err[1024];
-        if (mt_config_load(m->config_path, cfg, err, sizeof err)) return cli_failed(cmd, err);
+    } else if (mt_config_load(m->config_path, cfg, err, sizeof err)) {
+        return cli_failed(cmd, err);
     }
-    if (m->layers > 0) cfg->layers = m->layers;
+    if (m->layers > 0 && mt_config_set_layers(cfg, m->layers, err, sizeof err)) return cli_failed(cmd, err);
     if (m->rope_scaling) {
-        char err[512];
         if (mt_config_set_rope_scaling(cfg, m->rope_scaling, err, sizeof err))
             return cli_failed(cmd, err);
     }
