@@ -891,13 +891,42 @@ void mt_plan_print_choice(const mt_layout_choice *c, FILE *out)
 const char *const mt_plan_shapes[MT_PLAN_NSHAPES] = { "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b",
                                                       "qwen2.5-14b" };
 
-/* The choice for cfg at `layers` layers; -1 with plan->error set. */
+/* The choice for cfg's first `layers` layers; -1 with plan->error set. */
 static int choose_at(const mt_model_config *cfg, int64_t layers, const mt_plan_params *params, mt_host_layout request,
                      uint64_t available, mt_plan *plan, mt_layout_choice *c)
 {
     mt_model_config at = *cfg;
-    at.layers = layers;
+    if (mt_config_set_layers(&at, layers, plan->error, sizeof plan->error)) return -1;
     return mt_plan_choose(&at, params, request, available, plan, c);
+}
+
+int mt_plan_max_layers(const mt_model_config *cfg, const mt_plan_params *params, mt_host_layout request,
+                       uint64_t available, int64_t *max_layers, int64_t *max_params, mt_host_layout *max_layout,
+                       char *err, size_t errlen)
+{
+    mt_plan plan;
+    mt_layout_choice c;
+    int64_t lo = 0, hi = cfg->layers + 1; /* lo fits (0: vacuously), hi does not */
+    for (int64_t at = cfg->layers; hi - lo > 1; at = lo + (hi - lo) / 2) {
+        if (choose_at(cfg, at, params, request, available, &plan, &c)) {
+            snprintf(err, errlen, "at %lld layers: %s", (long long)at, plan.error);
+            return -1;
+        }
+        if (c.fits) lo = at;
+        else hi = at;
+    }
+    *max_layers = lo;
+    *max_params = 0;
+    *max_layout = MT_LAYOUT_FULL;
+    if (lo > 0) {
+        if (choose_at(cfg, lo, params, request, available, &plan, &c)) {
+            snprintf(err, errlen, "at %lld layers: %s", (long long)lo, plan.error);
+            return -1;
+        }
+        *max_params = plan.param_count;
+        *max_layout = c.layout;
+    }
+    return 0;
 }
 
 int mt_plan_fit_shapes(const mt_plan_params *params, mt_host_layout request, uint64_t available,
@@ -918,24 +947,11 @@ int mt_plan_fit_shapes(const mt_plan_params *params, mt_host_layout request, uin
         }
         r->params = plan.param_count;
         r->host_bytes = r->choice.host_total;
-        /* the deepest model of this width that fits: bytes grow with the layers, so bisect */
-        int64_t lo = 0, hi = cfg.layers + 1; /* lo fits (0: vacuously), hi does not */
-        mt_layout_choice c = r->choice;
-        if (c.fits) lo = cfg.layers;
-        else hi = cfg.layers;
-        while (hi - lo > 1) {
-            const int64_t mid = lo + (hi - lo) / 2;
-            if (choose_at(&cfg, mid, params, request, available, &plan, &c)) {
-                snprintf(err, errlen, "%s at %lld layers: %s", r->shape, (long long)mid, plan.error);
-                return -1;
-            }
-            if (c.fits) lo = mid;
-            else hi = mid;
-        }
-        r->max_layers = lo;
-        if (lo > 0 && choose_at(&cfg, lo, params, request, available, &plan, &c) == 0) {
-            r->max_params = plan.param_count;
-            r->max_layout = c.layout;
+        char why[512];
+        if (mt_plan_max_layers(&cfg, params, request, available, &r->max_layers, &r->max_params, &r->max_layout, why,
+                               sizeof why)) {
+            snprintf(err, errlen, "%s %s", r->shape, why);
+            return -1;
         }
     }
     return MT_PLAN_NSHAPES;

@@ -249,6 +249,14 @@ typedef struct mt_plan_fit {
     mt_host_layout max_layout;  /* the layout chosen at max_layers */
 } mt_plan_fit;
 
+/* The most of cfg's first layers (mt_config_set_layers: what --layers keeps) whose host plan fits
+ * `available` under `request`, by bisection (bytes grow with the layers): *max_layers (0: not one
+ * layer fits; cfg->layers when the whole model fits), and at that count its parameters and
+ * layout. 0, or -1 with err set (a plan failed). */
+int mt_plan_max_layers(const mt_model_config *cfg, const mt_plan_params *params, mt_host_layout request,
+                       uint64_t available, int64_t *max_layers, int64_t *max_params, mt_host_layout *max_layout,
+                       char *err, size_t errlen);
+
 /* The rows of every published shape, with params' batch, dtype and GPU and the layout request.
  * Returns MT_PLAN_NSHAPES, or -1 with err set (the batch does not plan). */
 int mt_plan_fit_shapes(const mt_plan_params *params, mt_host_layout request, uint64_t available,

@@ -255,6 +255,22 @@ mt plan --config "$root/models/configs/gpt-oss-20b.json" --layers 30 --host-memo
 if [ "$rc" -eq 0 ] || ! grep -qF -- "--layers 30: the config's layer_types names 24 layers" err.txt; then
     bad "plan of gpt-oss-20b with --layers 30" "not refused: rc $rc, $(tail -1 err.txt)"
 else ok "plan of gpt-oss-20b with --layers 30"; fi
+# A model that does not fit is refused with the layers that would; plan at that count fits.
+mt plan --config "$root/models/configs/gpt-oss-20b.json" --host-memory 125G --dtype bf16 --ncpu 2 --ncuda 0
+fit=$(sed -n 's/.*the first \([0-9]*\) of its 24 layers fit .*: --layers \([0-9]*\) plans them.*/\1 \2/p' err.txt)
+if [ "$rc" -eq 0 ] || [ -z "$fit" ] || [ "${fit% *}" != "${fit#* }" ]; then
+    bad "plan of gpt-oss-20b on 125G" "no --layers advice: rc $rc, $(tail -1 err.txt)"
+else
+    n=${fit% *}
+    mt plan --config "$root/models/configs/gpt-oss-20b.json" --host-memory 125G --dtype bf16 --ncpu 2 --ncuda 0 --layers "$n"
+    if [ "$rc" -ne 0 ]; then bad "plan of gpt-oss-20b on 125G" "--layers $n, as advised, does not fit: $(tail -1 err.txt)"
+    else
+        mt plan --config "$root/models/configs/gpt-oss-20b.json" --host-memory 125G --dtype bf16 --ncpu 2 --ncuda 0 \
+            --layers $((n + 1))
+        if [ "$rc" -eq 0 ]; then bad "plan of gpt-oss-20b on 125G" "--layers $((n + 1)) fits too: $n is not the most"
+        else ok "plan of gpt-oss-20b on 125G advises --layers $n"; fi
+    fi
+fi
 # --- gpt_oss: sinks, sliding and full layers, biased experts with the clamped SwiGLU -------
 mt train --config "$fixtures/gpt_oss.json" "${run[@]}" --steps 1 --save-model gbase
 if [ "$rc" -ne 0 ] || [ ! -f gbase/model.safetensors ]; then bad "a random gpt_oss directory" "not written: $(tail -1 err.txt)"

@@ -185,6 +185,17 @@ int cli_plan(int argc, char **argv)
     mt_plan_print_choice(choice, stdout);
     mt_plan_print_run(&plan, &run, gpu_source, stdout);
     if (mt_plan_run_refusal(&plan, &run, err, sizeof err)) {
+        /* what does fit of this model: its first layers, as --layers keeps them */
+        int64_t max_layers, max_params;
+        mt_host_layout max_layout;
+        char why[512];
+        if (!run.layout.fits && cfg.layers > 1 &&
+            mt_plan_max_layers(&cfg, &pp, o.host_layout, avail, &max_layers, &max_params, &max_layout, why,
+                               sizeof why) == 0 && max_layers > 0)
+            snprintf(err + strlen(err), sizeof err - strlen(err),
+                     "; the first %lld of its %lld layers fit (%.3fB parameters, %s layout): --layers %lld plans them",
+                     (long long)max_layers, (long long)cfg.layers, max_params / 1e9, mt_host_layout_name(max_layout),
+                     (long long)max_layers);
         if (!run.layout.fits && node_ranks > 1) snprintf(err + strlen(err), sizeof err - strlen(err), "%s", share);
         return cli_failed(cmd, err);
     }
