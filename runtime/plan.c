@@ -906,26 +906,23 @@ int mt_plan_max_layers(const mt_model_config *cfg, const mt_plan_params *params,
 {
     mt_plan plan;
     mt_layout_choice c;
+    *max_params = 0;
+    *max_layout = MT_LAYOUT_FULL;
     int64_t lo = 0, hi = cfg->layers + 1; /* lo fits (0: vacuously), hi does not */
     for (int64_t at = cfg->layers; hi - lo > 1; at = lo + (hi - lo) / 2) {
         if (choose_at(cfg, at, params, request, available, &plan, &c)) {
             snprintf(err, errlen, "at %lld layers: %s", (long long)at, plan.error);
             return -1;
         }
-        if (c.fits) lo = at;
-        else hi = at;
+        if (c.fits) {
+            lo = at;
+            *max_params = plan.param_count; /* lo only grows: the last fit is the answer's */
+            *max_layout = c.layout;
+        } else {
+            hi = at;
+        }
     }
     *max_layers = lo;
-    *max_params = 0;
-    *max_layout = MT_LAYOUT_FULL;
-    if (lo > 0) {
-        if (choose_at(cfg, lo, params, request, available, &plan, &c)) {
-            snprintf(err, errlen, "at %lld layers: %s", (long long)lo, plan.error);
-            return -1;
-        }
-        *max_params = plan.param_count;
-        *max_layout = c.layout;
-    }
     return 0;
 }
 
