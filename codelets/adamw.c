@@ -42,6 +42,25 @@ mt_ranged_counts mt_adamw_stats_ranged(const mt_adamw_stats *s)
                                .redo_side = atomic_load(&s->redo_side), .redo_arrays = atomic_load(&s->redo_arrays) };
 }
 
+/* The dtype of a chunk's streamed copy (buffer [4]): the tile's, or fp32 for a chunk of a norm
+ * that a bf16 tile keeps in fp32 (its fp32 side, mt_layout_keep_norms_f32). */
+static mt_dtype streamed_dtype(void *weights_buffer, mt_dtype tile)
+{
+    return STARPU_VECTOR_GET_ELEMSIZE(weights_buffer) == sizeof(float) ? MT_DTYPE_F32 : tile;
+}
+
+/* A ranged run's start on a chunk: as mt_codelet_ranged_begin, but a chunk streamed in fp32 has
+ * no bf16 rounding to absorb the scale, so its run is skipped (its confirm computes it). */
+static bool ranged_begin(void *buffers[], void *flags, int64_t n, const mt_adamw_args *a, mt_adamw_params *p)
+{
+    if (streamed_dtype(buffers[4], a->dtype) != a->dtype) {
+        mt_ranged_flags_begin(flags, n, a->ranged.side_room, 0, 0, true);
+        return false;
+    }
+    return mt_codelet_ranged_begin(flags, n, (const double *)STARPU_VECTOR_GET_PTR(buffers[6]),
+                                   (const void *)STARPU_VECTOR_GET_PTR(buffers[7]), &a->ranged, p, a->stats);
+}
+
 /* The clip task's scale times the update's gradient multiplier, as the clipped kernel forms it. */
 static double clip_scale(void *clip_buffer) { return ((const double *)STARPU_VECTOR_GET_PTR(clip_buffer))[1]; }
 
@@ -61,6 +80,7 @@ static void adamw_streamed(void *buffers[], mt_adamw_params p, mt_dtype dtype, i
     const float *grad = (const float *)STARPU_VECTOR_GET_PTR(buffers[3]);
     float *m = (float *)STARPU_VECTOR_GET_PTR(buffers[1]), *v = (float *)STARPU_VECTOR_GET_PTR(buffers[2]);
     void *w = (void *)STARPU_VECTOR_GET_PTR(buffers[4]);
+    dtype = streamed_dtype(buffers[4], dtype);
     if (fused) mt_cpu_adamw_streamed(n, master, grad, m, v, w, dtype, &p);
     else mt_cpu_adamw_weights(0, n, master, grad, m, v, w, dtype, &p);
 }
@@ -91,10 +111,8 @@ static void adamw_params_ranged(void *buffers[], const mt_adamw_args *a)
     const float *grad = (const float *)STARPU_VECTOR_GET_PTR(buffers[3]);
     void *w = (void *)STARPU_VECTOR_GET_PTR(buffers[4]);
     void *flags = (void *)STARPU_VECTOR_GET_PTR(buffers[5]);
-    const double *known = (const double *)STARPU_VECTOR_GET_PTR(buffers[6]);
-    const void *last = (const void *)STARPU_VECTOR_GET_PTR(buffers[7]);
     mt_adamw_params p = a->p;
-    if (!mt_codelet_ranged_begin(flags, n, known, last, &a->ranged, &p, a->stats)) return;
+    if (!ranged_begin(buffers, flags, n, a, &p)) return;
     const int64_t flagged = mt_cpu_ranged_pass(0, n, master, grad, m, v, w, a->dtype, &p, a->ranged.bounds, flags);
     atomic_fetch_add(&a->stats->flagged, (long long)flagged);
 }
@@ -109,12 +127,10 @@ static void adamw_params_ranged_deferred(void *buffers[], const mt_adamw_args *a
     const float *grad = (const float *)STARPU_VECTOR_GET_PTR(buffers[3]);
     void *w = (void *)STARPU_VECTOR_GET_PTR(buffers[4]);
     void *flags = (void *)STARPU_VECTOR_GET_PTR(buffers[5]);
-    const double *known = (const double *)STARPU_VECTOR_GET_PTR(buffers[6]);
-    const void *last = (const void *)STARPU_VECTOR_GET_PTR(buffers[7]);
     const float *old = (const float *)STARPU_VECTOR_GET_PTR(buffers[8]);
     mt_adamw_params po = a->last, p = a->p;
     po.grad_scale *= clip_scale(buffers[9]); /* as adamw_moments_cpu */
-    const bool ranged = mt_codelet_ranged_begin(flags, n, known, last, &a->ranged, &p, a->stats);
+    const bool ranged = ranged_begin(buffers, flags, n, a, &p);
     const int64_t flagged = mt_cpu_ranged_pass_deferred(0, n, master, old, grad, m, v, w, a->dtype, &po, &p,
                                                         a->ranged.bounds, ranged ? flags : NULL);
     atomic_fetch_add(&a->stats->flagged, (long long)flagged);
@@ -135,7 +151,7 @@ static void adamw_confirm_ranged(void *buffers[], const mt_adamw_args *a)
     const float c = (float)p.grad_scale;
     if (hd->skipped || !(c >= hd->cl && c <= hd->ch)) {
         if (!hd->skipped) atomic_fetch_add(c < hd->cl ? &a->stats->below : &a->stats->outside, (long long)n);
-        mt_cpu_adamw_weights(0, n, master, grad, m, v, w, a->dtype, &p);
+        mt_cpu_adamw_weights(0, n, master, grad, m, v, w, streamed_dtype(buffers[4], a->dtype), &p);
         return;
     }
     mt_ranged_redo_counts counts = { 0 };

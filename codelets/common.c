@@ -1,11 +1,19 @@
 /* Helpers shared by the CPU implementations of the codelets: bf16 weight views, scratch sizes. */
 #include "codelets/common.h"
 
-const float *mt_codelet_weights_f32(const mt_codelet_model *model, void *buffer, float *tmp)
+#include <string.h>
+
+const float *mt_codelet_weights_f32(const mt_codelet_model *model, const mt_tile_layout *layout, void *buffer,
+                                    float *tmp)
 {
     void *w = (void *)STARPU_VECTOR_GET_PTR(buffer);
     if (model->dtype == MT_DTYPE_F32) return w;
-    mt_bf16_to_f32((int64_t)STARPU_VECTOR_GET_NX(buffer), w, tmp);
+    mt_bf16_to_f32(layout->numel, w, tmp);
+    /* the norms a tile keeps in fp32: their side's values, not the bf16 elements (stale there) */
+    for (int k = 0; layout->f32_numel && k < layout->ntensors; k++) {
+        const mt_tensor_desc *d = &layout->tensors[k];
+        if (d->f32_at) memcpy(tmp + d->offset, (const float *)w + d->f32_at, (size_t)d->numel * sizeof(float));
+    }
     return tmp;
 }
 

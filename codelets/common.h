@@ -82,8 +82,9 @@ size_t mt_codelet_layer_saved_bytes(const mt_model_config *cfg, mt_dtype weights
 /* Writes the sum of squares of a gradient tile into the task's sumsq buffer (CPU). */
 void mt_codelet_sumsq_cpu(void *grad_buffer, void *sumsq_buffer);
 
-/* fp32 view of a tile's streamed weights inside a CPU task: the buffer itself for fp32, or
- * its conversion into tmp (numel floats) for bf16. */
-const float *mt_codelet_weights_f32(const mt_codelet_model *model, void *buffer, float *tmp);
+/* fp32 view of the streamed weights of a tile of `layout` inside a CPU task: the buffer itself for
+ * fp32, or for bf16 its conversion into tmp (numel floats), the norms it keeps in fp32 copied. */
+const float *mt_codelet_weights_f32(const mt_codelet_model *model, const mt_tile_layout *layout, void *buffer,
+                                    float *tmp);
 
 #endif

@@ -12,8 +12,8 @@ static void head_cpu(void *buffers[], void *cl_arg)
     const bool tied = md->cfg.tied;
     float *scratch = (float *)STARPU_VECTOR_GET_PTR(buffers[6]);
     float *tmp = scratch + mt_head_scratch_numel(&md->cfg, a.head_chunk);
-    const float *head = mt_codelet_weights_f32(md, buffers[0], tmp);
-    const float *embed = tied ? mt_codelet_weights_f32(md, buffers[7], tmp + md->layout_head.numel) : NULL;
+    const float *head = mt_codelet_weights_f32(md, &md->layout_head, buffers[0], tmp);
+    const float *embed = tied ? mt_codelet_weights_f32(md, &md->layout_embed, buffers[7], tmp + md->layout_head.numel) : NULL;
     float *dhead = (float *)STARPU_VECTOR_GET_PTR(buffers[4]);
     float *dembed = tied ? (float *)STARPU_VECTOR_GET_PTR(buffers[8]) : NULL;
     if (!a.accumulate) {
@@ -40,8 +40,8 @@ static void head_eval_cpu(void *buffers[], void *cl_arg)
     const bool tied = md->cfg.tied;
     float *scratch = (float *)STARPU_VECTOR_GET_PTR(buffers[4]);
     float *tmp = scratch + mt_head_scratch_numel(&md->cfg, a.head_chunk);
-    const float *head = mt_codelet_weights_f32(md, buffers[0], tmp);
-    const float *embed = tied ? mt_codelet_weights_f32(md, buffers[5], tmp + md->layout_head.numel) : NULL;
+    const float *head = mt_codelet_weights_f32(md, &md->layout_head, buffers[0], tmp);
+    const float *embed = tied ? mt_codelet_weights_f32(md, &md->layout_embed, buffers[5], tmp + md->layout_head.numel) : NULL;
     int64_t counted = 0;
     double *loss = (double *)STARPU_VECTOR_GET_PTR(buffers[3]);
     loss[0] = mt_cpu_head_f32(&md->cfg, &md->layout_head, head, embed, a.B * a.T,

@@ -33,8 +33,8 @@ static void head_logits_cpu(void *buffers[], void *cl_arg)
         assert(rows[r] >= 0 && rows[r] < ntok);
         memcpy(gathered + r * d, h + (int64_t)rows[r] * d, sizeof(float) * (size_t)d);
     }
-    const float *head = mt_codelet_weights_f32(md, buffers[0], tmp);
-    const float *embed = md->cfg.tied ? mt_codelet_weights_f32(md, buffers[5], tmp + md->layout_head.numel) : NULL;
+    const float *head = mt_codelet_weights_f32(md, &md->layout_head, buffers[0], tmp);
+    const float *embed = md->cfg.tied ? mt_codelet_weights_f32(md, &md->layout_embed, buffers[5], tmp + md->layout_head.numel) : NULL;
     mt_cpu_head_logits_f32(&md->cfg, &md->layout_head, head, embed, nrows, gathered,
                            (float *)STARPU_VECTOR_GET_PTR(buffers[3]), scratch);
 }

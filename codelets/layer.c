@@ -11,7 +11,7 @@ static void layer_forward_cpu(void *buffers[], void *cl_arg)
     const mt_codelet_model *md = a.model;
     float *scratch = (float *)STARPU_VECTOR_GET_PTR(buffers[3]);
     float *wtmp = scratch + mt_layer_scratch_numel(&md->cfg, a.B, a.T); /* bf16 only */
-    const float *w = mt_codelet_weights_f32(md, buffers[0], wtmp);
+    const float *w = mt_codelet_weights_f32(md, mt_codelet_layer_layout(md, a.layer), buffers[0], wtmp);
     double *stats = a.router_stats ? (double *)STARPU_VECTOR_GET_PTR(buffers[a.save ? 5 : 4]) : NULL;
     mt_cpu_layer_forward_aux_f32(&md->cfg, mt_codelet_layer_layout(md, a.layer), w, a.layer, a.B, a.T,
                                  (const float *)STARPU_VECTOR_GET_PTR(buffers[1]),
@@ -26,7 +26,7 @@ static void layer_backward_cpu(void *buffers[], void *cl_arg)
     const mt_codelet_model *md = a.model;
     float *scratch = (float *)STARPU_VECTOR_GET_PTR(buffers[5]);
     float *wtmp = scratch + mt_layer_scratch_numel(&md->cfg, a.B, a.T);
-    const float *w = mt_codelet_weights_f32(md, buffers[0], wtmp);
+    const float *w = mt_codelet_weights_f32(md, mt_codelet_layer_layout(md, a.layer), buffers[0], wtmp);
     float *dtile = (float *)STARPU_VECTOR_GET_PTR(buffers[4]);
     if (!a.accumulate) memset(dtile, 0, STARPU_VECTOR_GET_NX(buffers[4]) * sizeof(float));
     /* the counts are the first E of the statistics, final once every sparse forward has run */

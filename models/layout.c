@@ -154,6 +154,39 @@ int64_t mt_layout_expert_stride(const mt_tile_layout *layout)
     return layout->tensors[mt_layout_expert_slot(1, 0)].offset - layout->tensors[mt_layout_expert_slot(0, 0)].offset;
 }
 
+bool mt_layout_is_norm(const mt_tile_layout *layout, int slot)
+{
+    if (slot < 0 || slot >= layout->ntensors || layout->tensors[slot].numel == 0) return false;
+    if (layout->kind == MT_TILE_HEAD) return slot == MT_H_NORM;
+    return layout->kind == MT_TILE_LAYER &&
+           (slot == MT_L_ATTN_NORM || slot == MT_L_Q_NORM || slot == MT_L_K_NORM || slot == MT_L_MLP_NORM);
+}
+
+/* The side's first float: past the bf16 elements, on a 256-byte boundary. */
+static int64_t side_base(const mt_tile_layout *layout) { return round_up(layout->numel * 2, 256) / 4; }
+
+size_t mt_layout_keep_norms_f32(mt_tile_layout *layout)
+{
+    int64_t at = side_base(layout);
+    layout->f32_numel = 0;
+    for (int k = 0; k < layout->ntensors; k++) {
+        mt_tensor_desc *d = &layout->tensors[k];
+        d->f32_at = 0;
+        if (!mt_layout_is_norm(layout, k)) continue;
+        d->f32_at = at;
+        const int64_t span = round_up(d->numel, MT_TILE_ALIGN); /* up to the next tensor's start */
+        at += span;
+        layout->f32_numel += span;
+    }
+    return mt_layout_stream_bytes(layout, 2);
+}
+
+size_t mt_layout_stream_bytes(const mt_tile_layout *layout, size_t esz)
+{
+    if (layout->f32_numel == 0) return (size_t)layout->numel * esz;
+    return (size_t)(side_base(layout) + layout->f32_numel) * sizeof(float);
+}
+
 void mt_layout_full_name(const mt_tile_layout *layout, int layer, int slot, char *buf, size_t len)
 {
     const char *name = (slot >= 0 && slot < layout->ntensors) ? layout->tensors[slot].name : NULL;

@@ -7,6 +7,8 @@
 #ifndef MT_MODELS_LAYOUT_H
 #define MT_MODELS_LAYOUT_H
 
+#include <stddef.h>
+
 #include "models/config.h"
 
 #define MT_TILE_ALIGN 64 /* elements; 128 B in bf16, 256 B in fp32 */
@@ -67,6 +69,9 @@ typedef struct mt_tensor_desc {
     int64_t offset;     /* in elements from the tile start, MT_TILE_ALIGN-aligned */
     int64_t numel;      /* 0 when the tensor is absent in this family/config */
     bool decay;         /* weight decay applies (matrices only, not norms or biases) */
+    int64_t f32_at;     /* a tile whose bf16 streamed copy keeps an fp32 side (mt_layout_keep_norms_f32):
+                         * where this tensor's fp32 copy starts, in floats from the tile's start;
+                         * 0 when the tensor has none */
 } mt_tensor_desc;
 
 typedef struct mt_tile_layout {
@@ -74,6 +79,7 @@ typedef struct mt_tile_layout {
     int ntensors;                                /* slots, including absent ones */
     mt_tensor_desc tensors[MT_MAX_TILE_TENSORS];
     int64_t numel;                               /* tile size in elements, padding included */
+    int64_t f32_numel;                           /* floats of the fp32 side, 0 without one */
 } mt_tile_layout;
 
 /* Fills the layout of one kind of tile for this config. For MT_TILE_LAYER in a model with sparse
@@ -100,6 +106,18 @@ bool mt_layout_is_sparse(const mt_tile_layout *layout);
 int mt_layout_expert_slot(int expert, int which);
 int64_t mt_layout_expert_stride(const mt_tile_layout *layout);
 
+/* The bf16 streamed copy of a tile with an fp32 side: the RMSNorm weights (input, post-attention,
+ * q/k and final norms) also as fp32, after the tile's bf16 elements, each over its tensor's whole
+ * span (padding included, as its AdamW chunks cover it). Mixed-precision training as transformers'
+ * autocast does it computes the norms with fp32 weights; rounding these few weights to bf16 costs
+ * more accuracy than all the matrices' rounding on some models (docs/moe.md). Sets the tensors'
+ * f32_at and the layout's f32_numel; returns the bytes of the streamed copy (bf16 elements, then
+ * the side, 256-byte aligned). The embedding has no norm and gets no side. */
+size_t mt_layout_keep_norms_f32(mt_tile_layout *layout);
+/* Bytes of a tile's streamed copy of elements of esz bytes, its fp32 side included. */
+size_t mt_layout_stream_bytes(const mt_tile_layout *layout, size_t esz);
+/* Whether tensor `slot` is an RMSNorm weight (what mt_layout_keep_norms_f32 keeps in fp32). */
+bool mt_layout_is_norm(const mt_tile_layout *layout, int slot);
 /* HF full name of tensor `slot` of a tile ("model.layers.3.mlp.up_proj.weight"). */
 void mt_layout_full_name(const mt_tile_layout *layout, int layer, int slot, char *buf, size_t len);
 

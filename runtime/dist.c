@@ -142,7 +142,7 @@ int mt_dist_share_weights(mt_host_state *st, char *err, size_t errlen)
     const size_t esz = mt_dtype_size(st->compute_dtype);
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
-        const size_t bytes = (size_t)t->numel * esz;
+        const size_t bytes = mt_layout_stream_bytes(t->layout, esz); /* the fp32 side included */
         for (size_t o = 0; o < bytes; o += PIECE_BYTES) {
             const size_t n = bytes - o < PIECE_BYTES ? bytes - o : PIECE_BYTES;
             if (MPI_Bcast((char *)t->weights + o, (int)n, MPI_BYTE, mt_state_owner(st, i), side) != MPI_SUCCESS) {

@@ -66,6 +66,16 @@ static uint64_t host_state_bytes(const mt_plan *plan, uint64_t elem)
     return embed + (uint64_t)(plan->num_tiles - 2 - plan->dense_layers) * layer + (uint64_t)plan->dense_layers * dense + head;
 }
 
+/* Bytes of the streamed copies of every tile (every rank holds all of them), as state.c allocates them. */
+static uint64_t host_stream_bytes(const mt_plan *plan)
+{
+    const uint64_t a = MT_PLAN_TILE_BYTES_ALIGN;
+    const uint64_t sparse = (uint64_t)(plan->num_tiles - 2 - plan->dense_layers);
+    return round_up_u64(plan->stream_bytes[MT_TILE_EMBED], a) + sparse * round_up_u64(plan->stream_bytes[MT_TILE_LAYER], a) +
+           (uint64_t)plan->dense_layers * round_up_u64(plan->dense_stream_bytes, a) +
+           round_up_u64(plan->stream_bytes[MT_TILE_HEAD], a);
+}
+
 /* The bytes of the tiles rank r of `ranks` owns (tile t: rank t mod ranks; runtime/state.h), at
  * elem bytes per element, for the largest rank's (only < 0) or rank `only`'s: what one rank of a
  * sharded state holds of the master and moments. ranks 1: every tile's (host_state_bytes). */
@@ -213,11 +223,17 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
     plan->param_count = mt_config_param_count(cfg);
     plan->active_param_count = mt_config_active_param_count(cfg);
     plan->flops_params = mt_config_flops_params(cfg);
+    plan->weight_elem_bytes = p->compute == MT_DTYPE_BF16 ? 2 : 4;
+    /* bf16 weights in the full layout stream their norms in fp32 too (runtime/state.c) */
+    const bool norms_f32 = p->compute == MT_DTYPE_BF16 && !compact;
     mt_tile_layout lay;
     for (int k = MT_TILE_EMBED; k <= MT_TILE_HEAD; k++) {
         mt_layout_build(cfg, (mt_tile_kind)k, &lay);
+        if (norms_f32) mt_layout_keep_norms_f32(&lay);
         plan->tile_numel[k] = lay.numel;
         if (lay.numel > plan->max_tile_numel) plan->max_tile_numel = lay.numel;
+        plan->stream_bytes[k] = mt_layout_stream_bytes(&lay, (size_t)plan->weight_elem_bytes);
+        if (plan->stream_bytes[k] > plan->max_stream_bytes) plan->max_stream_bytes = plan->stream_bytes[k];
     }
     plan->num_tiles = cfg->layers + 2;
     /* A model mixing dense and sparse layers: each host tile has its own layer's size (state.c),
@@ -228,14 +244,16 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
         plan->dense_layers = cfg->layers - mt_config_sparse_layers(cfg);
         plan->dense_layer_numel = lay.numel;
         if (lay.numel > plan->max_tile_numel) plan->max_tile_numel = lay.numel;
+        if (norms_f32) mt_layout_keep_norms_f32(&lay);
+        plan->dense_stream_bytes = mt_layout_stream_bytes(&lay, (size_t)plan->weight_elem_bytes);
+        if (plan->dense_stream_bytes > plan->max_stream_bytes) plan->max_stream_bytes = plan->dense_stream_bytes;
     }
     plan->num_checkpoints = (int64_t)((L + K - 1) / K);
-    plan->weight_elem_bytes = p->compute == MT_DTYPE_BF16 ? 2 : 4;
 
     /* Host state: always on the host, pinned when a GPU will copy from it (without a GPU,
      * starpu_malloc returns ordinary memory anyway). The config's validation bounds the
      * parameter count far enough that these products cannot overflow. */
-    plan->host[MT_PLAN_WEIGHTS] = host_state_bytes(plan, (uint64_t)plan->weight_elem_bytes);
+    plan->host[MT_PLAN_WEIGHTS] = host_stream_bytes(plan);
     /* over several ranks the state is sharded: the master and moments of a rank's own tiles */
     const int64_t ranks = p->ranks > 1 ? p->ranks : 1;
     plan->host[MT_PLAN_MASTER] = held_state_bytes(plan, cfg, compact ? 2 : 4, ranks, -1);
@@ -269,7 +287,7 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
          * than the largest tile. The decoder layers' weight handles share one allocsize, so
          * StarPU recycles an evicted layer's buffer for the next (runtime/state.c); embedding
          * and head are registered at their own sizes. */
-        work[MT_PLAN_WEIGHTS] = mul(2 * (uint64_t)plan->max_tile_numel, (uint64_t)plan->weight_elem_bytes, &of);
+        work[MT_PLAN_WEIGHTS] = mul(2, plan->max_stream_bytes, &of);
         /* The gradient being written and the one draining to the host: fp32, or in the compact
          * layout bf16 (the accumulators are apart). */
         work[MT_PLAN_GRADS] = mul(2 * (uint64_t)plan->max_tile_numel, compact ? 2 : 4, &of);

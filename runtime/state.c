@@ -190,20 +190,66 @@ static void unregister_state_chunks(const mt_tile *t, starpu_data_handle_t **chu
     }
 }
 
-/* The planned partition of a whole-tile handle into the tile's AdamW chunks. */
-static starpu_data_handle_t *plan_chunks(const mt_tile *t, starpu_data_handle_t whole)
+/* Where a chunk's child lies in its tile's vector: byte offset, elements and their size. */
+typedef struct chunk_place {
+    size_t at;
+    uint32_t nx;
+    size_t elemsize;
+} chunk_place;
+
+/* A vector filter over a list of places. StarPU's list filters give every child the parent's
+ * element size; a streamed copy with an fp32 side has children of two sizes (its norms' chunks
+ * are fp32 in the side, the others bf16), which this one can place. */
+static void filter_places(void *parent_interface, void *child_interface, struct starpu_data_filter *f, unsigned id,
+                          unsigned nchildren)
 {
-    long *lens = malloc(sizeof *lens * t->nchunks);
-    for (int c = 0; c < t->nchunks; c++) lens[c] = (long)t->chunks[c].numel;
+    (void)nchildren;
+    const struct starpu_vector_interface *parent = parent_interface;
+    struct starpu_vector_interface *child = child_interface;
+    const chunk_place *pl = &((const chunk_place *)f->filter_arg_ptr)[id];
+    child->id = parent->id;
+    child->nx = pl->nx;
+    child->elemsize = pl->elemsize;
+    child->allocsize = (size_t)pl->nx * pl->elemsize;
+    if (parent->dev_handle) {
+        if (parent->ptr) child->ptr = parent->ptr + pl->at;
+        child->dev_handle = parent->dev_handle;
+        child->offset = parent->offset + pl->at;
+    }
+}
+
+/* The planned partition of a whole-tile handle of esz-byte elements into the tile's AdamW chunks;
+ * with `side`, the chunks of a tensor that has an fp32 copy in the streamed copy's side
+ * (mt_layout_keep_norms_f32) are that copy. */
+static starpu_data_handle_t *plan_chunks_of(const mt_tile *t, starpu_data_handle_t whole, size_t esz, bool side)
+{
+    chunk_place *pl = malloc(sizeof *pl * t->nchunks);
+    const mt_tile_layout *lay = t->layout;
+    for (int c = 0; c < t->nchunks; c++) {
+        const mt_chunk *ch = &t->chunks[c];
+        pl[c] = (chunk_place){ (size_t)ch->offset * esz, (uint32_t)ch->numel, esz };
+        for (int k = 0; side && k < lay->ntensors; k++) {
+            const mt_tensor_desc *d = &lay->tensors[k];
+            if (d->f32_at && ch->offset >= d->offset && ch->offset < d->offset + d->numel) {
+                pl[c].at = (size_t)(d->f32_at + ch->offset - d->offset) * sizeof(float);
+                pl[c].elemsize = sizeof(float);
+            }
+        }
+    }
     struct starpu_data_filter f = {
-        .filter_func = starpu_vector_filter_list_long,
+        .filter_func = filter_places,
         .nchildren = (unsigned)t->nchunks,
-        .filter_arg_ptr = lens,
+        .filter_arg_ptr = pl,
     };
     starpu_data_handle_t *chunks = calloc(t->nchunks, sizeof(starpu_data_handle_t));
     starpu_data_partition_plan(whole, &f, chunks);
-    free(lens);
+    free(pl);
     return chunks;
+}
+
+static starpu_data_handle_t *plan_chunks(const mt_tile *t, starpu_data_handle_t whole)
+{
+    return plan_chunks_of(t, whole, starpu_vector_get_elemsize(whole), false);
 }
 
 /* A gradient buffer (the tile's or its second one) of esz-byte elements: the whole handle,
@@ -224,13 +270,15 @@ static void unregister_grad(mt_tile *t, starpu_data_handle_t whole, starpu_data_
     free(chunks);
 }
 
-static int register_tile(mt_host_state *st, mt_tile *t, size_t weight_allocsize)
+static int register_tile(mt_host_state *st, mt_tile *t, size_t weight_allocsize, size_t grad_allocsize)
 {
     size_t esz = mt_dtype_size(st->compute_dtype);
+    /* the whole streamed copy, its fp32 side included: what a compute task reads */
     starpu_vector_data_register_allocsize(&t->h_weights, STARPU_MAIN_RAM, (uintptr_t)t->weights,
-                                          (uint32_t)t->numel, esz, weight_allocsize);
+                                          (uint32_t)(mt_layout_stream_bytes(t->layout, esz) / esz), esz,
+                                          weight_allocsize);
     t->nchunks = mt_state_build_chunks(t->layout, st->chunk_numel, &t->chunks);
-    t->h_weights_chunk = plan_chunks(t, t->h_weights);
+    t->h_weights_chunk = plan_chunks_of(t, t->h_weights, esz, t->layout->f32_numel > 0);
     if (st->layout == MT_LAYOUT_COMPACT) {
         /* the bf16 gradient shares the weights' allocation size. Its fp32 accumulator: the
          * table's has a host home (alloc_tile), the others none (every layer's is the same size,
@@ -247,7 +295,7 @@ static int register_tile(mt_host_state *st, mt_tile *t, size_t weight_allocsize)
                               (starpu_data_handle_t **[3]){ &t->h_master_lo_chunk, &t->h_m_chunk, &t->h_v_chunk });
         return 0;
     }
-    t->grad_allocsize = weight_allocsize / esz * sizeof(float);
+    t->grad_allocsize = grad_allocsize;
     register_grad(t, t->grad, sizeof(float), &t->h_grad, &t->h_grad_chunk);
     if (!t->master) return 0; /* sharded: no master or moments here */
     register_state_chunks(t, (void *const[3]){ t->master, t->adam_m, t->adam_v },
@@ -322,6 +370,14 @@ mt_host_state *mt_state_create_with(const mt_state_args *args, char *err, size_t
     mt_layout_build(cfg, MT_TILE_LAYER, &st->layout_layer);
     mt_layout_build(cfg, MT_TILE_HEAD, &st->layout_head);
     const bool mixed = mt_layout_build_dense_layer(cfg, &st->layout_dense_layer);
+    /* bf16 weights with an fp32 master beside them: the norms stream in fp32 (the compact
+     * layout's streamed copy is its master's high half, which has no room for them) */
+    const bool norms_f32 = compute_dtype == MT_DTYPE_BF16 && args->layout == MT_LAYOUT_FULL;
+    if (norms_f32) {
+        mt_layout_keep_norms_f32(&st->layout_layer);
+        mt_layout_keep_norms_f32(&st->layout_head);
+        if (mixed) mt_layout_keep_norms_f32(&st->layout_dense_layer);
+    }
     st->ntiles = (int)cfg->layers + 2;
     st->tiles = calloc(st->ntiles, sizeof *st->tiles);
 
@@ -332,7 +388,7 @@ mt_host_state *mt_state_create_with(const mt_state_args *args, char *err, size_t
         t->layout = i == 0 ? &st->layout_embed : i == st->ntiles - 1 ? &st->layout_head
                     : mixed && !mt_config_layer_is_sparse(cfg, i - 1) ? &st->layout_dense_layer : &st->layout_layer;
         t->numel = t->layout->numel;
-        t->weight_bytes = round_up((size_t)t->numel * esz, TILE_ALIGN_BYTES);
+        t->weight_bytes = round_up(mt_layout_stream_bytes(t->layout, esz), TILE_ALIGN_BYTES);
         size_t fbytes = (size_t)t->numel * sizeof(float);
         if (!alloc_tile(st, t)) {
             snprintf(err, errlen, "out of host memory allocating tile %d (%zu bytes per kind)", i, fbytes);
@@ -347,11 +403,17 @@ mt_host_state *mt_state_create_with(const mt_state_args *args, char *err, size_t
     /* Every decoder layer's streamed copy shares one allocation size, that of the largest layer
      * tile when dense and sparse layers differ, so a GPU buffer freed by one layer is reused as
      * is by the next (StarPU recycles same-size buffers). */
-    const size_t layer_allocsize = round_up((size_t)mt_layout_largest_layer_numel(cfg) * esz, TILE_ALIGN_BYTES);
+    size_t layer_allocsize = round_up(mt_layout_stream_bytes(&st->layout_layer, esz), TILE_ALIGN_BYTES);
+    if (mixed && mt_layout_stream_bytes(&st->layout_dense_layer, esz) > mt_layout_stream_bytes(&st->layout_layer, esz))
+        layer_allocsize = round_up(mt_layout_stream_bytes(&st->layout_dense_layer, esz), TILE_ALIGN_BYTES);
+    const size_t layer_grad_allocsize =
+        round_up((size_t)mt_layout_largest_layer_numel(cfg) * esz, TILE_ALIGN_BYTES) / esz * sizeof(float);
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
-        size_t allocsize = (i == 0 || i == st->ntiles - 1) ? t->weight_bytes : layer_allocsize;
-        register_tile(st, t, allocsize);
+        const bool outer = i == 0 || i == st->ntiles - 1;
+        const size_t grad_allocsize = outer ? round_up((size_t)t->numel * esz, TILE_ALIGN_BYTES) / esz * sizeof(float)
+                                            : layer_grad_allocsize;
+        register_tile(st, t, outer ? t->weight_bytes : layer_allocsize, grad_allocsize);
     }
     return st;
 }
@@ -479,6 +541,22 @@ typedef struct init_args { uint64_t seed; double std; } init_args;
 /* What tensor d starts as: matrices N(0, std), norms 1, biases 0. */
 typedef enum init_kind { INIT_NORMAL, INIT_ONE, INIT_ZERO } init_kind;
 
+/* The streamed copy of elements [offset, offset + n) of a tile from their fp32 values src: in the
+ * compute dtype, and the fp32 side's copy of the norms among them (full layout). */
+static void stream_range(const mt_host_state *st, mt_tile *t, int64_t offset, int64_t n, const float *src)
+{
+    mt_cpu_streamed_copy(n, src, (char *)t->weights + (size_t)offset * mt_dtype_size(st->compute_dtype),
+                         st->compute_dtype);
+    const mt_tile_layout *lay = t->layout;
+    for (int k = 0; lay->f32_numel && k < lay->ntensors; k++) {
+        const mt_tensor_desc *d = &lay->tensors[k];
+        const int64_t b = offset > d->offset ? offset : d->offset;
+        const int64_t e = offset + n < d->offset + d->numel ? offset + n : d->offset + d->numel;
+        if (d->f32_at && b < e)
+            memcpy((float *)t->weights + d->f32_at + (b - d->offset), src + (b - offset), (size_t)(e - b) * sizeof(float));
+    }
+}
+
 static init_kind init_kind_of(const mt_tensor_desc *d)
 {
     return d->ndim == 2 ? INIT_NORMAL : strstr(d->name, "norm") ? INIT_ONE : INIT_ZERO;
@@ -538,8 +616,7 @@ static void init_tile(mt_host_state *st, int i, void *arg)
             if (d->numel == 0 || kind == INIT_ZERO) continue; /* biases stay 0 */
             init_values(kind, &s, std, d->numel, master + d->offset);
         }
-        if (st->compute_dtype == MT_DTYPE_BF16) mt_f32_to_bf16(t->numel, master, (mt_bf16 *)t->weights);
-        else memcpy(t->weights, master, (size_t)t->numel * sizeof(float));
+        stream_range(st, t, 0, t->numel, master);
         if (master != t->master) free(master);
     }
 }
@@ -556,10 +633,7 @@ void mt_state_sync_weights(mt_host_state *st)
     for (int i = 0; i < st->ntiles; i++) {
         mt_tile *t = &st->tiles[i];
         if (!t->master) continue; /* sharded: the owner's update or mt_dist_share_weights sets it */
-        if (st->compute_dtype == MT_DTYPE_BF16)
-            mt_f32_to_bf16(t->numel, t->master, (mt_bf16 *)t->weights);
-        else
-            memcpy(t->weights, t->master, (size_t)t->numel * sizeof(float));
+        stream_range(st, t, 0, t->numel, t->master);
     }
 }
 
@@ -586,8 +660,7 @@ void mt_state_write_master(mt_host_state *st, int tile, int64_t offset, int64_t 
         return;
     }
     if (t->master) memmove(t->master + offset, in, (size_t)n * sizeof(float));
-    mt_cpu_streamed_copy(n, t->master ? t->master + offset : in, (char *)t->weights + (size_t)offset * mt_dtype_size(st->compute_dtype),
-                         st->compute_dtype);
+    stream_range(st, t, offset, n, t->master ? t->master + offset : in);
 }
 
 void mt_state_read_grad(const mt_host_state *st, int tile, int64_t offset, int64_t n, float *out)

@@ -198,7 +198,7 @@ static void bench_layer(mt_kernel_bench *b, const mt_model_config *cfg, const mt
                          [&] { mt_layer_swiglu_backward(n * I, g, u, ds, s_dg, du, st); });
     // The MLP norm's: x dy resid 12nd + w 2d + inv_rms 4n read, dx 4nd + its bf16 copy 2nd written
     mt_kernel_bench_time(b, "rmsnorm backward (+ resid, bf16 copy)", nd, 18 * n * d + 2 * d + 4 * n,
-                         [&] { mt_rmsnorm_backward(n, d, x, norm_w, inv_rms, dy, resid, dx, dres, st); });
+                         [&] { mt_rmsnorm_backward<bf16>(n, d, x, norm_w, inv_rms, dy, resid, dx, dres, st); });
     // x dy 8nd + inv_rms 4n read, dw (d) fp32 read and written 8d
     mt_kernel_bench_time(b, "rmsnorm weight gradient (+=)", nd, 8 * n * d + 4 * n + 8 * d,
                          [&] { mt_rmsnorm_backward_weight(n, d, x, inv_rms, dy, dw, true, partials, st); });
@@ -224,7 +224,7 @@ static void bench_layer(mt_kernel_bench *b, const mt_model_config *cfg, const mt
         });
     // The attention norm's, in place: x dy dx 12nd + w 2d + inv_rms 4n read, dx 4nd written
     mt_kernel_bench_time(b, "rmsnorm backward (in place)", nd, 16 * n * d + 2 * d + 4 * n,
-                         [&] { mt_rmsnorm_backward(n, d, x, norm_w, inv_rms, dy, dx, dx, nullptr, st); });
+                         [&] { mt_rmsnorm_backward<bf16>(n, d, x, norm_w, inv_rms, dy, dx, dx, nullptr, st); });
 }
 
 // The cross-entropy over `rows` rows of random logits, without and with the gradient. The head's

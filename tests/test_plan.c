@@ -104,9 +104,10 @@ START_TEST(test_qwen05_gpu)
     ck_assert_int_eq(plan.tile_numel[MT_TILE_HEAD], 896);
     ck_assert_int_eq(plan.max_tile_numel, 136134656);
 
-    /* bf16 streamed copy: embed 272269312 (66472 pages exactly), layer 29824768 -> 7282 pages
-     * = 29827072, head 1792 -> 4096: 272269312 + 24*29827072 + 4096 = 988123136. */
-    ck_assert_uint_eq(plan.host[MT_PLAN_WEIGHTS], 988123136ULL);
+    /* bf16 streamed copy: embed 272269312 (66472 pages exactly); layer 29824768 and its norms'
+     * fp32 side 2 x 896 x 4 = 7168 -> 7284 pages = 29835264; head 1792 -> 256-byte boundary 1792,
+     * its norm's side 3584 -> 8192: 272269312 + 24*29835264 + 8192 = 988323840. */
+    ck_assert_uint_eq(plan.host[MT_PLAN_WEIGHTS], 988323840ULL);
     /* fp32 kinds: embed 544538624 (exact), layer 59649536 -> 14563 pages = 59650048,
      * head 3584 -> 4096: 544538624 + 24*59650048 + 4096 = 1976143872. */
     ck_assert_uint_eq(plan.host[MT_PLAN_MASTER], 1976143872ULL);
@@ -126,8 +127,8 @@ START_TEST(test_qwen05_gpu)
     /* each micro-batch's dh0 in pinned host memory, read by the table's CPU backward: 8 x 4096 x 896 fp32 */
     ck_assert_uint_eq(plan.host[MT_PLAN_ACT_GRADS], 8ULL * 4096 * 896 * 4);
     ck_assert_uint_eq(plan.host_total,
-                      988123136ULL + 4 * 1976143872ULL + 17 * 32768 + plan.host_clip_flags + 8ULL * 4096 * 896 * 4);
-    ck_assert_uint_eq(plan.host_total, 9690000192ULL);
+                      988323840ULL + 4 * 1976143872ULL + 17 * 32768 + plan.host_clip_flags + 8ULL * 4096 * 896 * 4);
+    ck_assert_uint_eq(plan.host_total, 9690200896ULL);
     /* all pinned but the flags, which only CPU tasks touch */
     ck_assert_uint_eq(plan.host_pinned_total, plan.host_total - plan.host_clip_flags);
     /* About 18 bytes per parameter of state, as docs/design.md says, and 1.375 of flags. */
@@ -188,7 +189,7 @@ START_TEST(test_qwen05_gpu)
     ck_assert_ptr_nonnull(strstr(text, "checkpoints"));
     ck_assert_ptr_nonnull(strstr(text, "total"));
     ck_assert_ptr_nonnull(strstr(text, "clip speculation flags"));
-    ck_assert_ptr_nonnull(strstr(text, "9690000192"));
+    ck_assert_ptr_nonnull(strstr(text, "9690200896"));
     ck_assert_ptr_nonnull(strstr(text, "9.02 GiB"));
     free(text);
 }

@@ -89,6 +89,27 @@ static int offload_mode = 0;
 /* devices of the runs below (0: the default, one device on CPU workers) */
 static int devices_mode = 0;
 
+/* After an update every AdamW variant leaves the streamed copy the master's: bf16-rounded, and the
+ * norms of a bf16 tile exact in its fp32 side (the values its next forward computes with). */
+static void check_streamed(const mt_host_state *st, mt_tile *t)
+{
+    starpu_data_acquire(t->h_weights, STARPU_R);
+    const mt_tile_layout *lay = t->layout;
+    for (int k = 0; k < lay->ntensors; k++) {
+        const mt_tensor_desc *d = &lay->tensors[k];
+        for (int64_t e = 0; e < d->numel; e++) {
+            const float want = t->master[d->offset + e];
+            const bool same = st->compute_dtype == MT_DTYPE_F32 ? ((const float *)t->weights)[d->offset + e] == want
+                              : d->f32_at ? ((const float *)t->weights)[d->f32_at + e] == want
+                                          : ((const mt_bf16 *)t->weights)[d->offset + e] == mt_bf16_from_float(want);
+            ck_assert_msg(same, "tile %d %s[%lld]: the streamed copy is not the master's %g", t->index, d->name,
+                          (long long)e, (double)want);
+        }
+        ck_assert_int_eq(d->f32_at != 0, st->compute_dtype == MT_DTYPE_BF16 && mt_layout_is_norm(lay, k));
+    }
+    starpu_data_release(t->h_weights);
+}
+
 static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int nsteps, double clip, int64_t B);
 
 static outcome run_steps(const char *sched, bool tied, int K, int accum, int nsteps, double clip)
@@ -173,6 +194,7 @@ static outcome run_steps_b(const char *sched, bool tied, int K, int accum, int n
         starpu_data_release(t->h_grad);
         o.master[i] = malloc(sizeof(float) * t->numel);
         memcpy(o.master[i], t->master, sizeof(float) * t->numel);
+        check_streamed(st, t);
         o.m[i] = malloc(sizeof(float) * t->numel);
         memcpy(o.m[i], t->adam_m, sizeof(float) * t->numel);
         o.v[i] = malloc(sizeof(float) * t->numel);

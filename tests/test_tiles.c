@@ -108,8 +108,21 @@ static void check_structure(int which, mt_dtype dtype, int64_t chunk_numel)
         ck_assert_int_eq(t->numel, fresh.numel);
         ck_assert_int_eq(t->numel % MT_TILE_ALIGN, 0);
         ck_assert_int_eq(t->weight_bytes % 4096, 0);
-        ck_assert_uint_ge(t->weight_bytes, (size_t)t->numel * mt_dtype_size(dtype));
-        ck_assert_uint_lt(t->weight_bytes, (size_t)t->numel * mt_dtype_size(dtype) + 4096);
+        /* bf16 tiles with norms keep them in fp32 too, after their bf16 elements */
+        size_t stream = (size_t)t->numel * mt_dtype_size(dtype);
+        int64_t norms = 0;
+        for (int k = 0; k < t->layout->ntensors; k++)
+            if (mt_layout_is_norm(t->layout, k)) norms += (t->layout->tensors[k].numel + MT_TILE_ALIGN - 1) / MT_TILE_ALIGN * MT_TILE_ALIGN;
+        if (dtype == MT_DTYPE_BF16 && norms) {
+            ck_assert_int_ne(kind, MT_TILE_EMBED);
+            ck_assert_int_eq(t->layout->f32_numel, norms);
+            stream = (stream + 255) / 256 * 256 + (size_t)norms * sizeof(float);
+        } else {
+            ck_assert_int_eq(t->layout->f32_numel, 0);
+        }
+        ck_assert_uint_eq(mt_layout_stream_bytes(t->layout, mt_dtype_size(dtype)), stream);
+        ck_assert_uint_ge(t->weight_bytes, stream);
+        ck_assert_uint_lt(t->weight_bytes, stream + 4096);
 
         void *ptrs[] = { t->weights, t->master, t->grad, t->adam_m, t->adam_v };
         const char *kinds[] = { "weights", "master", "grad", "m", "v" };
@@ -167,6 +180,17 @@ static void check_structure(int which, mt_dtype dtype, int64_t chunk_numel)
             ck_assert_ptr_nonnull(t->h_v_chunk[c]);
             ck_assert_ptr_nonnull(t->h_weights_chunk[c]);
             ck_assert_ptr_nonnull(t->h_grad_chunk[c]);
+            /* a chunk's streamed copy: its elements in the compute dtype, or a norm's in the fp32 side */
+            const mt_chunk *ch = &t->chunks[c];
+            const mt_tensor_desc *d = &t->layout->tensors[tensor_of(t->layout, ch->offset)];
+            const size_t esz = d->f32_at ? sizeof(float) : mt_dtype_size(dtype);
+            const char *want_at = d->f32_at ? (const char *)t->weights + (d->f32_at + ch->offset - d->offset) * 4
+                                            : (const char *)t->weights + ch->offset * mt_dtype_size(dtype);
+            ck_assert_uint_eq(starpu_vector_get_elemsize(t->h_weights_chunk[c]), esz);
+            ck_assert_uint_eq(starpu_vector_get_nx(t->h_weights_chunk[c]), (unsigned)ch->numel);
+            ck_assert_ptr_eq((const void *)starpu_vector_get_local_ptr(t->h_weights_chunk[c]), want_at);
+            ck_assert_msg(!d->f32_at || (const char *)want_at + ch->numel * 4 <= (const char *)t->weights + t->weight_bytes,
+                          "%s tile %d chunk %d: side past the allocation", nm, i, c);
         }
     }
     /* With a small cap, a big tensor must be split: the embedding table (V*d) is > 1000. */
@@ -242,6 +266,15 @@ static void check_streamed_copy(const mt_host_state *st, const char *nm)
             while (e < t->numel && w[e] == mt_bf16_from_float(t->master[e])) e++;
             ck_assert_msg(e == t->numel, "%s tile %d: bf16[%lld] = 0x%04x, master %g -> 0x%04x", nm, i, (long long)e,
                           w[e], t->master[e], mt_bf16_from_float(t->master[e]));
+            /* the norms' fp32 side: the master's values exactly */
+            for (int k = 0; k < t->layout->ntensors; k++) {
+                const mt_tensor_desc *d = &t->layout->tensors[k];
+                ck_assert_int_eq(d->f32_at != 0, mt_layout_is_norm(t->layout, k));
+                if (d->f32_at)
+                    ck_assert_msg(memcmp((const float *)t->weights + d->f32_at, t->master + d->offset,
+                                         (size_t)d->numel * sizeof(float)) == 0,
+                                  "%s tile %d: %s's fp32 side differs from the master", nm, i, d->name);
+            }
         } else {
             ck_assert_msg(memcmp(t->weights, t->master, (size_t)t->numel * sizeof(float)) == 0,
                           "%s tile %d: fp32 streamed copy differs from master", nm, i);
@@ -306,6 +339,11 @@ static void check_init(int which, mt_dtype dtype)
     /* sync_weights after editing the master refreshes the streamed copy. */
     for (int i = 0; i < b->ntiles; i++) b->tiles[i].master[0] = 0.123456789f + (float)i;
     mt_state_sync_weights(b);
+    check_streamed_copy(b, nm);
+    /* so does writing a range of it (crossing a norm: a layer's first tensor) */
+    float vals[3] = { 1.0f / 3.0f, 2.0f / 3.0f, 0.1f };
+    mt_tile *l0 = &b->tiles[1];
+    mt_state_write_master(b, 1, l0->layout->tensors[0].numel - 2, 3, vals);
     check_streamed_copy(b, nm);
 
     free(sa);

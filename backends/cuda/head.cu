@@ -153,7 +153,7 @@ static void head_run(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile
     MT_CUDA_REQUIRE(chunk > 0, "head chunk must be positive");
     MT_CUDA_REQUIRE(cfg->tied || head_layout->tensors[MT_H_LM_HEAD].numel == V * d, "untied head without lm_head");
     const mt_tensor_desc *norm_t = &head_layout->tensors[MT_H_NORM], *lm_t = &head_layout->tensors[MT_H_LM_HEAD];
-    const T *norm_w = head_tile + norm_t->offset;                    // (d)
+    const mt_norm_w norm_w = mt_tile_norm(head_layout, head_tile, MT_H_NORM); // (d)
     const T *W = cfg->tied ? embed_tile : head_tile + lm_t->offset; // (V, d)
 
     float *dW = nullptr, *dnorm = nullptr;
@@ -198,7 +198,7 @@ static void head_run(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile
         // Ignored rows carry zero dlogits, so they add nothing below (no host-side count needed).
         mt_linear_backward_weight(ctx, rows, d, V, s.hn, s.dlogits, dW, accumulate || r0 > 0, stream);
         mt_linear_backward_input(ctx, rows, d, V, s.dlogits, W, s.dhn, CUDA_R_32F, false, stream); // dhn (rows, d)
-        mt_rmsnorm_backward(rows, d, hc, norm_w, s.inv_rms, s.dhn, nullptr, dh + r0 * d, nullptr, stream);
+        mt_rmsnorm_backward<T>(rows, d, hc, norm_w, s.inv_rms, s.dhn, nullptr, dh + r0 * d, nullptr, stream);
         mt_rmsnorm_backward_weight(rows, d, hc, s.inv_rms, s.dhn, dnorm, true, s.partials, stream);
     }
 }

@@ -286,7 +286,7 @@ static void layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt
     }
 
     // Attention block: h = x + attn(rope(q), rope(k), v) Wo^T.
-    mt_rmsnorm_forward(n, m.d, x, weight(layout, tile, MT_L_ATTN_NORM), cfg->rms_eps, fs.xn, sv.rms1, stream);
+    mt_rmsnorm_forward(n, m.d, x, mt_tile_norm(layout, tile, MT_L_ATTN_NORM), cfg->rms_eps, fs.xn, sv.rms1, stream);
     E *q_proj = cfg->qk_norm ? sv.qpre : sv.q; // (n, H*D)
     E *k_proj = cfg->qk_norm ? sv.kpre : sv.k; // (n, KV*D)
     mt_linear_forward(ctx, n, m.d, m.qd, fs.xn, weight(layout, tile, MT_L_Q_W), weight(layout, tile, MT_L_Q_B),
@@ -296,8 +296,8 @@ static void layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt
     mt_linear_forward(ctx, n, m.d, m.kvd, fs.xn, weight(layout, tile, MT_L_V_W), weight(layout, tile, MT_L_V_B),
                       sv.v, mt_cuda_type<E>(), stream);
     mt_layer_rope_tables(cfg, &m, fs.cos_t, fs.sin_t, stream);
-    mt_layer_qk_rope_forward(cfg, &m, q_proj, k_proj, sv.q, sv.k, weight(layout, tile, MT_L_Q_NORM),
-                             weight(layout, tile, MT_L_K_NORM), sv.qrms, sv.krms, fs.cos_t, fs.sin_t, stream);
+    mt_layer_qk_rope_forward(cfg, &m, q_proj, k_proj, sv.q, sv.k, mt_tile_norm(layout, tile, MT_L_Q_NORM),
+                             mt_tile_norm(layout, tile, MT_L_K_NORM), sv.qrms, sv.krms, fs.cos_t, fs.sin_t, stream);
     attention_forward(ctx, &m, mt_config_layer_window(cfg, layer), weight(layout, tile, MT_L_SINKS), sv.q, sv.k, sv.v,
                       sv.a, sv.lse, stream_); // a (n, H*D)
     mt_linear_forward_residual(ctx, n, m.qd, m.d, sv.a, weight(layout, tile, MT_L_O_W), x, sv.h, stream);
@@ -305,7 +305,7 @@ static void layer_forward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt
 
     // MLP block: y = h + swiglu(hn Wg^T, hn Wu^T) Wd^T, or y = h + MoE(hn).
     E *hn = fs.xn; // xn is dead once q/k/v are projected
-    mt_rmsnorm_forward(n, m.d, sv.h, weight(layout, tile, MT_L_MLP_NORM), cfg->rms_eps, hn, sv.rms2, stream);
+    mt_rmsnorm_forward(n, m.d, sv.h, mt_tile_norm(layout, tile, MT_L_MLP_NORM), cfg->rms_eps, hn, sv.rms2, stream);
     if (sparse) {
         mt_moe_forward(ctx, cfg, layout, tile, n, hn, sv.h, y, &sv.moe, router_stats, fs.moe, stream);
         return;
@@ -355,7 +355,7 @@ static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const m
     bwd_carve(cfg, &m, &sc, &s);
 
     // MLP block.
-    const E *mlp_norm_w = weight(layout, tile, MT_L_MLP_NORM);
+    const mt_norm_w mlp_norm_w = mt_tile_norm(layout, tile, MT_L_MLP_NORM);
     mt_rmsnorm_apply(n, m.d, sv.h, mlp_norm_w, sv.rms2, s.norm_out, stream); // hn (n, d)
     mt_cuda_from_f32(dy, s.dres, n * m.d, stream); // dy as E (n, d)
     if (sparse) {
@@ -393,7 +393,7 @@ static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const m
         }
     }
     // dx holds dh = dy + the norm's share (and dres its copy as E for the o_proj GEMMs).
-    mt_rmsnorm_backward(n, m.d, sv.h, mlp_norm_w, sv.rms2, s.dnorm, dy, dx, s.dres, stream);
+    mt_rmsnorm_backward<E>(n, m.d, sv.h, mlp_norm_w, sv.rms2, s.dnorm, dy, dx, s.dres, stream);
     mt_rmsnorm_backward_weight(n, m.d, sv.h, sv.rms2, s.dnorm, grad(layout, dtile, MT_L_MLP_NORM), true, s.partials,
                                stream);
 
@@ -411,8 +411,8 @@ static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const m
     const bool e_is_f32 = std::is_same<E, float>::value, copies = cfg->qkv_bias && !e_is_f32;
     const float *dq_bias = e_is_f32 ? reinterpret_cast<const float *>(dq_proj) : s.dqp32;
     const float *dk_bias = e_is_f32 ? reinterpret_cast<const float *>(s.dkp) : s.dkp32;
-    mt_layer_qk_rope_backward(cfg, &m, s.dq, s.dk, sv.qpre, sv.kpre, weight(layout, tile, MT_L_Q_NORM),
-                              weight(layout, tile, MT_L_K_NORM), sv.qrms, sv.krms, dq_proj, s.dkp, s.cos_t, s.sin_t,
+    mt_layer_qk_rope_backward(cfg, &m, s.dq, s.dk, sv.qpre, sv.kpre, mt_tile_norm(layout, tile, MT_L_Q_NORM),
+                              mt_tile_norm(layout, tile, MT_L_K_NORM), sv.qrms, sv.krms, dq_proj, s.dkp, s.cos_t, s.sin_t,
                               copies ? s.dqp32 : nullptr, copies ? s.dkp32 : nullptr, stream);
     if (cfg->qk_norm)
         mt_layer_qk_norm_weight_grads(&m, s.dq, s.dk, grad(layout, dtile, MT_L_Q_NORM),
@@ -423,7 +423,7 @@ static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const m
     if (cfg->qkv_bias)
         mt_layer_qkv_bias_grads(&m, dq_bias, dk_bias, s.dv, grad(layout, dtile, MT_L_Q_B),
                                 grad(layout, dtile, MT_L_K_B), grad(layout, dtile, MT_L_V_B), s.partials, stream);
-    const E *attn_norm_w = weight(layout, tile, MT_L_ATTN_NORM);
+    const mt_norm_w attn_norm_w = mt_tile_norm(layout, tile, MT_L_ATTN_NORM);
     mt_rmsnorm_apply(n, m.d, sv.x, attn_norm_w, sv.rms1, s.norm_out, stream); // xn (n, d)
     mt_linear_backward_weight(ctx, n, m.d, m.qd, s.norm_out, dq_proj, grad(layout, dtile, MT_L_Q_W), true, stream);
     mt_linear_backward_weight(ctx, n, m.d, m.kvd, s.norm_out, s.dkp, grad(layout, dtile, MT_L_K_W), true, stream);
@@ -435,7 +435,7 @@ static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const m
     mt_linear_backward_input(ctx, n, m.d, m.kvd, dv_e, weight(layout, tile, MT_L_V_W), s.dnorm, CUDA_R_32F, true,
                              stream); // dxn (n, d)
     // dx = dh (residual) + the attention norm's share, in place.
-    mt_rmsnorm_backward(n, m.d, sv.x, attn_norm_w, sv.rms1, s.dnorm, dx, dx, nullptr, stream);
+    mt_rmsnorm_backward<E>(n, m.d, sv.x, attn_norm_w, sv.rms1, s.dnorm, dx, dx, nullptr, stream);
     mt_rmsnorm_backward_weight(n, m.d, sv.x, sv.rms1, s.dnorm, grad(layout, dtile, MT_L_ATTN_NORM), true, s.partials,
                                stream);
 }

@@ -7,8 +7,8 @@
 enum { NORM_THREADS = 256 };
 
 // One block per row: sum of squares in double, then y = (x s) w.
-template <class T>
-__global__ static void rmsnorm_forward_kernel(int64_t d, const float *x, const T *w, double eps, T *y, float *inv_rms)
+template <class T, class W>
+__global__ static void rmsnorm_forward_kernel(int64_t d, const float *x, const W *w, double eps, T *y, float *inv_rms)
 {
     __shared__ double shared[32];
     const int64_t r = blockIdx.x;
@@ -22,8 +22,8 @@ __global__ static void rmsnorm_forward_kernel(int64_t d, const float *x, const T
     if (inv_rms && threadIdx.x == 0) inv_rms[r] = s;
 }
 
-template <class T>
-__global__ static void rmsnorm_apply_kernel(int64_t n, int64_t d, const float *x, const T *w, const float *inv_rms,
+template <class T, class W>
+__global__ static void rmsnorm_apply_kernel(int64_t n, int64_t d, const float *x, const W *w, const float *inv_rms,
                                             T *y)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * d; i += (int64_t)gridDim.x * blockDim.x)
@@ -31,8 +31,8 @@ __global__ static void rmsnorm_apply_kernel(int64_t n, int64_t d, const float *x
 }
 
 // One block per row: dot = sum (w dy) x in double; dx = resid + s (w dy - x c), c = dot/d s^2.
-template <class T>
-__global__ static void rmsnorm_backward_kernel(int64_t d, const float *x, const T *w, const float *inv_rms,
+template <class T, class W>
+__global__ static void rmsnorm_backward_kernel(int64_t d, const float *x, const W *w, const float *inv_rms,
                                                const float *dy, const float *resid, float *dx, T *dx_low)
 {
     __shared__ double shared[32];
@@ -52,40 +52,47 @@ __global__ static void rmsnorm_backward_kernel(int64_t d, const float *x, const 
 }
 
 template <class T>
-void mt_rmsnorm_forward(int64_t n, int64_t d, const float *x, const T *w, double eps, T *y, float *inv_rms,
+void mt_rmsnorm_forward(int64_t n, int64_t d, const float *x, mt_norm_w w, double eps, T *y, float *inv_rms,
                         cudaStream_t stream)
 {
     if (n <= 0) return;
     MT_CUDA_REQUIRE(n < (1ll << 31), "rows %lld exceed the grid", (long long)n);
-    rmsnorm_forward_kernel<<<(unsigned)n, NORM_THREADS, 0, stream>>>(d, x, w, eps, y, inv_rms);
+    if (w.f32) rmsnorm_forward_kernel<<<(unsigned)n, NORM_THREADS, 0, stream>>>(d, x, w.as_f32(), eps, y, inv_rms);
+    else rmsnorm_forward_kernel<<<(unsigned)n, NORM_THREADS, 0, stream>>>(d, x, w.as_bf16(), eps, y, inv_rms);
     CUDA_CHECK_LAUNCH();
 }
 
 template <class T>
-void mt_rmsnorm_apply(int64_t n, int64_t d, const float *x, const T *w, const float *inv_rms, T *y,
+void mt_rmsnorm_apply(int64_t n, int64_t d, const float *x, mt_norm_w w, const float *inv_rms, T *y,
                       cudaStream_t stream)
 {
     if (n <= 0) return;
-    rmsnorm_apply_kernel<<<mt_grid_for(n * d, 256), 256, 0, stream>>>(n, d, x, w, inv_rms, y);
+    if (w.f32) rmsnorm_apply_kernel<<<mt_grid_for(n * d, 256), 256, 0, stream>>>(n, d, x, w.as_f32(), inv_rms, y);
+    else rmsnorm_apply_kernel<<<mt_grid_for(n * d, 256), 256, 0, stream>>>(n, d, x, w.as_bf16(), inv_rms, y);
     CUDA_CHECK_LAUNCH();
 }
 
 template <class T>
-void mt_rmsnorm_backward(int64_t n, int64_t d, const float *x, const T *w, const float *inv_rms, const float *dy,
+void mt_rmsnorm_backward(int64_t n, int64_t d, const float *x, mt_norm_w w, const float *inv_rms, const float *dy,
                          const float *resid, float *dx, mt_same<T> *dx_low, cudaStream_t stream)
 {
     if (n <= 0) return;
     MT_CUDA_REQUIRE(n < (1ll << 31), "rows %lld exceed the grid", (long long)n);
-    rmsnorm_backward_kernel<<<(unsigned)n, NORM_THREADS, 0, stream>>>(d, x, w, inv_rms, dy, resid, dx, dx_low);
+    if (w.f32)
+        rmsnorm_backward_kernel<T><<<(unsigned)n, NORM_THREADS, 0, stream>>>(d, x, w.as_f32(), inv_rms, dy, resid, dx,
+                                                                             dx_low);
+    else
+        rmsnorm_backward_kernel<T><<<(unsigned)n, NORM_THREADS, 0, stream>>>(d, x, w.as_bf16(), inv_rms, dy, resid,
+                                                                             dx, dx_low);
     CUDA_CHECK_LAUNCH();
 }
 
 // The two operand types the backend builds.
 #define RMSNORM_INSTANTIATE(T)                                                                                     \
-    template void mt_rmsnorm_forward<T>(int64_t, int64_t, const float *, const T *, double, T *, float *,          \
+    template void mt_rmsnorm_forward<T>(int64_t, int64_t, const float *, mt_norm_w, double, T *, float *,          \
                                         cudaStream_t);                                                             \
-    template void mt_rmsnorm_apply<T>(int64_t, int64_t, const float *, const T *, const float *, T *, cudaStream_t); \
-    template void mt_rmsnorm_backward<T>(int64_t, int64_t, const float *, const T *, const float *, const float *, \
+    template void mt_rmsnorm_apply<T>(int64_t, int64_t, const float *, mt_norm_w, const float *, T *, cudaStream_t); \
+    template void mt_rmsnorm_backward<T>(int64_t, int64_t, const float *, mt_norm_w, const float *, const float *, \
                                          const float *, float *, mt_same<T> *, cudaStream_t);
 RMSNORM_INSTANTIATE(bf16)
 RMSNORM_INSTANTIATE(float)
