@@ -15,6 +15,9 @@ static mt_adamw_params clipped_params(const mt_adamw_args *a, void *buffers[], i
 
 static int64_t count(void *buffer) { return (int64_t)STARPU_VECTOR_GET_NX(buffer); }
 static void *ptr(void *buffer) { return (void *)STARPU_VECTOR_GET_PTR(buffer); }
+/* A chunk of a norm, whose master is its fp32 streamed copy (the weights buffer holds floats;
+ * the low plane's chunk is unused): models/layout.h, mt_layout_keep_norms_f32. */
+static bool fp32_master(void *weights) { return STARPU_VECTOR_GET_ELEMSIZE(weights) == sizeof(float); }
 
 static void adamw_compact_cpu(void *buffers[], void *cl_arg)
 {
@@ -22,8 +25,11 @@ static void adamw_compact_cpu(void *buffers[], void *cl_arg)
     mt_adamw_args a;
     starpu_codelet_unpack_args(cl_arg, &a);
     const mt_adamw_params p = clipped_params(&a, buffers, 5);
-    mt_cpu_adamw_planes(count(buffers[0]), ptr(buffers[0]), ptr(buffers[1]), ptr(buffers[4]), ptr(buffers[2]),
-                        ptr(buffers[3]), &p);
+    if (fp32_master(buffers[0]))
+        mt_cpu_adamw_f32_master(count(buffers[0]), ptr(buffers[0]), ptr(buffers[4]), ptr(buffers[2]), ptr(buffers[3]), &p);
+    else
+        mt_cpu_adamw_planes(count(buffers[0]), ptr(buffers[0]), ptr(buffers[1]), ptr(buffers[4]), ptr(buffers[2]),
+                            ptr(buffers[3]), &p);
     mt_adamw_stats_time(a.stats, MT_AK_FUSED, mt_clock_ns() - t0);
 }
 
@@ -33,8 +39,12 @@ static void adamw_compact_weights_cpu(void *buffers[], void *cl_arg)
     mt_adamw_args a;
     starpu_codelet_unpack_args(cl_arg, &a);
     const mt_adamw_params p = clipped_params(&a, buffers, 5);
-    mt_cpu_adamw_planes_weights(count(buffers[0]), ptr(buffers[0]), ptr(buffers[1]), ptr(buffers[4]), ptr(buffers[2]),
-                                ptr(buffers[3]), &p);
+    if (fp32_master(buffers[0]))
+        mt_cpu_adamw_f32_master_weights(count(buffers[0]), ptr(buffers[0]), ptr(buffers[4]), ptr(buffers[2]),
+                                        ptr(buffers[3]), &p);
+    else
+        mt_cpu_adamw_planes_weights(count(buffers[0]), ptr(buffers[0]), ptr(buffers[1]), ptr(buffers[4]),
+                                    ptr(buffers[2]), ptr(buffers[3]), &p);
     mt_adamw_stats_time(a.stats, MT_AK_WEIGHTS, mt_clock_ns() - t0);
 }
 

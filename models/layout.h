@@ -108,11 +108,13 @@ int64_t mt_layout_expert_stride(const mt_tile_layout *layout);
 
 /* The bf16 streamed copy of a tile with an fp32 side: the RMSNorm weights (input, post-attention,
  * q/k and final norms) also as fp32, after the tile's bf16 elements, each over its tensor's whole
- * span (padding included, as its AdamW chunks cover it). Mixed-precision training as transformers'
- * autocast does it computes the norms with fp32 weights; rounding these few weights to bf16 costs
- * more accuracy than all the matrices' rounding on some models (docs/moe.md). Sets the tensors'
- * f32_at and the layout's f32_numel; returns the bytes of the streamed copy (bf16 elements, then
- * the side, 256-byte aligned). The embedding has no norm and gets no side. */
+ * span (padding included, as its AdamW chunks cover it); what the norm kernels read (the bf16
+ * elements of a norm are stale), and in the compact layout the norms' master. Mixed-precision
+ * training as transformers' autocast does it computes the norms with fp32 weights; rounding these
+ * few weights to bf16 costs more accuracy than all the matrices' rounding on some models
+ * (docs/design.md, section 8). Sets the tensors' f32_at and the layout's f32_numel; returns the
+ * bytes of the streamed copy (bf16 elements, then the side, 256-byte aligned). The embedding has
+ * no norm and gets no side. */
 size_t mt_layout_keep_norms_f32(mt_tile_layout *layout);
 /* Bytes of a tile's streamed copy of elements of esz bytes, its fp32 side included. */
 size_t mt_layout_stream_bytes(const mt_tile_layout *layout, size_t esz);

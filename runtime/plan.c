@@ -224,8 +224,8 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
     plan->active_param_count = mt_config_active_param_count(cfg);
     plan->flops_params = mt_config_flops_params(cfg);
     plan->weight_elem_bytes = p->compute == MT_DTYPE_BF16 ? 2 : 4;
-    /* bf16 weights in the full layout stream their norms in fp32 too (runtime/state.c) */
-    const bool norms_f32 = p->compute == MT_DTYPE_BF16 && !compact;
+    /* bf16 weights stream their norms in fp32 too (runtime/state.c) */
+    const bool norms_f32 = p->compute == MT_DTYPE_BF16;
     mt_tile_layout lay;
     for (int k = MT_TILE_EMBED; k <= MT_TILE_HEAD; k++) {
         mt_layout_build(cfg, (mt_tile_kind)k, &lay);
@@ -290,7 +290,8 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
         work[MT_PLAN_WEIGHTS] = mul(2, plan->max_stream_bytes, &of);
         /* The gradient being written and the one draining to the host: fp32, or in the compact
          * layout bf16 (the accumulators are apart). */
-        work[MT_PLAN_GRADS] = mul(2 * (uint64_t)plan->max_tile_numel, compact ? 2 : 4, &of);
+        work[MT_PLAN_GRADS] = compact ? mul(2, plan->max_stream_bytes, &of) /* registered at the weights' size */
+                                      : mul(2 * (uint64_t)plan->max_tile_numel, 4, &of);
     }
     /* Over several GPUs, devices 1..n-1's fp32 copies of the gradients live as the compact
      * layout's accumulators do, from a tile's first contribution to its sum (runtime/step/graph.c,

@@ -169,7 +169,7 @@ typedef struct mt_plan {
     int64_t num_tiles;         /* L + 2 */
     int64_t max_tile_numel;    /* the largest tile: every GPU weight buffer is this size */
     uint64_t stream_bytes[3];  /* bytes of the streamed copy of the embedding, one layer and the head
-                                * tile, the fp32 norms of bf16 weights in the full layout included
+                                * tile, the fp32 norms of bf16 weights included
                                 * (mt_layout_keep_norms_f32), before the 4 KiB rounding */
     uint64_t dense_stream_bytes; /* that of a dense layer of a model that mixes them, else 0 */
     uint64_t max_stream_bytes; /* the largest of them */

@@ -370,10 +370,8 @@ mt_host_state *mt_state_create_with(const mt_state_args *args, char *err, size_t
     mt_layout_build(cfg, MT_TILE_LAYER, &st->layout_layer);
     mt_layout_build(cfg, MT_TILE_HEAD, &st->layout_head);
     const bool mixed = mt_layout_build_dense_layer(cfg, &st->layout_dense_layer);
-    /* bf16 weights with an fp32 master beside them: the norms stream in fp32 (the compact
-     * layout's streamed copy is its master's high half, which has no room for them) */
-    const bool norms_f32 = compute_dtype == MT_DTYPE_BF16 && args->layout == MT_LAYOUT_FULL;
-    if (norms_f32) {
+    /* bf16 weights: the norms stream in fp32 (in the compact layout that copy is their master) */
+    if (compute_dtype == MT_DTYPE_BF16) {
         mt_layout_keep_norms_f32(&st->layout_layer);
         mt_layout_keep_norms_f32(&st->layout_head);
         if (mixed) mt_layout_keep_norms_f32(&st->layout_dense_layer);
@@ -541,20 +539,38 @@ typedef struct init_args { uint64_t seed; double std; } init_args;
 /* What tensor d starts as: matrices N(0, std), norms 1, biases 0. */
 typedef enum init_kind { INIT_NORMAL, INIT_ONE, INIT_ZERO } init_kind;
 
-/* The streamed copy of elements [offset, offset + n) of a tile from their fp32 values src: in the
- * compute dtype, and the fp32 side's copy of the norms among them (full layout). */
-static void stream_range(const mt_host_state *st, mt_tile *t, int64_t offset, int64_t n, const float *src)
+/* The fp32 side of a tile's streamed copy (mt_layout_keep_norms_f32) over elements [offset,
+ * offset + n): the norms among them from src (write) or into out (read). The side is a norm's
+ * streamed copy in the full layout and its master in the compact one. */
+static void side_range(const mt_tile *t, int64_t offset, int64_t n, const float *src, float *out)
 {
-    mt_cpu_streamed_copy(n, src, (char *)t->weights + (size_t)offset * mt_dtype_size(st->compute_dtype),
-                         st->compute_dtype);
     const mt_tile_layout *lay = t->layout;
     for (int k = 0; lay->f32_numel && k < lay->ntensors; k++) {
         const mt_tensor_desc *d = &lay->tensors[k];
         const int64_t b = offset > d->offset ? offset : d->offset;
         const int64_t e = offset + n < d->offset + d->numel ? offset + n : d->offset + d->numel;
-        if (d->f32_at && b < e)
-            memcpy((float *)t->weights + d->f32_at + (b - d->offset), src + (b - offset), (size_t)(e - b) * sizeof(float));
+        if (!d->f32_at || b >= e) continue;
+        float *side = (float *)t->weights + d->f32_at + (b - d->offset);
+        if (src) memcpy(side, src + (b - offset), (size_t)(e - b) * sizeof(float));
+        else memcpy(out + (b - offset), side, (size_t)(e - b) * sizeof(float));
     }
+}
+
+/* The master of elements [offset, offset + n) of a compact tile from src: the planes, and the
+ * norms among them in the side. */
+static void encode_range(mt_tile *t, int64_t offset, int64_t n, const float *src)
+{
+    mt_cpu_master_encode(n, src, (mt_bf16 *)t->weights + offset, t->master_lo + offset);
+    side_range(t, offset, n, src, NULL);
+}
+
+/* The streamed copy of elements [offset, offset + n) of a full-layout tile from their fp32 values
+ * src: in the compute dtype, and the norms among them in the side. */
+static void stream_range(const mt_host_state *st, mt_tile *t, int64_t offset, int64_t n, const float *src)
+{
+    mt_cpu_streamed_copy(n, src, (char *)t->weights + (size_t)offset * mt_dtype_size(st->compute_dtype),
+                         st->compute_dtype);
+    side_range(t, offset, n, src, NULL);
 }
 
 static init_kind init_kind_of(const mt_tensor_desc *d)
@@ -584,7 +600,7 @@ static void init_tile_compact(mt_tile *t, uint64_t *s, double std)
         for (int64_t o = 0; o < d->numel; o += BLOCK) {
             const int64_t len = d->numel - o < BLOCK ? d->numel - o : BLOCK;
             init_values(kind, s, std, len, block);
-            mt_cpu_master_encode(len, block, (mt_bf16 *)t->weights + d->offset + o, t->master_lo + d->offset + o);
+            encode_range(t, d->offset + o, len, block);
         }
     }
 }
@@ -642,6 +658,7 @@ void mt_state_read_master(const mt_host_state *st, int tile, int64_t offset, int
     const mt_tile *t = &st->tiles[tile];
     if (st->layout == MT_LAYOUT_COMPACT) {
         mt_cpu_master_decode(n, (const mt_bf16 *)t->weights + offset, t->master_lo + offset, out);
+        side_range(t, offset, n, NULL, out);
         return;
     }
     if (!t->master) {
@@ -656,7 +673,7 @@ void mt_state_write_master(mt_host_state *st, int tile, int64_t offset, int64_t 
 {
     mt_tile *t = &st->tiles[tile];
     if (st->layout == MT_LAYOUT_COMPACT) {
-        mt_cpu_master_encode(n, in, (mt_bf16 *)t->weights + offset, t->master_lo + offset);
+        encode_range(t, offset, n, in);
         return;
     }
     if (t->master) memmove(t->master + offset, in, (size_t)n * sizeof(float));

@@ -139,6 +139,15 @@ START_TEST(test_accessors)
         mt_state_write_master(compact, i, o, len, a);
         mt_state_read_master(compact, i, o, len, b);
         ck_assert_int_eq(first_diff(a, b, len), -1);
+        /* the norms' master is their fp32 side */
+        const mt_tile_layout *lay = compact->tiles[i].layout;
+        for (int k = 0; k < lay->ntensors; k++) {
+            const mt_tensor_desc *d = &lay->tensors[k];
+            ck_assert_int_eq(d->f32_at != 0, mt_layout_is_norm(lay, k));
+            for (int64_t e = d->offset; d->f32_at && e < d->offset + d->numel; e++)
+                ck_assert_uint_eq(bits_of(((const float *)compact->tiles[i].weights)[d->f32_at + e - d->offset]),
+                                  bits_of(e >= o && e < o + len ? a[e - o] : full->tiles[i].master[e]));
+        }
         const mt_bf16 *w = (const mt_bf16 *)compact->tiles[i].weights + o;
         for (int64_t e = 0; e < len; e++) {
             const uint32_t x = bits_of(a[e]);
@@ -333,6 +342,24 @@ START_TEST(test_compact_trains_as_full)
         /* nothing speculated or deferred */
         ck_assert_int_eq(b.speculated, 0);
         ck_assert(!b.defers);
+        /* the norms (the compact layout's fp32 side is their master) moved from their initial 1
+         * as the full layout's did: each norm's change agrees to 5% */
+        mt_model_config cfg = tiny_config(tied);
+        for (int i = 1; i < a.ntiles; i++) {
+            mt_tile_layout lay;
+            mt_layout_build(&cfg, i == a.ntiles - 1 ? MT_TILE_HEAD : MT_TILE_LAYER, &lay);
+            for (int k = 0; k < lay.ntensors; k++) {
+                if (!mt_layout_is_norm(&lay, k)) continue;
+                const mt_tensor_desc *d = &lay.tensors[k];
+                double moved = 0, diff = 0;
+                for (int64_t e = d->offset; e < d->offset + d->numel; e++) {
+                    moved += (a.master[i][e] - 1.0) * (a.master[i][e] - 1.0);
+                    diff += (b.master[i][e] - a.master[i][e]) * (b.master[i][e] - a.master[i][e]);
+                }
+                ck_assert_msg(moved > 0 && sqrt(diff) < 0.05 * sqrt(moved), "tied %d tile %d %s: moved %.3g, compact off by %.3g",
+                              tied, i, d->name, sqrt(moved), sqrt(diff));
+            }
+        }
         /* the gradients agree to bf16's rounding */
         for (int i = 0; i < a.ntiles; i++)
             ck_assert_msg(mt_test_rel_err_f32(b.grad[i], a.grad[i], a.numel[i]) < 2e-2, "tied %d tile %d: gradient error %.3g",

@@ -278,9 +278,12 @@ START_TEST(test_compact_bytes)
     ck_assert_int_eq(plan.param_count, 7615616512LL);
     /* 16-bit kinds (the master's two halves, the gradient): embed 1089994752 (266112 pages),
      * layer 466115584 -> 113798 pages = 466116608, head 1090001920 -> 266114 pages = 1090002944:
-     * 1089994752 + 28*466116608 + 1090002944 = 15231262720. fp32 kinds (m, v): 2179989504 +
-     * 28*932233216 + 2180005888 = 30462525440. */
-    ck_assert_uint_eq(plan.host[MT_PLAN_WEIGHTS], 15231262720ULL);
+     * 1089994752 + 28*466116608 + 1090002944 = 15231262720. The streamed half has the norms'
+     * fp32 side too: layer + 2 x 3584 x 4 -> 113805 pages = 466145280, head + 3584 x 4 -> 266118
+     * pages = 1090019328: 1089994752 + 28*466145280 + 1090019328 = 15232081920. fp32 kinds (m, v):
+     * 2179989504 + 28*932233216 + 2180005888 = 30462525440. */
+    const uint64_t streamed = 15232081920ULL;
+    ck_assert_uint_eq(plan.host[MT_PLAN_WEIGHTS], streamed);
     ck_assert_uint_eq(plan.host[MT_PLAN_MASTER], 15231262720ULL);
     ck_assert_uint_eq(plan.host[MT_PLAN_GRADS], 15231262720ULL);
     ck_assert_uint_eq(plan.host[MT_PLAN_ADAM_M], 30462525440ULL);
@@ -293,17 +296,18 @@ START_TEST(test_compact_bytes)
     const uint64_t dh0 = 16ULL * 2048 * 3584 * 4, acc = 544997376ULL * 4;
     ck_assert_uint_eq(plan.host[MT_PLAN_ACT_GRADS], dh0);
     ck_assert_uint_eq(plan.host[MT_PLAN_GRAD_ACC], acc);
-    ck_assert_uint_eq(plan.host_total, 3 * 15231262720ULL + 2 * 30462525440ULL + 786432 + dh0 + acc);
+    ck_assert_uint_eq(plan.host_total, streamed + 2 * 15231262720ULL + 2 * 30462525440ULL + 786432 + dh0 + acc);
     /* only what the GPU copies is pinned: the streamed half, the gradient, the inputs, dh0, the
      * table's accumulator */
-    ck_assert_uint_eq(plan.host_pinned_total, 2 * 15231262720ULL + 786432 + dh0 + acc);
+    ck_assert_uint_eq(plan.host_pinned_total, streamed + 15231262720ULL + 786432 + dh0 + acc);
     /* 14.0 bytes per parameter with the inputs; dh0 adds 0.06, the accumulator 0.29 */
     const double per = (double)(plan.host_total - dh0 - acc) / (double)plan.param_count;
     ck_assert_msg(per >= 14.0 && per < 14.0005, "%.6f bytes per parameter", per);
-    /* GPU: two bf16 gradient buffers of the largest tile (the head), as the weights; the
-     * accumulators at their most: the table's with layer 0's being converted, fp32 */
-    ck_assert_uint_eq(plan.gpu[MT_PLAN_GRADS], 2ULL * 545000960 * 2);
-    ck_assert_uint_eq(plan.gpu[MT_PLAN_WEIGHTS], 2ULL * 545000960 * 2);
+    /* GPU: two buffers of the largest tile's streamed copy (the head, its norm's side included),
+     * the bf16 gradients as the weights (their handles have the weights' size); the accumulators
+     * at their most: the table's with layer 0's being converted, fp32 */
+    ck_assert_uint_eq(plan.gpu[MT_PLAN_GRADS], 2ULL * (545000960 * 2 + 3584 * 4));
+    ck_assert_uint_eq(plan.gpu[MT_PLAN_WEIGHTS], 2ULL * (545000960 * 2 + 3584 * 4));
     ck_assert_uint_eq(plan.gpu[MT_PLAN_GRAD_ACC], 4ULL * (544997376 + 233057792));
     ck_assert_uint_eq(plan.host[MT_PLAN_GRAD_ACC], acc); /* the table's, at its home */
     /* several micro-batches keep a block's K accumulators, and one more being converted */

@@ -53,6 +53,11 @@ void mt_cpu_adamw_planes(int64_t n, mt_bf16 *hi, uint16_t *lo, const mt_bf16 *gr
  * the same bits), m and v only read. The moments half must come after it (it writes m and v). */
 void mt_cpu_adamw_planes_weights(int64_t n, mt_bf16 *hi, uint16_t *lo, const mt_bf16 *grad, const float *m,
                                  const float *v, const mt_adamw_params *p);
+/* The same two updates over an fp32 master (in place), the gradient bf16: a compact tile's norms,
+ * whose master is their fp32 streamed copy (models/layout.h, mt_layout_keep_norms_f32). */
+void mt_cpu_adamw_f32_master(int64_t n, float *master, const mt_bf16 *grad, float *m, float *v, const mt_adamw_params *p);
+void mt_cpu_adamw_f32_master_weights(int64_t n, float *master, const mt_bf16 *grad, const float *m, const float *v,
+                                     const mt_adamw_params *p);
 /* The moments half: m and v in place (mt_cpu_adamw_moments_f32 on the widened gradient); it needs
  * no master. */
 void mt_cpu_adamw_planes_moments(int64_t n, const mt_bf16 *grad, float *m, float *v, const mt_adamw_params *p);
