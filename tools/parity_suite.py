@@ -13,7 +13,8 @@ Mixtral and GPT-OSS without and with the router's load-balancing loss) it
      perturbed so that they matter) and saves it with save_pretrained, in a different on-disk
      dtype and shard layout per family (fp32 sharded, bf16, fp16, fp32 single file);
   2. reloads that directory in fp32 and computes the reference: loss, logits and every
-     parameter gradient of one random batch (transformers' own causal-LM loss);
+     parameter gradient of one random batch (transformers' own causal-LM loss); a mixture of
+     experts' batch is drawn again until no token's routing is a near-tie (routed_batch);
   3. runs `megatrain grads` on the same directory and batch: the fp32 CPU path must agree within
      1e-5 per tensor (||ours - ref|| / ||ref||); with a GPU (--ncuda 1) the fp32 GPU path
      (--dtype fp32) within 1e-5 too (--tol-gpu-fp32, at most --tol-gpu), and the bf16 GPU
@@ -298,6 +299,49 @@ def worst_of(errs):
     return name, errs[name]
 
 
+ROUTING_MARGIN = 0.05  # of a layer's router-logit standard deviation
+ROUTING_DRAWS = 4000
+
+
+def routed_batch(torch, transformers, model_dir, f32, B, T, seed):
+    """Token ids for a mixture of experts whose routing no bf16 rounding can turn: drawn as the
+    dense families' are, again while some token's k-th and (k+1)-th router logits (transformers'
+    fp32 model) lie closer than ROUTING_MARGIN standard deviations of that layer's logits. A
+    near-tie that bf16 compute flips moves whole rows of gradient to another expert, and whether
+    it flips under autocast or under megatrain is chance: the bf16 comparison is of arithmetic on
+    the same routing. Returns ids, the smallest margin and the draws taken (the first draw is the
+    dense families' batch)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, **f32, attn_implementation="eager")
+    k = model.config.num_experts_per_tok
+    logits = []
+
+    def capture(mod, inputs):  # the router's logits from its input, whatever its forward returns
+        x = inputs[0].detach().reshape(-1, inputs[0].shape[-1])
+        y = x @ mod.weight.T
+        logits.append(y + mod.bias if getattr(mod, "bias", None) is not None else y)
+
+    hooks = [m.register_forward_pre_hook(capture) for n, m in model.named_modules()
+             if re.search(r"\.mlp\.(gate|router)$", n) and isinstance(getattr(m, "weight", None), torch.Tensor)]
+    g = torch.Generator().manual_seed(seed)
+    best = (-1.0, None, 0)
+    with torch.no_grad():
+        for draw in range(1, ROUTING_DRAWS + 1):
+            ids = torch.randint(0, model.config.vocab_size, (B, T + 1), generator=g)
+            logits.clear()
+            model(input_ids=ids[:, :T])
+            margin = float("inf")
+            for l in logits:
+                top = l.sort(dim=-1, descending=True).values
+                margin = min(margin, float(((top[:, k - 1] - top[:, k]) / l.std()).min()))
+            if margin > best[0]:
+                best = (margin, ids, draw)
+            if margin >= ROUTING_MARGIN:
+                break
+    for h in hooks:
+        h.remove()
+    return best[1], best[0], best[2]
+
+
 def check_family(args, torch, transformers, load_file, save_file, f32, label, model_dir, ids, work, table,
                  fixtures=None, disk_dtype=None):
     """Steps 2-5 of the module doc for one model directory; appends rows to table, returns the
@@ -429,8 +473,13 @@ def main():
         hf_dir = os.path.join(fam_work, "model")
         save_kw = {"max_shard_size": shard} if shard else {}
         model.to(getattr(torch, disk_dtype)).save_pretrained(hf_dir, safe_serialization=True, **save_kw)
-        g = torch.Generator().manual_seed(args.seed + 1)
-        ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len + 1), generator=g)
+        if getattr(cfg, "num_experts_per_tok", 0):
+            ids, margin, draws = routed_batch(torch, transformers, hf_dir, f32, args.batch, args.seq_len, args.seed + 1)
+            print(f"{fam}: batch of draw {draws}, smallest routing margin {margin:.3f} router-logit standard "
+                  f"deviations (wanted {ROUTING_MARGIN})")
+        else:
+            g = torch.Generator().manual_seed(args.seed + 1)
+            ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len + 1), generator=g)
         fixtures = os.path.join(args.out, "fixtures", fam) if default_models else None
         failed += check_family(args, torch, transformers, load_file, save_file, f32, fam, hf_dir, ids, fam_work, table,
                                fixtures, disk_dtype)
