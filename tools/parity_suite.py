@@ -229,16 +229,21 @@ def write_tokens(path, ids):
 
 def hf_forward(torch, model, ids):
     """transformers' loss and logits [B, T, V] of the batch megatrain trains on: inputs ids[:, :T],
-    targets ids[:, 1:]. With the router's load-balancing loss on, the forward must see the T inputs
-    only (the loss counts the routing of every position it sees): the cross-entropy, then
-    router_aux_loss_coef x transformers' aux_loss, as its causal-LM loss adds them. Otherwise
-    transformers' own shifted loss over the T + 1 ids, the same by causality."""
+    targets ids[:, 1:]. The forward must see the T inputs only where what it computes depends on
+    how many positions it sees: with the router's load-balancing loss on (the loss counts the
+    routing of every position), and with dynamic rope scaling (its frequencies follow the
+    sequence's length): the cross-entropy, plus router_aux_loss_coef x transformers' aux_loss as
+    its causal-LM loss adds it. Otherwise transformers' own shifted loss over the T + 1 ids, the
+    same by causality."""
     T = ids.shape[1] - 1
-    if getattr(model.config, "output_router_logits", False):
+    rope = getattr(model.config, "rope_parameters", None) or getattr(model.config, "rope_scaling", None)
+    dynamic = isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) == "dynamic"
+    aux = getattr(model.config, "output_router_logits", False)
+    if aux or dynamic:
         out = model(input_ids=ids[:, :T])
         ce = torch.nn.functional.cross_entropy(out.logits.float().reshape(-1, out.logits.shape[-1]),
                                                ids[:, 1:].reshape(-1))
-        return ce + model.config.router_aux_loss_coef * out.aux_loss, out.logits
+        return (ce + model.config.router_aux_loss_coef * out.aux_loss if aux else ce), out.logits
     out = model(input_ids=ids, labels=ids)
     return out.loss, out.logits[:, :T]
 
