@@ -66,6 +66,16 @@ static uint64_t host_state_bytes(const mt_plan *plan, uint64_t elem)
     return embed + (uint64_t)(plan->num_tiles - 2 - plan->dense_layers) * layer + (uint64_t)plan->dense_layers * dense + head;
 }
 
+/* The bytes of the streamed copy of a tile of layout `lay` (its fp32 norms too with norms_f32: the
+ * layout is given them), counted into the plan's largest. */
+static uint64_t note_stream_bytes(mt_plan *plan, mt_tile_layout *lay, bool norms_f32)
+{
+    if (norms_f32) mt_layout_keep_norms_f32(lay);
+    const uint64_t bytes = mt_layout_stream_bytes(lay, (size_t)plan->weight_elem_bytes);
+    if (bytes > plan->max_stream_bytes) plan->max_stream_bytes = bytes;
+    return bytes;
+}
+
 /* Bytes of the streamed copies of every tile (every rank holds all of them), as state.c allocates them. */
 static uint64_t host_stream_bytes(const mt_plan *plan)
 {
@@ -229,11 +239,9 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
     mt_tile_layout lay;
     for (int k = MT_TILE_EMBED; k <= MT_TILE_HEAD; k++) {
         mt_layout_build(cfg, (mt_tile_kind)k, &lay);
-        if (norms_f32) mt_layout_keep_norms_f32(&lay);
         plan->tile_numel[k] = lay.numel;
         if (lay.numel > plan->max_tile_numel) plan->max_tile_numel = lay.numel;
-        plan->stream_bytes[k] = mt_layout_stream_bytes(&lay, (size_t)plan->weight_elem_bytes);
-        if (plan->stream_bytes[k] > plan->max_stream_bytes) plan->max_stream_bytes = plan->stream_bytes[k];
+        plan->stream_bytes[k] = note_stream_bytes(plan, &lay, norms_f32);
     }
     plan->num_tiles = cfg->layers + 2;
     /* A model mixing dense and sparse layers: each host tile has its own layer's size (state.c),
@@ -244,9 +252,7 @@ int mt_plan_compute(const mt_model_config *cfg, const mt_plan_params *params, mt
         plan->dense_layers = cfg->layers - mt_config_sparse_layers(cfg);
         plan->dense_layer_numel = lay.numel;
         if (lay.numel > plan->max_tile_numel) plan->max_tile_numel = lay.numel;
-        if (norms_f32) mt_layout_keep_norms_f32(&lay);
-        plan->dense_stream_bytes = mt_layout_stream_bytes(&lay, (size_t)plan->weight_elem_bytes);
-        if (plan->dense_stream_bytes > plan->max_stream_bytes) plan->max_stream_bytes = plan->dense_stream_bytes;
+        plan->dense_stream_bytes = note_stream_bytes(plan, &lay, norms_f32);
     }
     plan->num_checkpoints = (int64_t)((L + K - 1) / K);
 

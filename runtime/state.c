@@ -225,15 +225,16 @@ static starpu_data_handle_t *plan_chunks_of(const mt_tile *t, starpu_data_handle
 {
     chunk_place *pl = malloc(sizeof *pl * t->nchunks);
     const mt_tile_layout *lay = t->layout;
-    for (int c = 0; c < t->nchunks; c++) {
-        const mt_chunk *ch = &t->chunks[c];
-        pl[c] = (chunk_place){ (size_t)ch->offset * esz, (uint32_t)ch->numel, esz };
-        for (int k = 0; side && k < lay->ntensors; k++) {
-            const mt_tensor_desc *d = &lay->tensors[k];
-            if (d->f32_at && ch->offset >= d->offset && ch->offset < d->offset + d->numel) {
-                pl[c].at = (size_t)(d->f32_at + ch->offset - d->offset) * sizeof(float);
-                pl[c].elemsize = sizeof(float);
-            }
+    for (int c = 0; c < t->nchunks; c++)
+        pl[c] = (chunk_place){ (size_t)t->chunks[c].offset * esz, (uint32_t)t->chunks[c].numel, esz };
+    /* then the few tensors with an fp32 copy: their chunks move into the side */
+    for (int k = 0; side && k < lay->ntensors; k++) {
+        const mt_tensor_desc *d = &lay->tensors[k];
+        for (int c = 0; d->f32_at && c < t->nchunks; c++) {
+            const mt_chunk *ch = &t->chunks[c];
+            if (ch->offset < d->offset || ch->offset >= d->offset + d->numel) continue;
+            pl[c].at = (size_t)(d->f32_at + ch->offset - d->offset) * sizeof(float);
+            pl[c].elemsize = sizeof(float);
         }
     }
     struct starpu_data_filter f = {
@@ -401,9 +402,10 @@ mt_host_state *mt_state_create_with(const mt_state_args *args, char *err, size_t
     /* Every decoder layer's streamed copy shares one allocation size, that of the largest layer
      * tile when dense and sparse layers differ, so a GPU buffer freed by one layer is reused as
      * is by the next (StarPU recycles same-size buffers). */
-    size_t layer_allocsize = round_up(mt_layout_stream_bytes(&st->layout_layer, esz), TILE_ALIGN_BYTES);
-    if (mixed && mt_layout_stream_bytes(&st->layout_dense_layer, esz) > mt_layout_stream_bytes(&st->layout_layer, esz))
-        layer_allocsize = round_up(mt_layout_stream_bytes(&st->layout_dense_layer, esz), TILE_ALIGN_BYTES);
+    size_t layer_stream = mt_layout_stream_bytes(&st->layout_layer, esz);
+    if (mixed && mt_layout_stream_bytes(&st->layout_dense_layer, esz) > layer_stream)
+        layer_stream = mt_layout_stream_bytes(&st->layout_dense_layer, esz);
+    const size_t layer_allocsize = round_up(layer_stream, TILE_ALIGN_BYTES);
     const size_t layer_grad_allocsize =
         round_up((size_t)mt_layout_largest_layer_numel(cfg) * esz, TILE_ALIGN_BYTES) / esz * sizeof(float);
     for (int i = 0; i < st->ntiles; i++) {
