@@ -77,7 +77,11 @@ def model_bench(args, torch, transformers):
     cfg = build_config(args, transformers)
     torch.manual_seed(0)
     with torch.device("cuda"):  # initialised in place: a CPU init of billions of parameters takes minutes
-        model = transformers.AutoModelForCausalLM.from_config(cfg)
+        try:
+            model = transformers.AutoModelForCausalLM.from_config(cfg)
+        except ValueError:  # no sdpa for this model (GptOss: its sinks): transformers' eager attention
+            cfg._attn_implementation = "eager"
+            model = transformers.AutoModelForCausalLM.from_config(cfg)
     model.gradient_checkpointing_enable()
     model.config.use_cache = False
     experts_impl = getattr(model.config, "_experts_implementation", None)
@@ -105,7 +109,8 @@ def model_bench(args, torch, transformers):
     tflops = (6 * n + 6 * L * d * T) * tokens / step / 1e12
     peak = torch.cuda.max_memory_allocated() / 2**30
     name = (args.config or args.shape) + (f" ({L} layers)" if args.layers else "")
-    extra = f" | experts {experts_impl}" if experts_impl else ""
+    extra = f" | attention {model.config._attn_implementation}"
+    extra += f" | experts {experts_impl}" if experts_impl else ""
     print(f"| torch {name} | {A} x {B} x {T} | step {step:.3f} s | {tokens / step:.0f} tok/s | "
           f"{tflops:.1f} model TFLOP/s | peak GPU {peak:.1f} GiB | loss {loss.item():.4f}{extra} |")
 

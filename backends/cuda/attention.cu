@@ -1,5 +1,6 @@
 // The bf16 attention entry points of kernels.h: causal grouped-query attention, scale 1/sqrt(D),
-// with gpt_oss's sliding windows (the own kernels only) and sinks (attention_sinks.cuh).
+// with gpt_oss's sliding windows (the own kernels only) and sinks (attention_sinks.cuh; their
+// backward the own kernels only).
 // Each call first tries cuDNN 9's fused flash attention (attention_cudnn.cu: libcudnn.so.9
 // loaded with dlopen, head dims 64 and 128) unless the context's options say
 // MT_CUDA_ATTENTION_OWN, and on any cuDNN failure prints one line on stderr per direction and
@@ -114,7 +115,8 @@ extern "C" void mt_cuda_attention_backward_ex(mt_cuda_ctx *ctx, int64_t B, int64
     if (B == 0 || T == 0) return;
     const int w = mt_attention_window(window, T);
     bool done = false;
-    if (!w && cudnn_first(ctx, B, T, H, KV, D)) {
+    // a layer with sinks runs the own backward: its Delta exact (attention_sinks.cuh)
+    if (!w && !sinks && cudnn_first(ctx, B, T, H, KV, D)) {
         char why[384];
         done = mt_cuda_attention_cudnn_backward(B, T, H, KV, D, q, k, v, out, lse, dout, dq, dk, dv, workspace,
                                                 mt_cuda_attention_workspace_bytes(B, T, H, KV, D), stream, why,
@@ -123,11 +125,10 @@ extern "C" void mt_cuda_attention_backward_ex(mt_cuda_ctx *ctx, int64_t B, int64
     }
     if (!done)
         mt_attention_own_backward(ctx->options.qblock, B, T, H, KV, D, w, as_bf16(q), as_bf16(k), as_bf16(v),
-                                  as_bf16(out), lse, as_bf16(dout), dq, dk, dv, (float *)workspace,
+                                  as_bf16(out), lse, as_bf16(dout), dq, dk, dv, (float *)workspace, sinks != nullptr,
                                   as_stream(stream));
     if (sinks && dsinks)
-        mt_attention_sinks_grad_bf16(B, T, H, D, as_bf16(sinks), as_bf16(out), as_bf16(dout), lse, dsinks,
-                                     as_stream(stream));
+        mt_attention_sinks_grad_bf16(B, T, H, as_bf16(sinks), lse, (const float *)workspace, dsinks, as_stream(stream));
 }
 
 extern "C" void mt_cuda_attention_backward(mt_cuda_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,

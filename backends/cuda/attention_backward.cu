@@ -1,5 +1,5 @@
 // The own attention backward (attention_own.cuh), deterministic (no float atomics): Delta =
-// rowsum(dO * O) first, then one kernel owns a key block and writes dK, dV once, and a second
+// rowsum(dO * O) (or, exact, rowsum(P dP) by the dQ kernel's loop) first, then one kernel owns a key block and writes dK, dV once, and a second
 // owns a query block and writes dQ once, both recomputing the probabilities from the saved
 // log-sum-exp. The dK/dV kernel keeps 16 keys per warp: 32 would need 256 accumulator registers.
 #include <math.h>
@@ -148,10 +148,11 @@ __global__ void __launch_bounds__(THREADS) attention_backward_dkdv_kernel(
 // dQ for one query block of one head: one CTA per (query block, head, batch), looping over key
 // blocks from the diagonal down and recomputing P (the price of writing dQ once, without atomics):
 //   S = Q K^T, P = exp2(S scale log2e - lse log2e), dP = dO V^T, dS = P (dP - Delta), dQ += dS K.
-template <int D, int QW>
+// DELTA: the same loop writes Delta = rowsum(P dP) instead (exact_delta below), dq untouched.
+template <int D, int QW, bool DELTA>
 __global__ void __launch_bounds__(QW * 32) attention_backward_dq_kernel(
     int T, int H, int KV, const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
-    const bf16 *__restrict__ dout, const float *__restrict__ lse, const float *__restrict__ delta, float *__restrict__ dq,
+    const bf16 *__restrict__ dout, const float *__restrict__ lse, float *__restrict__ delta, float *__restrict__ dq,
     float scale_log2, float scale, int window)
 {
     constexpr int NT = QW * 32, QB = 16 * QW;
@@ -185,7 +186,7 @@ __global__ void __launch_bounds__(QW * 32) attention_backward_dq_kernel(
         const int t = wrow0 + g + 8 * half;
         const int64_t row = ((int64_t)b * H + h) * T + t;
         row_lse[half] = t < T ? lse[row] * LOG2E : INFINITY;
-        row_delta[half] = t < T ? delta[row] : 0.f;
+        row_delta[half] = t < T && !DELTA ? delta[row] : 0.f; // DELTA: this thread's share of the sum
     }
     float dq_acc[D / 8][4];
 #pragma unroll
@@ -218,18 +219,31 @@ __global__ void __launch_bounds__(QW * 32) attention_backward_dq_kernel(
 
         float ds[8][4]; // dP = dO V^T, then dS = P (dP - Delta)
         gemm_abt<D>(ds, do_tile, warp * 16, vt);
+        if constexpr (DELTA) {
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
+            for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) ds[nt][e] = p[nt][e] * (ds[nt][e] - row_delta[e >> 1]);
-
-        gemm_acc_pv<D>(dq_acc, ds, kt); // dQ += dS K
+                for (int e = 0; e < 4; e++) row_delta[e >> 1] = fmaf(p[nt][e], ds[nt][e], row_delta[e >> 1]);
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) ds[nt][e] = p[nt][e] * (ds[nt][e] - row_delta[e >> 1]);
+            gemm_acc_pv<D>(dq_acc, ds, kt); // dQ += dS K
+        }
         __syncthreads();
     }
 
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         const int t = wrow0 + g + 8 * half;
+        if constexpr (DELTA) { // the 4 lanes of a quad share a row, each summed 16 of every 64 keys
+            float sum = row_delta[half];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            if (t < T && quad == 0) delta[((int64_t)b * H + h) * T + t] = sum;
+            continue;
+        }
         if (t >= T) continue;
         float *row = dq + (((int64_t)b * T + t) * H + h) * D;
 #pragma unroll
@@ -241,32 +255,35 @@ __global__ void __launch_bounds__(QW * 32) attention_backward_dq_kernel(
 
 constexpr size_t tile_bytes(int64_t D) { return (size_t)BLOCK * (size_t)(D + 8) * sizeof(bf16); }
 
-template <int D, int QW>
+template <int D, int QW, bool DELTA = false>
 void dq_qw(int64_t B, int64_t T, int64_t H, int64_t KV, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout,
-           const float *lse, const float *delta, float *dq, float scale_log2, float scale, int window,
-           cudaStream_t stream)
+           const float *lse, float *delta, float *dq, float scale_log2, float scale, int window, cudaStream_t stream)
 {
     constexpr int QB = 16 * QW;
     const size_t smem = (size_t)(2 * QB + 4 * BLOCK) * (size_t)(D + 8) * sizeof(bf16);
-    CUDA_CHECK(cudaFuncSetAttribute(attention_backward_dq_kernel<D, QW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)smem));
-    attention_backward_dq_kernel<D, QW><<<dim3((unsigned)H, (unsigned)B, (unsigned)((T + QB - 1) / QB)), QW * 32, smem,
-                                          stream>>>((int)T, (int)H, (int)KV, q, k, v, dout, lse, delta, dq, scale_log2,
-                                                    scale, window);
+    CUDA_CHECK(cudaFuncSetAttribute(attention_backward_dq_kernel<D, QW, DELTA>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    attention_backward_dq_kernel<D, QW, DELTA><<<dim3((unsigned)H, (unsigned)B, (unsigned)((T + QB - 1) / QB)), QW * 32,
+                                                 smem, stream>>>((int)T, (int)H, (int)KV, q, k, v, dout, lse, delta, dq,
+                                                                 scale_log2, scale, window);
     CUDA_CHECK_LAUNCH();
 }
 
 template <int D>
 void backward(mt_cuda_qblock qblock, int64_t B, int64_t T, int64_t H, int64_t KV, const bf16 *q, const bf16 *k,
               const bf16 *v, const bf16 *out, const float *lse, const bf16 *dout, float *dq, float *dk, float *dv,
-              float *delta, int window, cudaStream_t stream)
+              float *delta, int window, bool exact_delta, cudaStream_t stream)
 {
     const float scale = (float)(1.0 / sqrt((double)D)), scale_log2 = scale * LOG2E;
-    const int64_t rows = B * T * H;
-    const int warps_per_block = 8;
-    attention_delta_kernel<<<(unsigned)((rows + warps_per_block - 1) / warps_per_block), warps_per_block * 32, 0,
-                             stream>>>(rows, (int)T, (int)H, D, out, dout, delta);
-    CUDA_CHECK_LAUNCH();
+    if (exact_delta) {
+        dq_qw<D, 4, true>(B, T, H, KV, q, k, v, dout, lse, delta, nullptr, scale_log2, scale, window, stream);
+    } else {
+        const int64_t rows = B * T * H;
+        const int warps_per_block = 8;
+        attention_delta_kernel<<<(unsigned)((rows + warps_per_block - 1) / warps_per_block), warps_per_block * 32, 0,
+                                 stream>>>(rows, (int)T, (int)H, D, out, dout, delta);
+        CUDA_CHECK_LAUNCH();
+    }
 
     const unsigned nblocks = (unsigned)((T + BLOCK - 1) / BLOCK);
     const size_t smem_kv = 6 * tile_bytes(D) + 4 * BLOCK * sizeof(float);
@@ -289,13 +306,13 @@ size_t mt_attention_own_workspace_bytes(int64_t B, int64_t T, int64_t H) { retur
 void mt_attention_own_backward(mt_cuda_qblock qblock, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                                int64_t window, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out,
                                const float *lse, const bf16 *dout, float *dq, float *dk, float *dv, float *delta,
-                               cudaStream_t stream)
+                               bool exact_delta, cudaStream_t stream)
 {
     const int w = mt_attention_window(window, T);
     switch (D) {
-    case 32: backward<32>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, w, stream); break;
-    case 64: backward<64>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, w, stream); break;
-    case 96: backward<96>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, w, stream); break;
-    default: backward<128>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, w, stream); break;
+    case 32: backward<32>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, w, exact_delta, stream); break;
+    case 64: backward<64>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, w, exact_delta, stream); break;
+    case 96: backward<96>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, w, exact_delta, stream); break;
+    default: backward<128>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, w, exact_delta, stream); break;
     }
 }

@@ -522,7 +522,7 @@ extern "C" void mt_cuda_attention_backward_f32_ex(int64_t B, int64_t T, int64_t 
     case 7: backward<7>(B, T, H, KV, D, q, k, v, lse, dout, delta, dq, dk, dv, w, s); break;
     default: backward<8>(B, T, H, KV, D, q, k, v, lse, dout, delta, dq, dk, dv, w, s); break;
     }
-    if (sinks && dsinks) mt_attention_sinks_grad_f32(B, T, H, D, sinks, out, dout, lse, dsinks, s);
+    if (sinks && dsinks) mt_attention_sinks_grad_f32(B, T, H, sinks, lse, delta, dsinks, s);
 }
 
 extern "C" void mt_cuda_attention_backward_f32(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,

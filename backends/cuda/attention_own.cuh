@@ -17,10 +17,12 @@ void mt_attention_own_forward(mt_cuda_qblock qblock, int64_t B, int64_t T, int64
                               int64_t window, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *out, float *lse,
                               cudaStream_t stream);
 
-// The backward; delta: mt_attention_own_workspace_bytes of device memory.
+// The backward; delta: mt_attention_own_workspace_bytes of device memory, left holding Delta.
+// exact_delta: Delta = rowsum(P dP) from the recomputed probabilities (a pass like dQ's without its
+// last GEMM) instead of rowsum(dO . out); what sinks need (attention_sinks.cuh).
 void mt_attention_own_backward(mt_cuda_qblock qblock, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                                int64_t window, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out,
                                const float *lse, const bf16 *dout, float *dq, float *dk, float *dv, float *delta,
-                               cudaStream_t stream);
+                               bool exact_delta, cudaStream_t stream);
 
 #endif

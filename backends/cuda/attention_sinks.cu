@@ -33,20 +33,16 @@ __global__ void sinks_apply_kernel(int64_t rows, int T, int H, int D, const E *_
 // One block of 256 threads per head: thread i sums rows i, i + 256, ... in order, then a fixed
 // tree over the threads.
 template <class E>
-__global__ void sinks_grad_kernel(int64_t BT, int T, int H, int D, const E *__restrict__ sinks,
-                                  const E *__restrict__ out, const E *__restrict__ dout, const float *__restrict__ lse,
-                                  float *__restrict__ dsinks)
+__global__ void sinks_grad_kernel(int64_t BT, int T, int H, const E *__restrict__ sinks, const float *__restrict__ lse,
+                                  const float *__restrict__ delta, float *__restrict__ dsinks)
 {
     __shared__ float part[256];
     const int h = blockIdx.x;
     const float s = to_float(sinks[h]);
     float acc = 0.f;
     for (int64_t r = threadIdx.x; r < BT; r += blockDim.x) {
-        const int64_t b = r / T, t = r % T, row = r * H + h;
-        const E *o = out + row * D, *d = dout + row * D;
-        float delta = 0.f;
-        for (int i = 0; i < D; i++) delta = fmaf(to_float(o[i]), to_float(d[i]), delta);
-        acc = fmaf(expf(s - lse[(b * H + h) * T + t]), delta, acc);
+        const int64_t i = (r / T * H + h) * T + r % T; // (b, h, t)
+        acc = fmaf(expf(s - lse[i]), delta[i], acc);
     }
     part[threadIdx.x] = acc;
     __syncthreads();
@@ -69,11 +65,11 @@ void apply(int64_t B, int64_t T, int64_t H, int64_t D, const E *sinks, E *out, f
 }
 
 template <class E>
-void grad(int64_t B, int64_t T, int64_t H, int64_t D, const E *sinks, const E *out, const E *dout, const float *lse,
-          float *dsinks, cudaStream_t stream)
+void grad(int64_t B, int64_t T, int64_t H, const E *sinks, const float *lse, const float *delta, float *dsinks,
+          cudaStream_t stream)
 {
     if (B * T == 0) return;
-    sinks_grad_kernel<E><<<(unsigned)H, 256, 0, stream>>>(B * T, (int)T, (int)H, (int)D, sinks, out, dout, lse, dsinks);
+    sinks_grad_kernel<E><<<(unsigned)H, 256, 0, stream>>>(B * T, (int)T, (int)H, sinks, lse, delta, dsinks);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -91,14 +87,14 @@ void mt_attention_sinks_apply_f32(int64_t B, int64_t T, int64_t H, int64_t D, co
     apply(B, T, H, D, sinks, out, lse, stream);
 }
 
-void mt_attention_sinks_grad_bf16(int64_t B, int64_t T, int64_t H, int64_t D, const bf16 *sinks, const bf16 *out,
-                                  const bf16 *dout, const float *lse, float *dsinks, cudaStream_t stream)
+void mt_attention_sinks_grad_bf16(int64_t B, int64_t T, int64_t H, const bf16 *sinks, const float *lse,
+                                  const float *delta, float *dsinks, cudaStream_t stream)
 {
-    grad(B, T, H, D, sinks, out, dout, lse, dsinks, stream);
+    grad(B, T, H, sinks, lse, delta, dsinks, stream);
 }
 
-void mt_attention_sinks_grad_f32(int64_t B, int64_t T, int64_t H, int64_t D, const float *sinks, const float *out,
-                                 const float *dout, const float *lse, float *dsinks, cudaStream_t stream)
+void mt_attention_sinks_grad_f32(int64_t B, int64_t T, int64_t H, const float *sinks, const float *lse,
+                                 const float *delta, float *dsinks, cudaStream_t stream)
 {
-    grad(B, T, H, D, sinks, out, dout, lse, dsinks, stream);
+    grad(B, T, H, sinks, lse, delta, dsinks, stream);
 }
