@@ -75,6 +75,8 @@ START_TEST(test_bench)
     mt_tile_layout lay, hl;
     mt_layout_build(&cfg, MT_TILE_LAYER, &lay);
     mt_layout_build(&cfg, MT_TILE_HEAD, &hl);
+    mt_layout_keep_norms_f32(&lay); /* as the bf16 step streams them: the norms in fp32 */
+    mt_layout_keep_norms_f32(&hl);
     printf("bench (median of %d, cudaEvent; FLOPs: 2 N + 2 d T per token forward, "
            "twice that backward, attention counted once):\n  layer B=%lld T=%lld d=%lld H=%lld KV=%lld D=%lld "
            "I=%lld, head V=%lld\n",
@@ -83,12 +85,11 @@ START_TEST(test_bench)
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 5);
     float *tile = mt_test_random_tile(&rng, &lay, 0.02f, true);
-    mt_bf16 *tile_bits = mt_test_bf16_of(tile, lay.numel);
     float *x = mt_test_random_f32(&rng, n * d, 1.0f);
     float *emb = mt_test_random_f32(&rng, V * d, 0.02f);
     mt_bf16 *emb_bits = mt_test_bf16_of(emb, V * d);
-    mt_bf16 *norm_bits = mt_xcalloc(1, (size_t)hl.numel * 2);
-    for (int64_t i = 0; i < hl.numel; i++) norm_bits[i] = mt_bf16_from_float(1.0f);
+    float *head = mt_test_alloc_f32(hl.numel);
+    for (int64_t i = 0; i < hl.numel; i++) head[i] = 1.0f;
     int32_t *targets = mt_xcalloc(1, (size_t)n * 4);
     for (int64_t i = 0; i < n; i++) targets[i] = (int32_t)(mt_test_uniform(&rng) * V);
 
@@ -99,7 +100,7 @@ START_TEST(test_bench)
     CK_CUDA(cudaEventCreate(&e1));
     mt_cuda_ctx *ctx = mt_cuda_ctx_get();
     const size_t vec_bytes = (size_t)(n * d) * 4;
-    mt_cuda_bf16 *d_tile = mt_test_gpu_buffer(tile_bits, (size_t)lay.numel * 2);
+    mt_cuda_bf16 *d_tile = mt_test_gpu_tile(tile, &lay, false);
     float *d_x = mt_test_gpu_buffer(x, vec_bytes), *d_y = mt_test_gpu_buffer(NULL, vec_bytes);
     float *d_dx = mt_test_gpu_buffer(NULL, vec_bytes);
     void *d_saved = mt_test_gpu_buffer(NULL, mt_cuda_layer_saved_bytes(&cfg, MT_CUDA_BF16, B, T));
@@ -155,7 +156,7 @@ START_TEST(test_bench)
 
     /* Head over the same tokens, tied, chunk 4096 rows. */
     const int64_t chunk = 4096;
-    mt_cuda_bf16 *d_norm = mt_test_gpu_buffer(norm_bits, (size_t)hl.numel * 2);
+    mt_cuda_bf16 *d_norm = mt_test_gpu_tile(head, &hl, false);
     mt_cuda_bf16 *d_emb = mt_test_gpu_buffer(emb_bits, (size_t)(V * d) * 2);
     int32_t *d_targets = mt_test_gpu_buffer(targets, (size_t)n * 4);
     float *d_dhead = mt_test_gpu_buffer(NULL, (size_t)hl.numel * 4);
@@ -196,7 +197,7 @@ START_TEST(test_bench)
     CK_CUDA(cudaEventDestroy(e0));
     CK_CUDA(cudaEventDestroy(e1));
     CK_CUDA(cudaStreamDestroy(st));
-    free(tile), free(tile_bits), free(x), free(emb), free(emb_bits), free(norm_bits), free(targets);
+    free(tile), free(x), free(emb), free(emb_bits), free(head), free(targets);
 }
 END_TEST
 

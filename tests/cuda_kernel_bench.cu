@@ -107,13 +107,6 @@ static void mt_kernel_bench_time(mt_kernel_bench *b, const char *name, const cha
     mt_kernel_bench_record(b, name, shape, bytes);
 }
 
-// Parameter `slot` of a tile of E, NULL when absent.
-template <class E> static const E *weight(const mt_tile_layout *layout, const E *tile, int slot)
-{
-    const mt_tensor_desc *t = &layout->tensors[slot];
-    return t->numel > 0 ? tile + t->offset : nullptr;
-}
-
 // The layer's memory-bound kernels through the helpers its own code calls, on random buffers of
 // one call's shapes, in the order of a forward then a backward. bytes: the least traffic, every
 // input read once and every output written once at its element size (n = B*T rows, qk = H*D +
@@ -126,9 +119,10 @@ static void bench_layer(mt_kernel_bench *b, const mt_model_config *cfg, const mt
     mt_layer_check(cfg, layout, &m);
     const int64_t n = m.n, d = m.d, I = m.inter, qk = m.qd + m.kvd, heads = m.H + m.KV;
     const cudaStream_t st = b->stream;
-    const bf16 *tile = mt_kernel_bench_random_bf16(b, layout->numel);
-    const bf16 *norm_w = weight(layout, tile, MT_L_MLP_NORM);                                    // (d)
-    const bf16 *qw = weight(layout, tile, MT_L_Q_NORM), *kw = weight(layout, tile, MT_L_K_NORM); // (D), qk_norm
+    // the norms' weights fp32, as a bf16 tile streams them (models/layout.h, mt_layout_keep_norms_f32)
+    const float *norm_w = mt_kernel_bench_random_f32(b, d);                                   // (d)
+    const float *qw = cfg->qk_norm ? mt_kernel_bench_random_f32(b, m.D) : nullptr;            // (D)
+    const float *kw = cfg->qk_norm ? mt_kernel_bench_random_f32(b, m.D) : nullptr;            // (D)
     // RMSNorm: x (n, d) its input, dy (n, d) the gradient at its output, resid (n, d) the residual
     // stream's gradient, dx (n, d) fp32 and dres (n, d) bf16 the input gradient, xn (n, d) bf16
     // its output, inv_rms (n) set by the forward (timed first), dw (d) the weight gradient.
@@ -175,39 +169,39 @@ static void bench_layer(mt_kernel_bench *b, const mt_model_config *cfg, const mt
              (long long)m.kvd);
     snprintf(norm_cols, sizeof norm_cols, "%lldx%lld", (long long)(n * heads), (long long)m.D);
 
-    // x 4nd + w 2d read; y 2nd + inv_rms 4n written
-    mt_kernel_bench_time(b, "rmsnorm forward", nd, 6 * n * d + 2 * d + 4 * n,
+    // x 4nd + w 4d read; y 2nd + inv_rms 4n written
+    mt_kernel_bench_time(b, "rmsnorm forward", nd, 6 * n * d + 4 * d + 4 * n,
                          [&] { mt_rmsnorm_forward(n, d, x, norm_w, cfg->rms_eps, xn, inv_rms, st); });
     // cos, sin (T, D/2) fp32 written; double cos/sin: compute, not memory, bound
     mt_kernel_bench_time(b, "rope tables", tab, 8 * T * m.half,
                          [&] { mt_layer_rope_tables(cfg, &m, cos_t, sin_t, st); });
     // q k 2 n qk read and 2 n qk written (bf16), cos sin 8 T D/2 read;
-    // [qk_norm: the weights 2 x 2D read, inv_rms 4 n heads written]
+    // [qk_norm: the weights 2 x 4D read, inv_rms 4 n heads written]
     mt_kernel_bench_time(b, cfg->qk_norm ? "q/k-norm + rope forward" : "rope forward", qks,
-                         4 * n * qk + 8 * T * m.half + (cfg->qk_norm ? 4 * m.D + 4 * n * heads : 0), [&] {
+                         4 * n * qk + 8 * T * m.half + (cfg->qk_norm ? 8 * m.D + 4 * n * heads : 0), [&] {
                              mt_layer_qk_rope_forward(cfg, &m, cfg->qk_norm ? qpre : q, cfg->qk_norm ? kpre : k, q, k,
                                                       qw, kw, qrms, krms, cos_t, sin_t, st);
                          });
     // g u 4 n I read, s 2 n I written
     mt_kernel_bench_time(b, "swiglu forward", ni, 6 * n * I, [&] { mt_layer_swiglu_forward(n * I, g, u, s_dg, st); });
-    // x 4nd + inv_rms 4n + w 2d read, y 2nd written
-    mt_kernel_bench_time(b, "rmsnorm apply (recompute)", nd, 6 * n * d + 2 * d + 4 * n,
+    // x 4nd + inv_rms 4n + w 4d read, y 2nd written
+    mt_kernel_bench_time(b, "rmsnorm apply (recompute)", nd, 6 * n * d + 4 * d + 4 * n,
                          [&] { mt_rmsnorm_apply(n, d, x, norm_w, inv_rms, xn, st); });
     // g u 4 n I + ds 4 n I read, dg du 4 n I written
     mt_kernel_bench_time(b, "swiglu backward", ni, 12 * n * I,
                          [&] { mt_layer_swiglu_backward(n * I, g, u, ds, s_dg, du, st); });
-    // The MLP norm's: x dy resid 12nd + w 2d + inv_rms 4n read, dx 4nd + its bf16 copy 2nd written
-    mt_kernel_bench_time(b, "rmsnorm backward (+ resid, bf16 copy)", nd, 18 * n * d + 2 * d + 4 * n,
+    // The MLP norm's: x dy resid 12nd + w 4d + inv_rms 4n read, dx 4nd + its bf16 copy 2nd written
+    mt_kernel_bench_time(b, "rmsnorm backward (+ resid, bf16 copy)", nd, 18 * n * d + 4 * d + 4 * n,
                          [&] { mt_rmsnorm_backward<bf16>(n, d, x, norm_w, inv_rms, dy, resid, dx, dres, st); });
     // x dy 8nd + inv_rms 4n read, dw (d) fp32 read and written 8d
     mt_kernel_bench_time(b, "rmsnorm weight gradient (+=)", nd, 8 * n * d + 4 * n + 8 * d,
                          [&] { mt_rmsnorm_backward_weight(n, d, x, inv_rms, dy, dw, true, partials, st); });
     // dq dk 4 n qk + cos sin 8 T D/2 read, the bf16 gradients 2 n qk written [qkv_bias: their fp32
-    // copies 4 n qk] [qk_norm: qpre kpre 2 n qk + inv_rms 4 n heads + the weights 4D read, the
+    // copies 4 n qk] [qk_norm: qpre kpre 2 n qk + inv_rms 4 n heads + the weights 8D read, the
     // weight's summands 4 n qk written over dq dk]
     mt_kernel_bench_time(b, cfg->qk_norm ? "q/k-norm + rope backward" : "rope backward", qks,
                          6 * n * qk + 8 * T * m.half + (cfg->qkv_bias ? 4 * n * qk : 0) +
-                             (cfg->qk_norm ? 6 * n * qk + 4 * n * heads + 4 * m.D : 0),
+                             (cfg->qk_norm ? 6 * n * qk + 4 * n * heads + 8 * m.D : 0),
                          [&] {
                              mt_layer_qk_rope_backward(cfg, &m, dq, dk, qpre, kpre, qw, kw, qrms, krms, dq_proj, dk_proj,
                                                        cos_t, sin_t, dq32, dk32, st);
@@ -222,8 +216,8 @@ static void bench_layer(mt_kernel_bench *b, const mt_model_config *cfg, const mt
         mt_kernel_bench_time(b, "q/k/v bias gradients (+=)", bias, 4 * n * qkv + 8 * qkv, [&] {
             mt_layer_qkv_bias_grads(&m, dq32, dk32, dv, dbias, dbias + m.qd, dbias + m.qd + m.kvd, partials, st);
         });
-    // The attention norm's, in place: x dy dx 12nd + w 2d + inv_rms 4n read, dx 4nd written
-    mt_kernel_bench_time(b, "rmsnorm backward (in place)", nd, 16 * n * d + 2 * d + 4 * n,
+    // The attention norm's, in place: x dy dx 12nd + w 4d + inv_rms 4n read, dx 4nd written
+    mt_kernel_bench_time(b, "rmsnorm backward (in place)", nd, 16 * n * d + 4 * d + 4 * n,
                          [&] { mt_rmsnorm_backward<bf16>(n, d, x, norm_w, inv_rms, dy, dx, dx, nullptr, st); });
 }
 

@@ -93,8 +93,32 @@ float *mt_test_random_tile(mt_test_rng *rng, const mt_tile_layout *lay, float sc
         if (is_norm)
             for (int64_t i = 0; i < t->numel; i++) tile[t->offset + i] += 1.0f;
     }
-    if (bf16_valued) mt_test_round_bf16(tile, lay->numel, NULL);
+    if (bf16_valued) mt_test_round_tile_bf16(tile, lay);
     return tile;
+}
+
+void mt_test_round_tile_bf16(float *tile, const mt_tile_layout *lay)
+{
+    for (int s = 0; s < lay->ntensors; s++) {
+        const mt_tensor_desc *t = &lay->tensors[s];
+        if (t->numel > 0 && !t->f32_at) mt_test_round_bf16(tile + t->offset, t->numel, NULL);
+    }
+}
+
+void *mt_test_gpu_tile(const float *tile, const mt_tile_layout *lay, bool f32)
+{
+    if (f32) return mt_test_gpu_buffer(tile, (size_t)lay->numel * sizeof(float));
+    const size_t bytes = mt_layout_stream_bytes(lay, sizeof(mt_bf16));
+    unsigned char *host = mt_xcalloc(1, bytes);
+    mt_f32_to_bf16(lay->numel, tile, (mt_bf16 *)host);
+    for (int s = 0; s < lay->ntensors; s++) {
+        const mt_tensor_desc *t = &lay->tensors[s];
+        if (t->numel > 0 && t->f32_at)
+            memcpy((float *)host + t->f32_at, tile + t->offset, (size_t)t->numel * sizeof(float));
+    }
+    void *dev = mt_test_gpu_buffer(host, bytes);
+    free(host);
+    return dev;
 }
 
 void mt_test_check_padding_zero(const char *what, const mt_tile_layout *lay, const float *dtile)

@@ -45,8 +45,15 @@ cudaStream_t mt_test_new_stream(void);
 mt_model_config mt_test_cuda_config(mt_family family, bool qkv_bias, bool qk_norm, int64_t H, int64_t KV, int64_t D,
                                     bool tied);
 /* Random tile: norm weights near 1 (as trained models have them), the rest N(0, scale); values
- * rounded to bf16 when bf16_valued (for the bf16 path, so the CPU sees the GPU's weights). */
+ * rounded to bf16 when bf16_valued (for the bf16 path, so the CPU sees the GPU's weights), but
+ * for the norms of a layout that streams them in fp32 (mt_layout_keep_norms_f32). */
 float *mt_test_random_tile(mt_test_rng *rng, const mt_tile_layout *lay, float scale, bool bf16_valued);
+/* A tile's values rounded to bf16 in place, but the norms of a layout with an fp32 side. */
+void mt_test_round_tile_bf16(float *tile, const mt_tile_layout *lay);
+/* A tile on the device as the step streams it: fp32 as it is (f32), or its elements in bf16 and,
+ * for a layout with an fp32 side (mt_layout_keep_norms_f32, what the bf16 path's norm kernels
+ * read), its norms' values in it. */
+void *mt_test_gpu_tile(const float *tile, const mt_tile_layout *lay, bool f32);
 /* Asserts that the elements of a gradient tile outside every present tensor are exactly 0. */
 void mt_test_check_padding_zero(const char *what, const mt_tile_layout *lay, const float *dtile);
 

@@ -264,10 +264,11 @@ static double tensor_tol(const mt_tensor_desc *desc, bool f32)
 
 static void run_layer_prec(const char *name, mt_model_config cfg, int64_t B, int64_t T, mt_cuda_prec prec)
 {
+    const bool f32 = prec == MT_CUDA_F32;
     mt_tile_layout lay;
     mt_layout_build(&cfg, MT_TILE_LAYER, &lay);
+    if (!f32) mt_layout_keep_norms_f32(&lay); /* as the bf16 step streams it: the norms in fp32 */
     const int64_t n = B * T, d = cfg.hidden;
-    const bool f32 = prec == MT_CUDA_F32;
     const double tol = f32 ? F32_TOL : BF16_TOL;
     printf("layer %s, %s: B=%lld T=%lld d=%lld H=%lld KV=%lld D=%lld I=%lld bias=%d qk_norm=%d\n", name,
            f32 ? "fp32" : "bf16", (long long)B, (long long)T, (long long)d, (long long)cfg.heads,
@@ -276,7 +277,6 @@ static void run_layer_prec(const char *name, mt_model_config cfg, int64_t B, int
     mt_test_rng_seed(&rng, (uint64_t)(1000 + cfg.head_dim * 10 + cfg.kv_heads + cfg.qk_norm * 7 + cfg.qkv_bias * 3 +
                                       f32 * 500));
     float *tile = mt_test_random_tile(&rng, &lay, 0.05f, !f32);
-    mt_bf16 *tile_bits = mt_test_bf16_of(tile, lay.numel);
     float *x = mt_test_random_f32(&rng, n * d, 1.0f), *dy = mt_test_random_f32(&rng, n * d, 1.0f);
 
     /* CPU reference: fp32 on the same weights as the GPU's (bf16-valued for bf16). */
@@ -291,8 +291,7 @@ static void run_layer_prec(const char *name, mt_model_config cfg, int64_t B, int
     const mt_cuda_stream s = (mt_cuda_stream)st;
     mt_cuda_ctx *ctx = mt_cuda_ctx_get();
     const size_t vec_bytes = (size_t)(n * d) * sizeof(float), tile_bytes = (size_t)lay.numel * sizeof(float);
-    void *d_tile = f32 ? mt_test_gpu_buffer(tile, tile_bytes)
-                       : mt_test_gpu_buffer(tile_bits, (size_t)lay.numel * sizeof(mt_bf16));
+    void *d_tile = mt_test_gpu_tile(tile, &lay, f32);
     float *d_x = mt_test_gpu_buffer(x, vec_bytes), *d_dy = mt_test_gpu_buffer(dy, vec_bytes);
     float *d_y = mt_test_gpu_buffer(NULL, vec_bytes), *d_y2 = mt_test_gpu_buffer(NULL, vec_bytes);
     float *d_dx = mt_test_gpu_buffer(NULL, vec_bytes);
@@ -344,7 +343,7 @@ static void run_layer_prec(const char *name, mt_model_config cfg, int64_t B, int
     void *bufs[] = {d_tile, d_x, d_dy, d_y, d_y2, d_dx, d_saved, d_scratch, d_dtile, d_dtile2};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CK_CUDA(cudaFree(bufs[i]));
     CK_CUDA(cudaStreamDestroy(st));
-    void *hbufs[] = {tile, tile_bits, x, dy, saved, scratch, y_cpu, dx_cpu, dtile_cpu, y, y2, dx, dtile, dtile2,
+    void *hbufs[] = {tile, x, dy, saved, scratch, y_cpu, dx_cpu, dtile_cpu, y, y2, dx, dtile, dtile2,
                      dtile_acc, dx2};
     for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++) free(hbufs[i]);
 }
@@ -423,6 +422,7 @@ static void run_head_prec(const char *name, bool tied, bool first_chunk_ignored,
     mt_tile_layout hl, el;
     mt_layout_build(&cfg, MT_TILE_HEAD, &hl);
     mt_layout_build(&cfg, MT_TILE_EMBED, &el);
+    if (prec != MT_CUDA_F32) mt_layout_keep_norms_f32(&hl); /* the final norm in fp32, as streamed */
     const int64_t ntok = TB * TT, d = cfg.hidden, V = cfg.vocab, chunk = 64;
     const double loss_scale = 1.0 / 117.0;
     const bool f32 = prec == MT_CUDA_F32;
@@ -432,7 +432,6 @@ static void run_head_prec(const char *name, bool tied, bool first_chunk_ignored,
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 77 + tied * 2 + first_chunk_ignored + f32 * 10);
     float *head = mt_test_random_tile(&rng, &hl, 0.05f, !f32), *embed = mt_test_random_tile(&rng, &el, 0.05f, !f32);
-    mt_bf16 *head_bits = mt_test_bf16_of(head, hl.numel), *embed_bits = mt_test_bf16_of(embed, el.numel);
     float *h = mt_test_random_f32(&rng, ntok * d, 1.0f);
     int32_t *targets = mt_xcalloc(1, (size_t)ntok * sizeof(int32_t));
     for (int64_t i = 0; i < ntok; i++) {
@@ -450,10 +449,7 @@ static void run_head_prec(const char *name, bool tied, bool first_chunk_ignored,
     cudaStream_t st = mt_test_new_stream();
     const mt_cuda_stream s = (mt_cuda_stream)st;
     mt_cuda_ctx *ctx = mt_cuda_ctx_get();
-    void *d_head = f32 ? mt_test_gpu_buffer(head, (size_t)hl.numel * 4)
-                       : mt_test_gpu_buffer(head_bits, (size_t)hl.numel * 2);
-    void *d_embed = f32 ? mt_test_gpu_buffer(embed, (size_t)el.numel * 4)
-                        : mt_test_gpu_buffer(embed_bits, (size_t)el.numel * 2);
+    void *d_head = mt_test_gpu_tile(head, &hl, f32), *d_embed = mt_test_gpu_tile(embed, &el, f32);
     float *d_h = mt_test_gpu_buffer(h, (size_t)(ntok * d) * 4);
     float *d_dh = mt_test_gpu_buffer(NULL, (size_t)(ntok * d) * 4);
     int32_t *d_targets = mt_test_gpu_buffer(targets, (size_t)ntok * 4);
@@ -509,7 +505,7 @@ static void run_head_prec(const char *name, bool tied, bool first_chunk_ignored,
     void *bufs[] = {d_head, d_embed, d_h, d_dh, d_targets, d_dhead, d_dembed, d_loss, d_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CK_CUDA(cudaFree(bufs[i]));
     CK_CUDA(cudaStreamDestroy(st));
-    void *hbufs[] = {head, embed, head_bits, embed_bits, h, targets, scratch, dh_cpu, dhead_cpu, dembed_cpu, dh,
+    void *hbufs[] = {head, embed, h, targets, scratch, dh_cpu, dhead_cpu, dembed_cpu, dh,
                      dhead, dembed, dh2, dhead2, dembed2};
     for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++) free(hbufs[i]);
 }
@@ -537,6 +533,7 @@ static void run_head_logits_prec(bool tied, mt_cuda_prec prec)
     mt_tile_layout hl, el;
     mt_layout_build(&cfg, MT_TILE_HEAD, &hl);
     mt_layout_build(&cfg, MT_TILE_EMBED, &el);
+    if (prec != MT_CUDA_F32) mt_layout_keep_norms_f32(&hl); /* the final norm in fp32, as streamed */
     const int64_t ntok = TB * TT, d = cfg.hidden, V = cfg.vocab, nrows = 4;
     const bool f32 = prec == MT_CUDA_F32;
     printf("head logits, %s: ntok=%lld nrows=%lld d=%lld V=%lld tied=%d\n", f32 ? "fp32" : "bf16", (long long)ntok,
@@ -544,7 +541,6 @@ static void run_head_logits_prec(bool tied, mt_cuda_prec prec)
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 301 + tied * 2 + f32 * 10);
     float *head = mt_test_random_tile(&rng, &hl, 0.05f, !f32), *embed = mt_test_random_tile(&rng, &el, 0.05f, !f32);
-    mt_bf16 *head_bits = mt_test_bf16_of(head, hl.numel), *embed_bits = mt_test_bf16_of(embed, el.numel);
     float *h = mt_test_random_f32(&rng, ntok * d, 1.0f);
     int32_t rows[4];
     for (int64_t r = 0; r < nrows; r++) rows[r] = (int32_t)(mt_test_uniform(&rng) * (double)ntok);
@@ -555,10 +551,7 @@ static void run_head_logits_prec(bool tied, mt_cuda_prec prec)
     mt_cpu_head_logits_f32(&cfg, &hl, head, tied ? embed : NULL, nrows, gathered, want, scratch);
 
     cudaStream_t st = mt_test_new_stream();
-    void *d_head = f32 ? mt_test_gpu_buffer(head, (size_t)hl.numel * 4)
-                       : mt_test_gpu_buffer(head_bits, (size_t)hl.numel * 2);
-    void *d_embed = f32 ? mt_test_gpu_buffer(embed, (size_t)el.numel * 4)
-                        : mt_test_gpu_buffer(embed_bits, (size_t)el.numel * 2);
+    void *d_head = mt_test_gpu_tile(head, &hl, f32), *d_embed = mt_test_gpu_tile(embed, &el, f32);
     float *d_h = mt_test_gpu_buffer(h, (size_t)(ntok * d) * 4);
     int32_t *d_rows = mt_test_gpu_buffer(rows, sizeof rows);
     float *d_logits = mt_test_gpu_buffer(NULL, (size_t)(nrows * V) * 4);
@@ -572,7 +565,7 @@ static void run_head_logits_prec(bool tied, mt_cuda_prec prec)
     void *bufs[] = {d_head, d_embed, d_h, d_rows, d_logits, d_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CK_CUDA(cudaFree(bufs[i]));
     CK_CUDA(cudaStreamDestroy(st));
-    void *hbufs[] = {head, embed, head_bits, embed_bits, h, gathered, want, scratch, got};
+    void *hbufs[] = {head, embed, h, gathered, want, scratch, got};
     for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++) free(hbufs[i]);
 }
 

@@ -457,6 +457,7 @@ static void run_layer_prec(const routing_case *rc, mt_cuda_prec prec, uint64_t s
     set_clamp_for(&cfg, rc->gpt_oss, f32);
     mt_tile_layout lay;
     mt_layout_build(&cfg, MT_TILE_LAYER, &lay);
+    if (!f32) mt_layout_keep_norms_f32(&lay); /* as the bf16 step streams it: the norms in fp32 */
     const int64_t B = MB, T = MT, n = B * T, d = cfg.hidden, nd = n * d;
     printf("layer, %s, %s: B=%lld T=%lld d=%lld H=%lld KV=%lld D=%lld E=%lld k=%lld Ie=%lld\n", rc->name,
            f32 ? "fp32" : "bf16", (long long)B, (long long)T, (long long)d, (long long)cfg.heads,
@@ -466,7 +467,7 @@ static void run_layer_prec(const routing_case *rc, mt_cuda_prec prec, uint64_t s
     mt_test_rng_seed(&rng, seed);
     float *tile = mt_test_random_tile(&rng, &lay, 0.05f, false);
     designed_router(&rng, &cfg, &lay, tile);
-    if (!f32) mt_test_round_bf16(tile, lay.numel, NULL);
+    if (!f32) mt_test_round_tile_bf16(tile, &lay);
     /* x carries the choice; attention (weights N(0, 0.05)) moves it far less than the margin */
     float *x = mt_test_alloc_f32(nd), *dy = mt_test_random_f32(&rng, nd, 1.0f);
     designed_rows(&rng, rc, n, d, x);
@@ -511,8 +512,7 @@ static void run_layer_prec(const routing_case *rc, mt_cuda_prec prec, uint64_t s
     const mt_cuda_stream s = (mt_cuda_stream)st;
     mt_cuda_ctx *ctx = mt_cuda_ctx_get();
     const size_t vec_bytes = (size_t)nd * 4, tile_bytes = (size_t)lay.numel * 4;
-    mt_bf16 *tile_bits = mt_test_bf16_of(tile, lay.numel);
-    void *d_tile = f32 ? mt_test_gpu_buffer(tile, tile_bytes) : mt_test_gpu_buffer(tile_bits, (size_t)lay.numel * 2);
+    void *d_tile = mt_test_gpu_tile(tile, &lay, f32);
     float *d_x = mt_test_gpu_buffer(x, vec_bytes), *d_dy = mt_test_gpu_buffer(dy, vec_bytes);
     float *d_y = mt_test_gpu_buffer(NULL, vec_bytes), *d_y2 = mt_test_gpu_buffer(NULL, vec_bytes);
     float *d_dx = mt_test_gpu_buffer(NULL, vec_bytes);
@@ -590,7 +590,7 @@ static void run_layer_prec(const routing_case *rc, mt_cuda_prec prec, uint64_t s
                     d_y3};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CK_CUDA(cudaFree(bufs[i]));
     CK_CUDA(cudaStreamDestroy(st));
-    void *hbufs[] = {tile, x, dy, tile64, x64, dy64, saved64, scr64, y64, dx64, dtile64, tile_bits, y, y2, dx,
+    void *hbufs[] = {tile, x, dy, tile64, x64, dy64, saved64, scr64, y64, dx64, dtile64, y, y2, dx,
                      dtile, dtile2, y_res, dx_res, y64_res, dx64_res, dtile_acc, dx2, stats0, stats64, dx_aux64,
                      dtile_aux64, share64, stats, y3, dx_aux, dtile_aux, share, sums, sums64};
     for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++) free(hbufs[i]);

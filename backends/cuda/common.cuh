@@ -108,18 +108,6 @@ template <> __device__ __forceinline__ float from_f<float>(float x) { return x; 
 template <class T> struct mt_same_s { typedef T type; };
 template <class T> using mt_same = typename mt_same_s<T>::type;
 
-// An RMSNorm's weight vector as a tile streams it: fp32 (the fp32 path, and the norms a bf16 tile
-// keeps in fp32: models/layout.h, mt_layout_keep_norms_f32) or bf16. Made from either pointer; the
-// norm kernels take their weights' type from it at launch.
-struct mt_norm_w {
-    const void *p;
-    bool f32;
-    mt_norm_w(const float *w) : p(w), f32(true) {}
-    mt_norm_w(const bf16 *w) : p(w), f32(false) {}
-    const float *as_f32() const { return static_cast<const float *>(p); }
-    const bf16 *as_bf16() const { return static_cast<const bf16 *>(p); }
-};
-
 // The cuBLASLt / CUDA type of T.
 template <class T> static inline cudaDataType_t mt_cuda_type();
 template <> inline cudaDataType_t mt_cuda_type<bf16>() { return CUDA_R_16BF; }

@@ -153,7 +153,7 @@ static void head_run(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_tile
     MT_CUDA_REQUIRE(chunk > 0, "head chunk must be positive");
     MT_CUDA_REQUIRE(cfg->tied || head_layout->tensors[MT_H_LM_HEAD].numel == V * d, "untied head without lm_head");
     const mt_tensor_desc *norm_t = &head_layout->tensors[MT_H_NORM], *lm_t = &head_layout->tensors[MT_H_LM_HEAD];
-    const mt_norm_w norm_w = mt_tile_norm(head_layout, head_tile, MT_H_NORM); // (d)
+    const float *norm_w = mt_tile_norm(head_layout, head_tile, MT_H_NORM); // (d)
     const T *W = cfg->tied ? embed_tile : head_tile + lm_t->offset; // (V, d)
 
     float *dW = nullptr, *dnorm = nullptr;

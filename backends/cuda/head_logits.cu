@@ -55,7 +55,7 @@ static void logits_run(mt_cuda_ctx *ctx, const mt_model_config *cfg, const mt_ti
     const int64_t d = cfg->hidden, V = cfg->vocab;
     MT_CUDA_REQUIRE(head_layout->kind == MT_TILE_HEAD, "head logits given a non-head tile layout");
     MT_CUDA_REQUIRE(cfg->tied || head_layout->tensors[MT_H_LM_HEAD].numel == V * d, "untied head without lm_head");
-    const mt_norm_w norm_w = mt_tile_norm(head_layout, head_tile, MT_H_NORM); // (d)
+    const float *norm_w = mt_tile_norm(head_layout, head_tile, MT_H_NORM); // (d)
     const T *W = cfg->tied ? embed_tile : head_tile + head_layout->tensors[MT_H_LM_HEAD].offset; // (V, d)
     mt_carve c = {(char *)scratch, 0};
     logits_scratch<T> s;

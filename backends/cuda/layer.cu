@@ -355,7 +355,7 @@ static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const m
     bwd_carve(cfg, &m, &sc, &s);
 
     // MLP block.
-    const mt_norm_w mlp_norm_w = mt_tile_norm(layout, tile, MT_L_MLP_NORM);
+    const float *mlp_norm_w = mt_tile_norm(layout, tile, MT_L_MLP_NORM);
     mt_rmsnorm_apply(n, m.d, sv.h, mlp_norm_w, sv.rms2, s.norm_out, stream); // hn (n, d)
     mt_cuda_from_f32(dy, s.dres, n * m.d, stream); // dy as E (n, d)
     if (sparse) {
@@ -423,7 +423,7 @@ static void layer_backward(mt_cuda_ctx *ctx, const mt_model_config *cfg, const m
     if (cfg->qkv_bias)
         mt_layer_qkv_bias_grads(&m, dq_bias, dk_bias, s.dv, grad(layout, dtile, MT_L_Q_B),
                                 grad(layout, dtile, MT_L_K_B), grad(layout, dtile, MT_L_V_B), s.partials, stream);
-    const mt_norm_w attn_norm_w = mt_tile_norm(layout, tile, MT_L_ATTN_NORM);
+    const float *attn_norm_w = mt_tile_norm(layout, tile, MT_L_ATTN_NORM);
     mt_rmsnorm_apply(n, m.d, sv.x, attn_norm_w, sv.rms1, s.norm_out, stream); // xn (n, d)
     mt_linear_backward_weight(ctx, n, m.d, m.qd, s.norm_out, dq_proj, grad(layout, dtile, MT_L_Q_W), true, stream);
     mt_linear_backward_weight(ctx, n, m.d, m.kvd, s.norm_out, s.dkp, grad(layout, dtile, MT_L_K_W), true, stream);

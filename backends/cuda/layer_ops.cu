@@ -83,9 +83,9 @@ static __device__ __forceinline__ qk_vector qk_vector_of(int64_t vec, int64_t n,
 
 // q (n, H*D) and k (n, KV*D): [QKNorm: per-head RMSNorm of the projection, inv_rms saved] then
 // the rotation, written as E. src == dst allowed (each lane reads its own pairs first).
-template <class E, class W, bool QKNorm>
+template <class E, bool QKNorm>
 __global__ static void qk_rope_forward_kernel(int64_t n, int64_t T, int64_t H, int64_t KV, int D, const E *qsrc,
-                                              const E *ksrc, E *qdst, E *kdst, const W *qw, const W *kw,
+                                              const E *ksrc, E *qdst, E *kdst, const float *qw, const float *kw,
                                               float *qrms, float *krms, double eps, const float *cos_t,
                                               const float *sin_t)
 {
@@ -109,13 +109,13 @@ __global__ static void qk_rope_forward_kernel(int64_t n, int64_t T, int64_t H, i
         for (int p = 0; p < ROPE_PAIRS_PER_LANE; p++) ss += (double)x1[p] * x1[p] + (double)x2[p] * x2[p];
         ss = mt_warp_sum(ss);
         const float s = (float)(1.0 / sqrt(ss / (double)D + eps));
-        const W *w = v.is_q ? qw : kw;
+        const float *w = v.is_q ? qw : kw;
 #pragma unroll
         for (int p = 0; p < ROPE_PAIRS_PER_LANE; p++) {
             const int j = lane + 32 * p;
             if (j < half) {
-                x1[p] = x1[p] * s * to_f(w[j]);
-                x2[p] = x2[p] * s * to_f(w[j + half]);
+                x1[p] = x1[p] * s * w[j];
+                x2[p] = x2[p] * s * w[j + half];
             }
         }
         float *rms = v.is_q ? qrms : krms;
@@ -137,9 +137,9 @@ __global__ static void qk_rope_forward_kernel(int64_t n, int64_t T, int64_t H, i
 // scaled rotation, [QKNorm: the norm's input gradient, and dq/dk overwritten with the norm
 // weight's summands dy * x * inv_rms for a column sum], written as E gradients at the
 // projections' outputs, and as fp32 into dq32/dk32 when those are given (for the bias gradients).
-template <class E, class W, bool QKNorm>
+template <class E, bool QKNorm>
 __global__ static void qk_rope_backward_kernel(int64_t n, int64_t T, int64_t H, int64_t KV, int D, float *dq, float *dk,
-                                               const E *qpre, const E *kpre, const W *qw, const W *kw,
+                                               const E *qpre, const E *kpre, const float *qw, const float *kw,
                                                const float *qrms, const float *krms, E *dq_proj, E *dk_proj,
                                                const float *cos_t, const float *sin_t, float *dq32, float *dk32)
 {
@@ -180,7 +180,7 @@ __global__ static void qk_rope_backward_kernel(int64_t n, int64_t T, int64_t H, 
         return;
     }
     const E *x = (v.is_q ? qpre : kpre) + v.index * D;
-    const W *w = v.is_q ? qw : kw;
+    const float *w = v.is_q ? qw : kw;
     const float s = (v.is_q ? qrms : krms)[v.index];
     float x1[ROPE_PAIRS_PER_LANE], x2[ROPE_PAIRS_PER_LANE], w1[ROPE_PAIRS_PER_LANE], w2[ROPE_PAIRS_PER_LANE];
     double dot = 0;
@@ -191,8 +191,8 @@ __global__ static void qk_rope_backward_kernel(int64_t n, int64_t T, int64_t H, 
         if (j < half) {
             x1[p] = to_f(x[j]);
             x2[p] = to_f(x[j + half]);
-            w1[p] = to_f(w[j]);
-            w2[p] = to_f(w[j + half]);
+            w1[p] = w[j];
+            w2[p] = w[j + half];
         }
         dot += (double)(w1[p] * y1[p]) * (double)x1[p] + (double)(w2[p] * y2[p]) * (double)x2[p];
     }
@@ -225,48 +225,36 @@ static unsigned qk_blocks(const mt_layer_dims *m)
 // written), else the rotation alone (those four unused).
 template <class E>
 void mt_layer_qk_rope_forward(const mt_model_config *cfg, const mt_layer_dims *m, const E *qsrc, const E *ksrc,
-                              E *qdst, E *kdst, mt_norm_w qw, mt_norm_w kw, float *qrms, float *krms,
+                              E *qdst, E *kdst, const float *qw, const float *kw, float *qrms, float *krms,
                               const float *cos_t, const float *sin_t, cudaStream_t stream)
 {
     const unsigned blocks = qk_blocks(m);
-    if (cfg->qk_norm && qw.f32)
-        qk_rope_forward_kernel<E, float, true><<<blocks, 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, qsrc,
-                                                                           ksrc, qdst, kdst, qw.as_f32(), kw.as_f32(),
-                                                                           qrms, krms, cfg->rms_eps, cos_t, sin_t);
-    else if (cfg->qk_norm)
-        qk_rope_forward_kernel<E, bf16, true><<<blocks, 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, qsrc,
-                                                                          ksrc, qdst, kdst, qw.as_bf16(), kw.as_bf16(),
-                                                                          qrms, krms, cfg->rms_eps, cos_t, sin_t);
+    if (cfg->qk_norm)
+        qk_rope_forward_kernel<E, true><<<blocks, 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, qsrc, ksrc, qdst,
+                                                                    kdst, qw, kw, qrms, krms, cfg->rms_eps, cos_t, sin_t);
     else
-        qk_rope_forward_kernel<E, E, false><<<blocks, 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, qsrc,
-                                                                        ksrc, qdst, kdst, nullptr, nullptr, nullptr,
-                                                                        nullptr, cfg->rms_eps, cos_t, sin_t);
+        qk_rope_forward_kernel<E, false><<<blocks, 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, qsrc, ksrc,
+                                                                     qdst, kdst, nullptr, nullptr, nullptr, nullptr,
+                                                                     cfg->rms_eps, cos_t, sin_t);
     CUDA_CHECK_LAUNCH();
 }
 
 // The backward launch, same variants: qpre kpre qw kw qrms krms used only with cfg->qk_norm.
 template <class E>
 void mt_layer_qk_rope_backward(const mt_model_config *cfg, const mt_layer_dims *m, float *dq, float *dk, const E *qpre,
-                               const E *kpre, mt_norm_w qw, mt_norm_w kw, const float *qrms, const float *krms,
+                               const E *kpre, const float *qw, const float *kw, const float *qrms, const float *krms,
                                E *dq_proj, E *dk_proj, const float *cos_t, const float *sin_t, float *dq32,
                                float *dk32, cudaStream_t stream)
 {
     const unsigned blocks = qk_blocks(m);
-    if (cfg->qk_norm && qw.f32)
-        qk_rope_backward_kernel<E, float, true><<<blocks, 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, dq, dk,
-                                                                            qpre, kpre, qw.as_f32(), kw.as_f32(), qrms,
-                                                                            krms, dq_proj, dk_proj, cos_t, sin_t, dq32,
-                                                                            dk32);
-    else if (cfg->qk_norm)
-        qk_rope_backward_kernel<E, bf16, true><<<blocks, 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, dq, dk,
-                                                                           qpre, kpre, qw.as_bf16(), kw.as_bf16(),
-                                                                           qrms, krms, dq_proj, dk_proj, cos_t, sin_t,
-                                                                           dq32, dk32);
+    if (cfg->qk_norm)
+        qk_rope_backward_kernel<E, true><<<blocks, 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, dq, dk, qpre,
+                                                                     kpre, qw, kw, qrms, krms, dq_proj, dk_proj, cos_t,
+                                                                     sin_t, dq32, dk32);
     else
-        qk_rope_backward_kernel<E, E, false><<<blocks, 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, dq, dk,
-                                                                         nullptr, nullptr, nullptr, nullptr, nullptr,
-                                                                         nullptr, dq_proj, dk_proj, cos_t, sin_t,
-                                                                         dq32, dk32);
+        qk_rope_backward_kernel<E, false><<<blocks, 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, dq, dk, nullptr,
+                                                                      nullptr, nullptr, nullptr, nullptr, nullptr, dq_proj,
+                                                                      dk_proj, cos_t, sin_t, dq32, dk32);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -358,10 +346,10 @@ void mt_layer_bias_grad(int64_t rows, int64_t C, const float *dy, float *db, flo
 
 #define MT_LAYER_OPS_INSTANTIATE(E)                                                                            \
     template void mt_layer_qk_rope_forward<E>(const mt_model_config *, const mt_layer_dims *, const E *, const E *, \
-                                              E *, E *, mt_norm_w, mt_norm_w, float *, float *, const float *,  \
+                                              E *, E *, const float *, const float *, float *, float *, const float *,  \
                                               const float *, cudaStream_t);                                     \
     template void mt_layer_qk_rope_backward<E>(const mt_model_config *, const mt_layer_dims *, float *, float *,    \
-                                               const E *, const E *, mt_norm_w, mt_norm_w, const float *,       \
+                                               const E *, const E *, const float *, const float *, const float *,       \
                                                const float *, E *, E *, const float *, const float *, float *,  \
                                                float *, cudaStream_t);                                          \
     template void mt_layer_swiglu_forward<E>(int64_t, const E *, const E *, E *, cudaStream_t);                   \

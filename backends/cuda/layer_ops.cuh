@@ -37,7 +37,7 @@ void mt_layer_rope_tables(const mt_model_config *cfg, const mt_layer_dims *m, fl
 // inv_rms qrms (n*H) krms (n*KV) written] then the rotation, into qdst kdst (src == dst allowed).
 template <class E>
 void mt_layer_qk_rope_forward(const mt_model_config *cfg, const mt_layer_dims *m, const E *qsrc, const E *ksrc,
-                              E *qdst, E *kdst, mt_norm_w qw, mt_norm_w kw, float *qrms, float *krms,
+                              E *qdst, E *kdst, const float *qw, const float *kw, float *qrms, float *krms,
                               const float *cos_t, const float *sin_t, cudaStream_t stream);
 
 // Its backward on dq (n, H*D), dk (n, KV*D) fp32 from attention: the transpose of the rotation
@@ -46,7 +46,7 @@ void mt_layer_qk_rope_forward(const mt_model_config *cfg, const mt_layer_dims *m
 // dq_proj dk_proj and as fp32 into dq32 dk32 when given.
 template <class E>
 void mt_layer_qk_rope_backward(const mt_model_config *cfg, const mt_layer_dims *m, float *dq, float *dk,
-                               const E *qpre, const E *kpre, mt_norm_w qw, mt_norm_w kw, const float *qrms,
+                               const E *qpre, const E *kpre, const float *qw, const float *kw, const float *qrms,
                                const float *krms, E *dq_proj, E *dk_proj, const float *cos_t, const float *sin_t,
                                float *dq32, float *dk32, cudaStream_t stream);
 

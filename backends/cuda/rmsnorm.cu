@@ -7,8 +7,8 @@
 enum { NORM_THREADS = 256 };
 
 // One block per row: sum of squares in double, then y = (x s) w.
-template <class T, class W>
-__global__ static void rmsnorm_forward_kernel(int64_t d, const float *x, const W *w, double eps, T *y, float *inv_rms)
+template <class T>
+__global__ static void rmsnorm_forward_kernel(int64_t d, const float *x, const float *w, double eps, T *y, float *inv_rms)
 {
     __shared__ double shared[32];
     const int64_t r = blockIdx.x;
@@ -18,21 +18,21 @@ __global__ static void rmsnorm_forward_kernel(int64_t d, const float *x, const W
     ss = mt_block_sum(ss, shared);
     const float s = (float)(1.0 / sqrt(ss / (double)d + eps));
     T *yr = y + r * d;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) yr[j] = from_f<T>(xr[j] * s * to_f(w[j]));
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) yr[j] = from_f<T>(xr[j] * s * w[j]);
     if (inv_rms && threadIdx.x == 0) inv_rms[r] = s;
 }
 
-template <class T, class W>
-__global__ static void rmsnorm_apply_kernel(int64_t n, int64_t d, const float *x, const W *w, const float *inv_rms,
+template <class T>
+__global__ static void rmsnorm_apply_kernel(int64_t n, int64_t d, const float *x, const float *w, const float *inv_rms,
                                             T *y)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * d; i += (int64_t)gridDim.x * blockDim.x)
-        y[i] = from_f<T>(x[i] * inv_rms[i / d] * to_f(w[i % d]));
+        y[i] = from_f<T>(x[i] * inv_rms[i / d] * w[i % d]);
 }
 
 // One block per row: dot = sum (w dy) x in double; dx = resid + s (w dy - x c), c = dot/d s^2.
-template <class T, class W>
-__global__ static void rmsnorm_backward_kernel(int64_t d, const float *x, const W *w, const float *inv_rms,
+template <class T>
+__global__ static void rmsnorm_backward_kernel(int64_t d, const float *x, const float *w, const float *inv_rms,
                                                const float *dy, const float *resid, float *dx, T *dx_low)
 {
     __shared__ double shared[32];
@@ -40,11 +40,11 @@ __global__ static void rmsnorm_backward_kernel(int64_t d, const float *x, const 
     const float *xr = x + r * d, *dyr = dy + r * d;
     const float s = inv_rms[r];
     double dot = 0;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dot += (double)(to_f(w[j]) * dyr[j]) * (double)xr[j];
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dot += (double)(w[j] * dyr[j]) * (double)xr[j];
     dot = mt_block_sum(dot, shared);
     const float c = (float)(dot / (double)d) * s * s;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-        const float g = s * (to_f(w[j]) * dyr[j] - xr[j] * c);
+        const float g = s * (w[j] * dyr[j] - xr[j] * c);
         const float v = resid ? resid[r * d + j] + g : g;
         dx[r * d + j] = v;
         if (dx_low) dx_low[r * d + j] = from_f<T>(v);
@@ -52,47 +52,40 @@ __global__ static void rmsnorm_backward_kernel(int64_t d, const float *x, const 
 }
 
 template <class T>
-void mt_rmsnorm_forward(int64_t n, int64_t d, const float *x, mt_norm_w w, double eps, T *y, float *inv_rms,
+void mt_rmsnorm_forward(int64_t n, int64_t d, const float *x, const float * w, double eps, T *y, float *inv_rms,
                         cudaStream_t stream)
 {
     if (n <= 0) return;
     MT_CUDA_REQUIRE(n < (1ll << 31), "rows %lld exceed the grid", (long long)n);
-    if (w.f32) rmsnorm_forward_kernel<<<(unsigned)n, NORM_THREADS, 0, stream>>>(d, x, w.as_f32(), eps, y, inv_rms);
-    else rmsnorm_forward_kernel<<<(unsigned)n, NORM_THREADS, 0, stream>>>(d, x, w.as_bf16(), eps, y, inv_rms);
+    rmsnorm_forward_kernel<<<(unsigned)n, NORM_THREADS, 0, stream>>>(d, x, w, eps, y, inv_rms);
     CUDA_CHECK_LAUNCH();
 }
 
 template <class T>
-void mt_rmsnorm_apply(int64_t n, int64_t d, const float *x, mt_norm_w w, const float *inv_rms, T *y,
+void mt_rmsnorm_apply(int64_t n, int64_t d, const float *x, const float * w, const float *inv_rms, T *y,
                       cudaStream_t stream)
 {
     if (n <= 0) return;
-    if (w.f32) rmsnorm_apply_kernel<<<mt_grid_for(n * d, 256), 256, 0, stream>>>(n, d, x, w.as_f32(), inv_rms, y);
-    else rmsnorm_apply_kernel<<<mt_grid_for(n * d, 256), 256, 0, stream>>>(n, d, x, w.as_bf16(), inv_rms, y);
+    rmsnorm_apply_kernel<<<mt_grid_for(n * d, 256), 256, 0, stream>>>(n, d, x, w, inv_rms, y);
     CUDA_CHECK_LAUNCH();
 }
 
 template <class T>
-void mt_rmsnorm_backward(int64_t n, int64_t d, const float *x, mt_norm_w w, const float *inv_rms, const float *dy,
+void mt_rmsnorm_backward(int64_t n, int64_t d, const float *x, const float * w, const float *inv_rms, const float *dy,
                          const float *resid, float *dx, mt_same<T> *dx_low, cudaStream_t stream)
 {
     if (n <= 0) return;
     MT_CUDA_REQUIRE(n < (1ll << 31), "rows %lld exceed the grid", (long long)n);
-    if (w.f32)
-        rmsnorm_backward_kernel<T><<<(unsigned)n, NORM_THREADS, 0, stream>>>(d, x, w.as_f32(), inv_rms, dy, resid, dx,
-                                                                             dx_low);
-    else
-        rmsnorm_backward_kernel<T><<<(unsigned)n, NORM_THREADS, 0, stream>>>(d, x, w.as_bf16(), inv_rms, dy, resid,
-                                                                             dx, dx_low);
+    rmsnorm_backward_kernel<T><<<(unsigned)n, NORM_THREADS, 0, stream>>>(d, x, w, inv_rms, dy, resid, dx, dx_low);
     CUDA_CHECK_LAUNCH();
 }
 
 // The two operand types the backend builds.
 #define RMSNORM_INSTANTIATE(T)                                                                                     \
-    template void mt_rmsnorm_forward<T>(int64_t, int64_t, const float *, mt_norm_w, double, T *, float *,          \
+    template void mt_rmsnorm_forward<T>(int64_t, int64_t, const float *, const float *, double, T *, float *,          \
                                         cudaStream_t);                                                             \
-    template void mt_rmsnorm_apply<T>(int64_t, int64_t, const float *, mt_norm_w, const float *, T *, cudaStream_t); \
-    template void mt_rmsnorm_backward<T>(int64_t, int64_t, const float *, mt_norm_w, const float *, const float *, \
+    template void mt_rmsnorm_apply<T>(int64_t, int64_t, const float *, const float *, const float *, T *, cudaStream_t); \
+    template void mt_rmsnorm_backward<T>(int64_t, int64_t, const float *, const float *, const float *, const float *, \
                                          const float *, float *, mt_same<T> *, cudaStream_t);
 RMSNORM_INSTANTIATE(bf16)
 RMSNORM_INSTANTIATE(float)
