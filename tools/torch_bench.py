@@ -4,11 +4,14 @@ bf16 autocast, gradient checkpointing, fused AdamW, clipping at 1.0. Reports med
 measured steps in the project's convention: model TFLOP/s = (6 N + 6 L d T) tokens / time, N all
 parameters but the embedding table (the LM head counts also when tied; of a mixture of experts the
 active parameters only), recompute not counted.
-Also times torch's flash SDPA forward+backward at the attention benchmark's shape.
+Also times torch's flash SDPA forward+backward at the attention benchmark's shape, and with
+--moe-block a mixture of experts' sparse block alone (router, experts, combine; bf16, forward and
+backward) at `test_cuda_moe`'s benchmark token counts, beside `MT_CUDA_BENCH=1 test_cuda_moe`.
 
     python3 tools/torch_bench.py --shape qwen2.5-3b --micro-batch 16 --seq-len 2048
     python3 tools/torch_bench.py --shape qwen2.5-7b --layers 12    # the 7B width, 12 layers
     python3 tools/torch_bench.py --config models/configs/qwen3-30b-a3b.json --layers 8 --accum 2
+    python3 tools/torch_bench.py --config models/configs/qwen3-30b-a3b.json --moe-block
 """
 import argparse
 import json
@@ -115,6 +118,48 @@ def model_bench(args, torch, transformers):
           f"{tflops:.1f} model TFLOP/s | peak GPU {peak:.1f} GiB | loss {loss.item():.4f}{extra} |")
 
 
+def moe_block_bench(args, torch, transformers):
+    """The first layer's sparse block of --config in bf16, forward then backward, medians (and the
+    best) of 10 after 3, at 8,192 and 32,768 tokens of N(0, 1.7) hidden states; model TFLOP/s as
+    test_cuda_moe's: 6 x (the router's E d + the k experts' 3 Ie d) per token."""
+    args.layers = 1
+    cfg = build_config(args, transformers)
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    block = model.model.layers[0].mlp.to(torch.bfloat16)
+    experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    if not experts:
+        sys.exit("torch_bench: --moe-block needs a mixture of experts' config")
+    k, d = cfg.num_experts_per_tok, cfg.hidden_size
+    width = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
+    active = experts * d + k * 3 * width * d
+    impl = getattr(model.config, "_experts_implementation", None)
+    for n in (8192, 32768):
+        x = (torch.randn(1, n, d, device="cuda") * 1.7).to(torch.bfloat16).requires_grad_()
+        dy = torch.randn(1, n, d, device="cuda", dtype=torch.bfloat16)
+        fwd, bwd = [], []
+        for i in range(13):
+            for p in block.parameters():
+                p.grad = None
+            x.grad = None
+            e = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            e[0].record()
+            out = block(x)
+            y = out[0] if isinstance(out, tuple) else out
+            e[1].record()
+            y.backward(dy)
+            e[2].record()
+            torch.cuda.synchronize()
+            if i >= 3:
+                fwd.append(e[0].elapsed_time(e[1]))
+                bwd.append(e[1].elapsed_time(e[2]))
+        tf, tb = statistics.median(fwd), statistics.median(bwd)
+        best = min(f + b for f, b in zip(fwd, bwd))  # test_cuda_moe prints its best
+        print(f"| torch MoE block {args.config} | {n} tokens | forward {tf:.2f} ms | backward {tb:.2f} ms | "
+              f"{6 * n * active / ((tf + tb) * 1e9):.1f} model TFLOP/s (best {best:.2f} ms, "
+              f"{6 * n * active / (best * 1e9):.1f}) | experts {impl} |")
+
+
 def attention_bench(torch):
     B, T, H, KV, D = 8, 2048, 16, 2, 128
     q = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -153,6 +198,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--attention-only", action="store_true")
+    ap.add_argument("--moe-block", action="store_true",
+                    help="time --config's sparse block alone (router, experts, combine), not a training step")
     args = ap.parse_args()
     try:
         import torch
@@ -161,6 +208,9 @@ def main():
         sys.exit(f"torch_bench: {e}: needs torch and transformers (the GPU machine has both)")
     if not torch.cuda.is_available():
         sys.exit("torch_bench: no CUDA device")
+    if args.moe_block:
+        moe_block_bench(args, torch, transformers)
+        return
     attention_bench(torch)
     if not args.attention_only:
         model_bench(args, torch, transformers)
