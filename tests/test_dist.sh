@@ -230,6 +230,7 @@ else ok "a node's share"; fi
 # last step saved before resumes.
 long=(train --steps 400 --micro-batch 2 --seq-len 64 --eval-every 0 --log-every 1 --sample-bytes 0 --ncpu 1 --ncuda 0
       --checkpoint kill.ckpt --save-every 1)
+rm -f kill.ckpt
 "${launch[@]}" -np 2 "$megatrain" "${long[@]}" >out.txt 2>err.txt &
 job=$!
 for _ in $(seq 1 600); do [ -e kill.ckpt ] && break; sleep 0.1; done
@@ -259,7 +260,9 @@ else
 fi
 
 # Ctrl-C reaching one rank only: every rank stops after the same step, rank 0 writes the
-# checkpoint and says so, and it resumes.
+# checkpoint and says so, and it resumes. (The last logs go first: the wait below must not find
+# their lines while the job is still starting.)
+rm -f out.txt err.txt
 "${launch[@]}" -np 2 "$megatrain" train --steps 400 --micro-batch 2 --seq-len 64 --eval-every 0 --log-every 1 \
     --sample-bytes 0 --ncpu 1 --ncuda 0 --checkpoint sig.ckpt --save-every 50 >out.txt 2>err.txt &
 job=$!

@@ -189,7 +189,10 @@ rm -f "end-model/config.json.tmp.$$"
 # --- 8: signals, flushing, resume counts -------------------------------------------------------
 long=(--data corpus.txt --steps 400 --micro-batch 2 --seq-len 32 --sample-bytes 0 --eval-every 0 --log-every 1 --ncpu 2 --ncuda 0)
 # start_long ARGS...: megatrain train in the background, stdout in bg.txt, stderr in bgerr.txt, pid in $bg.
+# The last run's logs go first: the background redirection truncates them only once the child
+# runs, and wait_for must not find the last run's lines and signal a process still starting.
 start_long() {
+    rm -f bg.txt bgerr.txt
     "$megatrain" train "$@" >bg.txt 2>bgerr.txt &
     bg=$!
 }
