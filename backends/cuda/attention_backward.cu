@@ -1,7 +1,8 @@
 // The own attention backward (attention_own.cuh), deterministic (no float atomics): Delta =
-// rowsum(dO * O) (or, exact, rowsum(P dP) by the dQ kernel's loop) first, then one kernel owns a key block and writes dK, dV once, and a second
-// owns a query block and writes dQ once, both recomputing the probabilities from the saved
-// log-sum-exp. The dK/dV kernel keeps 16 keys per warp: 32 would need 256 accumulator registers.
+// rowsum(dO * O) (or, exact, rowsum(P dP) by the dQ kernel's loop) first, then one kernel owns a
+// key block and writes dK, dV once, and a second owns a query block and writes dQ once, both
+// recomputing the probabilities from the saved log-sum-exp. The dK/dV kernel keeps 16 keys per
+// warp: 32 would need 256 accumulator registers.
 #include <math.h>
 
 #include "backends/cuda/attention_own.cuh"
