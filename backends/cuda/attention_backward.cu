@@ -311,9 +311,17 @@ void mt_attention_own_backward(mt_cuda_qblock qblock, int64_t B, int64_t T, int6
 {
     const int w = mt_attention_window(window, T);
     switch (D) {
-    case 32: backward<32>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, w, exact_delta, stream); break;
-    case 64: backward<64>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, w, exact_delta, stream); break;
-    case 96: backward<96>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, w, exact_delta, stream); break;
-    default: backward<128>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, w, exact_delta, stream); break;
+    case 32:
+        backward<32>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, w, exact_delta, stream);
+        break;
+    case 64:
+        backward<64>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, w, exact_delta, stream);
+        break;
+    case 96:
+        backward<96>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, w, exact_delta, stream);
+        break;
+    default:
+        backward<128>(qblock, B, T, H, KV, q, k, v, out, lse, dout, dq, dk, dv, delta, w, exact_delta, stream);
+        break;
     }
 }
