@@ -43,6 +43,10 @@ def build_config(args, transformers):
         if args.layers:
             values["num_hidden_layers"] = args.layers
             values.pop("layer_types", None)  # sized by the layer count; derived again
+        # fp32 parameters, gradients and moments, as megatrain's masters: with a published config's
+        # bf16 dtype, from_config would build a bf16 model and this would time pure bf16 training
+        values.pop("torch_dtype", None)
+        values.pop("dtype", None)
         values["max_position_embeddings"] = max(values.get("max_position_embeddings", 0), args.seq_len)
         values["use_cache"] = False
         cfg = transformers.AutoConfig.for_model(**values)
@@ -112,7 +116,8 @@ def model_bench(args, torch, transformers):
     tflops = (6 * n + 6 * L * d * T) * tokens / step / 1e12
     peak = torch.cuda.max_memory_allocated() / 2**30
     name = (args.config or args.shape) + (f" ({L} layers)" if args.layers else "")
-    extra = f" | attention {model.config._attn_implementation}"
+    extra = f" | params {str(next(model.parameters()).dtype).replace('torch.', '')}"
+    extra += f" | attention {model.config._attn_implementation}"
     extra += f" | experts {experts_impl}" if experts_impl else ""
     print(f"| torch {name} | {A} x {B} x {T} | step {step:.3f} s | {tokens / step:.0f} tok/s | "
           f"{tflops:.1f} model TFLOP/s | peak GPU {peak:.1f} GiB | loss {loss.item():.4f}{extra} |")
