@@ -925,16 +925,18 @@ static int choose_at(const mt_model_config *cfg, int64_t layers, const mt_plan_p
     return mt_plan_choose(&at, params, request, available, plan, c);
 }
 
-int mt_plan_max_layers(const mt_model_config *cfg, const mt_plan_params *params, mt_host_layout request,
-                       uint64_t available, int64_t *max_layers, int64_t *max_params, mt_host_layout *max_layout,
-                       char *err, size_t errlen)
+/* mt_plan_max_layers' bisection between 0 layers (fits, vacuously) and hi (known not to fit),
+ * probing `first` first. */
+static int max_layers_below(const mt_model_config *cfg, const mt_plan_params *params, mt_host_layout request,
+                            uint64_t available, int64_t first, int64_t hi, int64_t *max_layers, int64_t *max_params,
+                            mt_host_layout *max_layout, char *err, size_t errlen)
 {
     mt_plan plan;
     mt_layout_choice c;
     *max_params = 0;
     *max_layout = MT_LAYOUT_FULL;
-    int64_t lo = 0, hi = cfg->layers + 1; /* lo fits (0: vacuously), hi does not */
-    for (int64_t at = cfg->layers; hi - lo > 1; at = lo + (hi - lo) / 2) {
+    int64_t lo = 0; /* lo fits, hi does not */
+    for (int64_t at = first; hi - lo > 1; at = lo + (hi - lo) / 2) {
         if (choose_at(cfg, at, params, request, available, &plan, &c)) {
             snprintf(err, errlen, "at %lld layers: %s", (long long)at, plan.error);
             return -1;
@@ -949,6 +951,15 @@ int mt_plan_max_layers(const mt_model_config *cfg, const mt_plan_params *params,
     }
     *max_layers = lo;
     return 0;
+}
+
+int mt_plan_max_layers(const mt_model_config *cfg, const mt_plan_params *params, mt_host_layout request,
+                       uint64_t available, int64_t *max_layers, int64_t *max_params, mt_host_layout *max_layout,
+                       char *err, size_t errlen)
+{
+    /* the whole model first: one plan when it fits */
+    return max_layers_below(cfg, params, request, available, cfg->layers, cfg->layers + 1, max_layers, max_params,
+                            max_layout, err, errlen);
 }
 
 int mt_plan_fit_shapes(const mt_plan_params *params, mt_host_layout request, uint64_t available,
@@ -969,9 +980,15 @@ int mt_plan_fit_shapes(const mt_plan_params *params, mt_host_layout request, uin
         }
         r->params = plan.param_count;
         r->host_bytes = r->choice.host_total;
+        if (r->choice.fits) { /* the whole model: what mt_plan_max_layers would plan again */
+            r->max_layers = cfg.layers;
+            r->max_params = r->params;
+            r->max_layout = r->choice.layout;
+            continue;
+        }
         char why[512];
-        if (mt_plan_max_layers(&cfg, params, request, available, &r->max_layers, &r->max_params, &r->max_layout, why,
-                               sizeof why)) {
+        if (max_layers_below(&cfg, params, request, available, cfg.layers / 2, cfg.layers, &r->max_layers,
+                             &r->max_params, &r->max_layout, why, sizeof why)) {
             snprintf(err, errlen, "%s %s", r->shape, why);
             return -1;
         }
