@@ -230,8 +230,9 @@ void mt_layer_qk_rope_forward(const mt_model_config *cfg, const mt_layer_dims *m
 {
     const unsigned blocks = qk_blocks(m);
     if (cfg->qk_norm)
-        qk_rope_forward_kernel<E, true><<<blocks, 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, qsrc, ksrc, qdst,
-                                                                    kdst, qw, kw, qrms, krms, cfg->rms_eps, cos_t, sin_t);
+        qk_rope_forward_kernel<E, true><<<blocks, 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, qsrc, ksrc,
+                                                                    qdst, kdst, qw, kw, qrms, krms, cfg->rms_eps,
+                                                                    cos_t, sin_t);
     else
         qk_rope_forward_kernel<E, false><<<blocks, 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, qsrc, ksrc,
                                                                      qdst, kdst, nullptr, nullptr, nullptr, nullptr,
@@ -252,9 +253,10 @@ void mt_layer_qk_rope_backward(const mt_model_config *cfg, const mt_layer_dims *
                                                                      kpre, qw, kw, qrms, krms, dq_proj, dk_proj, cos_t,
                                                                      sin_t, dq32, dk32);
     else
-        qk_rope_backward_kernel<E, false><<<blocks, 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, dq, dk, nullptr,
-                                                                      nullptr, nullptr, nullptr, nullptr, nullptr, dq_proj,
-                                                                      dk_proj, cos_t, sin_t, dq32, dk32);
+        qk_rope_backward_kernel<E, false><<<blocks, 256, 0, stream>>>(m->n, m->T, m->H, m->KV, (int)m->D, dq, dk,
+                                                                      nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                                      nullptr, dq_proj, dk_proj, cos_t, sin_t, dq32,
+                                                                      dk32);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -345,13 +347,13 @@ void mt_layer_bias_grad(int64_t rows, int64_t C, const float *dy, float *db, flo
 }
 
 #define MT_LAYER_OPS_INSTANTIATE(E)                                                                            \
-    template void mt_layer_qk_rope_forward<E>(const mt_model_config *, const mt_layer_dims *, const E *, const E *, \
-                                              E *, E *, const float *, const float *, float *, float *, const float *,  \
-                                              const float *, cudaStream_t);                                     \
-    template void mt_layer_qk_rope_backward<E>(const mt_model_config *, const mt_layer_dims *, float *, float *,    \
-                                               const E *, const E *, const float *, const float *, const float *,       \
-                                               const float *, E *, E *, const float *, const float *, float *,  \
-                                               float *, cudaStream_t);                                          \
+    template void mt_layer_qk_rope_forward<E>(const mt_model_config *, const mt_layer_dims *, const E *,       \
+                                              const E *, E *, E *, const float *, const float *, float *,      \
+                                              float *, const float *, const float *, cudaStream_t);            \
+    template void mt_layer_qk_rope_backward<E>(const mt_model_config *, const mt_layer_dims *, float *,        \
+                                               float *, const E *, const E *, const float *, const float *,    \
+                                               const float *, const float *, E *, E *, const float *,          \
+                                               const float *, float *, float *, cudaStream_t);                 \
     template void mt_layer_swiglu_forward<E>(int64_t, const E *, const E *, E *, cudaStream_t);                   \
     template void mt_layer_swiglu_backward<E>(int64_t, const E *, const E *, const float *, E *, E *, cudaStream_t); \
     template void mt_layer_add_bias<E>(int64_t, int64_t, const E *, float *, cudaStream_t);

@@ -8,7 +8,8 @@ enum { NORM_THREADS = 256 };
 
 // One block per row: sum of squares in double, then y = (x s) w.
 template <class T>
-__global__ static void rmsnorm_forward_kernel(int64_t d, const float *x, const float *w, double eps, T *y, float *inv_rms)
+__global__ static void rmsnorm_forward_kernel(int64_t d, const float *x, const float *w, double eps, T *y,
+                                              float *inv_rms)
 {
     __shared__ double shared[32];
     const int64_t r = blockIdx.x;
@@ -52,7 +53,7 @@ __global__ static void rmsnorm_backward_kernel(int64_t d, const float *x, const 
 }
 
 template <class T>
-void mt_rmsnorm_forward(int64_t n, int64_t d, const float *x, const float * w, double eps, T *y, float *inv_rms,
+void mt_rmsnorm_forward(int64_t n, int64_t d, const float *x, const float *w, double eps, T *y, float *inv_rms,
                         cudaStream_t stream)
 {
     if (n <= 0) return;
@@ -62,7 +63,7 @@ void mt_rmsnorm_forward(int64_t n, int64_t d, const float *x, const float * w, d
 }
 
 template <class T>
-void mt_rmsnorm_apply(int64_t n, int64_t d, const float *x, const float * w, const float *inv_rms, T *y,
+void mt_rmsnorm_apply(int64_t n, int64_t d, const float *x, const float *w, const float *inv_rms, T *y,
                       cudaStream_t stream)
 {
     if (n <= 0) return;
@@ -71,7 +72,7 @@ void mt_rmsnorm_apply(int64_t n, int64_t d, const float *x, const float * w, con
 }
 
 template <class T>
-void mt_rmsnorm_backward(int64_t n, int64_t d, const float *x, const float * w, const float *inv_rms, const float *dy,
+void mt_rmsnorm_backward(int64_t n, int64_t d, const float *x, const float *w, const float *inv_rms, const float *dy,
                          const float *resid, float *dx, mt_same<T> *dx_low, cudaStream_t stream)
 {
     if (n <= 0) return;
@@ -81,10 +82,11 @@ void mt_rmsnorm_backward(int64_t n, int64_t d, const float *x, const float * w, 
 }
 
 // The two operand types the backend builds.
-#define RMSNORM_INSTANTIATE(T)                                                                                     \
+#define RMSNORM_INSTANTIATE(T)                                                                                         \
     template void mt_rmsnorm_forward<T>(int64_t, int64_t, const float *, const float *, double, T *, float *,          \
-                                        cudaStream_t);                                                             \
-    template void mt_rmsnorm_apply<T>(int64_t, int64_t, const float *, const float *, const float *, T *, cudaStream_t); \
+                                        cudaStream_t);                                                                 \
+    template void mt_rmsnorm_apply<T>(int64_t, int64_t, const float *, const float *, const float *, T *,              \
+                                      cudaStream_t);                                                                   \
     template void mt_rmsnorm_backward<T>(int64_t, int64_t, const float *, const float *, const float *, const float *, \
                                          const float *, float *, mt_same<T> *, cudaStream_t);
 RMSNORM_INSTANTIATE(bf16)
